@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's test command: install the package with its test extras into .venv, start the local
+# Perlmutter-shaped Slurm cluster when we are root (tests marked `slurm` skip, saying why, otherwise),
+# and run the whole suite. Extra arguments go to pytest (e.g. `bash tests/run.sh -k distenv`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
+
+if [ "$(id -u)" = 0 ]; then
+    bash tests/slurm/cluster.sh start || echo "tests/run.sh: Slurm cluster did not start; slurm tests will skip" >&2
+else
+    echo "tests/run.sh: not root, so no local Slurm cluster; slurm tests will skip" >&2
+fi
+# Chromium for the TensorBoard browser test, when we may install it.
+if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
+    (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) \
+        || echo "tests/run.sh: could not install chromium; browser tests will skip" >&2
+fi
+
+export PATH="$PWD/.venv/bin:$PATH"
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+    echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
+    exit 1
+fi
+exit "$rc"

@@ -1,0 +1,161 @@
+"""hpc.distenv: hostlists (literal cases; against scontrol in test_hostlist_scontrol) and env mapping."""
+
+import random
+
+import pytest
+
+from hpc.distenv import (DistEnvError, HostlistError, expand_hostlist, expand_tasks_per_node,
+                         export_lines, from_environ, master_port_for_job)
+from conftest import run_module
+
+# Literal cases whose answers were read off `scontrol show hostnames` (Slurm 22.05), so they hold
+# where scontrol is absent.
+SCONTROL_ANSWERS = {
+    "nid[001-003,010],gpu-a[1-2]b[01-02]":
+        ["nid001", "nid002", "nid003", "nid010", "gpu-a1b01", "gpu-a1b02", "gpu-a2b01", "gpu-a2b02"],
+    "a[1-2]b[3-4]c[5-6]": ["a1b3c5", "a1b3c6", "a2b3c5", "a2b3c6", "a1b4c5", "a1b4c6", "a2b4c5", "a2b4c6"],
+    "x[08-11]": ["x08", "x09", "x10", "x11"],
+    "x[8-011]": ["x8", "x9", "x10", "x11"],
+    "a[01-2,5-06]": ["a01", "a02", "a5", "a6"],
+    "a,b,a": ["a", "b", "a"],
+    "n[1-3],n2": ["n1", "n2", "n3", "n2"],
+    "n[1-2]-[3-4]": ["n1-3", "n1-4", "n2-3", "n2-4"],
+    "a[1-2][3-4]": ["a13", "a14", "a23", "a24"],
+    "a[1-2]1[3-4]": ["a113", "a114", "a213", "a214"],
+    "[1-2]": ["1", "2"],
+    "a[1-]": ["a1"],
+    "a[ 1-2]": ["a01", "a02"],
+    "a[+1-2]": ["a01", "a02"],
+    "a[1-2] b[3]": ["a1", "a2", "b3"],
+    "a[1-2],,b": ["a1", "a2", "b"],
+    "ab[1-2": ["ab]"],
+    "[1-2": ["1-2"],
+    "a[[1-2]": ["a[1", "a[2"],
+    "a[1-2]x[3": ["a[1-2]x]"],
+    "a9999999999999999999999": ["a0018446744073709551615"],
+    "au[008-10,2-0,3]gax[0007]g3[100]": [],  # bad inner group: Slurm drops the name silently
+    "": [],
+}
+SCONTROL_INVALID = ["a[1-2]c", "a[3-1]", "a[]", "a[1-2,]", "a[-1]", "a[x-y]", "a[1-2]]", "a[1-2]-b",
+                    "a[1-2]b[3-4]x", "a[0-65536]", "[07-16,000,9 9],pg"]
+
+
+@pytest.mark.parametrize("expr", sorted(SCONTROL_ANSWERS))
+def test_hostlist_literal(expr):
+    assert expand_hostlist(expr) == SCONTROL_ANSWERS[expr]
+
+
+@pytest.mark.parametrize("expr", SCONTROL_INVALID)
+def test_hostlist_invalid(expr):
+    with pytest.raises(HostlistError):
+        expand_hostlist(expr)
+
+
+def test_hostlist_large_range_and_limit():
+    assert len(expand_hostlist("a[0-65535]")) == 65536
+
+
+def test_tasks_per_node():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("4") == [4]
+    for bad in ["", "2(x", "a", "2(3)"]:
+        with pytest.raises(DistEnvError, match="SLURM_TASKS_PER_NODE"):
+            expand_tasks_per_node(bad)
+
+
+def srun_env(procid, localid, nodeid, **extra):
+    env = {
+        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(localid),
+        "SLURM_NODEID": str(nodeid), "SLURM_NTASKS": "7", "SLURM_NNODES": "4",
+        "SLURM_JOB_NODELIST": "nid[001-004]", "SLURM_STEP_NODELIST": "nid[002-004],nid001",
+        "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+    }
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def test_srun_task_heterogeneous_nodes():
+    d = from_environ(srun_env(6, 0, 3))
+    assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes) == (6, 7, 0, 1, 3, 4)
+    assert d.master_addr == "nid002"  # first host of the *step* nodelist
+    assert d.launcher == "slurm"
+    assert d.master_port == master_port_for_job("4242")
+    # every task of the job computes the same port
+    assert {from_environ(srun_env(r, r % 2, r // 2)).master_port for r in range(6)} == {d.master_port}
+
+
+def test_master_port_override_and_spread():
+    assert from_environ(srun_env(0, 0, 0, MASTER_PORT=12345)).master_port == 12345
+    assert from_environ(srun_env(0, 0, 0, HPC_MASTER_PORT=23456)).master_port == 23456
+    ports = {master_port_for_job(str(j)) for j in range(1000)}
+    assert all(20000 <= p < 32000 for p in ports) and len(ports) > 900
+
+
+def test_torchrun_passthrough_wins():
+    env = srun_env(3, 1, 1, RANK=5, WORLD_SIZE=8, LOCAL_RANK=1, LOCAL_WORLD_SIZE=4, MASTER_ADDR="h0",
+                   MASTER_PORT=29400, GROUP_RANK=1)
+    d = from_environ(env)
+    assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.master_addr, d.master_port,
+            d.launcher) == (5, 8, 1, 4, 1, "h0", 29400, "torchrun")
+
+
+def test_batch_shell_is_not_rank_zero_of_the_job():
+    # What sbatch's batch step really has (read off the test cluster): PROCID=0 and NTASKS=4, no step id.
+    env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4",
+           "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "nid[001-002]",
+           "SLURM_TASKS_PER_NODE": "2(x2)"}
+    d = from_environ(env)
+    assert d.world_size == 1 and d.launcher == "slurm-batch"
+    assert d.master_addr == "nid001" and d.master_port == master_port_for_job("77")
+    lines = export_lines(d)
+    assert [line.split("=")[0] for line in lines] == ["export MASTER_ADDR", "export MASTER_PORT"]
+
+
+def test_submitit_local_and_single():
+    env = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "3", "SUBMITIT_LOCAL_GLOBALID": "2",
+           "SUBMITIT_LOCAL_LOCALID": "2", "SUBMITIT_LOCAL_JOB_ID": "991"}
+    d = from_environ(env)
+    assert (d.rank, d.world_size, d.local_world_size, d.master_addr, d.launcher) == (2, 3, 3, "127.0.0.1", "submitit-local")
+    single = from_environ({})
+    assert (single.rank, single.world_size, single.launcher) == (0, 1, "single")
+
+
+@pytest.mark.parametrize("env,needle", [
+    (srun_env(7, 0, 3), "SLURM_PROCID=7"),  # rank >= world size
+    (srun_env(0, 0, 0, SLURM_NODEID=9), "SLURM_NODEID=9"),
+    ({k: v for k, v in srun_env(0, 0, 0).items() if k != "SLURM_LOCALID"}, "SLURM_LOCALID"),
+    (srun_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2(x4)"), "SLURM_STEP_TASKS_PER_NODE"),
+    (srun_env(0, 0, 0, SLURM_STEP_NUM_NODES=3), "SLURM_STEP_NUM_NODES=3"),
+    (srun_env(0, 0, 0, SLURM_STEP_NODELIST="a[3-1]"), "SLURM_STEP_NODELIST"),
+    (srun_env(0, 0, 0, SLURM_PROCID="x"), "SLURM_PROCID='x'"),
+    ({"RANK": "0"}, "WORLD_SIZE"),
+    ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "rank 3"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
+    ({"WORLD_SIZE": "2"}, "RANK"),
+    ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "2",
+      "SUBMITIT_LOCAL_LOCALID": "0"}, "SUBMITIT_LOCAL_GLOBALID=2"),
+])
+def test_inconsistent_environments_are_named(env, needle):
+    with pytest.raises(DistEnvError) as info:
+        from_environ(env)
+    assert needle in str(info.value)
+
+
+def test_cli_exports_and_errors():
+    ok = run_module("hpc.distenv", env=srun_env(4, 0, 2))
+    assert ok.returncode == 0, ok.stderr
+    assert "export RANK=4" in ok.stdout and "export WORLD_SIZE=7" in ok.stdout
+    assert "export MASTER_ADDR=nid002" in ok.stdout
+    bad = run_module("hpc.distenv", env=srun_env(9, 0, 2))
+    assert bad.returncode == 2 and "SLURM_PROCID=9" in bad.stderr and "Traceback" not in bad.stderr
+    hl = run_module("hpc.distenv", "--hostlist", "n[1-2]")
+    assert hl.stdout.split() == ["n1", "n2"]
+
+
+def test_distenv_does_not_import_torch():
+    r = run_module("hpc.distenv", "--json")
+    assert r.returncode == 0
+    code = "import sys, hpc.distenv, hpc.config; print('torch' in sys.modules)"
+    import subprocess, sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

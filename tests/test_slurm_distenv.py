@@ -1,0 +1,88 @@
+"""On the real (local, two-node) Slurm cluster: every srun task gets the right torch.distributed env."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.distenv import master_port_for_job
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_exports(text):
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            out[key] = value
+    return out
+
+
+def test_srun_two_nodes_two_tasks_each(slurm_cluster):
+    # Each task prints its own exports, prefixed by srun's task label.
+    cmd = ["srun", "-N", "2", "--ntasks-per-node=2", "-l", "--kill-on-bad-exit=1", sys.executable, "-m",
+           "hpc.distenv", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    records = {}
+    for line in r.stdout.splitlines():
+        label, _, body = line.partition(": ")
+        records[int(label)] = json.loads(body)
+    assert sorted(records) == [0, 1, 2, 3]
+    ports = {rec["master_port"] for rec in records.values()}
+    assert len(ports) == 1
+    for task, rec in records.items():
+        assert rec["rank"] == task
+        assert rec["world_size"] == 4
+        assert rec["local_rank"] == task % 2
+        assert rec["node_rank"] == task // 2
+        assert rec["local_world_size"] == 2 and rec["num_nodes"] == 2
+        assert rec["master_addr"] == "nid001"
+        assert rec["launcher"] == "slurm"
+
+
+def test_sbatch_batch_shell_and_step(slurm_cluster, tmp_path):
+    out = tmp_path / "out.txt"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=2
+#SBATCH -C gpu
+#SBATCH -q regular
+#SBATCH -A m0000
+#SBATCH -o {out}
+cd {REPO}
+echo "BATCH $({sys.executable} -m hpc.distenv | tr '\\n' ' ')"
+eval "$({sys.executable} -m hpc.distenv)"
+srun -l {sys.executable} -m hpc.distenv
+""")
+    r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+        if not q.stdout.strip():
+            break
+        time.sleep(1)
+    text = out.read_text()
+    batch = next(line for line in text.splitlines() if line.startswith("BATCH"))
+    # The batch shell exports only the rendezvous address: not RANK, which every srun task would inherit.
+    assert "RANK" not in batch and "WORLD_SIZE" not in batch
+    assert f"MASTER_PORT={master_port_for_job(job_id)}" in batch and "MASTER_ADDR=nid001" in batch
+    tasks = {}
+    for line in text.splitlines():
+        if ": export " in line:
+            label, _, rest = line.partition(": ")
+            tasks.setdefault(int(label), []).append(rest)
+    assert sorted(tasks) == [0, 1, 2, 3]
+    for label, lines in tasks.items():
+        env = parse_exports("\n".join(lines))
+        assert env["RANK"] == str(label) and env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == str(label % 2)
+        assert env["MASTER_PORT"] == str(master_port_for_job(job_id))
