@@ -1,0 +1,175 @@
+"""hpc.train on the CPU with gloo: multi-rank training, resume, faults, traces, bad input."""
+
+import gzip
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_module
+from hpc import data
+from trainrun import SMOKE, metrics, same_weights, start_ranks, summary, train, wait_all, weights
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    data.synthesize(root, n_train=1000, n_test=250, seed=0)
+    return root
+
+
+def common(data_root, run_dir, *extra):
+    return ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir), *extra]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_multi_rank_training_learns_and_agrees(data_root, tmp_path, world):
+    run = tmp_path / f"w{world}"
+    train(world, common(data_root, run, "--epochs", "3", "--batch-size", "16", "--batch-scope", "global", "--lr", "0.1",
+                        "--set", "train.log_every_steps=5"))
+    records = metrics(run)
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert len(epochs) == 3
+    assert all(r["eval_images"] == 250 for r in epochs)  # every test image counted exactly once
+    assert epochs[-1]["eval_top1"] > 5  # chance is 1 %
+    s = summary(run)
+    assert [r["rank"] for r in s["ranks"]] == list(range(world))
+    assert len({r["weights_sha256"] for r in s["ranks"]}) == 1  # identical weights on every rank
+    assert all(r["steps"] == s["ranks"][0]["steps"] for r in s["ranks"])
+    ckpt = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert not any(k.startswith("module.") for k in ckpt["model"])
+    assert {"model", "optimizer", "scheduler", "epoch", "position", "step", "rng"} <= set(ckpt)
+    for rank in range(world):
+        traces = list((run / "traces").glob(f"rank{rank}.*.pt.trace.json*"))
+        assert len(traces) == 1, traces
+        opener = gzip.open if traces[0].suffix == ".gz" else open
+        with opener(traces[0], "rt") as f:
+            events = json.load(f)["traceEvents"]
+        assert sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) == 2
+    saved = (run / "config.yaml").read_text()
+    assert "arch: tiny" in saved and "batch_size: 16" in saved and "batch_scope: global" in saved
+
+
+def test_resume_is_bit_identical(data_root, tmp_path):
+    args = ("--epochs", "2", "--set", "train.log_every_steps=5")
+    train(2, common(data_root, tmp_path / "straight", *args))
+    # Stop after 11 steps (mid-epoch), then the very same command without --max-steps.
+    train(2, common(data_root, tmp_path / "resumed", *args, "--max-steps", "11"))
+    assert torch.load(tmp_path / "resumed" / "checkpoints" / "last.pt", weights_only=True)["step"] == 11
+    out = train(2, common(data_root, tmp_path / "resumed", *args))
+    assert "resuming from" in out[0][1]
+    assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "resumed"))
+
+
+def test_sigusr2_checkpoints_and_resumes_identically(data_root, tmp_path):
+    args = ("--epochs", "3", "--set", "train.log_every_steps=1")
+    train(2, common(data_root, tmp_path / "straight", *args))
+    procs = start_ranks(2, common(data_root, tmp_path / "pre", *args))
+    deadline = time.time() + 120
+    log = tmp_path / "pre" / "metrics.jsonl"
+    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 5):
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGUSR2)
+    results = wait_all(procs)
+    assert [rc for rc, _, _ in results] == [3, 3], results
+    assert "signal SIGUSR2" in results[0][1]
+    stopped = torch.load(tmp_path / "pre" / "checkpoints" / "last.pt", weights_only=True)["step"]
+    assert 0 < stopped < 3 * 32
+    train(2, common(data_root, tmp_path / "pre", *args))
+    assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "pre"))
+
+
+def test_kill_during_checkpoint_write_keeps_previous(data_root, tmp_path):
+    args = ("--epochs", "1", "--set", "train.checkpoint_every_steps=5")
+    train(1, common(data_root, tmp_path / "straight", *args))
+    run = tmp_path / "crash"
+    # The second checkpoint write dies half-way (SIGKILL): last.pt must still be the first one.
+    results = wait_all(start_ranks(1, common(data_root, run, *args),
+                                   {"HPC_FAULT_INJECT": "kill-during-checkpoint"}))
+    assert results[0][0] == -signal.SIGKILL
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 5
+    assert list((run / "checkpoints").glob(".last.pt.tmp.*"))  # the half-written temp file
+    train(1, common(data_root, run, *args))
+    assert same_weights(weights(tmp_path / "straight"), weights(run))
+
+
+def test_nonfinite_loss_stops_with_step_and_rank(data_root, tmp_path):
+    run = tmp_path / "nan"
+    results = train(2, common(data_root, run, "--lr", "1e30", "--set", "train.checkpoint_every_steps=1",
+                              "--set", "train.momentum=0", "--no-profile"), expect=1)
+    err = results[0][2].strip().splitlines()[-1]
+    assert "non-finite loss at step" in err and "on rank" in err and "Traceback" not in results[0][2]
+    bad_step = int(err.split("non-finite loss at step ")[1].split()[0])
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == bad_step - 1
+
+
+def test_dead_peer_ends_the_run(data_root, tmp_path):
+    procs = start_ranks(2, common(data_root, tmp_path / "dead", "--epochs", "50", "--no-profile",
+                                  "--set", "train.collective_timeout_s=20"))
+    time.sleep(8)
+    procs[1].kill()
+    start = time.time()
+    rc, _, stderr = wait_all(procs[:1], timeout=120)[0]
+    procs[1].wait()
+    assert rc not in (0, None) and time.time() - start < 60, stderr[-500:]
+
+
+def test_no_profile_writes_no_traces(data_root, tmp_path):
+    train(1, common(data_root, tmp_path / "np", "--no-profile", "--max-steps", "3"))
+    assert not (tmp_path / "np" / "traces").exists()
+    assert summary(tmp_path / "np")["ranks"][0]["profiler"]["cycles"] == []
+
+
+def test_profiler_totals_recorded(data_root, tmp_path):
+    train(1, common(data_root, tmp_path / "p", "--max-steps", "6"))
+    cycle = summary(tmp_path / "p")["ranks"][0]["profiler"]["cycles"][0]
+    assert cycle["self_cpu_time_total_us"] > 0
+    assert cycle["conv2d_calls"] == 2 * 3  # 2 active steps x TinyNet's 3 convolutions
+
+
+def test_resnet152_forward_backward_has_155_convolutions():
+    from torch.profiler import ProfilerActivity, profile
+
+    from hpc.config import ModelConfig
+    from hpc.model import build_model
+
+    model = build_model(ModelConfig(arch="resnet152"))
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    convs = {e.key: e.count for e in prof.key_averages()}["aten::conv2d"]
+    assert convs == 155
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, data_root):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(run_module("hpc.train", "--config", SMOKE, "--data-root", str(empty), "--run-dir",
+                                     str(tmp_path / "r1"), "--set", "data.synthesize_if_missing=false"),
+                          str(empty), "no cifar-100-python/")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_one_line_error(run_module("hpc.train", *common(data_root, blocker / "run")), str(blocker / "run"),
+                          "not writable")
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r2", "--batch-size", "-4")),
+                          "--batch-size", "train.batch_size = -4")
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r3", "--arch", "vgg")),
+                          "--arch", "model.arch = 'vgg'")
+    # A run directory holds one run: resuming with another model is refused, nothing is touched.
+    train(1, common(data_root, tmp_path / "r4", "--max-steps", "2", "--no-profile"))
+    before = (tmp_path / "r4" / "checkpoints" / "last.pt").read_bytes()
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r4", "--arch", "resnet18")),
+                          "model.arch = 'tiny', not 'resnet18'")
+    assert (tmp_path / "r4" / "checkpoints" / "last.pt").read_bytes() == before
+    (tmp_path / "r4" / "checkpoints" / "last.pt").write_bytes(before[:100])
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r4")), "last.pt",
+                          "cannot load checkpoint")
