@@ -81,7 +81,6 @@ class ClusterConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     signal_delay_s: int = 120  # USR2 this long before the time limit
     max_requeues: int = 3
-    python: str = "python"
 
     def __post_init__(self) -> None:
         _one_of(self, "scheduler", ("slurm", "local"))
@@ -482,7 +481,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", help="sweep YAML (a sweep section plus run sections)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one value (repeatable)")
+    parser.add_argument("--exports", action="store_true",
+                        help="with --profile: print the profile's environment as shell lines that keep any value "
+                             "already set (for sbatch scripts: eval \"$(python -m hpc.config --profile P --exports)\")")
     args = parser.parse_args(argv)
+    if args.exports:
+        if not args.profile:
+            raise ConfigError("command line: --exports needs --profile")
+        import shlex
+
+        cluster = load_cluster(args.profile)
+        for key, value in cluster.env.items():
+            print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
+        return 0
     overrides = [(*parse_override(s), f"--set {s}") for s in args.set]
     out: dict[str, Any] = {}
     if args.profile:

@@ -544,6 +544,9 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
         "cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if use_cuda else None,
         "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if use_cuda else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        # The environment that shapes performance, for reproducing the run.
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("OMP_", "NCCL_", "FI_", "GLOO_", "HPC_", "TORCH_")) or k == "CUDA_VISIBLE_DEVICES"},
         "profiler": {"cycles": cycles, "traces": sorted(p.name for p in (run_dir / "traces").glob(f"rank{rank}.*"))},
     }
     sync_buffers()

@@ -1,0 +1,401 @@
+"""Submit training (one task per GPU) to Slurm, or run it here, through submitit: `python -m hpc.submit`.
+
+    python -m hpc.submit --nodes 1 --gpus 4 --account m1234 --config profiles/smoke.yaml
+    python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
+    python -m hpc.submit --sweep profiles/study.yaml --account m1234 --max-parallel 4
+    python -m hpc.submit --nodes 2 --gpus 4 --account m1234 --dry-run      # print the sbatch script
+
+Cluster details (profile -> sbatch parameters, setup lines, environment) live in this module only;
+job handling is submitit's. The submitted callable, TrainJob, runs hpc.train in each task; on
+SIGUSR2 (`--signal=USR2@<delay>`, Slurm's warning before the time limit or a preemption) training
+finishes its step, writes checkpoints/last.pt, and rank 0 hands over to submitit's handler, which
+calls TrainJob.checkpoint() and requeues the job; the requeued job resumes from the checkpoint.
+USR2 rather than USR1: NCCL and some MPI stacks claim USR1. No torch import here (fast CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc.cli import UsageError
+from hpc.config import (ClusterConfig, ConfigError, Layers, RunConfig, SweepConfig, check_request, dump_yaml,
+                        load_cluster, run_config_from_dict, write_atomic)
+from hpc.train import FLAGS, overrides_from_args
+
+# ----------------------------------------------------------------------------------------------
+# What is asked for
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_text(flag: str, value: str | None, allow_slash: bool = True) -> None:
+    """Names and paths reach #SBATCH lines and shell text: quoting handles the rest, not line breaks."""
+    if value is None:
+        return
+    if value == "" or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"command line: {flag} {value!r}: must be non-empty, without control characters or line breaks")
+    if not allow_slash and ("/" in value or value in (".", "..")):
+        raise ConfigError(f"command line: {flag} {value!r}: is used as a directory name, so no '/'")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    nodes: int
+    gpus: int  # per node; one task per GPU
+    time_min: int
+    name: str
+    account: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    exports: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_text("--name", self.name, allow_slash=False)
+        for flag, value in (("--account", self.account), ("--qos", self.qos), ("--partition", self.partition)):
+            _check_text(flag, value)
+        for key, value in self.exports.items():
+            if not key.replace("_", "").isalnum() or key[0].isdigit():
+                raise ConfigError(f"command line: --export {key}=...: {key!r} is not a variable name")
+            if "\n" in value or "\0" in value:
+                raise ConfigError(f"command line: --export {key}: value must be one line")
+
+
+def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
+    """The profile's setup lines, then its environment and the user's --export values, quoted."""
+    env = {**cluster.env, **req.exports}
+    return list(cluster.setup) + [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+
+
+def slurm_parameters(cluster: ClusterConfig, req: JobRequest) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these."""
+    params = {
+        "job_name": req.name,
+        "nodes": req.nodes,
+        "ntasks_per_node": req.gpus,
+        "gpus_per_node": req.gpus,
+        "cpus_per_task": cluster.cpus_per_task,
+        "time": req.time_min,
+        "constraint": cluster.constraint,
+        "qos": req.qos or cluster.qos,
+        "account": req.account or cluster.account,
+        "partition": req.partition or cluster.partition,
+        "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
+        "signal_delay_s": cluster.signal_delay_s,
+        "setup": setup_lines(cluster, req),
+        # One dead rank ends the step at once instead of leaving the others in a collective.
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def make_executor(cluster: ClusterConfig, req: JobRequest, folder: Path, local: bool, python: str | None = None,
+                  max_parallel: int | None = None):
+    import submitit
+
+    if local:
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cluster.max_requeues, python=python)
+        executor.update_parameters(nodes=1, tasks_per_node=req.gpus, gpus_per_node=req.gpus,
+                                   timeout_min=req.time_min, signal_delay_s=cluster.signal_delay_s,
+                                   setup=setup_lines(cluster, req))
+        return executor
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=cluster.max_requeues, python=python)
+    executor.update_parameters(**slurm_parameters(cluster, req))
+    if max_parallel:
+        executor.update_parameters(array_parallelism=max_parallel)
+    return executor
+
+
+def sbatch_text(executor, map_count: int | None = None) -> str:
+    """Exactly the script submitit would hand to sbatch (same function, same parameters)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = dict(executor.parameters)
+    if map_count is not None:
+        params["map_count"] = map_count
+    return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
+
+
+# ----------------------------------------------------------------------------------------------
+# What runs in every task
+# ----------------------------------------------------------------------------------------------
+
+
+class TrainJob:
+    """The submitted callable: runs hpc.train in this task; checkpointable for submitit's requeue."""
+
+    def __init__(self, run_config: dict, max_requeues: int):
+        self.run_config = run_config
+        self.max_requeues = max_requeues
+
+    def __call__(self) -> dict:
+        import submitit
+
+        from hpc.distenv import from_environ
+        from hpc.train import EXIT_PREEMPTED, check_resumable, prepare_run_dir, train
+
+        submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
+        job = submitit.JobEnvironment()
+        run_dir = prepare_run_dir(Path(job.paths.folder))
+        cfg = run_config_from_dict(self.run_config, "submitted config")
+        check_resumable(run_dir, cfg)
+        code = train(cfg, run_dir, from_environ(os.environ))
+        if code != EXIT_PREEMPTED:
+            return {"status": "done", "run_dir": str(run_dir)}
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
+            submitit_on_usr2(signal.SIGUSR2, None)  # checkpoint() below, scontrol requeue, exit
+        return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts}
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        import submitit
+
+        # The training state is in the run directory already; resubmitting the same job resumes it.
+        return submitit.helpers.DelayedSubmission(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc.submit",
+        description="Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
+        epilog="Every hpc.train option below is forwarded to the training. Exit codes: 0 submitted (or, with "
+        "--wait, all jobs done), 1 a job failed, 2 bad input.",
+    )
+    g = parser.add_argument_group("job")
+    g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    g.add_argument("--gpus", type=int, default=None, help="GPUs per node, one task each (default: the profile's)")
+    g.add_argument("--profile", default=None, help="cluster profile name or YAML (default perlmutter; local with --local)")
+    g.add_argument("--time", type=int, default=None, metavar="MIN", help="time limit in minutes (default: the profile's)")
+    g.add_argument("--account", help="Slurm account (-A); Perlmutter needs one")
+    g.add_argument("--qos", help="Slurm QOS (-q), default: the profile's")
+    g.add_argument("--partition", help="Slurm partition")
+    g.add_argument("--name", help="job name; runs go to RUNS/<name>/<job id>/ (default: the arch)")
+    g.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
+    g.add_argument("--export", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the job (repeatable; overrides the profile's env)")
+    g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
+    g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
+    g.add_argument("--sweep", help="sweep YAML: submit its grid as job arrays, one per resource shape")
+    g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
+    g.add_argument("--wait", action="store_true", help="wait for the job(s) and report how they ended")
+    t = parser.add_argument_group("training (forwarded to hpc.train)")
+    t.add_argument("--config", help="run config YAML")
+    for name, (key, typ, text) in FLAGS.items():
+        t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=f"{text} [{key}]")
+    t.add_argument("--no-profile", action="store_true", help="switch torch.profiler off")
+    t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any run config value")
+    return parser
+
+
+@dataclasses.dataclass
+class Submitted:
+    job_id: str
+    run_dir: Path
+    logs: list[Path]
+    job: Any
+    point: dict | None = None
+
+
+def _exports(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"command line: --export {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _run_layers(args: argparse.Namespace) -> Layers:
+    layers = Layers()
+    if args.config:
+        layers.add_file(args.config)
+    if args.sweep:
+        layers.add_file(args.sweep)
+    for dotted, value, source in overrides_from_args(args):
+        layers.set(dotted, value, source)
+    return layers
+
+
+def _describe(sub: Submitted) -> str:
+    logs = ", ".join(str(p) for p in sub.logs)
+    return f"job {sub.job_id}: run dir {sub.run_dir}\n  logs: {logs}"
+
+
+def _job_record(job, local: bool) -> Submitted:
+    folder = Path(job.paths.folder)
+    logs = [job.paths.stdout, job.paths.stderr]
+    return Submitted(job.job_id, folder, [Path(p) for p in logs], job)
+
+
+def _left_queue(sub: Submitted) -> bool:
+    """True when Slurm no longer lists the job. Without slurmdbd, sacct cannot say that a job ended (so
+    submitit's done() waits for a result file a killed job never writes); squeue can."""
+    if type(sub.job).__name__ != "SlurmJob" or not shutil.which("squeue"):
+        return False
+    q = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", sub.job_id.split("_")[0]],
+                       capture_output=True, text=True)
+    if q.returncode != 0:
+        return "Invalid job id" in q.stderr
+    return sub.job_id not in q.stdout.split()
+
+
+def _ended(sub: Submitted) -> bool:
+    if type(sub.job).__name__ != "SlurmJob":
+        return sub.job.done()
+    return sub.job.paths.result_pickle.exists() or _left_queue(sub)  # no sacct call: see _left_queue
+
+
+def wait_for(subs: list[Submitted], poll_s: float = 2.0) -> int:
+    """Wait until every job has ended; report each: its status, or FAILED with its log."""
+    pending = list(subs)
+    while pending:
+        pending = [sub for sub in pending if not _ended(sub)]
+        if pending:
+            time.sleep(poll_s)
+    failures = 0
+    for sub in subs:
+        try:
+            if not sub.job.paths.result_pickle.exists():
+                time.sleep(poll_s)  # a result written as the job left the queue
+            if not sub.job.paths.result_pickle.exists():
+                raise RuntimeError("no result: the job was killed or failed outside Python")
+            result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
+            print(f"job {sub.job_id}: {result.get('status')} -> {sub.run_dir}")
+        except Exception as e:  # submitit re-raises the job's own exception here
+            failures += 1
+            lines = [line for line in str(e).strip().splitlines() if line.strip()]
+            print(f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}",
+                  file=sys.stderr)
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    local = args.local
+    cluster = load_cluster(args.profile or ("local" if local else "perlmutter"))
+    if local and cluster.max_nodes < args.nodes:
+        raise ConfigError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
+    gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+    time_min = args.time if args.time is not None else cluster.time_limit_min
+    if args.max_parallel is not None and args.max_parallel < 1:
+        raise ConfigError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
+    layers = _run_layers(args)
+    base = layers.run_config()  # validates the run config before anything is submitted
+    sweep = layers.build("sweep") if args.sweep else None
+    name = args.name or (sweep.name if sweep else base.model.arch)
+    exports = _exports(args.export)
+    if not local and cluster.scheduler != "slurm":
+        raise ConfigError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
+    if not local and not args.dry_run and not shutil.which("sbatch"):
+        raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
+
+    runs_dir = Path(args.runs_dir).absolute()
+    if sweep is None:
+        req = JobRequest(args.nodes, gpus, time_min, name, args.account, args.qos, args.partition, exports)
+        check_request(cluster, req.nodes, req.gpus, req.time_min)
+        folder = runs_dir / name / "%j"
+        executor = make_executor(cluster, req, folder, local)
+        if args.dry_run:
+            print(sbatch_text(executor) if not local else f"# --local: {req.gpus} task(s) of {executor._submitit_command_str}\n",
+                  end="")
+            return 0
+        job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
+        sub = _job_record(job, local)
+        print(_describe(sub), flush=True)
+        return wait_for([sub]) if args.wait or local else 0
+    return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local)
+
+
+def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConfig]]:
+    """Every (data fraction, batch size, GPU count) point with its validated run config."""
+    points = []
+    for gpus in sweep.gpus:
+        for fraction in sweep.data_fractions:
+            for batch in sweep.batch_sizes:
+                layers.set("data.fraction", fraction, f"sweep point fraction={fraction:g}")
+                layers.set("train.batch_size", batch, f"sweep point batch={batch}")
+                points.append(({"data_fraction": fraction, "batch_size": batch, "gpus": gpus,
+                                "nodes": sweep.nodes}, layers.run_config()))
+    return points
+
+
+def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConfig, layers: Layers, name: str,
+                 runs_dir: Path, exports: dict, local: bool) -> int:
+    time_min = args.time if args.time is not None else cluster.time_limit_min
+    for gpus in sweep.gpus:  # every shape is checked before anything is submitted
+        check_request(cluster, sweep.nodes, gpus, time_min, source=f"{args.sweep}: sweep.gpus")
+    points = sweep_points(sweep, layers)
+    sweep_dir = runs_dir / name / dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
+    by_shape: dict[int, list] = {}
+    for point, cfg in points:
+        by_shape.setdefault(point["gpus"], []).append((point, cfg))
+    if args.dry_run:
+        for gpus, group in by_shape.items():
+            req = JobRequest(sweep.nodes, gpus, time_min, f"{name}-{gpus}gpu", args.account, args.qos,
+                             args.partition, exports)
+            executor = make_executor(cluster, req, sweep_dir / "%j", local, max_parallel=args.max_parallel)
+            print(f"# array of {len(group)} points at {sweep.nodes} node(s) x {gpus} GPU(s)")
+            print(sbatch_text(executor, map_count=len(group)) if not local else "# --local: points run one by one")
+        return 0
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(sweep_dir / "sweep.yaml", dump_yaml({"sweep": dataclasses.asdict(sweep), **base.to_dict()}))
+    subs: list[Submitted] = []
+    failures = 0
+    for gpus, group in by_shape.items():
+        req = JobRequest(sweep.nodes, gpus, time_min, f"{name}-{gpus}gpu", args.account, args.qos, args.partition,
+                         exports)
+        executor = make_executor(cluster, req, sweep_dir / "%j", local, max_parallel=args.max_parallel)
+        if local:  # this machine: one point at a time
+            for point, cfg in group:
+                sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)), local)
+                sub.point = point
+                subs.append(sub)
+                print(_describe(sub), flush=True)
+                failures += wait_for([sub])
+                _write_index(sweep_dir, sweep, cluster, subs)
+            continue
+        with executor.batch():
+            jobs = [executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)) for _, cfg in group]
+        for job, (point, _) in zip(jobs, group):
+            sub = _job_record(job, local)
+            sub.point = point
+            subs.append(sub)
+            print(_describe(sub), flush=True)
+        _write_index(sweep_dir, sweep, cluster, subs)
+    print(f"sweep: {len(subs)} points, index {sweep_dir / 'index.json'}")
+    if args.wait and not local:
+        return wait_for(subs)
+    return 1 if failures else 0
+
+
+def _write_index(sweep_dir: Path, sweep: SweepConfig, cluster: ClusterConfig, subs: list[Submitted]) -> None:
+    index = {
+        "sweep": dataclasses.asdict(sweep),
+        "cluster": cluster.name,
+        "points": [{**s.point, "job_id": s.job_id, "run_dir": s.run_dir.name} for s in subs],
+    }
+    write_atomic(sweep_dir / "index.json", json.dumps(index, indent=2))
+
+
+if __name__ == "__main__":
+    from hpc import submit
+    from hpc.cli import run
+
+    sys.exit(run("hpc.submit", submit.main))

@@ -1,0 +1,190 @@
+"""Submission on the real (local, two-node, Perlmutter-shaped) Slurm cluster: sbatch script, submitit,
+job-array sweeps, preemption/requeue, a killed rank, and shell-quoting safety. CPU ranks with gloo."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc import data
+from trainrun import same_weights, weights
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SMOKE = str(REPO / "profiles" / "smoke.yaml")
+ENV = dict(os.environ, PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurmdata")
+    data.synthesize(root, n_train=1000, n_test=200)
+    return root
+
+
+def submit(*args, cwd=REPO, timeout=600):
+    return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=cwd, env=ENV,
+                          timeout=timeout)
+
+
+def job_ids(stdout: str) -> list[str]:
+    return re.findall(r"^job (\S+): run dir", stdout, flags=re.M)
+
+
+def job_state(job_id: str) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_gone(job_id: str, timeout: float, hurry_requeue: bool = False) -> float:
+    """Seconds until squeue no longer lists the job. With hurry_requeue, a requeued job's ~2 minute
+    BeginTime hold (Slurm's, not ours) is cut short so the test does not sit idle."""
+    start = time.time()
+    while time.time() - start < timeout:
+        q = subprocess.run(["squeue", "-h", "-j", job_id.split("_")[0], "-o", "%T %r"], capture_output=True,
+                           text=True).stdout.strip()
+        if not q:
+            return time.time() - start
+        if hurry_requeue and "BeginTime" in q:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} still queued after {timeout} s")
+
+
+def check_complete_run(run_dir: Path, world: int):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == list(range(world))
+    assert len({r["weights_sha256"] for r in summary["ranks"]}) == 1
+    assert all(r["launcher"] == "slurm" for r in summary["ranks"])
+    for rank in range(world):
+        assert len(list((run_dir / "traces").glob(f"rank{rank}.*.pt.trace.json*"))) == 1
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+    return summary
+
+
+def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", "-N", "2",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
+                        "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir)],
+                       capture_output=True, text=True, cwd=REPO, env=ENV)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    wait_gone(job, 300)
+    assert job_state(job).get("JobState") == "COMPLETED", (tmp_path / f"out-{job}.txt").read_text()[-2000:]
+    summary = check_complete_run(run_dir, 4)
+    assert sorted({r["node_rank"] for r in summary["ranks"]}) == [0, 1]
+    assert summary["ranks"][0]["env"]["NCCL_NET_GDR_LEVEL"] == "PHB"  # the profile's environment
+
+
+def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
+    r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234", "--config", SMOKE, "--data-root",
+               str(data_root), "--runs-dir", str(tmp_path), "--export", "OMP_NUM_THREADS=1", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (job,) = job_ids(r.stdout)
+    run_dir = tmp_path / "tiny" / job
+    summary = check_complete_run(run_dir, 4)
+    assert summary["ranks"][3]["node_rank"] == 1
+    assert (run_dir / f"{job}_0_log.out").exists() and (run_dir / "config.yaml").exists()
+    state = job_state(job)
+    assert state["Account"] == "m1234" and state["QOS"] in ("regular", "(null)")
+
+
+def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, tmp_path):
+    r = submit("--sweep", "profiles/study-smoke.yaml", "--account", "m1", "--data-root", str(data_root),
+               "--runs-dir", str(tmp_path), "--max-parallel", "4", "--export", "OMP_NUM_THREADS=1", "--wait",
+               timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (index_path,) = list(tmp_path.glob("study-smoke/sweep-*/index.json"))
+    index = json.loads(index_path.read_text())
+    points = index["points"]
+    assert len(points) == 8
+    grid = {(p["data_fraction"], p["batch_size"], p["gpus"]) for p in points}
+    assert grid == {(f, b, g) for f in (1.0, 0.5) for b in (8, 16) for g in (1, 2)}
+    arrays = {p["job_id"].split("_")[0] for p in points}
+    assert len(arrays) == 2 and all("_" in p["job_id"] for p in points)  # one array per GPU count
+    for p in points:
+        summary = json.loads((index_path.parent / p["run_dir"] / "summary.json").read_text())
+        assert summary["world_size"] == p["gpus"]
+        assert summary["ranks"][0]["batch_size_per_gpu"] == p["batch_size"]
+        assert summary["ranks"][0]["data_fraction"] == p["data_fraction"]
+
+
+def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
+    common = ["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root", str(data_root),
+              "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1"]
+    straight = submit(*common, "--name", "straight", "--runs-dir", str(tmp_path))
+    pre = submit(*common, "--name", "pre", "--runs-dir", str(tmp_path))
+    (job_s,), (job_p,) = job_ids(straight.stdout), job_ids(pre.stdout)
+    metrics = tmp_path / "pre" / job_p / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR2", job_p], check=True)
+    wait_gone(job_p, 600, hurry_requeue=True)
+    wait_gone(job_s, 300)
+    state = job_state(job_p)
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", state
+    log = (tmp_path / "pre" / job_p / f"{job_p}_0_log.out").read_text()
+    assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
+    assert same_weights(weights(tmp_path / "straight" / job_s), weights(tmp_path / "pre" / job_p))
+
+
+def test_killed_rank_fails_the_whole_job_quickly(slurm_cluster, data_root, tmp_path):
+    run_dir = tmp_path / "long"
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", "-N", "2",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
+                        "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir),
+                        "--epochs", "500", "--no-profile"], capture_output=True, text=True, cwd=REPO, env=ENV)
+    job = r.stdout.strip()
+    deadline = time.time() + 120
+    victim = None
+    while time.time() < deadline and victim is None:
+        if (run_dir / "metrics.jsonl").exists():
+            for pid in subprocess.run(["pgrep", "-f", f"hpc.train --run-dir runs/resnet152/{job}"],
+                                      capture_output=True, text=True).stdout.split():
+                if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python"):
+                    victim = int(pid)
+        time.sleep(0.5)
+    assert victim, "no training rank found"
+    os.kill(victim, signal.SIGKILL)
+    took = wait_gone(job, 90)
+    assert took < 60, took
+    assert job_state(job)["JobState"] in ("FAILED", "CANCELLED"), job_state(job)
+
+
+def test_hostile_names_and_paths_arrive_verbatim(slurm_cluster, data_root, tmp_path):
+    hostile = "we ird'\"$(touch pwned1);`touch pwned2`;touch pwned3"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    runs = tmp_path / f"runs {hostile}"
+    data_dir = tmp_path / f"data {hostile}"
+    r = submit("--nodes", "1", "--gpus", "1", "--account", f"acct {hostile}", "--name", hostile, "--runs-dir",
+               str(runs), "--config", SMOKE, "--data-root", str(data_dir), "--export", f"HPC_TAG={hostile}",
+               "--export", "OMP_NUM_THREADS=1", "--max-steps", "2", "--wait", cwd=cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (job,) = job_ids(r.stdout)
+    run_dir = runs / hostile / job
+    name_line = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert f"JobName={hostile}" in name_line and f"Account=acct {hostile}" in name_line, name_line
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"][0]["env"]["HPC_TAG"] == hostile
+    assert summary["config"]["data"]["root"] == str(data_dir)
+    # The hand-written script forwards its arguments as they are, too.
+    sb_run = tmp_path / f"sb {hostile}"
+    r2 = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", "-N", "1", "--ntasks-per-node=1",
+                         "-o", str(tmp_path / "sb-%j.txt"), str(REPO / "jobs" / "resnet152.sbatch"), "--config",
+                         SMOKE, "--data-root", str(data_dir), "--run-dir", str(sb_run), "--max-steps", "2"],
+                        capture_output=True, text=True, cwd=cwd, env=ENV)
+    assert r2.returncode == 0, r2.stderr
+    wait_gone(r2.stdout.strip(), 300)
+    assert (sb_run / "summary.json").exists()
+    leftovers = [p for p in list(cwd.rglob("pwned*")) + list(tmp_path.rglob("pwned*")) + list(REPO.glob("pwned*"))]
+    assert leftovers == []

@@ -1,0 +1,106 @@
+"""hpc.submit without a cluster: validation, the sbatch text (golden file), argument forwarding."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_one_line_error, run_module
+from hpc.config import load_cluster
+from hpc.submit import JobRequest, TrainJob, make_executor, sbatch_text, slurm_parameters
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def golden_text() -> str:
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(nodes=2, gpus=4, time_min=120, name="resnet152", account="m1234")
+    executor = make_executor(cluster, req, Path("/scratch/runs/resnet152/%j"), local=False, python="python")
+    return sbatch_text(executor)
+
+
+def test_sbatch_text_is_pinned_by_golden_file():
+    path = GOLDEN / "perlmutter_2x4.sbatch"
+    text = golden_text()
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), "sbatch text changed; rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_golden_has_the_perlmutter_shape():
+    text = (GOLDEN / "perlmutter_2x4.sbatch").read_text()
+    for line in ["#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234",
+                 "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --cpus-per-task=32", "#SBATCH --signal=USR2@180", "#SBATCH --time=120",
+                 "module load pytorch", "export NCCL_NET_GDR_LEVEL=PHB", "--kill-on-bad-exit=1"]:
+        assert line in text, line
+
+
+def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
+    proc = run_module("hpc.submit", "--nodes", "2", "--gpus", "4", "--time", "120", "--account", "m1234",
+                      "--name", "resnet152", "--runs-dir", str(tmp_path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    expected = golden_text().replace("/scratch/runs", str(tmp_path))
+    body = lambda t: [l for l in t.splitlines() if "submitit.core._submit" not in l]
+    assert body(proc.stdout) == body(expected)
+    assert not any(tmp_path.iterdir())  # nothing submitted, nothing written
+
+
+def test_sweep_dry_run_makes_one_array_per_shape(tmp_path):
+    proc = run_module("hpc.submit", "--sweep", "profiles/study.yaml", "--account", "m1", "--max-parallel", "3",
+                      "--runs-dir", str(tmp_path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("#!/bin/bash") == 3  # 1, 2 and 4 GPUs
+    assert proc.stdout.count("#SBATCH --array=0-11%3") == 3  # 3 fractions x 4 batch sizes each
+    for gpus in (1, 2, 4):
+        assert f"#SBATCH --gpus-per-node={gpus}" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--gpus", "5"], ["--gpus 5", "4 GPUs per node"]),
+    (["--nodes", "0"], ["--nodes 0"]),
+    (["--time", "5000"], ["--time 5000", "at most 2880"]),
+    (["--batch-size", "-2"], ["--batch-size", "train.batch_size = -2"]),
+    (["--arch", "alexnet"], ["model.arch = 'alexnet'"]),
+    (["--name", "a/b"], ["--name 'a/b'"]),
+    (["--name", "a\nb"], ["--name"]),
+    (["--export", "NOEQUALS"], ["--export 'NOEQUALS'"]),
+    (["--max-parallel", "0"], ["--max-parallel 0"]),
+    (["--profile", "nosuch"], ["nosuch.yaml", "cannot read"]),
+])
+def test_bad_requests_fail_before_submitting(tmp_path, args, needles):
+    proc = run_module("hpc.submit", "--runs-dir", str(tmp_path), "--dry-run", *args)
+    assert_one_line_error(proc, *needles)
+    assert not any(tmp_path.iterdir())
+
+
+def test_sweep_gpus_above_the_node_are_refused(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("sweep:\n  gpus: [1, 8]\n")
+    assert_one_line_error(run_module("hpc.submit", "--sweep", str(sweep), "--dry-run"), str(sweep), "--gpus 8")
+
+
+def test_no_sbatch_points_to_local(tmp_path):
+    env = {"PATH": str(Path(os.__file__).parent)}  # no sbatch on this PATH
+    proc = run_module("hpc.submit", "--runs-dir", str(tmp_path), env=env)
+    assert_one_line_error(proc, "sbatch not found", "--local")
+
+
+def test_forwarded_training_options_land_in_the_job():
+    from hpc.config import load_run_config
+
+    args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5"]
+    from hpc.submit import _run_layers, build_parser
+
+    cfg = _run_layers(build_parser().parse_args(args)).run_config()
+    assert (cfg.train.batch_size, cfg.data.root, cfg.train.seed, cfg.model.arch) == (12, "/x y", 5, "tiny")
+    job = TrainJob(cfg.to_dict(), 3)
+    assert job.checkpoint().function is job  # a requeued job runs the same callable again
+    assert load_run_config(None).train.batch_size == 128
+
+
+def test_slurm_parameters_quote_environment():
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(1, 4, 60, "n", exports={"HPC_TAG": "a b'$(x)`y`;z"})
+    setup = slurm_parameters(cluster, req)["setup"]
+    assert setup[-1] == "export HPC_TAG='a b'\"'\"'$(x)`y`;z'"
