@@ -262,13 +262,29 @@ def _ended(sub: Submitted) -> bool:
     return sub.job.paths.result_pickle.exists() or _left_queue(sub)  # no sacct call: see _left_queue
 
 
-def wait_for(subs: list[Submitted], poll_s: float = 2.0) -> int:
-    """Wait until every job has ended; report each: its status, or FAILED with its log."""
+def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
+    """Wait until every job has ended; report each: its status, or FAILED with its log.
+    With follow, rank 0's output is echoed as it comes (local runs)."""
     pending = list(subs)
+    offsets: dict[Path, int] = {}
+
+    def echo() -> None:
+        for sub in subs:
+            log = sub.logs[0]
+            if log.exists():
+                with open(log, errors="replace") as f:
+                    f.seek(offsets.get(log, 0))
+                    text = f.read()
+                    offsets[log] = f.tell()
+                sys.stdout.write("".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit ")))
+                sys.stdout.flush()
+
     while pending:
         pending = [sub for sub in pending if not _ended(sub)]
+        if follow:
+            echo()
         if pending:
-            time.sleep(poll_s)
+            time.sleep(poll_s if not follow else 0.5)
     failures = 0
     for sub in subs:
         try:
@@ -277,7 +293,8 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0) -> int:
             if not sub.job.paths.result_pickle.exists():
                 raise RuntimeError("no result: the job was killed or failed outside Python")
             result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
-            print(f"job {sub.job_id}: {result.get('status')} -> {sub.run_dir}")
+            print(f"job {sub.job_id}: {result.get('status')}\n  run:     {sub.run_dir}\n"
+                  f"  traces:  {sub.run_dir / 'traces'}\n  summary: {sub.run_dir / 'summary.json'}")
         except Exception as e:  # submitit re-raises the job's own exception here
             failures += 1
             lines = [line for line in str(e).strip().splitlines() if line.strip()]
@@ -319,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
         sub = _job_record(job, local)
         print(_describe(sub), flush=True)
-        return wait_for([sub]) if args.wait or local else 0
+        return wait_for([sub], follow=local) if args.wait or local else 0
     return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local)
 
 
@@ -368,7 +385,7 @@ def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConf
                 sub.point = point
                 subs.append(sub)
                 print(_describe(sub), flush=True)
-                failures += wait_for([sub])
+                failures += wait_for([sub], follow=True)
                 _write_index(sweep_dir, sweep, cluster, subs)
             continue
         with executor.batch():
