@@ -565,6 +565,7 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
         outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else "done"
         print(f"{outcome}\n  run:        {run_dir}\n  traces:     {run_dir / 'traces'}\n"
               f"  summary:    {summary_path}\n  checkpoint: {run_dir / CHECKPOINT}", flush=True)
+    tdist.barrier(group=control)  # tear down together: a peer closing its sockets early upsets gloo's threads
     tdist.destroy_process_group()
     return exit_code
 
@@ -591,4 +592,10 @@ def cli(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from hpc import train as _train
 
-    sys.exit(_train.cli())
+    code = _train.cli()
+    # Everything is written and closed by now. Leave without running C++ static destructors: a rare
+    # abort there ("terminate called without an active exception", seen once in CI after a complete
+    # run) would turn a finished run into a failed task.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,87 @@
+"""python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots]
+
+PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
+Prints the most aggregated table for PATH (json: the per-trace records); --out DIR also writes
+traces.json, runs.csv/.md/.json and, for a sweep, sweep.csv/.md; --plots draws the study's figures.
+Unusable files are warned about and skipped; exit 2 when nothing was usable. No torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, analyze_files, analyze_run, analyze_sweep, plot_sweep,
+                             render, rows_to_csv, rows_to_markdown)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
+    parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
+    parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
+    parser.add_argument("--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)")
+    args = parser.parse_args(argv)
+
+    path = Path(args.path)
+    if not path.exists():
+        print(f"analysis: error: {path}: no such file or directory", file=sys.stderr)
+        return 2
+    runs: list[dict] = []
+    sweep_rows: list[dict] | None = None
+    if path.is_file():
+        traces = analyze_files([path])
+    elif (path / "index.json").exists():
+        traces, sweep_rows = analyze_sweep(path)
+        runs = sweep_rows
+    else:
+        traces, run = analyze_run(path)
+        runs = [run] if run else []
+    if not traces:
+        print(f"analysis: error: {path}: no usable trace", file=sys.stderr)
+        return 2
+
+    if args.format == "json":
+        sys.stdout.write(json.dumps(traces, indent=2) + "\n")
+    elif sweep_rows is not None:
+        sys.stdout.write(render(sweep_rows, RUN_COLUMNS, args.format))
+    else:
+        sys.stdout.write(render(traces, TRACE_COLUMNS, args.format))
+        if runs and args.format == "table":
+            r = runs[0]
+            print(f"run: {len(traces)} trace(s), {r['ranks']} rank(s); step time mean/max over ranks "
+                  f"{_ms(r['step_time_us_mean_mean'])}/{_ms(r['step_time_us_mean_max'])} ms, imbalance "
+                  f"{r['rank_imbalance'] if r['rank_imbalance'] is None else round(r['rank_imbalance'], 3)}")
+
+    out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "traces.json", json.dumps(traces, indent=2) + "\n")
+        if runs:
+            write_atomic(out / "runs.json", json.dumps(runs, indent=2) + "\n")
+            write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
+            write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
+        if sweep_rows is not None:
+            write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
+            write_atomic(out / "sweep.md", rows_to_markdown(sweep_rows, RUN_COLUMNS))
+        written = plot_sweep(runs, out / "figures") if args.plots and runs else []
+        print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
+    return 0
+
+
+def _ms(us):
+    return "-" if us is None else f"{us / 1000:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Per-trace records -> per-run and per-sweep tables; CSV, Markdown, JSON, text; the study's figures.
+
+A run directory is what hpc.train writes (traces/, summary.json, config.yaml); a sweep directory is
+what `hpc.submit --sweep` writes (index.json naming each point's run directory).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from analysis.trace import TraceError, analyze_trace
+
+TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
+# Numbers summed over a rank's profiling cycles (a rank may write several traces); peaks take the max.
+_SUMMED = ("steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us")
+_PEAKS = ("peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes")
+
+
+def warn(message: str) -> None:
+    print(f"analysis: warning: {message}", file=sys.stderr)
+
+
+def find_traces(directory: Path) -> list[Path]:
+    found: set[Path] = set()
+    for pattern in TRACE_PATTERNS:
+        found.update(p for p in directory.rglob(pattern) if p.is_file())
+    # Our own side files are JSON too; they are not traces.
+    skip = {"summary.json", "index.json", "metrics.json", "records.json"}
+    return sorted(p for p in found if p.name not in skip and not p.name.endswith(".tmp"))
+
+
+def analyze_files(paths: Iterable[Path]) -> list[dict]:
+    records = []
+    for path in paths:
+        try:
+            records.append(analyze_trace(path))
+        except TraceError as e:
+            warn(f"{path}: skipped: {e}")
+    return records
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        warn(f"{path}: unreadable ({e})")
+        return None
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _max(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def _sum_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def analyze_run(run_dir: Path) -> tuple[list[dict], dict | None]:
+    """Per-trace records of a run (with the run's summary attached) and the run-level record."""
+    traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
+    records = analyze_files(find_traces(traces_dir))
+    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else None
+    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", []) if isinstance(r, dict)}
+    for rec in records:
+        s = by_rank_summary.get(rec["rank"])
+        if s is None:
+            continue
+        rec["peak_cpu_mem_bytes"] = s.get("peak_rss_bytes")
+        # The profiler's own totals for the same cycle, for cross-checking (trace i <-> cycle i).
+        names = s.get("profiler", {}).get("traces", [])
+        cycles = s.get("profiler", {}).get("cycles", [])
+        name = Path(rec["file"]).name
+        if name in names and names.index(name) < len(cycles):
+            cyc = cycles[names.index(name)]
+            rec["key_averages"] = {k: cyc.get(k) for k in ("self_cpu_time_total_us", "self_device_time_total_us",
+                                                            "conv2d_calls")}
+    if not records:
+        return records, None
+    return records, run_record(run_dir, records, summary)
+
+
+def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict:
+    ranks: dict[Any, dict] = {}
+    for rec in records:  # fold several cycles of one rank into one
+        r = ranks.setdefault(rec["rank"], {k: [] for k in _SUMMED + _PEAKS + ("step_time_us_mean",)})
+        for k in _SUMMED + _PEAKS + ("step_time_us_mean",):
+            r[k].append(rec.get(k))
+    per_rank = {}
+    for rank, r in ranks.items():
+        per_rank[rank] = {k: _sum_or_none(r[k]) for k in _SUMMED}
+        per_rank[rank].update({k: _max(r[k]) for k in _PEAKS})
+        per_rank[rank]["step_time_us_mean"] = _mean(r["step_time_us_mean"])
+        steps = per_rank[rank]["steps"]
+        for k in ("cpu_time_us", "cuda_time_us", "kernel_calls"):
+            v = per_rank[rank][k]
+            per_rank[rank][f"{k}_per_step"] = v / steps if (v is not None and steps) else None
+    out: dict[str, Any] = {"run_dir": str(run_dir), "traces": len(records), "ranks": len(per_rank)}
+    for k in ("cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us", "step_time_us_mean",
+              "cpu_time_us_per_step", "cuda_time_us_per_step", "kernel_calls_per_step") + _PEAKS:
+        values = [p.get(k) for p in per_rank.values()]
+        out[f"{k}_mean"] = _mean(values)
+        out[f"{k}_max"] = _max(values)
+    step_times = [p["step_time_us_mean"] for p in per_rank.values() if p["step_time_us_mean"]]
+    out["rank_imbalance"] = max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None)
+    cfg = (summary or {}).get("config") or {}
+    first = ((summary or {}).get("ranks") or [{}])[0] or {}
+    out.update({
+        "arch": (cfg.get("model") or {}).get("arch"),
+        "batch_size_per_gpu": first.get("batch_size_per_gpu"),
+        "gpus": (summary or {}).get("world_size") or len(per_rank),
+        "data_fraction": (cfg.get("data") or {}).get("fraction"),
+        "images_per_s": first.get("global_images_per_s"),
+    })
+    return out
+
+
+def analyze_sweep(sweep_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Per-trace records of every point and one row per point (data fraction x batch x GPUs)."""
+    index = _read_json(sweep_dir / "index.json") or {}
+    traces: list[dict] = []
+    rows: list[dict] = []
+    for point in index.get("points", []):
+        run_dir = sweep_dir / point["run_dir"]
+        recs, run = analyze_run(run_dir)
+        for rec in recs:
+            rec["point"] = {k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}
+        traces.extend(recs)
+        if run is None:
+            warn(f"{run_dir}: no usable trace for point {point.get('data_fraction')}/{point.get('batch_size')}/"
+                 f"{point.get('gpus')}")
+            continue
+        run.update({"data_fraction": point.get("data_fraction"), "batch_size_per_gpu": point.get("batch_size"),
+                    "gpus": point.get("gpus"), "job_id": point.get("job_id")})
+        rows.append(run)
+    add_scaling(rows)
+    rows.sort(key=lambda r: (-(r["data_fraction"] or 0), r["batch_size_per_gpu"] or 0, r["gpus"] or 0))
+    return traces, rows
+
+
+def add_scaling(rows: list[dict]) -> None:
+    """Speed-up and scaling efficiency against the 1-GPU row of the same data fraction and batch size.
+
+    Speed-up is the ratio of global throughput (images/s) when the summary gives it, else of step time
+    (per-GPU batch fixed, so the same work per step per GPU: global throughput ~ gpus / step time)."""
+    base = {(r["data_fraction"], r["batch_size_per_gpu"]): r for r in rows if r["gpus"] == 1}
+    for r in rows:
+        b = base.get((r["data_fraction"], r["batch_size_per_gpu"]))
+        speedup = None
+        if b is not None:
+            if r.get("images_per_s") and b.get("images_per_s"):
+                speedup = r["images_per_s"] / b["images_per_s"]
+            elif r.get("step_time_us_mean_max") and b.get("step_time_us_mean_max"):
+                speedup = r["gpus"] * b["step_time_us_mean_max"] / r["step_time_us_mean_max"]
+        r["speedup"] = speedup
+        r["scaling_efficiency"] = speedup / r["gpus"] if speedup is not None and r["gpus"] else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------
+
+TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
+                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
+                 "comm_overlap_pct"]
+RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "ranks", "step_time_us_mean_max",
+               "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
+               "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
+               "speedup", "scaling_efficiency"]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def rows_to_csv(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+    return buf.getvalue()
+
+
+def rows_to_markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rows_to_table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[c for c in columns]] + [[_fmt(r.get(c)) if c != "file" else Path(str(r.get(c))).name
+                                       for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells) + "\n"
+
+
+def render(rows: list[dict], columns: list[str], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    if fmt == "csv":
+        return rows_to_csv(rows, columns)
+    if fmt == "md":
+        return rows_to_markdown(rows, columns)
+    return rows_to_table(rows, columns)
+
+
+FIGURE_METRICS = [  # (key, title, y label, scale), in the study's order: Figures 1-15
+    ("cpu_time_us_per_step_mean", "CPU runtime", "CPU time per step (ms)", 1e-3),
+    ("cuda_time_us_per_step_mean", "CUDA runtime", "CUDA time per step (ms)", 1e-3),
+    ("kernel_calls_per_step_mean", "Number of calls", "kernel calls per step", 1.0),
+    ("peak_cpu_mem_bytes_max", "Maximum CPU memory", "peak CPU memory (GiB)", 1 / 2**30),
+    ("peak_gpu_mem_bytes_max", "Maximum GPU memory", "peak GPU memory allocated (GiB)", 1 / 2**30),
+]
+
+
+def plot_sweep(rows: list[dict], out_dir: Path) -> list[Path]:
+    """One PNG per (metric, data fraction): metric against batch size, one line per GPU count; plus
+    scaling efficiency. Metrics a run does not have (CUDA time on CPU runs) are left out, not drawn as 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    fractions = sorted({r["data_fraction"] for r in rows if r["data_fraction"] is not None})
+    gpus_values = sorted({r["gpus"] for r in rows})
+    for key, title, ylabel, scale in FIGURE_METRICS:
+        for fraction in fractions:
+            sel = [r for r in rows if r["data_fraction"] == fraction and r.get(key) is not None]
+            if not sel:
+                continue
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for g in gpus_values:
+                pts = sorted((r["batch_size_per_gpu"], r[key] * scale) for r in sel if r["gpus"] == g)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{g} GPU{'s' if g > 1 else ''}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size per GPU")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{title}, data fraction {fraction:g}")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+            fig.tight_layout()
+            path = out_dir / f"{key}_fraction{fraction:g}.png"
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            written.append(path)
+    sel = [r for r in rows if r.get("scaling_efficiency") is not None and r["gpus"] > 1]
+    if sel:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for fraction in fractions:
+            for g in gpus_values:
+                pts = sorted((r["batch_size_per_gpu"], r["scaling_efficiency"]) for r in sel
+                             if r["data_fraction"] == fraction and r["gpus"] == g)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"fraction {fraction:g}, {g} GPUs")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size per GPU")
+        ax.set_ylabel("scaling efficiency vs 1 GPU")
+        ax.set_title("Scaling efficiency")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / "scaling_efficiency.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written

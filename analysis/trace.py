@@ -1,0 +1,304 @@
+"""One Chrome/Kineto trace (PyTorch profiler) -> the study's numbers, streaming, no torch import.
+
+Events are read one at a time with ijson (an incremental JSON parser), so a trace never sits in
+memory as Python objects the way `json.load` holds it; what is kept per event is a pair of floats
+(for interval unions) and counters. Both trace schemas are read: PyTorch >= 1.10 lower-case
+categories (`cpu_op`, `user_annotation`, `cuda_runtime`, `kernel`, `gpu_memcpy`, `gpu_memset`) and
+the 2021 capitalised ones (`Operator`, `Runtime`, `Kernel`, `Memcpy`, `Memset`).
+
+Definitions (what a record's keys mean):
+- cpu_time_us: self CPU time summed over all CPU events, as `prof.key_averages()` totals it. Self times
+  of properly nested events add up to the time covered by their roots, so this is the union of the
+  CPU-side intervals on every thread that runs operators. Threads with no operator (gloo's
+  `pt_gloo_runloop`) are left out: their events are async, and key_averages counts async events as 0.
+- cuda_time_us: summed durations of kernels, memcpys and memsets (device time, overlaps counted twice).
+- gpu_busy_us: the union of those device intervals (time the GPU had anything running).
+- kernel_calls / kernel_calls_by_class: kernel events, classed by name.
+- op_calls: CPU operator events per name (aten::conv2d ...).
+- peak_gpu_mem_bytes / peak_gpu_reserved_bytes: max `Total Allocated` / `Total Reserved` of the
+  `[memory]` events on CUDA devices (max over devices). Traces with `Bytes` only (2021): the running
+  sum from the window's start, flagged by gpu_mem_relative_to_window = true.
+- comm_time_us: NCCL kernel time; comm_overlap_pct: the share of it that overlaps compute kernels.
+Values a trace cannot give are None, never guessed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from array import array
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function",
+            "Operator", "Runtime"}
+OP_CATS = {"cpu_op", "Operator"}
+KERNEL_CATS = {"kernel", "Kernel"}
+MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
+MEMSET_CATS = {"gpu_memset", "Memset"}
+STEP_CATS = {"user_annotation", "Operator", "cpu_op"}
+STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+CUDA_DEVICE_TYPES = {1, "1", "cuda", "CUDA"}
+
+KERNEL_CLASSES = ("convolution", "gemm", "normalisation", "elementwise", "reduction", "communication", "other")
+# First match wins: cuDNN's convolution kernels often say "gemm" too (implicit GEMM), and its
+# batch-norm kernels say "cudnn", so the more specific classes come first.
+_CLASS_RULES = [
+    ("communication", re.compile(r"nccl|allreduce|all_reduce|allgather|reducescatter|sendrecv", re.I)),
+    ("normalisation", re.compile(r"batch_?norm|bn_fw|bn_bw|_bn_|layer_?norm|group_?norm|instance_?norm|welford", re.I)),
+    ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_?gemm|cudnn|xmma|precomputed", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|cublas|matmul|gemv|\bdot\b", re.I)),
+    ("reduction", re.compile(r"reduce|reduction|softmax|argmax|sum_kernel|norm_kernel|cross_entropy|nll_loss", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|foreach|"
+                               r"add_kernel|mul_kernel|relu|threshold|clamp|where|cat_|index|scatter|gather", re.I)),
+]
+
+
+class TraceError(ValueError):
+    """The file cannot be analysed; str() says why (truncated, not a trace, ...)."""
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def classify_kernel(name: str) -> str:
+    for cls, pattern in _CLASS_RULES:
+        if pattern.search(name):
+            return cls
+    return "other"
+
+
+def _open(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals into disjoint sorted segments (vectorised)."""
+    if starts.size == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    running_end = np.maximum.accumulate(e)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > running_end[:-1]
+    first = np.flatnonzero(new)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def union_length(pairs: array) -> float:
+    if not pairs:
+        return 0.0
+    flat = np.frombuffer(pairs, dtype=np.float64)
+    seg_s, seg_e = _segments(flat[0::2], flat[1::2])
+    return float((seg_e - seg_s).sum())
+
+
+def intersection_length(a: array, b: array) -> float:
+    """|union(a) ∩ union(b)| = |union(a)| + |union(b)| - |union(a ∪ b)|."""
+    if not a or not b:
+        return 0.0
+    both = array("d", a)
+    both.extend(b)
+    return union_length(a) + union_length(b) - union_length(both)
+
+
+def _events(path: Path):
+    """Yield trace events one by one, plus the distributedInfo mapping (filled as parsing goes)."""
+    import ijson
+
+    meta: dict[str, Any] = {}
+    events_seen = [False]
+
+    def run() -> Iterable[dict]:
+        ev_sink = ijson.sendable_list()
+        info_sink = ijson.sendable_list()
+        ev_coro = ijson.items_coro(ev_sink, "traceEvents.item", use_float=True)
+        info_coro = ijson.items_coro(info_sink, "distributedInfo", use_float=True)
+        top_sink = ijson.sendable_list()
+        top_coro = ijson.parse_coro(top_sink)  # just enough to tell "no traceEvents" from "empty"
+        with _open(path) as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                ev_coro.send(chunk)
+                info_coro.send(chunk)
+                if not events_seen[0]:
+                    top_coro.send(chunk)
+                    for prefix, event, value in top_sink:
+                        if prefix == "" and event == "map_key" and value == "traceEvents":
+                            events_seen[0] = True
+                    del top_sink[:]
+                if info_sink:
+                    meta["distributedInfo"] = info_sink[0]
+                    del info_sink[:]
+                yield from ev_sink
+                del ev_sink[:]
+            ev_coro.close()
+            info_coro.close()
+            if info_sink:
+                meta["distributedInfo"] = info_sink[0]
+            yield from ev_sink
+
+    return run(), meta, events_seen
+
+
+def analyze_trace(path: str | Path) -> dict[str, Any]:
+    """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
+    import ijson
+
+    path = Path(path)
+    cpu_intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
+    op_threads: set[tuple] = set()
+    device = array("d")
+    comm = array("d")
+    compute = array("d")
+    op_calls: Counter = Counter()
+    kernel_classes: Counter = Counter({c: 0 for c in KERNEL_CLASSES})
+    step_durations: list[float] = []
+    kernel_calls = 0
+    kernel_us = memcpy_us = memset_us = 0.0
+    mem_alloc: dict[Any, float] = {}
+    mem_reserved: dict[Any, float] = {}
+    mem_bytes_only: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, bytes pairs
+    n_events = 0
+
+    events, meta, seen = _events(path)
+    try:
+        for e in events:
+            n_events += 1
+            if not isinstance(e, dict):
+                continue
+            ph = e.get("ph")
+            if ph == "X":
+                cat = e.get("cat")
+                ts = e.get("ts")
+                if ts is None:
+                    continue
+                dur = e.get("dur") or 0.0
+                if cat in CPU_CATS:
+                    key = (e.get("pid"), e.get("tid"))
+                    iv = cpu_intervals[key]
+                    iv.append(ts)
+                    iv.append(ts + dur)
+                    name = e.get("name", "")
+                    if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
+                        step_durations.append(dur)
+                    elif cat in OP_CATS:
+                        op_calls[name] += 1
+                    if cat in OP_CATS:
+                        op_threads.add(key)
+                elif cat in KERNEL_CATS:
+                    kernel_calls += 1
+                    kernel_us += dur
+                    cls = classify_kernel(e.get("name", ""))
+                    kernel_classes[cls] += 1
+                    device.append(ts)
+                    device.append(ts + dur)
+                    target = comm if cls == "communication" else compute
+                    target.append(ts)
+                    target.append(ts + dur)
+                elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
+                    if cat in MEMCPY_CATS:
+                        memcpy_us += dur
+                    else:
+                        memset_us += dur
+                    device.append(ts)
+                    device.append(ts + dur)
+            elif ph == "i" and e.get("name") == "[memory]":
+                args = e.get("args") or {}
+                if args.get("Device Type") not in CUDA_DEVICE_TYPES:
+                    continue
+                dev = args.get("Device Id")
+                total = args.get("Total Allocated")
+                if total is not None:
+                    mem_alloc[dev] = max(mem_alloc.get(dev, 0.0), float(total))
+                    reserved = args.get("Total Reserved")
+                    if reserved is not None:
+                        mem_reserved[dev] = max(mem_reserved.get(dev, 0.0), float(reserved))
+                elif args.get("Bytes") is not None and e.get("ts") is not None:
+                    pairs = mem_bytes_only[dev]
+                    pairs.append(float(e["ts"]))
+                    pairs.append(float(args["Bytes"]))
+    except ijson.IncompleteJSONError as err:
+        raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None
+    except ijson.JSONError as err:
+        raise TraceError(f"not valid JSON ({_first_line(err)})") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise TraceError(f"truncated or corrupt gzip ({err})") from None
+    except OSError as err:
+        raise TraceError(f"cannot read ({err.strerror or err})") from None
+    if not seen[0]:
+        raise TraceError("not a Chrome trace (no top-level traceEvents)")
+
+    cpu_time = sum(union_length(iv) for key, iv in cpu_intervals.items() if key in op_threads)
+    has_device = bool(device)
+    peak_alloc = peak_reserved = None
+    relative = False
+    if mem_alloc:
+        peak_alloc = int(max(mem_alloc.values()))
+        peak_reserved = int(max(mem_reserved.values())) if mem_reserved else None
+    elif mem_bytes_only:
+        relative = True
+        peaks = []
+        for pairs in mem_bytes_only.values():
+            flat = np.frombuffer(pairs, dtype=np.float64)
+            order = np.argsort(flat[0::2], kind="stable")
+            running = np.cumsum(flat[1::2][order])
+            peaks.append(float(max(0.0, running.max())))
+        peak_alloc = int(max(peaks))
+    comm_us = union_length(comm) if has_device else None
+    overlap = None
+    if comm_us:
+        overlap = 100.0 * intersection_length(comm, compute) / comm_us
+    steps = len(step_durations)
+    cuda_time = kernel_us + memcpy_us + memset_us if has_device else None
+    rank = None
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), (int, float)):
+        rank = int(info["rank"])
+    else:
+        m = RANK_RE.search(path.name)
+        rank = int(m.group(1)) if m else None
+
+    def per_step(value):
+        return value / steps if (value is not None and steps) else None
+
+    return {
+        "file": str(path),
+        "rank": rank,
+        "world_size": int(info["world_size"]) if isinstance(info, dict) and "world_size" in info else None,
+        "backend": info.get("backend") if isinstance(info, dict) else None,
+        "events": n_events,
+        "steps": steps,
+        "step_time_us_mean": sum(step_durations) / steps if steps else None,
+        "cpu_time_us": cpu_time,
+        "cuda_time_us": cuda_time,
+        "kernel_time_us": kernel_us if has_device else None,
+        "memcpy_time_us": memcpy_us if has_device else None,
+        "memset_time_us": memset_us if has_device else None,
+        "gpu_busy_us": union_length(device) if has_device else None,
+        "kernel_calls": kernel_calls,
+        "kernel_calls_by_class": dict(kernel_classes),
+        "op_calls": dict(op_calls),
+        "peak_gpu_mem_bytes": peak_alloc,
+        "peak_gpu_reserved_bytes": peak_reserved,
+        "gpu_mem_relative_to_window": relative if peak_alloc is not None else None,
+        "peak_cpu_mem_bytes": None,  # filled from the run's summary.json when there is one
+        "comm_time_us": comm_us,
+        "comm_overlap_pct": overlap,
+        "cpu_time_us_per_step": per_step(cpu_time),
+        "cuda_time_us_per_step": per_step(cuda_time),
+        "kernel_calls_per_step": per_step(kernel_calls),
+        "comm_time_us_per_step": per_step(comm_us),
+    }
