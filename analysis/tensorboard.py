@@ -21,16 +21,49 @@ import sys
 from pathlib import Path
 
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
+GCHARTS_TAG = '<script src="https://www.gstatic.com/charts/loader.js"></script>'
+# Loaded only if Google's chart loader did not arrive (a browser without internet): see static/.
+OFFLINE_FALLBACK = ('<script>window.google && window.google.charts || '
+                    'document.write(\'<script src="offline_charts.js"><\\/script>\')</script>')
+STATIC = Path(__file__).resolve().parent / "static"
 
 
 def patch_tb_profiler() -> bool:
-    """Teach torch-tb-profiler today's category names. Returns False when the plugin is absent."""
+    """Teach torch-tb-profiler today's category names, and give its page an offline fallback for
+    Google Charts. Returns False when the plugin is absent."""
     try:
+        import werkzeug
+        from torch_tb_profiler import plugin
         from torch_tb_profiler.profiler import trace
     except ImportError:
         return False
     for category, kind in PATCHED_CATEGORIES.items():
         trace.EventTypeMap.setdefault(category, getattr(trace.EventTypes, kind.upper()))
+
+    cls = plugin.TorchProfilerPlugin
+    if getattr(cls, "_hpc_patched", False):
+        return True
+    original_apps = cls.get_plugin_apps
+    page = Path(plugin.__file__).resolve().parent / "static" / "index.html"
+
+    @werkzeug.Request.application  # plugin routes are WSGI apps
+    def index_route(request):
+        html = page.read_text(encoding="utf-8").replace(GCHARTS_TAG, GCHARTS_TAG + OFFLINE_FALLBACK, 1)
+        return werkzeug.Response(html, content_type="text/html; charset=utf-8")
+
+    @werkzeug.Request.application
+    def charts_route(request):
+        return werkzeug.Response((STATIC / "offline_charts.js").read_text(encoding="utf-8"),
+                                 content_type="application/javascript")
+
+    def get_plugin_apps(self):
+        apps = original_apps(self)
+        apps["/index.html"] = index_route
+        apps["/offline_charts.js"] = charts_route
+        return apps
+
+    cls.get_plugin_apps = get_plugin_apps
+    cls._hpc_patched = True
     return True
 
 

@@ -14,7 +14,9 @@ Definitions (what a record's keys mean):
 - cuda_time_us: summed durations of kernels, memcpys and memsets (device time, overlaps counted twice).
 - gpu_busy_us: the union of those device intervals (time the GPU had anything running).
 - kernel_calls / kernel_calls_by_class: kernel events, classed by name.
-- op_calls: CPU operator events per name (aten::conv2d ...).
+- op_calls: CPU operator calls per name (aten::conv2d ...), counted as key_averages() counts them:
+  torch's profiler merges an event into its parent when it is the parent's only child and has the
+  same name (a redispatch, e.g. aten::div_ inside aten::div_), so such a pair is one call here too.
 - peak_gpu_mem_bytes / peak_gpu_reserved_bytes: max `Total Allocated` / `Total Reserved` of the
   `[memory]` events on CUDA devices (max over devices). Traces with `Bytes` only (2021): the running
   sum from the window's start, flagged by gpu_mem_relative_to_window = true.
@@ -112,6 +114,52 @@ def intersection_length(a: array, b: array) -> float:
     return union_length(a) + union_length(b) - union_length(both)
 
 
+def _operator_calls(pairs: array, names: array) -> list[int]:
+    """Name ids of the operator calls on one thread, after torch's merge of same-name only children.
+
+    Rebuilds the thread's event tree as torch.autograd.profiler does (events sorted by start, then
+    longest first; a parent is the innermost open event that contains the child), then drops every
+    event whose parent has the same name and no other child, repeatedly (EventList._remove_dup_nodes).
+    """
+    flat = np.frombuffer(pairs, dtype=np.float64)
+    starts, ends = flat[0::2], flat[1::2]
+    ids = np.frombuffer(names, dtype=np.int32)
+    if not (ids < 0).any():
+        return []
+    order = np.lexsort((-ends, starts))
+    n = len(order)
+    parent = [-1] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    stack: list[int] = []
+    s_sorted, e_sorted = starts[order].tolist(), ends[order].tolist()
+    for i in range(n):
+        while stack:
+            top = stack[-1]
+            if s_sorted[i] >= e_sorted[top] or e_sorted[i] > e_sorted[top]:
+                stack.pop()
+            else:
+                parent[i] = top
+                children[top].append(i)
+                break
+        stack.append(i)
+    name = np.abs(ids[order]).tolist()
+    deleted = [False] * n
+    changed = True
+    while changed:
+        changed = False
+        for i in range(n):
+            p = parent[i]
+            if deleted[i] or p < 0 or name[p] != name[i] or len(children[p]) != 1:
+                continue
+            children[p] = children[i]
+            for c in children[i]:
+                parent[c] = p
+            deleted[i] = True
+            changed = True
+    is_op = (ids[order] < 0).tolist()
+    return [name[i] for i in range(n) if is_op[i] and not deleted[i]]
+
+
 def _events(path: Path):
     """Yield trace events one by one, plus the distributedInfo mapping (filled as parsing goes)."""
     import ijson
@@ -159,6 +207,8 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     cpu_intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
+    cpu_names: dict[tuple, array] = defaultdict(lambda: array("i"))  # name id per CPU event; < 0: operator
+    name_ids: dict[str, int] = {}
     op_threads: set[tuple] = set()
     device = array("d")
     comm = array("d")
@@ -192,10 +242,14 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
                     iv.append(ts)
                     iv.append(ts + dur)
                     name = e.get("name", "")
+                    name_id = name_ids.setdefault(name, len(name_ids) + 1)
                     if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
                         step_durations.append(dur)
+                        cpu_names[key].append(name_id)
                     elif cat in OP_CATS:
-                        op_calls[name] += 1
+                        cpu_names[key].append(-name_id)
+                    else:
+                        cpu_names[key].append(name_id)
                     if cat in OP_CATS:
                         op_threads.add(key)
                 elif cat in KERNEL_CATS:
@@ -242,6 +296,10 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
         raise TraceError("not a Chrome trace (no top-level traceEvents)")
 
     cpu_time = sum(union_length(iv) for key, iv in cpu_intervals.items() if key in op_threads)
+    names_by_id = {v: k for k, v in name_ids.items()}
+    for key, iv in cpu_intervals.items():
+        for name_id in _operator_calls(iv, cpu_names[key]):
+            op_calls[names_by_id[name_id]] += 1
     has_device = bool(device)
     peak_alloc = peak_reserved = None
     relative = False

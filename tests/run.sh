@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,oracle]"
 .venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
 
 if [ "$(id -u)" = 0 ]; then
@@ -14,11 +14,14 @@ if [ "$(id -u)" = 0 ]; then
 else
     echo "tests/run.sh: not root, so no local Slurm cluster; slurm tests will skip" >&2
 fi
-# Chromium for the TensorBoard browser test, when we may install it.
-if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
-    (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) \
+# Chromium and its driver for the TensorBoard browser test, when we may install them.
+if [ "$(id -u)" = 0 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
+    export DEBIAN_FRONTEND=noninteractive
+    (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }) \
         || echo "tests/run.sh: could not install chromium; browser tests will skip" >&2
 fi
+export HPC_ARTIFACTS="${HPC_ARTIFACTS:-$PWD/artifacts}"  # the TensorBoard screenshot lands here
 
 export PATH="$PWD/.venv/bin:$PATH"
 set +e

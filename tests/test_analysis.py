@@ -1,0 +1,195 @@
+"""analysis: the study's numbers from traces. Real GPU traces from ../shared/traces (other people's
+runs) for the GPU-side quantities; CPU runs made here for agreement with key_averages()."""
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.trace import TraceError, analyze_trace, classify_kernel
+from conftest import SHARED_TRACES, run_module
+from hpc import data
+from trainrun import SMOKE, train
+
+needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                                  reason=f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
+KINETO0 = SHARED_TRACES / "kineto_tb_plugin_samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+DF_INDEX = SHARED_TRACES / "hta_single/df_index_resolver.json.gz"
+NCCL = SHARED_TRACES / "hta_single/nccl_data.json.gz"
+
+
+@needs_shared
+def test_counted_facts_of_the_real_traces():
+    # shared/traces/README.md: counted directly from the files' events.
+    k = analyze_trace(KINETO0)
+    assert (k["kernel_calls"], k["steps"], k["op_calls"]["aten::conv2d"]) == (8772, 6, 318)
+    assert k["gpu_mem_relative_to_window"] is True  # 2021 schema: Bytes only
+    d = analyze_trace(DF_INDEX)
+    assert d["kernel_calls"] == 19370 and d["peak_gpu_mem_bytes"] == 6_629_508_096
+    assert d["rank"] == 1 and d["gpu_mem_relative_to_window"] is False
+    n = analyze_trace(NCCL)
+    assert (n["kernel_calls"], n["steps"], n["op_calls"]["aten::conv2d"]) == (2700, 3, 159)
+    assert n["rank"] == 0 and n["peak_gpu_mem_bytes"] is None  # no memory events: null, not 0
+    assert n["kernel_calls_by_class"]["communication"] > 0 and 0 <= n["comm_overlap_pct"] <= 100
+    assert sum(n["kernel_calls_by_class"].values()) == n["kernel_calls"]
+    assert n["gpu_busy_us"] <= n["cuda_time_us"]
+
+
+@needs_shared
+def test_both_ranks_of_a_real_two_rank_set(tmp_path):
+    for f in (SHARED_TRACES / "hta/trace_filter_2rank").glob("*.json.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    proc = run_module("analysis", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads(proc.stdout)
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    assert all(r["steps"] == 2 and r["comm_time_us"] > 0 for r in records)
+
+
+def test_kernel_classes():
+    assert classify_kernel("ncclKernel_AllReduce_RING_LL_Sum_float") == "communication"
+    assert classify_kernel("sm80_xmma_fprop_implicit_gemm_f16f16_f16f32") == "convolution"
+    assert classify_kernel("cudnn::bn_fw_tr_1C11_kernel_NCHW<float>") == "normalisation"
+    assert classify_kernel("ampere_sgemm_128x64_tn") == "gemm"
+    assert classify_kernel("void at::native::reduce_kernel<512, 1>") == "reduction"
+    assert classify_kernel("void at::native::vectorized_elementwise_kernel<4>") == "elementwise"
+    assert classify_kernel("mystery") == "other"
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("an")
+    data.synthesize(root / "data", n_train=400, n_test=100)
+    run = root / "run"
+    train(2, ["--config", SMOKE, "--data-root", str(root / "data"), "--run-dir", str(run), "--max-steps", "8",
+              "--set", "profiler.repeat=2", "--set", "profiler.wait=0"])
+    return run
+
+
+def test_trace_numbers_agree_with_key_averages(cpu_run):
+    """Tolerance: 1 µs per profiled step. Both sides come from the same event timestamps; self times
+    of nested events sum to their roots' durations, so the only gap is the trace's rounding of
+    timestamps (1 ns), far below 1 µs a step."""
+    summary = json.loads((cpu_run / "summary.json").read_text())
+    checked = 0
+    for rank_rec in summary["ranks"]:
+        names = rank_rec["profiler"]["traces"]
+        assert len(names) == 2  # repeat=2: two cycles, two traces per rank
+        for name, cycle in zip(names, rank_rec["profiler"]["cycles"]):
+            rec = analyze_trace(cpu_run / "traces" / name)
+            assert rec["rank"] == rank_rec["rank"]
+            assert abs(rec["cpu_time_us"] - cycle["self_cpu_time_total_us"]) <= 1.0 * rec["steps"], (rec, cycle)
+            trace_ops = {k: v for k, v in rec["op_calls"].items() if k.startswith("aten::")}
+            assert trace_ops == cycle["op_calls"]
+            checked += 1
+    assert checked == 4
+
+
+@pytest.mark.skipif(True, reason="needs a CUDA device: cuda_time_us vs key_averages' self device time is "
+                    "checked on GPU runs only; CPU runs have no device events (cuda_time_us is null)")
+def test_cuda_time_agrees_with_key_averages_on_gpu():
+    pass
+
+
+def test_run_level_and_cli_formats(cpu_run, tmp_path):
+    proc = run_module("analysis", str(cpu_run), "--format", "json")
+    records = json.loads(proc.stdout)
+    assert len(records) == 4 and all(r["peak_cpu_mem_bytes"] > 0 for r in records)  # from summary.json
+    assert all(r["cuda_time_us"] is None and r["peak_gpu_mem_bytes"] is None for r in records)
+    for fmt, marker in (("csv", "file,rank,steps"), ("md", "| file | rank |"), ("table", "run: 4 trace(s), 2 rank(s)")):
+        out = run_module("analysis", str(cpu_run), "--format", fmt)
+        assert out.returncode == 0 and marker in out.stdout, out.stdout
+    out = run_module("analysis", str(cpu_run), "--out", str(tmp_path / "o"))
+    runs = json.loads((tmp_path / "o" / "runs.json").read_text())
+    assert runs[0]["ranks"] == 2 and runs[0]["gpus"] == 2 and runs[0]["arch"] == "tiny"
+    assert runs[0]["rank_imbalance"] >= 1.0
+    assert (tmp_path / "o" / "runs.csv").read_text().startswith("arch,data_fraction")
+
+
+def test_bad_inputs_warn_and_the_rest_is_analysed(cpu_run, tmp_path):
+    good = next((cpu_run / "traces").glob("rank0.*"))
+    shutil.copy(good, tmp_path / "good.pt.trace.json")
+    text = good.read_text()
+    (tmp_path / "truncated.pt.trace.json").write_text(text[: len(text) // 2])
+    (tmp_path / "corrupt.pt.trace.json.gz").write_bytes(gzip.compress(text.encode())[:500])
+    (tmp_path / "other.json").write_text('{"not": "a trace"}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    proc = run_module("analysis", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert [Path(r["file"]).name for r in json.loads(proc.stdout)] == ["good.pt.trace.json"]
+    warnings = proc.stderr.strip().splitlines()
+    assert len(warnings) == 4 and all(w.startswith("analysis: warning: ") for w in warnings)
+    for name, why in (("truncated", "truncated or malformed JSON"), ("corrupt", "corrupt gzip"),
+                      ("other.json", "no top-level traceEvents"), ("list.json", "no top-level traceEvents")):
+        assert any(name in w and why in w for w in warnings), (name, warnings)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (empty, tmp_path / "other.json", tmp_path / "missing"):
+        bad = run_module("analysis", str(path))
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("error:") == 1
+
+
+def test_streaming_memory_does_not_grow_like_json_load(tmp_path):
+    """A 60 MB trace: json.load holds ~10x that as Python objects; the streaming reader keeps two
+    floats per CPU event. Peak RSS of each, in a fresh process."""
+    events = []
+    for i in range(200_000):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 50}", "pid": 1, "tid": 1 + i % 2,
+                       "ts": i * 10.0, "dur": 5.0, "args": {"External id": i, "Input Dims": [[64, 3, 32, 32]],
+                                                            "Input type": ["float"], "Sequence number": i}})
+    big = tmp_path / "big.pt.trace.json"
+    big.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    del events
+    # VmHWM, not ru_maxrss: ru_maxrss survives fork+exec, so a child would report pytest's own peak.
+    code = ("import sys, json\nimport numpy, ijson, analysis.trace\n"
+            "hwm = lambda: int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
+            "base = hwm()\n"
+            "r = analysis.trace.analyze_trace(sys.argv[2]) if sys.argv[1] == 'stream' else json.load(open(sys.argv[2]))\n"
+            "print(hwm() - base)")
+    def peak_kib(mode):
+        out = subprocess.run([sys.executable, "-c", code, mode, str(big)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip())
+    stream, whole = peak_kib("stream"), peak_kib("json")
+    size_kib = big.stat().st_size // 1024
+    assert stream < size_kib and stream * 4 < whole, (stream, whole, size_kib)
+    rec = analyze_trace(big)
+    assert rec["op_calls"]["aten::op7"] == 4000 and rec["cpu_time_us"] == pytest.approx(200_000 * 5.0)
+
+
+def test_sweep_table_and_figures(tmp_path):
+    """A sweep directory as hpc.submit writes it (index.json + run directories), from real CPU runs."""
+    root = tmp_path / "d"
+    data.synthesize(root, n_train=300, n_test=100)
+    sweep = tmp_path / "sweep"
+    points = []
+    for i, (frac, batch, gpus) in enumerate([(1.0, 8, 1), (1.0, 8, 2), (1.0, 16, 1), (1.0, 16, 2), (0.5, 8, 1), (0.5, 8, 2)]):
+        run = sweep / f"100_{i}"
+        train(gpus, ["--config", SMOKE, "--data-root", str(root), "--run-dir", str(run), "--max-steps", "4",
+                     "--batch-size", str(batch), "--data-fraction", str(frac), "--set", "profiler.wait=0"])
+        points.append({"data_fraction": frac, "batch_size": batch, "gpus": gpus, "nodes": 1, "job_id": f"100_{i}",
+                       "run_dir": f"100_{i}"})
+    (sweep / "index.json").write_text(json.dumps({"sweep": {}, "cluster": "local", "points": points}))
+    out = tmp_path / "out"
+    proc = run_module("analysis", str(sweep), "--format", "csv", "--out", str(out), "--plots")
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.strip().splitlines()
+    assert rows[0].startswith("arch,data_fraction,batch_size_per_gpu,gpus") and len(rows) == 7
+    table = (out / "sweep.csv").read_text().splitlines()
+    two_gpu = [line for line in table[1:] if line.split(",")[3] == "2"]
+    assert all(line.split(",")[-2] and line.split(",")[-1] for line in two_gpu)  # speed-up, efficiency
+    assert "| arch |" in (out / "sweep.md").read_text()
+    figures = sorted(p.name for p in (out / "figures").glob("*.png"))
+    # CPU, calls and CPU memory for 2 fractions (no CUDA figures on CPU runs) + scaling efficiency
+    assert len(figures) == 3 * 2 + 1 and "scaling_efficiency.png" in figures
+    assert all((out / "figures" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
+
+
+def test_analysis_does_not_import_torch():
+    code = "import sys, analysis.trace, analysis.report, analysis.__main__; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
