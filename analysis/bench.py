@@ -1,0 +1,92 @@
+"""Time the trace analysis against torch-tb-profiler's loader and HolisticTraceAnalysis on the same
+files: wall seconds and peak memory, each tool in a fresh process (a benchmark, not a test).
+
+    python -m analysis.bench [TRACE ...]        # default: every trace in ../shared/traces
+    python -m analysis.bench --repeat 3 --json out.json
+
+Peak memory is the process's VmHWM (peak resident set) minus its value after imports, so library
+import cost is not charged to parsing. Tools that are not installed are reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+_RUNNERS = {
+    "analysis": ("import analysis.trace", "analysis.trace.analyze_trace(path)"),
+    "torch-tb-profiler": (
+        "import tempfile, analysis.tensorboard\nfrom torch_tb_profiler.profiler.data import RunProfileData",
+        "RunProfileData.parse('rank0', '1', path, tempfile.mkdtemp())"),
+    "hta": (
+        "import os, shutil, tempfile, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis",
+        "d = tempfile.mkdtemp(); shutil.copy(path, d); TraceAnalysis(trace_dir=d, include_last_profiler_step=True)"),
+}
+
+_CHILD = """
+import sys, time
+{imports}
+def hwm():
+    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]) * 1024
+path = sys.argv[1]
+base = hwm()
+t0 = time.perf_counter()
+{call}
+print(time.perf_counter() - t0, hwm() - base)
+"""
+
+
+def measure(tool: str, path: Path) -> tuple[float, int] | str:
+    imports, call = _RUNNERS[tool]
+    proc = subprocess.run([sys.executable, "-c", _CHILD.format(imports=imports, call=call), str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return "not installed" if "ModuleNotFoundError" in proc.stderr else last[:80]
+    seconds, mem = proc.stdout.strip().splitlines()[-1].split()
+    return float(seconds), int(mem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="*", help="trace files (default: ../shared/traces)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per tool and file; the median is shown")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    files = [Path(p) for p in args.traces] or sorted(DEFAULT_DIR.rglob("*.json.gz"))
+    if not files:
+        print(f"analysis.bench: error: no trace files (looked in {DEFAULT_DIR})", file=sys.stderr)
+        return 2
+    results = []
+    print(f"{'file':42} {'MB':>6}  " + "  ".join(f"{t + ' s':>20} {'peak MB':>8}" for t in _RUNNERS))
+    for path in files:
+        row = {"file": str(path), "bytes": path.stat().st_size}
+        cells = []
+        for tool in _RUNNERS:
+            runs = [measure(tool, path) for _ in range(args.repeat)]
+            ok = [r for r in runs if isinstance(r, tuple)]
+            if not ok:
+                row[tool] = {"error": runs[0]}
+                cells.append(f"{runs[0]:>29}")
+                continue
+            seconds = statistics.median(r[0] for r in ok)
+            mem = statistics.median(r[1] for r in ok)
+            row[tool] = {"seconds": seconds, "peak_bytes": mem}
+            cells.append(f"{seconds:20.3f} {mem / 2**20:8.1f}")
+        results.append(row)
+        print(f"{path.name[:42]:42} {row['bytes'] / 2**20:6.1f}  " + "  ".join(cells), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
