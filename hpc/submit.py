@@ -233,6 +233,14 @@ def _run_layers(args: argparse.Namespace) -> Layers:
     return layers
 
 
+def _drop_placeholder(folder: Path) -> None:
+    """submitit's local executor leaves the unexpanded '%j' folder behind, empty."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # not there, or not empty: leave it
+
+
 def _describe(sub: Submitted) -> str:
     logs = ", ".join(str(p) for p in sub.logs)
     return f"job {sub.job_id}: run dir {sub.run_dir}\n  logs: {logs}"
@@ -334,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                   end="")
             return 0
         job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
+        _drop_placeholder(folder)
         sub = _job_record(job, local)
         print(_describe(sub), flush=True)
         return wait_for([sub], follow=local) if args.wait or local else 0
@@ -382,6 +391,7 @@ def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConf
         if local:  # this machine: one point at a time
             for point, cfg in group:
                 sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)), local)
+                _drop_placeholder(sweep_dir / "%j")
                 sub.point = point
                 subs.append(sub)
                 print(_describe(sub), flush=True)

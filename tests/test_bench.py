@@ -1,0 +1,43 @@
+"""hpc.bench on the CPU: the command keeps working (structure only; CPU numbers are not the GPU targets)."""
+
+import json
+
+import pytest
+
+from conftest import assert_one_line_error, run_module
+from hpc.bench import scaling_prediction
+
+
+def test_bench_runs_every_configuration_on_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_module("hpc.bench", "--arch", "tiny", "--batch", "8", "--steps", "2", "--warmup", "1", "--out", str(out),
+                      timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["torch"] and "hpc.bench" in report["command"]
+    names = [r["config"] for r in report["results"]]
+    assert names[:2] == ["baseline", "toolkit"] and "toolkit, profiled" in names
+    assert {"baseline + device data", "baseline + bf16", "baseline + channels_last", "baseline + fused SGD",
+            "baseline + no host sync"} <= set(names)
+    for r in report["results"]:
+        assert r["steps"] == 2 and r["images_per_s"] > 0 and r["model_flops_per_image"] > 0
+        assert r["step_time_p90_s"] >= r["step_time_median_s"] > 0
+        assert r["fraction_of_peak"] is None  # no device peak for a CPU: null, not invented
+    assert "| configuration | batch | images/s |" in proc.stdout
+
+
+def test_bench_bad_batch_is_one_line():
+    assert_one_line_error(run_module("hpc.bench", "--batch", "8,x"), "--batch '8,x'")
+
+
+def test_scaling_model():
+    one = scaling_prediction(0.1, 233e6, 1, 1)
+    assert one["efficiency"] == 1.0
+    node = scaling_prediction(0.1, 233e6, 4, 1)
+    two_nodes = scaling_prediction(0.1, 233e6, 4, 2)
+    # 233 MB x 2*3/4 / 200 GB/s = 1.75 ms inside a node; over the NIC (20 GB/s) 8 GPUs take 20.4 ms
+    assert node["allreduce_s"] == pytest.approx(233e6 * 1.5 / 200e9)
+    assert two_nodes["allreduce_s"] == pytest.approx(233e6 * 1.75 / 20e9)
+    assert 1 > node["efficiency"] > two_nodes["efficiency"]
+    # a short step cannot hide the all-reduce under backward
+    assert scaling_prediction(0.005, 233e6, 4, 2)["efficiency"] < 0.5
