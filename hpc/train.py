@@ -435,6 +435,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 loader = data_mod.loader_batches(train_split, order[position * micro:], micro, cfg.data.augment,
                                                  cfg.data.num_workers, cfg.data.pin_memory, device)
             t_epoch = time.perf_counter()
+            epoch_loss_sum = torch.zeros((), device=device)  # summed on the device: no per-step sync
+            epoch_batches = epoch_images = 0
             while position < batches_per_epoch:
                 group_start = (position // tc.grad_accum_steps) * tc.grad_accum_steps
                 group_size = min(tc.grad_accum_steps, batches_per_epoch - group_start)
@@ -451,6 +453,9 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                     (loss / group_size).backward()
                 interval_losses.append(loss.detach())
                 interval_steps.append(step + 1)
+                epoch_loss_sum += loss.detach().float()
+                epoch_batches += 1
+                epoch_images += y.numel() * world
                 images_since_log += y.numel() * world
                 position += 1
                 if not last_micro:
@@ -506,12 +511,14 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 epoch, position = epoch + 1, 0
                 if tty and is_main:
                     print()
-                metrics = {"epoch_time_s": epoch_time}
+                metrics = {"epoch_time_s": epoch_time, "images_per_s": epoch_images / max(epoch_time, 1e-9),
+                           "train_loss": float(epoch_loss_sum) / max(epoch_batches, 1)}
                 if tc.eval:
                     metrics.update({f"eval_{k}": v for k, v in evaluate().items()})
                 record("epoch", metrics)
                 log(f"epoch {epoch} done in {format_duration(epoch_time)}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in metrics.items() if k != "epoch_time_s"))
+                # (a resumed epoch's loss and images/s cover the batches run since the restart)
                 checkpoint("epoch end")
             elif stopped_by is None and step >= stop_at:
                 checkpoint("max steps")

@@ -145,7 +145,7 @@ def test_streaming_memory_does_not_grow_like_json_load(tmp_path):
     big.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     del events
     # VmHWM, not ru_maxrss: ru_maxrss survives fork+exec, so a child would report pytest's own peak.
-    code = ("import sys, json\nimport numpy, ijson, analysis.trace\n"
+    code = ("import sys, json\nimport numpy, analysis.trace\n"
             "hwm = lambda: int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
             "base = hwm()\n"
             "r = analysis.trace.analyze_trace(sys.argv[2]) if sys.argv[1] == 'stream' else json.load(open(sys.argv[2]))\n"
