@@ -427,8 +427,9 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
         "memcpy_time_us": memcpy_us if has_device else None,
         "memset_time_us": memset_us if has_device else None,
         "gpu_busy_us": union_length(device) if has_device else None,
-        "kernel_calls": kernel_calls,
-        "kernel_calls_by_class": dict(kernel_classes),
+        # No device activity at all (a CPU run): kernel counts are absent, not zero.
+        "kernel_calls": kernel_calls if has_device else None,
+        "kernel_calls_by_class": dict(kernel_classes) if has_device else None,
         "op_calls": dict(op_calls),
         "peak_gpu_mem_bytes": peak_alloc,
         "peak_gpu_reserved_bytes": peak_reserved,
@@ -438,6 +439,6 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
         "comm_overlap_pct": overlap,
         "cpu_time_us_per_step": per_step(cpu_time),
         "cuda_time_us_per_step": per_step(cuda_time),
-        "kernel_calls_per_step": per_step(kernel_calls),
+        "kernel_calls_per_step": per_step(kernel_calls) if has_device else None,
         "comm_time_us_per_step": per_step(comm_us),
     }

@@ -234,7 +234,8 @@ def _run_layers(args: argparse.Namespace) -> Layers:
 
 
 def _drop_placeholder(folder: Path) -> None:
-    """submitit's local executor leaves the unexpanded '%j' folder behind, empty."""
+    """submitit's local executor leaves the unexpanded '%j' folder behind, empty (its job process
+    creates it again at start, so this runs once the job has ended)."""
     try:
         folder.rmdir()
     except OSError:
@@ -342,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
                   end="")
             return 0
         job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
-        _drop_placeholder(folder)
         sub = _job_record(job, local)
         print(_describe(sub), flush=True)
-        return wait_for([sub], follow=local) if args.wait or local else 0
+        if not (args.wait or local):
+            return 0
+        code = wait_for([sub], follow=local)
+        _drop_placeholder(folder)
+        return code
     return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local)
 
 
@@ -391,11 +395,11 @@ def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConf
         if local:  # this machine: one point at a time
             for point, cfg in group:
                 sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)), local)
-                _drop_placeholder(sweep_dir / "%j")
                 sub.point = point
                 subs.append(sub)
                 print(_describe(sub), flush=True)
                 failures += wait_for([sub], follow=True)
+                _drop_placeholder(sweep_dir / "%j")
                 _write_index(sweep_dir, sweep, cluster, subs)
             continue
         with executor.batch():

@@ -115,6 +115,14 @@ def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, 
         assert summary["world_size"] == p["gpus"]
         assert summary["ranks"][0]["batch_size_per_gpu"] == p["batch_size"]
         assert summary["ranks"][0]["data_fraction"] == p["data_fraction"]
+    # ... and back as numbers: the study's table and figures from the sweep directory.
+    out = tmp_path / "results"
+    a = subprocess.run([PY, "-m", "analysis", str(index_path.parent), "--format", "csv", "--out", str(out), "--plots"],
+                       capture_output=True, text=True, cwd=REPO, env=ENV)
+    assert a.returncode == 0, a.stderr
+    rows = a.stdout.strip().splitlines()[1:]
+    assert len(rows) == 8 and all(r.split(",")[4] == r.split(",")[3] for r in rows)  # ranks traced == GPUs
+    assert (out / "sweep.md").exists() and len(list((out / "figures").glob("*.png"))) == 2 * 2 + 1
 
 
 def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
