@@ -173,3 +173,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path, data_root):
     (tmp_path / "r4" / "checkpoints" / "last.pt").write_bytes(before[:100])
     assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r4")), "last.pt",
                           "cannot load checkpoint")
+
+
+def test_gradient_accumulation_halves_optimizer_steps(data_root, tmp_path):
+    run = tmp_path / "accum"
+    train(2, common(data_root, run, "--batch-size", "16", "--grad-accum-steps", "2", "--no-profile"))
+    s = summary(run)
+    # 1000 images / 2 ranks = 500 per rank; micro-batches of 8 -> 63 per epoch -> 32 optimizer steps
+    assert [r["steps"] for r in s["ranks"]] == [32, 32]
+    assert s["ranks"][0]["batch_size_per_gpu"] == 16 and len({r["weights_sha256"] for r in s["ranks"]}) == 1
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "bad", "--batch-size", "16",
+                                                          "--grad-accum-steps", "3")),
+                          "train.batch_size = 16", "train.grad_accum_steps = 3")
