@@ -196,3 +196,26 @@ def test_hostile_names_and_paths_arrive_verbatim(slurm_cluster, data_root, tmp_p
     assert (sb_run / "summary.json").exists()
     leftovers = [p for p in list(cwd.rglob("pwned*")) + list(tmp_path.rglob("pwned*")) + list(REPO.glob("pwned*"))]
     assert leftovers == []
+
+
+def test_requeues_are_bounded(slurm_cluster, data_root, tmp_path):
+    """jobs/resnet152.sbatch requeues at most HPC_MAX_REQUEUES times; past that the job ends (exit 3)
+    with its checkpoint kept, to be resumed by resubmitting."""
+    run_dir = tmp_path / "bounded"
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1,HPC_MAX_REQUEUES=0", "-N", "1",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
+                        "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir),
+                        "--epochs", "50", "--no-profile", "--set", "train.log_every_steps=1"],
+                       capture_output=True, text=True, cwd=REPO, env=ENV)
+    job = r.stdout.strip()
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run_dir / "metrics.jsonl").exists()
+                                          and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    wait_gone(job, 120)
+    state = job_state(job)
+    assert state["Restarts"] == "0" and state["JobState"] == "FAILED" and state["ExitCode"] == "3:0", state
+    out = (tmp_path / f"out-{job}.txt").read_text()
+    assert "stopped after 0 requeues" in out
+    assert (run_dir / "checkpoints" / "last.pt").exists()
