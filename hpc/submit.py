@@ -247,10 +247,8 @@ def _describe(sub: Submitted) -> str:
     return f"job {sub.job_id}: run dir {sub.run_dir}\n  logs: {logs}"
 
 
-def _job_record(job, local: bool) -> Submitted:
-    folder = Path(job.paths.folder)
-    logs = [job.paths.stdout, job.paths.stderr]
-    return Submitted(job.job_id, folder, [Path(p) for p in logs], job)
+def _job_record(job) -> Submitted:
+    return Submitted(job.job_id, Path(job.paths.folder), [Path(job.paths.stdout), Path(job.paths.stderr)], job)
 
 
 def _left_queue(sub: Submitted) -> bool:
@@ -343,14 +341,14 @@ def main(argv: list[str] | None = None) -> int:
                   end="")
             return 0
         job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
-        sub = _job_record(job, local)
+        sub = _job_record(job)
         print(_describe(sub), flush=True)
         if not (args.wait or local):
             return 0
         code = wait_for([sub], follow=local)
         _drop_placeholder(folder)
         return code
-    return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local)
+    return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local, time_min)
 
 
 def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConfig]]:
@@ -367,8 +365,7 @@ def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConf
 
 
 def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConfig, layers: Layers, name: str,
-                 runs_dir: Path, exports: dict, local: bool) -> int:
-    time_min = args.time if args.time is not None else cluster.time_limit_min
+                 runs_dir: Path, exports: dict, local: bool, time_min: int) -> int:
     for gpus in sweep.gpus:  # every shape is checked before anything is submitted
         check_request(cluster, sweep.nodes, gpus, time_min, source=f"{args.sweep}: sweep.gpus")
     points = sweep_points(sweep, layers)
@@ -394,7 +391,7 @@ def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConf
         executor = make_executor(cluster, req, sweep_dir / "%j", local, max_parallel=args.max_parallel)
         if local:  # this machine: one point at a time
             for point, cfg in group:
-                sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)), local)
+                sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)))
                 sub.point = point
                 subs.append(sub)
                 print(_describe(sub), flush=True)
@@ -405,7 +402,7 @@ def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConf
         with executor.batch():
             jobs = [executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)) for _, cfg in group]
         for job, (point, _) in zip(jobs, group):
-            sub = _job_record(job, local)
+            sub = _job_record(job)
             sub.point = point
             subs.append(sub)
             print(_describe(sub), flush=True)

@@ -172,6 +172,7 @@ def test_streaming_memory_does_not_grow_like_json_load(tmp_path):
     assert rec["op_calls"]["aten::op7"] == 4000 and rec["cpu_time_us"] == pytest.approx(200_000 * 5.0)
 
 
+@pytest.mark.slow
 def test_sweep_table_and_figures(tmp_path):
     """A sweep directory as hpc.submit writes it (index.json + run directories), from real CPU runs."""
     root = tmp_path / "d"
