@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import json
 import re
 import zlib
 from array import array
@@ -180,7 +181,6 @@ class _Reader:
 
     def __init__(self, stream, chunk: int = 1 << 20):
         import codecs
-        import json
 
         self.stream = stream
         self.chunk = chunk
@@ -223,8 +223,6 @@ class _Reader:
         self.pos += 1
 
     def _value(self):
-        import json
-
         self._peek()
         while True:
             try:

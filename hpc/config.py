@@ -321,7 +321,7 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
         return cls(**values)
     except _Invalid as e:
         where = sources.get(e.key, "defaults")
-        shown = values.get(e.key, getattr(cls, e.key, None) if hasattr(cls, e.key) else None)
+        shown = values.get(e.key, getattr(cls, e.key, None))
         raise ConfigError(f"{where}: {name}.{e.key} = {shown!r}: {e.reason}") from None
 
 

@@ -441,7 +441,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 group_start = (position // tc.grad_accum_steps) * tc.grad_accum_steps
                 group_size = min(tc.grad_accum_steps, batches_per_epoch - group_start)
                 last_micro = position == group_start + group_size - 1
-                t_step = time.perf_counter()
+                if position == group_start:  # an optimizer step spans all its micro-batches
+                    t_step = time.perf_counter()
                 if on_device:
                     x, y = train_data.batch(order[position * micro:(position + 1) * micro], cfg.data.augment,
                                             data_mod.batch_seed(tc.seed, epoch, position, rank))
