@@ -4,7 +4,11 @@ torch-tb-profiler 0.4.3 (its last release; unmaintained upstream) maps trace cat
 `torch_tb_profiler.profiler.trace.EventTypeMap`, which knows the 2021 `Runtime` category but not
 PyTorch 2.x's `cuda_runtime` / `cuda_driver`. Kernels are tied to operators through those runtime
 events, so per-operator device times read 0. This module adds the two categories to the map when it
-is imported, before TensorBoard loads the plugin. The plugin parses traces in *spawned* processes,
+is imported, before TensorBoard loads the plugin. It also drops `gpu_user_annotation` (the GPU side
+of record_function ranges, written since PyTorch 2.x): the plugin reads those as user annotations, so
+each ProfilerStep#N counts twice, the duplicates overlap, and the Overview of a GPU trace fails with
+a division by zero (seen on our own H100 traces, torch 2.11); the plugin rebuilds steps' device
+ranges from kernels anyway. The plugin parses traces in *spawned* processes,
 and a spawned process re-imports the parent's main module, so running this module as
 `python -m analysis.tensorboard` patches those processes too. Nothing in site-packages is edited.
 
@@ -21,6 +25,7 @@ import sys
 from pathlib import Path
 
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
+IGNORED_CATEGORIES = ("gpu_user_annotation",)
 GCHARTS_TAG = '<script src="https://www.gstatic.com/charts/loader.js"></script>'
 # Loaded only if Google's chart loader did not arrive (a browser without internet): see static/.
 OFFLINE_FALLBACK = ('<script>window.google && window.google.charts || '
@@ -39,6 +44,8 @@ def patch_tb_profiler() -> bool:
         return False
     for category, kind in PATCHED_CATEGORIES.items():
         trace.EventTypeMap.setdefault(category, getattr(trace.EventTypes, kind.upper()))
+    for category in IGNORED_CATEGORIES:
+        trace.EventTypeMap.pop(category, None)
 
     cls = plugin.TorchProfilerPlugin
     if getattr(cls, "_hpc_patched", False):

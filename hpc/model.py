@@ -39,7 +39,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         return TinyNet(cfg.num_classes)
     import torchvision
 
-    model = getattr(torchvision.models, cfg.arch)(weights=None, num_classes=cfg.num_classes)
+    model = getattr(torchvision.models, cfg.arch)(weights=None, num_classes=cfg.num_classes,
+                                                  zero_init_residual=cfg.zero_init_residual)
     if cfg.stem == "cifar":
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()

@@ -12,31 +12,79 @@ from typing import Iterator, Optional
 
 from hpc.config import ProfilerConfig
 
+DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
+
 
 def key_average_totals(prof) -> dict:
-    """The profiler's own totals for one cycle, kept to cross-check the trace analysis."""
+    """The profiler's own totals for one cycle, kept to cross-check the trace analysis.
+
+    key_averages() holds CPU operators and device events (kernels, memcpys, memsets) side by side. A
+    CPU operator's self device time is the time of the kernels it launched, so summing self device
+    time over every row counts each kernel twice: device time is summed over device rows only. Those
+    include the GPU side of record_function ranges (`gpu_user_annotation` in the trace: ProfilerStep#N,
+    DistributedDataParallel.forward, Optimizer.step, each spanning whole steps), which are no device
+    work and are left out.
+    """
+    from torch.autograd import DeviceType
+
     events = prof.key_averages()
     self_cpu_us = sum(e.self_cpu_time_total for e in events)
-    self_device_us = 0.0
-    for e in events:
-        # Renamed over torch versions: self_cuda_time_total (<=2.3) -> self_device_time_total.
-        self_device_us += getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0
+    on_device = [e for e in events if getattr(e, "device_type", DeviceType.CPU) != DeviceType.CPU]
+    # A range's GPU side carries is_user_annotation where torch sets it, and always its CPU side's name.
+    cpu_names = {e.key for e in events if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU}
+    device_rows = [e for e in on_device if not getattr(e, "is_user_annotation", False) and e.key not in cpu_names]
+    # Renamed over torch versions: self_cuda_time_total (<=2.3) -> self_device_time_total.
+    device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0
+                    for e in device_rows)
+    kernel_calls = sum(e.count for e in device_rows if not e.key.startswith(DEVICE_COPY_PREFIXES))
     op_calls = {e.key: e.count for e in events if e.key.startswith("aten::")}
     return {
         "self_cpu_time_total_us": float(self_cpu_us),
-        "self_device_time_total_us": float(self_device_us),
+        "self_device_time_total_us": float(device_us),
+        "device_events": int(sum(e.count for e in device_rows)),
+        "kernel_calls": int(kernel_calls),
         "conv2d_calls": int(op_calls.get("aten::conv2d", 0)),
         "op_calls": op_calls,
     }
 
 
 class Profiling:
-    def __init__(self, prof, cycles: list):
+    """Steps the profiler and keeps each cycle's totals.
+
+    On CUDA it also measures the peak allocated memory of each recorded window (the allocator's
+    peak is reset as recording starts), so it can be set beside the trace's `[memory]` events, which
+    see only that window. The run's overall peak is kept across those resets in `run_peak_bytes`.
+    """
+
+    def __init__(self, prof, cycles: list, schedule, cuda: bool):
         self._prof = prof
-        self.cycles = cycles  # key_average_totals() of every finished cycle, in order
+        self._schedule = schedule
+        self._cuda = cuda
+        self._steps = 0
+        self.cycles = cycles  # per finished cycle, in order: window peak, key_average_totals() if asked
+        self.run_peak_bytes = {"allocated": 0, "reserved": 0}
+
+    def _recording(self, step: int) -> bool:
+        from torch.profiler import ProfilerAction
+
+        return self._schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
     def step(self) -> None:
         self._prof.step()
+        self._steps += 1
+        if self._cuda and self._recording(self._steps) and not self._recording(self._steps - 1):
+            import torch
+
+            self.run_peak_bytes = {"allocated": max(self.run_peak_bytes["allocated"], torch.cuda.max_memory_allocated()),
+                                   "reserved": max(self.run_peak_bytes["reserved"], torch.cuda.max_memory_reserved())}
+            torch.cuda.reset_peak_memory_stats()
+
+    def window_peak_bytes(self) -> int | None:
+        if not self._cuda:
+            return None
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
 
 
 @contextlib.contextmanager
@@ -50,18 +98,27 @@ def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -
     trace_dir.mkdir(parents=True, exist_ok=True)
     write_trace = tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{rank}")
     cycles: list = []
+    sched = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
+    profiling: Profiling | None = None
 
     def on_trace_ready(prof) -> None:
-        cycles.append(key_average_totals(prof))
+        totals = key_average_totals(prof) if cfg.key_averages else {}
+        totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
+        cycles.append(totals)
         write_trace(prof)
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(
         activities=activities,
-        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
+        schedule=sched,
         on_trace_ready=on_trace_ready,
         record_shapes=cfg.record_shapes,
         profile_memory=cfg.profile_memory,
         with_stack=cfg.with_stack,
     ) as prof:
-        yield Profiling(prof, cycles)
+        profiling = Profiling(prof, cycles, sched, cuda)
+        if cuda and profiling._recording(0):  # wait = warmup = 0: the first step is recorded
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        yield profiling

@@ -82,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=f"{text} [{key}]")
     parser.add_argument("--no-profile", action="store_true", help="switch torch.profiler off [profiler.enabled]")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model [model.compile]")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="deterministic cuDNN/cuBLAS algorithms, for bit-identical GPU resumes [train.deterministic]")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any config value (repeatable)")
     return parser.parse_args(argv)
@@ -97,6 +99,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[tuple[str, object, str
         out.append(("profiler.enabled", False, "--no-profile"))
     if args.compile:
         out.append(("model.compile", True, "--compile"))
+    if args.deterministic:
+        out.append(("train.deterministic", True, "--deterministic"))
     return out
 
 
@@ -216,13 +220,24 @@ def load_checkpoint(path: Path) -> dict | None:
         raise UsageError(f"{path}: cannot load checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
+def check_cuda_graph_settings(cfg: RunConfig, use_cuda: bool, world: int) -> None:
+    """train.cuda_graph needs one CUDA process, whole steps and static shapes (hpc/cudagraph.py)."""
+    tc = cfg.train
+    problems = [(not use_cuda, "no CUDA device in use"), (world > 1, f"{world} ranks (it runs one process)"),
+                (tc.grad_accum_steps > 1, f"train.grad_accum_steps = {tc.grad_accum_steps}"),
+                (cfg.model.compile, "model.compile = true"),
+                (cfg.data.loader != "device", f"data.loader = {cfg.data.loader!r} (needs 'device')")]
+    for bad, why in problems:
+        if bad:
+            raise UsageError(f"train.cuda_graph = true does not work with {why}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------
 
 
 def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
-    import numpy as np
     import torch
     import torch.distributed as tdist
     import torch.nn.functional as F
@@ -244,13 +259,20 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     if use_cuda:
         device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = not tc.deterministic  # autotuning may pick another algorithm per run
+        torch.backends.cudnn.deterministic = tc.deterministic
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:  # several ranks on one CPU must not oversubscribe it
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_world_size))
+    if tc.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+        # warn_only: ops without a deterministic kernel warn rather than stop the run
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if tc.cuda_graph:
+        check_cuda_graph_settings(cfg, use_cuda, world)
     backend = "nccl" if use_cuda else "gloo"
     timeout = dt.timedelta(seconds=tc.collective_timeout_s)
     if world > 1:
@@ -302,9 +324,13 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     model = build_model(cfg.model).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    ddp = DDP(model, device_ids=[device.index] if use_cuda else None, bucket_cap_mb=tc.ddp_bucket_cap_mb,
-              gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view, static_graph=tc.ddp_static_graph)
-    forward = torch.compile(ddp) if cfg.model.compile else ddp
+    if tc.cuda_graph:  # one process: DDP would only copy gradients, and its hooks cannot be captured
+        ddp = None
+        forward = model
+    else:
+        ddp = DDP(model, device_ids=[device.index] if use_cuda else None, bucket_cap_mb=tc.ddp_bucket_cap_mb,
+                  gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view, static_graph=tc.ddp_static_graph)
+        forward = torch.compile(ddp) if cfg.model.compile else ddp
     base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * global_batch / 256
     opt_kwargs = dict(lr=base_lr, momentum=tc.momentum, nesterov=tc.nesterov and tc.momentum > 0,
                       weight_decay=tc.weight_decay)
@@ -320,7 +346,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     def autocast():
         if amp_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=amp_dtype)
+        # autocast's cast cache must be off while a CUDA graph is captured
+        return torch.autocast(device_type=device.type, dtype=amp_dtype, cache_enabled=not tc.cuda_graph)
 
     # --- resume ----------------------------------------------------------------------------------------
     epoch, position, step = 0, 0, 0
@@ -338,6 +365,12 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
         log(f"resuming from {run_dir / CHECKPOINT}: epoch {epoch}, batch {position}, step {step}")
     elif is_main:
         write_atomic(run_dir / "config.yaml", dump_yaml(cfg.to_dict()))
+    graphed = None
+    if tc.cuda_graph:
+        from hpc.cudagraph import GraphedStep, lr_on_device, whole_step
+
+        lr_on_device(optimizer, device)  # after any checkpoint load, which brings the rate back on the CPU
+        graphed = GraphedStep(whole_step(forward, optimizer, autocast), model, optimizer)
 
     def checkpoint_state() -> dict:
         return {
@@ -448,10 +481,14 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                                             data_mod.batch_seed(tc.seed, epoch, position, rank))
                 else:
                     x, y = next(loader)
-                with contextlib.nullcontext() if last_micro else ddp.no_sync():
-                    with autocast():
-                        loss = F.cross_entropy(forward(x), y)
-                    (loss / group_size).backward()
+                stepped = graphed is not None and y.numel() == micro  # a smaller last batch runs eagerly
+                if stepped:
+                    loss = graphed(x, y).clone()  # forward, backward and optimizer step in one replay
+                else:
+                    with contextlib.nullcontext() if (last_micro or ddp is None) else ddp.no_sync():
+                        with autocast():
+                            loss = F.cross_entropy(forward(x), y)
+                        (loss / group_size).backward()
                 interval_losses.append(loss.detach())
                 interval_steps.append(step + 1)
                 epoch_loss_sum += loss.detach().float()
@@ -462,9 +499,10 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 if not last_micro:
                     continue
 
-                optimizer.step()
+                if not stepped:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
                 step += 1
                 if profiling is not None:
                     profiling.step()
@@ -493,9 +531,9 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                     ips = images_since_log / max(now - t_log, 1e-9)
                     eta = (stop_at - step) * (now - t_start) / max(1, step - (ckpt or {}).get("step", 0))
                     line = (f"step {step}/{stop_at} epoch {epoch + 1}/{tc.epochs} loss {mean_loss:.4f} "
-                            f"lr {scheduler.get_last_lr()[0]:.4g} img/s {ips:.0f} eta {format_duration(eta)}")
+                            f"lr {float(scheduler.get_last_lr()[0]):.4g} img/s {ips:.0f} eta {format_duration(eta)}")
                     print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
-                    record("train", {"loss": mean_loss, "lr": scheduler.get_last_lr()[0], "images_per_s": ips})
+                    record("train", {"loss": mean_loss, "lr": float(scheduler.get_last_lr()[0]), "images_per_s": ips})
                     t_log, images_since_log = now, 0
                 if at_log:
                     interval_losses, interval_steps = [], []
@@ -527,6 +565,7 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
             checkpoint(f"signal {signal.Signals(stop.signum).name}")
             exit_code = EXIT_PREEMPTED
         cycles = profiling.cycles if profiling is not None else []
+        peaks_before_reset = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
 
     # --- summary: one record per rank, gathered to rank 0 --------------------------------------------
     wall = time.perf_counter() - t_start
@@ -549,8 +588,11 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
         "images_per_s": per_gpu / mean_step if mean_step else None,
         "global_images_per_s": global_batch / mean_step if mean_step else None,
         "wall_time_s": wall,
-        "cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if use_cuda else None,
-        "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if use_cuda else None,
+        # The profiler resets the allocator's peaks as each recorded window opens: keep the run's maximum.
+        "cuda_max_memory_allocated_bytes":
+            max(torch.cuda.max_memory_allocated(device), peaks_before_reset["allocated"]) if use_cuda else None,
+        "cuda_max_memory_reserved_bytes":
+            max(torch.cuda.max_memory_reserved(device), peaks_before_reset["reserved"]) if use_cuda else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
         # The environment that shapes performance, for reproducing the run.
         "env": {k: v for k, v in sorted(os.environ.items())

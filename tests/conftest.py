@@ -1,13 +1,20 @@
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
+GPU_RESULTS = REPO / "results" / "gpu"  # what tests/gpu/run.sh measured on an H100, committed
+OWN_GPU_TRACE = GPU_RESULTS / "resnet152_rank0.pt.trace.json.gz"  # this toolkit's own ResNet152 trace
+TB_PLUGIN = "/data/plugin/pytorch_profiler"  # torch-tb-profiler's HTTP API
 
 
 def slurm_up() -> str | None:
@@ -50,3 +57,39 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     assert "Traceback" not in proc.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout: float = 30) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.read().decode()
+
+
+def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subprocess.Popen:
+    """Start a TensorBoard command; return once the profiler plugin lists its runs."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            runs = json.loads(http_get(port, f"{TB_PLUGIN}/runs"))
+            if not runs.get("loading") and runs.get("runs"):
+                return proc
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        time.sleep(1)
+    proc.kill()
+    raise AssertionError("TensorBoard did not come up")
+
+
+def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> dict:
+    """One operator's row of the plugin's Operator view (calls, device self time, ...)."""
+    table = json.loads(http_get(port, f"{TB_PLUGIN}/operation/table?run={run}&worker={worker}&span=1&group_by=Operation"))
+    rows = table["data"] if isinstance(table["data"], list) else table["data"]["rows"]
+    return next(r for r in rows if r["name"] == name)

@@ -4,32 +4,17 @@ headless Chromium, with the training scalars alongside."""
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED_TRACES
+from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, free_port, http_get, start_tensorboard, tb_operator_row
 from hpc import data
 from trainrun import SMOKE, train
 
 ARTIFACTS = Path(os.environ.get("HPC_ARTIFACTS", REPO / "artifacts"))
-PLUGIN = "/data/plugin/pytorch_profiler"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port, path, timeout=30):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-        return r.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -41,55 +26,44 @@ def logdir(tmp_path_factory):
     if SHARED_TRACES.is_dir():  # a real GPU trace (PyTorch 2.x, cuda_runtime events)
         (root / "logs" / "nccl_data").mkdir()
         shutil.copy(SHARED_TRACES / "hta_single/nccl_data.json.gz", root / "logs" / "nccl_data" / "rank0.1.pt.trace.json.gz")
+    (root / "logs" / "h100").mkdir()  # our own GPU trace: PyTorch 2.11, gpu_user_annotation events
+    shutil.copy(OWN_GPU_TRACE, root / "logs" / "h100" / "rank0.1.pt.trace.json.gz")
     return root / "logs"
-
-
-def start(cmd, port):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            runs = json.loads(get(port, f"{PLUGIN}/runs"))
-            if not runs.get("loading") and runs.get("runs"):
-                return proc
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-        time.sleep(1)
-    proc.kill()
-    raise AssertionError("TensorBoard did not come up")
 
 
 @pytest.fixture(scope="module")
 def server(logdir):
     port = free_port()
-    proc = start([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port)
+    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port)
     yield port
     proc.terminate()
     proc.wait(timeout=30)
 
 
-def operator_row(port, run, name):
-    table = json.loads(get(port, f"{PLUGIN}/operation/table?run={run}&worker=rank0&span=1&group_by=Operation"))
-    rows = table["data"] if isinstance(table["data"], list) else table["data"]["rows"]
-    return next(r for r in rows if r["name"] == name)
-
-
 def test_runs_workers_and_scalars(server):
-    runs = json.loads(get(server, f"{PLUGIN}/runs"))["runs"]
+    runs = json.loads(http_get(server, f"{TB_PLUGIN}/runs"))["runs"]
     assert "smoke/traces" in runs
-    assert json.loads(get(server, f"{PLUGIN}/workers?run=smoke/traces&view=Overview")) == ["rank0", "rank1"]
-    overview = json.loads(get(server, f"{PLUGIN}/overview?run=smoke/traces&worker=rank0&span=1"))
+    assert json.loads(http_get(server, f"{TB_PLUGIN}/workers?run=smoke/traces&view=Overview")) == ["rank0", "rank1"]
+    overview = json.loads(http_get(server, f"{TB_PLUGIN}/overview?run=smoke/traces&worker=rank0&span=1"))
     assert overview["steps"]["rows"]  # the step time breakdown has rows
-    tags = json.loads(get(server, "/data/plugin/scalars/tags"))
+    tags = json.loads(http_get(server, "/data/plugin/scalars/tags"))
     assert "train/loss" in tags["smoke/tensorboard"]
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"real GPU traces not found at {SHARED_TRACES}")
 def test_gpu_trace_gets_device_time_per_operator(server, logdir):
-    row = operator_row(server, "nccl_data", "aten::cudnn_convolution")
+    row = tb_operator_row(server, "nccl_data", "aten::cudnn_convolution")
     assert row["device_self_duration"] > 0 and row["calls"] == 159
+
+
+def test_own_h100_trace_has_steps_and_device_time(server):
+    """torch 2.11 traces carry the GPU side of ProfilerStep#N ranges; unpatched, the plugin counts
+    each step twice and its Overview fails (division by zero), so the run shows no worker."""
+    assert json.loads(http_get(server, f"{TB_PLUGIN}/workers?run=h100&view=Overview")) == ["rank0"]
+    overview = json.loads(http_get(server, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1"))
+    assert [r[0] for r in overview["steps"]["rows"]] == ["2", "3"]
+    row = tb_operator_row(server, "h100", "aten::cudnn_convolution")
+    assert row["calls"] == 2 * 155 and row["device_self_duration"] > 0
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"real GPU traces not found at {SHARED_TRACES}")
@@ -97,9 +71,9 @@ def test_the_unpatched_plugin_shows_zero_device_time(logdir):
     """Why the launcher exists: plain TensorBoard with torch-tb-profiler 0.4.3 reads 0 here. If this
     starts failing, upstream fixed the plugin and the patch can go."""
     port = free_port()
-    proc = start([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port)], port)
+    proc = start_tensorboard([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port)], port)
     try:
-        assert operator_row(port, "nccl_data", "aten::cudnn_convolution")["device_self_duration"] == 0
+        assert tb_operator_row(port, "nccl_data", "aten::cudnn_convolution")["device_self_duration"] == 0
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -128,7 +128,9 @@ def test_no_profile_writes_no_traces(data_root, tmp_path):
 
 
 def test_profiler_totals_recorded(data_root, tmp_path):
-    train(1, common(data_root, tmp_path / "p", "--max-steps", "6"))
+    train(1, common(data_root, tmp_path / "off", "--max-steps", "6"))
+    assert "self_cpu_time_total_us" not in summary(tmp_path / "off")["ranks"][0]["profiler"]["cycles"][0]  # opt-in
+    train(1, common(data_root, tmp_path / "p", "--max-steps", "6", "--set", "profiler.key_averages=true"))
     cycle = summary(tmp_path / "p")["ranks"][0]["profiler"]["cycles"][0]
     assert cycle["self_cpu_time_total_us"] > 0
     assert cycle["conv2d_calls"] == 2 * 3  # 2 active steps x TinyNet's 3 convolutions
@@ -185,3 +187,17 @@ def test_gradient_accumulation_halves_optimizer_steps(data_root, tmp_path):
     assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "bad", "--batch-size", "16",
                                                           "--grad-accum-steps", "3")),
                           "train.batch_size = 16", "train.grad_accum_steps = 3")
+
+
+def test_cuda_graph_needs_one_cuda_process(data_root, tmp_path):
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "g", "--device", "cpu",
+                                                          "--set", "train.cuda_graph=true")),
+                          "train.cuda_graph = true", "no CUDA device in use")
+    assert not (tmp_path / "g" / "config.yaml").exists()
+
+
+def test_deterministic_flag_is_saved_and_must_match_on_resume(data_root, tmp_path):
+    train(1, common(data_root, tmp_path / "d", "--max-steps", "2", "--no-profile", "--deterministic"))
+    assert "deterministic: true" in (tmp_path / "d" / "config.yaml").read_text()
+    assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "d")),
+                          "train.deterministic = True, not False")

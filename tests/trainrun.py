@@ -2,21 +2,16 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from conftest import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "profiles" / "smoke.yaml")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(world: int, args: list[str], extra_env: dict | None = None) -> list[subprocess.Popen]:
@@ -39,8 +34,8 @@ def wait_all(procs, timeout=300) -> list[tuple[int, str, str]]:
     return out
 
 
-def train(world: int, args: list[str], extra_env: dict | None = None, expect: int = 0):
-    results = wait_all(start_ranks(world, args, extra_env))
+def train(world: int, args: list[str], extra_env: dict | None = None, expect: int = 0, timeout: float = 300):
+    results = wait_all(start_ranks(world, args, extra_env), timeout=timeout)
     for rc, stdout, stderr in results:
         assert rc == expect, f"rc={rc}\n{stdout}\n{stderr}"
     return results

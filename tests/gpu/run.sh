@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU proof, in one command on a machine with one CUDA GPU (an H100/H200 here, an A100 on
+# Perlmutter): `bash tests/gpu/run.sh [OUTDIR]`. Installs nothing from the network: packages the
+# machine's python lacks (submitit, torch-tb-profiler) come from wheels in $HPC_WHEELS (default
+# ./.whl), made beforehand on a machine with an index:
+#   python -m pip download --no-deps --only-binary=:all: -d .whl submitit torch-tb-profiler
+# Then, under a time limit per phase (so one stuck phase cannot eat the others):
+#   1. pytest -m gpu   the GPU tests (tests/gpu/test_gpu.py), numbers kept in gpu_tests.json
+#   2. hpc.bench       ResNet152, torchvision stem, batch 128 and 2048: baseline, toolkit, each change
+#                      alone, without DDP, as a CUDA graph, the profiler's cost; 512 and 1024: the main ones
+#   3. hpc.bench       peak memory of a training step for the study's batch sizes
+#   4. hpc.bench       the CIFAR stem at batch 512; with HPC_GPU_COMPILE=1 also with torch.compile
+#   5. summarize.py    OUTDIR/results.json (everything, with device, versions, commands) + summary.md
+# Phases as measured on an H100 (results/gpu/README.md): pytest 182 s, benchmarks ~6.5 s per
+# configuration, about 9 minutes in all; torch.compile adds 2-3 minutes.
+# Exit status: 0 when every phase ran and every GPU test passed, 1 otherwise (the files are written
+# either way); 2 when the machine has no CUDA GPU or a needed package is missing.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUTDIR=$(realpath -m "${1:-results/gpu/latest}")
+PY=${PYTHON:-python3}
+WHEELS=${HPC_WHEELS:-.whl}
+mkdir -p "$OUTDIR"
+: >"$OUTDIR/phases.jsonl"
+
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "tests/gpu/run.sh: no CUDA GPU visible to $PY; run the CPU suite with: bash tests/run.sh" >&2
+    exit 2
+fi
+missing=$($PY -c "
+import importlib.util
+need = {'submitit': 'submitit', 'torch_tb_profiler': 'torch-tb-profiler', 'yaml': 'pyyaml'}
+print(' '.join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))")
+if [ -n "$missing" ]; then
+    site=${HPC_GPU_SITE:-/tmp/hpc-gpu-site}
+    if ! $PY -m pip install -q --no-index --no-deps --no-compile --find-links "$WHEELS" --target "$site" $missing; then
+        echo "tests/gpu/run.sh: missing $missing and no wheels for them in $WHEELS (see the top of this file)" >&2
+        exit 2
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HPC_GPU_RESULTS="$OUTDIR"
+# torch.compile's caches shared by the phases: a graph compiled once is not compiled again.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/hpc-inductor-cache}
+
+MAIN_CONFIGS="baseline,toolkit,toolkit without DDP,toolkit + CUDA graph"
+failed=0
+phase() {  # phase NAME LIMIT_S COMMAND...: run it, log it, record its exit status and duration
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s.%N)
+    echo "== $name (limit ${limit}s): $*"
+    timeout -k 10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1
+    rc=$?
+    tail -n 25 "$OUTDIR/$name.log"
+    $PY -c "import json, sys; print(json.dumps({'phase': sys.argv[1], 'rc': int(sys.argv[2]), 'seconds': round(float(sys.argv[4]) - float(sys.argv[3]), 1), 'command': sys.argv[5:]}))" \
+        "$name" "$rc" "$start" "$(date +%s.%N)" "$@" >>"$OUTDIR/phases.jsonl"
+    [ "$rc" = 0 ] || failed=1
+}
+
+phase pytest 230 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
+phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 128,2048 \
+    --out "$OUTDIR/bench_torchvision.json"
+phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 512,1024 \
+    --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_torchvision_mid.json"
+phase memory 80 $PY -m hpc.bench --arch resnet152 --stem torchvision --memory-grid 128,256,512,1024,2048 \
+    --out "$OUTDIR/memory.json"
+phase bench_cifar 70 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 --only "$MAIN_CONFIGS" \
+    --out "$OUTDIR/bench_cifar.json"
+if [ "${HPC_GPU_COMPILE:-0}" = 1 ]; then  # compiling ResNet152 takes 2-3 minutes of CPU on the H100 host
+    phase bench_cifar_compile 240 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 --compile \
+        --only "toolkit + compile" --out "$OUTDIR/bench_cifar_compile.json"
+fi
+$PY tests/gpu/summarize.py "$OUTDIR" --command "bash tests/gpu/run.sh $*" || failed=1
+exit "$failed"

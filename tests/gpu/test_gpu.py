@@ -1,0 +1,197 @@
+"""The toolkit on a CUDA GPU: NCCL at world size 1, bf16 autocast, channels_last, fused SGD, the
+profiler's CUDA activities, CUDA memory figures, the analysis and TensorBoard on the toolkit's own GPU
+trace, deterministic resume, torch.compile and the DataLoader path.
+
+Nothing here is mocked. Without CUDA every test skips, saying so; `bash tests/gpu/run.sh` runs them
+on a GPU machine (with `-m gpu`) and keeps the numbers they measured (HPC_GPU_RESULTS).
+"""
+
+import gzip
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.trace import analyze_trace
+from conftest import free_port, start_tensorboard, tb_operator_row
+from hpc import data
+from trainrun import SMOKE, metrics, same_weights, summary, train, weights
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (bash tests/gpu/run.sh on a GPU machine); the CPU tests cover "
+                              "the same code on gloo"),
+]
+
+RESNET152_STEPS = 30
+RESNET152_BATCH = 128
+MEASURED: dict = {}  # what the tests saw, written for tests/gpu/run.sh's summary
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keep_measurements():
+    yield
+    out = os.environ.get("HPC_GPU_RESULTS")
+    if out and MEASURED:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "gpu_tests.json").write_text(json.dumps(MEASURED, indent=2, default=str))
+
+
+def keep_trace(path: Path) -> None:
+    """The toolkit's own GPU trace, gzipped beside the results, for the analysis to be tested on."""
+    out = os.environ.get("HPC_GPU_RESULTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as src, gzip.open(Path(out) / "resnet152_rank0.pt.trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    # Exactly RESNET152_STEPS batches: the run ends at an epoch boundary, with its evaluation.
+    data.synthesize(root, n_train=RESNET152_STEPS * RESNET152_BATCH, n_test=500, seed=0)
+    return root
+
+
+def run_args(data_root, run_dir, *extra) -> list[str]:
+    return ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir), "--device", "cuda",
+            "--set", "train.warmup_epochs=0", *extra]
+
+
+@pytest.fixture(scope="module")
+def resnet152_run(data_root, tmp_path_factory):
+    """ResNet152 (torchvision stem) for 30 steps under the profiler with CUDA activities and memory."""
+    run = tmp_path_factory.mktemp("runs") / "resnet152"
+    train(1, run_args(data_root, run, "--arch", "resnet152", "--stem", "torchvision", "--batch-size",
+                      str(RESNET152_BATCH), "--lr", "0.1", "--max-steps", str(RESNET152_STEPS),
+                      "--set", "train.log_every_steps=5", "--set", "profiler.profile_memory=true",
+                      "--set", "profiler.key_averages=true"), timeout=600)
+    return run
+
+
+def test_resnet152_trains_with_nccl_bf16_channels_last(resnet152_run):
+    rank = summary(resnet152_run)["ranks"][0]
+    assert rank["backend"] == "nccl" and rank["device"].startswith("cuda") and rank["steps"] == RESNET152_STEPS
+    assert rank["complete"] and rank["cuda_max_memory_allocated_bytes"] > 0
+    losses = [r["loss"] for r in metrics(resnet152_run) if r["kind"] == "train"]
+    assert len(losses) == RESNET152_STEPS // 5 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0], losses
+    saved = (resnet152_run / "config.yaml").read_text()
+    assert "arch: resnet152" in saved and "amp: auto" in saved
+    MEASURED["resnet152_run"] = {"device": rank["device_name"], "losses": losses,
+                                 "step_time_median_s": rank["step_time_s"]["median"],
+                                 "images_per_s": rank["images_per_s"],
+                                 "cuda_max_memory_allocated_bytes": rank["cuda_max_memory_allocated_bytes"]}
+
+
+def test_one_trace_with_kernels_agrees_with_key_averages(resnet152_run):
+    rank = summary(resnet152_run)["ranks"][0]
+    traces = rank["profiler"]["traces"]
+    assert len(traces) == 1, traces
+    rec = analyze_trace(resnet152_run / "traces" / traces[0])
+    cycle = rank["profiler"]["cycles"][0]
+    MEASURED["trace_vs_key_averages"] = {
+        "trace_cuda_time_us": rec["cuda_time_us"], "key_averages_device_time_us": cycle["self_device_time_total_us"],
+        "trace_kernel_calls": rec["kernel_calls"], "key_averages_kernel_calls": cycle["kernel_calls"],
+        "trace_peak_gpu_mem_bytes": rec["peak_gpu_mem_bytes"],
+        "window_max_memory_allocated_bytes": cycle["cuda_max_memory_allocated_bytes"],
+        "kernel_calls_by_class": rec["kernel_calls_by_class"], "steps": rec["steps"]}
+    keep_trace(resnet152_run / "traces" / traces[0])
+    assert rec["steps"] == 2 and rec["kernel_calls"] > 1000  # ~1,600 kernels per ResNet152 step
+    assert rec["kernel_calls_by_class"]["convolution"] > 0
+    assert rec["cuda_time_us"] == pytest.approx(cycle["self_device_time_total_us"], rel=0.01)
+    assert rec["kernel_calls"] == cycle["kernel_calls"]
+    assert rec["peak_gpu_mem_bytes"] == pytest.approx(cycle["cuda_max_memory_allocated_bytes"], rel=0.01)
+    assert rec["peak_gpu_mem_bytes"] <= rank["cuda_max_memory_allocated_bytes"]
+
+
+def test_tensorboard_shows_device_time_for_cudnn_convolution(resnet152_run):
+    port = free_port()
+    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(resnet152_run.parent),
+                              "--port", str(port)], port)
+    try:
+        row = tb_operator_row(port, f"{resnet152_run.name}/traces", "aten::cudnn_convolution")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    MEASURED["tensorboard_cudnn_convolution"] = row
+    assert row["device_self_duration"] > 0 and row["calls"] > 0
+
+
+DETERMINISTIC = ("--arch", "resnet18", "--batch-size", "256", "--no-profile", "--deterministic")
+
+
+@pytest.fixture(scope="module")
+def deterministic_straight(data_root, tmp_path_factory):
+    """An uninterrupted deterministic run: 3840 images / batch 256 = 15 steps, one epoch."""
+    run = tmp_path_factory.mktemp("det") / "straight"
+    train(1, run_args(data_root, run, *DETERMINISTIC))
+    return run
+
+
+def stop_and_resume(data_root, run, *extra) -> str:
+    """Stop at step 6 (mid-epoch), then the same command without --max-steps; returns its stdout."""
+    train(1, run_args(data_root, run, *DETERMINISTIC, *extra, "--max-steps", "6"))
+    saved = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
+    assert saved["step"] == 6 and saved["position"] == 6
+    out = train(1, run_args(data_root, run, *DETERMINISTIC, *extra))[0][1]
+    assert "resuming from" in out and "step 6" in out, out
+    assert summary(run)["ranks"][0]["steps"] == 15
+    return out
+
+
+def test_deterministic_resume_is_bit_identical(data_root, deterministic_straight, tmp_path):
+    stop_and_resume(data_root, tmp_path / "resumed")
+    identical = same_weights(weights(deterministic_straight), weights(tmp_path / "resumed"))
+    MEASURED["deterministic_resume"] = {"arch": "resnet18", "stopped_at_step": 6, "final_step": 15,
+                                        "bit_identical": identical}
+    assert identical
+
+
+def test_cuda_graph_run_resumes_and_matches_eager(data_root, deterministic_straight, tmp_path):
+    """The graphed step (hpc/cudagraph.py) takes the same steps as the eager one: its warm-up is
+    undone, its learning rate follows the schedule, and it resumes from a checkpoint."""
+    run = tmp_path / "graphed"
+    stop_and_resume(data_root, run, "--set", "train.cuda_graph=true")
+    eager, graphed = weights(deterministic_straight), weights(run)
+    worst = max((graphed[k].double() - eager[k].double()).abs().max().item() for k in eager if eager[k].is_floating_point())
+    # Loss records by step; the record after the restart covers fewer steps, so compare step 4's.
+    losses = {name: {r["step"]: r["loss"] for r in metrics(path) if r["kind"] == "train"}
+              for name, path in (("eager", deterministic_straight), ("graph", run))}
+    MEASURED["cuda_graph_vs_eager"] = {"max_abs_weight_difference": worst, "bit_identical": same_weights(eager, graphed),
+                                       "losses": losses,
+                                       "step_time_median_s": {"eager": summary(deterministic_straight)["ranks"][0]["step_time_s"]["median"],
+                                                              "graph": summary(run)["ranks"][0]["step_time_s"]["median"]}}
+    assert summary(run)["config"]["train"]["cuda_graph"] is True
+    assert losses["graph"][4] == pytest.approx(losses["eager"][4], rel=1e-3)
+    assert worst < 1e-3
+
+
+def test_compile_runs(data_root, tmp_path):
+    run = tmp_path / "compiled"
+    train(1, run_args(data_root, run, "--arch", "resnet18", "--batch-size", "256", "--max-steps", "8", "--compile",
+                      "--no-profile", "--set", "train.log_every_steps=4"), timeout=600)
+    rank = summary(run)["ranks"][0]
+    losses = [r["loss"] for r in metrics(run) if r["kind"] == "train"]
+    MEASURED["compile"] = {"steps": rank["steps"], "losses": losses, "step_time_median_s": rank["step_time_s"]["median"]}
+    assert rank["steps"] == 8 and all(math.isfinite(x) for x in losses)
+
+
+def test_dataloader_path_with_workers_and_pinned_memory(data_root, tmp_path):
+    run = tmp_path / "loader"
+    train(1, run_args(data_root, run, "--arch", "resnet18", "--batch-size", "256", "--max-steps", "8", "--no-profile",
+                      "--loader", "dataloader", "--set", "data.num_workers=2", "--set", "data.pin_memory=true",
+                      "--set", "train.log_every_steps=4"))
+    rank = summary(run)["ranks"][0]
+    losses = [r["loss"] for r in metrics(run) if r["kind"] == "train"]
+    MEASURED["dataloader"] = {"steps": rank["steps"], "losses": losses, "images_per_s": rank["images_per_s"]}
+    assert rank["steps"] == 8 and all(math.isfinite(x) for x in losses)
+    assert summary(run)["config"]["data"]["loader"] == "dataloader"
