@@ -32,7 +32,7 @@ from typing import Any
 from hpc.cli import UsageError
 from hpc.config import (ClusterConfig, ConfigError, Layers, RunConfig, SweepConfig, check_request, dump_yaml,
                         load_cluster, run_config_from_dict, write_atomic)
-from hpc.train import FLAGS, overrides_from_args
+from hpc.train import add_training_flags, overrides_from_args
 
 # ----------------------------------------------------------------------------------------------
 # What is asked for
@@ -194,12 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
     g.add_argument("--wait", action="store_true", help="wait for the job(s) and report how they ended")
     t = parser.add_argument_group("training (forwarded to hpc.train)")
-    t.add_argument("--config", help="run config YAML")
-    for name, (key, typ, text) in FLAGS.items():
-        t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=f"{text} [{key}]")
-    t.add_argument("--no-profile", action="store_true", help="switch torch.profiler off")
-    t.add_argument("--compile", action="store_true", help="torch.compile the model")
-    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any run config value")
+    add_training_flags(t)
     return parser
 
 

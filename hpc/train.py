@@ -76,8 +76,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
         epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint.",
     )
-    parser.add_argument("--config", help="run config YAML (e.g. profiles/smoke.yaml)")
     parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
+    add_training_flags(parser)
+    return parser.parse_args(argv)
+
+
+def add_training_flags(parser) -> None:
+    """The run-config flags, declared once: `hpc.train` and `hpc.submit` (which forwards them) share them.
+    `overrides_from_args` turns them back into config keys."""
+    parser.add_argument("--config", help="run config YAML (e.g. profiles/smoke.yaml)")
     for name, (key, typ, text) in FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=f"{text} [{key}]")
     parser.add_argument("--no-profile", action="store_true", help="switch torch.profiler off [profiler.enabled]")
@@ -86,7 +93,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="deterministic cuDNN/cuBLAS algorithms, for bit-identical GPU resumes [train.deterministic]")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any config value (repeatable)")
-    return parser.parse_args(argv)
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[tuple[str, object, str]]:
@@ -485,6 +491,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 if stepped:
                     loss = graphed(x, y).clone()  # forward, backward and optimizer step in one replay
                 else:
+                    if graphed is not None:  # .grad holds the graph's last gradients: do not add to them
+                        optimizer.zero_grad(set_to_none=True)
                     with contextlib.nullcontext() if (last_micro or ddp is None) else ddp.no_sync():
                         with autocast():
                             loss = F.cross_entropy(forward(x), y)

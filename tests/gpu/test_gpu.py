@@ -195,3 +195,15 @@ def test_dataloader_path_with_workers_and_pinned_memory(data_root, tmp_path):
     MEASURED["dataloader"] = {"steps": rank["steps"], "losses": losses, "images_per_s": rank["images_per_s"]}
     assert rank["steps"] == 8 and all(math.isfinite(x) for x in losses)
     assert summary(run)["config"]["data"]["loader"] == "dataloader"
+
+
+def test_cuda_graph_smaller_last_batch_runs_eagerly(data_root, tmp_path):
+    """3840 images in batches of 500: seven replays, then a last batch of 340 run eagerly."""
+    common = ("--arch", "resnet18", "--batch-size", "500", "--no-profile", "--deterministic", "--max-steps", "8")
+    train(1, run_args(data_root, tmp_path / "eager", *common))
+    train(1, run_args(data_root, tmp_path / "graph", *common, "--set", "train.cuda_graph=true"))
+    eager, graphed = weights(tmp_path / "eager"), weights(tmp_path / "graph")
+    worst = max((graphed[k].double() - eager[k].double()).abs().max().item() for k in eager if eager[k].is_floating_point())
+    MEASURED["cuda_graph_partial_batch"] = {"max_abs_weight_difference": worst, "bit_identical": same_weights(eager, graphed)}
+    assert summary(tmp_path / "graph")["ranks"][0]["steps"] == 8
+    assert worst < 1e-3
