@@ -63,7 +63,7 @@ def data_root(tmp_path_factory):
 
 def run_args(data_root, run_dir, *extra) -> list[str]:
     return ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir), "--device", "cuda",
-            "--set", "train.warmup_epochs=0", *extra]
+            "--set", "train.warmup_epochs=0", "--set", "model.zero_init_residual=true", *extra]
 
 
 @pytest.fixture(scope="module")
