@@ -223,7 +223,9 @@ def run_variant(variant: Variant, arch: str, stem: str, batch: int, steps: int, 
     flops_per_image *= 3  # forward + backward (~2x forward)
     next_batch = batch_source(variant, split, batch, warmup + steps, device)
     step = make_step(variant, model, forward, optimizer, device)
-    with maybe_profile(ProfilerConfig(enabled=profile), trace_dir or Path(tempfile.mkdtemp()), 0, cuda) as profiling:
+    # the trace directory is created only when profiling (mkdtemp here left an empty one per configuration)
+    trace_dir = trace_dir or Path(tempfile.gettempdir()) / "hpc-bench-traces"
+    with maybe_profile(ProfilerConfig(enabled=profile), trace_dir, 0, cuda) as profiling:
         timing = time_steps(step, next_batch, warmup + steps, warmup, device, variant.host_sync_every_step, profiling)
     del step, forward, model, optimizer, next_batch
     timed = timing["step_s"]

@@ -148,6 +148,11 @@ def stop_and_resume(data_root, run, *extra) -> str:
     return out
 
 
+def max_weight_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between two state dicts' floating-point tensors."""
+    return max((b[k].double() - a[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
+
+
 def test_deterministic_resume_is_bit_identical(data_root, deterministic_straight, tmp_path):
     stop_and_resume(data_root, tmp_path / "resumed")
     identical = same_weights(weights(deterministic_straight), weights(tmp_path / "resumed"))
@@ -162,7 +167,7 @@ def test_cuda_graph_run_resumes_and_matches_eager(data_root, deterministic_strai
     run = tmp_path / "graphed"
     stop_and_resume(data_root, run, "--set", "train.cuda_graph=true")
     eager, graphed = weights(deterministic_straight), weights(run)
-    worst = max((graphed[k].double() - eager[k].double()).abs().max().item() for k in eager if eager[k].is_floating_point())
+    worst = max_weight_difference(eager, graphed)
     # Loss records by step; the record after the restart covers fewer steps, so compare step 4's.
     losses = {name: {r["step"]: r["loss"] for r in metrics(path) if r["kind"] == "train"}
               for name, path in (("eager", deterministic_straight), ("graph", run))}
@@ -203,7 +208,7 @@ def test_cuda_graph_smaller_last_batch_runs_eagerly(data_root, tmp_path):
     train(1, run_args(data_root, tmp_path / "eager", *common))
     train(1, run_args(data_root, tmp_path / "graph", *common, "--set", "train.cuda_graph=true"))
     eager, graphed = weights(tmp_path / "eager"), weights(tmp_path / "graph")
-    worst = max((graphed[k].double() - eager[k].double()).abs().max().item() for k in eager if eager[k].is_floating_point())
+    worst = max_weight_difference(eager, graphed)
     MEASURED["cuda_graph_partial_batch"] = {"max_abs_weight_difference": worst, "bit_identical": same_weights(eager, graphed)}
     assert summary(tmp_path / "graph")["ranks"][0]["steps"] == 8
     assert worst < 1e-3
