@@ -47,17 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         traces, run = analyze_run(path)
         runs = [run] if run else []
-    if not traces:
+    if not traces and not runs:
         print(f"analysis: error: {path}: no usable trace", file=sys.stderr)
         return 2
 
-    if args.format == "json":
+    if not traces:  # a run that ended out of memory before any trace: its row says so
+        sys.stdout.write(render(runs, RUN_COLUMNS, args.format))
+    elif args.format == "json":
         sys.stdout.write(json.dumps(traces, indent=2) + "\n")
     elif sweep_rows is not None:
         sys.stdout.write(render(sweep_rows, RUN_COLUMNS, args.format))
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, args.format))
-        if runs and args.format == "table":
+        if runs and args.format == "table" and runs[0].get("outcome") == "oom":
+            print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY "
+                  f"(summary.json: oom)")
+        elif runs and args.format == "table":
             r = runs[0]
             print(f"run: {len(traces)} trace(s), {r['ranks']} rank(s); step time mean/max over ranks "
                   f"{_ms(r['step_time_us_mean_mean'])}/{_ms(r['step_time_us_mean_max'])} ms, imbalance "

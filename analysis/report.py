@@ -87,9 +87,23 @@ def analyze_run(run_dir: Path) -> tuple[list[dict], dict | None]:
             cyc = cycles[names.index(name)]
             rec["key_averages"] = {k: cyc.get(k) for k in ("self_cpu_time_total_us", "self_device_time_total_us",
                                                             "conv2d_calls")}
-    if not records:
-        return records, None
+    # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
+    oom = oom_record(run_dir, summary) if isinstance(summary, dict) else None
+    if oom is not None or not records:
+        return records, oom
     return records, run_record(run_dir, records, summary)
+
+
+def oom_record(run_dir: Path, summary: dict) -> dict | None:
+    """The run-level row of a run that ended out of memory (hpc/oom.py): a result with no timings."""
+    oom = summary.get("oom")
+    if summary.get("outcome") != "oom" or not isinstance(oom, dict):
+        return None
+    cfg = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    return {"run_dir": str(run_dir), "traces": 0, "ranks": 0, "outcome": "oom",
+            "arch": (cfg.get("model") or {}).get("arch"), "batch_size_per_gpu": oom.get("batch_size_per_gpu"),
+            "gpus": summary.get("world_size"), "data_fraction": (cfg.get("data") or {}).get("fraction"),
+            "oom": oom}
 
 
 def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict:
@@ -123,6 +137,7 @@ def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict
         "gpus": (summary or {}).get("world_size") or len(per_rank),
         "data_fraction": (cfg.get("data") or {}).get("fraction"),
         "images_per_s": first.get("global_images_per_s"),
+        "outcome": "done" if first.get("complete") else ("stopped" if summary else None),
     })
     return out
 
@@ -175,7 +190,7 @@ def add_scaling(rows: list[dict]) -> None:
 TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
                  "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
                  "comm_overlap_pct"]
-RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "ranks", "step_time_us_mean_max",
+RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "outcome", "ranks", "step_time_us_mean_max",
                "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
                "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
                "speedup", "scaling_efficiency"]
@@ -233,6 +248,16 @@ FIGURE_METRICS = [  # (key, title, y label, scale), in the study's order: Figure
 ]
 
 
+def mark_oom(ax, oom_rows: list[dict]) -> None:
+    """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
+    for r in oom_rows:
+        x = r["batch_size_per_gpu"]
+        ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.annotate(f"OOM ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''})", (x, 1.0),
+                    xycoords=ax.get_xaxis_transform(), textcoords="offset points", xytext=(0, -14),
+                    ha="center", fontsize=7, color="red")
+
+
 def plot_sweep(rows: list[dict], out_dir: Path) -> list[Path]:
     """One PNG per (metric, data fraction): metric against batch size, one line per GPU count; plus
     scaling efficiency. Metrics a run does not have (CUDA time on CPU runs) are left out, not drawn as 0."""
@@ -255,6 +280,7 @@ def plot_sweep(rows: list[dict], out_dir: Path) -> list[Path]:
                 pts = sorted((r["batch_size_per_gpu"], r[key] * scale) for r in sel if r["gpus"] == g)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{g} GPU{'s' if g > 1 else ''}")
+            mark_oom(ax, [r for r in rows if r["data_fraction"] == fraction and r.get("outcome") == "oom"])
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size per GPU")
             ax.set_ylabel(ylabel)

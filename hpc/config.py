@@ -173,6 +173,9 @@ class TrainConfig:
     # One process on a GPU: capture forward + backward + optimizer step as a CUDA graph and replay it
     # (hpc/cudagraph.py). For launch-bound models (ResNet152 on 32x32 images) this is several times faster.
     cuda_graph: bool = False
+    # Cap this process's share of the GPU's memory (torch.cuda.set_per_process_memory_fraction), e.g.
+    # 0.5 on an 80 GB H100 to see where a 40 GB A100 runs out of memory. None: the whole device.
+    cuda_memory_fraction: Optional[float] = None
     log_every_steps: int = 20
     eval: bool = True
     checkpoint_every_steps: int = 0  # 0: at epoch ends, at the end and on SIGTERM/SIGUSR2 only
@@ -190,6 +193,8 @@ class TrainConfig:
         _one_of(self, "amp", ("auto", "bf16", "off"))
         _one_of(self, "device", ("auto", "cpu", "cuda"))
         _check(all(0 < m < 1 for m in self.milestones), "milestones", "must lie in (0, 1)")
+        _check(self.cuda_memory_fraction is None or 0 < self.cuda_memory_fraction <= 1, "cuda_memory_fraction",
+               "must be in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +211,9 @@ class ProfilerConfig:
     # analysis. Off by default: building them takes seconds per cycle (~8 s for two ResNet152 steps
     # on an H100 host), more than the rest of the profiler's cost over a whole run.
     key_averages: bool = False
+    # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/oom.py), for
+    # PyTorch's memory_viz. Costs a little host time per allocation.
+    memory_snapshot: bool = False
 
     def __post_init__(self) -> None:
         _non_negative(self, "wait", "warmup", "repeat")

@@ -142,14 +142,17 @@ class TrainJob:
         import submitit
 
         from hpc.distenv import from_environ
-        from hpc.train import EXIT_PREEMPTED, check_resumable, prepare_run_dir, train
+        from hpc.oom import EXIT_OOM
+        from hpc.train import EXIT_PREEMPTED, check_resumable, prepare_run_dir, train_or_oom
 
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
         run_dir = prepare_run_dir(Path(job.paths.folder))
         cfg = run_config_from_dict(self.run_config, "submitted config")
         check_resumable(run_dir, cfg)
-        code = train(cfg, run_dir, from_environ(os.environ))
+        code = train_or_oom(cfg, run_dir, from_environ(os.environ))
+        if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
+            return {"status": "oom", "run_dir": str(run_dir)}
         if code != EXIT_PREEMPTED:
             return {"status": "done", "run_dir": str(run_dir)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)

@@ -12,7 +12,8 @@ Run directory (what the other parts read):
   tensorboard/         scalars for TensorBoard
 
 Exit codes: 0 done, 1 failed (e.g. non-finite loss), 2 bad input, 3 stopped by SIGTERM/SIGUSR2
-after writing a checkpoint (run the same command again to resume; jobs requeue on it).
+after writing a checkpoint (run the same command again to resume; jobs requeue on it), 4 CUDA out of
+memory (summary.json records it as the run's outcome: hpc/oom.py).
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ from pathlib import Path
 from hpc.cli import UsageError
 from hpc.config import RunConfig, TrainConfig, dump_yaml, load_run_config, parse_override, write_atomic
 from hpc.distenv import DistEnv, from_environ
+from hpc.oom import EXIT_OOM, describe, maybe_inject_oom, record_oom, start_memory_history
 
 EXIT_PREEMPTED = 3
 CHECKPOINT = Path("checkpoints") / "last.pt"
 # Values that may change between a run and its resumption (they do not change the result); anything
 # else must match config.yaml. The whole profiler section may change too.
 RESUMABLE_CHANGES = {"data.root", "data.num_workers", "data.pin_memory", "train.max_steps",
-                     "train.log_every_steps", "train.checkpoint_every_steps", "train.eval"}
+                     "train.log_every_steps", "train.checkpoint_every_steps", "train.eval",
+                     "train.cuda_memory_fraction"}
 
 
 class TrainingError(RuntimeError):
@@ -74,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m hpc.train",
         description="DDP training of ResNet on CIFAR-100 under torch.profiler. Precedence: flags > --config > "
         "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
-        epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint.",
+        epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint, "
+        "4 CUDA out of memory (recorded in summary.json).",
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
     add_training_flags(parser)
@@ -265,6 +269,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     if use_cuda:
         device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        if tc.cuda_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(tc.cuda_memory_fraction, device)
         torch.backends.cudnn.benchmark = not tc.deterministic  # autotuning may pick another algorithm per run
         torch.backends.cudnn.deterministic = tc.deterministic
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -288,6 +294,7 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
         tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1, timeout=timeout)
     # Stop/divergence flags travel on a CPU group so checking them costs no GPU synchronisation.
     control = tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None
+    start_memory_history(cfg.profiler.memory_snapshot, use_cuda)
 
     def all_max(values: list[int]) -> list[int]:
         t = torch.tensor(values, dtype=torch.int64)
@@ -482,6 +489,7 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                 last_micro = position == group_start + group_size - 1
                 if position == group_start:  # an optimizer step spans all its micro-batches
                     t_step = time.perf_counter()
+                    maybe_inject_oom(step + 1)
                 if on_device:
                     x, y = train_data.batch(order[position * micro:(position + 1) * micro], cfg.data.augment,
                                             data_mod.batch_seed(tc.seed, epoch, position, rank))
@@ -634,7 +642,20 @@ def main(argv: list[str] | None = None) -> int:
     dist = from_environ(os.environ)
     run_dir = prepare_run_dir(Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist))
     check_resumable(run_dir, cfg)
-    return train(cfg, run_dir, dist)
+    return train_or_oom(cfg, run_dir, dist)
+
+
+def train_or_oom(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
+    """train(); a CUDA out-of-memory error becomes the run's outcome (summary.json) and exit code 4."""
+    import torch
+
+    try:
+        return train(cfg, run_dir, dist)
+    except torch.cuda.OutOfMemoryError as e:
+        cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
+        oom = record_oom(e, cfg, run_dir, dist.rank, dist.world_size, cuda)
+        print(f"hpc.train: {describe(oom)}; recorded in {run_dir / 'summary.json'}", file=sys.stderr, flush=True)
+        return EXIT_OOM
 
 
 def cli(argv: list[str] | None = None) -> int:

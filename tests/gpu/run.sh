@@ -58,7 +58,7 @@ phase() {  # phase NAME LIMIT_S COMMAND...: run it, log it, record its exit stat
     [ "$rc" = 0 ] || failed=1
 }
 
-phase pytest 230 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
+phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
 phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 128,2048 \
     --out "$OUTDIR/bench_torchvision.json"
 phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 512,1024 \

@@ -212,3 +212,26 @@ def test_cuda_graph_smaller_last_batch_runs_eagerly(data_root, tmp_path):
     MEASURED["cuda_graph_partial_batch"] = {"max_abs_weight_difference": worst, "bit_identical": same_weights(eager, graphed)}
     assert summary(tmp_path / "graph")["ranks"][0]["steps"] == 8
     assert worst < 1e-3
+
+
+def test_real_oom_is_an_outcome_with_a_memory_snapshot(data_root, tmp_path):
+    """ResNet152 at batch 2048 (4.6 GiB peak on an H100, results/gpu) in 2.5% of the GPU's memory: the
+    allocator's own OutOfMemoryError ends the run with exit 4, summary.json says oom, and the allocator
+    history is dumped for memory_viz. Batch 128 (1.3 GiB) under the same cap completes: it is the batch."""
+    cap = ("--set", "train.cuda_memory_fraction=0.025", "--set", "profiler.memory_snapshot=true", "--no-profile",
+           "--arch", "resnet152", "--stem", "torchvision", "--max-steps", "2")
+    results = train(1, run_args(data_root, tmp_path / "oom", *cap, "--batch-size", "2048"), expect=4, timeout=600)
+    stderr = results[0][2]
+    assert "Traceback" not in stderr and "CUDA out of memory at batch 2048 per GPU on rank 0" in stderr
+    s = summary(tmp_path / "oom")
+    oom = s["oom"]
+    MEASURED["oom"] = oom
+    assert s["outcome"] == "oom" and oom["batch_size_per_gpu"] == 2048 and oom["memory_fraction"] == 0.025
+    assert oom["requested_bytes"] > 0 and oom["device_total_bytes"] == torch.cuda.mem_get_info()[1]
+    assert 0 < oom["peak_allocated_bytes"] <= oom["limit_bytes"] == int(0.025 * oom["device_total_bytes"])
+    import pickle  # the toolkit's own file, written by torch.cuda.memory._dump_snapshot just now
+
+    snapshot = pickle.loads((tmp_path / "oom" / oom["snapshot"]).read_bytes())
+    assert snapshot["segments"] and snapshot["device_traces"][0]
+    train(1, run_args(data_root, tmp_path / "fits", *cap, "--batch-size", "128"), timeout=600)
+    assert summary(tmp_path / "fits")["ranks"][0]["steps"] == 2

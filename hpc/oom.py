@@ -1,0 +1,121 @@
+"""CUDA out of memory as a result of a run, not a crash.
+
+A sweep point whose batch does not fit (batch 2048 of ResNet152 on a 40 GB A100 may not) ends with
+exit code 4 and a `summary.json` whose `outcome` is "oom", holding the batch, the allocation that
+failed, the device's memory and the peak reached; the analysis shows such points as OOM and the sweep
+goes on. With `profiler.memory_snapshot: true` the allocator's history is recorded from the start and
+dumped at the OOM as `memory_snapshot.rank{R}.pickle`, for https://pytorch.org/memory_viz.
+
+Fault injection, for testing without a GPU: HPC_FAULT_INJECT=oom-at-step:N raises the same
+OutOfMemoryError before optimizer step N (counted from 1), on every rank, as a real OOM would at a
+batch shape that fits nowhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from hpc.config import RunConfig, write_atomic
+
+EXIT_OOM = 4
+FAULT_PREFIX = "oom-at-step:"
+SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def requested_bytes(message: str) -> int | None:
+    """The failed allocation from the allocator's message ("Tried to allocate 2.00 GiB."), if named."""
+    m = re.search(r"Tried to allocate ([0-9.]+) ?(B|KiB|MiB|GiB|TiB)", message)
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def injected_oom_step(env=os.environ) -> int | None:
+    """N from HPC_FAULT_INJECT=oom-at-step:N, else None."""
+    value = env.get("HPC_FAULT_INJECT", "")
+    if not value.startswith(FAULT_PREFIX):
+        return None
+    try:
+        return int(value[len(FAULT_PREFIX):])
+    except ValueError:
+        return None
+
+
+def maybe_inject_oom(next_step: int) -> None:
+    """Test hook: raise CUDA's OutOfMemoryError before optimizer step `next_step` when asked to."""
+    if injected_oom_step() == next_step:
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT="
+            f"{FAULT_PREFIX}{next_step})")
+
+
+def start_memory_history(enabled: bool, cuda: bool) -> None:
+    """Record the allocator's history (profiler.memory_snapshot) so an OOM can be replayed in memory_viz."""
+    if enabled and cuda:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+
+
+def device_memory(cuda: bool, fraction: float | None) -> dict:
+    """What the device had: total, free now, this process's limit (train.cuda_memory_fraction of the
+    total, else the total) and the allocator's peak so far."""
+    import torch
+
+    if not (cuda and torch.cuda.is_available()):
+        return {"device_total_bytes": None, "device_free_bytes": None, "limit_bytes": None,
+                "peak_allocated_bytes": None, "peak_reserved_bytes": None}
+    free, total = torch.cuda.mem_get_info()
+    return {"device_total_bytes": int(total), "device_free_bytes": int(free),
+            "limit_bytes": int(total * fraction) if fraction is not None else int(total),
+            # peaks since the last profiler window opened (hpc.profiling resets them there)
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+
+
+def record_oom(error: BaseException, cfg: RunConfig, run_dir: Path, rank: int, world: int, cuda: bool) -> dict:
+    """Write what the OOM was (summary.json, outcome "oom") and the snapshot if recorded; return the record."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    tc = cfg.train
+    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
+    oom = {"rank": rank, "batch_size_per_gpu": per_gpu, "global_batch_size": per_gpu * world,
+           "requested_bytes": requested_bytes(message), "memory_fraction": tc.cuda_memory_fraction,
+           **device_memory(cuda, tc.cuda_memory_fraction), "message": message[:500], "snapshot": None}
+    if cfg.profiler.memory_snapshot and cuda:
+        import torch
+
+        path = run_dir / f"memory_snapshot.rank{rank}.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+        oom["snapshot"] = path.name
+    text = json.dumps({"run_dir": str(run_dir), "world_size": world, "outcome": "oom", "oom": oom,
+                       "config": cfg.to_dict(), "ranks": []}, indent=2)
+    # Every rank may hit it at once: rank 0's record replaces any other; another rank's is kept only
+    # if none is there yet (a hard link never replaces an existing file).
+    if rank == 0:
+        write_atomic(run_dir / "summary.json", text)
+    else:
+        tmp = run_dir / f".summary.json.oom.{rank}"
+        write_atomic(tmp, text)
+        try:
+            os.link(tmp, run_dir / "summary.json")
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return oom
+
+
+def describe(oom: dict) -> str:
+    """One line for stderr."""
+    def gib(n):
+        return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+    limit = "" if oom.get("memory_fraction") is None else f" (train.cuda_memory_fraction {oom['memory_fraction']:g})"
+    return (f"CUDA out of memory at batch {oom['batch_size_per_gpu']} per GPU on rank {oom['rank']}: "
+            f"asked {gib(oom['requested_bytes'])} with {gib(oom['peak_allocated_bytes'])} allocated at the peak, "
+            f"limit {gib(oom.get('limit_bytes'))}{limit} of {gib(oom['device_total_bytes'])}"
+            + (f"; snapshot {oom['snapshot']}" if oom["snapshot"] else ""))
