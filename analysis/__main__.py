@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, analyze_files, analyze_run, analyze_sweep, plot_sweep,
+from hpc.cli import Parser, UsageError, check_output_dir, run
+from hpc.config import write_atomic
+from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, flush_warnings, analyze_run, analyze_sweep, plot_sweep,
                              render, rows_to_csv, rows_to_markdown)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m analysis", description=__doc__.split("\n\n")[1],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
@@ -35,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     path = Path(args.path)
     if not path.exists():
-        print(f"analysis: error: {path}: no such file or directory", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.path}: no such file or directory")
+    out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
+    if args.plots and out is None:
+        raise UsageError(f"--plots with the trace file {args.path}: give --out DIR for the figures")
+    check_output_dir(out, "--out" if args.out else f"--plots (writes {out})")
     runs: list[dict] = []
     sweep_rows: list[dict] | None = None
     if path.is_file():
@@ -47,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         traces, run = analyze_run(path)
         runs = [run] if run else []
-    if not traces and not runs:
-        print(f"analysis: error: {path}: no usable trace", file=sys.stderr)
-        return 2
+    if not traces and not runs:  # the skipped files are the reason: one line, naming the first
+        skipped = WARNINGS[:]
+        WARNINGS.clear()
+        why = f" ({len(skipped)} problem(s); first: {skipped[0]})" if skipped else ""
+        raise UsageError(f"{path}: no usable trace{why}")
+    flush_warnings()
 
     if not traces:  # a run that ended out of memory before any trace: its row says so
         sys.stdout.write(render(runs, RUN_COLUMNS, args.format))
@@ -68,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_ms(r['step_time_us_mean_mean'])}/{_ms(r['step_time_us_mean_max'])} ms, imbalance "
                   f"{r['rank_imbalance'] if r['rank_imbalance'] is None else round(r['rank_imbalance'], 3)}")
 
-    out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "traces.json", json.dumps(traces, indent=2) + "\n")
@@ -89,4 +89,4 @@ def _ms(us):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run("analysis", main))

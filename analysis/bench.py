@@ -10,13 +10,12 @@ import cost is not charged to parsing. Tools that are not installed are reported
 
 from __future__ import annotations
 
-import argparse
+from hpc.cli import Parser, UsageError
+from hpc.config import write_atomic
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -56,15 +55,21 @@ def measure(tool: str, path: Path) -> tuple[float, int] | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="*", help="trace files (default: ../shared/traces)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and file; the median is shown")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_DIR.rglob("*.json.gz"))
     if not files:
-        print(f"analysis.bench: error: no trace files (looked in {DEFAULT_DIR})", file=sys.stderr)
-        return 2
+        raise UsageError(f"no trace files (looked in {DEFAULT_DIR})")
+    for path in files:
+        if not path.is_file():
+            raise UsageError(f"{path}: not a trace file")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: must be >= 1")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise UsageError(f"--json {args.json!r}: directory {str(Path(args.json).resolve().parent)!r} does not exist")
     results = []
     print(f"{'file':42} {'MB':>6}  " + "  ".join(f"{t + ' s':>20} {'peak MB':>8}" for t in _RUNNERS))
     for path in files:
@@ -84,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         results.append(row)
         print(f"{path.name[:42]:42} {row['bytes'] / 2**20:6.1f}  " + "  ".join(cells), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_atomic(args.json, json.dumps(results, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpc.cli import run
+
+    sys.exit(run("analysis.bench", main))

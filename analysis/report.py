@@ -22,8 +22,21 @@ _SUMMED = ("steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls"
 _PEAKS = ("peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes")
 
 
+WARNINGS: list[str] = []  # what was skipped, said once the command knows whether it has a result
+
+
 def warn(message: str) -> None:
-    print(f"analysis: warning: {message}", file=sys.stderr)
+    """Note a skipped file, event or field; `flush_warnings` prints them (one line each)."""
+    WARNINGS.append(" ".join(message.split())[:400])
+
+
+def flush_warnings() -> list[str]:
+    """Print and forget the pending warnings; return them."""
+    pending = WARNINGS[:]
+    WARNINGS.clear()
+    for message in pending:
+        print(f"analysis: warning: {message}", file=sys.stderr)
+    return pending
 
 
 def find_traces(directory: Path) -> list[Path]:
@@ -39,18 +52,57 @@ def analyze_files(paths: Iterable[Path]) -> list[dict]:
     records = []
     for path in paths:
         try:
-            records.append(analyze_trace(path))
+            rec = analyze_trace(path)
         except TraceError as e:
             warn(f"{path}: skipped: {e}")
+            continue
+        if rec["bad_events"]:
+            warn(f"{path}: {rec['bad_events']} event(s) with mistyped fields skipped")
+        records.append(rec)
     return records
 
 
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        warn(f"{path}: unreadable ({e})")
+    except (OSError, ValueError, RecursionError) as e:
+        warn(f"{path}: unreadable ({' '.join(str(e).split())[:200]})")
         return None
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 20
+
+
+def read_summary(path: Path) -> dict | None:
+    """summary.json as hpc.train writes it, or None (warned) when it is not that shape. Rank records
+    that are not mappings with an integer rank are dropped, each warned about."""
+    if not path.exists():
+        return None
+    data = _read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
+        warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
+        return None
+    ranks = []
+    for i, r in enumerate(data.get("ranks", [])):
+        if isinstance(r, dict) and _is_count(r.get("rank")):
+            ranks.append(r)
+        else:
+            warn(f"{path}: ranks[{i}] ignored: not a record with an integer 'rank'")
+    for key in ("config", "oom"):
+        if key in data and not isinstance(data[key], dict):
+            warn(f"{path}: {key!r} ignored: not a mapping")
+            data = {k: v for k, v in data.items() if k != key}
+    if "world_size" in data and not _is_count(data["world_size"]):
+        warn(f"{path}: world_size {str(data['world_size'])[:40]!r} ignored: not a count")
+        data = {k: v for k, v in data.items() if k != "world_size"}
+    return {**data, "ranks": ranks}
+
+
+def _number_or_none(value: Any) -> Any:
+    return value if type(value) in (int, float) and math.isfinite(value) else None
 
 
 def _mean(values: list) -> float | None:
@@ -72,21 +124,22 @@ def analyze_run(run_dir: Path) -> tuple[list[dict], dict | None]:
     """Per-trace records of a run (with the run's summary attached) and the run-level record."""
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
     records = analyze_files(find_traces(traces_dir))
-    summary = _read_json(run_dir / "summary.json") if (run_dir / "summary.json").exists() else None
-    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", []) if isinstance(r, dict)}
+    summary = read_summary(run_dir / "summary.json")
+    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     for rec in records:
         s = by_rank_summary.get(rec["rank"])
         if s is None:
             continue
-        rec["peak_cpu_mem_bytes"] = s.get("peak_rss_bytes")
+        rec["peak_cpu_mem_bytes"] = _number_or_none(s.get("peak_rss_bytes"))
         # The profiler's own totals for the same cycle, for cross-checking (trace i <-> cycle i).
-        names = s.get("profiler", {}).get("traces", [])
-        cycles = s.get("profiler", {}).get("cycles", [])
+        profiler = s.get("profiler") if isinstance(s.get("profiler"), dict) else {}
+        names = profiler.get("traces") if isinstance(profiler.get("traces"), list) else []
+        cycles = profiler.get("cycles") if isinstance(profiler.get("cycles"), list) else []
         name = Path(rec["file"]).name
-        if name in names and names.index(name) < len(cycles):
+        if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
             cyc = cycles[names.index(name)]
-            rec["key_averages"] = {k: cyc.get(k) for k in ("self_cpu_time_total_us", "self_device_time_total_us",
-                                                            "conv2d_calls")}
+            rec["key_averages"] = {k: _number_or_none(cyc.get(k)) for k in
+                                   ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")}
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if isinstance(summary, dict) else None
     if oom is not None or not records:
@@ -99,11 +152,18 @@ def oom_record(run_dir: Path, summary: dict) -> dict | None:
     oom = summary.get("oom")
     if summary.get("outcome") != "oom" or not isinstance(oom, dict):
         return None
-    cfg = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    cfg = summary.get("config") or {}
+    batch = oom.get("batch_size_per_gpu")
     return {"run_dir": str(run_dir), "traces": 0, "ranks": 0, "outcome": "oom",
-            "arch": (cfg.get("model") or {}).get("arch"), "batch_size_per_gpu": oom.get("batch_size_per_gpu"),
-            "gpus": summary.get("world_size"), "data_fraction": (cfg.get("data") or {}).get("fraction"),
-            "oom": oom}
+            "arch": _config_value(cfg, "model", "arch", str), "batch_size_per_gpu": batch if _is_count(batch) else None,
+            "gpus": summary.get("world_size"),
+            "data_fraction": _number_or_none(_config_value(cfg, "data", "fraction", (int, float))), "oom": oom}
+
+
+def _config_value(cfg: dict, section: str, key: str, kind) -> Any:
+    body = cfg.get(section)
+    value = body.get(key) if isinstance(body, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict:
@@ -130,13 +190,13 @@ def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict
     step_times = [p["step_time_us_mean"] for p in per_rank.values() if p["step_time_us_mean"]]
     out["rank_imbalance"] = max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None)
     cfg = (summary or {}).get("config") or {}
-    first = ((summary or {}).get("ranks") or [{}])[0] or {}
+    first = ((summary or {}).get("ranks") or [{}])[0]
     out.update({
-        "arch": (cfg.get("model") or {}).get("arch"),
-        "batch_size_per_gpu": first.get("batch_size_per_gpu"),
+        "arch": _config_value(cfg, "model", "arch", str),
+        "batch_size_per_gpu": first.get("batch_size_per_gpu") if _is_count(first.get("batch_size_per_gpu")) else None,
         "gpus": (summary or {}).get("world_size") or len(per_rank),
-        "data_fraction": (cfg.get("data") or {}).get("fraction"),
-        "images_per_s": first.get("global_images_per_s"),
+        "data_fraction": _number_or_none(_config_value(cfg, "data", "fraction", (int, float))),
+        "images_per_s": _number_or_none(first.get("global_images_per_s")),
         "outcome": "done" if first.get("complete") else ("stopped" if summary else None),
     })
     return out
@@ -144,10 +204,9 @@ def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict
 
 def analyze_sweep(sweep_dir: Path) -> tuple[list[dict], list[dict]]:
     """Per-trace records of every point and one row per point (data fraction x batch x GPUs)."""
-    index = _read_json(sweep_dir / "index.json") or {}
     traces: list[dict] = []
     rows: list[dict] = []
-    for point in index.get("points", []):
+    for point in read_index(sweep_dir / "index.json"):
         run_dir = sweep_dir / point["run_dir"]
         recs, run = analyze_run(run_dir)
         for rec in recs:
@@ -163,6 +222,41 @@ def analyze_sweep(sweep_dir: Path) -> tuple[list[dict], list[dict]]:
     add_scaling(rows)
     rows.sort(key=lambda r: (-(r["data_fraction"] or 0), r["batch_size_per_gpu"] or 0, r["gpus"] or 0))
     return traces, rows
+
+
+POINT_FIELDS = {"data_fraction": (int, float), "batch_size": int, "gpus": int}
+
+
+def read_index(path: Path) -> list[dict]:
+    """The points of a sweep's index.json; a point with a missing or mistyped field, or a run
+    directory outside the sweep directory, is warned about and skipped."""
+    index = _read_json(path)
+    if index is None:
+        return []
+    if not isinstance(index, dict) or not isinstance(index.get("points"), list):
+        warn(f"{path}: ignored: expected a mapping with a 'points' list")
+        return []
+    points = []
+    for i, point in enumerate(index["points"]):
+        problem = _point_problem(point)
+        if problem:
+            warn(f"{path}: points[{i}] skipped: {problem}")
+        else:
+            points.append(point)
+    return points
+
+
+def _point_problem(point: Any) -> str | None:
+    if not isinstance(point, dict):
+        return f"not a mapping ({type(point).__name__})"
+    run_dir = point.get("run_dir")
+    if not isinstance(run_dir, str) or not run_dir or Path(run_dir).is_absolute() or ".." in Path(run_dir).parts:
+        return f"run_dir {str(run_dir)[:80]!r} is not a directory name inside the sweep"
+    for key, kind in POINT_FIELDS.items():
+        value = point.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            return f"{key} {str(value)[:40]!r} is not a positive number"
+    return None
 
 
 def add_scaling(rows: list[dict]) -> None:

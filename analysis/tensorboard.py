@@ -20,7 +20,7 @@ file"; it reads .json and .json.gz) or chrome://tracing.
 
 from __future__ import annotations
 
-import argparse
+from hpc.cli import Parser, UsageError
 import sys
 from pathlib import Path
 
@@ -78,8 +78,27 @@ def patch_tb_profiler() -> bool:
 PLUGIN_PATCHED = patch_tb_profiler()
 
 
+def check_listen(host: str, port: int) -> None:
+    """Before TensorBoard starts (its own failure is tens of lines from child processes): the port is
+    a port, the host an address here, and nothing listens there yet."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: must be 0..65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"--host {host!r}: not an address ({e})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise UsageError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror or e})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.tensorboard",
+    parser = Parser(prog="python -m analysis.tensorboard",
                                      description="Start TensorBoard with the PyTorch Profiler plugin fixed for "
                                      "PyTorch 2.x traces, plus the training scalars.")
     parser.add_argument("logdir", help="a run directory, a sweep directory, or a folder of them")
@@ -88,12 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logdir = Path(args.logdir)
     if not logdir.is_dir():
-        print(f"analysis.tensorboard: error: {logdir}: not a directory", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.logdir}: not a directory")
     if not PLUGIN_PATCHED:
-        print("analysis.tensorboard: error: torch-tb-profiler is not installed (pip install torch-tb-profiler)",
-              file=sys.stderr)
-        return 2
+        raise UsageError("torch-tb-profiler is not installed (pip install torch-tb-profiler)")
+    check_listen(args.host, args.port)
     from tensorboard import program
 
     tb = program.TensorBoard()
@@ -105,4 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpc.cli import run
+
+    sys.exit(run("analysis.tensorboard", main))

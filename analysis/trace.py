@@ -34,7 +34,7 @@ import zlib
 from array import array
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +61,16 @@ _CLASS_RULES = [
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|foreach|"
                                r"add_kernel|mul_kernel|relu|threshold|clamp|where|cat_|index|scatter|gather", re.I)),
 ]
+
+
+_NUMBER = (int, float)  # exact types: bool is not a number here
+_ID = (int, str, type(None))  # pid, tid, device ids: hashable scalars
+_BIG = 1e300  # beyond it (or NaN) a number is garbage; JSON's 1e999 decodes to inf
+
+
+def _count(value: Any) -> int | None:
+    """A rank or world size from trace metadata, if it is a sane non-negative integer."""
+    return int(value) if type(value) in _NUMBER and 0 <= value < 1 << 20 and value == int(value) else None
 
 
 class TraceError(ValueError):
@@ -291,7 +301,7 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
     mem_alloc: dict[Any, float] = {}
     mem_reserved: dict[Any, float] = {}
     mem_bytes_only: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, bytes pairs
-    n_events = 0
+    n_events = bad_events = 0
 
     try:
         stream = _open(path)
@@ -310,12 +320,18 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
                 if ts is None:
                     continue
                 dur = e.get("dur") or 0.0
+                name = e.get("name", "")
+                # A mistyped event (ts as a string, a number beyond float range, a list for a name) is
+                # counted and skipped: one bad event must not lose the trace.
+                if not (type(ts) in _NUMBER and type(dur) in _NUMBER and -_BIG < ts < _BIG and -_BIG < dur < _BIG
+                        and type(name) is str and type(e.get("pid")) in _ID and type(e.get("tid")) in _ID):
+                    bad_events += 1
+                    continue
                 if cat in CPU_CATS:
                     key = (e.get("pid"), e.get("tid"))
                     iv = cpu_intervals[key]
                     iv.append(ts)
                     iv.append(ts + dur)
-                    name = e.get("name", "")
                     name_id = name_ids.setdefault(name, len(name_ids) + 1)
                     if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
                         step_durations.append(dur)
@@ -329,7 +345,7 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
                 elif cat in KERNEL_CATS:
                     kernel_calls += 1
                     kernel_us += dur
-                    cls = classify_kernel(e.get("name", ""))
+                    cls = classify_kernel(name)
                     kernel_classes[cls] += 1
                     device.append(ts)
                     device.append(ts + dur)
@@ -345,19 +361,27 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
                     device.append(ts + dur)
             elif ph == "i" and e.get("name") == "[memory]":
                 args = e.get("args") or {}
-                if args.get("Device Type") not in CUDA_DEVICE_TYPES:
+                if not isinstance(args, dict):
+                    bad_events += 1
+                    continue
+                device_type = args.get("Device Type")
+                if type(device_type) not in _ID or device_type not in CUDA_DEVICE_TYPES:
                     continue
                 dev = args.get("Device Id")
-                total = args.get("Total Allocated")
+                total, reserved = args.get("Total Allocated"), args.get("Total Reserved")
+                ts, nbytes = e.get("ts"), args.get("Bytes")
+                if type(dev) not in _ID or not all(v is None or (type(v) in _NUMBER and -_BIG < v < _BIG)
+                                                   for v in (total, reserved, ts, nbytes)):
+                    bad_events += 1
+                    continue
                 if total is not None:
                     mem_alloc[dev] = max(mem_alloc.get(dev, 0.0), float(total))
-                    reserved = args.get("Total Reserved")
                     if reserved is not None:
                         mem_reserved[dev] = max(mem_reserved.get(dev, 0.0), float(reserved))
-                elif args.get("Bytes") is not None and e.get("ts") is not None:
+                elif nbytes is not None and ts is not None:
                     pairs = mem_bytes_only[dev]
-                    pairs.append(float(e["ts"]))
-                    pairs.append(float(args["Bytes"]))
+                    pairs.append(float(ts))
+                    pairs.append(float(nbytes))
     except _Truncated as err:
         raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None
     except ValueError as err:
@@ -400,13 +424,12 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
         overlap = 100.0 * intersection_length(comm, compute) / comm_us
     steps = len(step_durations)
     cuda_time = kernel_us + memcpy_us + memset_us if has_device else None
-    rank = None
     info = meta.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), (int, float)):
-        rank = int(info["rank"])
-    else:
+    info = info if isinstance(info, dict) else {}
+    rank = _count(info.get("rank"))
+    if rank is None:
         m = RANK_RE.search(path.name)
-        rank = int(m.group(1)) if m else None
+        rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
 
     def per_step(value):
         return value / steps if (value is not None and steps) else None
@@ -414,9 +437,10 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
     return {
         "file": str(path),
         "rank": rank,
-        "world_size": int(info["world_size"]) if isinstance(info, dict) and "world_size" in info else None,
-        "backend": info.get("backend") if isinstance(info, dict) else None,
+        "world_size": _count(info.get("world_size")),
+        "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
         "events": n_events,
+        "bad_events": bad_events,
         "steps": steps,
         "step_time_us_mean": sum(step_durations) / steps if steps else None,
         "cpu_time_us": cpu_time,

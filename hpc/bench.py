@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpc.cli import UsageError
+from hpc.cli import Parser, UsageError
 from hpc.config import ARCHS, ModelConfig, ProfilerConfig, write_atomic
 from hpc.train import percentile
 
@@ -351,7 +351,7 @@ def parse_batches(text: str, flag: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hpc.bench", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m hpc.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="resnet152", choices=ARCHS)
     parser.add_argument("--stem", default="torchvision", choices=("torchvision", "cifar"))
     parser.add_argument("--batch", default="128,512,1024,2048", help="comma-separated per-GPU batch sizes")

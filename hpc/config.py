@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import math
 import os
 import types
 import typing
@@ -18,8 +19,34 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from hpc.cli import shown
+
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integer is an input error
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (no tags, no code) that also refuses a key given twice in one mapping, where
+    safe_load keeps the last one silently."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str):
+    """Parse YAML safely and strictly (see _StrictLoader). Raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: as safe as yaml.safe_load
 
 
 class ConfigError(ValueError):
@@ -50,6 +77,11 @@ def _non_negative(obj: Any, *keys: str) -> None:
     for key in keys:
         value = getattr(obj, key)
         _check(value is None or value >= 0, key, "must be >= 0")
+
+
+def _at_most(obj: Any, key: str, limit: int, why: str) -> None:
+    value = getattr(obj, key)
+    _check(value is None or value <= limit, key, f"must be <= {limit} ({why})")
 
 
 def _one_of(obj: Any, key: str, choices: tuple) -> None:
@@ -113,6 +145,10 @@ class DataConfig:
         _one_of(self, "loader", ("device", "dataloader"))
         _non_negative(self, "num_workers")
         _positive(self, "synth_train", "synth_test")
+        _check(self.synth_train >= 100, "synth_train", "must be >= 100 (one image per class)")
+        _at_most(self, "synth_train", 1_000_000, "3 GB of images; the real training set has 50,000")
+        _at_most(self, "synth_test", 1_000_000, "3 GB of images; the real test set has 10,000")
+        _at_most(self, "num_workers", 256, "one process each")
 
     def resolved_root(self, env: Mapping[str, str] = os.environ) -> Path:
         if self.root:
@@ -188,6 +224,10 @@ class TrainConfig:
         _positive(self, "batch_size", "epochs", "max_steps", "lr", "lr_per_256", "grad_accum_steps",
                   "log_every_steps", "collective_timeout_s", "ddp_bucket_cap_mb")
         _non_negative(self, "momentum", "weight_decay", "warmup_epochs", "checkpoint_every_steps", "seed")
+        _at_most(self, "batch_size", 2**20, "ResNet152 needs 4.6 GiB at 2048; this would need terabytes")
+        _at_most(self, "grad_accum_steps", 2**20, "more micro-batches than any batch holds")
+        _at_most(self, "seed", 2**32 - 1, "seeds are 32-bit")
+        _at_most(self, "collective_timeout_s", 7 * 24 * 3600, "a week")
         _one_of(self, "batch_scope", ("per_gpu", "global"))
         _one_of(self, "schedule", ("cosine", "multistep", "constant"))
         _one_of(self, "amp", ("auto", "bf16", "off"))
@@ -236,6 +276,9 @@ class SweepConfig:
         _check(all(0 < f <= 1 for f in self.data_fractions), "data_fractions", "each must be in (0, 1]")
         _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "each must be > 0")
         _check(all(g > 0 for g in self.gpus), "gpus", "each must be > 0")
+        _check(bool(self.name) and "/" not in self.name and self.name not in (".", "..")
+               and not self.name.startswith("-") and self.name.isprintable() and len(self.name.encode()) <= 200,
+               "name", "names a directory and jobs: non-empty, printable, no '/', not '.' or '..', at most 200 bytes")
         _positive(self, "nodes")
 
 
@@ -281,6 +324,25 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _number(value: Any) -> float | None:
+    """An int, a float or a fraction string ("1/10" reads better than 0.1 for data fractions)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str) and len(value) < 64:
+        try:
+            return float(fractions.Fraction(value.strip()))
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return None
+    return None
+
+
 def _coerce(value: Any, tp: Any) -> Any:
     """Check `value` against the annotation `tp`; raise TypeError(expected) when it does not fit."""
     origin = typing.get_origin(tp)
@@ -295,22 +357,21 @@ def _coerce(value: Any, tp: Any) -> Any:
             return value
         raise TypeError("a boolean (true/false)")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= INT64_MAX:
             return value
-        raise TypeError("an integer")
+        raise TypeError("an integer" if not isinstance(value, int) or isinstance(value, bool)
+                        else f"an integer within +-{INT64_MAX}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # "1/10" reads better than 0.1 for data fractions
-            try:
-                return float(fractions.Fraction(value.strip()))
-            except (ValueError, ZeroDivisionError):
-                pass
-        raise TypeError("a number")
+        number = _number(value)
+        if number is None:
+            raise TypeError("a number")
+        if not math.isfinite(number):
+            raise TypeError("a finite number")
+        return number
     if tp is str:
-        if isinstance(value, str):
+        if isinstance(value, str) and "\0" not in value:
             return value
-        raise TypeError("a string")
+        raise TypeError("a string" if not isinstance(value, str) else "a string without NUL characters")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"a list of {_type_name(args[0])}")
@@ -336,17 +397,17 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
     for key, value in raw.items():
         where = sources.get(key, "defaults")
         if key not in fields:
-            raise ConfigError(f"{where}: unknown key {name}.{key} (known: {', '.join(sorted(fields))})")
+            raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]} (known: {', '.join(sorted(fields))})")
         try:
             values[key] = _coerce(value, hints[key])
         except TypeError as e:
-            raise ConfigError(f"{where}: {name}.{key} = {value!r}: expected {e}") from None
+            raise ConfigError(f"{where}: {name}.{key} = {shown(value)}: expected {e}") from None
     try:
         return cls(**values)
     except _Invalid as e:
         where = sources.get(e.key, "defaults")
-        shown = values.get(e.key, getattr(cls, e.key, None))
-        raise ConfigError(f"{where}: {name}.{e.key} = {shown!r}: {e.reason}") from None
+        value = raw.get(e.key, getattr(cls, e.key, None))  # as given, not as coerced
+        raise ConfigError(f"{where}: {name}.{e.key} = {shown(value)}: {e.reason}") from None
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
@@ -361,26 +422,34 @@ def read_yaml(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Read a profile/config file and check its top level. Raises ConfigError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start:e.start + 1]!r}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
+    except ValueError as e:  # e.g. an integer of over 4300 digits
+        raise ConfigError(f"{path}: not a usable value ({' '.join(str(e).split())[:120]})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
     for section, body in data.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{path}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+            raise ConfigError(f"{path}: unknown section {shown(section)} (known: {', '.join(SECTIONS)})")
         if body is None:
             data[section] = {}
         elif not isinstance(body, dict):
-            raise ConfigError(f"{path}: section {section!r} must be a mapping, got {body!r}")
+            raise ConfigError(f"{path}: section {section!r} must be a mapping, got {shown(body)}")
     return data
 
 
@@ -394,8 +463,7 @@ class Layers:
     def add_file(self, path: str | os.PathLike, only: tuple[str, ...] | None = None) -> "Layers":
         for section, body in read_yaml(path).items():
             if only is not None and section not in only:
-                raise ConfigError(f"{path}: section {section!r} does not belong in this file "
-                                  f"(expected {', '.join(only)})")
+                raise ConfigError(f"{path}: section {section!r} is not used here (expected {', '.join(only)})")
             for key, value in body.items():
                 self.set(f"{section}.{key}", value, str(path))
         return self
@@ -415,26 +483,40 @@ class Layers:
         return RunConfig(**{name: self.build(name) for name in RUN_SECTIONS})
 
 
+def set_source(text: str) -> str:
+    """How a --set value is named in messages: the flag and its text, cut."""
+    return "--set " + (text if len(text) <= 100 else text[:97] + "...")
+
+
 def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
     """'train.lr=0.1' -> ('train.lr', 0.1); the value is read as YAML (numbers, booleans, lists)."""
     key, eq, raw = text.partition("=")
     if not eq:
         raise ConfigError(f"{source} {text!r}: expected SECTION.KEY=VALUE")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml_text(raw) if raw.strip() else ""
+    except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an integer of over 4300 digits
         value = raw
     return key.strip(), value
 
 
 def load_run_config(config_path: str | None, overrides: list[tuple[str, Any, str]] = ()) -> RunConfig:
-    """defaults < YAML file < command line. `overrides`: (dotted key, value, source flag)."""
+    """defaults < YAML file < command line. `overrides`: (dotted key, value, source flag). Only the run
+    sections: a cluster or sweep value here would be silently ignored, so it is an error."""
     layers = Layers()
     if config_path:
-        layers.add_file(config_path)
+        layers.add_file(config_path, only=RUN_SECTIONS)
     for dotted, value, source in overrides:
+        require_section(dotted, RUN_SECTIONS, source)
         layers.set(dotted, value, source)
     return layers.run_config()
+
+
+def require_section(dotted: str, allowed: tuple[str, ...], source: str) -> None:
+    section = dotted.partition(".")[0]
+    if section in SECTIONS and section not in allowed:
+        raise ConfigError(f"{source}: section {section!r} is not used here (this command reads "
+                          f"{', '.join(allowed)})")
 
 
 def load_cluster(profile: str, overrides: list[tuple[str, Any, str]] = ()) -> ClusterConfig:
@@ -494,9 +576,9 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from hpc.cli import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m hpc.config",
         description="Check config files and print the resolved configuration (defaults < YAML < --set).",
     )
@@ -518,7 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in cluster.env.items():
             print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
         return 0
-    overrides = [(*parse_override(s), f"--set {s}") for s in args.set]
+    overrides = [(*parse_override(s), set_source(s)) for s in args.set]
+    for dotted, _, source in overrides:
+        require_section(dotted, RUN_SECTIONS + (("cluster",) if args.profile else ()) + (("sweep",) if args.sweep else ()),
+                        source)
     out: dict[str, Any] = {}
     if args.profile:
         out["cluster"] = dataclasses.asdict(load_cluster(args.profile, [o for o in overrides if o[0].startswith("cluster.")]))

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import math
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc.cli import UsageError
+from hpc.cli import Parser, UsageError
+from hpc.config import write_atomic
 
 DIRNAME = "cifar-100-python"
 FILES = ("train", "test", "meta")
@@ -78,14 +78,26 @@ def _read_split(path: Path) -> Split:
     for key in ("data", "fine_labels"):
         if key not in entry:
             raise UsageError(f"{path}: not a CIFAR-100 split (no {key!r} entry)")
-    data = np.asarray(entry["data"])
-    labels = np.asarray(entry["fine_labels"], dtype=np.int64)
+    try:
+        data = np.asarray(entry["data"])
+        labels = np.asarray(entry["fine_labels"], dtype=np.int64)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UsageError(f"{path}: 'data'/'fine_labels' are not arrays of numbers ({type(e).__name__})") from None
+    if labels.ndim != 1:
+        raise UsageError(f"{path}: 'fine_labels' must be a flat list of integers (got shape {list(labels.shape)})")
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels):
         raise UsageError(f"{path}: 'data' must be uint8 [N, 3072] matching 'fine_labels' "
                          f"(got {data.dtype} {list(data.shape)} and {len(labels)} labels)")
     if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise UsageError(f"{path}: fine_labels outside 0..{NUM_CLASSES - 1}")
     return Split(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), labels)
+
+
+def check_root(root: Path) -> None:
+    """A data root that exists is a directory (a file there would fail deep inside later)."""
+    for path in (root, root / DIRNAME):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"data root {str(root)!r}: {str(path)!r} is a file, not a directory")
 
 
 def has_dataset(root: Path) -> bool:
@@ -96,12 +108,16 @@ def load_cifar100(root: str | os.PathLike) -> tuple[Split, Split, list[str]]:
     """(train, test, class names) from ROOT/cifar-100-python. UsageError names what is wrong."""
     root = Path(root)
     base = root / DIRNAME
+    check_root(root)
     if not base.is_dir():
         raise UsageError(f"data root {str(root)!r} has no {DIRNAME}/ directory (write one with "
                          f"`python -m hpc.data synth --root {root}` or fetch the real set with "
                          f"`python -m hpc.data download --root {root}`)")
     meta = _read_pickle(base / "meta")
-    names = list(meta.get("fine_label_names", []))
+    names = meta.get("fine_label_names", [])
+    if not isinstance(names, list) or not all(isinstance(n, (str, bytes)) for n in names):
+        raise UsageError(f"{base / 'meta'}: fine_label_names must be a list of names, "
+                         f"got {type(names).__name__}")
     if len(names) != NUM_CLASSES:
         raise UsageError(f"{base / 'meta'}: expected {NUM_CLASSES} fine_label_names, found {len(names)}")
     return _read_split(base / "train"), _read_split(base / "test"), names
@@ -110,9 +126,10 @@ def load_cifar100(root: str | os.PathLike) -> tuple[Split, Split, list[str]]:
 def _write_pickle_atomic(path: Path, obj: dict) -> None:
     buf = io.BytesIO()
     pickle.dump(obj, buf, protocol=2)  # the protocol of the published files
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    write_atomic(path, buf.getvalue())
+
+
+SYNTH_MAX_IMAGES = 1_000_000
 
 
 def synthesize(root: str | os.PathLike, n_train: int = 5000, n_test: int = 1000, seed: int = 0) -> Path:
@@ -123,7 +140,14 @@ def synthesize(root: str | os.PathLike, n_train: int = 5000, n_test: int = 1000,
     well above chance (1 %) in a few hundred steps; it is no substitute for the real data's accuracy.
     """
     if n_train < NUM_CLASSES or n_test < 1:
-        raise UsageError(f"synth: need at least {NUM_CLASSES} training images (one per class) and 1 test image")
+        raise UsageError(f"synth: need at least {NUM_CLASSES} training images (one per class) and 1 test image "
+                         f"(asked {n_train} and {n_test})")
+    if max(n_train, n_test) > SYNTH_MAX_IMAGES:
+        raise UsageError(f"synth: {max(n_train, n_test)} images: at most {SYNTH_MAX_IMAGES:,} "
+                         "(3 GB; the real training set has 50,000)")
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"synth: seed {seed}: must be in 0..2**32-1")
+    check_root(Path(root))
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:40, 0:40].astype(np.float32) / 40.0
     patterns = np.zeros((NUM_CLASSES, 40, 40, 3), np.float32)
@@ -293,7 +317,7 @@ def loader_batches(split: Split, indices: np.ndarray, batch_size: int, augment: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpc.data", description="CIFAR-100 data utilities.")
+    parser = Parser(prog="python -m hpc.data", description="CIFAR-100 data utilities.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_synth = sub.add_parser("synth", help="write a synthetic set in the cifar-100-python layout")
     p_synth.add_argument("--root", required=True, help="data root (the layout goes in ROOT/cifar-100-python)")
@@ -307,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "synth":
+        for flag, value, least in (("--train", args.train, NUM_CLASSES), ("--test", args.test, 1)):
+            if not least <= value <= SYNTH_MAX_IMAGES:
+                raise UsageError(f"command line: {flag} {value}: must be in {least}..{SYNTH_MAX_IMAGES:,}")
+        if not 0 <= args.seed < 2**32:
+            raise UsageError(f"command line: --seed {args.seed}: must be in 0..2**32-1")
         base = synthesize(args.root, args.train, args.test, args.seed)
         print(f"wrote {args.train} train / {args.test} test synthetic images to {base}")
     elif args.cmd == "download":

@@ -18,7 +18,6 @@ or more groups and for mixed zero padding. The hostlist code below follows Slurm
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import shlex
@@ -37,6 +36,7 @@ __all__ = [
 
 _SEPARATORS = "\t, "
 _ULONG_MAX = 2**64 - 1
+_MAX_COUNT = 1 << 20  # ranks, nodes, tasks: more than any machine has; a larger value is garbage
 # Slurm's limits (hostlist.c: MAX_RANGE, MAX_PREFIX_CNT): a guard against "n[0-999999999]".
 _MAX_RANGE = 64 * 1024  # scontrol: a[0-65535] expands, a[0-65536] is refused
 _MAX_PREFIX_CNT = 64 * 1024
@@ -220,18 +220,20 @@ def expand_tasks_per_node(expr: str) -> list[int]:
     counts: list[int] = []
     for part in expr.split(","):
         part = part.strip()
+        value, has_reps, reps = part.partition("(x")
         try:
-            if "(x" in part:
-                value, _, reps = part.partition("(x")
-                if not reps.endswith(")"):
-                    raise ValueError
-                counts.extend([int(value)] * int(reps[:-1]))
-            else:
-                counts.append(int(part))
+            if has_reps and not reps.endswith(")"):
+                raise ValueError
+            count, repeat = int(value), int(reps[:-1]) if has_reps else 1
         except ValueError:
-            raise DistEnvError(f"SLURM_TASKS_PER_NODE={expr!r}: cannot parse {part!r}") from None
+            raise DistEnvError(f"SLURM_TASKS_PER_NODE={expr[:80]!r}: cannot parse {part[:40]!r}") from None
+        if not 0 < repeat <= _MAX_COUNT - len(counts):  # checked before the list is made
+            raise DistEnvError(f"SLURM_TASKS_PER_NODE={expr[:80]!r}: repeat count {repeat} makes more than "
+                               f"{_MAX_COUNT} nodes" if repeat > 0 else f"SLURM_TASKS_PER_NODE={expr[:80]!r}: "
+                               f"repeat count {repeat} must be >= 1")
+        counts.extend([count] * repeat)
     if not counts or any(c < 0 for c in counts):
-        raise DistEnvError(f"SLURM_TASKS_PER_NODE={expr!r}: expected counts like '2(x3),1'")
+        raise DistEnvError(f"SLURM_TASKS_PER_NODE={expr[:80]!r}: expected counts like '2(x3),1'")
     return counts
 
 
@@ -296,14 +298,20 @@ class DistEnv:
         }
 
 
-def _int(env: Mapping[str, str], key: str, source: str) -> int:
+def _int(env: Mapping[str, str], key: str, source: str, minimum: int = 0) -> int:
+    """env[key] as an integer in [minimum, 2**20] (ranks, sizes, ports all fit), or DistEnvError naming it."""
     value = env.get(key)
     if value is None or value == "":
         raise DistEnvError(f"{source}: {key} is not set")
     try:
-        return int(value)
+        number = int(value.strip()) if len(value) < 32 else None
     except ValueError:
-        raise DistEnvError(f"{source}: {key}={value!r} is not an integer") from None
+        number = None
+    if number is None:
+        raise DistEnvError(f"{source}: {key}={value[:40]!r} is not an integer")
+    if not minimum <= number <= _MAX_COUNT:
+        raise DistEnvError(f"{source}: {key}={number}: must be in {minimum}..{_MAX_COUNT}")
+    return number
 
 
 def _require(env: Mapping[str, str], keys: list[str], source: str, because: str) -> None:
@@ -322,9 +330,9 @@ def _master_port(env: Mapping[str, str], job_id: str | None, source: str) -> int
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
     src = "torchrun/env"
     _require(env, ["WORLD_SIZE"], src, "RANK is set")
-    world_size = _int(env, "WORLD_SIZE", src)
+    world_size = _int(env, "WORLD_SIZE", src, minimum=1)
     local_rank = _int(env, "LOCAL_RANK", src) if env.get("LOCAL_RANK") else 0
-    local_world_size = _int(env, "LOCAL_WORLD_SIZE", src) if env.get("LOCAL_WORLD_SIZE") else (
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", src, minimum=1) if env.get("LOCAL_WORLD_SIZE") else (
         world_size if not env.get("LOCAL_RANK") else max(local_rank + 1, 1)
     )
     if world_size > 1:
@@ -362,7 +370,8 @@ def _from_srun(env: Mapping[str, str]) -> DistEnv:
     if not hosts:
         raise DistEnvError(f"{src}: {nodelist_key}={env[nodelist_key]!r} names no host")
     tasks_per_node = expand_tasks_per_node(env[tasks_key])
-    world_size = _int(env, "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS", src)
+    ntasks_key = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"
+    world_size = _int(env, ntasks_key, src, minimum=1)
     num_nodes = len(hosts)
     nnodes_key = "SLURM_STEP_NUM_NODES" if env.get("SLURM_STEP_NUM_NODES") else "SLURM_NNODES"
     if env.get(nnodes_key) and _int(env, nnodes_key, src) != num_nodes:
@@ -381,7 +390,7 @@ def _from_srun(env: Mapping[str, str]) -> DistEnv:
     if not 0 <= node_rank < num_nodes:
         raise DistEnvError(f"{src}: SLURM_NODEID={node_rank} but the step has {num_nodes} nodes")
     if not 0 <= rank < world_size:
-        raise DistEnvError(f"{src}: SLURM_PROCID={rank} but SLURM_NTASKS={world_size}")
+        raise DistEnvError(f"{src}: SLURM_PROCID={rank} but {ntasks_key}={world_size}")
     return DistEnv(
         rank=rank,
         world_size=world_size,
@@ -399,7 +408,7 @@ def _from_submitit_local(env: Mapping[str, str]) -> DistEnv:
     src = "submitit local"
     _require(env, ["SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID"], src,
              "SUBMITIT_EXECUTOR=local")
-    world_size = _int(env, "SUBMITIT_LOCAL_NTASKS", src)
+    world_size = _int(env, "SUBMITIT_LOCAL_NTASKS", src, minimum=1)
     rank = _int(env, "SUBMITIT_LOCAL_GLOBALID", src)
     if not 0 <= rank < world_size:
         raise DistEnvError(f"{src}: SUBMITIT_LOCAL_GLOBALID={rank} but SUBMITIT_LOCAL_NTASKS={world_size}")
@@ -456,7 +465,9 @@ def export_lines(dist: DistEnv) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    parser = argparse.ArgumentParser(
+    from hpc.cli import Parser
+
+    parser = Parser(
         prog="python -m hpc.distenv",
         description="Print `export KEY=VALUE` lines (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...) "
         "derived from torchrun, srun or submitit variables. Use: eval \"$(python -m hpc.distenv)\".",
@@ -464,14 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the DistEnv as JSON instead")
     parser.add_argument("--hostlist", metavar="EXPR", help="only expand a Slurm hostlist, one host per line")
     args = parser.parse_args(argv)
-    try:
-        if args.hostlist is not None:
-            print("\n".join(expand_hostlist(args.hostlist)))
-            return 0
-        dist = from_environ(os.environ)
-    except (DistEnvError, HostlistError) as e:
-        print(f"hpc.distenv: error: {e}", file=sys.stderr)
-        return 2
+    if args.hostlist is not None:
+        print("\n".join(expand_hostlist(args.hostlist)))
+        return 0
+    dist = from_environ(os.environ)
     if args.json:
         import json
 
@@ -482,4 +489,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hpc import distenv  # the imported module, so its errors are the ones hpc.cli catches
+    from hpc.cli import run
+
+    sys.exit(run("hpc.distenv", distenv.main))

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.cli import UsageError
-from hpc.config import (ClusterConfig, ConfigError, Layers, RunConfig, SweepConfig, check_request, dump_yaml,
-                        load_cluster, run_config_from_dict, write_atomic)
+from hpc.cli import Parser, UsageError, check_name, check_output_dir
+from hpc.config import (RUN_SECTIONS, ClusterConfig, ConfigError, Layers, RunConfig, SweepConfig, check_request,
+                        dump_yaml, load_cluster, require_section, run_config_from_dict, write_atomic)
 from hpc.train import add_training_flags, overrides_from_args
 
 # ----------------------------------------------------------------------------------------------
@@ -172,8 +172,8 @@ class TrainJob:
 # ----------------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="python -m hpc.submit",
         description="Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
         epilog="Every hpc.train option below is forwarded to the training. Exit codes: 0 submitted (or, with "
@@ -227,7 +227,8 @@ def _run_layers(args: argparse.Namespace) -> Layers:
     if args.sweep:
         layers.add_file(args.sweep)
     for dotted, value, source in overrides_from_args(args):
-        layers.set(dotted, value, source)
+        if not dotted.startswith("cluster."):  # the cluster profile takes those
+            layers.set(dotted, value, source)
     return layers
 
 
@@ -311,7 +312,11 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     local = args.local
-    cluster = load_cluster(args.profile or ("local" if local else "perlmutter"))
+    overrides = overrides_from_args(args)
+    for dotted, _, source in overrides:
+        require_section(dotted, RUN_SECTIONS + ("cluster",) + (("sweep",) if args.sweep else ()), source)
+    cluster = load_cluster(args.profile or ("local" if local else "perlmutter"),
+                           [o for o in overrides if o[0].startswith("cluster.")])
     if local and cluster.max_nodes < args.nodes:
         raise ConfigError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
     gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
@@ -321,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     layers = _run_layers(args)
     base = layers.run_config()  # validates the run config before anything is submitted
     sweep = layers.build("sweep") if args.sweep else None
-    name = args.name or (sweep.name if sweep else base.model.arch)
+    if args.name is not None:
+        check_name(args.name, "command line: --name")
+    name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
     exports = _exports(args.export)
     if not local and cluster.scheduler != "slurm":
         raise ConfigError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
@@ -329,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
 
     runs_dir = Path(args.runs_dir).absolute()
+    check_output_dir(runs_dir, "command line: --runs-dir")
     if sweep is None:
         req = JobRequest(args.nodes, gpus, time_min, name, args.account, args.qos, args.partition, exports)
         check_request(cluster, req.nodes, req.gpus, req.time_min)

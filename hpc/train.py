@@ -33,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.cli import UsageError
-from hpc.config import RunConfig, TrainConfig, dump_yaml, load_run_config, parse_override, write_atomic
+from hpc.cli import Parser, UsageError, expected_errors
+from hpc.config import (RunConfig, TrainConfig, dump_yaml, load_run_config, parse_override, set_source,
+                        write_atomic)
 from hpc.distenv import DistEnv, from_environ
 from hpc.oom import EXIT_OOM, describe, maybe_inject_oom, record_oom, start_memory_history
 
@@ -73,7 +74,7 @@ FLAGS = {  # flag -> (config key, type, help)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m hpc.train",
         description="DDP training of ResNet on CIFAR-100 under torch.profiler. Precedence: flags > --config > "
         "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
@@ -100,7 +101,7 @@ def add_training_flags(parser) -> None:
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[tuple[str, object, str]]:
-    out = [(*parse_override(s), f"--set {s}") for s in args.set]
+    out = [(*parse_override(s), set_source(s)) for s in args.set]
     for name, (key, _, _) in FLAGS.items():
         value = getattr(args, name)
         if value is not None:
@@ -139,9 +140,12 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> None:
     saved_path = run_dir / "config.yaml"
     if not (run_dir / CHECKPOINT).exists() or not saved_path.exists():
         return
-    import yaml
+    from hpc.config import ConfigError, read_yaml
 
-    saved = yaml.safe_load(saved_path.read_text()) or {}
+    try:
+        saved = read_yaml(saved_path)
+    except ConfigError as e:
+        raise UsageError(f"{e}; this run directory's saved config is damaged: use another --run-dir") from None
     new = cfg.to_dict()
     for section, body in new.items():
         for key, value in body.items():
@@ -184,12 +188,24 @@ def format_duration(seconds: float) -> str:
 
 
 class StopSignal:
-    """SIGTERM/SIGUSR2 ask for a checkpoint at the next step boundary (Slurm preemption, time limit)."""
+    """SIGTERM/SIGUSR2 (Slurm preemption, time limit) and SIGINT (Ctrl-C) ask for a checkpoint at the
+    next step boundary; the same command then resumes."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR2):
-            signal.signal(sig, self._handle)
+        self._previous: dict = {}
+
+    def install(self) -> "StopSignal":
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        """Give the process its handlers back (training may run inside a longer-lived process)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
@@ -219,15 +235,64 @@ def save_checkpoint(path: Path, state: dict) -> None:
     write_atomic(path, data)
 
 
+CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "scheduler": dict, "epoch": int, "position": int, "step": int,
+                   "rng": dict}
+
+
 def load_checkpoint(path: Path) -> dict | None:
+    """The checkpoint at `path`, checked for what resuming needs; None if there is none. A file that is
+    damaged, foreign or incomplete is an input error naming it, and is left as it is."""
     import torch
 
     if not path.exists():
         return None
+    if not path.is_file():
+        raise UsageError(f"{path}: not a checkpoint file")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for a damaged file
-        raise UsageError(f"{path}: cannot load checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a damaged or foreign file
+        # (not torch's own message: it suggests weights_only=False, i.e. running the file's code)
+        raise UsageError(f"{path}: not a checkpoint this toolkit can load ({type(e).__name__}); "
+                         "move it away to start afresh") from None
+    if not isinstance(ckpt, dict):
+        raise UsageError(f"{path}: not a checkpoint (holds a {type(ckpt).__name__}, not a mapping)")
+    for key, kind in CHECKPOINT_KEYS.items():
+        if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
+            raise UsageError(f"{path}: checkpoint entry {key!r} is "
+                             f"{'missing' if key not in ckpt else type(ckpt[key]).__name__}, expected {kind.__name__}")
+    if min(ckpt["epoch"], ckpt["position"], ckpt["step"]) < 0:
+        raise UsageError(f"{path}: negative epoch/position/step in the checkpoint")
+    return ckpt
+
+
+def restore(path: Path, ckpt: dict, model, optimizer, scheduler, use_cuda: bool) -> None:
+    """Load the checkpoint's states (weights, optimizer, schedule, RNG) into the run's objects; a
+    mismatch (another architecture, a tensor of another shape) names the file, not a traceback."""
+    import torch
+
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in rng["python"]))
+        if use_cuda and rng.get("cuda") is not None:
+            torch.cuda.set_rng_state(rng["cuda"])
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        raise UsageError(f"{path}: does not fit this run's model or optimizer "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
+
+
+def batch_plan(tc: TrainConfig, world: int) -> tuple[int, int]:
+    """(images per rank per optimizer step, images per micro-batch), or UsageError naming the values."""
+    if tc.batch_scope == "global" and tc.batch_size % world:
+        raise UsageError(f"train.batch_size = {tc.batch_size} (global) does not divide by {world} ranks")
+    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // world
+    if per_gpu % tc.grad_accum_steps:
+        raise UsageError(f"train.batch_size = {tc.batch_size}: {per_gpu} per GPU does not divide into "
+                         f"train.grad_accum_steps = {tc.grad_accum_steps} micro-batches")
+    return per_gpu, per_gpu // tc.grad_accum_steps
 
 
 def check_cuda_graph_settings(cfg: RunConfig, use_cuda: bool, world: int) -> None:
@@ -247,7 +312,8 @@ def check_cuda_graph_settings(cfg: RunConfig, use_cuda: bool, world: int) -> Non
 # ----------------------------------------------------------------------------------------------
 
 
-def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
+def train(cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal | None = None) -> int:
+    """The run, from set-up to summary; `stop` says when a signal asked it to checkpoint and stop."""
     import torch
     import torch.distributed as tdist
     import torch.nn.functional as F
@@ -260,7 +326,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     tc = cfg.train
     rank, world = dist.rank, dist.world_size
     is_main = rank == 0
-    stop = StopSignal()
+    per_gpu, micro = batch_plan(tc, world)  # checked before any rendezvous
+    stop = stop or StopSignal()
 
     # --- device and process group ---------------------------------------------------------------
     use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
@@ -308,20 +375,17 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
 
     # --- data ------------------------------------------------------------------------------------
     root = cfg.data.resolved_root()
+    data_mod.check_root(root)
     if cfg.data.synthesize_if_missing and not data_mod.has_dataset(root) and dist.local_rank == 0:
         log(f"no CIFAR-100 under {root}: writing a synthetic set in its format")
         data_mod.synthesize(root, cfg.data.synth_train, cfg.data.synth_test, seed=tc.seed)
     tdist.barrier(group=control)
-    train_split, test_split, _ = data_mod.load_cifar100(root)
+    train_split, test_split, class_names = data_mod.load_cifar100(root)
+    if cfg.model.num_classes != len(class_names):  # labels past the last logit fail deep in the loss
+        raise UsageError(f"model.num_classes = {cfg.model.num_classes} but the data under {root} has "
+                         f"{len(class_names)} classes")
     subset = data_mod.balanced_subset(train_split.labels, cfg.data.fraction, seed=tc.seed)
 
-    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // world
-    if tc.batch_scope == "global" and tc.batch_size % world:
-        raise UsageError(f"train.batch_size = {tc.batch_size} (global) does not divide by {world} ranks")
-    if per_gpu % tc.grad_accum_steps:
-        raise UsageError(f"train.batch_size = {tc.batch_size}: {per_gpu} per GPU does not divide into "
-                         f"train.grad_accum_steps = {tc.grad_accum_steps} micro-batches")
-    micro = per_gpu // tc.grad_accum_steps
     global_batch = per_gpu * world
     batches_per_epoch = math.ceil(math.ceil(len(subset) / world) / micro)
     steps_per_epoch = math.ceil(batches_per_epoch / tc.grad_accum_steps)
@@ -366,15 +430,8 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
     epoch, position, step = 0, 0, 0
     ckpt = load_checkpoint(run_dir / CHECKPOINT)
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
+        restore(run_dir / CHECKPOINT, ckpt, model, optimizer, scheduler, use_cuda)
         epoch, position, step = ckpt["epoch"], ckpt["position"], ckpt["step"]
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in rng["python"]))
-        if use_cuda and rng.get("cuda") is not None:
-            torch.cuda.set_rng_state(rng["cuda"])
         log(f"resuming from {run_dir / CHECKPOINT}: epoch {epoch}, batch {position}, step {step}")
     elif is_main:
         write_atomic(run_dir / "config.yaml", dump_yaml(cfg.to_dict()))
@@ -539,8 +596,9 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
                         bad_step = interval_steps[len(interval_losses) - len(checked) + int((~finite).nonzero()[0])]
                 flags = all_max([1 if stop.signum else 0, bad_step, rank if bad_step else -1])
                 if flags[1]:
-                    raise TrainingError(f"non-finite loss at step {flags[1]} on rank {flags[2]}; "
-                                        f"last good checkpoint: {run_dir / CHECKPOINT}")
+                    kept = (f"last good checkpoint: {run_dir / CHECKPOINT}" if (run_dir / CHECKPOINT).exists()
+                            else "no checkpoint was written before it")
+                    raise TrainingError(f"non-finite loss at step {flags[1]} on rank {flags[2]}; {kept}")
                 if at_log and is_main:
                     now = time.perf_counter()
                     mean_loss = float(torch.stack(interval_losses).float().mean())
@@ -640,32 +698,53 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_run_config(args.config, overrides_from_args(args))
     dist = from_environ(os.environ)
-    run_dir = prepare_run_dir(Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist))
-    check_resumable(run_dir, cfg)
-    return train_or_oom(cfg, run_dir, dist)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist)
+    created = not run_dir.exists()
+    try:
+        prepare_run_dir(run_dir)
+        check_resumable(run_dir, cfg)
+        return train_or_oom(cfg, run_dir, dist)
+    except expected_errors():
+        if created:  # bad input found late (data, checkpoint...): leave no run directory behind
+            remove_if_unfinished(run_dir)
+        raise
+
+
+def remove_if_unfinished(run_dir: Path) -> None:
+    """Remove a run directory this command created, unless it holds a checkpoint or a summary."""
+    import shutil
+
+    if not (run_dir / CHECKPOINT).exists() and not (run_dir / "summary.json").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def train_or_oom(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
-    """train(); a CUDA out-of-memory error becomes the run's outcome (summary.json) and exit code 4."""
+    """train(); a CUDA out-of-memory error becomes the run's outcome (summary.json) and exit code 4.
+    The process group is torn down whatever happens (a failed run must not leave it to the next)."""
     import torch
+    import torch.distributed as tdist
 
+    stop = StopSignal().install()
     try:
-        return train(cfg, run_dir, dist)
+        return train(cfg, run_dir, dist, stop)
     except torch.cuda.OutOfMemoryError as e:
         cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
         oom = record_oom(e, cfg, run_dir, dist.rank, dist.world_size, cuda)
         print(f"hpc.train: {describe(oom)}; recorded in {run_dir / 'summary.json'}", file=sys.stderr, flush=True)
         return EXIT_OOM
+    finally:
+        stop.restore()
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.destroy_process_group()
 
 
 def cli(argv: list[str] | None = None) -> int:
-    from hpc.cli import run
+    from hpc.cli import fail, run
 
     try:
         return run("hpc.train", main, argv)
     except TrainingError as e:
-        print(f"hpc.train: error: {e}", file=sys.stderr)
-        return 1
+        return fail("hpc.train", str(e), code=1)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_bad_sweep(tmp_path):
     path = write(tmp_path, "sweep:\n  batch_sizes: [128, -1]\n")
     assert_one_line_error(run_module("hpc.config", "--sweep", path), path, "sweep.batch_sizes")
     path = write(tmp_path, "sweep:\n  gpus: []\n", "s2.yaml")
-    assert_one_line_error(run_module("hpc.config", "--sweep", path), "sweep.gpus = ()", "must not be empty")
+    assert_one_line_error(run_module("hpc.config", "--sweep", path), "sweep.gpus = []", "must not be empty")
 
 
 def test_request_checked_against_profile():
