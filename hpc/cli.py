@@ -30,6 +30,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's hook: it would print the usage block and exit 2
         raise UsageError(f"command line: {message} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, and an empty value is refused: `--config ""` or `--run-dir ""` would
+        otherwise mean "not given" (or the current directory) without a word."""
+        parsed = super().parse_args(args, namespace)
+        for action in _all_actions(self):
+            value = getattr(parsed, action.dest, None)
+            if value == "" or (isinstance(value, list) and "" in value):
+                flag = action.option_strings[-1] if action.option_strings else action.dest
+                raise UsageError(f"command line: {flag} '': must not be empty")
+        return parsed
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list:
+    """A parser's actions and its subcommands' (argparse keeps those in each subparser)."""
+    found = []
+    for action in parser._actions:
+        found.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_all_actions(sub))
+    return found
+
 
 def shown(value: Any) -> str:
     """repr(value), cut to about MAX_VALUE characters without building the whole repr (reprlib: a

@@ -145,6 +145,7 @@ class DataConfig:
         _one_of(self, "loader", ("device", "dataloader"))
         _non_negative(self, "num_workers")
         _positive(self, "synth_train", "synth_test")
+        _check(self.root is None or self.root.strip() != "", "root", "must not be empty (leave it out for the default)")
         _check(self.synth_train >= 100, "synth_train", "must be >= 100 (one image per class)")
         _at_most(self, "synth_train", 1_000_000, "3 GB of images; the real training set has 50,000")
         _at_most(self, "synth_test", 1_000_000, "3 GB of images; the real test set has 10,000")

@@ -132,6 +132,20 @@ def _write_pickle_atomic(path: Path, obj: dict) -> None:
 SYNTH_MAX_IMAGES = 1_000_000
 
 
+def prepare_synth_dir(root: Path) -> Path:
+    """ROOT/cifar-100-python, made and checked writable (before minutes of image making, not after)."""
+    check_root(root)
+    base = root / DIRNAME
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = base / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"data root {str(root)!r}: cannot write a synthetic set there ({e.strerror or e})") from None
+    return base
+
+
 def synthesize(root: str | os.PathLike, n_train: int = 5000, n_test: int = 1000, seed: int = 0) -> Path:
     """Write ROOT/cifar-100-python/{train,test,meta} in the published format, with learnable classes.
 
@@ -170,8 +184,7 @@ def synthesize(root: str | os.PathLike, n_train: int = 5000, n_test: int = 1000,
             out[i] = np.clip(img, 0, 255).astype(np.uint8)
         return out.transpose(0, 3, 1, 2).reshape(n, 3072), labels.tolist()
 
-    base = Path(root) / DIRNAME
-    base.mkdir(parents=True, exist_ok=True)
+    base = prepare_synth_dir(Path(root))
     fine_names = [f"class_{i:03d}" for i in range(NUM_CLASSES)]
     coarse_names = [f"superclass_{i:02d}" for i in range(20)]
     for split, n in (("train", n_train), ("test", n_test)):

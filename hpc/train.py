@@ -124,6 +124,20 @@ def default_run_dir(env, dist: DistEnv) -> Path:
     return Path("runs") / "train" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+RUN_DIR_ENTRIES = {"config.yaml", "checkpoints", "summary.json", "metrics.jsonl", "traces", "tensorboard"}
+
+
+def check_is_run_dir(path: Path) -> None:
+    """An existing --run-dir is empty or a run directory: training writes config.yaml, checkpoints/ and
+    more into it, and must not scatter them into a directory of other things (`--run-dir ~`)."""
+    if path.is_dir():
+        names = {p.name for p in path.iterdir()}
+        if names and not names & RUN_DIR_ENTRIES:
+            shown_names = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+            raise UsageError(f"--run-dir {str(path)!r}: holds other files ({shown_names}), not a run; "
+                             "give a new directory, or an existing run's to resume it")
+
+
 def prepare_run_dir(path: Path) -> Path:
     try:
         (path / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -377,6 +391,7 @@ def train(cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal | None 
     root = cfg.data.resolved_root()
     data_mod.check_root(root)
     if cfg.data.synthesize_if_missing and not data_mod.has_dataset(root) and dist.local_rank == 0:
+        data_mod.prepare_synth_dir(root)
         log(f"no CIFAR-100 under {root}: writing a synthetic set in its format")
         data_mod.synthesize(root, cfg.data.synth_train, cfg.data.synth_test, seed=tc.seed)
     tdist.barrier(group=control)
@@ -700,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     dist = from_environ(os.environ)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist)
     created = not run_dir.exists()
+    check_is_run_dir(run_dir)
     try:
         prepare_run_dir(run_dir)
         check_resumable(run_dir, cfg)

@@ -120,8 +120,9 @@ def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, 
     a = subprocess.run([PY, "-m", "analysis", str(index_path.parent), "--format", "csv", "--out", str(out), "--plots"],
                        capture_output=True, text=True, cwd=REPO, env=ENV)
     assert a.returncode == 0, a.stderr
-    rows = a.stdout.strip().splitlines()[1:]
-    assert len(rows) == 8 and all(r.split(",")[4] == r.split(",")[3] for r in rows)  # ranks traced == GPUs
+    header, *lines = a.stdout.strip().splitlines()
+    rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
+    assert len(rows) == 8 and all(r["ranks"] == r["gpus"] and r["outcome"] == "done" for r in rows)  # every rank traced
     assert (out / "sweep.md").exists() and len(list((out / "figures").glob("*.png"))) == 2 * 2 + 1
 
 

@@ -51,6 +51,7 @@ CASES = {
     "config: nested 3000 deep": ((*CONFIG, "--config", "{H}/deep.yaml"), None, ("deep.yaml",)),
     "config: alias bomb value": ((*CONFIG, "--config", "{H}/bomb.yaml"), None, ("bomb.yaml", "train.batch_size", "expected an integer")),
     "config: cluster section in a run config": ((*CONFIG, "--config", "{H}/cluster_in_run.yaml"), None, ("cluster_in_run.yaml", "'cluster' is not used here")),
+    "config: empty data root": ((*CONFIG, "--set", "data.root="), None, ("--set data.root=", "data.root = ''", "must not be empty")),
     "config: NUL in a string": ((*CONFIG, "--config", "{H}/nul.yaml"), None, ("nul.yaml", "data.root", "NUL")),
     # --- values (--set), each key type and range --------------------------------------------------
     **{f"set {v}": ((*CONFIG, "--set", v), None, (f"--set {v}", v.split("=")[0], why)) for v, why in [
@@ -132,6 +133,7 @@ CASES = {
     "train: cuda_graph on a CPU": ((*TRAIN, "--device", "cpu", "--set", "train.cuda_graph=true"), None, ("train.cuda_graph", "no CUDA device")),
     "train: num_classes does not match the data": ((*TRAIN, "--set", "model.num_classes=10"), None, ("model.num_classes = 10", "100 classes", "data")),
     "train: synth_train below one per class": ((*TRAIN[:3], "--data-root", "{T}/new", *TRAIN[5:], "--set", "data.synth_train=50"), None, ("--set data.synth_train=50", ">= 100")),
+    "train: data root cannot be written": ((*TRAIN[:3], "--data-root", "/proc/self", *TRAIN[5:]), None, ("'/proc/self'", "cannot write a synthetic set")),
     "train: data root is a file": ((*TRAIN[:3], "--data-root", "{H}/data_file", *TRAIN[5:]), None, ("data_file", "is a file")),
     "train: empty data root, no synthesis": ((*TRAIN[:3], "--data-root", "{H}/empty_root", *TRAIN[5:], "--set", "data.synthesize_if_missing=false"), None, ("empty_root", "no cifar-100-python/")),
     **{f"train: data {name}": ((*TRAIN[:3], "--data-root", "{H}/" + name, *TRAIN[5:]), None, (name, why)) for name, why in [
@@ -141,6 +143,7 @@ CASES = {
         ("cifar_top_list", "top level is list"), ("cifar_no_labels", "no 'fine_labels' entry"),
     ]},
     "train: run dir is a file": ((*TRAIN[:5], "--run-dir", "{H}/data_file", "--no-profile"), None, ("data_file", "not writable")),
+    "train: run dir holds other things": ((*TRAIN[:5], "--run-dir", "{H}", "--no-profile"), None, ("--run-dir '{H}'", "holds other files", "not a run")),
     "train: empty checkpoint": resume("ck_empty", "not a checkpoint this toolkit can load"),
     "train: random checkpoint": resume("ck_random", "not a checkpoint this toolkit can load"),
     "train: foreign checkpoint": resume("ck_dict_x", "'model' is missing"),
@@ -182,7 +185,7 @@ CASES = {
     "distenv: hostlist reversed range": (("hpc.distenv", "--hostlist", "n[3-1]"), None, ("n[3-1]",)),
     "distenv: hostlist text after ]": (("hpc.distenv", "--hostlist", "n[1-2]x"), None, ("n[1-2]x", "text after ']'")),
     # --- hpc.submit ---------------------------------------------------------------------------------------
-    "submit: empty --name": ((*DRY, "--name", ""), None, ("--name ''", "non-empty")),
+    "submit: empty --name": ((*DRY, "--name", ""), None, ("--name ''", "empty")),
     "submit: --name with a slash": ((*DRY, "--name", "a/b"), None, ("--name 'a/b'", "no '/'")),
     "submit: --name ..": ((*DRY, "--name", ".."), None, ("--name '..'",)),
     "submit: --name too long": ((*DRY, "--name", "n" * 300), None, ("--name 'nnn", "300 bytes")),
@@ -213,6 +216,17 @@ CASES = {
     "submit: --local on 2 nodes": (("hpc.submit", "--local", "--nodes", "2", "--config", SMOKE), None, ("--nodes 2", "--local")),
     "submit: --set train.batch_size=0": ((*DRY, "--set", "train.batch_size=0"), None, ("--set train.batch_size=0", "must be > 0")),
     "submit: --config a list": (("hpc.submit", "--dry-run", "--account", "m1", "--config", "{H}/list.yaml"), None, ("list.yaml", "got list")),
+    # --- empty values, which argparse takes as given and the code would read as "not given" ------------
+    **{f"empty {m} {flag}": ((m, *pre, flag, ""), None, (f"{flag} ''", "must not be empty")) for m, pre, flag in [
+        ("hpc.config", (), "--config"), ("hpc.config", (), "--profile"), ("hpc.config", (), "--sweep"),
+        ("hpc.config", (), "--set"), ("hpc.train", (), "--run-dir"), ("hpc.train", (), "--data-root"),
+        ("hpc.train", (), "--config"), ("hpc.submit", ("--dry-run",), "--runs-dir"),
+        ("hpc.submit", ("--dry-run",), "--profile"), ("hpc.submit", ("--dry-run",), "--sweep"),
+        ("hpc.submit", ("--dry-run",), "--account"), ("hpc.data", ("check",), "--root"),
+        ("hpc.bench", (), "--out"), ("hpc.bench", (), "--only"), ("analysis.bench", ("x.json",), "--json"),
+    ]},
+    "empty analysis path": (("analysis", ""), None, ("path ''", "must not be empty")),
+    "empty tensorboard logdir": (("analysis.tensorboard", ""), None, ("logdir ''", "must not be empty")),
     # --- hpc.data ----------------------------------------------------------------------------------------
     "data: synth too few": (("hpc.data", "synth", "--root", "{T}/d", "--train", "10"), None, ("--train 10", "100..")),
     "data: synth no test images": (("hpc.data", "synth", "--root", "{T}/d", "--test", "0"), None, ("--test 0", "1..")),
