@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from hpc.cli import Parser, UsageError, check_output_dir, run
+from hpc.cli import Parser, UsageError, check_output_dir
 from hpc.config import write_atomic
 from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, flush_warnings, analyze_run, analyze_sweep, plot_sweep,
                              render, rows_to_csv, rows_to_markdown)
@@ -88,5 +88,12 @@ def _ms(us):
     return "-" if us is None else f"{us / 1000:.1f}"
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m analysis`, or its console script): errors as one line, exit 2."""
+    from hpc.cli import run
+
+    return run("analysis", main, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run("analysis", main))
+    sys.exit(cli())

@@ -93,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m analysis.bench`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("analysis.bench", main))
+    return run("analysis.bench", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -121,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     return tb.main()
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m analysis.tensorboard`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("analysis.tensorboard", main))
+    return run("analysis.tensorboard", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

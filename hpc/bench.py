@@ -38,7 +38,7 @@ from pathlib import Path
 
 from hpc.cli import Parser, UsageError
 from hpc.config import ARCHS, ModelConfig, ProfilerConfig, write_atomic
-from hpc.train import percentile
+from hpc.trainer import percentile
 
 # Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets, by device-name substring.
 DEVICE_PEAKS = {
@@ -492,8 +492,14 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    from hpc import bench
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.bench`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("hpc.bench", bench.main))
+    return run("hpc.bench", main, argv)
+
+
+if __name__ == "__main__":
+    from hpc import bench  # the imported module, so its error classes are the ones hpc.cli catches
+
+    sys.exit(bench.cli())

@@ -22,7 +22,11 @@ import yaml
 from hpc.cli import shown
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
+# from a source tree (or an editable install): the repository's profiles/.
+PROFILES_DIR = next((p for p in (Path(__file__).resolve().parent / "profiles",
+                                 Path(__file__).resolve().parent.parent / "profiles") if p.is_dir()),
+                    Path(__file__).resolve().parent.parent / "profiles")
 
 
 INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integer is an input error
@@ -622,10 +626,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.config`, or its console script): errors as one line, exit 2."""
+    from hpc.cli import run
+
+    return run("hpc.config", main, argv)
+
+
 if __name__ == "__main__":
     import sys
 
-    from hpc import config  # the imported module, so its ConfigError is the one hpc.cli catches
-    from hpc.cli import run
+    from hpc import config  # the imported module, so its error classes are the ones hpc.cli catches
 
-    sys.exit(run("hpc.config", config.main))
+    sys.exit(config.cli())

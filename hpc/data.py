@@ -367,8 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from hpc import data
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.data`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("hpc.data", data.main))
+    return run("hpc.data", main, argv)
+
+
+if __name__ == "__main__":
+    from hpc import data  # the imported module, so its error classes are the ones hpc.cli catches
+
+    sys.exit(data.cli())

@@ -488,8 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from hpc import distenv  # the imported module, so its errors are the ones hpc.cli catches
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.distenv`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("hpc.distenv", distenv.main))
+    return run("hpc.distenv", main, argv)
+
+
+if __name__ == "__main__":
+    from hpc import distenv  # the imported module, so its error classes are the ones hpc.cli catches
+
+    sys.exit(distenv.cli())

@@ -143,7 +143,8 @@ class TrainJob:
 
         from hpc.distenv import from_environ
         from hpc.oom import EXIT_OOM
-        from hpc.train import EXIT_PREEMPTED, check_resumable, prepare_run_dir, train_or_oom
+        from hpc.train import check_resumable, prepare_run_dir, train_or_oom
+        from hpc.trainer import EXIT_PREEMPTED
 
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
@@ -428,8 +429,14 @@ def _write_index(sweep_dir: Path, sweep: SweepConfig, cluster: ClusterConfig, su
     write_atomic(sweep_dir / "index.json", json.dumps(index, indent=2))
 
 
-if __name__ == "__main__":
-    from hpc import submit
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.submit`, or its console script): errors as one line, exit 2."""
     from hpc.cli import run
 
-    sys.exit(run("hpc.submit", submit.main))
+    return run("hpc.submit", main, argv)
+
+
+if __name__ == "__main__":
+    from hpc import submit  # the imported module, so its error classes are the ones hpc.cli catches
+
+    sys.exit(submit.cli())

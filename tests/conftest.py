@@ -93,3 +93,14 @@ def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> di
     table = json.loads(http_get(port, f"{TB_PLUGIN}/operation/table?run={run}&worker={worker}&span=1&group_by=Operation"))
     rows = table["data"] if isinstance(table["data"], list) else table["data"]["rows"]
     return next(r for r in rows if r["name"] == name)
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """A synthetic CIFAR-100 in the real files' format (1000 training, 250 test images), shared by every
+    test that trains; tests that need another size write their own."""
+    from hpc import data
+
+    root = tmp_path_factory.mktemp("data")
+    data.synthesize(root, n_train=1000, n_test=250, seed=0)
+    return root

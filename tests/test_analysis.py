@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.trace import TraceError, analyze_trace, classify_kernel
+from analysis.trace import analyze_trace, classify_kernel
 from conftest import GPU_RESULTS, OWN_GPU_TRACE, SHARED_TRACES, run_module
 from hpc import data
 from trainrun import SMOKE, train

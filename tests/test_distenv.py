@@ -1,6 +1,5 @@
 """hpc.distenv: hostlists (literal cases; against scontrol in test_hostlist_scontrol) and env mapping."""
 
-import random
 
 import pytest
 

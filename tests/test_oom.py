@@ -9,7 +9,6 @@ import pytest
 
 from analysis.report import analyze_run, analyze_sweep, plot_sweep, render, RUN_COLUMNS
 from conftest import run_module
-from hpc import data
 from hpc.oom import EXIT_OOM, describe, injected_oom_step, requested_bytes
 from trainrun import SMOKE, summary, train
 
@@ -43,13 +42,6 @@ def test_describe_names_batch_rank_and_memory():
                peak_allocated_bytes=None, snapshot=None)
     assert describe(cpu) == ("CUDA out of memory at batch 2048 per GPU on rank 1: asked 0.03 GiB with ? allocated "
                              "at the peak, limit ? of ?")
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    data.synthesize(root, n_train=300, n_test=100, seed=0)
-    return root
 
 
 def args(data_root, run_dir, *extra):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc import data
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -20,13 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SMOKE = str(REPO / "profiles" / "smoke.yaml")
 ENV = dict(os.environ, PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("slurmdata")
-    data.synthesize(root, n_train=1000, n_test=200)
-    return root
 
 
 def submit(*args, cwd=REPO, timeout=600):

@@ -2,24 +2,14 @@
 
 import gzip
 import json
-import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import assert_one_line_error, run_module
-from hpc import data
 from trainrun import SMOKE, metrics, same_weights, start_ranks, summary, train, wait_all, weights
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    data.synthesize(root, n_train=1000, n_test=250, seed=0)
-    return root
 
 
 def common(data_root, run_dir, *extra):

@@ -278,16 +278,10 @@ DIST_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 def entry(module: str):
-    """The function a command's __main__ hands to hpc.cli.run (hpc.train's cli adds exit 1 for failed runs)."""
+    """The command's own entry function: what `python -m` and the console script call."""
     import importlib
 
-    from hpc.cli import run
-
-    if module == "hpc.train":
-        from hpc.train import cli
-        return cli
-    main = importlib.import_module("analysis.__main__" if module == "analysis" else module).main
-    return lambda argv: run(module, main, argv)
+    return importlib.import_module("analysis.__main__" if module == "analysis" else module).cli
 
 
 def call(module: str, argv: list[str], env: dict | None, monkeypatch) -> tuple[int, str, str]:
