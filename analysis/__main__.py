@@ -15,26 +15,38 @@ from pathlib import Path
 
 from hpc.cli import Parser, UsageError, check_output_dir
 from hpc.config import write_atomic
-from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, flush_warnings, analyze_run, analyze_sweep, plot_sweep,
-                             render, rows_to_csv, rows_to_markdown)
+from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, analyze_run, analyze_sweep,
+                             flush_warnings, plot_sweep, render, rows_to_csv, rows_to_markdown)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None):
     parser = Parser(prog="python -m analysis", description=__doc__.split("\n\n")[1],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
     parser.add_argument("--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"{args.path}: no such file or directory")
     out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
     if args.plots and out is None:
         raise UsageError(f"--plots with the trace file {args.path}: give --out DIR for the figures")
-    check_output_dir(out, "--out" if args.out else f"--plots (writes {out})")
+    check_output_dir(out, "--out" if args.out else f"--plots (writes {out})")  # before any work
+    traces, runs, sweep_rows = analyze_path(path)
+    print_tables(traces, runs, sweep_rows, args.format)
+    if out is not None:
+        write_outputs(out, traces, runs, sweep_rows, args.plots)
+    return 0
+
+
+def analyze_path(path: Path) -> tuple[list[dict], list[dict], list[dict] | None]:
+    """(per-trace records, run rows, sweep rows or None) for a trace file, a run or a sweep directory."""
     runs: list[dict] = []
     sweep_rows: list[dict] | None = None
     if path.is_file():
@@ -51,37 +63,40 @@ def main(argv: list[str] | None = None) -> int:
         why = f" ({len(skipped)} problem(s); first: {skipped[0]})" if skipped else ""
         raise UsageError(f"{path}: no usable trace{why}")
     flush_warnings()
+    return traces, runs, sweep_rows
 
+
+def print_tables(traces: list[dict], runs: list[dict], sweep_rows: list[dict] | None, fmt: str) -> None:
     if not traces:  # a run that ended out of memory before any trace: its row says so
-        sys.stdout.write(render(runs, RUN_COLUMNS, args.format))
-    elif args.format == "json":
+        sys.stdout.write(render(runs, RUN_COLUMNS, fmt))
+    elif fmt == "json":
         sys.stdout.write(json.dumps(traces, indent=2) + "\n")
     elif sweep_rows is not None:
-        sys.stdout.write(render(sweep_rows, RUN_COLUMNS, args.format))
+        sys.stdout.write(render(sweep_rows, RUN_COLUMNS, fmt))
     else:
-        sys.stdout.write(render(traces, TRACE_COLUMNS, args.format))
-        if runs and args.format == "table" and runs[0].get("outcome") == "oom":
+        sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
+        if runs and fmt == "table" and runs[0].get("outcome") == "oom":
             print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY "
                   f"(summary.json: oom)")
-        elif runs and args.format == "table":
+        elif runs and fmt == "table":
             r = runs[0]
             print(f"run: {len(traces)} trace(s), {r['ranks']} rank(s); step time mean/max over ranks "
                   f"{_ms(r['step_time_us_mean_mean'])}/{_ms(r['step_time_us_mean_max'])} ms, imbalance "
                   f"{r['rank_imbalance'] if r['rank_imbalance'] is None else round(r['rank_imbalance'], 3)}")
 
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "traces.json", json.dumps(traces, indent=2) + "\n")
-        if runs:
-            write_atomic(out / "runs.json", json.dumps(runs, indent=2) + "\n")
-            write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
-            write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
-        if sweep_rows is not None:
-            write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
-            write_atomic(out / "sweep.md", rows_to_markdown(sweep_rows, RUN_COLUMNS))
-        written = plot_sweep(runs, out / "figures") if args.plots and runs else []
-        print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
-    return 0
+
+def write_outputs(out: Path, traces: list[dict], runs: list[dict], sweep_rows: list[dict] | None, plots: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "traces.json", json.dumps(traces, indent=2) + "\n")
+    if runs:
+        write_atomic(out / "runs.json", json.dumps(runs, indent=2) + "\n")
+        write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
+        write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
+    if sweep_rows is not None:
+        write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
+        write_atomic(out / "sweep.md", rows_to_markdown(sweep_rows, RUN_COLUMNS))
+    written = plot_sweep(runs, out / "figures") if plots and runs else []
+    print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
 
 
 def _ms(us):

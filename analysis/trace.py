@@ -1,5 +1,9 @@
 """One Chrome/Kineto trace (PyTorch profiler) -> the study's numbers, streaming, no torch import.
 
+Three pieces, as in HolisticTraceAnalysis: reading (`_Reader`, `read_events`: the file's events one at
+a time, the file's problems as TraceError), per-concern accumulators (`CpuOps`, `DeviceActivity`,
+`DeviceMemory`, each fed the events it cares about), and the record (`trace_record`).
+
 Events are read one at a time (see _Reader), so a trace never sits in memory as Python objects the
 way `json.load` holds it; what is kept per event is a pair of floats (for interval unions), a name
 id and counters. Both trace schemas are read: PyTorch >= 1.10 lower-case
@@ -283,105 +287,165 @@ class _Reader:
                     raise ValueError(f"expected ',' or ']' between events, found {sep!r}")
 
 
-def analyze_trace(path: str | Path) -> dict[str, Any]:
-    """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
-    path = Path(path)
-    cpu_intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
-    cpu_names: dict[tuple, array] = defaultdict(lambda: array("i"))  # name id per CPU event; < 0: operator
-    name_ids: dict[str, int] = {}
-    op_threads: set[tuple] = set()
-    device = array("d")
-    comm = array("d")
-    compute = array("d")
-    op_calls: Counter = Counter()
-    kernel_classes: Counter = Counter({c: 0 for c in KERNEL_CLASSES})
-    step_durations: list[float] = []
-    kernel_calls = 0
-    kernel_us = memcpy_us = memset_us = 0.0
-    mem_alloc: dict[Any, float] = {}
-    mem_reserved: dict[Any, float] = {}
-    mem_bytes_only: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, bytes pairs
-    n_events = bad_events = 0
+class CpuOps:
+    """CPU-side events: per thread, their intervals (for self time) and name ids (for operator calls);
+    ProfilerStep#N ranges give the step durations."""
 
+    def __init__(self) -> None:
+        self.intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
+        self.names: dict[tuple, array] = defaultdict(lambda: array("i"))  # name id per event; < 0: operator
+        self.name_ids: dict[str, int] = {}
+        self.op_threads: set[tuple] = set()
+        self.step_durations: list[float] = []
+
+    def add(self, e: dict, ts: float, dur: float, name: str, cat: str) -> None:
+        key = (e.get("pid"), e.get("tid"))
+        iv = self.intervals[key]
+        iv.append(ts)
+        iv.append(ts + dur)
+        name_id = self.name_ids.setdefault(name, len(self.name_ids) + 1)
+        if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
+            self.step_durations.append(dur)
+            self.names[key].append(name_id)
+        elif cat in OP_CATS:
+            self.names[key].append(-name_id)
+            self.op_threads.add(key)
+        else:
+            self.names[key].append(name_id)
+
+    def result(self) -> dict:
+        cpu_time = sum(union_length(iv) for key, iv in self.intervals.items() if key in self.op_threads)
+        names_by_id = {v: k for k, v in self.name_ids.items()}
+        op_calls: Counter = Counter()
+        for key, iv in self.intervals.items():
+            for name_id in _operator_calls(iv, self.names[key]):
+                op_calls[names_by_id[name_id]] += 1
+        steps = len(self.step_durations)
+        return {"steps": steps, "step_time_us_mean": sum(self.step_durations) / steps if steps else None,
+                "cpu_time_us": cpu_time, "op_calls": dict(op_calls)}
+
+
+class DeviceActivity:
+    """Kernels, memcpys and memsets: summed durations, the union of their intervals (busy time),
+    kernel classes, and communication kernels against compute kernels (overlap)."""
+
+    def __init__(self) -> None:
+        self.device, self.comm, self.compute = array("d"), array("d"), array("d")
+        self.kernel_classes: Counter = Counter({c: 0 for c in KERNEL_CLASSES})
+        self.kernel_calls = 0
+        self.kernel_us = self.memcpy_us = self.memset_us = 0.0
+
+    def kernel(self, ts: float, dur: float, name: str) -> None:
+        self.kernel_calls += 1
+        self.kernel_us += dur
+        cls = classify_kernel(name)
+        self.kernel_classes[cls] += 1
+        self.device.append(ts)
+        self.device.append(ts + dur)
+        target = self.comm if cls == "communication" else self.compute
+        target.append(ts)
+        target.append(ts + dur)
+
+    def copy(self, ts: float, dur: float, memset: bool) -> None:
+        if memset:
+            self.memset_us += dur
+        else:
+            self.memcpy_us += dur
+        self.device.append(ts)
+        self.device.append(ts + dur)
+
+    def result(self) -> dict:
+        has = bool(self.device)  # no device activity (a CPU run): device figures are absent, not zero
+        comm_us = union_length(self.comm) if has else None
+        return {
+            "cuda_time_us": self.kernel_us + self.memcpy_us + self.memset_us if has else None,
+            "kernel_time_us": self.kernel_us if has else None,
+            "memcpy_time_us": self.memcpy_us if has else None,
+            "memset_time_us": self.memset_us if has else None,
+            "gpu_busy_us": union_length(self.device) if has else None,
+            "kernel_calls": self.kernel_calls if has else None,
+            "kernel_calls_by_class": dict(self.kernel_classes) if has else None,
+            "comm_time_us": comm_us,
+            "comm_overlap_pct": 100.0 * intersection_length(self.comm, self.compute) / comm_us if comm_us else None,
+        }
+
+
+class DeviceMemory:
+    """`[memory]` instant events on CUDA devices: peak Total Allocated / Total Reserved per device, or
+    (2021 traces with Bytes only) the running sum from the window's start."""
+
+    def __init__(self) -> None:
+        self.alloc: dict[Any, float] = {}
+        self.reserved: dict[Any, float] = {}
+        self.bytes_only: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, bytes pairs
+
+    def add(self, e: dict) -> bool:
+        """False when the event's fields have the wrong types (it is then skipped)."""
+        args = e.get("args") or {}
+        if not isinstance(args, dict):
+            return False
+        device_type = args.get("Device Type")
+        if type(device_type) not in _ID or device_type not in CUDA_DEVICE_TYPES:
+            return True
+        dev = args.get("Device Id")
+        total, reserved = args.get("Total Allocated"), args.get("Total Reserved")
+        ts, nbytes = e.get("ts"), args.get("Bytes")
+        if type(dev) not in _ID or not all(v is None or (type(v) in _NUMBER and -_BIG < v < _BIG)
+                                           for v in (total, reserved, ts, nbytes)):
+            return False
+        if total is not None:
+            self.alloc[dev] = max(self.alloc.get(dev, 0.0), float(total))
+            if reserved is not None:
+                self.reserved[dev] = max(self.reserved.get(dev, 0.0), float(reserved))
+        elif nbytes is not None and ts is not None:
+            self.bytes_only[dev].append(float(ts))
+            self.bytes_only[dev].append(float(nbytes))
+        return True
+
+    def result(self) -> dict:
+        peak_alloc = peak_reserved = None
+        relative = False
+        if self.alloc:
+            peak_alloc = int(max(self.alloc.values()))
+            peak_reserved = int(max(self.reserved.values())) if self.reserved else None
+        elif self.bytes_only:
+            relative = True
+            peaks = []
+            for pairs in self.bytes_only.values():
+                flat = np.frombuffer(pairs, dtype=np.float64)
+                order = np.argsort(flat[0::2], kind="stable")
+                peaks.append(float(max(0.0, np.cumsum(flat[1::2][order]).max())))
+            peak_alloc = int(max(peaks))
+        return {"peak_gpu_mem_bytes": peak_alloc, "peak_gpu_reserved_bytes": peak_reserved,
+                "gpu_mem_relative_to_window": relative if peak_alloc is not None else None}
+
+
+def _complete_event_fields(e: dict):
+    """(ts, dur, name) of a complete ("X") event, None without a ts, False when a field is mistyped (a
+    string ts, a number beyond float range, a list for a name): one bad event must not lose the trace."""
+    ts = e.get("ts")
+    if ts is None:
+        return None
+    dur = e.get("dur") or 0.0
+    name = e.get("name", "")
+    if not (type(ts) in _NUMBER and type(dur) in _NUMBER and -_BIG < ts < _BIG and -_BIG < dur < _BIG
+            and type(name) is str and type(e.get("pid")) in _ID and type(e.get("tid")) in _ID):
+        return False
+    return ts, dur, name
+
+
+def read_events(path: Path, reader: "_Reader"):
+    """The trace's events, one at a time; the file's own problems become TraceError."""
     try:
         stream = _open(path)
     except OSError as err:
         raise TraceError(f"cannot read ({err.strerror or err})") from None
-    reader = _Reader(stream)
+    reader.stream = stream
+    n_events = 0
     try:
         for e in reader.events():
             n_events += 1
-            if not isinstance(e, dict):
-                continue
-            ph = e.get("ph")
-            if ph == "X":
-                cat = e.get("cat")
-                ts = e.get("ts")
-                if ts is None:
-                    continue
-                dur = e.get("dur") or 0.0
-                name = e.get("name", "")
-                # A mistyped event (ts as a string, a number beyond float range, a list for a name) is
-                # counted and skipped: one bad event must not lose the trace.
-                if not (type(ts) in _NUMBER and type(dur) in _NUMBER and -_BIG < ts < _BIG and -_BIG < dur < _BIG
-                        and type(name) is str and type(e.get("pid")) in _ID and type(e.get("tid")) in _ID):
-                    bad_events += 1
-                    continue
-                if cat in CPU_CATS:
-                    key = (e.get("pid"), e.get("tid"))
-                    iv = cpu_intervals[key]
-                    iv.append(ts)
-                    iv.append(ts + dur)
-                    name_id = name_ids.setdefault(name, len(name_ids) + 1)
-                    if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
-                        step_durations.append(dur)
-                        cpu_names[key].append(name_id)
-                    elif cat in OP_CATS:
-                        cpu_names[key].append(-name_id)
-                    else:
-                        cpu_names[key].append(name_id)
-                    if cat in OP_CATS:
-                        op_threads.add(key)
-                elif cat in KERNEL_CATS:
-                    kernel_calls += 1
-                    kernel_us += dur
-                    cls = classify_kernel(name)
-                    kernel_classes[cls] += 1
-                    device.append(ts)
-                    device.append(ts + dur)
-                    target = comm if cls == "communication" else compute
-                    target.append(ts)
-                    target.append(ts + dur)
-                elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
-                    if cat in MEMCPY_CATS:
-                        memcpy_us += dur
-                    else:
-                        memset_us += dur
-                    device.append(ts)
-                    device.append(ts + dur)
-            elif ph == "i" and e.get("name") == "[memory]":
-                args = e.get("args") or {}
-                if not isinstance(args, dict):
-                    bad_events += 1
-                    continue
-                device_type = args.get("Device Type")
-                if type(device_type) not in _ID or device_type not in CUDA_DEVICE_TYPES:
-                    continue
-                dev = args.get("Device Id")
-                total, reserved = args.get("Total Allocated"), args.get("Total Reserved")
-                ts, nbytes = e.get("ts"), args.get("Bytes")
-                if type(dev) not in _ID or not all(v is None or (type(v) in _NUMBER and -_BIG < v < _BIG)
-                                                   for v in (total, reserved, ts, nbytes)):
-                    bad_events += 1
-                    continue
-                if total is not None:
-                    mem_alloc[dev] = max(mem_alloc.get(dev, 0.0), float(total))
-                    if reserved is not None:
-                        mem_reserved[dev] = max(mem_reserved.get(dev, 0.0), float(reserved))
-                elif nbytes is not None and ts is not None:
-                    pairs = mem_bytes_only[dev]
-                    pairs.append(float(ts))
-                    pairs.append(float(nbytes))
+            yield e
     except _Truncated as err:
         raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None
     except ValueError as err:
@@ -396,71 +460,64 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
         stream.close()
     if not reader.saw_events:
         raise TraceError("not a Chrome trace (no top-level traceEvents)")
-    meta = reader.meta
 
-    cpu_time = sum(union_length(iv) for key, iv in cpu_intervals.items() if key in op_threads)
-    names_by_id = {v: k for k, v in name_ids.items()}
-    for key, iv in cpu_intervals.items():
-        for name_id in _operator_calls(iv, cpu_names[key]):
-            op_calls[names_by_id[name_id]] += 1
-    has_device = bool(device)
-    peak_alloc = peak_reserved = None
-    relative = False
-    if mem_alloc:
-        peak_alloc = int(max(mem_alloc.values()))
-        peak_reserved = int(max(mem_reserved.values())) if mem_reserved else None
-    elif mem_bytes_only:
-        relative = True
-        peaks = []
-        for pairs in mem_bytes_only.values():
-            flat = np.frombuffer(pairs, dtype=np.float64)
-            order = np.argsort(flat[0::2], kind="stable")
-            running = np.cumsum(flat[1::2][order])
-            peaks.append(float(max(0.0, running.max())))
-        peak_alloc = int(max(peaks))
-    comm_us = union_length(comm) if has_device else None
-    overlap = None
-    if comm_us:
-        overlap = 100.0 * intersection_length(comm, compute) / comm_us
-    steps = len(step_durations)
-    cuda_time = kernel_us + memcpy_us + memset_us if has_device else None
+
+def analyze_trace(path: str | Path) -> dict[str, Any]:
+    """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
+    path = Path(path)
+    cpu, device, memory = CpuOps(), DeviceActivity(), DeviceMemory()
+    n_events = bad_events = 0
+    reader = _Reader(None)
+    for e in read_events(path, reader):
+        n_events += 1
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph == "X":
+            fields = _complete_event_fields(e)
+            if not fields:
+                bad_events += fields is False
+                continue
+            ts, dur, name = fields
+            cat = e.get("cat")
+            if cat in CPU_CATS:
+                cpu.add(e, ts, dur, name, cat)
+            elif cat in KERNEL_CATS:
+                device.kernel(ts, dur, name)
+            elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
+                device.copy(ts, dur, memset=cat in MEMSET_CATS)
+        elif ph == "i" and e.get("name") == "[memory]" and not memory.add(e):
+            bad_events += 1
+    return trace_record(path, reader.meta, n_events, bad_events, cpu.result(), device.result(), memory.result())
+
+
+def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: dict, device: dict,
+                 memory: dict) -> dict[str, Any]:
+    """The accumulators' results as one record, with the rank and per-step values."""
     info = meta.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
     rank = _count(info.get("rank"))
     if rank is None:
         m = RANK_RE.search(path.name)
         rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
+    steps = cpu["steps"]
 
     def per_step(value):
         return value / steps if (value is not None and steps) else None
 
     return {
-        "file": str(path),
-        "rank": rank,
-        "world_size": _count(info.get("world_size")),
+        "file": str(path), "rank": rank, "world_size": _count(info.get("world_size")),
         "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
-        "events": n_events,
-        "bad_events": bad_events,
-        "steps": steps,
-        "step_time_us_mean": sum(step_durations) / steps if steps else None,
-        "cpu_time_us": cpu_time,
-        "cuda_time_us": cuda_time,
-        "kernel_time_us": kernel_us if has_device else None,
-        "memcpy_time_us": memcpy_us if has_device else None,
-        "memset_time_us": memset_us if has_device else None,
-        "gpu_busy_us": union_length(device) if has_device else None,
-        # No device activity at all (a CPU run): kernel counts are absent, not zero.
-        "kernel_calls": kernel_calls if has_device else None,
-        "kernel_calls_by_class": dict(kernel_classes) if has_device else None,
-        "op_calls": dict(op_calls),
-        "peak_gpu_mem_bytes": peak_alloc,
-        "peak_gpu_reserved_bytes": peak_reserved,
-        "gpu_mem_relative_to_window": relative if peak_alloc is not None else None,
+        "events": n_events, "bad_events": bad_events,
+        "steps": steps, "step_time_us_mean": cpu["step_time_us_mean"], "cpu_time_us": cpu["cpu_time_us"],
+        **{k: device[k] for k in ("cuda_time_us", "kernel_time_us", "memcpy_time_us", "memset_time_us",
+                                  "gpu_busy_us", "kernel_calls", "kernel_calls_by_class")},
+        "op_calls": cpu["op_calls"],
+        **memory,
         "peak_cpu_mem_bytes": None,  # filled from the run's summary.json when there is one
-        "comm_time_us": comm_us,
-        "comm_overlap_pct": overlap,
-        "cpu_time_us_per_step": per_step(cpu_time),
-        "cuda_time_us_per_step": per_step(cuda_time),
-        "kernel_calls_per_step": per_step(kernel_calls) if has_device else None,
-        "comm_time_us_per_step": per_step(comm_us),
+        "comm_time_us": device["comm_time_us"], "comm_overlap_pct": device["comm_overlap_pct"],
+        "cpu_time_us_per_step": per_step(cpu["cpu_time_us"]),
+        "cuda_time_us_per_step": per_step(device["cuda_time_us"]),
+        "kernel_calls_per_step": per_step(device["kernel_calls"]),
+        "comm_time_us_per_step": per_step(device["comm_time_us"]),
     }

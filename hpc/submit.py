@@ -16,6 +16,7 @@ USR2 rather than USR1: NCCL and some MPI stacks claim USR1. No torch import here
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -251,10 +252,16 @@ def _job_record(job) -> Submitted:
     return Submitted(job.job_id, Path(job.paths.folder), [Path(job.paths.stdout), Path(job.paths.stderr)], job)
 
 
+def _is_slurm_job(job) -> bool:
+    from submitit.slurm.slurm import SlurmJob
+
+    return isinstance(job, SlurmJob)
+
+
 def _left_queue(sub: Submitted) -> bool:
     """True when Slurm no longer lists the job. Without slurmdbd, sacct cannot say that a job ended (so
     submitit's done() waits for a result file a killed job never writes); squeue can."""
-    if type(sub.job).__name__ != "SlurmJob" or not shutil.which("squeue"):
+    if not _is_slurm_job(sub.job) or not shutil.which("squeue"):
         return False
     q = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", sub.job_id.split("_")[0]],
                        capture_output=True, text=True)
@@ -264,7 +271,7 @@ def _left_queue(sub: Submitted) -> bool:
 
 
 def _ended(sub: Submitted) -> bool:
-    if type(sub.job).__name__ != "SlurmJob":
+    if not _is_slurm_job(sub.job):
         return sub.job.done()
     return sub.job.paths.result_pickle.exists() or _left_queue(sub)  # no sacct call: see _left_queue
 
@@ -310,20 +317,60 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
     return 1 if failures else 0
 
 
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """One submission: a job shape and the runs it carries. A single job is a sweep of one point;
+    a sweep has one spec per GPU count, each a job array of its points."""
+
+    request: JobRequest
+    folder: Path  # submitit's folder, with %j for the job id: each run directory
+    points: tuple  # ((point or None, RunConfig), ...)
+    array: bool  # submitted as a job array (a sweep), or as a plain job
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a command line asks for, validated, before anything is submitted or written."""
+
+    cluster: ClusterConfig
+    specs: tuple[JobSpec, ...]
+    local: bool
+    base: RunConfig
+    sweep: SweepConfig | None = None
+    sweep_dir: Path | None = None
+    max_parallel: int | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    local = args.local
+    plan = make_plan(args)
+    if args.dry_run:
+        print_plan(plan)
+        return 0
+    return execute(plan, wait=args.wait)
+
+
+def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
     overrides = overrides_from_args(args)
     for dotted, _, source in overrides:
         require_section(dotted, RUN_SECTIONS + ("cluster",) + (("sweep",) if args.sweep else ()), source)
-    cluster = load_cluster(args.profile or ("local" if local else "perlmutter"),
+    cluster = load_cluster(args.profile or ("local" if args.local else "perlmutter"),
                            [o for o in overrides if o[0].startswith("cluster.")])
-    if local and cluster.max_nodes < args.nodes:
+    if args.local and cluster.max_nodes < args.nodes:
         raise ConfigError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
-    gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
-    time_min = args.time if args.time is not None else cluster.time_limit_min
     if args.max_parallel is not None and args.max_parallel < 1:
         raise ConfigError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
+    if not args.local and cluster.scheduler != "slurm":
+        raise ConfigError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
+    if not args.local and not args.dry_run and not shutil.which("sbatch"):
+        raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
+    return cluster
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """The job specs for a command line: every shape and every point validated, nothing written."""
+    cluster = load_cluster_for(args)
+    time_min = args.time if args.time is not None else cluster.time_limit_min
     layers = _run_layers(args)
     base = layers.run_config()  # validates the run config before anything is submitted
     sweep = layers.build("sweep") if args.sweep else None
@@ -331,31 +378,26 @@ def main(argv: list[str] | None = None) -> int:
         check_name(args.name, "command line: --name")
     name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
     exports = _exports(args.export)
-    if not local and cluster.scheduler != "slurm":
-        raise ConfigError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
-    if not local and not args.dry_run and not shutil.which("sbatch"):
-        raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
-
     runs_dir = Path(args.runs_dir).absolute()
     check_output_dir(runs_dir, "command line: --runs-dir")
+
+    def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
+        check_request(cluster, nodes, gpus, time_min, source=source)
+        return JobRequest(nodes, gpus, time_min, job_name, args.account, args.qos, args.partition, exports)
+
     if sweep is None:
-        req = JobRequest(args.nodes, gpus, time_min, name, args.account, args.qos, args.partition, exports)
-        check_request(cluster, req.nodes, req.gpus, req.time_min)
-        folder = runs_dir / name / "%j"
-        executor = make_executor(cluster, req, folder, local)
-        if args.dry_run:
-            print(sbatch_text(executor) if not local else f"# --local: {req.gpus} task(s) of {executor._submitit_command_str}\n",
-                  end="")
-            return 0
-        job = executor.submit(TrainJob(base.to_dict(), cluster.max_requeues))
-        sub = _job_record(job)
-        print(_describe(sub), flush=True)
-        if not (args.wait or local):
-            return 0
-        code = wait_for([sub], follow=local)
-        _drop_placeholder(folder)
-        return code
-    return submit_sweep(args, cluster, base, sweep, layers, name, runs_dir, exports, local, time_min)
+        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        spec = JobSpec(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", ((None, base),), False)
+        return Plan(cluster, (spec,), args.local, base)
+    for gpus in sweep.gpus:  # every shape is checked before anything is submitted
+        check_request(cluster, sweep.nodes, gpus, time_min, source=f"{args.sweep}: sweep.gpus")
+    sweep_dir = runs_dir / name / dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
+    by_shape: dict[int, list] = {}
+    for point, cfg in sweep_points(sweep, layers):
+        by_shape.setdefault(point["gpus"], []).append((point, cfg))
+    specs = tuple(JobSpec(request(sweep.nodes, gpus, f"{name}-{gpus}gpu", f"{args.sweep}: sweep.gpus"),
+                          sweep_dir / "%j", tuple(group), True) for gpus, group in by_shape.items())
+    return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
 
 
 def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConfig]]:
@@ -371,53 +413,69 @@ def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConf
     return points
 
 
-def submit_sweep(args, cluster: ClusterConfig, base: RunConfig, sweep: SweepConfig, layers: Layers, name: str,
-                 runs_dir: Path, exports: dict, local: bool, time_min: int) -> int:
-    for gpus in sweep.gpus:  # every shape is checked before anything is submitted
-        check_request(cluster, sweep.nodes, gpus, time_min, source=f"{args.sweep}: sweep.gpus")
-    points = sweep_points(sweep, layers)
-    sweep_dir = runs_dir / name / dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
-    by_shape: dict[int, list] = {}
-    for point, cfg in points:
-        by_shape.setdefault(point["gpus"], []).append((point, cfg))
-    if args.dry_run:
-        for gpus, group in by_shape.items():
-            req = JobRequest(sweep.nodes, gpus, time_min, f"{name}-{gpus}gpu", args.account, args.qos,
-                             args.partition, exports)
-            executor = make_executor(cluster, req, sweep_dir / "%j", local, max_parallel=args.max_parallel)
-            print(f"# array of {len(group)} points at {sweep.nodes} node(s) x {gpus} GPU(s)")
-            print(sbatch_text(executor, map_count=len(group)) if not local else "# --local: points run one by one")
-        return 0
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(sweep_dir / "sweep.yaml", dump_yaml({"sweep": dataclasses.asdict(sweep), **base.to_dict()}))
+def executor_for(plan: Plan, spec: JobSpec):
+    return make_executor(plan.cluster, spec.request, spec.folder, plan.local, max_parallel=plan.max_parallel)
+
+
+def print_plan(plan: Plan) -> None:
+    """--dry-run: the sbatch script of every spec (what submitit would hand to sbatch), submitting nothing."""
+    for spec in plan.specs:
+        executor = executor_for(plan, spec)
+        if spec.array:
+            print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
+            print(sbatch_text(executor, map_count=len(spec.points)) if not plan.local
+                  else "# --local: points run one by one")
+        elif plan.local:
+            print(f"# --local: {spec.request.gpus} task(s) of {executor._submitit_command_str}")
+        else:
+            print(sbatch_text(executor), end="")
+
+
+def execute(plan: Plan, wait: bool) -> int:
+    """Submit every spec: here one point at a time (each waited for), on Slurm each spec at once (an
+    array for a sweep). Returns 0, or 1 when a job that was waited for failed."""
+    if plan.sweep_dir is not None:
+        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(plan.sweep_dir / "sweep.yaml",
+                     dump_yaml({"sweep": dataclasses.asdict(plan.sweep), **plan.base.to_dict()}))
     subs: list[Submitted] = []
     failures = 0
-    for gpus, group in by_shape.items():
-        req = JobRequest(sweep.nodes, gpus, time_min, f"{name}-{gpus}gpu", args.account, args.qos, args.partition,
-                         exports)
-        executor = make_executor(cluster, req, sweep_dir / "%j", local, max_parallel=args.max_parallel)
-        if local:  # this machine: one point at a time
-            for point, cfg in group:
-                sub = _job_record(executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)))
-                sub.point = point
-                subs.append(sub)
-                print(_describe(sub), flush=True)
-                failures += wait_for([sub], follow=True)
-                _drop_placeholder(sweep_dir / "%j")
-                _write_index(sweep_dir, sweep, cluster, subs)
+    for spec in plan.specs:
+        executor = executor_for(plan, spec)
+        if plan.local:  # this machine: one point at a time, followed as it runs
+            for point, cfg in spec.points:
+                subs.extend(submit_points(plan, executor, ((point, cfg),), batch=False))
+                failures += wait_for(subs[-1:], follow=True)
+                _drop_placeholder(spec.folder)
+                record_index(plan, subs)
             continue
-        with executor.batch():
-            jobs = [executor.submit(TrainJob(cfg.to_dict(), cluster.max_requeues)) for _, cfg in group]
-        for job, (point, _) in zip(jobs, group):
-            sub = _job_record(job)
-            sub.point = point
-            subs.append(sub)
-            print(_describe(sub), flush=True)
-        _write_index(sweep_dir, sweep, cluster, subs)
-    print(f"sweep: {len(subs)} points, index {sweep_dir / 'index.json'}")
-    if args.wait and not local:
-        return wait_for(subs)
+        subs.extend(submit_points(plan, executor, spec.points, batch=spec.array))
+        record_index(plan, subs)
+    if plan.sweep_dir is not None:
+        print(f"sweep: {len(subs)} points, index {plan.sweep_dir / 'index.json'}")
+    if wait and not plan.local:
+        failures = wait_for(subs)
+        for spec in plan.specs:
+            _drop_placeholder(spec.folder)
     return 1 if failures else 0
+
+
+def submit_points(plan: Plan, executor, points, batch: bool) -> list[Submitted]:
+    """Submit the points' TrainJobs (as one array when `batch`) and say where each runs."""
+    with executor.batch() if batch else contextlib.nullcontext():
+        jobs = [executor.submit(TrainJob(cfg.to_dict(), plan.cluster.max_requeues)) for _, cfg in points]
+    subs = []
+    for job, (point, _) in zip(jobs, points):
+        sub = _job_record(job)
+        sub.point = point
+        print(_describe(sub), flush=True)
+        subs.append(sub)
+    return subs
+
+
+def record_index(plan: Plan, subs: list[Submitted]) -> None:
+    if plan.sweep_dir is not None:
+        _write_index(plan.sweep_dir, plan.sweep, plan.cluster, subs)
 
 
 def _write_index(sweep_dir: Path, sweep: SweepConfig, cluster: ClusterConfig, subs: list[Submitted]) -> None:
