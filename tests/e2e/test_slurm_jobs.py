@@ -15,7 +15,7 @@ import pytest
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 SMOKE = str(REPO / "profiles" / "smoke.yaml")
 ENV = dict(os.environ, PATH=f"{Path(PY).parent}:{os.environ['PATH']}")

@@ -8,7 +8,7 @@ from conftest import assert_one_line_error, run_module
 from hpc.config import (ConfigError, Layers, check_request, load_cluster, load_run_config,
                         resolve_profile_path)
 
-PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
 def test_shipped_profiles_load():

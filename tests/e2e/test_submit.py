@@ -9,7 +9,7 @@ from conftest import assert_one_line_error, run_module
 from hpc.config import load_cluster
 from hpc.submit import JobRequest, TrainJob, make_executor, sbatch_text, slurm_parameters
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def golden_text() -> str:

@@ -10,7 +10,7 @@ import pytest
 from hpc.distenv import master_port_for_job
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_exports(text):
