@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from hpc.cli import Parser, UsageError
-from hpc.config import ARCHS, ModelConfig, ProfilerConfig, write_atomic
+from hpc.config import ARCHS, ModelConfig, ProfilerConfig, TrainConfig, write_atomic
 from hpc.trainer import percentile
 
 # Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets, by device-name substring.
@@ -385,14 +385,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpc import data as data_mod
 
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    variants = variants_for(device.type == "cuda", args.compile, args.only)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    from hpc.distenv import from_environ
+    from hpc.trainer import init_process_group, setup_device
+
+    variants = variants_for(torch.cuda.is_available(), args.compile, args.only)
+    # The training's own set-up: the same backend flags (cuDNN autotuning, TF32) and process group.
+    single = from_environ({})
+    device, cuda = setup_device(TrainConfig(), single)
+    init_process_group(single, cuda, TrainConfig().collective_timeout_s)
     report = {**environment(device), "command": " ".join(["python -m hpc.bench", *(argv if argv is not None else sys.argv[1:])]),
               "time": dt.datetime.now().isoformat(timespec="seconds"), "arch": args.arch, "stem": args.stem}
     rows = report.setdefault("memory" if args.memory_grid else "results", [])

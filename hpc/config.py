@@ -1,4 +1,5 @@
-"""Configuration: one frozen dataclass per section, loaded from YAML, command line > YAML > defaults.
+"""Configuration loading: YAML files and --set values, layered (command line > YAML > defaults),
+each value typed and checked against the schema (hpc/schema.py) with its provenance.
 
 A YAML file holds any of the top-level sections `cluster`, `data`, `model`, `train`, `profiler`,
 `sweep`. Every key is checked against its dataclass: an unknown key, a wrong type or an impossible
@@ -15,13 +16,21 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import yaml
 
 from hpc.cli import shown
+from hpc.schema import (ARCHS, RUN_SECTIONS, SECTIONS, ClusterConfig, DataConfig, ModelConfig, ProfilerConfig,
+                        RunConfig, SweepConfig, TrainConfig, _Invalid, _plain, may_change_on_resume)
 
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
+# The schema's names are re-exported: `from hpc.config import TrainConfig` keeps working.
+__all__ = ["ARCHS", "RUN_SECTIONS", "SECTIONS", "ClusterConfig", "DataConfig", "ModelConfig", "ProfilerConfig",
+           "RunConfig", "SweepConfig", "TrainConfig", "may_change_on_resume", "ConfigError", "Layers",
+           "load_run_config", "load_cluster", "run_config_from_dict", "read_yaml", "parse_override", "set_source",
+           "require_section", "check_request", "dump_yaml", "write_atomic", "resolve_profile_path", "PROFILES_DIR",
+           "load_yaml_text", "build_section"]
+
 # Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
 # from a source tree (or an editable install): the repository's profiles/.
 PROFILES_DIR = next((p for p in (Path(__file__).resolve().parent / "profiles",
@@ -55,269 +64,6 @@ def load_yaml_text(text: str):
 
 class ConfigError(ValueError):
     """A bad configuration value; str() is the one-line message shown to the user."""
-
-
-class _Invalid(ValueError):
-    """Raised by __post_init__ checks; the loader adds the source and turns it into ConfigError."""
-
-    def __init__(self, key: str, reason: str):
-        super().__init__(reason)
-        self.key = key
-        self.reason = reason
-
-
-def _check(ok: bool, key: str, reason: str) -> None:
-    if not ok:
-        raise _Invalid(key, reason)
-
-
-def _positive(obj: Any, *keys: str) -> None:
-    for key in keys:
-        value = getattr(obj, key)
-        _check(value is None or value > 0, key, "must be > 0")
-
-
-def _non_negative(obj: Any, *keys: str) -> None:
-    for key in keys:
-        value = getattr(obj, key)
-        _check(value is None or value >= 0, key, "must be >= 0")
-
-
-def _at_most(obj: Any, key: str, limit: int, why: str) -> None:
-    value = getattr(obj, key)
-    _check(value is None or value <= limit, key, f"must be <= {limit} ({why})")
-
-
-def _one_of(obj: Any, key: str, choices: tuple) -> None:
-    _check(getattr(obj, key) in choices, key, f"must be one of {', '.join(map(str, choices))}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Sections
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterConfig:
-    """Where jobs run. `scheduler: local` runs on this machine (submitit's local executor)."""
-
-    name: str = "local"
-    scheduler: str = "local"  # slurm | local
-    gpus_per_node: int = 2  # on a CPU-only machine: ranks per node
-    max_nodes: int = 1
-    cpus_per_task: int = 1
-    mem_gb: Optional[int] = None
-    constraint: Optional[str] = None  # Slurm -C
-    qos: Optional[str] = None  # Slurm -q
-    account: Optional[str] = None  # Slurm -A
-    partition: Optional[str] = None
-    time_limit_min: int = 30
-    max_time_limit_min: Optional[int] = None
-    setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    signal_delay_s: int = 120  # USR2 this long before the time limit
-    max_requeues: int = 3
-
-    def __post_init__(self) -> None:
-        _one_of(self, "scheduler", ("slurm", "local"))
-        _positive(self, "gpus_per_node", "max_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
-                  "max_time_limit_min")
-        _non_negative(self, "signal_delay_s", "max_requeues")
-        if self.max_time_limit_min is not None:
-            _check(self.time_limit_min <= self.max_time_limit_min, "time_limit_min",
-                   f"exceeds max_time_limit_min={self.max_time_limit_min}")
-        _check(self.signal_delay_s < self.time_limit_min * 60, "signal_delay_s",
-               f"must be shorter than the time limit ({self.time_limit_min} min)")
-        for key in self.env:
-            _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    root: Optional[str] = None  # None: $HPC_DATA, else $SCRATCH/cifar100 (Perlmutter), else ./data
-    fraction: float = 1.0  # study: 1, 1/2, 1/10 (class-balanced, the same on every rank)
-    loader: str = "device"  # device: whole uint8 set on the device | dataloader: workers + pinned memory
-    num_workers: int = 2
-    pin_memory: bool = True
-    augment: bool = True  # random crop (pad 4) + horizontal flip
-    synthesize_if_missing: bool = False  # write a synthetic CIFAR-100-format set when none is found
-    synth_train: int = 5000
-    synth_test: int = 1000
-
-    def __post_init__(self) -> None:
-        _check(0 < self.fraction <= 1, "fraction", "must be in (0, 1]")
-        _one_of(self, "loader", ("device", "dataloader"))
-        _non_negative(self, "num_workers")
-        _positive(self, "synth_train", "synth_test")
-        _check(self.root is None or self.root.strip() != "", "root", "must not be empty (leave it out for the default)")
-        _check(self.synth_train >= 100, "synth_train", "must be >= 100 (one image per class)")
-        _at_most(self, "synth_train", 1_000_000, "3 GB of images; the real training set has 50,000")
-        _at_most(self, "synth_test", 1_000_000, "3 GB of images; the real test set has 10,000")
-        _at_most(self, "num_workers", 256, "one process each")
-
-    def resolved_root(self, env: Mapping[str, str] = os.environ) -> Path:
-        if self.root:
-            return Path(os.path.expandvars(self.root)).expanduser()
-        if env.get("HPC_DATA"):
-            return Path(env["HPC_DATA"]).expanduser()
-        if env.get("SCRATCH"):
-            return Path(env["SCRATCH"]) / "cifar100"
-        return Path("data")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    arch: str = "resnet152"
-    # torchvision: 7x7/2 conv + max-pool, the study's model, 32x32 inputs shrink to 8x8 at once.
-    # cifar: 3x3/1 conv, no max-pool: far better accuracy on 32x32, ~16x the FLOPs per image.
-    stem: str = "torchvision"
-    num_classes: int = 100
-    channels_last: str = "auto"  # auto: on CUDA only
-    compile: bool = False
-    # true: each residual branch's last BatchNorm starts at zero, so every block starts as the identity
-    # (Goyal et al. 2017). ResNet152 from scratch then falls in loss from the first steps at lr 0.1
-    # (without it, on the CPU, loss rose from 5.7 to 7.3 in 10 steps at lr 0.02); ResNet-18 on the
-    # quickstart's 126 steps learns far slower with it (eval top-1 12% against 99.8%). Off by default,
-    # as in torchvision and the study.
-    zero_init_residual: bool = False
-
-    def __post_init__(self) -> None:
-        _check(self.arch in ARCHS, "arch", f"unknown arch; known: {', '.join(ARCHS)}")
-        _one_of(self, "stem", ("torchvision", "cifar"))
-        _one_of(self, "channels_last", ("auto", "on", "off"))
-        _positive(self, "num_classes")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    batch_size: int = 128
-    # per_gpu: each rank takes batch_size images a step (the study's scripts: DataLoader per rank);
-    # global: batch_size is split across ranks (must divide by world size x grad_accum_steps).
-    batch_scope: str = "per_gpu"
-    epochs: int = 1
-    max_steps: Optional[int] = None  # stop after this many optimizer steps in total
-    lr: Optional[float] = None  # None: lr_per_256 x global batch / 256 (linear scaling rule)
-    lr_per_256: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 5e-4
-    warmup_epochs: float = 1.0
-    schedule: str = "cosine"  # cosine | multistep | constant
-    milestones: tuple[float, ...] = (0.5, 0.75)  # multistep, as fractions of the run
-    grad_accum_steps: int = 1
-    amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
-    device: str = "auto"  # auto | cpu | cuda
-    seed: int = 0
-    # cuDNN/cuBLAS deterministic algorithms (slower): a resumed run ends bit-identical to an
-    # uninterrupted one on a GPU too. The CPU path is deterministic without it.
-    deterministic: bool = False
-    # One process on a GPU: capture forward + backward + optimizer step as a CUDA graph and replay it
-    # (hpc/cudagraph.py). For launch-bound models (ResNet152 on 32x32 images) this is several times faster.
-    cuda_graph: bool = False
-    # Cap this process's share of the GPU's memory (torch.cuda.set_per_process_memory_fraction), e.g.
-    # 0.5 on an 80 GB H100 to see where a 40 GB A100 runs out of memory. None: the whole device.
-    cuda_memory_fraction: Optional[float] = None
-    log_every_steps: int = 20
-    eval: bool = True
-    checkpoint_every_steps: int = 0  # 0: at epoch ends, at the end and on SIGTERM/SIGUSR2 only
-    collective_timeout_s: int = 300  # a dead peer ends the run instead of hanging it
-    ddp_bucket_cap_mb: int = 25
-    ddp_gradient_as_bucket_view: bool = True
-    ddp_static_graph: bool = False
-
-    def __post_init__(self) -> None:
-        _positive(self, "batch_size", "epochs", "max_steps", "lr", "lr_per_256", "grad_accum_steps",
-                  "log_every_steps", "collective_timeout_s", "ddp_bucket_cap_mb")
-        _non_negative(self, "momentum", "weight_decay", "warmup_epochs", "checkpoint_every_steps", "seed")
-        _at_most(self, "batch_size", 2**20, "ResNet152 needs 4.6 GiB at 2048; this would need terabytes")
-        _at_most(self, "grad_accum_steps", 2**20, "more micro-batches than any batch holds")
-        _at_most(self, "seed", 2**32 - 1, "seeds are 32-bit")
-        _at_most(self, "collective_timeout_s", 7 * 24 * 3600, "a week")
-        _one_of(self, "batch_scope", ("per_gpu", "global"))
-        _one_of(self, "schedule", ("cosine", "multistep", "constant"))
-        _one_of(self, "amp", ("auto", "bf16", "off"))
-        _one_of(self, "device", ("auto", "cpu", "cuda"))
-        _check(all(0 < m < 1 for m in self.milestones), "milestones", "must lie in (0, 1)")
-        _check(self.cuda_memory_fraction is None or 0 < self.cuda_memory_fraction <= 1, "cuda_memory_fraction",
-               "must be in (0, 1]")
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfilerConfig:
-    enabled: bool = True
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    repeat: int = 1  # 0: cycle for the whole run
-    record_shapes: bool = False
-    profile_memory: bool = True
-    with_stack: bool = False
-    # The profiler's own key_averages() totals per cycle in summary.json, to cross-check the trace
-    # analysis. Off by default: building them takes seconds per cycle (~8 s for two ResNet152 steps
-    # on an H100 host), more than the rest of the profiler's cost over a whole run.
-    key_averages: bool = False
-    # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/oom.py), for
-    # PyTorch's memory_viz. Costs a little host time per allocation.
-    memory_snapshot: bool = False
-
-    def __post_init__(self) -> None:
-        _non_negative(self, "wait", "warmup", "repeat")
-        _positive(self, "active")
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-    """The study's grid (seed 003, section 4.2.2): data fraction x batch size x GPU count."""
-
-    name: str = "study"
-    data_fractions: tuple[float, ...] = (1.0, 0.5, 0.1)
-    batch_sizes: tuple[int, ...] = (128, 512, 1024, 2048)
-    gpus: tuple[int, ...] = (1, 2, 4)
-    nodes: int = 1
-
-    def __post_init__(self) -> None:
-        for key in ("data_fractions", "batch_sizes", "gpus"):
-            _check(len(getattr(self, key)) > 0, key, "must not be empty")
-        _check(all(0 < f <= 1 for f in self.data_fractions), "data_fractions", "each must be in (0, 1]")
-        _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "each must be > 0")
-        _check(all(g > 0 for g in self.gpus), "gpus", "each must be > 0")
-        _check(bool(self.name) and "/" not in self.name and self.name not in (".", "..")
-               and not self.name.startswith("-") and self.name.isprintable() and len(self.name.encode()) <= 200,
-               "name", "names a directory and jobs: non-empty, printable, no '/', not '.' or '..', at most 200 bytes")
-        _positive(self, "nodes")
-
-
-SECTIONS: dict[str, type] = {
-    "cluster": ClusterConfig,
-    "data": DataConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "profiler": ProfilerConfig,
-    "sweep": SweepConfig,
-}
-RUN_SECTIONS = ("data", "model", "train", "profiler")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """What one training run needs; each component gets only its own section."""
-
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    profiler: ProfilerConfig = dataclasses.field(default_factory=ProfilerConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in RUN_SECTIONS}
-
-
-def _plain(value: Any) -> Any:
-    """Tuples to lists, for YAML/JSON output."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,16 +28,11 @@ from pathlib import Path
 
 from hpc.checkpoint import CHECKPOINT
 from hpc.cli import Parser, UsageError, expected_errors
-from hpc.config import RunConfig, load_run_config, parse_override, set_source
+from hpc.config import RunConfig, load_run_config, may_change_on_resume, parse_override, set_source
 from hpc.distenv import DistEnv, from_environ
 from hpc.oom import EXIT_OOM, describe, record_oom
 from hpc.trainer import StopSignal, TrainingError
 
-# Values that may change between a run and its resumption (they do not change the result); anything
-# else must match config.yaml. The whole profiler section may change too.
-RESUMABLE_CHANGES = {"data.root", "data.num_workers", "data.pin_memory", "train.max_steps",
-                     "train.log_every_steps", "train.checkpoint_every_steps", "train.eval",
-                     "train.cuda_memory_fraction"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,7 +147,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> None:
     for section, body in new.items():
         for key, value in body.items():
             old = (saved.get(section) or {}).get(key, value)
-            if section != "profiler" and f"{section}.{key}" not in RESUMABLE_CHANGES and old != value:
+            if old != value and not may_change_on_resume(section, key):  # marked on the config's fields
                 raise UsageError(f"{run_dir}: holds a run with {section}.{key} = {old!r}, not {value!r}; "
                                  "use another --run-dir or the same settings to resume")
 

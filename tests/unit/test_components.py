@@ -214,3 +214,13 @@ def test_check_name_refuses(name):
 
 def test_check_name_accepts_a_hostile_but_valid_name():
     check_name("we ird'\"$(touch x);`y`", "--name")
+
+
+def test_which_keys_may_change_on_resume_is_marked_on_the_fields():
+    from hpc.config import may_change_on_resume
+
+    assert all(may_change_on_resume(*k.split(".")) for k in (
+        "data.root", "data.num_workers", "train.max_steps", "train.eval", "train.cuda_memory_fraction",
+        "profiler.enabled", "profiler.active", "profiler.memory_snapshot"))
+    assert not any(may_change_on_resume(*k.split(".")) for k in (
+        "train.batch_size", "train.lr", "train.seed", "model.arch", "data.fraction", "data.augment", "train.nokey"))
