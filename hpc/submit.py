@@ -276,6 +276,21 @@ def _ended(sub: Submitted) -> bool:
     return sub.job.paths.result_pickle.exists() or _left_queue(sub)  # no sacct call: see _left_queue
 
 
+RUN_NUMBERS = ["rank", "steps", "cpu_time_us", "cuda_time_us", "kernel_calls", "peak_gpu_mem_bytes",
+               "peak_cpu_mem_bytes"]
+
+
+def print_run_numbers(run_dir: Path) -> None:
+    """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
+    from analysis.report import analyze_run, flush_warnings, render
+
+    traces, _ = analyze_run(run_dir)
+    flush_warnings()
+    if traces:
+        print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
+        print(render(sorted(traces, key=lambda r: (r["rank"] is None, r["rank"] or 0)), RUN_NUMBERS, "table"), end="")
+
+
 def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
     """Wait until every job has ended; report each: its status, or FAILED with its log.
     With follow, rank 0's output is echoed as it comes (local runs)."""
@@ -307,6 +322,8 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
             if not sub.job.paths.result_pickle.exists():
                 raise RuntimeError("no result: the job was killed or failed outside Python")
             result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
+            if follow and result.get("status") == "done":
+                print_run_numbers(sub.run_dir)
             print(f"job {sub.job_id}: {result.get('status')}\n  run:     {sub.run_dir}\n"
                   f"  traces:  {sub.run_dir / 'traces'}\n  summary: {sub.run_dir / 'summary.json'}")
         except Exception as e:  # submitit re-raises the job's own exception here

@@ -19,3 +19,11 @@ def test_local_two_ranks_through_submitit(tmp_path):
     assert len(list((run_dir / "traces").glob("rank*.pt.trace.json"))) == 2
     assert sorted(p.name for p in (tmp_path / "runs" / "tiny").iterdir()) == [run_dir.name]  # no '%j' left over
     assert "step 4/4" in proc.stdout  # rank 0's progress was followed
+    # ... after the numbers of the run it just made, from its traces: one row per rank
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("profiled steps, per rank"))
+    assert lines[at + 1].split() == ["rank", "steps", "cpu_time_us", "cuda_time_us", "kernel_calls",
+                                     "peak_gpu_mem_bytes", "peak_cpu_mem_bytes"]
+    rows = [line.split() for line in lines[at + 2:at + 4]]
+    assert [r[0] for r in rows] == ["0", "1"] and all(int(r[1]) == 2 and float(r[2]) > 0 for r in rows)
+    assert lines[at + 4] == tail[0]
