@@ -10,7 +10,7 @@ import cost is not charged to parsing. Tools that are not installed are reported
 
 from __future__ import annotations
 
-from hpc.cli import Parser, UsageError
+from hpc.cli import Parser, UsageError, check_output_file
 from hpc.config import write_atomic
 import json
 import statistics
@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"{path}: not a trace file")
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: must be >= 1")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json {args.json!r}: directory {str(Path(args.json).resolve().parent)!r} does not exist")
+    check_output_file(args.json, "--json")
     results = []
     print(f"{'file':42} {'MB':>6}  " + "  ".join(f"{t + ' s':>20} {'peak MB':>8}" for t in _RUNNERS))
     for path in files:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpc.cli import Parser, UsageError
+from hpc.cli import Parser, UsageError, check_output_file
 from hpc.config import ARCHS, ModelConfig, ProfilerConfig, TrainConfig, write_atomic
 from hpc.trainer import percentile
 
@@ -367,10 +367,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"--steps {args.steps} --warmup {args.warmup}: steps must be >= 1, warm-up >= 0")
-    if args.out:  # fail now, not after the benchmark
-        out_dir = Path(args.out).resolve().parent
-        if not out_dir.is_dir():
-            raise UsageError(f"--out {args.out!r}: directory {str(out_dir)!r} does not exist")
+    check_output_file(args.out, "--out")  # fail now, not after the benchmark
     return args
 
 

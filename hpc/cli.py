@@ -85,6 +85,19 @@ def check_output_dir(out, flag: str) -> None:
         raise UsageError(f"{flag} {str(out)!r}: {str(existing)!r} is not writable")
 
 
+def check_output_file(path, flag: str) -> None:
+    """Before any work: a result file can be written at `path` (its directory exists, it is not one)."""
+    from pathlib import Path
+
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {str(path)!r}: directory {str(parent)!r} does not exist")
+    if Path(path).is_dir():
+        raise UsageError(f"{flag} {str(path)!r}: is a directory, not a file")
+
+
 def check_name(value: str, source: str, max_chars: int = 200) -> None:
     """A name used as one directory name and a Slurm job name: non-empty, one path component, printable."""
     if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):

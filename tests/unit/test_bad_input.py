@@ -243,6 +243,7 @@ CASES = {
     "bench: --steps 0": (("hpc.bench", "--steps", "0"), None, ("--steps 0",)),
     "bench: --warmup -1": (("hpc.bench", "--warmup", "-1"), None, ("--warmup -1",)),
     "bench: --out into a missing dir": (("hpc.bench", "--out", "{T}/no/such/out.json"), None, ("--out", "does not exist")),
+    "bench: --out onto a directory": (("hpc.bench", "--out", "{H}"), None, ("--out", "is a directory")),
     "bench: --batch 0": (("hpc.bench", "--batch", "0"), None, ("--batch", "0")),
     "bench: --batch abc": (("hpc.bench", "--batch", "128,abc"), None, ("--batch", "abc")),
     "bench: --memory-grid x": (("hpc.bench", "--memory-grid", "x"), None, ("--memory-grid", "x")),
