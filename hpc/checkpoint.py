@@ -80,20 +80,24 @@ def rng_state(use_cuda: bool) -> dict:
             "cuda": torch.cuda.get_rng_state() if use_cuda else None}
 
 
-def restore(path: Path, ckpt: dict, model, optimizer, scheduler, use_cuda: bool) -> None:
-    """Load the checkpoint's states (weights, optimizer, schedule, RNG) into the run's objects; a
-    mismatch (another architecture, a tensor of another shape) names the file, not a traceback."""
+def set_rng_state(rng: dict, use_cuda: bool) -> None:
     import torch
 
+    torch.set_rng_state(rng["torch"])
+    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in rng["python"]))
+    if use_cuda and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state(rng["cuda"])
+
+
+def restore(path: Path, ckpt: dict, model, optimizer, scheduler, state) -> None:
+    """Load the checkpoint into the run's objects: weights, optimizer, schedule, and the train state
+    (position and RNG: anything with load_state_dict). A mismatch (another architecture, a tensor of
+    another shape, junk RNG state) names the file, not a traceback."""
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in rng["python"]))
-        if use_cuda and rng.get("cuda") is not None:
-            torch.cuda.set_rng_state(rng["cuda"])
+        state.load_state_dict(ckpt)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
         raise UsageError(f"{path}: does not fit this run's model or optimizer "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.checkpoint import Checkpointer, restore, rng_state
+from hpc.checkpoint import Checkpointer, restore, rng_state, set_rng_state
 from hpc.cli import UsageError
 from hpc.config import RunConfig, TrainConfig, dump_yaml, write_atomic
 from hpc.distenv import DistEnv
@@ -180,16 +180,20 @@ def build_optimizer(model, tc: TrainConfig, base_lr: float, use_cuda: bool):
 
 @dataclasses.dataclass
 class TrainState:
-    """Where the run is: epoch, micro-batches done in this epoch, optimizer steps done."""
+    """Where the run is: epoch, micro-batches done in this epoch, optimizer steps done, and the random
+    number generators (torch, Python, CUDA) at that point, so a resumed run draws what an uninterrupted
+    one would."""
 
     epoch: int = 0
     position: int = 0
     step: int = 0
+    use_cuda: bool = dataclasses.field(default=False, compare=False)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "step": self.step}
+        return {"epoch": self.epoch, "position": self.position, "step": self.step, "rng": rng_state(self.use_cuda)}
 
     def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state["rng"], self.use_cuda)
         self.epoch, self.position, self.step = state["epoch"], state["position"], state["step"]
 
 
@@ -359,7 +363,7 @@ class Trainer:
         start_memory_history(cfg.profiler.memory_snapshot, self.use_cuda)
         self._setup_data()
         self._setup_model()
-        self.state = TrainState()
+        self.state = TrainState(use_cuda=self.use_cuda)
         self.checkpointer = Checkpointer(run_dir, self.tc.checkpoint_every_steps, self.is_main, self.barrier,
                                          self.log)
         self.resumed_from_step = self._resume()
@@ -446,8 +450,7 @@ class Trainer:
             if self.is_main:
                 write_atomic(self.run_dir / "config.yaml", dump_yaml(self.cfg.to_dict()))
             return 0
-        restore(self.checkpointer.path, ckpt, self.model, self.optimizer, self.scheduler, self.use_cuda)
-        self.state.load_state_dict(ckpt)
+        restore(self.checkpointer.path, ckpt, self.model, self.optimizer, self.scheduler, self.state)
         self.log(f"resuming from {self.checkpointer.path}: epoch {self.state.epoch}, batch {self.state.position}, "
                  f"step {self.state.step}")
         return self.state.step
@@ -467,8 +470,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": None,  # bf16 autocast needs no loss scaling
-            **self.state.state_dict(),
-            "rng": rng_state(self.use_cuda),
+            **self.state.state_dict(),  # epoch, position, step, rng
             "config": self.cfg.to_dict(),
             "world_size": self.dist.world_size,
         }

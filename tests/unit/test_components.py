@@ -3,6 +3,7 @@ analysis accumulators and the shared CLI helpers. No process, no cluster: the un
 
 import json
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -57,11 +58,14 @@ def test_percentile_interpolates():
     assert percentile([0.0, 10.0], 0.9) == pytest.approx(9.0)
 
 
-def test_train_state_round_trip():
+def test_train_state_round_trip_with_rng():
     state = TrainState(epoch=2, position=5, step=17)
+    saved = state.state_dict()
+    drawn = (torch.rand(3), random.random())
     again = TrainState()
-    again.load_state_dict(state.state_dict())
+    again.load_state_dict(saved)
     assert again == state
+    assert torch.equal(torch.rand(3), drawn[0]) and random.random() == drawn[1]
 
 
 def test_divergence_guard_finds_the_first_bad_step_on_cpu():
