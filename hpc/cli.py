@@ -98,16 +98,26 @@ def check_output_file(path, flag: str) -> None:
         raise UsageError(f"{flag} {str(path)!r}: is a directory, not a file")
 
 
-def check_name(value: str, source: str, max_chars: int = 200) -> None:
-    """A name used as one directory name and a Slurm job name: non-empty, one path component, printable."""
-    if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise UsageError(f"{source} {shown(value)}: must be non-empty, without control characters or line breaks")
+NAME_MAX_BYTES = 200  # a name becomes a directory (255-byte limit) and a job name, with suffixes
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot name a run directory and a Slurm job (--name, sweep.name), or None: the one
+    rule, shared by the command line and the sweep file."""
+    if not value or not value.isprintable():
+        return "must be non-empty and printable, without control characters or line breaks"
     if "/" in value or value in (".", "..") or value.startswith("-"):
-        raise UsageError(f"{source} {shown(value)}: is used as a directory name, so no '/', not '.' or '..', "
-                         "and no leading '-'")
-    if len(value.encode()) > max_chars:
-        raise UsageError(f"{source} {shown(value)}: {len(value.encode())} bytes; at most {max_chars} "
-                         "(it names directories and jobs)")
+        return "is used as a directory name, so no '/', not '.' or '..', and no leading '-'"
+    if len(value.encode()) > NAME_MAX_BYTES:
+        return f"{len(value.encode())} bytes, more than {NAME_MAX_BYTES} bytes (it names directories and jobs)"
+    return None
+
+
+def check_name(value: str, source: str) -> None:
+    """UsageError naming `source` when `value` cannot be a name (name_problem)."""
+    problem = name_problem(value)
+    if problem:
+        raise UsageError(f"{source} {shown(value)}: {problem}")
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:

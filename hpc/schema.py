@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from hpc.cli import name_problem
+
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
 
 
@@ -250,9 +252,7 @@ class SweepConfig:
         _check(all(0 < f <= 1 for f in self.data_fractions), "data_fractions", "each must be in (0, 1]")
         _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "each must be > 0")
         _check(all(g > 0 for g in self.gpus), "gpus", "each must be > 0")
-        _check(bool(self.name) and "/" not in self.name and self.name not in (".", "..")
-               and not self.name.startswith("-") and self.name.isprintable() and len(self.name.encode()) <= 200,
-               "name", "names a directory and jobs: non-empty, printable, no '/', not '.' or '..', at most 200 bytes")
+        _check(name_problem(self.name) is None, "name", name_problem(self.name) or "")
         _positive(self, "nodes")
 
 

@@ -40,14 +40,12 @@ from hpc.train import add_training_flags, overrides_from_args
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_text(flag: str, value: str | None, allow_slash: bool = True) -> None:
+def _check_text(flag: str, value: str | None) -> None:
     """Names and paths reach #SBATCH lines and shell text: quoting handles the rest, not line breaks."""
     if value is None:
         return
     if value == "" or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ConfigError(f"command line: {flag} {value!r}: must be non-empty, without control characters or line breaks")
-    if not allow_slash and ("/" in value or value in (".", "..")):
-        raise ConfigError(f"command line: {flag} {value!r}: is used as a directory name, so no '/'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +60,7 @@ class JobRequest:
     exports: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_text("--name", self.name, allow_slash=False)
+        check_name(self.name, "command line: --name")
         for flag, value in (("--account", self.account), ("--qos", self.qos), ("--partition", self.partition)):
             _check_text(flag, value)
         for key, value in self.exports.items():

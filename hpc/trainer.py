@@ -387,7 +387,7 @@ class Trainer:
 
         tc, world = self.tc, self.dist.world_size
         root = self.cfg.data.resolved_root()
-        data_mod.check_root(root)
+        data_mod.check_root(root)  # on every rank: not only rank 0 may fail before the barrier below
         if self.cfg.data.synthesize_if_missing and not data_mod.has_dataset(root) and self.dist.local_rank == 0:
             data_mod.prepare_synth_dir(root)
             self.log(f"no CIFAR-100 under {root}: writing a synthetic set in its format")
