@@ -9,14 +9,14 @@ Unusable files are warned about and skipped; exit 2 when nothing was usable. No 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from hpc.cli import Parser, UsageError, check_output_dir
 from hpc.config import write_atomic
+from analysis.records import RunRecord, TraceRecord
 from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, analyze_run, analyze_sweep,
-                             flush_warnings, plot_sweep, render, rows_to_csv, rows_to_markdown)
+                             flush_warnings, plot_sweep, render, rows_to_csv, rows_to_markdown, to_json)
 
 
 def parse_args(argv: list[str] | None):
@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def analyze_path(path: Path) -> tuple[list[dict], list[dict], list[dict] | None]:
+def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[RunRecord] | None]:
     """(per-trace records, run rows, sweep rows or None) for a trace file, a run or a sweep directory."""
-    runs: list[dict] = []
-    sweep_rows: list[dict] | None = None
+    runs: list[RunRecord] = []
+    sweep_rows: list[RunRecord] | None = None
     if path.is_file():
         traces = analyze_files([path])
     elif (path / "index.json").exists():
@@ -66,30 +66,32 @@ def analyze_path(path: Path) -> tuple[list[dict], list[dict], list[dict] | None]
     return traces, runs, sweep_rows
 
 
-def print_tables(traces: list[dict], runs: list[dict], sweep_rows: list[dict] | None, fmt: str) -> None:
+def print_tables(traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None,
+                 fmt: str) -> None:
     if not traces:  # a run that ended out of memory before any trace: its row says so
         sys.stdout.write(render(runs, RUN_COLUMNS, fmt))
     elif fmt == "json":
-        sys.stdout.write(json.dumps(traces, indent=2) + "\n")
+        sys.stdout.write(to_json(traces))
     elif sweep_rows is not None:
         sys.stdout.write(render(sweep_rows, RUN_COLUMNS, fmt))
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
-        if runs and fmt == "table" and runs[0].get("outcome") == "oom":
+        if runs and fmt == "table" and runs[0].outcome == "oom":
             print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY "
                   f"(summary.json: oom)")
         elif runs and fmt == "table":
             r = runs[0]
-            print(f"run: {len(traces)} trace(s), {r['ranks']} rank(s); step time mean/max over ranks "
-                  f"{_ms(r['step_time_us_mean_mean'])}/{_ms(r['step_time_us_mean_max'])} ms, imbalance "
-                  f"{r['rank_imbalance'] if r['rank_imbalance'] is None else round(r['rank_imbalance'], 3)}")
+            print(f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
+                  f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "
+                  f"{r.rank_imbalance if r.rank_imbalance is None else round(r.rank_imbalance, 3)}")
 
 
-def write_outputs(out: Path, traces: list[dict], runs: list[dict], sweep_rows: list[dict] | None, plots: bool) -> None:
+def write_outputs(out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None,
+                  plots: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "traces.json", json.dumps(traces, indent=2) + "\n")
+    write_atomic(out / "traces.json", to_json(traces))
     if runs:
-        write_atomic(out / "runs.json", json.dumps(runs, indent=2) + "\n")
+        write_atomic(out / "runs.json", to_json(runs))
         write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
         write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
     if sweep_rows is not None:

@@ -1,4 +1,5 @@
-"""Per-trace records -> per-run and per-sweep tables; CSV, Markdown, JSON, text; the study's figures.
+"""Per-trace records -> per-rank totals -> per-run and per-sweep records (analysis/records.py); CSV,
+Markdown, JSON, text; the study's figures.
 
 A run directory is what hpc.train writes (traces/, summary.json, config.yaml); a sweep directory is
 what `hpc.submit --sweep` writes (index.json naming each point's run directory).
@@ -11,15 +12,14 @@ import io
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord, as_row
 from analysis.trace import TraceError, analyze_trace
 
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
-# Numbers summed over a rank's profiling cycles (a rank may write several traces); peaks take the max.
-_SUMMED = ("steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us")
-_PEAKS = ("peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes")
 
 
 WARNINGS: list[str] = []  # what was skipped, said once the command knows whether it has a result
@@ -48,7 +48,7 @@ def find_traces(directory: Path) -> list[Path]:
     return sorted(p for p in found if p.name not in skip and not p.name.endswith(".tmp"))
 
 
-def analyze_files(paths: Iterable[Path]) -> list[dict]:
+def analyze_files(paths: Iterable[Path]) -> list[TraceRecord]:
     records = []
     for path in paths:
         try:
@@ -56,8 +56,8 @@ def analyze_files(paths: Iterable[Path]) -> list[dict]:
         except TraceError as e:
             warn(f"{path}: skipped: {e}")
             continue
-        if rec["bad_events"]:
-            warn(f"{path}: {rec['bad_events']} event(s) with mistyped fields skipped")
+        if rec.bad_events:
+            warn(f"{path}: {rec.bad_events} event(s) with mistyped fields skipped")
         records.append(rec)
     return records
 
@@ -105,41 +105,26 @@ def _number_or_none(value: Any) -> Any:
     return value if type(value) in (int, float) and math.isfinite(value) else None
 
 
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def _max(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return max(values) if values else None
-
-
 def _sum_or_none(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) if values else None
 
 
-def analyze_run(run_dir: Path) -> tuple[list[dict], dict | None]:
+def _max_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def analyze_run(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
     """Per-trace records of a run (with the run's summary attached) and the run-level record."""
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
     records = analyze_files(find_traces(traces_dir))
     summary = read_summary(run_dir / "summary.json")
     by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     for rec in records:
-        s = by_rank_summary.get(rec["rank"])
-        if s is None:
-            continue
-        rec["peak_cpu_mem_bytes"] = _number_or_none(s.get("peak_rss_bytes"))
-        # The profiler's own totals for the same cycle, for cross-checking (trace i <-> cycle i).
-        profiler = s.get("profiler") if isinstance(s.get("profiler"), dict) else {}
-        names = profiler.get("traces") if isinstance(profiler.get("traces"), list) else []
-        cycles = profiler.get("cycles") if isinstance(profiler.get("cycles"), list) else []
-        name = Path(rec["file"]).name
-        if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
-            cyc = cycles[names.index(name)]
-            rec["key_averages"] = {k: _number_or_none(cyc.get(k)) for k in
-                                   ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")}
+        s = by_rank_summary.get(rec.rank)
+        if s is not None:
+            attach_summary(rec, s)
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if isinstance(summary, dict) else None
     if oom is not None or not records:
@@ -147,17 +132,30 @@ def analyze_run(run_dir: Path) -> tuple[list[dict], dict | None]:
     return records, run_record(run_dir, records, summary)
 
 
-def oom_record(run_dir: Path, summary: dict) -> dict | None:
+def attach_summary(rec: TraceRecord, rank_summary: dict) -> None:
+    """What summary.json knows about the trace's rank: its peak RSS, and the profiler's own totals for
+    the same cycle (trace i <-> cycle i), for cross-checking."""
+    rec.peak_cpu_mem_bytes = _number_or_none(rank_summary.get("peak_rss_bytes"))
+    profiler = rank_summary.get("profiler") if isinstance(rank_summary.get("profiler"), dict) else {}
+    names = profiler.get("traces") if isinstance(profiler.get("traces"), list) else []
+    cycles = profiler.get("cycles") if isinstance(profiler.get("cycles"), list) else []
+    name = Path(rec.file).name
+    if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
+        cyc = cycles[names.index(name)]
+        rec.key_averages = {k: _number_or_none(cyc.get(k)) for k in
+                            ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")}
+
+
+def oom_record(run_dir: Path, summary: dict) -> RunRecord | None:
     """The run-level row of a run that ended out of memory (hpc/oom.py): a result with no timings."""
     oom = summary.get("oom")
     if summary.get("outcome") != "oom" or not isinstance(oom, dict):
         return None
     cfg = summary.get("config") or {}
     batch = oom.get("batch_size_per_gpu")
-    return {"run_dir": str(run_dir), "traces": 0, "ranks": 0, "outcome": "oom",
-            "arch": _config_value(cfg, "model", "arch", str), "batch_size_per_gpu": batch if _is_count(batch) else None,
-            "gpus": summary.get("world_size"),
-            "data_fraction": _number_or_none(_config_value(cfg, "data", "fraction", (int, float))), "oom": oom}
+    return RunRecord(run_dir=str(run_dir), outcome="oom", arch=_config_value(cfg, "model", "arch", str),
+                     batch_size_per_gpu=batch if _is_count(batch) else None, gpus=summary.get("world_size"),
+                     data_fraction=_number_or_none(_config_value(cfg, "data", "fraction", (int, float))), oom=oom)
 
 
 def _config_value(cfg: dict, section: str, key: str, kind) -> Any:
@@ -166,61 +164,158 @@ def _config_value(cfg: dict, section: str, key: str, kind) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def run_record(run_dir: Path, records: list[dict], summary: dict | None) -> dict:
-    ranks: dict[Any, dict] = {}
-    for rec in records:  # fold several cycles of one rank into one
-        r = ranks.setdefault(rec["rank"], {k: [] for k in _SUMMED + _PEAKS + ("step_time_us_mean",)})
-        for k in _SUMMED + _PEAKS + ("step_time_us_mean",):
-            r[k].append(rec.get(k))
-    per_rank = {}
-    for rank, r in ranks.items():
-        per_rank[rank] = {k: _sum_or_none(r[k]) for k in _SUMMED}
-        per_rank[rank].update({k: _max(r[k]) for k in _PEAKS})
-        per_rank[rank]["step_time_us_mean"] = _mean(r["step_time_us_mean"])
-        steps = per_rank[rank]["steps"]
-        for k in ("cpu_time_us", "cuda_time_us", "kernel_calls"):
-            v = per_rank[rank][k]
-            per_rank[rank][f"{k}_per_step"] = v / steps if (v is not None and steps) else None
-    out: dict[str, Any] = {"run_dir": str(run_dir), "traces": len(records), "ranks": len(per_rank)}
-    for k in ("cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us", "step_time_us_mean",
-              "cpu_time_us_per_step", "cuda_time_us_per_step", "kernel_calls_per_step") + _PEAKS:
-        values = [p.get(k) for p in per_rank.values()]
-        out[f"{k}_mean"] = _mean(values)
-        out[f"{k}_max"] = _max(values)
-    step_times = [p["step_time_us_mean"] for p in per_rank.values() if p["step_time_us_mean"]]
-    out["rank_imbalance"] = max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None)
-    cfg = (summary or {}).get("config") or {}
-    first = ((summary or {}).get("ranks") or [{}])[0]
-    out.update({
-        "arch": _config_value(cfg, "model", "arch", str),
-        "batch_size_per_gpu": first.get("batch_size_per_gpu") if _is_count(first.get("batch_size_per_gpu")) else None,
-        "gpus": (summary or {}).get("world_size") or len(per_rank),
-        "data_fraction": _number_or_none(_config_value(cfg, "data", "fraction", (int, float))),
-        "images_per_s": _number_or_none(first.get("global_images_per_s")),
-        "outcome": "done" if first.get("complete") else ("stopped" if summary else None),
-    })
+def _breakdown_sum(recs: list[TraceRecord], key: str) -> float | None:
+    return _sum_or_none([r.temporal_breakdown_us[key] if r.temporal_breakdown_us else None for r in recs])
+
+
+def rank_totals(records: list[TraceRecord], steps_per_epoch: dict | None = None) -> list[RankTotals]:
+    """Fold each rank's traces (one per profiling cycle) into one: sums of counts and times, peaks' max."""
+    by_rank: dict[Any, list[TraceRecord]] = {}
+    for rec in records:
+        by_rank.setdefault(rec.rank, []).append(rec)
+    totals = []
+    for rank, recs in by_rank.items():
+        step_means = [r.step_time_us_mean for r in recs if r.step_time_us_mean is not None]
+        totals.append(RankTotals(
+            rank=rank, steps=sum(r.steps for r in recs), steps_per_epoch=(steps_per_epoch or {}).get(rank),
+            cpu_time_us=_sum_or_none([r.cpu_time_us for r in recs]),
+            cuda_time_us=_sum_or_none([r.cuda_time_us for r in recs]),
+            gpu_busy_us=_sum_or_none([r.gpu_busy_us for r in recs]),
+            kernel_calls=_sum_or_none([r.kernel_calls for r in recs]),
+            comm_time_us=_sum_or_none([r.comm_time_us for r in recs]),
+            step_time_us_mean=sum(step_means) / len(step_means) if step_means else None,
+            peak_gpu_mem_bytes=_max_or_none([r.peak_gpu_mem_bytes for r in recs]),
+            peak_gpu_reserved_bytes=_max_or_none([r.peak_gpu_reserved_bytes for r in recs]),
+            peak_cpu_mem_bytes=_max_or_none([r.peak_cpu_mem_bytes for r in recs]),
+            **{k: _breakdown_sum(recs, f"{k}") for k in ("computation_us", "communication_us", "memory_us",
+                                                          "idle_us", "span_us")}))
+    return totals
+
+
+def steps_per_epoch_by_rank(summary: dict | None) -> dict:
+    """Optimizer steps per epoch of each rank: as recorded, else from its data and batch (older runs:
+    the sampler gives each rank ceil(images / ranks) images)."""
+    out = {}
+    for r in (summary or {}).get("ranks", []):
+        value = r.get("steps_per_epoch")
+        if not _is_count(value):
+            images, world, batch = r.get("train_images"), r.get("world_size"), r.get("batch_size_per_gpu")
+            ok = all(type(v) is int and v > 0 for v in (images, world, batch))
+            value = math.ceil(math.ceil(images / world) / batch) if ok else None
+        out[r["rank"]] = value
     return out
 
 
-def analyze_sweep(sweep_dir: Path) -> tuple[list[dict], list[dict]]:
+def run_record(run_dir: Path, records: list[TraceRecord], summary: dict | None) -> RunRecord:
+    ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
+    cfg = (summary or {}).get("config") or {}
+    first = ((summary or {}).get("ranks") or [{}])[0]
+    run = RunRecord(
+        run_dir=str(run_dir), traces=len(records), ranks=len(ranks),
+        arch=_config_value(cfg, "model", "arch", str),
+        batch_size_per_gpu=first.get("batch_size_per_gpu") if _is_count(first.get("batch_size_per_gpu")) else None,
+        gpus=(summary or {}).get("world_size") or len(ranks),
+        data_fraction=_number_or_none(_config_value(cfg, "data", "fraction", (int, float))),
+        images_per_s=_number_or_none(first.get("global_images_per_s")),
+        outcome="done" if first.get("complete") else ("stopped" if summary else None),
+        epoch_time_s=epoch_time_s(run_dir / "metrics.jsonl"), step_skew_us=step_skew_us(records),
+        allreduce_busbw_GBps=_mean_or_none([_all_reduce(r, "busbw_GBps") for r in records]),
+        allreduce_bytes_per_step=_mean_or_none([_all_reduce_bytes_per_step(r) for r in records]))
+    for name in SPREAD_FIELDS:
+        setattr(run, name, Spread.of([getattr(r, name) for r in ranks]))
+    step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
+    run.rank_imbalance = max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None)
+    run.straggler_rank, run.straggler_share = straggler(records)
+    return run
+
+
+def _mean_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _all_reduce(rec: TraceRecord, key: str) -> Any:
+    return next((c[key] for c in rec.collectives or [] if c["kind"] == "all_reduce"), None)
+
+
+def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
+    per_call, calls = _all_reduce(rec, "bytes_per_call"), _all_reduce(rec, "calls")
+    return per_call * calls / rec.steps if per_call is not None and rec.steps else None
+
+
+def epoch_time_s(metrics: Path) -> float | None:
+    """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
+    times = []
+    try:
+        with open(metrics, errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("kind") == "epoch":
+                    times.append(_number_or_none(rec.get("epoch_time_s")))
+    except OSError:
+        return None
+    return _mean_or_none(times)
+
+
+def _by_rank_and_step(records: list[TraceRecord], values) -> dict[Any, dict[int, Any]]:
+    """{rank: {ProfilerStep number: value}} from each trace's per-step lists."""
+    out: dict[Any, dict[int, Any]] = {}
+    for rec in records:
+        out.setdefault(rec.rank, {}).update(zip(rec.step_numbers, values(rec) or []))
+    return out
+
+
+def step_skew_us(records: list[TraceRecord]) -> float | None:
+    """Mean over the profiled steps all ranks have of (slowest rank's step time - fastest rank's)."""
+    by_rank = _by_rank_and_step(records, lambda r: r.step_time_us)
+    if len(by_rank) < 2:
+        return None
+    common = set.intersection(*(set(steps) for steps in by_rank.values()))
+    skews = [max(s[n] for s in by_rank.values()) - min(s[n] for s in by_rank.values()) for n in common]
+    return sum(skews) / len(skews) if skews else None
+
+
+def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
+    """The rank that launches a collective last most often (each rank's launch time measured from its
+    own step start, so clocks need not agree across nodes), and the share of collectives it was last."""
+    by_rank = _by_rank_and_step(records, lambda r: r.collective_launch_us)
+    if len(by_rank) < 2:
+        return None, None
+    last: Counter = Counter()
+    for n in set.intersection(*(set(steps) for steps in by_rank.values())):
+        launches = {rank: steps[n] for rank, steps in by_rank.items()}
+        for j in range(min(len(v) for v in launches.values())):
+            last[max(launches, key=lambda rank: launches[rank][j])] += 1
+    if not last:
+        return None, None
+    rank, count = last.most_common(1)[0]
+    return rank, count / sum(last.values())
+
+
+def analyze_sweep(sweep_dir: Path) -> tuple[list[TraceRecord], list[RunRecord]]:
     """Per-trace records of every point and one row per point (data fraction x batch x GPUs)."""
-    traces: list[dict] = []
-    rows: list[dict] = []
+    traces: list[TraceRecord] = []
+    rows: list[RunRecord] = []
     for point in read_index(sweep_dir / "index.json"):
         run_dir = sweep_dir / point["run_dir"]
         recs, run = analyze_run(run_dir)
         for rec in recs:
-            rec["point"] = {k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}
+            rec.point = {k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}
         traces.extend(recs)
         if run is None:
             warn(f"{run_dir}: no usable trace for point {point.get('data_fraction')}/{point.get('batch_size')}/"
                  f"{point.get('gpus')}")
             continue
-        run.update({"data_fraction": point.get("data_fraction"), "batch_size_per_gpu": point.get("batch_size"),
-                    "gpus": point.get("gpus"), "job_id": point.get("job_id")})
+        run.data_fraction, run.batch_size_per_gpu, run.gpus = point["data_fraction"], point["batch_size"], point["gpus"]
+        run.nodes = point["nodes"] if _is_count(point.get("nodes")) and point["nodes"] > 0 else None
+        job_id = point.get("job_id")
+        run.job_id = str(job_id) if type(job_id) in (str, int) else None
         rows.append(run)
     add_scaling(rows)
-    rows.sort(key=lambda r: (-(r["data_fraction"] or 0), r["batch_size_per_gpu"] or 0, r["gpus"] or 0))
+    rows.sort(key=lambda r: (-(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.gpus or 0))
     return traces, rows
 
 
@@ -259,22 +354,62 @@ def _point_problem(point: Any) -> str | None:
     return None
 
 
-def add_scaling(rows: list[dict]) -> None:
-    """Speed-up and scaling efficiency against the 1-GPU row of the same data fraction and batch size.
+def add_scaling(rows: list[RunRecord]) -> None:
+    """Speed-up and scaling efficiency against the 1-GPU row of the same data fraction and batch size,
+    where the time went (`loss_us`), and what the scaling model predicts from the run's own numbers.
 
     Speed-up is the ratio of global throughput (images/s) when the summary gives it, else of step time
     (per-GPU batch fixed, so the same work per step per GPU: global throughput ~ gpus / step time)."""
-    base = {(r["data_fraction"], r["batch_size_per_gpu"]): r for r in rows if r["gpus"] == 1}
+    base = {(r.data_fraction, r.batch_size_per_gpu): r for r in rows if r.gpus == 1 and (r.nodes or 1) == 1}
     for r in rows:
-        b = base.get((r["data_fraction"], r["batch_size_per_gpu"]))
+        b = base.get((r.data_fraction, r.batch_size_per_gpu))
         speedup = None
         if b is not None:
-            if r.get("images_per_s") and b.get("images_per_s"):
-                speedup = r["images_per_s"] / b["images_per_s"]
-            elif r.get("step_time_us_mean_max") and b.get("step_time_us_mean_max"):
-                speedup = r["gpus"] * b["step_time_us_mean_max"] / r["step_time_us_mean_max"]
-        r["speedup"] = speedup
-        r["scaling_efficiency"] = speedup / r["gpus"] if speedup is not None and r["gpus"] else None
+            if r.images_per_s and b.images_per_s:
+                speedup = r.images_per_s / b.images_per_s
+            elif r.step_time_us_mean.max and b.step_time_us_mean.max:
+                speedup = r.gpus * b.step_time_us_mean.max / r.step_time_us_mean.max
+        r.speedup = speedup
+        r.scaling_efficiency = speedup / r.gpus if speedup is not None and r.gpus else None
+        if b is not None and b is not r:
+            r.loss_us = efficiency_loss_us(r, b)
+            r.predicted_efficiency = predicted_efficiency(r, b)
+
+
+def step_parts_us(r: RunRecord) -> dict[str, float] | None:
+    """A run's step time (its slowest rank's) in parts that add up to it: the ranks' mean per-step
+    computation, exposed communication and memory time on the device, the rest of the mean step
+    (`idle`: the device waiting on the host, on data, on other ranks), and the slowest rank's excess
+    over the mean (`imbalance`)."""
+    comp, comm, mem = r.computation_us_per_step.mean, r.communication_us_per_step.mean, r.memory_us_per_step.mean
+    mean, slowest = r.step_time_us_mean.mean, r.step_time_us_mean.max
+    if None in (comp, comm, mem, mean, slowest):
+        return None
+    return {"computation": comp, "communication": comm, "memory": mem, "idle": mean - comp - comm - mem,
+            "imbalance": slowest - mean}
+
+
+def efficiency_loss_us(r: RunRecord, base: RunRecord) -> dict[str, float] | None:
+    """Per part, how much longer a step takes than at the 1-GPU point (same fraction, same per-GPU
+    batch); the parts add up to `total`, the measured step-time difference. None without device data."""
+    mine, theirs = step_parts_us(r), step_parts_us(base)
+    if mine is None or theirs is None:
+        return None
+    loss = {k: mine[k] - theirs[k] for k in mine}
+    loss["total"] = r.step_time_us_mean.max - base.step_time_us_mean.max
+    return loss
+
+
+def predicted_efficiency(r: RunRecord, base: RunRecord) -> float | None:
+    """hpc.scaling's model, fed with the 1-GPU point's step time and this run's measured gradient
+    bytes per step and all-reduce bus bandwidth."""
+    from hpc.scaling import scaling_prediction
+
+    if not (base.step_time_us_mean.max and r.allreduce_busbw_GBps and r.allreduce_bytes_per_step and r.gpus):
+        return None
+    measured = {"intra_node": r.allreduce_busbw_GBps, "inter_node": r.allreduce_busbw_GBps}
+    return scaling_prediction(base.step_time_us_mean.max / 1e6, r.allreduce_bytes_per_step, r.gpus, r.nodes or 1,
+                              busbw_gbs=measured)["efficiency"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,111 +435,127 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def rows_to_csv(rows: list[dict], columns: list[str]) -> str:
+def rows_to_csv(records: list, columns: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    for r in rows:
+    for r in map(as_row, records):
         writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
     return buf.getvalue()
 
 
-def rows_to_markdown(rows: list[dict], columns: list[str]) -> str:
+def rows_to_markdown(records: list, columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
+    for r in map(as_row, records):
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
-def rows_to_table(rows: list[dict], columns: list[str]) -> str:
+def rows_to_table(records: list, columns: list[str]) -> str:
     cells = [[c for c in columns]] + [[_fmt(r.get(c)) if c != "file" else Path(str(r.get(c))).name
-                                       for c in columns] for r in rows]
+                                       for c in columns] for r in map(as_row, records)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells) + "\n"
 
 
-def render(rows: list[dict], columns: list[str], fmt: str) -> str:
+def to_json(records: list) -> str:
+    return json.dumps([as_row(r) for r in records], indent=2) + "\n"
+
+
+def render(records: list, columns: list[str], fmt: str) -> str:
+    """Records (or plain rows) in a format: json (every field), csv, md or table (the columns)."""
     if fmt == "json":
-        return json.dumps(rows, indent=2) + "\n"
+        return to_json(records)
     if fmt == "csv":
-        return rows_to_csv(rows, columns)
+        return rows_to_csv(records, columns)
     if fmt == "md":
-        return rows_to_markdown(rows, columns)
-    return rows_to_table(rows, columns)
+        return rows_to_markdown(records, columns)
+    return rows_to_table(records, columns)
 
 
-FIGURE_METRICS = [  # (key, title, y label, scale), in the study's order: Figures 1-15
-    ("cpu_time_us_per_step_mean", "CPU runtime", "CPU time per step (ms)", 1e-3),
-    ("cuda_time_us_per_step_mean", "CUDA runtime", "CUDA time per step (ms)", 1e-3),
-    ("kernel_calls_per_step_mean", "Number of calls", "kernel calls per step", 1.0),
-    ("peak_cpu_mem_bytes_max", "Maximum CPU memory", "peak CPU memory (GiB)", 1 / 2**30),
-    ("peak_gpu_mem_bytes_max", "Maximum GPU memory", "peak GPU memory allocated (GiB)", 1 / 2**30),
+FIGURE_METRICS = [  # (file stem, value of a run, title, y label, scale), in the study's order: Figures 1-15
+    ("cpu_time_us_per_step_mean", lambda r: r.cpu_time_us_per_step.mean, "CPU runtime", "CPU time per step (ms)", 1e-3),
+    ("cuda_time_us_per_step_mean", lambda r: r.cuda_time_us_per_step.mean, "CUDA runtime", "CUDA time per step (ms)",
+     1e-3),
+    ("kernel_calls_per_step_mean", lambda r: r.kernel_calls_per_step.mean, "Number of calls", "kernel calls per step",
+     1.0),
+    ("peak_cpu_mem_bytes_max", lambda r: r.peak_cpu_mem_bytes.max, "Maximum CPU memory", "peak CPU memory (GiB)",
+     1 / 2**30),
+    ("peak_gpu_mem_bytes_max", lambda r: r.peak_gpu_mem_bytes.max, "Maximum GPU memory",
+     "peak GPU memory allocated (GiB)", 1 / 2**30),
 ]
 
 
-def mark_oom(ax, oom_rows: list[dict]) -> None:
+def mark_oom(ax, oom_rows: list[RunRecord]) -> None:
     """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
     for r in oom_rows:
-        x = r["batch_size_per_gpu"]
+        x = r.batch_size_per_gpu
         ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.annotate(f"OOM ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''})", (x, 1.0),
+        ax.annotate(f"OOM ({r.gpus} GPU{'s' if r.gpus != 1 else ''})", (x, 1.0),
                     xycoords=ax.get_xaxis_transform(), textcoords="offset points", xytext=(0, -14),
                     ha="center", fontsize=7, color="red")
 
 
-def plot_sweep(rows: list[dict], out_dir: Path) -> list[Path]:
-    """One PNG per (metric, data fraction): metric against batch size, one line per GPU count; plus
-    scaling efficiency. Metrics a run does not have (CUDA time on CPU runs) are left out, not drawn as 0."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def _lines_against_batch(ax, lines: dict[str, list[tuple[float, float]]], ylabel: str, title: str) -> None:
+    """One line per label, x = batch size per GPU (log 2)."""
+    for label, pts in lines.items():
+        if pts:
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size per GPU")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _gpus_label(g: int | None) -> str:
+    return f"{g} GPU{'s' if g != 1 else ''}"
+
+
+def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
+    """One PNG per (metric, data fraction): metric against batch size, one line per GPU count; plus
+    scaling efficiency. Metrics a run does not have (CUDA time on CPU runs) are left out, not drawn as 0."""
+    plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fractions = sorted({r["data_fraction"] for r in rows if r["data_fraction"] is not None})
-    gpus_values = sorted({r["gpus"] for r in rows})
-    for key, title, ylabel, scale in FIGURE_METRICS:
+    fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
+    gpus_values = sorted({r.gpus for r in rows if r.gpus is not None})
+    for stem, value, title, ylabel, scale in FIGURE_METRICS:
         for fraction in fractions:
-            sel = [r for r in rows if r["data_fraction"] == fraction and r.get(key) is not None]
+            sel = [r for r in rows if r.data_fraction == fraction and value(r) is not None]
             if not sel:
                 continue
             fig, ax = plt.subplots(figsize=(6, 4))
-            for g in gpus_values:
-                pts = sorted((r["batch_size_per_gpu"], r[key] * scale) for r in sel if r["gpus"] == g)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{g} GPU{'s' if g > 1 else ''}")
-            mark_oom(ax, [r for r in rows if r["data_fraction"] == fraction and r.get("outcome") == "oom"])
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("batch size per GPU")
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"{title}, data fraction {fraction:g}")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
-            fig.tight_layout()
-            path = out_dir / f"{key}_fraction{fraction:g}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-            written.append(path)
-    sel = [r for r in rows if r.get("scaling_efficiency") is not None and r["gpus"] > 1]
+            lines = {_gpus_label(g): [(r.batch_size_per_gpu, value(r) * scale) for r in sel if r.gpus == g]
+                     for g in gpus_values}
+            _lines_against_batch(ax, lines, ylabel, f"{title}, data fraction {fraction:g}")
+            mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
+            written.append(_save(fig, out_dir / f"{stem}_fraction{fraction:g}.png"))
+    sel = [r for r in rows if r.scaling_efficiency is not None and r.gpus > 1]
     if sel:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for fraction in fractions:
-            for g in gpus_values:
-                pts = sorted((r["batch_size_per_gpu"], r["scaling_efficiency"]) for r in sel
-                             if r["data_fraction"] == fraction and r["gpus"] == g)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"fraction {fraction:g}, {g} GPUs")
+        lines = {f"fraction {f:g}, {g} GPUs": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
+                                               if r.data_fraction == f and r.gpus == g]
+                 for f in fractions for g in gpus_values}
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size per GPU")
-        ax.set_ylabel("scaling efficiency vs 1 GPU")
-        ax.set_title("Scaling efficiency")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / "scaling_efficiency.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        _lines_against_batch(ax, lines, "scaling efficiency vs 1 GPU", "Scaling efficiency")
+        written.append(_save(fig, out_dir / "scaling_efficiency.png"))
     return written

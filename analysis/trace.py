@@ -2,7 +2,8 @@
 
 Three pieces, as in HolisticTraceAnalysis: reading (`_Reader`, `read_events`: the file's events one at
 a time, the file's problems as TraceError), per-concern accumulators (`CpuOps`, `DeviceActivity`,
-`DeviceMemory`, each fed the events it cares about), and the record (`trace_record`).
+`DeviceMemory`, each fed the events it cares about), and the record (`trace_record`, a
+`records.TraceRecord`).
 
 Events are read one at a time (see _Reader), so a trace never sits in memory as Python objects the
 way `json.load` holds it; what is kept per event is a pair of floats (for interval unions), a name
@@ -30,17 +31,20 @@ Values a trace cannot give are None, never guessed.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import json
 import re
 import zlib
 from array import array
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from analysis.device import TOP_N, DeviceActivity, Launches
+from analysis.intervals import union_us
+from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
 
 CPU_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function",
             "Operator", "Runtime"}
@@ -49,23 +53,10 @@ KERNEL_CATS = {"kernel", "Kernel"}
 MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
 MEMSET_CATS = {"gpu_memset", "Memset"}
 STEP_CATS = {"user_annotation", "Operator", "cpu_op"}
+RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 STEP_RE = re.compile(r"^ProfilerStep#\d+$")
 RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 CUDA_DEVICE_TYPES = {1, "1", "cuda", "CUDA"}
-
-KERNEL_CLASSES = ("convolution", "gemm", "normalisation", "elementwise", "reduction", "communication", "other")
-# First match wins: cuDNN's convolution kernels often say "gemm" too (implicit GEMM), and its
-# batch-norm kernels say "cudnn", so the more specific classes come first.
-_CLASS_RULES = [
-    ("communication", re.compile(r"nccl|allreduce|all_reduce|allgather|reducescatter|sendrecv", re.I)),
-    ("normalisation", re.compile(r"batch_?norm|bn_fw|bn_bw|_bn_|layer_?norm|group_?norm|instance_?norm|welford", re.I)),
-    ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_?gemm|cudnn|xmma|precomputed", re.I)),
-    ("gemm", re.compile(r"gemm|cutlass|cublas|matmul|gemv|\bdot\b", re.I)),
-    ("reduction", re.compile(r"reduce|reduction|softmax|argmax|sum_kernel|norm_kernel|cross_entropy|nll_loss", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|foreach|"
-                               r"add_kernel|mul_kernel|relu|threshold|clamp|where|cat_|index|scatter|gather", re.I)),
-]
-
 
 _NUMBER = (int, float)  # exact types: bool is not a number here
 _ID = (int, str, type(None))  # pid, tid, device ids: hashable scalars
@@ -86,63 +77,17 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-@functools.lru_cache(maxsize=65536)  # kernel names repeat thousands of times per trace
-def classify_kernel(name: str) -> str:
-    for cls, pattern in _CLASS_RULES:
-        if pattern.search(name):
-            return cls
-    return "other"
-
-
 def _open(path: Path):
     with open(path, "rb") as f:
         magic = f.read(2)
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def _segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge intervals into disjoint sorted segments (vectorised)."""
-    if starts.size == 0:
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running_end = np.maximum.accumulate(e)
-    new = np.empty(s.size, dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > running_end[:-1]
-    first = np.flatnonzero(new)
-    return s[first], np.maximum.reduceat(e, first)
-
-
-def union_length(pairs: array) -> float:
-    if not pairs:
-        return 0.0
-    flat = np.frombuffer(pairs, dtype=np.float64)
-    seg_s, seg_e = _segments(flat[0::2], flat[1::2])
-    return float((seg_e - seg_s).sum())
-
-
-def intersection_length(a: array, b: array) -> float:
-    """|union(a) ∩ union(b)| = |union(a)| + |union(b)| - |union(a ∪ b)|."""
-    if not a or not b:
-        return 0.0
-    both = array("d", a)
-    both.extend(b)
-    return union_length(a) + union_length(b) - union_length(both)
-
-
-def _operator_calls(pairs: array, names: array) -> list[int]:
-    """Name ids of the operator calls on one thread, after torch's merge of same-name only children.
-
-    Rebuilds the thread's event tree as torch.autograd.profiler does (events sorted by start, then
-    longest first; a parent is the innermost open event that contains the child), then drops every
-    event whose parent has the same name and no other child, repeatedly (EventList._remove_dup_nodes).
-    """
-    flat = np.frombuffer(pairs, dtype=np.float64)
-    starts, ends = flat[0::2], flat[1::2]
-    ids = np.frombuffer(names, dtype=np.int32)
-    if not (ids < 0).any():
-        return []
+def _thread_tree(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray):
+    """One thread's event tree as torch.autograd.profiler builds it (events sorted by start, then
+    longest first; a parent is the innermost open event that contains the child), after torch's merge
+    of same-name only children (EventList._remove_dup_nodes, repeated until nothing changes).
+    Returns (order, parent, children, deleted), indexed by position in `order`."""
     order = np.lexsort((-ends, starts))
     n = len(order)
     parent = [-1] * n
@@ -173,8 +118,36 @@ def _operator_calls(pairs: array, names: array) -> list[int]:
                 parent[c] = p
             deleted[i] = True
             changed = True
+    return order, parent, children, deleted
+
+
+def _thread_operators(pairs: array, names: array, corrs: array,
+                      device_us_by_corr: dict[int, float]) -> list[tuple[int, float, float]]:
+    """(name id, self CPU µs, self device µs) of each operator call on one thread, calls counted as
+    key_averages() counts them (see _thread_tree). Self CPU time: the call's duration less its
+    children's; self device time: the device time of the runtime calls (by correlation id) whose
+    innermost enclosing operator it is."""
+    flat = np.frombuffer(pairs, dtype=np.float64)
+    starts, ends = flat[0::2], flat[1::2]
+    ids = np.frombuffer(names, dtype=np.int32)
+    if not (ids < 0).any():
+        return []
+    order, parent, children, deleted = _thread_tree(starts, ends, ids)
+    dur = (ends - starts)[order].tolist()
     is_op = (ids[order] < 0).tolist()
-    return [name[i] for i in range(n) if is_op[i] and not deleted[i]]
+    device = [0.0] * len(order)
+    corr_sorted = np.frombuffer(corrs, dtype=np.int64)[order]
+    if device_us_by_corr:
+        for i in np.flatnonzero(corr_sorted >= 0).tolist():
+            us = device_us_by_corr.get(int(corr_sorted[i]))
+            p = parent[i]
+            while us and p >= 0 and not (is_op[p] and not deleted[p]):
+                p = parent[p]
+            if us and p >= 0:
+                device[p] += us
+    name = np.abs(ids[order]).tolist()
+    return [(name[i], dur[i] - sum(dur[c] for c in children[i]), device[i])
+            for i in range(len(order)) if is_op[i] and not deleted[i]]
 
 
 class _Truncated(Exception):
@@ -288,15 +261,18 @@ class _Reader:
 
 
 class CpuOps:
-    """CPU-side events: per thread, their intervals (for self time) and name ids (for operator calls);
-    ProfilerStep#N ranges give the step durations."""
+    """CPU-side events: per thread, their intervals (for self time), name ids (for operator calls) and
+    correlation ids (runtime calls, for operators' device time); ProfilerStep#N ranges give the steps;
+    runtime calls are also kept as `launches` (when each device event was asked for)."""
 
     def __init__(self) -> None:
         self.intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
         self.names: dict[tuple, array] = defaultdict(lambda: array("i"))  # name id per event; < 0: operator
+        self.corrs: dict[tuple, array] = defaultdict(lambda: array("q"))  # correlation id per event, or -1
         self.name_ids: dict[str, int] = {}
         self.op_threads: set[tuple] = set()
-        self.step_durations: list[float] = []
+        self.steps: list[tuple[float, float, int]] = []  # start, end, N of ProfilerStep#N
+        self.launches = Launches()
 
     def add(self, e: dict, ts: float, dur: float, name: str, cat: str) -> None:
         key = (e.get("pid"), e.get("tid"))
@@ -304,70 +280,53 @@ class CpuOps:
         iv.append(ts)
         iv.append(ts + dur)
         name_id = self.name_ids.setdefault(name, len(self.name_ids) + 1)
+        corr = -1
         if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
-            self.step_durations.append(dur)
+            self.steps.append((ts, ts + dur, int(name[13:])))
             self.names[key].append(name_id)
         elif cat in OP_CATS:
             self.names[key].append(-name_id)
             self.op_threads.add(key)
         else:
             self.names[key].append(name_id)
+            if cat in RUNTIME_CATS:
+                corr = self.launches.add(e, ts)
+        self.corrs[key].append(corr)
 
-    def result(self) -> dict:
-        cpu_time = sum(union_length(iv) for key, iv in self.intervals.items() if key in self.op_threads)
+    def step_ranges(self) -> list[tuple[float, float]]:
+        return [(s, e) for s, e, _ in sorted(self.steps)]
+
+    def result(self, device_us_by_corr: dict[int, float]) -> CpuTotals:
+        cpu_time = sum(union_us(*_pairs(iv)) for key, iv in self.intervals.items() if key in self.op_threads)
         names_by_id = {v: k for k, v in self.name_ids.items()}
-        op_calls: Counter = Counter()
+        ops: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
         for key, iv in self.intervals.items():
-            for name_id in _operator_calls(iv, self.names[key]):
-                op_calls[names_by_id[name_id]] += 1
-        steps = len(self.step_durations)
-        return {"steps": steps, "step_time_us_mean": sum(self.step_durations) / steps if steps else None,
-                "cpu_time_us": cpu_time, "op_calls": dict(op_calls)}
+            for name_id, self_cpu, self_device in _thread_operators(iv, self.names[key], self.corrs[key],
+                                                                     device_us_by_corr):
+                row = ops[names_by_id[name_id]]
+                row[0] += 1
+                row[1] += self_cpu
+                row[2] += self_device
+        steps = sorted(self.steps)
+        durations = [e - s for s, e, _ in steps]
+        in_file_order = sum(e - s for s, e, _ in self.steps)  # the mean's sum as it always was: stays bit-identical
+        return CpuTotals(steps=len(steps), step_time_us_mean=in_file_order / len(steps) if steps else None,
+                         cpu_time_us=cpu_time, op_calls={k: v[0] for k, v in ops.items()},
+                         top_ops=top_operators(ops, by_device=bool(device_us_by_corr)),
+                         step_time_us=durations, step_numbers=[n for _, _, n in steps])
 
 
-class DeviceActivity:
-    """Kernels, memcpys and memsets: summed durations, the union of their intervals (busy time),
-    kernel classes, and communication kernels against compute kernels (overlap)."""
+def _pairs(iv: array) -> tuple[np.ndarray, np.ndarray]:
+    flat = np.frombuffer(iv, dtype=np.float64)
+    return flat[0::2], flat[1::2]
 
-    def __init__(self) -> None:
-        self.device, self.comm, self.compute = array("d"), array("d"), array("d")
-        self.kernel_classes: Counter = Counter({c: 0 for c in KERNEL_CLASSES})
-        self.kernel_calls = 0
-        self.kernel_us = self.memcpy_us = self.memset_us = 0.0
 
-    def kernel(self, ts: float, dur: float, name: str) -> None:
-        self.kernel_calls += 1
-        self.kernel_us += dur
-        cls = classify_kernel(name)
-        self.kernel_classes[cls] += 1
-        self.device.append(ts)
-        self.device.append(ts + dur)
-        target = self.comm if cls == "communication" else self.compute
-        target.append(ts)
-        target.append(ts + dur)
-
-    def copy(self, ts: float, dur: float, memset: bool) -> None:
-        if memset:
-            self.memset_us += dur
-        else:
-            self.memcpy_us += dur
-        self.device.append(ts)
-        self.device.append(ts + dur)
-
-    def result(self) -> dict:
-        has = bool(self.device)  # no device activity (a CPU run): device figures are absent, not zero
-        comm_us = union_length(self.comm) if has else None
-        return {
-            "cuda_time_us": self.kernel_us + self.memcpy_us + self.memset_us if has else None,
-            "kernel_time_us": self.kernel_us if has else None,
-            "memcpy_time_us": self.memcpy_us if has else None,
-            "memset_time_us": self.memset_us if has else None,
-            "gpu_busy_us": union_length(self.device) if has else None,
-            "kernel_calls": self.kernel_calls if has else None,
-            "kernel_calls_by_class": dict(self.kernel_classes) if has else None,
-            "comm_time_us": comm_us,
-            "comm_overlap_pct": 100.0 * intersection_length(self.comm, self.compute) / comm_us if comm_us else None,
-        }
+def top_operators(ops: dict[str, list], by_device: bool, n: int = TOP_N) -> list[dict]:
+    """The n operators with the most self device time (self CPU time on a trace with no device)."""
+    key = 2 if by_device else 1
+    top = sorted(ops.items(), key=lambda kv: (-kv[1][key], kv[0]))[:n]
+    return [{"name": name, "calls": calls, "self_cpu_us": cpu_us, "self_device_us": dev_us if by_device else None}
+            for name, (calls, cpu_us, dev_us) in top]
 
 
 class DeviceMemory:
@@ -402,7 +361,7 @@ class DeviceMemory:
             self.bytes_only[dev].append(float(nbytes))
         return True
 
-    def result(self) -> dict:
+    def result(self) -> MemoryPeaks:
         peak_alloc = peak_reserved = None
         relative = False
         if self.alloc:
@@ -416,8 +375,8 @@ class DeviceMemory:
                 order = np.argsort(flat[0::2], kind="stable")
                 peaks.append(float(max(0.0, np.cumsum(flat[1::2][order]).max())))
             peak_alloc = int(max(peaks))
-        return {"peak_gpu_mem_bytes": peak_alloc, "peak_gpu_reserved_bytes": peak_reserved,
-                "gpu_mem_relative_to_window": relative if peak_alloc is not None else None}
+        return MemoryPeaks(peak_gpu_mem_bytes=peak_alloc, peak_gpu_reserved_bytes=peak_reserved,
+                           gpu_mem_relative_to_window=relative if peak_alloc is not None else None)
 
 
 def _complete_event_fields(e: dict):
@@ -462,7 +421,7 @@ def read_events(path: Path, reader: "_Reader"):
         raise TraceError("not a Chrome trace (no top-level traceEvents)")
 
 
-def analyze_trace(path: str | Path) -> dict[str, Any]:
+def analyze_trace(path: str | Path) -> TraceRecord:
     """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
     path = Path(path)
     cpu, device, memory = CpuOps(), DeviceActivity(), DeviceMemory()
@@ -483,16 +442,19 @@ def analyze_trace(path: str | Path) -> dict[str, Any]:
             if cat in CPU_CATS:
                 cpu.add(e, ts, dur, name, cat)
             elif cat in KERNEL_CATS:
-                device.kernel(ts, dur, name)
+                device.kernel(e, ts, dur, name)
             elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
-                device.copy(ts, dur, memset=cat in MEMSET_CATS)
+                device.copy(e, ts, dur, memset=cat in MEMSET_CATS)
         elif ph == "i" and e.get("name") == "[memory]" and not memory.add(e):
             bad_events += 1
-    return trace_record(path, reader.meta, n_events, bad_events, cpu.result(), device.result(), memory.result())
+    info = reader.meta.get("distributedInfo") if isinstance(reader.meta.get("distributedInfo"), dict) else {}
+    device_totals = device.result(cpu.launches, cpu.step_ranges(), _count(info.get("world_size")))
+    cpu_totals = cpu.result(device.time_by_correlation() if device_totals.kernel_calls is not None else {})
+    return trace_record(path, reader.meta, n_events, bad_events, cpu_totals, device_totals, memory.result())
 
 
-def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: dict, device: dict,
-                 memory: dict) -> dict[str, Any]:
+def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: CpuTotals, device: DeviceTotals,
+                 memory: MemoryPeaks) -> TraceRecord:
     """The accumulators' results as one record, with the rank and per-step values."""
     info = meta.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
@@ -500,24 +462,11 @@ def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: di
     if rank is None:
         m = RANK_RE.search(path.name)
         rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
-    steps = cpu["steps"]
-
-    def per_step(value):
-        return value / steps if (value is not None and steps) else None
-
-    return {
-        "file": str(path), "rank": rank, "world_size": _count(info.get("world_size")),
-        "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
-        "events": n_events, "bad_events": bad_events,
-        "steps": steps, "step_time_us_mean": cpu["step_time_us_mean"], "cpu_time_us": cpu["cpu_time_us"],
-        **{k: device[k] for k in ("cuda_time_us", "kernel_time_us", "memcpy_time_us", "memset_time_us",
-                                  "gpu_busy_us", "kernel_calls", "kernel_calls_by_class")},
-        "op_calls": cpu["op_calls"],
-        **memory,
-        "peak_cpu_mem_bytes": None,  # filled from the run's summary.json when there is one
-        "comm_time_us": device["comm_time_us"], "comm_overlap_pct": device["comm_overlap_pct"],
-        "cpu_time_us_per_step": per_step(cpu["cpu_time_us"]),
-        "cuda_time_us_per_step": per_step(device["cuda_time_us"]),
-        "kernel_calls_per_step": per_step(device["kernel_calls"]),
-        "comm_time_us_per_step": per_step(device["comm_time_us"]),
-    }
+    return TraceRecord(
+        file=str(path), rank=rank, world_size=_count(info.get("world_size")),
+        backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
+        events=n_events, bad_events=bad_events, **vars(cpu), **vars(device), **vars(memory),
+        cpu_time_us_per_step=per_step(cpu.cpu_time_us, cpu.steps),
+        cuda_time_us_per_step=per_step(device.cuda_time_us, cpu.steps),
+        kernel_calls_per_step=per_step(device.kernel_calls, cpu.steps),
+        comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps))

@@ -286,7 +286,7 @@ def print_run_numbers(run_dir: Path) -> None:
     flush_warnings()
     if traces:
         print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
-        print(render(sorted(traces, key=lambda r: (r["rank"] is None, r["rank"] or 0)), RUN_NUMBERS, "table"), end="")
+        print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
 
 
 def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.trace import analyze_trace, classify_kernel
+from analysis.kernels import classify_kernel
+from analysis.trace import analyze_trace
 from conftest import GPU_RESULTS, OWN_GPU_TRACE, SHARED_TRACES, run_module
 from hpc import data
 from trainrun import SMOKE, train
@@ -26,17 +27,17 @@ NCCL = SHARED_TRACES / "hta_single/nccl_data.json.gz"
 def test_counted_facts_of_the_real_traces():
     # shared/traces/README.md: counted directly from the files' events.
     k = analyze_trace(KINETO0)
-    assert (k["kernel_calls"], k["steps"], k["op_calls"]["aten::conv2d"]) == (8772, 6, 318)
-    assert k["gpu_mem_relative_to_window"] is True  # 2021 schema: Bytes only
+    assert (k.kernel_calls, k.steps, k.op_calls["aten::conv2d"]) == (8772, 6, 318)
+    assert k.gpu_mem_relative_to_window is True  # 2021 schema: Bytes only
     d = analyze_trace(DF_INDEX)
-    assert d["kernel_calls"] == 19370 and d["peak_gpu_mem_bytes"] == 6_629_508_096
-    assert d["rank"] == 1 and d["gpu_mem_relative_to_window"] is False
+    assert d.kernel_calls == 19370 and d.peak_gpu_mem_bytes == 6_629_508_096
+    assert d.rank == 1 and d.gpu_mem_relative_to_window is False
     n = analyze_trace(NCCL)
-    assert (n["kernel_calls"], n["steps"], n["op_calls"]["aten::conv2d"]) == (2700, 3, 159)
-    assert n["rank"] == 0 and n["peak_gpu_mem_bytes"] is None  # no memory events: null, not 0
-    assert n["kernel_calls_by_class"]["communication"] > 0 and 0 <= n["comm_overlap_pct"] <= 100
-    assert sum(n["kernel_calls_by_class"].values()) == n["kernel_calls"]
-    assert n["gpu_busy_us"] <= n["cuda_time_us"]
+    assert (n.kernel_calls, n.steps, n.op_calls["aten::conv2d"]) == (2700, 3, 159)
+    assert n.rank == 0 and n.peak_gpu_mem_bytes is None  # no memory events: null, not 0
+    assert n.kernel_calls_by_class["communication"] > 0 and 0 <= n.comm_overlap_pct <= 100
+    assert sum(n.kernel_calls_by_class.values()) == n.kernel_calls
+    assert n.gpu_busy_us <= n.cuda_time_us
 
 
 @needs_shared
@@ -81,9 +82,9 @@ def test_trace_numbers_agree_with_key_averages(cpu_run):
         assert len(names) == 2  # repeat=2: two cycles, two traces per rank
         for name, cycle in zip(names, rank_rec["profiler"]["cycles"]):
             rec = analyze_trace(cpu_run / "traces" / name)
-            assert rec["rank"] == rank_rec["rank"]
-            assert abs(rec["cpu_time_us"] - cycle["self_cpu_time_total_us"]) <= 1.0 * rec["steps"], (rec, cycle)
-            trace_ops = {k: v for k, v in rec["op_calls"].items() if k.startswith("aten::")}
+            assert rec.rank == rank_rec["rank"]
+            assert abs(rec.cpu_time_us - cycle["self_cpu_time_total_us"]) <= 1.0 * rec.steps, (rec, cycle)
+            trace_ops = {k: v for k, v in rec.op_calls.items() if k.startswith("aten::")}
             assert trace_ops == cycle["op_calls"]
             checked += 1
     assert checked == 4
@@ -94,11 +95,11 @@ def test_own_h100_trace_agrees_with_the_profilers_totals():
     the key_averages() totals and allocator peak the same run recorded on the GPU machine."""
     recorded = json.loads((GPU_RESULTS / "gpu_tests.json").read_text())["trace_vs_key_averages"]
     rec = analyze_trace(OWN_GPU_TRACE)
-    assert rec["steps"] == 2 and rec["kernel_calls"] == recorded["key_averages_kernel_calls"]
-    assert rec["cuda_time_us"] == pytest.approx(recorded["key_averages_device_time_us"], rel=0.01)
-    assert rec["peak_gpu_mem_bytes"] == recorded["window_max_memory_allocated_bytes"]
+    assert rec.steps == 2 and rec.kernel_calls == recorded["key_averages_kernel_calls"]
+    assert rec.cuda_time_us == pytest.approx(recorded["key_averages_device_time_us"], rel=0.01)
+    assert rec.peak_gpu_mem_bytes == recorded["window_max_memory_allocated_bytes"]
     # Why eager ResNet152 on 32x32 images is slow: the GPU works ~10% of each step.
-    assert rec["gpu_busy_us"] < 0.2 * rec["steps"] * rec["step_time_us_mean"]
+    assert rec.gpu_busy_us < 0.2 * rec.steps * rec.step_time_us_mean
 
 
 def test_run_level_and_cli_formats(cpu_run, tmp_path):
@@ -165,7 +166,7 @@ def test_streaming_memory_does_not_grow_like_json_load(tmp_path):
     size_kib = big.stat().st_size // 1024
     assert stream < size_kib and stream * 4 < whole, (stream, whole, size_kib)
     rec = analyze_trace(big)
-    assert rec["op_calls"]["aten::op7"] == 4000 and rec["cpu_time_us"] == pytest.approx(200_000 * 5.0)
+    assert rec.op_calls["aten::op7"] == 4000 and rec.cpu_time_us == pytest.approx(200_000 * 5.0)
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ def test_oom_on_every_rank_is_recorded_not_a_crash(data_root, tmp_path):
     # the profiler writes what it recorded of the open window as the error unwinds: one trace per rank
     traces, row = analyze_run(run)
     assert len(traces) == 2
-    assert row["outcome"] == "oom" and row["batch_size_per_gpu"] == 16 and row["gpus"] == 2
+    assert row.outcome == "oom" and row.batch_size_per_gpu == 16 and row.gpus == 2
     proc = run_module("analysis", str(run))
     assert proc.returncode == 0 and "the run ended OUT OF MEMORY" in proc.stdout, proc.stdout + proc.stderr
 
@@ -90,9 +90,9 @@ def test_sweep_shows_the_oom_point_and_keeps_the_others(data_root, tmp_path):
                        "run_dir": f"7_{i}"})
     (sweep / "index.json").write_text(json.dumps({"sweep": {}, "cluster": "local", "points": points}))
     _, rows = analyze_sweep(sweep)
-    assert [(r["batch_size_per_gpu"], r["gpus"], r["outcome"]) for r in rows] == [
+    assert [(r.batch_size_per_gpu, r.gpus, r.outcome) for r in rows] == [
         (8, 1, "done"), (8, 2, "done"), (32, 1, "oom"), (32, 2, "oom")]
-    assert rows[1]["scaling_efficiency"] is not None and rows[3]["scaling_efficiency"] is None
+    assert rows[1].scaling_efficiency is not None and rows[3].scaling_efficiency is None
     table = render(rows, RUN_COLUMNS, "table").splitlines()
     assert sum(" oom " in line for line in table) == 2
     figures = plot_sweep(rows, tmp_path / "figures")

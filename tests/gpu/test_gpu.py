@@ -99,18 +99,18 @@ def test_one_trace_with_kernels_agrees_with_key_averages(resnet152_run):
     rec = analyze_trace(resnet152_run / "traces" / traces[0])
     cycle = rank["profiler"]["cycles"][0]
     MEASURED["trace_vs_key_averages"] = {
-        "trace_cuda_time_us": rec["cuda_time_us"], "key_averages_device_time_us": cycle["self_device_time_total_us"],
-        "trace_kernel_calls": rec["kernel_calls"], "key_averages_kernel_calls": cycle["kernel_calls"],
-        "trace_peak_gpu_mem_bytes": rec["peak_gpu_mem_bytes"],
+        "trace_cuda_time_us": rec.cuda_time_us, "key_averages_device_time_us": cycle["self_device_time_total_us"],
+        "trace_kernel_calls": rec.kernel_calls, "key_averages_kernel_calls": cycle["kernel_calls"],
+        "trace_peak_gpu_mem_bytes": rec.peak_gpu_mem_bytes,
         "window_max_memory_allocated_bytes": cycle["cuda_max_memory_allocated_bytes"],
-        "kernel_calls_by_class": rec["kernel_calls_by_class"], "steps": rec["steps"]}
+        "kernel_calls_by_class": rec.kernel_calls_by_class, "steps": rec.steps}
     keep_trace(resnet152_run / "traces" / traces[0])
-    assert rec["steps"] == 2 and rec["kernel_calls"] > 1000  # ~1,600 kernels per ResNet152 step
-    assert rec["kernel_calls_by_class"]["convolution"] > 0
-    assert rec["cuda_time_us"] == pytest.approx(cycle["self_device_time_total_us"], rel=0.01)
-    assert rec["kernel_calls"] == cycle["kernel_calls"]
-    assert rec["peak_gpu_mem_bytes"] == pytest.approx(cycle["cuda_max_memory_allocated_bytes"], rel=0.01)
-    assert rec["peak_gpu_mem_bytes"] <= rank["cuda_max_memory_allocated_bytes"]
+    assert rec.steps == 2 and rec.kernel_calls > 1000  # ~1,600 kernels per ResNet152 step
+    assert rec.kernel_calls_by_class["convolution"] > 0
+    assert rec.cuda_time_us == pytest.approx(cycle["self_device_time_total_us"], rel=0.01)
+    assert rec.kernel_calls == cycle["kernel_calls"]
+    assert rec.peak_gpu_mem_bytes == pytest.approx(cycle["cuda_max_memory_allocated_bytes"], rel=0.01)
+    assert rec.peak_gpu_mem_bytes <= rank["cuda_max_memory_allocated_bytes"]
 
 
 def test_tensorboard_shows_device_time_for_cudnn_convolution(resnet152_run):

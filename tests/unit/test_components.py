@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.report import read_index, read_summary
-from analysis.trace import CpuOps, DeviceActivity, DeviceMemory
+from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, Spread, TraceRecord, as_row
+from analysis.report import RUN_COLUMNS, add_scaling, rank_totals, read_index, read_summary, run_record
+from analysis.device import DeviceActivity, Launches
+from analysis.trace import CpuOps, DeviceMemory, trace_record
 from hpc.checkpoint import Checkpointer, load_checkpoint
 from hpc.cli import Parser, UsageError, check_name, one_line, shown
 from hpc.config import TrainConfig
@@ -149,25 +151,46 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
 def test_cpu_ops_self_time_steps_and_merged_calls():
     cpu = CpuOps()
     ev = {"pid": 1, "tid": 1}
-    cpu.add(ev, 0.0, 100.0, "ProfilerStep#1", "user_annotation")
+    cpu.add(ev, 0.0, 100.0, "ProfilerStep#7", "user_annotation")
     cpu.add(ev, 10.0, 20.0, "aten::div_", "cpu_op")
     cpu.add(ev, 12.0, 5.0, "aten::div_", "cpu_op")  # a redispatch: merged into its parent, as torch does
+    cpu.add({**ev, "args": {"correlation": 9}}, 13.0, 2.0, "cudaLaunchKernel", "cuda_runtime")
     cpu.add(ev, 40.0, 10.0, "aten::add", "cpu_op")
-    r = cpu.result()
-    assert r["steps"] == 1 and r["step_time_us_mean"] == 100.0
-    assert r["cpu_time_us"] == 100.0 and r["op_calls"] == {"aten::div_": 1, "aten::add": 1}
+    r = cpu.result({9: 4.5})  # correlation 9 launched 4.5 µs of device work
+    assert r.steps == 1 and r.step_time_us_mean == 100.0 and r.step_numbers == [7] and r.step_time_us == [100.0]
+    assert r.cpu_time_us == 100.0 and r.op_calls == {"aten::div_": 1, "aten::add": 1}
+    top = {row["name"]: row for row in r.top_ops}
+    # div_'s self time: its 20 µs less the launch (its merged child's only child); the launch's device time is div_'s
+    assert top["aten::div_"]["self_cpu_us"] == 18.0 and top["aten::div_"]["self_device_us"] == 4.5
+    assert r.top_ops[0]["name"] == "aten::div_" and top["aten::add"]["self_device_us"] == 0.0
 
 
-def test_device_activity_busy_time_and_overlap():
-    dev = DeviceActivity()
-    dev.kernel(0.0, 10.0, "implicit_convolve_sgemm")
-    dev.kernel(5.0, 10.0, "ncclKernel_AllReduce_RING_LL_Sum_float")
-    dev.copy(20.0, 2.0, memset=False)
-    r = dev.result()
-    assert r["cuda_time_us"] == 22.0 and r["gpu_busy_us"] == 17.0 and r["kernel_calls"] == 2
-    assert r["kernel_calls_by_class"]["communication"] == 1 and r["kernel_calls_by_class"]["convolution"] == 1
-    assert r["comm_time_us"] == 10.0 and r["comm_overlap_pct"] == pytest.approx(50.0)
-    assert DeviceActivity().result()["kernel_calls"] is None  # a CPU run: absent, not zero
+def _kernel(corr, stream=7, **args):
+    return {"args": {"correlation": corr, "stream": stream, **args}}
+
+
+def test_device_activity_breakdowns_collectives_and_top_kernels():
+    dev, launches = DeviceActivity(), Launches()
+    for corr, ts in ((1, -5.0), (2, 1.0), (3, 30.0)):
+        launches.add({"args": {"correlation": corr}}, ts)
+    dev.kernel(_kernel(1), 0.0, 10.0, "implicit_convolve_sgemm")
+    dev.kernel(_kernel(2, stream=9, **{"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
+                                       "dtype": "Float", "Group size": 4}), 5.0, 10.0, "ncclKernel_AllReduce_RING_LL_Sum_float")
+    dev.copy(_kernel(3), 40.0, 2.0, memset=False)  # launched at 30, after the stream's last event ended (10): host wait
+    r = dev.result(launches, [(-10.0, 20.0), (20.0, 60.0)], world_size=4)
+    assert r.cuda_time_us == 22.0 and r.gpu_busy_us == 17.0 and r.kernel_calls == 2
+    assert r.kernel_calls_by_class["communication"] == 1 and r.kernel_calls_by_class["convolution"] == 1
+    assert r.comm_time_us == 10.0 and r.comm_overlap_pct == pytest.approx(50.0)
+    assert r.temporal_breakdown_us == {"computation_us": 10.0, "communication_us": 5.0, "memory_us": 2.0,
+                                       "idle_us": 25.0, "span_us": 42.0}
+    assert r.idle_breakdown_us == {"stream": 7, "host_wait_us": 30.0, "kernel_wait_us": 0.0, "other_us": 0.0}
+    assert [s["span_us"] for s in r.steps_breakdown_us] == [15.0, 2.0]  # by launch time: 2 events, then 1
+    (ar,) = r.collectives
+    assert (ar["kind"], ar["calls"], ar["bytes_per_call"], ar["group_size"]) == ("all_reduce", 1, 4000.0, 4)
+    assert ar["algbw_GBps"] == pytest.approx(4000 / 10 / 1e3) and ar["busbw_GBps"] == pytest.approx(0.4 * 1.5)
+    assert ar["overlap_pct"] == pytest.approx(50.0) and r.collective_launch_us == [[11.0], []]
+    assert [k["name"] for k in r.top_kernels] == ["implicit_convolve_sgemm", "ncclKernel_AllReduce_RING_LL_Sum_float"]
+    assert DeviceActivity().result(Launches(), [], None) == DeviceTotals()  # a CPU run: absent, not zero
 
 
 def test_device_memory_peaks_and_mistyped_events():
@@ -176,8 +199,58 @@ def test_device_memory_peaks_and_mistyped_events():
     assert mem.add({"args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 300, "Total Reserved": 200}})
     assert mem.add({"args": {"Device Type": 0, "Device Id": -1, "Total Allocated": 10**12}})  # CPU: ignored
     assert not mem.add({"args": [1]}) and not mem.add({"args": {"Device Type": 1, "Total Allocated": "x"}})
-    assert mem.result() == {"peak_gpu_mem_bytes": 300, "peak_gpu_reserved_bytes": 200,
-                            "gpu_mem_relative_to_window": False}
+    assert mem.result() == MemoryPeaks(peak_gpu_mem_bytes=300, peak_gpu_reserved_bytes=200,
+                                       gpu_mem_relative_to_window=False)
+
+
+def _trace(rank, steps, cpu_us, step_us, peak=None):
+    cpu = CpuTotals(steps=steps, step_time_us_mean=step_us, cpu_time_us=cpu_us, op_calls={})
+    rec = trace_record(Path(f"rank{rank}.json"), {}, 0, 0, cpu, DeviceTotals(), MemoryPeaks())
+    rec.peak_cpu_mem_bytes = peak
+    return rec
+
+
+def test_run_record_folds_cycles_per_rank_then_spreads_over_ranks():
+    # rank 0: two cycles (2 + 2 steps); rank 1: one cycle of 4 steps, twice as slow
+    records = [_trace(0, 2, 200.0, 100.0, peak=5), _trace(0, 2, 200.0, 120.0, peak=7), _trace(1, 4, 800.0, 220.0)]
+    totals = {t.rank: t for t in rank_totals(records)}
+    assert (totals[0].steps, totals[0].cpu_time_us, totals[0].step_time_us_mean) == (4, 400.0, 110.0)
+    assert totals[0].peak_cpu_mem_bytes == 7 and totals[1].peak_cpu_mem_bytes is None
+    assert totals[0].cpu_time_us_per_step == 100.0 and totals[1].cpu_time_us_per_step == 200.0
+    run = run_record(Path("r"), records, None)
+    assert (run.traces, run.ranks, run.gpus) == (3, 2, 2)
+    assert run.cpu_time_us_per_step == Spread(mean=150.0, max=200.0)
+    assert run.rank_imbalance == pytest.approx(2.0) and run.cuda_time_us == Spread()  # a CPU run: no CUDA time
+    row = as_row(run)  # the flat columns the tables and the README use
+    assert row["step_time_us_mean_max"] == 220.0 and row["cuda_time_us_per_step_mean"] is None
+    assert set(RUN_COLUMNS) <= set(row) and row["run_dir"] == "r"
+
+
+def _gpu_trace(rank, step_us, parts, launches, steps=2):
+    """A rank's trace record as trace.py would build it from a GPU run (the GPU cannot run here)."""
+    comp, comm, mem = parts
+    return TraceRecord(file=f"rank{rank}.json", rank=rank, steps=steps, step_time_us_mean=step_us,
+                       step_time_us=[step_us] * steps, step_numbers=list(range(5, 5 + steps)), cpu_time_us=1.0,
+                       temporal_breakdown_us={"computation_us": comp * steps, "communication_us": comm * steps,
+                                              "memory_us": mem * steps, "idle_us": 1.0, "span_us": 2.0},
+                       collective_launch_us=[launches] * steps,
+                       collectives=[{"kind": "all_reduce", "calls": 3 * steps, "bytes_per_call": 1e6, "busbw_GBps": 10.0}])
+
+
+def test_sweep_point_loss_adds_up_to_the_step_time_difference_and_names_the_straggler():
+    one = run_record(Path("g1"), [_gpu_trace(0, 1000.0, (600.0, 0.0, 50.0), [])], None)
+    # 2 GPUs: rank 1 launches its 2nd and 3rd bucket last and its steps are the slowest
+    two = run_record(Path("g2"), [_gpu_trace(0, 1200.0, (610.0, 200.0, 50.0), [100.0, 200.0, 300.0]),
+                                  _gpu_trace(1, 1300.0, (620.0, 150.0, 50.0), [90.0, 250.0, 310.0])], None)
+    for r, gpus in ((one, 1), (two, 2)):
+        r.data_fraction, r.batch_size_per_gpu, r.gpus = 1.0, 128, gpus
+    add_scaling([one, two])
+    assert two.step_skew_us == 100.0 and (two.straggler_rank, two.straggler_share) == (1, pytest.approx(2 / 3))
+    loss = two.loss_us
+    assert loss["total"] == 300.0 and sum(v for k, v in loss.items() if k != "total") == pytest.approx(300.0)
+    assert loss["communication"] == 175.0 and loss["imbalance"] == 50.0 and loss["computation"] == 15.0
+    assert two.allreduce_bytes_per_step == 3e6 and 0 < two.predicted_efficiency < 1
+    assert one.loss_us is None and one.scaling_efficiency == 1.0
 
 
 def test_summary_and_index_readers(tmp_path):

@@ -1,0 +1,201 @@
+"""The analysis's typed records: what one trace, one rank and one run (a sweep point) measure.
+
+`trace.py` builds `TraceRecord`s, `report.py` folds them into `RankTotals` and `RunRecord`s and reads
+them by field. Output (JSON, CSV, tables) goes through `as_row`, the one place where a record becomes
+a flat mapping: `Spread` fields become `<name>_mean` / `<name>_max` columns (`step_time_us_mean_max`:
+the slowest rank's mean step time), the column names the README documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class CpuTotals:
+    """CpuOps's result: profiled steps and their durations, self CPU time, operator calls and the
+    operators with the most self time."""
+    steps: int = 0
+    step_time_us_mean: float | None = None
+    step_time_us: list[float] = field(default_factory=list)  # each profiled step, in order
+    step_numbers: list[int] = field(default_factory=list)  # N of each ProfilerStep#N (to match ranks' steps)
+    cpu_time_us: float = 0.0
+    op_calls: dict[str, int] = field(default_factory=dict)
+    top_ops: list[dict] = field(default_factory=list)  # name, calls, self_cpu_us, self_device_us
+
+
+@dataclass(kw_only=True)
+class DeviceTotals:
+    """DeviceActivity's result; every field None when the trace has no device activity (a CPU run).
+    Definitions: analysis/device.py and analysis/collective.py."""
+    cuda_time_us: float | None = None
+    kernel_time_us: float | None = None
+    memcpy_time_us: float | None = None
+    memset_time_us: float | None = None
+    gpu_busy_us: float | None = None
+    kernel_calls: int | None = None
+    kernel_calls_by_class: dict[str, int] | None = None
+    comm_time_us: float | None = None
+    comm_overlap_pct: float | None = None
+    temporal_breakdown_us: dict[str, float] | None = None  # computation, communication, memory, idle, span
+    idle_breakdown_us: dict[str, float] | None = None  # host_wait, kernel_wait, other (HTA's, over streams)
+    steps_breakdown_us: list[dict] | None = None  # the temporal breakdown of each profiled step
+    collectives: list[dict] | None = None  # one row per kind: calls, time, bytes, bandwidths, overlap
+    collective_launch_us: list[list[float]] | None = None  # per step: each collective's launch, from the step's start
+    top_kernels: list[dict] | None = None  # name, calls, total_us, share_pct, class
+
+
+@dataclass(kw_only=True)
+class MemoryPeaks:
+    """DeviceMemory's result: peak allocated / reserved bytes on a CUDA device."""
+    peak_gpu_mem_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    gpu_mem_relative_to_window: bool | None = None
+
+
+@dataclass(kw_only=True)
+class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
+    """One trace file (one rank, one profiling cycle): its identity, then what the three accumulators
+    measured (the fields of CpuTotals, DeviceTotals, MemoryPeaks). Definitions: analysis/trace.py."""
+    file: str
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    events: int = 0
+    bad_events: int = 0
+    cpu_time_us_per_step: float | None = None
+    cuda_time_us_per_step: float | None = None
+    kernel_calls_per_step: float | None = None
+    comm_time_us_per_step: float | None = None
+    peak_cpu_mem_bytes: int | None = None  # from the run's summary.json (the trace does not hold it)
+    key_averages: dict[str, Any] | None = None  # the profiler's own totals for the same cycle, if recorded
+    point: dict[str, Any] | None = None  # the sweep point the trace belongs to
+
+
+def per_step(value: float | None, steps: int) -> float | None:
+    return value / steps if (value is not None and steps) else None
+
+
+@dataclass
+class RankTotals:
+    """One rank's traces folded together: counts and times summed over its cycles, peaks maxed; with
+    the rank's optimizer steps per epoch (from its summary), per-epoch values."""
+    rank: int | None
+    steps: int = 0
+    steps_per_epoch: int | None = None
+    cpu_time_us: float | None = None
+    cuda_time_us: float | None = None
+    gpu_busy_us: float | None = None
+    kernel_calls: int | None = None
+    comm_time_us: float | None = None
+    step_time_us_mean: float | None = None
+    peak_gpu_mem_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    peak_cpu_mem_bytes: int | None = None
+    computation_us: float | None = None  # temporal breakdown, summed over cycles
+    communication_us: float | None = None
+    memory_us: float | None = None
+    idle_us: float | None = None
+    span_us: float | None = None
+
+    def _per_step(self, value):
+        return per_step(value, self.steps)
+
+    def _per_epoch(self, value):
+        each = per_step(value, self.steps)
+        return each * self.steps_per_epoch if each is not None and self.steps_per_epoch else None
+
+    cpu_time_us_per_step = property(lambda self: self._per_step(self.cpu_time_us))
+    cuda_time_us_per_step = property(lambda self: self._per_step(self.cuda_time_us))
+    kernel_calls_per_step = property(lambda self: self._per_step(self.kernel_calls))
+    computation_us_per_step = property(lambda self: self._per_step(self.computation_us))
+    communication_us_per_step = property(lambda self: self._per_step(self.communication_us))
+    memory_us_per_step = property(lambda self: self._per_step(self.memory_us))
+    cpu_time_us_per_epoch = property(lambda self: self._per_epoch(self.cpu_time_us))
+    cuda_time_us_per_epoch = property(lambda self: self._per_epoch(self.cuda_time_us))
+    kernel_calls_per_epoch = property(lambda self: self._per_epoch(self.kernel_calls))
+    idle_share = property(lambda self: self.idle_us / self.span_us if self.idle_us is not None and self.span_us else None)
+
+
+@dataclass
+class Spread:
+    """A per-rank quantity across a run's ranks: its mean and its largest value (None: no rank has it)."""
+    mean: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: list) -> "Spread":
+        values = [v for v in values if v is not None]
+        return cls(sum(values) / len(values), max(values)) if values else cls()
+
+
+# RankTotals fields (and properties) a RunRecord spreads over ranks, in its column order.
+SPREAD_FIELDS = ("cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us", "step_time_us_mean",
+                 "cpu_time_us_per_step", "cuda_time_us_per_step", "kernel_calls_per_step",
+                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes",
+                 "cpu_time_us_per_epoch", "cuda_time_us_per_epoch", "kernel_calls_per_epoch",
+                 "computation_us_per_step", "communication_us_per_step", "memory_us_per_step", "idle_share")
+
+
+@dataclass
+class RunRecord:
+    """One run (a sweep point): what it was, how it ended, and its ranks' numbers spread over ranks."""
+    run_dir: str
+    traces: int = 0
+    ranks: int = 0
+    outcome: str | None = None  # done | stopped | oom
+    arch: str | None = None
+    data_fraction: float | None = None
+    batch_size_per_gpu: int | None = None
+    gpus: int | None = None
+    job_id: str | None = None
+    images_per_s: float | None = None
+    rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's
+    speedup: float | None = None  # against the 1-GPU point of the same fraction and batch
+    scaling_efficiency: float | None = None
+    oom: dict[str, Any] | None = None  # hpc/oom.py's record, for outcome "oom"
+    nodes: int | None = None
+    epoch_time_s: float | None = None  # measured: the mean of metrics.jsonl's epoch records
+    step_skew_us: float | None = None  # mean over profiled steps of (slowest rank's step - fastest rank's)
+    straggler_rank: int | None = None  # the rank that launched a collective last most often
+    straggler_share: float | None = None  # ... and the share of collectives it was last at
+    allreduce_busbw_GBps: float | None = None  # measured, mean over ranks
+    allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
+    loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (report.py)
+    predicted_efficiency: float | None = None  # hpc.scaling's model fed with this run's measurements
+    cpu_time_us: Spread = field(default_factory=Spread)
+    cuda_time_us: Spread = field(default_factory=Spread)
+    gpu_busy_us: Spread = field(default_factory=Spread)
+    kernel_calls: Spread = field(default_factory=Spread)
+    comm_time_us: Spread = field(default_factory=Spread)
+    step_time_us_mean: Spread = field(default_factory=Spread)
+    cpu_time_us_per_step: Spread = field(default_factory=Spread)
+    cuda_time_us_per_step: Spread = field(default_factory=Spread)
+    kernel_calls_per_step: Spread = field(default_factory=Spread)
+    peak_gpu_mem_bytes: Spread = field(default_factory=Spread)
+    peak_gpu_reserved_bytes: Spread = field(default_factory=Spread)
+    peak_cpu_mem_bytes: Spread = field(default_factory=Spread)
+    cpu_time_us_per_epoch: Spread = field(default_factory=Spread)
+    cuda_time_us_per_epoch: Spread = field(default_factory=Spread)
+    kernel_calls_per_epoch: Spread = field(default_factory=Spread)
+    computation_us_per_step: Spread = field(default_factory=Spread)
+    communication_us_per_step: Spread = field(default_factory=Spread)
+    memory_us_per_step: Spread = field(default_factory=Spread)
+    idle_share: Spread = field(default_factory=Spread)
+
+
+def as_row(record: Any) -> dict[str, Any]:
+    """A record as one flat mapping (JSON, CSV, tables): a Spread field `x` becomes `x_mean` and `x_max`.
+    Mappings pass through, so tables can mix records with plain rows."""
+    if isinstance(record, dict):
+        return record
+    row: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, Spread):
+            row[f"{f.name}_mean"], row[f"{f.name}_max"] = value.mean, value.max
+        else:
+            row[f.name] = value
+    return row
