@@ -1,8 +1,10 @@
-"""python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots]
+"""python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots] [--report]
 
 PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
-Prints the most aggregated table for PATH (json: the per-trace records); --out DIR also writes
-traces.json, runs.csv/.md/.json and, for a sweep, sweep.csv/.md; --plots draws the study's figures.
+Prints the most aggregated table for PATH (json: the per-trace records), then where the time went
+(breakdowns, collectives, top kernels and operators; for a sweep, each point's efficiency loss);
+--out DIR also writes traces.json, runs.csv/.md/.json, why.md and, for a sweep, sweep.csv/.md;
+--plots draws the study's figures; --report writes them with every table into report.html.
 Unusable files are warned about and skipped; exit 2 when nothing was usable. No torch import.
 """
 
@@ -14,9 +16,11 @@ from pathlib import Path
 
 from hpc.cli import Parser, UsageError, check_output_dir
 from hpc.config import write_atomic
+from analysis.figures import plot_sweep
+from analysis.html import render_report
 from analysis.records import RunRecord, TraceRecord
-from analysis.report import (RUN_COLUMNS, TRACE_COLUMNS, WARNINGS, analyze_files, analyze_run, analyze_sweep,
-                             flush_warnings, plot_sweep, render, rows_to_csv, rows_to_markdown, to_json)
+from analysis.report import WARNINGS, analyze_files, analyze_run, analyze_sweep, flush_warnings
+from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
 
 
 def parse_args(argv: list[str] | None):
@@ -26,6 +30,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
     parser.add_argument("--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)")
+    parser.add_argument("--report", action="store_true",
+                        help="write report.html: figures, tables and each run's breakdowns in one self-contained page "
+                             "(implies --plots)")
     return parser.parse_args(argv)
 
 
@@ -34,14 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"{args.path}: no such file or directory")
+    args.plots = args.plots or args.report
+    flag = "--report" if args.report else "--plots"
     out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
     if args.plots and out is None:
-        raise UsageError(f"--plots with the trace file {args.path}: give --out DIR for the figures")
-    check_output_dir(out, "--out" if args.out else f"--plots (writes {out})")  # before any work
+        raise UsageError(f"{flag} with the trace file {args.path}: give --out DIR for the figures")
+    check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
     traces, runs, sweep_rows = analyze_path(path)
     print_tables(traces, runs, sweep_rows, args.format)
     if out is not None:
-        write_outputs(out, traces, runs, sweep_rows, args.plots)
+        figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
+        if args.report:
+            write_atomic(out / "report.html", render_report(out / "report.html", path, traces, runs, figures))
+            print(f"report: {out / 'report.html'}", file=sys.stderr)
     return 0
 
 
@@ -84,10 +96,13 @@ def print_tables(traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: l
             print(f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
                   f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "
                   f"{r.rank_imbalance if r.rank_imbalance is None else round(r.rank_imbalance, 3)}")
+    if traces and fmt in ("table", "md"):
+        sys.stdout.write(why_tables(traces, runs, fmt))
 
 
 def write_outputs(out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None,
-                  plots: bool) -> None:
+                  plots: bool) -> list[Path]:
+    """The tables and JSON records (and with plots, the figures) under out; the figures written."""
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "traces.json", to_json(traces))
     if runs:
@@ -97,8 +112,12 @@ def write_outputs(out: Path, traces: list[TraceRecord], runs: list[RunRecord], s
     if sweep_rows is not None:
         write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
         write_atomic(out / "sweep.md", rows_to_markdown(sweep_rows, RUN_COLUMNS))
+    why = why_tables(traces, runs, "md")
+    if why:
+        write_atomic(out / "why.md", why)
     written = plot_sweep(runs, out / "figures") if plots and runs else []
     print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
+    return written
 
 
 def _ms(us):

@@ -4,6 +4,11 @@ files: wall seconds and peak memory, each tool in a fresh process (a benchmark, 
     python -m analysis.bench [TRACE ...]        # default: every trace in ../shared/traces
     python -m analysis.bench --repeat 3 --json out.json
 
+What each tool does: ours, the whole per-trace record (every number `python -m analysis` shows,
+breakdowns, collectives, top kernels and operators included); torch-tb-profiler, its loader
+(RunProfileData.parse); HTA, its loader plus its kernel and temporal breakdowns (a trace with no
+GPU kernels makes HTA's breakdowns fail: the error is shown).
+
 Peak memory is the process's VmHWM (peak resident set) minus its value after imports, so library
 import cost is not charged to parsing. Tools that are not installed are reported as such.
 """
@@ -27,7 +32,8 @@ _RUNNERS = {
         "RunProfileData.parse('rank0', '1', path, tempfile.mkdtemp())"),
     "hta": (
         "import os, shutil, tempfile, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis",
-        "d = tempfile.mkdtemp(); shutil.copy(path, d); TraceAnalysis(trace_dir=d, include_last_profiler_step=True)"),
+        "d = tempfile.mkdtemp(); shutil.copy(path, d); t = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)\n"
+        "t.get_gpu_kernel_breakdown(visualize=False); t.get_temporal_breakdown(visualize=False)"),
 }
 
 _CHILD = """

@@ -86,8 +86,7 @@ class DeviceActivity:
         self.corr.append(_int_arg(args, "correlation"))
         self.name.append(name_id)
 
-    def kernel(self, e: dict, ts: float, dur: float, name: str) -> None:
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+    def kernel(self, args: dict, ts: float, dur: float, name: str) -> None:
         self.kernel_us += dur
         cls = classify_kernel(name)
         self.kernel_classes[cls] += 1
@@ -96,8 +95,7 @@ class DeviceActivity:
         if cls == "communication":
             self.collectives.add(args, name, ts, dur)
 
-    def copy(self, e: dict, ts: float, dur: float, memset: bool) -> None:
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+    def copy(self, args: dict, ts: float, dur: float, memset: bool) -> None:
         if memset:
             self.memset_us += dur
         else:
@@ -174,10 +172,9 @@ class Launches:
     def __init__(self) -> None:
         self.corr, self.ts = array("q"), array("d")
 
-    def add(self, e: dict, ts: float) -> int:
+    def add(self, args: dict, ts: float) -> int:
         """Keep the call's time under its correlation id; return the id (-1: none)."""
-        args = e.get("args")
-        corr = _int_arg(args, "correlation") if isinstance(args, dict) else -1
+        corr = _int_arg(args, "correlation")
         if corr >= 0:
             self.corr.append(corr)
             self.ts.append(ts)

@@ -7,16 +7,15 @@ what `hpc.submit --sweep` writes (index.json naming each point's run directory).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord, as_row
+from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord
 from analysis.trace import TraceError, analyze_trace
 
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
@@ -48,18 +47,31 @@ def find_traces(directory: Path) -> list[Path]:
     return sorted(p for p in found if p.name not in skip and not p.name.endswith(".tmp"))
 
 
-def analyze_files(paths: Iterable[Path]) -> list[TraceRecord]:
-    records = []
-    for path in paths:
-        try:
-            rec = analyze_trace(path)
-        except TraceError as e:
-            warn(f"{path}: skipped: {e}")
-            continue
-        if rec.bad_events:
-            warn(f"{path}: {rec.bad_events} event(s) with mistyped fields skipped")
-        records.append(rec)
-    return records
+def _analyze_one(path: Path) -> tuple[TraceRecord | None, str | None]:
+    """(record, warning) of one file; runs in a worker process, so the warning travels back."""
+    try:
+        rec = analyze_trace(path)
+    except TraceError as e:
+        return None, f"{path}: skipped: {e}"
+    return rec, (f"{path}: {rec.bad_events} event(s) with mistyped fields skipped" if rec.bad_events else None)
+
+
+def analyze_files(paths: Iterable[Path], workers: int | None = None) -> list[TraceRecord]:
+    """The records of the usable files, in order, analysed in parallel over the machine's cores
+    (`workers`, default: one per core, at most one per file); unusable files are warned about."""
+    paths = list(paths)
+    workers = min(len(paths), workers or os.cpu_count() or 1)
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(_analyze_one, paths))
+    else:
+        results = [_analyze_one(p) for p in paths]
+    for _, message in results:
+        if message:
+            warn(message)
+    return [rec for rec, _ in results if rec is not None]
 
 
 def _read_json(path: Path) -> Any:
@@ -115,10 +127,14 @@ def _max_or_none(values: list) -> float | None:
     return max(values) if values else None
 
 
-def analyze_run(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
-    """Per-trace records of a run (with the run's summary attached) and the run-level record."""
-    traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
-    records = analyze_files(find_traces(traces_dir))
+def run_traces(run_dir: Path) -> list[Path]:
+    return find_traces(run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir)
+
+
+def analyze_run(run_dir: Path, records: list[TraceRecord] | None = None) -> tuple[list[TraceRecord], RunRecord | None]:
+    """Per-trace records of a run (with the run's summary attached) and the run-level record; the
+    records are made here unless given (a sweep analyses all its points' traces at once)."""
+    records = analyze_files(run_traces(run_dir)) if records is None else records
     summary = read_summary(run_dir / "summary.json")
     by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     for rec in records:
@@ -299,9 +315,12 @@ def analyze_sweep(sweep_dir: Path) -> tuple[list[TraceRecord], list[RunRecord]]:
     """Per-trace records of every point and one row per point (data fraction x batch x GPUs)."""
     traces: list[TraceRecord] = []
     rows: list[RunRecord] = []
-    for point in read_index(sweep_dir / "index.json"):
+    points = read_index(sweep_dir / "index.json")
+    files = {p["run_dir"]: run_traces(sweep_dir / p["run_dir"]) for p in points}
+    by_file = {rec.file: rec for rec in analyze_files([f for fs in files.values() for f in fs])}  # all cores at once
+    for point in points:
         run_dir = sweep_dir / point["run_dir"]
-        recs, run = analyze_run(run_dir)
+        recs, run = analyze_run(run_dir, [by_file[str(f)] for f in files[point["run_dir"]] if str(f) in by_file])
         for rec in recs:
             rec.point = {k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}
         traces.extend(recs)
@@ -410,152 +429,3 @@ def predicted_efficiency(r: RunRecord, base: RunRecord) -> float | None:
     measured = {"intra_node": r.allreduce_busbw_GBps, "inter_node": r.allreduce_busbw_GBps}
     return scaling_prediction(base.step_time_us_mean.max / 1e6, r.allreduce_bytes_per_step, r.gpus, r.nodes or 1,
                               busbw_gbs=measured)["efficiency"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Output
-# ----------------------------------------------------------------------------------------------
-
-TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
-                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
-                 "comm_overlap_pct"]
-RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "outcome", "ranks", "step_time_us_mean_max",
-               "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
-               "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
-               "speedup", "scaling_efficiency"]
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
-def rows_to_csv(records: list, columns: list[str]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for r in map(as_row, records):
-        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
-    return buf.getvalue()
-
-
-def rows_to_markdown(records: list, columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in map(as_row, records):
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def rows_to_table(records: list, columns: list[str]) -> str:
-    cells = [[c for c in columns]] + [[_fmt(r.get(c)) if c != "file" else Path(str(r.get(c))).name
-                                       for c in columns] for r in map(as_row, records)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells) + "\n"
-
-
-def to_json(records: list) -> str:
-    return json.dumps([as_row(r) for r in records], indent=2) + "\n"
-
-
-def render(records: list, columns: list[str], fmt: str) -> str:
-    """Records (or plain rows) in a format: json (every field), csv, md or table (the columns)."""
-    if fmt == "json":
-        return to_json(records)
-    if fmt == "csv":
-        return rows_to_csv(records, columns)
-    if fmt == "md":
-        return rows_to_markdown(records, columns)
-    return rows_to_table(records, columns)
-
-
-FIGURE_METRICS = [  # (file stem, value of a run, title, y label, scale), in the study's order: Figures 1-15
-    ("cpu_time_us_per_step_mean", lambda r: r.cpu_time_us_per_step.mean, "CPU runtime", "CPU time per step (ms)", 1e-3),
-    ("cuda_time_us_per_step_mean", lambda r: r.cuda_time_us_per_step.mean, "CUDA runtime", "CUDA time per step (ms)",
-     1e-3),
-    ("kernel_calls_per_step_mean", lambda r: r.kernel_calls_per_step.mean, "Number of calls", "kernel calls per step",
-     1.0),
-    ("peak_cpu_mem_bytes_max", lambda r: r.peak_cpu_mem_bytes.max, "Maximum CPU memory", "peak CPU memory (GiB)",
-     1 / 2**30),
-    ("peak_gpu_mem_bytes_max", lambda r: r.peak_gpu_mem_bytes.max, "Maximum GPU memory",
-     "peak GPU memory allocated (GiB)", 1 / 2**30),
-]
-
-
-def mark_oom(ax, oom_rows: list[RunRecord]) -> None:
-    """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
-    for r in oom_rows:
-        x = r.batch_size_per_gpu
-        ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.annotate(f"OOM ({r.gpus} GPU{'s' if r.gpus != 1 else ''})", (x, 1.0),
-                    xycoords=ax.get_xaxis_transform(), textcoords="offset points", xytext=(0, -14),
-                    ha="center", fontsize=7, color="red")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    _pyplot().close(fig)
-    return path
-
-
-def _lines_against_batch(ax, lines: dict[str, list[tuple[float, float]]], ylabel: str, title: str) -> None:
-    """One line per label, x = batch size per GPU (log 2)."""
-    for label, pts in lines.items():
-        if pts:
-            pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size per GPU")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-
-
-def _gpus_label(g: int | None) -> str:
-    return f"{g} GPU{'s' if g != 1 else ''}"
-
-
-def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
-    """One PNG per (metric, data fraction): metric against batch size, one line per GPU count; plus
-    scaling efficiency. Metrics a run does not have (CUDA time on CPU runs) are left out, not drawn as 0."""
-    plt = _pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
-    gpus_values = sorted({r.gpus for r in rows if r.gpus is not None})
-    for stem, value, title, ylabel, scale in FIGURE_METRICS:
-        for fraction in fractions:
-            sel = [r for r in rows if r.data_fraction == fraction and value(r) is not None]
-            if not sel:
-                continue
-            fig, ax = plt.subplots(figsize=(6, 4))
-            lines = {_gpus_label(g): [(r.batch_size_per_gpu, value(r) * scale) for r in sel if r.gpus == g]
-                     for g in gpus_values}
-            _lines_against_batch(ax, lines, ylabel, f"{title}, data fraction {fraction:g}")
-            mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
-            written.append(_save(fig, out_dir / f"{stem}_fraction{fraction:g}.png"))
-    sel = [r for r in rows if r.scaling_efficiency is not None and r.gpus > 1]
-    if sel:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        lines = {f"fraction {f:g}, {g} GPUs": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
-                                               if r.data_fraction == f and r.gpus == g]
-                 for f in fractions for g in gpus_values}
-        ax.axhline(1.0, color="grey", lw=0.8)
-        _lines_against_batch(ax, lines, "scaling efficiency vs 1 GPU", "Scaling efficiency")
-        written.append(_save(fig, out_dir / "scaling_efficiency.png"))
-    return written

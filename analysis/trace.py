@@ -40,6 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from analysis.device import TOP_N, DeviceActivity, Launches
@@ -70,6 +71,48 @@ def _count(value: Any) -> int | None:
 
 class TraceError(ValueError):
     """The file cannot be analysed; str() says why (truncated, not a trace, ...)."""
+
+
+class Event(msgspec.Struct):
+    """The fields of a trace event the analysis reads. Decoded by msgspec straight from the text, so
+    the many fields and args of an event cost nothing until asked for: `args` stays raw JSON until an
+    accumulator needs it (`event_args`). Types are checked by the analysis, not the decoder (Any),
+    so a mistyped event is counted and skipped rather than losing its window."""
+    ph: Any = None
+    cat: Any = None
+    name: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_EVENTS = msgspec.json.Decoder(list[Event])
+
+
+def event_args(e: Event) -> dict:
+    """The event's args as a mapping ({} when absent); None when they are not a mapping."""
+    try:
+        args = msgspec.json.decode(e.args)
+    except msgspec.DecodeError:
+        return None
+    return {} if args is None else (args if isinstance(args, dict) else None)
+
+
+def as_event(value: Any) -> Event | Any:
+    """A decoded event (the one-at-a-time path) as an Event; a value that is not an object stays as it is."""
+    if not isinstance(value, dict):
+        return value
+    args = value.get("args")
+    try:
+        raw = msgspec.Raw(msgspec.json.encode(args))
+    except (TypeError, OverflowError, msgspec.EncodeError):
+        raw = msgspec.Raw(b"[]")  # unencodable (NaN, huge ints): not a mapping, so the event is counted bad
+    return Event(**{k: value.get(k, default) for k, default in _EVENT_DEFAULTS}, args=raw)
+
+
+_EVENT_DEFAULTS = [(f, getattr(Event(), f)) for f in Event.__struct_fields__ if f != "args"]
 
 
 def _first_line(err: BaseException) -> str:
@@ -251,13 +294,32 @@ class _Reader:
                 self.pos += 1
                 continue
             while True:
-                yield self._value()
+                yield self._batch() or [as_event(self._value())]
                 sep = self._peek()
                 self.pos += 1
                 if sep == "]":
                     break
                 if sep != ",":
                     raise ValueError(f"expected ',' or ']' between events, found {sep!r}")
+
+    def _batch(self, tries: int = 3) -> list | None:
+        """The window's complete events at once: the text from here to a `},` near the window's end,
+        decoded as one JSON array by the C decoder. Sound for any cut: a JSON parser reads that prefix
+        exactly as it reads the file, so the prefix decodes as a list only when the cut falls between
+        two top-level events; when it falls inside one (a nested object, a string), decoding fails and
+        an earlier cut is tried, then one event at a time."""
+        end = len(self.buf)
+        for _ in range(tries):
+            end = self.buf.rfind("},", self.pos, end)
+            if end < self.pos + 4096:  # too little left to be worth it: one at a time
+                return None
+            try:
+                events = _EVENTS.decode("[" + self.buf[self.pos:end + 1] + "]")
+            except (msgspec.DecodeError, RecursionError):
+                continue
+            self.pos = end + 1
+            return events
+        return None
 
 
 class CpuOps:
@@ -266,42 +328,49 @@ class CpuOps:
     runtime calls are also kept as `launches` (when each device event was asked for)."""
 
     def __init__(self) -> None:
-        self.intervals: dict[tuple, array] = defaultdict(lambda: array("d"))
-        self.names: dict[tuple, array] = defaultdict(lambda: array("i"))  # name id per event; < 0: operator
-        self.corrs: dict[tuple, array] = defaultdict(lambda: array("q"))  # correlation id per event, or -1
+        # per thread: start/end pairs, name id per event (< 0: an operator), correlation id per event (or -1)
+        self.threads: dict[tuple, tuple[array, array, array]] = {}
         self.name_ids: dict[str, int] = {}
         self.op_threads: set[tuple] = set()
         self.steps: list[tuple[float, float, int]] = []  # start, end, N of ProfilerStep#N
         self.launches = Launches()
 
-    def add(self, e: dict, ts: float, dur: float, name: str, cat: str) -> None:
-        key = (e.get("pid"), e.get("tid"))
-        iv = self.intervals[key]
+    def add(self, key: tuple, ts: float, dur: float, name: str, cat: str, args: dict | None = None) -> None:
+        """One CPU event of thread `key` (pid, tid); `args` are needed for runtime calls only."""
+        thread = self.threads.get(key)
+        if thread is None:
+            thread = self.threads[key] = (array("d"), array("i"), array("q"))
+        iv, names, corrs = thread
         iv.append(ts)
         iv.append(ts + dur)
-        name_id = self.name_ids.setdefault(name, len(self.name_ids) + 1)
+        name_id = self.name_ids.get(name)
+        if name_id is None:
+            name_id = self.name_ids[name] = len(self.name_ids) + 1
         corr = -1
-        if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
-            self.steps.append((ts, ts + dur, int(name[13:])))
-            self.names[key].append(name_id)
-        elif cat in OP_CATS:
-            self.names[key].append(-name_id)
-            self.op_threads.add(key)
+        if cat in OP_CATS:
+            if name.startswith("ProfilerStep#") and STEP_RE.match(name):  # 2021 traces: steps are operators
+                self.steps.append((ts, ts + dur, int(name[13:])))
+                names.append(name_id)
+            else:
+                names.append(-name_id)
+                self.op_threads.add(key)
         else:
-            self.names[key].append(name_id)
-            if cat in RUNTIME_CATS:
-                corr = self.launches.add(e, ts)
-        self.corrs[key].append(corr)
+            if cat in STEP_CATS and name.startswith("ProfilerStep#") and STEP_RE.match(name):
+                self.steps.append((ts, ts + dur, int(name[13:])))
+            elif cat in RUNTIME_CATS and args:
+                corr = self.launches.add(args, ts)
+            names.append(name_id)
+        corrs.append(corr)
 
     def step_ranges(self) -> list[tuple[float, float]]:
         return [(s, e) for s, e, _ in sorted(self.steps)]
 
     def result(self, device_us_by_corr: dict[int, float]) -> CpuTotals:
-        cpu_time = sum(union_us(*_pairs(iv)) for key, iv in self.intervals.items() if key in self.op_threads)
+        cpu_time = sum(union_us(*_pairs(iv)) for key, (iv, _, _) in self.threads.items() if key in self.op_threads)
         names_by_id = {v: k for k, v in self.name_ids.items()}
         ops: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
-        for key, iv in self.intervals.items():
-            for name_id, self_cpu, self_device in _thread_operators(iv, self.names[key], self.corrs[key],
+        for iv, names, corrs in self.threads.values():
+            for name_id, self_cpu, self_device in _thread_operators(iv, names, corrs,
                                                                      device_us_by_corr):
                 row = ops[names_by_id[name_id]]
                 row[0] += 1
@@ -338,9 +407,8 @@ class DeviceMemory:
         self.reserved: dict[Any, float] = {}
         self.bytes_only: dict[Any, array] = defaultdict(lambda: array("d"))  # ts, bytes pairs
 
-    def add(self, e: dict) -> bool:
-        """False when the event's fields have the wrong types (it is then skipped)."""
-        args = e.get("args") or {}
+    def add(self, ts: Any, args: dict | None) -> bool:
+        """One `[memory]` event; False when its fields have the wrong types (it is then skipped)."""
         if not isinstance(args, dict):
             return False
         device_type = args.get("Device Type")
@@ -348,7 +416,7 @@ class DeviceMemory:
             return True
         dev = args.get("Device Id")
         total, reserved = args.get("Total Allocated"), args.get("Total Reserved")
-        ts, nbytes = e.get("ts"), args.get("Bytes")
+        nbytes = args.get("Bytes")
         if type(dev) not in _ID or not all(v is None or (type(v) in _NUMBER and -_BIG < v < _BIG)
                                            for v in (total, reserved, ts, nbytes)):
             return False
@@ -379,22 +447,22 @@ class DeviceMemory:
                            gpu_mem_relative_to_window=relative if peak_alloc is not None else None)
 
 
-def _complete_event_fields(e: dict):
+def _complete_event_fields(e: Event):
     """(ts, dur, name) of a complete ("X") event, None without a ts, False when a field is mistyped (a
     string ts, a number beyond float range, a list for a name): one bad event must not lose the trace."""
-    ts = e.get("ts")
+    ts = e.ts
     if ts is None:
         return None
-    dur = e.get("dur") or 0.0
-    name = e.get("name", "")
+    dur = e.dur or 0.0
+    name = e.name
     if not (type(ts) in _NUMBER and type(dur) in _NUMBER and -_BIG < ts < _BIG and -_BIG < dur < _BIG
-            and type(name) is str and type(e.get("pid")) in _ID and type(e.get("tid")) in _ID):
+            and type(name) is str and type(e.pid) in _ID and type(e.tid) in _ID):
         return False
     return ts, dur, name
 
 
-def read_events(path: Path, reader: "_Reader"):
-    """The trace's events, one at a time; the file's own problems become TraceError."""
+def read_batches(path: Path, reader: "_Reader"):
+    """The trace's events, a window's worth at a time (lists); the file's own problems become TraceError."""
     try:
         stream = _open(path)
     except OSError as err:
@@ -402,9 +470,9 @@ def read_events(path: Path, reader: "_Reader"):
     reader.stream = stream
     n_events = 0
     try:
-        for e in reader.events():
-            n_events += 1
-            yield e
+        for batch in reader.events():
+            n_events += len(batch)
+            yield batch
     except _Truncated as err:
         raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None
     except ValueError as err:
@@ -427,26 +495,28 @@ def analyze_trace(path: str | Path) -> TraceRecord:
     cpu, device, memory = CpuOps(), DeviceActivity(), DeviceMemory()
     n_events = bad_events = 0
     reader = _Reader(None)
-    for e in read_events(path, reader):
-        n_events += 1
-        if not isinstance(e, dict):
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            fields = _complete_event_fields(e)
-            if not fields:
-                bad_events += fields is False
+    cpu_add = cpu.add  # the loop runs once per event: names bound once
+    for batch in read_batches(path, reader):
+        n_events += len(batch)
+        for e in batch:
+            if not isinstance(e, Event):
                 continue
-            ts, dur, name = fields
-            cat = e.get("cat")
-            if cat in CPU_CATS:
-                cpu.add(e, ts, dur, name, cat)
-            elif cat in KERNEL_CATS:
-                device.kernel(e, ts, dur, name)
-            elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
-                device.copy(e, ts, dur, memset=cat in MEMSET_CATS)
-        elif ph == "i" and e.get("name") == "[memory]" and not memory.add(e):
-            bad_events += 1
+            ph = e.ph
+            if ph == "X":
+                fields = _complete_event_fields(e)
+                if not fields:
+                    bad_events += fields is False
+                    continue
+                ts, dur, name = fields
+                cat = e.cat
+                if cat in CPU_CATS:
+                    cpu_add((e.pid, e.tid), ts, dur, name, cat, event_args(e) if cat in RUNTIME_CATS else None)
+                elif cat in KERNEL_CATS:
+                    device.kernel(event_args(e) or {}, ts, dur, name)
+                elif cat in MEMCPY_CATS or cat in MEMSET_CATS:
+                    device.copy(event_args(e) or {}, ts, dur, memset=cat in MEMSET_CATS)
+            elif ph == "i" and e.name == "[memory]" and not memory.add(e.ts, event_args(e)):
+                bad_events += 1
     info = reader.meta.get("distributedInfo") if isinstance(reader.meta.get("distributedInfo"), dict) else {}
     device_totals = device.result(cpu.launches, cpu.step_ranges(), _count(info.get("world_size")))
     cpu_totals = cpu.result(device.time_by_correlation() if device_totals.kernel_calls is not None else {})

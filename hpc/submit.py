@@ -280,7 +280,8 @@ RUN_NUMBERS = ["rank", "steps", "cpu_time_us", "cuda_time_us", "kernel_calls", "
 
 def print_run_numbers(run_dir: Path) -> None:
     """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
-    from analysis.report import analyze_run, flush_warnings, render
+    from analysis.report import analyze_run, flush_warnings
+    from analysis.tables import render
 
     traces, _ = analyze_run(run_dir)
     flush_warnings()

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import shutil
@@ -86,6 +87,28 @@ def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subpr
         time.sleep(1)
     proc.kill()
     raise AssertionError("TensorBoard did not come up")
+
+
+@contextlib.contextmanager
+def headless_chromium(width: int = 1400, height: int = 1000):
+    """Debian's chromium driven by selenium, headless and offline; skips (saying why) where absent."""
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (tests/run.sh installs them as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e .[test])")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", f"--window-size={width},{height}", "--allow-file-access-from-files"]:
+        options.add_argument(arg)
+    options.binary_location = chromium
+    browser = webdriver.Chrome(options=options, service=Service(driver_path))
+    try:
+        yield browser
+    finally:
+        browser.quit()
 
 
 def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> dict:

@@ -188,14 +188,18 @@ def test_sweep_table_and_figures(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = proc.stdout.strip().splitlines()
     assert rows[0].startswith("arch,data_fraction,batch_size_per_gpu,gpus") and len(rows) == 7
-    table = (out / "sweep.csv").read_text().splitlines()
-    two_gpu = [line for line in table[1:] if line.split(",")[3] == "2"]
-    assert all(line.split(",")[-2] and line.split(",")[-1] for line in two_gpu)  # speed-up, efficiency
+    header, *table = [line.split(",") for line in (out / "sweep.csv").read_text().splitlines()]
+    table = [dict(zip(header, line)) for line in table]
+    assert all(r["speedup"] and r["scaling_efficiency"] for r in table if r["gpus"] == "2")
     assert "| arch |" in (out / "sweep.md").read_text()
     figures = sorted(p.name for p in (out / "figures").glob("*.png"))
-    # CPU time and CPU memory for 2 fractions (CUDA time, kernel calls and GPU memory are null on CPU
-    # runs: not drawn) + scaling efficiency
-    assert len(figures) == 2 * 2 + 1 and "scaling_efficiency.png" in figures
+    # per fraction: the study's CPU runtime and CPU memory figures (1 = Figures 5 and 14; 0.5 = 3 and 12),
+    # CPU time per step beside them; CUDA time, kernel calls and GPU memory are null on CPU runs: not
+    # drawn. Plus scaling efficiency. (max_steps 4 ends before any epoch: no epoch-time figure.)
+    assert figures == sorted(["fig05_cpu_runtime_fraction1.png", "fig14_cpu_memory_fraction1.png",
+                              "fig03_cpu_runtime_fraction0.5.png", "fig12_cpu_memory_fraction0.5.png",
+                              "cpu_time_us_per_step_mean_fraction1.png", "cpu_time_us_per_step_mean_fraction0.5.png",
+                              "scaling_efficiency.png"])
     assert all((out / "figures" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
 
 

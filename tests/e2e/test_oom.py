@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from analysis.report import analyze_run, analyze_sweep, plot_sweep, render, RUN_COLUMNS
+from analysis.figures import plot_sweep
+from analysis.report import analyze_run, analyze_sweep
+from analysis.tables import RUN_COLUMNS, render
 from conftest import run_module
 from hpc.oom import EXIT_OOM, describe, injected_oom_step, requested_bytes
 from trainrun import SMOKE, summary, train

@@ -109,13 +109,20 @@ def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, 
         assert summary["ranks"][0]["data_fraction"] == p["data_fraction"]
     # ... and back as numbers: the study's table and figures from the sweep directory.
     out = tmp_path / "results"
-    a = subprocess.run([PY, "-m", "analysis", str(index_path.parent), "--format", "csv", "--out", str(out), "--plots"],
+    a = subprocess.run([PY, "-m", "analysis", str(index_path.parent), "--format", "csv", "--out", str(out), "--report"],
                        capture_output=True, text=True, cwd=REPO, env=ENV)
     assert a.returncode == 0, a.stderr
-    header, *lines = a.stdout.strip().splitlines()
+    header, *lines = a.stdout.strip().splitlines()[:9]
     rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
     assert len(rows) == 8 and all(r["ranks"] == r["gpus"] and r["outcome"] == "done" for r in rows)  # every rank traced
-    assert (out / "sweep.md").exists() and len(list((out / "figures").glob("*.png"))) == 2 * 2 + 1
+    assert all(float(r["cpu_time_us_per_epoch_mean"]) > float(r["cpu_time_us_per_step_mean"]) for r in rows)
+    figures = {p.name for p in (out / "figures").glob("*.png")}
+    # the study's figures this CPU sweep has data for (Figures 3, 5, 12, 14), the per-step ones beside them;
+    # CUDA time and kernel calls are left out, not drawn as 0
+    assert {"fig03_cpu_runtime_fraction0.5.png", "fig05_cpu_runtime_fraction1.png", "fig12_cpu_memory_fraction0.5.png",
+            "fig14_cpu_memory_fraction1.png", "cpu_time_us_per_step_mean_fraction1.png", "scaling_efficiency.png"} <= figures
+    assert not any("cuda" in f or "calls" in f for f in figures)
+    assert (out / "sweep.md").exists() and (out / "report.html").read_text().count("data:image/png") == len(figures)
 
 
 def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):

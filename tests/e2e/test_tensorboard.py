@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, free_port, http_get, start_tensorboard, tb_operator_row
+from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, free_port, headless_chromium, http_get,
+                      start_tensorboard, tb_operator_row)
 from hpc import data
 from trainrun import SMOKE, train
 
@@ -80,21 +81,9 @@ def test_the_unpatched_plugin_shows_zero_device_time(logdir):
 
 
 def test_profiler_tab_in_headless_chromium(server):
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (tests/run.sh installs them as root)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e .[test])")
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
+    with headless_chromium() as browser:
+        from selenium.webdriver.common.by import By
 
-    options = webdriver.ChromeOptions()
-    for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,1000"]:
-        options.add_argument(arg)
-    options.binary_location = chromium
-    browser = webdriver.Chrome(options=options, service=Service(driver_path))
-    try:
         browser.get(f"http://127.0.0.1:{server}/#pytorch_profiler")
         deadline = time.time() + 60
         while time.time() < deadline and not browser.find_elements(By.TAG_NAME, "iframe"):
@@ -130,5 +119,3 @@ def test_profiler_tab_in_headless_chromium(server):
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
         print(f"screenshot: {shot}")
-    finally:
-        browser.quit()

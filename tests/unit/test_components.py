@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, Spread, TraceRecord, as_row
-from analysis.report import RUN_COLUMNS, add_scaling, rank_totals, read_index, read_summary, run_record
+from analysis.tables import RUN_COLUMNS
+from analysis.report import add_scaling, rank_totals, read_index, read_summary, run_record
 from analysis.device import DeviceActivity, Launches
 from analysis.trace import CpuOps, DeviceMemory, trace_record
 from hpc.checkpoint import Checkpointer, load_checkpoint
@@ -150,12 +151,12 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
 
 def test_cpu_ops_self_time_steps_and_merged_calls():
     cpu = CpuOps()
-    ev = {"pid": 1, "tid": 1}
-    cpu.add(ev, 0.0, 100.0, "ProfilerStep#7", "user_annotation")
-    cpu.add(ev, 10.0, 20.0, "aten::div_", "cpu_op")
-    cpu.add(ev, 12.0, 5.0, "aten::div_", "cpu_op")  # a redispatch: merged into its parent, as torch does
-    cpu.add({**ev, "args": {"correlation": 9}}, 13.0, 2.0, "cudaLaunchKernel", "cuda_runtime")
-    cpu.add(ev, 40.0, 10.0, "aten::add", "cpu_op")
+    thread = (1, 1)
+    cpu.add(thread, 0.0, 100.0, "ProfilerStep#7", "user_annotation")
+    cpu.add(thread, 10.0, 20.0, "aten::div_", "cpu_op")
+    cpu.add(thread, 12.0, 5.0, "aten::div_", "cpu_op")  # a redispatch: merged into its parent, as torch does
+    cpu.add(thread, 13.0, 2.0, "cudaLaunchKernel", "cuda_runtime", {"correlation": 9})
+    cpu.add(thread, 40.0, 10.0, "aten::add", "cpu_op")
     r = cpu.result({9: 4.5})  # correlation 9 launched 4.5 µs of device work
     assert r.steps == 1 and r.step_time_us_mean == 100.0 and r.step_numbers == [7] and r.step_time_us == [100.0]
     assert r.cpu_time_us == 100.0 and r.op_calls == {"aten::div_": 1, "aten::add": 1}
@@ -166,13 +167,13 @@ def test_cpu_ops_self_time_steps_and_merged_calls():
 
 
 def _kernel(corr, stream=7, **args):
-    return {"args": {"correlation": corr, "stream": stream, **args}}
+    return {"correlation": corr, "stream": stream, **args}
 
 
 def test_device_activity_breakdowns_collectives_and_top_kernels():
     dev, launches = DeviceActivity(), Launches()
     for corr, ts in ((1, -5.0), (2, 1.0), (3, 30.0)):
-        launches.add({"args": {"correlation": corr}}, ts)
+        launches.add({"correlation": corr}, ts)
     dev.kernel(_kernel(1), 0.0, 10.0, "implicit_convolve_sgemm")
     dev.kernel(_kernel(2, stream=9, **{"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
                                        "dtype": "Float", "Group size": 4}), 5.0, 10.0, "ncclKernel_AllReduce_RING_LL_Sum_float")
@@ -195,10 +196,10 @@ def test_device_activity_breakdowns_collectives_and_top_kernels():
 
 def test_device_memory_peaks_and_mistyped_events():
     mem = DeviceMemory()
-    assert mem.add({"args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 100, "Total Reserved": 200}})
-    assert mem.add({"args": {"Device Type": 1, "Device Id": 0, "Total Allocated": 300, "Total Reserved": 200}})
-    assert mem.add({"args": {"Device Type": 0, "Device Id": -1, "Total Allocated": 10**12}})  # CPU: ignored
-    assert not mem.add({"args": [1]}) and not mem.add({"args": {"Device Type": 1, "Total Allocated": "x"}})
+    assert mem.add(1.0, {"Device Type": 1, "Device Id": 0, "Total Allocated": 100, "Total Reserved": 200})
+    assert mem.add(2.0, {"Device Type": 1, "Device Id": 0, "Total Allocated": 300, "Total Reserved": 200})
+    assert mem.add(3.0, {"Device Type": 0, "Device Id": -1, "Total Allocated": 10**12})  # CPU: ignored
+    assert not mem.add(4.0, None) and not mem.add(5.0, {"Device Type": 1, "Total Allocated": "x"})
     assert mem.result() == MemoryPeaks(peak_gpu_mem_bytes=300, peak_gpu_reserved_bytes=200,
                                        gpu_mem_relative_to_window=False)
 

@@ -1,0 +1,180 @@
+"""The study's figures from a sweep's run records (matplotlib, Agg; PNG files).
+
+- Figures 1-15 of the study (../shared/seeds/003, §4.3-4.5), in its terms: CPU and CUDA time per
+  epoch, kernel calls per epoch, maximum CPU and GPU memory, against batch size per GPU, one line per
+  GPU count, one figure per data fraction (`figNN_<metric>_fraction<f>.png`);
+- beside them, the same per profiled step (`<column>_fraction<f>.png`), which rise with batch size
+  where the per-epoch values fall: an epoch has fewer, larger steps;
+- the measured epoch wall time (metrics.jsonl), scaling efficiency (measured, and the scaling model's
+  prediction dashed), and where a multi-GPU point's step time went against its 1-GPU point (a
+  stacked bar per point: `efficiency_loss.png`).
+Points that ran out of memory get a red cross labelled OOM. A quantity a run does not have (CUDA time
+on a CPU run) is left out, not drawn as 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from analysis.records import RunRecord
+
+# The study's figure numbers: (quantity, data fraction) -> Figure N
+STUDY_FIGURE = {("cpu", 0.1): 1, ("cuda", 0.1): 2, ("cpu", 0.5): 3, ("cuda", 0.5): 4, ("cpu", 1.0): 5,
+                ("cuda", 1.0): 6, ("calls", 0.1): 7, ("calls", 0.5): 8, ("calls", 1.0): 9, ("cpu_mem", 0.1): 10,
+                ("gpu_mem", 0.1): 11, ("cpu_mem", 0.5): 12, ("gpu_mem", 0.5): 13, ("cpu_mem", 1.0): 14,
+                ("gpu_mem", 1.0): 15}
+FRACTION_WORDS = {0.1: "one-tenth of CIFAR-100", 0.5: "half of CIFAR-100", 1.0: "the full CIFAR-100"}
+
+
+class Metric:
+    """One figure's quantity: how to read it from a run, its title, axis label and scale."""
+
+    def __init__(self, key: str, value: Callable[[RunRecord], float | None], title: str, ylabel: str,
+                 scale: float, study: str | None = None):
+        self.key, self.value, self.title, self.ylabel, self.scale, self.study = key, value, title, ylabel, scale, study
+
+
+STUDY_METRICS = [
+    Metric("cpu_runtime", lambda r: r.cpu_time_us_per_epoch.mean, "CPU runtime", "CPU time per epoch (s)", 1e-6, "cpu"),
+    Metric("cuda_runtime", lambda r: r.cuda_time_us_per_epoch.mean, "CUDA runtime", "CUDA time per epoch (s)", 1e-6,
+           "cuda"),
+    Metric("calls", lambda r: r.kernel_calls_per_epoch.mean, "Total number of calls", "kernel calls per epoch", 1.0,
+           "calls"),
+    Metric("cpu_memory", lambda r: r.peak_cpu_mem_bytes.max, "Maximum CPU memory", "peak CPU memory (GiB)", 1 / 2**30,
+           "cpu_mem"),
+    Metric("gpu_memory", lambda r: r.peak_gpu_mem_bytes.max, "Maximum GPU memory", "peak GPU memory allocated (GiB)",
+           1 / 2**30, "gpu_mem"),
+]
+PER_STEP_METRICS = [
+    Metric("cpu_time_us_per_step_mean", lambda r: r.cpu_time_us_per_step.mean, "CPU time per step",
+           "CPU time per step (ms)", 1e-3),
+    Metric("cuda_time_us_per_step_mean", lambda r: r.cuda_time_us_per_step.mean, "CUDA time per step",
+           "CUDA time per step (ms)", 1e-3),
+    Metric("kernel_calls_per_step_mean", lambda r: r.kernel_calls_per_step.mean, "Kernel calls per step",
+           "kernel calls per step", 1.0),
+    Metric("epoch_time", lambda r: r.epoch_time_s, "Measured epoch time", "epoch wall time (s)", 1.0),
+]
+LOSS_PARTS = [("computation", "tab:blue"), ("communication", "tab:red"), ("memory", "tab:purple"),
+              ("idle", "tab:gray"), ("imbalance", "tab:orange")]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def _gpus_label(g: int | None) -> str:
+    return f"{g} GPU{'s' if g != 1 else ''}"
+
+
+def mark_oom(ax, oom_rows: list[RunRecord]) -> None:
+    """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
+    for r in oom_rows:
+        x = r.batch_size_per_gpu
+        ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.annotate(f"OOM ({_gpus_label(r.gpus)})", (x, 1.0), xycoords=ax.get_xaxis_transform(),
+                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7, color="red")
+
+
+def _lines_against_batch(ax, lines: dict[str, list[tuple[float, float]]], ylabel: str, title: str,
+                         dashed: frozenset = frozenset()) -> None:
+    """One line per label, x = batch size per GPU (log 2)."""
+    for label, pts in lines.items():
+        if pts:
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                    linestyle="--" if label in dashed else "-")
+    ax.set_xscale("log", base=2)
+    xs = sorted({p[0] for pts in lines.values() for p in pts})
+    if xs:  # the batch sizes themselves as ticks, not powers of two
+        from matplotlib.ticker import NullLocator
+
+        ax.set_xticks(xs, [str(int(x)) if float(x).is_integer() else f"{x:g}" for x in xs])
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("batch size per GPU")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
+    """The metric against batch size for one data fraction, one line per GPU count (None: no data)."""
+    sel = [r for r in rows if r.data_fraction == fraction and metric.value(r) is not None]
+    if not sel:
+        return None
+    number = STUDY_FIGURE.get((metric.study, fraction)) if metric.study else None
+    words = FRACTION_WORDS.get(fraction, f"data fraction {fraction:g}")
+    title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}"
+    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    lines = {_gpus_label(g): [(r.batch_size_per_gpu, metric.value(r) * metric.scale) for r in sel if r.gpus == g]
+             for g in sorted({r.gpus for r in sel})}
+    _lines_against_batch(ax, lines, metric.ylabel, title)
+    mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
+    name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
+    return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png")
+
+
+def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
+    """Measured scaling efficiency against batch size (solid) and the model's prediction (dashed)."""
+    sel = [r for r in rows if r.scaling_efficiency is not None and r.gpus and r.gpus > 1]
+    if not sel:
+        return None
+    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    keys = sorted({(r.data_fraction, r.gpus) for r in sel})
+    lines = {f"fraction {f:g}, {_gpus_label(g)}": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
+                                                  if (r.data_fraction, r.gpus) == (f, g)] for f, g in keys}
+    predicted = {f"model: fraction {f:g}, {_gpus_label(g)}": [(r.batch_size_per_gpu, r.predicted_efficiency)
+                                                              for r in sel if (r.data_fraction, r.gpus) == (f, g)
+                                                              and r.predicted_efficiency is not None]
+                 for f, g in keys}
+    ax.axhline(1.0, color="grey", lw=0.8)
+    _lines_against_batch(ax, {**lines, **predicted}, "scaling efficiency vs 1 GPU", "Scaling efficiency",
+                         dashed=frozenset(predicted))
+    return _save(fig, out_dir / "scaling_efficiency.png")
+
+
+def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
+    """Per multi-GPU point, a stacked bar of where its step time went against its 1-GPU point (ms)."""
+    sel = [r for r in rows if r.loss_us]
+    if not sel:
+        return None
+    fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
+    labels = [f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" for r in sel]
+    up = [0.0] * len(sel)
+    down = [0.0] * len(sel)
+    for part, color in LOSS_PARTS:
+        values = [r.loss_us[part] / 1e3 for r in sel]
+        bottoms = [up[i] if v >= 0 else down[i] for i, v in enumerate(values)]
+        ax.bar(labels, values, bottom=bottoms, color=color, label=part)
+        for i, v in enumerate(values):
+            up[i], down[i] = (up[i] + v, down[i]) if v >= 0 else (up[i], down[i] + v)
+    ax.plot(labels, [r.loss_us["total"] / 1e3 for r in sel], "k_", markersize=18, label="measured difference")
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_xlabel("data fraction / batch per GPU / GPUs")
+    ax.set_ylabel("step time vs 1 GPU (ms)")
+    ax.set_title("Where the step time went, against the 1-GPU point", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir / "efficiency_loss.png")
+
+
+def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
+    """Every figure the rows have data for (see the module doc); the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
+    written = [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
+    written += [efficiency_figure(rows, out_dir), loss_figure(rows, out_dir)]
+    return [p for p in written if p is not None]

@@ -1,0 +1,98 @@
+"""report.html: one self-contained page (figures embedded as data URIs, no script, no network) with
+the study's figures, the sweep table, the efficiency loss, and for each run its per-rank breakdown,
+collectives, top kernels and operators, and links to its traces for TensorBoard and Perfetto."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import os
+from pathlib import Path
+
+from analysis.records import RunRecord, TraceRecord, as_row
+from analysis.tables import (BREAKDOWN_COLUMNS, COLLECTIVE_COLUMNS, KERNEL_COLUMNS, LOSS_COLUMNS, OP_COLUMNS,
+                             RUN_COLUMNS, _cell, breakdown_rows, loss_rows)
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+th { background: #f3f3f3; } td.text { text-align: left; } tr.oom td { color: #b00; }
+.figures { display: flex; flex-wrap: wrap; gap: 8px; } .figures img { width: 480px; border: 1px solid #eee; }
+details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; } code { background: #f6f6f6; }
+"""
+
+
+def table(records: list, columns: list[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in map(as_row, records):
+        cls = ' class="oom"' if r.get("outcome") == "oom" else ""
+        cells = "".join(f'<td{" class=text" if c in ("file", "name", "kind", "class", "arch", "outcome") else ""}>'
+                        f"{html.escape(_cell(r.get(c), c))}</td>" for c in columns)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def figure_tags(paths: list[Path]) -> str:
+    tags = []
+    for p in paths:
+        data = base64.b64encode(p.read_bytes()).decode("ascii")
+        tags.append(f'<img alt="{html.escape(p.stem)}" title="{html.escape(p.name)}" src="data:image/png;base64,{data}">')
+    return f'<div class="figures">{"".join(tags)}</div>'
+
+
+def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Path) -> str:
+    """One run: where its time went, its collectives and top kernels and operators, links to its traces."""
+    run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
+    traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
+    title = (f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s): {run.outcome}"
+             if run and run.data_fraction is not None else str(run_dir))
+    parts = [f"<details><summary>{html.escape(title)}</summary>",
+             f'<p>traces: <a href="{html.escape(os.path.relpath(traces_dir, report_dir))}">'
+             f"{html.escape(str(traces_dir))}</a> &mdash; TensorBoard: <code>python -m analysis.tensorboard "
+             f"{html.escape(str(run_dir))}</code>; Perfetto: open a trace file at https://ui.perfetto.dev</p>"]
+    breakdown = breakdown_rows(traces)
+    if breakdown:
+        parts.append("<h3>Device time of the profiled window, per trace</h3>" + table(breakdown, BREAKDOWN_COLUMNS))
+    first = {}
+    for t in sorted(traces, key=lambda t: (t.rank is None, t.rank or 0)):
+        first.setdefault(t.rank, t)
+    collectives = [{"rank": t.rank, **c} for t in first.values() for c in t.collectives or []]
+    if collectives:
+        parts.append("<h3>Collectives</h3>" + table(collectives, COLLECTIVE_COLUMNS))
+    lowest = next(iter(first.values()), None)
+    if lowest is not None and lowest.top_kernels:
+        parts.append(f"<h3>Top kernels, rank {lowest.rank}</h3>" + table(lowest.top_kernels, KERNEL_COLUMNS))
+    if lowest is not None and lowest.top_ops:
+        parts.append(f"<h3>Top operators, rank {lowest.rank}</h3>" + table(lowest.top_ops, OP_COLUMNS))
+    return "".join(parts) + "</details>"
+
+
+def render_report(path: Path, source: Path, traces: list[TraceRecord], runs: list[RunRecord],
+                 figures: list[Path]) -> str:
+    """The page's text (the caller writes it atomically to `path`)."""
+    report_dir = path.parent
+    by_run: dict[str, list[TraceRecord]] = {}
+    for t in traces:
+        run_dir = Path(t.file).parent.parent if Path(t.file).parent.name == "traces" else Path(t.file).parent
+        by_run.setdefault(str(run_dir), []).append(t)
+    sections = [f"<h1>{html.escape(str(source))}</h1><p>python -m analysis, "
+                f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
+                f"{len(traces)} trace(s)</p>"]
+    if runs:
+        sections.append("<h2>Runs</h2>" + table(runs, RUN_COLUMNS))
+    if loss_rows(runs):
+        sections.append("<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
+                        + table(loss_rows(runs), LOSS_COLUMNS))
+    if figures:
+        sections.append("<h2>Figures</h2>" + figure_tags(figures))
+    sections.append("<h2>Each run</h2>")
+    for run in runs:
+        sections.append(run_section(run, by_run.get(run.run_dir, []), report_dir))
+    if not runs:
+        sections.append(run_section(None, traces, report_dir))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n")

@@ -1,0 +1,152 @@
+"""Records as text: CSV, Markdown, aligned tables and JSON (`render`), and the tables that say why a
+run does not scale (`why_tables`: per-rank breakdown, collectives, top kernels and operators, and
+each sweep point's efficiency loss)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from analysis.records import RunRecord, TraceRecord, as_row
+
+
+TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
+                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
+                 "comm_overlap_pct"]
+RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "outcome", "ranks", "step_time_us_mean_max",
+               "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
+               "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
+               "speedup", "scaling_efficiency", "epoch_time_s", "cpu_time_us_per_epoch_mean",
+               "cuda_time_us_per_epoch_mean", "kernel_calls_per_epoch_mean", "step_skew_us", "straggler_rank",
+               "idle_share_mean", "predicted_efficiency"]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def rows_to_csv(records: list, columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in map(as_row, records):
+        writer.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+    return buf.getvalue()
+
+
+def rows_to_markdown(records: list, columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in map(as_row, records):
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rows_to_table(records: list, columns: list[str]) -> str:
+    cells = [[c for c in columns]] + [[_cell(r.get(c), c) for c in columns] for r in map(as_row, records)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    left = [c in ("name", "kind", "class") for c in columns]  # words read better left-aligned
+    return "\n".join("  ".join(cell.ljust(w) if lj else cell.rjust(w) for cell, w, lj in zip(row, widths, left)).rstrip()
+                     for row in cells) + "\n"
+
+
+def _cell(value: Any, column: str) -> str:
+    if column == "file":
+        return Path(str(value)).name
+    if column == "name":  # kernel and operator names: C++ signatures can run to hundreds of characters
+        text = str(value)
+        return text if len(text) <= 90 else text[:87] + "..."
+    return _fmt(value)
+
+
+def to_json(records: list) -> str:
+    return json.dumps([as_row(r) for r in records], indent=2) + "\n"
+
+
+def render(records: list, columns: list[str], fmt: str) -> str:
+    """Records (or plain rows) in a format: json (every field), csv, md or table (the columns)."""
+    if fmt == "json":
+        return to_json(records)
+    if fmt == "csv":
+        return rows_to_csv(records, columns)
+    if fmt == "md":
+        return rows_to_markdown(records, columns)
+    return rows_to_table(records, columns)
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1e3
+
+
+def breakdown_rows(traces: list[TraceRecord]) -> list[dict]:
+    """Per trace: where the device time of the profiled window went (ms), and why the GPU was idle."""
+    rows = []
+    for t in traces:
+        tb, ib = t.temporal_breakdown_us, t.idle_breakdown_us
+        if not tb:
+            continue
+        rows.append({"file": t.file, "rank": t.rank, "span_ms": _ms(tb["span_us"]),
+                     "computation_ms": _ms(tb["computation_us"]), "communication_ms": _ms(tb["communication_us"]),
+                     "memory_ms": _ms(tb["memory_us"]), "idle_ms": _ms(tb["idle_us"]),
+                     "idle_pct": 100 * tb["idle_us"] / tb["span_us"] if tb["span_us"] else None,
+                     "host_wait_ms": _ms(ib["host_wait_us"]), "kernel_wait_ms": _ms(ib["kernel_wait_us"]),
+                     "other_wait_ms": _ms(ib["other_us"])})
+    return rows
+
+
+BREAKDOWN_COLUMNS = ["file", "rank", "span_ms", "computation_ms", "communication_ms", "memory_ms", "idle_ms", "idle_pct",
+                     "host_wait_ms", "kernel_wait_ms", "other_wait_ms"]
+COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_us", "mean_us", "bytes_per_call", "group_size", "algbw_GBps",
+                      "busbw_GBps", "overlap_pct"]
+KERNEL_COLUMNS = ["calls", "total_us", "share_pct", "class", "name"]
+OP_COLUMNS = ["calls", "self_cpu_us", "self_device_us", "name"]
+LOSS_COLUMNS = ["data_fraction", "batch_size_per_gpu", "gpus", "nodes", "total_ms", "computation_ms",
+                "communication_ms", "memory_ms", "idle_ms", "imbalance_ms", "scaling_efficiency", "predicted_efficiency"]
+
+
+def loss_rows(runs: list[RunRecord]) -> list[dict]:
+    """Each multi-GPU point's step-time difference to its 1-GPU point, in parts that add up (ms)."""
+    return [{"data_fraction": r.data_fraction, "batch_size_per_gpu": r.batch_size_per_gpu, "gpus": r.gpus,
+             "nodes": r.nodes, **{f"{k}_ms": v / 1e3 for k, v in r.loss_us.items()},
+             "scaling_efficiency": r.scaling_efficiency, "predicted_efficiency": r.predicted_efficiency}
+            for r in runs if r.loss_us]
+
+
+def _first_of_each_rank(traces: list[TraceRecord]) -> list[TraceRecord]:
+    seen, out = set(), []
+    for t in sorted(traces, key=lambda t: (t.rank is None, t.rank or 0, t.file)):
+        if t.rank not in seen:
+            seen.add(t.rank)
+            out.append(t)
+    return out
+
+
+def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> str:
+    """The tables that say where the time went: per-trace breakdown, collectives per rank, the lowest
+    rank's top kernels and operators (one trace per rank), and for a sweep the efficiency loss."""
+    parts = []
+    if len(runs) > 1 and loss_rows(runs):
+        parts.append(("efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS))
+    if len(runs) <= 1:
+        breakdown = breakdown_rows(traces)
+        if breakdown:
+            parts.append(("device time of the profiled window", breakdown, BREAKDOWN_COLUMNS))
+        ranks = _first_of_each_rank(traces)
+        collectives = [{"rank": t.rank, **c} for t in ranks for c in t.collectives or []]
+        if collectives:
+            parts.append(("collectives", collectives, COLLECTIVE_COLUMNS))
+        if ranks and ranks[0].top_kernels:
+            parts.append((f"top kernels (rank {ranks[0].rank})", ranks[0].top_kernels, KERNEL_COLUMNS))
+        if ranks and ranks[0].top_ops:
+            parts.append((f"top operators (rank {ranks[0].rank})", ranks[0].top_ops, OP_COLUMNS))
+    heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
+    return "".join(heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts)

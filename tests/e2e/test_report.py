@@ -1,0 +1,76 @@
+"""python -m analysis --report: the page people look at, opened in a real headless Chromium; and the
+'why' numbers behind it on a sweep with a known answer (tests/gputrace.py: GPU-shaped traces, since
+this machine has no GPU)."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, headless_chromium, run_module
+from gputrace import ALLREDUCE_US, COMPUTE_US, EXPOSED_COMM_US, write_sweep
+
+ARTIFACTS = Path(os.environ.get("HPC_ARTIFACTS", REPO / "artifacts"))
+SLOW_US = 60.0
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report") / "sweep"
+    write_sweep(root, slow_us=SLOW_US)
+    proc = run_module("analysis", str(root), "--report")
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_why_numbers_of_a_sweep_with_a_known_answer(sweep):
+    runs = {r["gpus"]: r for r in json.loads((sweep / "analysis" / "runs.json").read_text())}
+    two = runs[2]
+    # rank 1 launches its all-reduce SLOW_US late every step: it is the straggler, and the skew is SLOW_US
+    assert two["straggler_rank"] == 1 and two["straggler_share"] == 1.0 and two["step_skew_us"] == SLOW_US
+    loss = two["loss_us"]
+    assert loss["communication"] == pytest.approx(EXPOSED_COMM_US + SLOW_US / 2)  # mean over the two ranks
+    assert loss["imbalance"] == pytest.approx(SLOW_US / 2) and loss["computation"] == 0.0
+    assert sum(v for k, v in loss.items() if k != "total") == pytest.approx(loss["total"])
+    assert two["allreduce_busbw_GBps"] == pytest.approx(4e6 / ALLREDUCE_US / 1e3)  # 2(n-1)/n = 1 for n = 2
+    assert two["cuda_time_us_per_epoch_mean"] == pytest.approx(25 * (COMPUTE_US + ALLREDUCE_US))
+    assert runs[1]["epoch_time_s"] == 12.5 and 0 < two["predicted_efficiency"] < 1
+    traces = json.loads((sweep / "analysis" / "traces.json").read_text())
+    tb = next(t for t in traces if t["rank"] == 0 and t["world_size"] == 2)["temporal_breakdown_us"]
+    assert tb["communication_us"] == pytest.approx(3 * EXPOSED_COMM_US) and tb["computation_us"] == 3 * COMPUTE_US
+
+
+def test_report_is_self_contained(sweep):
+    page = (sweep / "analysis" / "report.html").read_text()
+    assert "<script" not in page.lower()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched from the network
+    figures = sorted(p.name for p in (sweep / "analysis" / "figures").glob("*.png"))
+    assert page.count("data:image/png;base64,") == len(figures) >= 10
+    assert {"fig05_cpu_runtime_fraction1.png", "fig06_cuda_runtime_fraction1.png", "fig09_calls_fraction1.png",
+            "fig14_cpu_memory_fraction1.png", "fig15_gpu_memory_fraction1.png", "efficiency_loss.png",
+            "scaling_efficiency.png"} <= set(figures)
+    assert 'href="../9_1/traces"' in page  # each run links its traces, relative to the report
+
+
+def test_report_in_headless_chromium(sweep):
+    with headless_chromium(width=1500, height=1200) as browser:
+        from selenium.webdriver.common.by import By
+
+        browser.get((sweep / "analysis" / "report.html").as_uri())
+        headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
+        assert headings[:4] == ["Runs", "Where the step time went, against the 1-GPU point (ms per step)",
+                                "Figures", "Each run"]
+        drawn = browser.execute_script(
+            "return Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
+        assert len(drawn) >= 10 and all(drawn)  # every embedded figure decodes
+        for details in browser.find_elements(By.TAG_NAME, "summary"):
+            details.click()  # open each run's section
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert "Collectives" in body and "all_reduce" in body and "implicit_convolve_sgemm" in body
+        browser.execute_script("window.scrollTo(0, 0)")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "analysis-report.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 20_000
