@@ -79,12 +79,17 @@ def _gpus_label(g: int | None) -> str:
     return f"{g} GPU{'s' if g != 1 else ''}"
 
 
+def _shape_label(shape: tuple[int, int]) -> str:
+    nodes, gpus = shape
+    return _gpus_label(gpus) if nodes == 1 else f"{nodes} nodes x {_gpus_label(gpus)}"
+
+
 def mark_oom(ax, oom_rows: list[RunRecord]) -> None:
     """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
     for r in oom_rows:
         x = r.batch_size_per_gpu
         ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.annotate(f"OOM ({_gpus_label(r.gpus)})", (x, 1.0), xycoords=ax.get_xaxis_transform(),
+        ax.annotate(f"OOM ({_shape_label(r.shape)})", (x, 1.0), xycoords=ax.get_xaxis_transform(),
                     textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7, color="red")
 
 
@@ -119,8 +124,8 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     words = FRACTION_WORDS.get(fraction, f"data fraction {fraction:g}")
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}"
     fig, ax = _pyplot().subplots(figsize=(6, 4))
-    lines = {_gpus_label(g): [(r.batch_size_per_gpu, metric.value(r) * metric.scale) for r in sel if r.gpus == g]
-             for g in sorted({r.gpus for r in sel})}
+    lines = {_shape_label(k): [(r.batch_size_per_gpu, metric.value(r) * metric.scale) for r in sel if r.shape == k]
+             for k in sorted({r.shape for r in sel})}
     _lines_against_batch(ax, lines, metric.ylabel, title)
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
@@ -129,17 +134,17 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
 
 def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     """Measured scaling efficiency against batch size (solid) and the model's prediction (dashed)."""
-    sel = [r for r in rows if r.scaling_efficiency is not None and r.gpus and r.gpus > 1]
+    sel = [r for r in rows if r.scaling_efficiency is not None and r.shape[0] * r.shape[1] > 1]
     if not sel:
         return None
     fig, ax = _pyplot().subplots(figsize=(6, 4))
-    keys = sorted({(r.data_fraction, r.gpus) for r in sel})
-    lines = {f"fraction {f:g}, {_gpus_label(g)}": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
-                                                  if (r.data_fraction, r.gpus) == (f, g)] for f, g in keys}
-    predicted = {f"model: fraction {f:g}, {_gpus_label(g)}": [(r.batch_size_per_gpu, r.predicted_efficiency)
-                                                              for r in sel if (r.data_fraction, r.gpus) == (f, g)
-                                                              and r.predicted_efficiency is not None]
-                 for f, g in keys}
+    keys = sorted({(r.data_fraction, r.shape) for r in sel})
+    lines = {f"fraction {f:g}, {_shape_label(k)}": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
+                                                   if (r.data_fraction, r.shape) == (f, k)] for f, k in keys}
+    predicted = {f"model: fraction {f:g}, {_shape_label(k)}": [(r.batch_size_per_gpu, r.predicted_efficiency)
+                                                               for r in sel if (r.data_fraction, r.shape) == (f, k)
+                                                               and r.predicted_efficiency is not None]
+                 for f, k in keys}
     ax.axhline(1.0, color="grey", lw=0.8)
     _lines_against_batch(ax, {**lines, **predicted}, "scaling efficiency vs 1 GPU", "Scaling efficiency",
                          dashed=frozenset(predicted))
@@ -152,7 +157,8 @@ def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     if not sel:
         return None
     fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
-    labels = [f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" for r in sel]
+    labels = [f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" + (f"x{r.nodes}" if (r.nodes or 1) > 1 else "")
+              for r in sel]
     up = [0.0] * len(sel)
     down = [0.0] * len(sel)
     for part, color in LOSS_PARTS:
@@ -163,7 +169,7 @@ def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
             up[i], down[i] = (up[i] + v, down[i]) if v >= 0 else (up[i], down[i] + v)
     ax.plot(labels, [r.loss_us["total"] / 1e3 for r in sel], "k_", markersize=18, label="measured difference")
     ax.axhline(0.0, color="black", lw=0.6)
-    ax.set_xlabel("data fraction / batch per GPU / GPUs")
+    ax.set_xlabel("data fraction / batch per GPU / GPUs per node (x nodes)")
     ax.set_ylabel("step time vs 1 GPU (ms)")
     ax.set_title("Where the step time went, against the 1-GPU point", fontsize=10)
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)

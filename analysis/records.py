@@ -185,6 +185,11 @@ class RunRecord:
     memory_us_per_step: Spread = field(default_factory=Spread)
     idle_share: Spread = field(default_factory=Spread)
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(nodes, GPUs per node): what a figure draws one line for."""
+        return (self.nodes or 1, self.gpus or 0)
+
 
 def as_row(record: Any) -> dict[str, Any]:
     """A record as one flat mapping (JSON, CSV, tables): a Spread field `x` becomes `x_mean` and `x_max`.

@@ -233,7 +233,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict | None) 
         gpus=(summary or {}).get("world_size") or len(ranks),
         data_fraction=_number_or_none(_config_value(cfg, "data", "fraction", (int, float))),
         images_per_s=_number_or_none(first.get("global_images_per_s")),
-        outcome="done" if first.get("complete") else ("stopped" if summary else None),
+        # no summary.json: the run crashed (or, in a live sweep, is still running)
+        outcome="done" if first.get("complete") else ("stopped" if summary else "unfinished"),
         epoch_time_s=epoch_time_s(run_dir / "metrics.jsonl"), step_skew_us=step_skew_us(records),
         allreduce_busbw_GBps=_mean_or_none([_all_reduce(r, "busbw_GBps") for r in records]),
         allreduce_bytes_per_step=_mean_or_none([_all_reduce_bytes_per_step(r) for r in records]))
@@ -334,7 +335,7 @@ def analyze_sweep(sweep_dir: Path) -> tuple[list[TraceRecord], list[RunRecord]]:
         run.job_id = str(job_id) if type(job_id) in (str, int) else None
         rows.append(run)
     add_scaling(rows)
-    rows.sort(key=lambda r: (-(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.gpus or 0))
+    rows.sort(key=lambda r: (-(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0))
     return traces, rows
 
 
@@ -383,13 +384,14 @@ def add_scaling(rows: list[RunRecord]) -> None:
     for r in rows:
         b = base.get((r.data_fraction, r.batch_size_per_gpu))
         speedup = None
-        if b is not None:
+        total_gpus = r.gpus * (r.nodes or 1) if r.gpus else None
+        if b is not None and total_gpus:
             if r.images_per_s and b.images_per_s:
                 speedup = r.images_per_s / b.images_per_s
             elif r.step_time_us_mean.max and b.step_time_us_mean.max:
-                speedup = r.gpus * b.step_time_us_mean.max / r.step_time_us_mean.max
+                speedup = total_gpus * b.step_time_us_mean.max / r.step_time_us_mean.max
         r.speedup = speedup
-        r.scaling_efficiency = speedup / r.gpus if speedup is not None and r.gpus else None
+        r.scaling_efficiency = speedup / total_gpus if speedup is not None else None
         if b is not None and b is not r:
             r.loss_us = efficiency_loss_us(r, b)
             r.predicted_efficiency = predicted_efficiency(r, b)

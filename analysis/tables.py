@@ -17,7 +17,7 @@ from analysis.records import RunRecord, TraceRecord, as_row
 TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
                  "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
                  "comm_overlap_pct"]
-RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "outcome", "ranks", "step_time_us_mean_max",
+RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "nodes", "outcome", "ranks", "step_time_us_mean_max",
                "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
                "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
                "speedup", "scaling_efficiency", "epoch_time_s", "cpu_time_us_per_epoch_mean",
@@ -54,7 +54,7 @@ def rows_to_markdown(records: list, columns: list[str]) -> str:
 def rows_to_table(records: list, columns: list[str]) -> str:
     cells = [[c for c in columns]] + [[_cell(r.get(c), c) for c in columns] for r in map(as_row, records)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    left = [c in ("name", "kind", "class") for c in columns]  # words read better left-aligned
+    left = [c in ("name", "kind", "class", "error") for c in columns]  # words read better left-aligned
     return "\n".join("  ".join(cell.ljust(w) if lj else cell.rjust(w) for cell, w, lj in zip(row, widths, left)).rstrip()
                      for row in cells) + "\n"
 

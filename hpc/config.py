@@ -149,6 +149,8 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
         where = sources.get(key, "defaults")
         if key not in fields:
             raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]} (known: {', '.join(sorted(fields))})")
+        if key in getattr(cls, "SCALAR_AS_LIST", ()) and not isinstance(value, (list, tuple)):
+            value = [value]
         try:
             values[key] = _coerce(value, hints[key])
         except TypeError as e:

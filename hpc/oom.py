@@ -8,7 +8,9 @@ dumped at the OOM as `memory_snapshot.rank{R}.pickle`, for https://pytorch.org/m
 
 Fault injection, for testing without a GPU: HPC_FAULT_INJECT=oom-at-step:N raises the same
 OutOfMemoryError before optimizer step N (counted from 1), on every rank, as a real OOM would at a
-batch shape that fits nowhere.
+batch shape that fits nowhere; `fail-at-step:N` raises a plain error instead (a crashed point);
+`...@batch=B@world=W` hits only runs of per-GPU batch B and W ranks (one point of a sweep); several
+faults are separated by commas.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 from hpc.config import RunConfig, write_atomic
 
 EXIT_OOM = 4
-FAULT_PREFIX = "oom-at-step:"
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -32,25 +33,42 @@ def requested_bytes(message: str) -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
 
 
+FAULT_RE = re.compile(r"(oom|fail)-at-step:(\d{1,9})((?:@(?:batch|world)=\d{1,9})*)")
+
+
+def injected_faults(env=os.environ) -> list[tuple[str, int, dict[str, int]]]:
+    """[(kind, step N, filters)] from HPC_FAULT_INJECT=<oom|fail>-at-step:N[@batch=B][@world=W][,...];
+    [] when unset or not in that form. A filter limits a fault to runs of that per-GPU batch and
+    world size: one point of a sweep."""
+    faults = []
+    for spec in env.get("HPC_FAULT_INJECT", "").split(","):
+        m = FAULT_RE.fullmatch(spec)
+        if not m:
+            return []
+        filters = {k: int(v) for k, v in re.findall(r"@(batch|world)=(\d+)", m.group(3))}
+        faults.append((m.group(1), int(m.group(2)), filters))
+    return faults
+
+
 def injected_oom_step(env=os.environ) -> int | None:
-    """N from HPC_FAULT_INJECT=oom-at-step:N, else None."""
-    value = env.get("HPC_FAULT_INJECT", "")
-    if not value.startswith(FAULT_PREFIX):
-        return None
-    try:
-        return int(value[len(FAULT_PREFIX):])
-    except ValueError:
-        return None
+    """N of the first oom-at-step:N in HPC_FAULT_INJECT, else None."""
+    return next((step for kind, step, _ in injected_faults(env) if kind == "oom"), None)
 
 
-def maybe_inject_oom(next_step: int) -> None:
-    """Test hook: raise CUDA's OutOfMemoryError before optimizer step `next_step` when asked to."""
-    if injected_oom_step() == next_step:
+def maybe_inject_fault(next_step: int, batch_per_gpu: int, world: int) -> None:
+    """Test hook: before optimizer step `next_step`, raise CUDA's OutOfMemoryError (oom) or a
+    RuntimeError (fail: a crash with an error line, as a bug or a dead node gives) when asked to."""
+    for kind, step, filters in injected_faults():
+        if step != next_step or filters.get("batch", batch_per_gpu) != batch_per_gpu \
+                or filters.get("world", world) != world:
+            continue
+        spec = os.environ["HPC_FAULT_INJECT"]
+        if kind == "fail":
+            raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
         import torch
 
-        raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT="
-            f"{FAULT_PREFIX}{next_step})")
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: "
+                                          f"HPC_FAULT_INJECT={spec})")
 
 
 def start_memory_history(enabled: bool, cuda: bool) -> None:

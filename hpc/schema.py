@@ -88,11 +88,17 @@ class ClusterConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     signal_delay_s: int = 120  # USR2 this long before the time limit
     max_requeues: int = 3
+    # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
+    analysis_qos: Optional[str] = None
+    analysis_constraint: Optional[str] = None
+    analysis_partition: Optional[str] = None
+    analysis_cpus: int = 2
+    analysis_time_min: int = 30
 
     def __post_init__(self) -> None:
         _one_of(self, "scheduler", ("slurm", "local"))
         _positive(self, "gpus_per_node", "max_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
-                  "max_time_limit_min")
+                  "max_time_limit_min", "analysis_cpus", "analysis_time_min")
         _non_negative(self, "signal_delay_s", "max_requeues")
         if self.max_time_limit_min is not None:
             _check(self.time_limit_min <= self.max_time_limit_min, "time_limit_min",
@@ -238,22 +244,24 @@ class ProfilerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
-    """The study's grid (seed 003, section 4.2.2): data fraction x batch size x GPU count."""
+    """The study's grid (seed 003, section 4.2.2): data fraction x batch size x GPU count, and node count."""
 
     name: str = "study"
     data_fractions: tuple[float, ...] = (1.0, 0.5, 0.1)
     batch_sizes: tuple[int, ...] = (128, 512, 1024, 2048)
-    gpus: tuple[int, ...] = (1, 2, 4)
-    nodes: int = 1
+    gpus: tuple[int, ...] = (1, 2, 4)  # per node
+    nodes: tuple[int, ...] = (1,)  # multi-node scaling of the same study: e.g. [1, 2, 4]
+
+    SCALAR_AS_LIST = frozenset({"nodes"})  # `nodes: 1`, as sweeps wrote it before it was an axis
 
     def __post_init__(self) -> None:
-        for key in ("data_fractions", "batch_sizes", "gpus"):
+        for key in ("data_fractions", "batch_sizes", "gpus", "nodes"):
             _check(len(getattr(self, key)) > 0, key, "must not be empty")
         _check(all(0 < f <= 1 for f in self.data_fractions), "data_fractions", "each must be in (0, 1]")
         _check(all(b > 0 for b in self.batch_sizes), "batch_sizes", "each must be > 0")
         _check(all(g > 0 for g in self.gpus), "gpus", "each must be > 0")
+        _check(all(n > 0 for n in self.nodes), "nodes", "each must be > 0")
         _check(name_problem(self.name) is None, "name", name_problem(self.name) or "")
-        _positive(self, "nodes")
 
 
 SECTIONS: dict[str, type] = {

@@ -405,27 +405,34 @@ def make_plan(args: argparse.Namespace) -> Plan:
         gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
         spec = JobSpec(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", ((None, base),), False)
         return Plan(cluster, (spec,), args.local, base)
-    for gpus in sweep.gpus:  # every shape is checked before anything is submitted
-        check_request(cluster, sweep.nodes, gpus, time_min, source=f"{args.sweep}: sweep.gpus")
     sweep_dir = runs_dir / name / dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
-    by_shape: dict[int, list] = {}
-    for point, cfg in sweep_points(sweep, layers):
-        by_shape.setdefault(point["gpus"], []).append((point, cfg))
-    specs = tuple(JobSpec(request(sweep.nodes, gpus, f"{name}-{gpus}gpu", f"{args.sweep}: sweep.gpus"),
-                          sweep_dir / "%j", tuple(group), True) for gpus, group in by_shape.items())
+    specs = sweep_specs(sweep_points(sweep, layers), request, name, sweep_dir, args.sweep)
     return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
 
 
+def sweep_specs(points: list[tuple[dict, RunConfig]], request, name: str, sweep_dir: Path,
+                source: str) -> tuple[JobSpec, ...]:
+    """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
+    (`request`) before anything is submitted."""
+    by_shape: dict[tuple[int, int], list] = {}
+    for point, cfg in points:
+        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, cfg))
+    return tuple(JobSpec(request(nodes, gpus, f"{name}-{nodes}n{gpus}g" if nodes > 1 else f"{name}-{gpus}gpu",
+                                 f"{source}: sweep.nodes={nodes}, sweep.gpus={gpus}"),
+                         sweep_dir / "%j", tuple(group), True) for (nodes, gpus), group in by_shape.items())
+
+
 def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[dict, RunConfig]]:
-    """Every (data fraction, batch size, GPU count) point with its validated run config."""
+    """Every (data fraction, batch size, GPUs per node, nodes) point with its validated run config."""
     points = []
-    for gpus in sweep.gpus:
-        for fraction in sweep.data_fractions:
-            for batch in sweep.batch_sizes:
-                layers.set("data.fraction", fraction, f"sweep point fraction={fraction:g}")
-                layers.set("train.batch_size", batch, f"sweep point batch={batch}")
-                points.append(({"data_fraction": fraction, "batch_size": batch, "gpus": gpus,
-                                "nodes": sweep.nodes}, layers.run_config()))
+    for nodes in sweep.nodes:
+        for gpus in sweep.gpus:
+            for fraction in sweep.data_fractions:
+                for batch in sweep.batch_sizes:
+                    layers.set("data.fraction", fraction, f"sweep point fraction={fraction:g}")
+                    layers.set("train.batch_size", batch, f"sweep point batch={batch}")
+                    points.append(({"data_fraction": fraction, "batch_size": batch, "gpus": gpus,
+                                    "nodes": nodes}, layers.run_config()))
     return points
 
 
@@ -494,12 +501,29 @@ def record_index(plan: Plan, subs: list[Submitted]) -> None:
         _write_index(plan.sweep_dir, plan.sweep, plan.cluster, subs)
 
 
+POINT_KEY = ("data_fraction", "batch_size", "gpus", "nodes")
+
+
+def point_key(point: dict) -> tuple:
+    return tuple(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY)
+
+
 def _write_index(sweep_dir: Path, sweep: SweepConfig, cluster: ClusterConfig, subs: list[Submitted]) -> None:
-    index = {
-        "sweep": dataclasses.asdict(sweep),
-        "cluster": cluster.name,
-        "points": [{**s.point, "job_id": s.job_id, "run_dir": s.run_dir.name} for s in subs],
-    }
+    """index.json: every point with its job id and run directory. Points submitted again (`hpc.study
+    resubmit`) replace their earlier entry, whose job ids are kept in `history`."""
+    try:
+        earlier = json.loads((sweep_dir / "index.json").read_text()).get("points", [])
+    except (OSError, ValueError, AttributeError):
+        earlier = []
+    points = {point_key(p): p for p in earlier if isinstance(p, dict)}
+    for s in subs:
+        old = points.get(point_key(s.point)) or {}
+        history = list(old.get("history", []))
+        if old.get("job_id") not in (None, s.job_id):
+            history.append(old["job_id"])
+        points[point_key(s.point)] = {**s.point, "job_id": s.job_id, "run_dir": s.run_dir.name,
+                                      **({"history": history} if history else {})}
+    index = {"sweep": dataclasses.asdict(sweep), "cluster": cluster.name, "points": list(points.values())}
     write_atomic(sweep_dir / "index.json", json.dumps(index, indent=2))
 
 

@@ -32,7 +32,7 @@ from hpc.checkpoint import Checkpointer, restore, rng_state, set_rng_state
 from hpc.cli import UsageError
 from hpc.config import RunConfig, TrainConfig, dump_yaml, write_atomic
 from hpc.distenv import DistEnv
-from hpc.oom import maybe_inject_oom, start_memory_history
+from hpc.oom import maybe_inject_fault, start_memory_history
 
 EXIT_PREEMPTED = 3
 
@@ -558,7 +558,7 @@ class Trainer:
         while st.position < self.batches_per_epoch:
             if st.position % tc.grad_accum_steps == 0:  # an optimizer step's first micro-batch, data included
                 self.timer.start()
-                maybe_inject_oom(st.step + 1)
+                maybe_inject_fault(st.step + 1, self.per_gpu, self.dist.world_size)
             if self.micro_step(*next(batches)) == "stop":
                 break
         if st.position >= self.batches_per_epoch:

@@ -11,7 +11,7 @@ from analysis.figures import plot_sweep
 from analysis.report import analyze_run, analyze_sweep
 from analysis.tables import RUN_COLUMNS, render
 from conftest import run_module
-from hpc.oom import EXIT_OOM, describe, injected_oom_step, requested_bytes
+from hpc.oom import EXIT_OOM, describe, injected_faults, injected_oom_step, requested_bytes
 from trainrun import SMOKE, summary, train
 
 INJECT = {"HPC_FAULT_INJECT": "oom-at-step:2"}
@@ -31,6 +31,14 @@ def test_requested_bytes_from_the_allocators_message(message, expected):
                                              ("kill-during-checkpoint", None), ("", None)])
 def test_injected_oom_step(value, expected):
     assert injected_oom_step({"HPC_FAULT_INJECT": value}) == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("fail-at-step:2@batch=16", [("fail", 2, {"batch": 16})]), ("oom-at-step:3", [("oom", 3, {})]),
+    ("fail-at-step:2@batch=16@world=2,oom-at-step:1@world=4", [("fail", 2, {"batch": 16, "world": 2}), ("oom", 1, {"world": 4})]),
+    ("fail-at-step:2@batch=x", []), ("fail-at-step:2@batch=16\n", []), ("oom-at-step:1,junk", [])])
+def test_injected_faults_name_kind_step_and_point(value, expected):
+    assert injected_faults({"HPC_FAULT_INJECT": value}) == expected
 
 
 def test_describe_names_batch_rank_and_memory():

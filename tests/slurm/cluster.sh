@@ -10,7 +10,7 @@
 set -euo pipefail
 
 action=${1:-start}
-NODES=(nid001 nid002)
+NODES=(nid001 nid002 nid200)  # two GPU nodes and a CPU node (-C cpu: analysis jobs)
 STATE=/var/lib/hpc-test-slurm
 CONF=/etc/slurm
 
@@ -101,7 +101,8 @@ MessageTimeout=20
 MaxArraySize=1001
 NodeName=nid001 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN
 NodeName=nid002 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN
-PartitionName=gpu Nodes=nid001,nid002 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+NodeName=nid200 NodeHostname=$host NodeAddr=127.0.0.1 Port=17003 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Feature=cpu State=UNKNOWN
+PartitionName=gpu Nodes=nid001,nid002,nid200 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONFEOF
 
 cat >"$CONF/gres.conf" <<GRESEOF

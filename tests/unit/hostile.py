@@ -59,6 +59,7 @@ def yaml_files(h: Path) -> None:
         "sweep_name_empty.yaml": 'sweep:\n  name: ""\n',
         "sweep_name_long.yaml": "sweep:\n  name: " + "n" * 300 + "\n",
         "sweep_gpus16.yaml": "sweep:\n  name: big\n  gpus: [16]\n  batch_sizes: [8]\n  data_fractions: [1]\n",
+        "sweep_nodes2000.yaml": "sweep:\n  name: big\n  gpus: [4]\n  nodes: [1, 2000]\n  batch_sizes: [8]\n  data_fractions: [1]\n",
         "sweep_batches_str.yaml": "sweep:\n  batch_sizes: [8, many]\n",
         "nul.yaml": "data:\n  root: \"a\\0b\"\n",
         "ok_fraction.yaml": "data:\n  fraction: 1/10\ntrain:\n  lr: !!float 0.2\n",

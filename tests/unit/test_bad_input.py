@@ -209,6 +209,7 @@ CASES = {
     "submit: --sweep random": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/random.bin"), None, ("random.bin", "UTF-8")),
     "submit: sweep name escapes": (("hpc.submit", "--account", "m1", "--local", "--sweep", "{H}/sweep_escape.yaml", "--runs-dir", "{T}/runs"), None, ("sweep_escape.yaml", "sweep.name", "'../../escape'")),
     "submit: sweep needs 16 GPUs": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/sweep_gpus16.yaml"), None, ("sweep_gpus16.yaml", "sweep.gpus", "--gpus 16")),
+    "submit: sweep needs 2000 nodes": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/sweep_nodes2000.yaml"), None, ("sweep_nodes2000.yaml", "sweep.nodes=2000", "at most 1536")),
     "submit: --set cluster value": ((*DRY, "--set", "cluster.gpus_per_node=0"), None, ("--set cluster.gpus_per_node=0", "must be > 0")),
     "submit: --set sweep without --sweep": ((*DRY, "--set", "sweep.name=x"), None, ("--set sweep.name=x", "'sweep' is not used here")),
     "submit: --lr inf": ((*DRY, "--lr", "inf"), None, ("--lr", "finite")),

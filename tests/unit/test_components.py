@@ -18,6 +18,7 @@ from analysis.trace import CpuOps, DeviceMemory, trace_record
 from hpc.checkpoint import Checkpointer, load_checkpoint
 from hpc.cli import Parser, UsageError, check_name, one_line, shown
 from hpc.config import TrainConfig
+from hpc.study import point_state
 from hpc.submit import build_parser, make_plan, print_plan
 from hpc.trainer import (DivergenceGuard, MetricsLog, StepTimer, StopSignal, TrainState, batch_plan, lr_factor,
                          percentile)
@@ -302,3 +303,35 @@ def test_which_keys_may_change_on_resume_is_marked_on_the_fields():
         "profiler.enabled", "profiler.active", "profiler.memory_snapshot"))
     assert not any(may_change_on_resume(*k.split(".")) for k in (
         "train.batch_size", "train.lr", "train.seed", "model.arch", "data.fraction", "data.augment", "train.nokey"))
+
+
+# --- hpc.study status: a point's state from literal queue states, run directories and logs ---------------
+
+def _run_dir(root, name, summary=None, err="", metrics=()):
+    d = root / name
+    d.mkdir()
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    (d / f"{name}_0_log.err").write_text(err)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return d
+
+
+def test_point_state_from_queue_run_directory_and_logs(tmp_path):
+    done = _run_dir(tmp_path, "1_0", {"ranks": [{"rank": 0, "complete": True, "steps": 6}]})
+    oom = _run_dir(tmp_path, "1_1", {"outcome": "oom", "ranks": []})
+    crashed = _run_dir(tmp_path, "1_2", err="Traceback (most recent call last):\n  ...\nRuntimeError: boom\n",
+                       metrics=[{"kind": "train", "step": 2}, {"kind": "train", "step": 3}])
+    timed_out = _run_dir(tmp_path, "1_3", err="slurmstepd: error: *** JOB 1 ON nid001 CANCELLED AT 2026 DUE TO TIME LIMIT ***\n"
+                                             "submitit INFO (2026) - Requeued job 1 (2 remaining timeouts)\n")
+    assert point_state(done, "1_0", None, None)["state"] == "done"
+    assert point_state(done, "1_0", None, None)["steps"] == 6
+    assert point_state(oom, "1_1", None, None)["state"] == "oom"
+    assert point_state(crashed, "1_2", None, None) == {"state": "failed", "requeues": 0, "steps": 3,
+                                                        "error": "RuntimeError: boom"}
+    t = point_state(timed_out, "1_3", None, None)
+    assert t["state"] == "timeout" and t["requeues"] == 1 and "DUE TO TIME LIMIT" in t["error"]
+    assert point_state(tmp_path / "never", "1_4", None, None)["state"] == "missing"
+    assert point_state(crashed, "1_2", "RUNNING", None)["state"] == "running"  # the queue knows best
+    assert point_state(tmp_path / "never", "1_4", "PENDING", None)["state"] == "pending"
+    assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word

@@ -1,0 +1,114 @@
+"""python -m hpc.study on the real (local, Perlmutter-shaped) Slurm cluster: the study in one command,
+its status, a failed point resubmitted, an out-of-memory point, and a 2-node point. CPU ranks with gloo;
+the failure and the OOM are injected (HPC_FAULT_INJECT, hpc/oom.py): no GPU here."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+ENV = dict(os.environ, PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+# 1 fraction x 2 batches x 2 GPUs per node x nodes [1, 2]: 4 points, 2 job arrays
+SWEEP = """sweep:
+  name: study-e2e
+  data_fractions: [1]
+  batch_sizes: [8, 16]
+  gpus: [2]
+  nodes: [1, 2]
+data:
+  synth_train: 256
+  synth_test: 64
+model:
+  arch: tiny
+train:
+  epochs: 1
+  max_steps: 4
+  warmup_epochs: 0
+  log_every_steps: 1
+profiler:
+  wait: 0
+  warmup: 1
+  active: 2
+"""
+# batch 16 on 2 ranks crashes before step 2; batch 8 on 4 ranks (2 nodes) runs out of memory before step 2
+FAULTS = "fail-at-step:2@batch=16@world=2,oom-at-step:2@batch=8@world=4"
+
+
+def study(*args, timeout=900):
+    return subprocess.run([PY, "-m", "hpc.study", *args], capture_output=True, text=True, cwd=REPO, env=ENV,
+                          timeout=timeout)
+
+
+def status(sweep_dir: Path) -> dict:
+    proc = study("status", str(sweep_dir), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return {(r["batch_size"], r["nodes"]): r for r in json.loads(proc.stdout)}
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(slurm_cluster, data_root, tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    (root / "study.yaml").write_text(SWEEP)
+    proc = study("run", str(root / "study.yaml"), "--account", "m1", "--data-root", str(data_root), "--runs-dir",
+                 str(root / "runs"), "--export", "OMP_NUM_THREADS=1", "--export", f"HPC_FAULT_INJECT={FAULTS}", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = re.findall(r"^sweep:\s+(/\S+)$", proc.stdout, flags=re.M)
+    assert re.search(r"^analysis: job \d+ \(after the arrays\)", proc.stdout, flags=re.M), proc.stdout
+    return Path(path)
+
+
+def test_one_command_runs_every_point_then_the_analysis(sweep_dir):
+    (analysis_id,) = json.loads((sweep_dir / "study.json").read_text())["analysis_jobs"]
+    index = json.loads((sweep_dir / "index.json").read_text())
+    arrays = sorted({p["job_id"].split("_")[0] for p in index["points"]})
+    assert len(index["points"]) == 4 and len(arrays) == 2  # one array per shape: 1 x 2 and 2 x 2
+    script = next((sweep_dir / "analysis-jobs").rglob("*_submission.sh")).read_text()
+    assert f"#SBATCH --dependency=afterany:{':'.join(arrays)}" in script
+    assert "#SBATCH --constraint=cpu" in script and "#SBATCH --qos=shared" in script and "--gpus" not in script
+    assert (sweep_dir / "analysis" / "report.html").exists() and (sweep_dir / "analysis" / "sweep.md").exists()
+
+
+def test_status_shows_done_failed_and_oom_points(sweep_dir):
+    rows = status(sweep_dir)
+    assert rows[(8, 1)]["state"] == "done" and rows[(16, 2)]["state"] == "done"
+    assert rows[(8, 2)]["state"] == "oom"
+    failed = rows[(16, 1)]
+    assert failed["state"] == "failed" and "fault injection" in failed["error"] and failed["steps"] == 1
+    assert all(r["requeues"] == 0 for r in rows.values())
+    table = study("status", str(sweep_dir)).stdout
+    assert "2 done, 1 oom, 1 failed" in table, table
+
+
+def test_two_node_point_ran_two_by_two_ranks(sweep_dir):
+    index = json.loads((sweep_dir / "index.json").read_text())
+    point = next(p for p in index["points"] if p["nodes"] == 2 and p["batch_size"] == 16)
+    summary = json.loads((sweep_dir / point["run_dir"] / "summary.json").read_text())
+    assert summary["world_size"] == 4
+    assert sorted((r["node_rank"], r["local_rank"]) for r in summary["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_oom_point_is_a_row_of_the_report(sweep_dir):
+    sweep_md = (sweep_dir / "analysis" / "sweep.md").read_text()
+    assert sum(" oom " in line for line in sweep_md.splitlines()) == 1
+    assert "OOM" in (sweep_dir / "analysis" / "report.html").read_text() or " oom " in sweep_md
+
+
+def test_resubmit_failed_completes_the_point_and_rebuilds_the_report(sweep_dir, data_root):
+    proc = study("resubmit", str(sweep_dir), "--failed", "--account", "m1", "--export", "OMP_NUM_THREADS=1", "--wait")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resubmitting 1 point(s)" in proc.stdout
+    rows = status(sweep_dir)
+    assert rows[(16, 1)]["state"] == "done" and rows[(8, 2)]["state"] == "oom"
+    index = json.loads((sweep_dir / "index.json").read_text())
+    point = next(p for p in index["points"] if (p["batch_size"], p["nodes"]) == (16, 1))
+    assert len(point["history"]) == 1 and point["history"][0] != point["job_id"]  # the failed job, kept
+    assert len(json.loads((sweep_dir / "study.json").read_text())["analysis_jobs"]) == 2
+    sweep_md = (sweep_dir / "analysis" / "sweep.md").read_text()
+    assert sum(" done " in line for line in sweep_md.splitlines()) == 3  # the resubmitted point is in the report
