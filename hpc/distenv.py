@@ -252,6 +252,33 @@ def master_port_for_job(job_id: str) -> int:
     return _PORT_BASE + int.from_bytes(digest[:4], "big") % _PORT_SPAN
 
 
+def torchrun_args(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, max_restarts: int,
+                  forward_signals: bool) -> list[str]:
+    """torchrun's arguments for one agent per node: c10d rendezvous at `endpoint` (host:port, the
+    job's first node), worker-group restarts. With forward_signals, SIGUSR2 (Slurm's warning before
+    the time limit, or preemption) is passed on to the workers, which checkpoint and stop."""
+    args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}"]
+    if forward_signals:
+        args.append("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2")
+    return args
+
+
+def torchrun_forwards_signals() -> bool:
+    """Whether this torch's torchrun has --signals-to-handle (newer releases), read from its source
+    rather than imported: no torch import here."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    try:
+        return "--signals-to-handle" in (Path(spec.origin).parent / "distributed" / "run.py").read_text()
+    except OSError:
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class DistEnv:
     rank: int
@@ -462,6 +489,19 @@ def export_lines(dist: DistEnv) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in items.items()]
 
 
+def slurm_torchrun_args(env: Mapping[str, str], nproc_per_node: int, max_restarts: int) -> list[str]:
+    """torchrun_args for the Slurm job `env` describes: its node count, first node and job id."""
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        raise DistEnvError("--torchrun-args: SLURM_JOB_ID is not set (run it inside a Slurm job)")
+    if nproc_per_node < 1 or max_restarts < 0:
+        raise DistEnvError(f"--torchrun-args {nproc_per_node} --max-restarts {max_restarts}: must be >= 1 and >= 0")
+    hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"]
+    nnodes = _int(env, "SLURM_NNODES", "slurm") if env.get("SLURM_NNODES") else len(hosts)
+    endpoint = f"{hosts[0]}:{master_port_for_job(job_id)}"
+    return torchrun_args(nnodes, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
 
@@ -474,9 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the DistEnv as JSON instead")
     parser.add_argument("--hostlist", metavar="EXPR", help="only expand a Slurm hostlist, one host per line")
+    parser.add_argument("--torchrun-args", type=int, metavar="NPROC_PER_NODE",
+                        help="print torchrun's arguments for this Slurm job (one agent per node), quoted")
+    parser.add_argument("--max-restarts", type=int, default=3, help="with --torchrun-args (default 3)")
     args = parser.parse_args(argv)
     if args.hostlist is not None:
         print("\n".join(expand_hostlist(args.hostlist)))
+        return 0
+    if args.torchrun_args is not None:
+        print(" ".join(shlex.quote(a) for a in slurm_torchrun_args(os.environ, args.torchrun_args, args.max_restarts)))
         return 0
     dist = from_environ(os.environ)
     if args.json:

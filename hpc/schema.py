@@ -88,6 +88,10 @@ class ClusterConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     signal_delay_s: int = 120  # USR2 this long before the time limit
     max_requeues: int = 3
+    # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
+    # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
+    launcher: str = "srun"
+    max_restarts: int = 3
     # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
     analysis_qos: Optional[str] = None
     analysis_constraint: Optional[str] = None
@@ -97,9 +101,10 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         _one_of(self, "scheduler", ("slurm", "local"))
+        _one_of(self, "launcher", ("srun", "torchrun"))
         _positive(self, "gpus_per_node", "max_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
                   "max_time_limit_min", "analysis_cpus", "analysis_time_min")
-        _non_negative(self, "signal_delay_s", "max_requeues")
+        _non_negative(self, "signal_delay_s", "max_requeues", "max_restarts")
         if self.max_time_limit_min is not None:
             _check(self.time_limit_min <= self.max_time_limit_min, "time_limit_min",
                    f"exceeds max_time_limit_min={self.max_time_limit_min}")

@@ -78,12 +78,13 @@ def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
 
 def slurm_parameters(cluster: ClusterConfig, req: JobRequest) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these."""
+    torchrun = cluster.launcher == "torchrun"  # one task per node: torchrun starts the per-GPU workers
     params = {
         "job_name": req.name,
         "nodes": req.nodes,
-        "ntasks_per_node": req.gpus,
+        "ntasks_per_node": 1 if torchrun else req.gpus,
         "gpus_per_node": req.gpus,
-        "cpus_per_task": cluster.cpus_per_task,
+        "cpus_per_task": cluster.cpus_per_task * (req.gpus if torchrun else 1),
         "time": req.time_min,
         "constraint": cluster.constraint,
         "qos": req.qos or cluster.qos,
@@ -104,7 +105,8 @@ def make_executor(cluster: ClusterConfig, req: JobRequest, folder: Path, local: 
 
     if local:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=cluster.max_requeues, python=python)
-        executor.update_parameters(nodes=1, tasks_per_node=req.gpus, gpus_per_node=req.gpus,
+        executor.update_parameters(nodes=1, tasks_per_node=1 if cluster.launcher == "torchrun" else req.gpus,
+                                   gpus_per_node=req.gpus,
                                    timeout_min=req.time_min, signal_delay_s=cluster.signal_delay_s,
                                    setup=setup_lines(cluster, req))
         return executor
@@ -131,11 +133,14 @@ def sbatch_text(executor, map_count: int | None = None) -> str:
 
 
 class TrainJob:
-    """The submitted callable: runs hpc.train in this task; checkpointable for submitit's requeue."""
+    """The submitted callable: runs hpc.train in this task (srun: one task per GPU) or torchrun in this
+    task (torchrun: one task per node); checkpointable for submitit's requeue."""
 
-    def __init__(self, run_config: dict, max_requeues: int):
+    def __init__(self, run_config: dict, max_requeues: int, launcher: str = "srun", nproc_per_node: int = 1,
+                 max_restarts: int = 0):
         self.run_config = run_config
         self.max_requeues = max_requeues
+        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
 
     def __call__(self) -> dict:
         import submitit
@@ -150,7 +155,10 @@ class TrainJob:
         run_dir = prepare_run_dir(Path(job.paths.folder))
         cfg = run_config_from_dict(self.run_config, "submitted config")
         check_resumable(run_dir, cfg)
-        code = train_or_oom(cfg, run_dir, from_environ(os.environ))
+        if self.launcher == "torchrun":
+            code = self.run_torchrun(run_dir, job.job_id)
+        else:
+            code = train_or_oom(cfg, run_dir, from_environ(os.environ))
         if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
             return {"status": "oom", "run_dir": str(run_dir)}
         if code != EXIT_PREEMPTED:
@@ -159,6 +167,36 @@ class TrainJob:
         if job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
             submitit_on_usr2(signal.SIGUSR2, None)  # checkpoint() below, scontrol requeue, exit
         return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts}
+
+    def run_torchrun(self, run_dir: Path, job_id: str) -> int:
+        """torchrun with a worker per GPU running hpc.train on this run directory; a worker that dies
+        restarts the group, which resumes from the last checkpoint. SIGUSR2 is passed on to torchrun
+        (and so to the workers, which checkpoint). Returns hpc.train's exit code for the run."""
+        from hpc.distenv import master_port_for_job, slurm_torchrun_args, torchrun_args, torchrun_forwards_signals
+        from hpc.oom import EXIT_OOM
+        from hpc.trainer import EXIT_PREEMPTED
+
+        config = run_dir / "submitted.yaml"
+        write_atomic(config, dump_yaml(self.run_config))
+        args = (slurm_torchrun_args(os.environ, self.nproc_per_node, self.max_restarts) if os.environ.get("SLURM_JOB_ID")
+                else torchrun_args(1, self.nproc_per_node, f"127.0.0.1:{master_port_for_job(job_id)}", job_id,
+                                   self.max_restarts, torchrun_forwards_signals()))
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args, "-m", "hpc.train",
+                                 "--config", str(config), "--run-dir", str(run_dir)])
+        stopped = []
+        previous = signal.signal(signal.SIGUSR2, lambda signum, frame: (stopped.append(signum), proc.send_signal(signum)))
+        try:
+            rc = proc.wait()
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
+        summary = _read_summary(run_dir)
+        if summary.get("outcome") == "oom":
+            return EXIT_OOM
+        if rc == 0:
+            return 0
+        if stopped and (run_dir / "checkpoints" / "last.pt").exists():
+            return EXIT_PREEMPTED
+        raise RuntimeError(f"torchrun exited {rc} after {self.max_restarts} restart(s) at most; see the log above")
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         import submitit
@@ -208,6 +246,14 @@ class Submitted:
     logs: list[Path]
     job: Any
     point: dict | None = None
+
+
+def _read_summary(run_dir: Path) -> dict:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _exports(items: list[str]) -> dict[str, str]:
@@ -467,12 +513,12 @@ def execute(plan: Plan, wait: bool) -> int:
         executor = executor_for(plan, spec)
         if plan.local:  # this machine: one point at a time, followed as it runs
             for point, cfg in spec.points:
-                subs.extend(submit_points(plan, executor, ((point, cfg),), batch=False))
+                subs.extend(submit_points(plan, executor, ((point, cfg),), batch=False, gpus=spec.request.gpus))
                 failures += wait_for(subs[-1:], follow=True)
                 _drop_placeholder(spec.folder)
                 record_index(plan, subs)
             continue
-        subs.extend(submit_points(plan, executor, spec.points, batch=spec.array))
+        subs.extend(submit_points(plan, executor, spec.points, batch=spec.array, gpus=spec.request.gpus))
         record_index(plan, subs)
     if plan.sweep_dir is not None:
         print(f"sweep: {len(subs)} points, index {plan.sweep_dir / 'index.json'}")
@@ -483,10 +529,11 @@ def execute(plan: Plan, wait: bool) -> int:
     return 1 if failures else 0
 
 
-def submit_points(plan: Plan, executor, points, batch: bool) -> list[Submitted]:
+def submit_points(plan: Plan, executor, points, batch: bool, gpus: int) -> list[Submitted]:
     """Submit the points' TrainJobs (as one array when `batch`) and say where each runs."""
     with executor.batch() if batch else contextlib.nullcontext():
-        jobs = [executor.submit(TrainJob(cfg.to_dict(), plan.cluster.max_requeues)) for _, cfg in points]
+        jobs = [executor.submit(TrainJob(cfg.to_dict(), plan.cluster.max_requeues, plan.cluster.launcher,
+                                         gpus, plan.cluster.max_restarts)) for _, cfg in points]
     subs = []
     for job, (point, _) in zip(jobs, points):
         sub = _job_record(job)

@@ -47,7 +47,7 @@ def test_installed_package_finds_profiles_by_name_from_another_directory(install
 def test_console_scripts_are_installed_and_share_the_error_path(installed):
     site, elsewhere = installed
     scripts = {p.name for p in (site / "bin").iterdir()}
-    assert {"hpc-train", "hpc-submit", "hpc-config", "hpc-analysis", "hpc-tensorboard"} <= scripts, scripts
+    assert {"hpc-train", "hpc-submit", "hpc-study", "hpc-config", "hpc-analysis", "hpc-tensorboard"} <= scripts, scripts
     proc = run_installed(site, elsewhere, str(site / "bin" / "hpc-config"), "--profile", "local", "--set",
                          "cluster.max_nodes=0")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [

@@ -50,11 +50,11 @@ def wait_gone(job_id: str, timeout: float, hurry_requeue: bool = False) -> float
     raise AssertionError(f"job {job_id} still queued after {timeout} s")
 
 
-def check_complete_run(run_dir: Path, world: int):
+def check_complete_run(run_dir: Path, world: int, launcher: str = "slurm"):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == list(range(world))
     assert len({r["weights_sha256"] for r in summary["ranks"]}) == 1
-    assert all(r["launcher"] == "slurm" for r in summary["ranks"])
+    assert all(r["launcher"] == launcher for r in summary["ranks"])
     for rank in range(world):
         assert len(list((run_dir / "traces").glob(f"rank{rank}.*.pt.trace.json*"))) == 1
     assert (run_dir / "checkpoints" / "last.pt").exists()
@@ -74,6 +74,21 @@ def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp
     summary = check_complete_run(run_dir, 4)
     assert sorted({r["node_rank"] for r in summary["ranks"]}) == [0, 1]
     assert summary["ranks"][0]["env"]["NCCL_NET_GDR_LEVEL"] == "PHB"  # the profile's environment
+
+
+def test_sbatch_script_with_torchrun_on_two_nodes(slurm_cluster, data_root, tmp_path):
+    """HPC_LAUNCHER=torchrun: one torchrun agent per node (c10d rendezvous on the first node), 2 x 2 workers."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER=torchrun", "-N", "2",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
+                        "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir)],
+                       capture_output=True, text=True, cwd=REPO, env=ENV)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    wait_gone(job, 300)
+    assert job_state(job).get("JobState") == "COMPLETED", (tmp_path / f"out-{job}.txt").read_text()[-2000:]
+    summary = check_complete_run(run_dir, 4, launcher="torchrun")
+    assert sorted((r["node_rank"], r["local_rank"]) for r in summary["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
@@ -219,3 +234,45 @@ def test_requeues_are_bounded(slurm_cluster, data_root, tmp_path):
     out = (tmp_path / f"out-{job}.txt").read_text()
     assert "stopped after 0 requeues" in out
     assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def _workers(run_dir: Path) -> list[int]:
+    """PIDs of torchrun's workers training in run_dir (not the agent, whose command line names torchrun)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if "hpc.train" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path):
+    common = ["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root", str(data_root),
+              "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1",
+              "--set", "train.checkpoint_every_steps=2", "--set", "cluster.launcher=torchrun",
+              "--set", "cluster.max_restarts=2"]
+    dry = submit(*common, "--dry-run")
+    assert "#SBATCH --ntasks-per-node=1" in dry.stdout and "#SBATCH --cpus-per-task=64" in dry.stdout, dry.stdout
+    straight = submit(*common, "--name", "straight", "--runs-dir", str(tmp_path))
+    killed = submit(*common, "--name", "killed", "--runs-dir", str(tmp_path))
+    (job_s,), (job_k,) = job_ids(straight.stdout), job_ids(killed.stdout)
+    run_dir = tmp_path / "killed" / job_k
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        time.sleep(0.2)
+    victims = _workers(run_dir)
+    assert len(victims) == 2, victims  # one worker per "GPU"
+    os.kill(victims[-1], signal.SIGKILL)
+    wait_gone(job_k, 600)
+    wait_gone(job_s, 300)
+    state = job_state(job_k)
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", state  # the same Slurm job, no requeue
+    log = (run_dir / f"{job_k}_0_log.err").read_text() + (run_dir / f"{job_k}_0_log.out").read_text()
+    assert "resuming from" in log  # the restarted worker group resumed from the last checkpoint
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and all(r["launcher"] == "torchrun" for r in summary["ranks"])
+    assert same_weights(weights(tmp_path / "straight" / job_s), weights(run_dir))

@@ -39,6 +39,8 @@ def yaml_files(h: Path) -> None:
     files = {
         "latin1.yaml": b"train:\n  lr: caf\xe9\n",
         "list.yaml": "- train\n- data\n",
+        "sweep_dir/index.json": '{"points": []}\n',  # a sweep directory with nothing to resubmit yet
+        "sweep_dir/sweep.yaml": "sweep:\n  name: s\n",
         "scalar.yaml": "42\n",
         "tag.yaml": "train: !!python/object/apply:os.system ['echo pwned']\n",
         "dup.yaml": "train:\n  lr: 0.1\n  lr: 0.2\n",

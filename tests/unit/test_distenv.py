@@ -6,6 +6,7 @@ import pytest
 from hpc.distenv import (DistEnvError, HostlistError, expand_hostlist, expand_tasks_per_node,
                          export_lines, from_environ, master_port_for_job)
 from conftest import run_module
+from hpc import distenv
 
 # Literal cases whose answers were read off `scontrol show hostnames` (Slurm 22.05), so they hold
 # where scontrol is absent.
@@ -158,3 +159,15 @@ def test_distenv_does_not_import_torch():
     import subprocess, sys
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+def test_torchrun_args_for_a_slurm_job():
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_NNODES": "2"}
+    args = distenv.slurm_torchrun_args(env, 4, 3)
+    port = distenv.master_port_for_job("4242")
+    assert args[:6] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=nid001:{port}",
+                        "--rdzv-id=4242", "--max-restarts=3"]
+    assert args[6:] in ([], ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"])
+    assert distenv.torchrun_args(1, 2, "h:1", "j", 0, forward_signals=True)[-1].endswith("SIGUSR2")
+    with pytest.raises(distenv.DistEnvError, match="SLURM_JOB_ID"):
+        distenv.slurm_torchrun_args({}, 4, 3)
