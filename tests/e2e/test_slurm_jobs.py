@@ -104,12 +104,15 @@ def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
     assert state["Account"] == "m1234" and state["QOS"] in ("regular", "(null)")
 
 
-def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, tmp_path):
-    r = submit("--sweep", "profiles/study-smoke.yaml", "--account", "m1", "--data-root", str(data_root),
-               "--runs-dir", str(tmp_path), "--max-parallel", "4", "--export", "OMP_NUM_THREADS=1", "--wait",
-               timeout=900)
+def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
+    """hpc.study run profiles/study-smoke.yaml: job arrays, then the dependent analysis job; --wait
+    returns with the report written and prints the sweep table."""
+    r = subprocess.run([PY, "-m", "hpc.study", "run", "profiles/study-smoke.yaml", "--account", "m1", "--data-root",
+                        str(data_root), "--runs-dir", str(tmp_path), "--max-parallel", "4", "--export",
+                        "OMP_NUM_THREADS=1", "--wait"], capture_output=True, text=True, cwd=REPO, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     (index_path,) = list(tmp_path.glob("study-smoke/sweep-*/index.json"))
+    sweep_dir = index_path.parent
     index = json.loads(index_path.read_text())
     points = index["points"]
     assert len(points) == 8
@@ -118,31 +121,36 @@ def test_sweep_runs_as_job_arrays_with_complete_index(slurm_cluster, data_root, 
     arrays = {p["job_id"].split("_")[0] for p in points}
     assert len(arrays) == 2 and all("_" in p["job_id"] for p in points)  # one array per GPU count
     for p in points:
-        summary = json.loads((index_path.parent / p["run_dir"] / "summary.json").read_text())
+        summary = json.loads((sweep_dir / p["run_dir"] / "summary.json").read_text())
         assert summary["world_size"] == p["gpus"]
         assert summary["ranks"][0]["batch_size_per_gpu"] == p["batch_size"]
         assert summary["ranks"][0]["data_fraction"] == p["data_fraction"]
-    # ... and back as numbers: the study's table and figures from the sweep directory.
-    out = tmp_path / "results"
-    a = subprocess.run([PY, "-m", "analysis", str(index_path.parent), "--format", "csv", "--out", str(out), "--report"],
-                       capture_output=True, text=True, cwd=REPO, env=ENV)
-    assert a.returncode == 0, a.stderr
-    header, *lines = a.stdout.strip().splitlines()[:9]
+    # the analysis job ran after every point had ended: its start against the arrays' ends
+    (analysis_id,) = json.loads((sweep_dir / "study.json").read_text())["analysis_jobs"]
+    started = job_state(analysis_id)["StartTime"]
+    assert all(job_state(p["job_id"])["EndTime"] <= started for p in points)
+    # ... and back as numbers: the study's table and figures, written by that job
+    out = sweep_dir / "analysis"
+    header, *lines = (out / "sweep.csv").read_text().strip().splitlines()
     rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
     assert len(rows) == 8 and all(r["ranks"] == r["gpus"] and r["outcome"] == "done" for r in rows)  # every rank traced
     assert all(float(r["cpu_time_us_per_epoch_mean"]) > float(r["cpu_time_us_per_step_mean"]) for r in rows)
+    assert "| arch | data_fraction |" in r.stdout  # --wait prints the sweep table
     figures = {p.name for p in (out / "figures").glob("*.png")}
     # the study's figures this CPU sweep has data for (Figures 3, 5, 12, 14), the per-step ones beside them;
     # CUDA time and kernel calls are left out, not drawn as 0
     assert {"fig03_cpu_runtime_fraction0.5.png", "fig05_cpu_runtime_fraction1.png", "fig12_cpu_memory_fraction0.5.png",
             "fig14_cpu_memory_fraction1.png", "cpu_time_us_per_step_mean_fraction1.png", "scaling_efficiency.png"} <= figures
     assert not any("cuda" in f or "calls" in f for f in figures)
-    assert (out / "sweep.md").exists() and (out / "report.html").read_text().count("data:image/png") == len(figures)
+    assert (out / "report.html").read_text().count("data:image/png") == len(figures)
+    status = subprocess.run([PY, "-m", "hpc.study", "status", str(sweep_dir)], capture_output=True, text=True,
+                            cwd=REPO, env=ENV)
+    assert status.returncode == 0 and "8 done; report: " in status.stdout, status.stdout + status.stderr
 
 
-def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
-    common = ["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root", str(data_root),
-              "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1"]
+def preempt_and_compare(common: list[str], tmp_path: Path) -> str:
+    """Submit the same training twice; USR2 one of them after a few steps (a preemption). It must
+    checkpoint, requeue once, resume and end with the other's weights. Returns its log."""
     straight = submit(*common, "--name", "straight", "--runs-dir", str(tmp_path))
     pre = submit(*common, "--name", "pre", "--runs-dir", str(tmp_path))
     (job_s,), (job_p,) = job_ids(straight.stdout), job_ids(pre.stdout)
@@ -155,9 +163,15 @@ def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_roo
     wait_gone(job_s, 300)
     state = job_state(job_p)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", state
-    log = (tmp_path / "pre" / job_p / f"{job_p}_0_log.out").read_text()
-    assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
     assert same_weights(weights(tmp_path / "straight" / job_s), weights(tmp_path / "pre" / job_p))
+    return (tmp_path / "pre" / job_p / f"{job_p}_0_log.out").read_text()
+
+
+def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
+    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root",
+                               str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set",
+                               "train.log_every_steps=1"], tmp_path)
+    assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
 
 
 def test_killed_rank_fails_the_whole_job_quickly(slurm_cluster, data_root, tmp_path):
@@ -276,3 +290,16 @@ def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and all(r["launcher"] == "torchrun" for r in summary["ranks"])
     assert same_weights(weights(tmp_path / "straight" / job_s), weights(run_dir))
+
+
+def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_root, tmp_path):
+    """Preemption under torchrun: the agent passes SIGUSR2 on to the workers (--signals-to-handle), they
+    checkpoint, submitit requeues the job, and the requeued job resumes to the same weights."""
+    from hpc.distenv import torchrun_forwards_signals
+
+    if not torchrun_forwards_signals():
+        pytest.skip("this torch's torchrun has no --signals-to-handle: it cannot pass SIGUSR2 to the workers")
+    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root",
+                               str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "8", "--set",
+                               "train.log_every_steps=1", "--set", "cluster.launcher=torchrun"], tmp_path)
+    assert "checkpoint (signal SIG" in log and "resuming from" in log
