@@ -290,6 +290,9 @@ class DistEnv:
     master_addr: str
     master_port: int
     launcher: str  # "torchrun" | "slurm" | "submitit-local" | "slurm-batch" | "single"
+    # Under torchrun with its agent's store (TORCHELASTIC_USE_AGENT_STORE): which start of the worker
+    # group this is (TORCHELASTIC_RESTART_COUNT). The process group keys its rendezvous by it.
+    elastic_attempt: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -376,6 +379,8 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_int(env, "MASTER_PORT", src) if env.get("MASTER_PORT") else 29500,
         launcher="torchrun",
+        elastic_attempt=(_int(env, "TORCHELASTIC_RESTART_COUNT", src) if env.get("TORCHELASTIC_RESTART_COUNT") else 0)
+        if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None,
     )
 
 

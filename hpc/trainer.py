@@ -154,7 +154,14 @@ def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int):
 
     backend = "nccl" if use_cuda else "gloo"
     timeout = dt.timedelta(seconds=timeout_s)
-    if dist.world_size > 1:
+    if dist.world_size > 1 and dist.elastic_attempt is not None:
+        # torchrun's agent hosts the store and keeps it across restarts of the worker group: a restarted
+        # group must not read the dead group's addresses (it would connect to closed ports, or hang).
+        agent_store = tdist.TCPStore(dist.master_addr, dist.master_port, dist.world_size, is_master=False,
+                                     timeout=timeout)
+        tdist.init_process_group(backend, store=tdist.PrefixStore(f"hpc/attempt{dist.elastic_attempt}/", agent_store),
+                                 rank=dist.rank, world_size=dist.world_size, timeout=timeout)
+    elif dist.world_size > 1:
         tdist.init_process_group(backend, init_method=f"tcp://{dist.master_addr}:{dist.master_port}",
                                  rank=dist.rank, world_size=dist.world_size, timeout=timeout)
     else:  # DDP over one process, as the study's 1-GPU runs; a private store needs no port

@@ -61,9 +61,12 @@ def check_complete_run(run_dir: Path, world: int, launcher: str = "slurm"):
     return summary
 
 
-def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp_path):
+@pytest.mark.parametrize("launcher, recorded", [("srun", "slurm"), ("torchrun", "torchrun")])
+def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp_path, launcher, recorded):
+    """srun: a task per GPU. HPC_LAUNCHER=torchrun: one torchrun agent per node (c10d rendezvous on the
+    first node) starting a worker per GPU. Either way 2 x 2 ranks."""
     run_dir = tmp_path / "run"
-    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", "-N", "2",
+    r = subprocess.run(["sbatch", "--parsable", f"--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER={launcher}", "-N", "2",
                         "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
                         "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir)],
                        capture_output=True, text=True, cwd=REPO, env=ENV)
@@ -71,24 +74,9 @@ def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp
     job = r.stdout.strip()
     wait_gone(job, 300)
     assert job_state(job).get("JobState") == "COMPLETED", (tmp_path / f"out-{job}.txt").read_text()[-2000:]
-    summary = check_complete_run(run_dir, 4)
-    assert sorted({r["node_rank"] for r in summary["ranks"]}) == [0, 1]
-    assert summary["ranks"][0]["env"]["NCCL_NET_GDR_LEVEL"] == "PHB"  # the profile's environment
-
-
-def test_sbatch_script_with_torchrun_on_two_nodes(slurm_cluster, data_root, tmp_path):
-    """HPC_LAUNCHER=torchrun: one torchrun agent per node (c10d rendezvous on the first node), 2 x 2 workers."""
-    run_dir = tmp_path / "run"
-    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER=torchrun", "-N", "2",
-                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch",
-                        "--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir)],
-                       capture_output=True, text=True, cwd=REPO, env=ENV)
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip()
-    wait_gone(job, 300)
-    assert job_state(job).get("JobState") == "COMPLETED", (tmp_path / f"out-{job}.txt").read_text()[-2000:]
-    summary = check_complete_run(run_dir, 4, launcher="torchrun")
+    summary = check_complete_run(run_dir, 4, launcher=recorded)
     assert sorted((r["node_rank"], r["local_rank"]) for r in summary["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert summary["ranks"][0]["env"]["NCCL_NET_GDR_LEVEL"] == "PHB"  # the profile's environment
 
 
 def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):

@@ -171,3 +171,11 @@ def test_torchrun_args_for_a_slurm_job():
     assert distenv.torchrun_args(1, 2, "h:1", "j", 0, forward_signals=True)[-1].endswith("SIGUSR2")
     with pytest.raises(distenv.DistEnvError, match="SLURM_JOB_ID"):
         distenv.slurm_torchrun_args({}, 4, 3)
+
+
+def test_torchrun_worker_knows_its_attempt_when_the_agent_hosts_the_store():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+           "MASTER_PORT": "44447"}
+    assert distenv.from_environ(env).elastic_attempt is None  # a plain torchrun-style environment
+    agent = {**env, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    assert distenv.from_environ(agent).elastic_attempt == 2  # the third start of the worker group
