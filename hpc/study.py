@@ -155,8 +155,22 @@ def run_command(argv: list[str]) -> int:
     plan = make_plan(args)
     if args.dry_run:
         print_plan(plan)
+        print(f"# then the analysis job, after the arrays (job ids known once they are submitted)\n"
+              f"{analysis_sbatch_text(plan, args.account)}", end="")
         return 0
     return submit_and_analyse(plan, args.account, wait)
+
+
+def analysis_sbatch_text(plan, account: str | None) -> str:
+    """The analysis job's sbatch script as submitit would write it, with placeholder array ids."""
+    import submitit
+
+    from hpc.submit import sbatch_text
+
+    executor = submitit.SlurmExecutor(folder=plan.sweep_dir / "analysis-jobs" / "%j")
+    executor.update_parameters(**analysis_parameters(plan.cluster, account, "afterany:<array ids>",
+                                                     plan.sweep_dir.parent.name))
+    return sbatch_text(executor)
 
 
 def resubmit_command(argv: list[str]) -> int:

@@ -56,6 +56,18 @@ def test_sweep_dry_run_makes_one_array_per_shape(tmp_path):
         assert f"#SBATCH --gpus-per-node={gpus}" in proc.stdout
 
 
+def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):
+    proc = run_module("hpc.study", "run", "profiles/study.yaml", "--account", "m1", "--runs-dir", str(tmp_path),
+                      "--set", "sweep.nodes=[1, 2]", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    scripts = proc.stdout.split("#!/bin/bash")[1:]
+    assert len(scripts) == 3 * 2 + 1  # an array per (nodes, GPUs) shape, then the analysis job
+    analysis = scripts[-1]
+    assert "#SBATCH --dependency='afterany:<array ids>'" in analysis
+    assert "#SBATCH --constraint=cpu" in analysis and "#SBATCH --qos=shared" in analysis and "gpus" not in analysis
+    assert sum("#SBATCH --nodes=2" in s for s in scripts) == 3 and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("args,needles", [
     (["--gpus", "5"], ["--gpus 5", "4 GPUs per node"]),
     (["--nodes", "0"], ["--nodes 0"]),
