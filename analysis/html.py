@@ -11,8 +11,7 @@ import os
 from pathlib import Path
 
 from analysis.records import RunRecord, TraceRecord, as_row
-from analysis.tables import (BREAKDOWN_COLUMNS, COLLECTIVE_COLUMNS, KERNEL_COLUMNS, LOSS_COLUMNS, OP_COLUMNS,
-                             RUN_COLUMNS, _cell, breakdown_rows, loss_rows)
+from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, _cell, loss_rows, run_tables
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
@@ -54,20 +53,7 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
              f'<p>traces: <a href="{html.escape(os.path.relpath(traces_dir, report_dir))}">'
              f"{html.escape(str(traces_dir))}</a> &mdash; TensorBoard: <code>python -m analysis.tensorboard "
              f"{html.escape(str(run_dir))}</code>; Perfetto: open a trace file at https://ui.perfetto.dev</p>"]
-    breakdown = breakdown_rows(traces)
-    if breakdown:
-        parts.append("<h3>Device time of the profiled window, per trace</h3>" + table(breakdown, BREAKDOWN_COLUMNS))
-    first = {}
-    for t in sorted(traces, key=lambda t: (t.rank is None, t.rank or 0)):
-        first.setdefault(t.rank, t)
-    collectives = [{"rank": t.rank, **c} for t in first.values() for c in t.collectives or []]
-    if collectives:
-        parts.append("<h3>Collectives</h3>" + table(collectives, COLLECTIVE_COLUMNS))
-    lowest = next(iter(first.values()), None)
-    if lowest is not None and lowest.top_kernels:
-        parts.append(f"<h3>Top kernels, rank {lowest.rank}</h3>" + table(lowest.top_kernels, KERNEL_COLUMNS))
-    if lowest is not None and lowest.top_ops:
-        parts.append(f"<h3>Top operators, rank {lowest.rank}</h3>" + table(lowest.top_ops, OP_COLUMNS))
+    parts += [f"<h3>{html.escape(heading)}</h3>" + table(rows, columns) for heading, rows, columns in run_tables(traces)]
     return "".join(parts) + "</details>"
 
 

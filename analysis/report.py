@@ -260,9 +260,9 @@ def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
     return per_call * calls / rec.steps if per_call is not None and rec.steps else None
 
 
-def epoch_time_s(metrics: Path) -> float | None:
-    """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
-    times = []
+def metrics_records(metrics: Path):
+    """The records of a run's metrics.jsonl, one mapping at a time; lines that are not JSON objects
+    (a line cut off by a kill) are skipped, and a missing file has none."""
     try:
         with open(metrics, errors="replace") as f:
             for line in f:
@@ -270,11 +270,16 @@ def epoch_time_s(metrics: Path) -> float | None:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("kind") == "epoch":
-                    times.append(_number_or_none(rec.get("epoch_time_s")))
+                if isinstance(rec, dict):
+                    yield rec
     except OSError:
-        return None
-    return _mean_or_none(times)
+        return
+
+
+def epoch_time_s(metrics: Path) -> float | None:
+    """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
+    return _mean_or_none([_number_or_none(r.get("epoch_time_s")) for r in metrics_records(metrics)
+                          if r.get("kind") == "epoch"])
 
 
 def _by_rank_and_step(records: list[TraceRecord], values) -> dict[Any, dict[int, Any]]:

@@ -130,23 +130,32 @@ def _first_of_each_rank(traces: list[TraceRecord]) -> list[TraceRecord]:
     return out
 
 
-def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> str:
-    """The tables that say where the time went: per-trace breakdown, collectives per rank, the lowest
-    rank's top kernels and operators (one trace per rank), and for a sweep the efficiency loss."""
+def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[str]]]:
+    """(title, rows, columns) of one run's tables: the device-time breakdown per trace, the collectives
+    per rank, the lowest rank's top kernels and operators (one trace per rank). The text output and
+    report.html both show these."""
     parts = []
-    if len(runs) > 1 and loss_rows(runs):
-        parts.append(("efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS))
-    if len(runs) <= 1:
-        breakdown = breakdown_rows(traces)
-        if breakdown:
-            parts.append(("device time of the profiled window", breakdown, BREAKDOWN_COLUMNS))
-        ranks = _first_of_each_rank(traces)
-        collectives = [{"rank": t.rank, **c} for t in ranks for c in t.collectives or []]
-        if collectives:
-            parts.append(("collectives", collectives, COLLECTIVE_COLUMNS))
-        if ranks and ranks[0].top_kernels:
-            parts.append((f"top kernels (rank {ranks[0].rank})", ranks[0].top_kernels, KERNEL_COLUMNS))
-        if ranks and ranks[0].top_ops:
-            parts.append((f"top operators (rank {ranks[0].rank})", ranks[0].top_ops, OP_COLUMNS))
+    breakdown = breakdown_rows(traces)
+    if breakdown:
+        parts.append(("Device time of the profiled window, per trace", breakdown, BREAKDOWN_COLUMNS))
+    ranks = _first_of_each_rank(traces)
+    collectives = [{"rank": t.rank, **c} for t in ranks for c in t.collectives or []]
+    if collectives:
+        parts.append(("Collectives", collectives, COLLECTIVE_COLUMNS))
+    if ranks and ranks[0].top_kernels:
+        parts.append((f"Top kernels, rank {ranks[0].rank}", ranks[0].top_kernels, KERNEL_COLUMNS))
+    if ranks and ranks[0].top_ops:
+        parts.append((f"Top operators, rank {ranks[0].rank}", ranks[0].top_ops, OP_COLUMNS))
+    return parts
+
+
+def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> str:
+    """The tables that say where the time went: for one run, its run_tables; for a sweep, each
+    point's efficiency loss."""
+    if len(runs) > 1:
+        parts = [("Efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS)] \
+            if loss_rows(runs) else []
+    else:
+        parts = run_tables(traces)
     heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
     return "".join(heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts)

@@ -23,7 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.report import metrics_records, read_index
 from hpc.cli import Parser, UsageError
+from hpc.config import write_atomic
+from hpc.submit import JobRequest, build_parser, execute, make_plan, point_key, print_plan, sbatch_text, setup_lines
 
 COMMANDS = ("run", "status", "resubmit")
 STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing")
@@ -49,8 +52,6 @@ class AnalysisJob:
 
 def analysis_parameters(cluster, account: str | None, dependency: str, name: str) -> dict:
     """submitit SlurmExecutor parameters of the analysis job: one CPU task, the profile's analysis_* keys."""
-    from hpc.submit import setup_lines, JobRequest
-
     params = {"job_name": f"{name}-analysis", "nodes": 1, "ntasks_per_node": 1, "cpus_per_task": cluster.analysis_cpus,
               "time": cluster.analysis_time_min, "qos": cluster.analysis_qos, "constraint": cluster.analysis_constraint,
               "partition": cluster.analysis_partition or cluster.partition, "account": account or cluster.account,
@@ -69,8 +70,6 @@ def submit_analysis(cluster, sweep_dir: Path, array_ids: list[str], account: str
     job = executor.submit(AnalysisJob(str(sweep_dir)))
     record = _read_json(sweep_dir / "study.json") or {}
     record.setdefault("analysis_jobs", []).append(job.job_id)
-    from hpc.config import write_atomic
-
     write_atomic(sweep_dir / "study.json", json.dumps(record, indent=2))
     return job.job_id
 
@@ -89,8 +88,6 @@ def _read_json(path: Path):
 
 def submit_and_analyse(plan, account: str | None, wait: bool) -> int:
     """Submit the plan (hpc.submit's), then the analysis job after it; print where everything lands."""
-    from hpc.submit import execute
-
     local_failures = execute(plan, wait=False)  # --local: every point has run when this returns
     index = _read_json(plan.sweep_dir / "index.json") or {"points": []}
     report = plan.sweep_dir / "analysis" / "report.html"
@@ -100,23 +97,13 @@ def submit_and_analyse(plan, account: str | None, wait: bool) -> int:
         analyse([str(plan.sweep_dir), "--report"])
         print(f"sweep:  {plan.sweep_dir}\nreport: {report}")
         return 1 if local_failures else 0
-    submitted = {point_key_of(s) for s in plan_points(plan)}
-    arrays = sorted({p["job_id"].split("_")[0] for p in index["points"] if point_key_of(p) in submitted})
+    submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points}
+    arrays = sorted({p["job_id"].split("_")[0] for p in index["points"] if point_key(p) in submitted})
     analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
     print(f"sweep:    {plan.sweep_dir}\narrays:   {' '.join(arrays)}\nanalysis: job {analysis_id} "
           f"(after the arrays)\nreport:   {report} (when job {analysis_id} has run)\n"
           f"status:   python -m hpc.study status {plan.sweep_dir}")
     return wait_for_report(plan.sweep_dir, analysis_id) if wait else 0
-
-
-def plan_points(plan) -> list[dict]:
-    return [point for spec in plan.specs for point, _ in spec.points]
-
-
-def point_key_of(point: dict) -> tuple:
-    from hpc.submit import point_key
-
-    return point_key(point)
 
 
 def wait_for_report(sweep_dir: Path, analysis_id: str, poll_s: float = 3.0) -> int:
@@ -145,27 +132,23 @@ def _in_queue(job_ids: list[str]) -> dict[str, str]:
 
 
 def run_command(argv: list[str]) -> int:
-    from hpc.submit import build_parser, make_plan, print_plan
-
-    wait = "--wait" in argv
-    rest = [a for a in argv if a != "--wait"]
-    if not rest or rest[0].startswith("-"):
+    """`run SWEEP.yaml [hpc.submit options]`: hpc.submit's command line, its --wait meaning "until the
+    report exists"."""
+    if not argv or argv[0].startswith("-"):
         raise UsageError("hpc.study run: give the sweep YAML first (e.g. profiles/study.yaml)")
-    args = build_parser().parse_args(["--sweep", *rest])
+    args = build_parser().parse_args(["--sweep", *argv])
     plan = make_plan(args)
     if args.dry_run:
         print_plan(plan)
         print(f"# then the analysis job, after the arrays (job ids known once they are submitted)\n"
               f"{analysis_sbatch_text(plan, args.account)}", end="")
         return 0
-    return submit_and_analyse(plan, args.account, wait)
+    return submit_and_analyse(plan, args.account, args.wait)
 
 
 def analysis_sbatch_text(plan, account: str | None) -> str:
     """The analysis job's sbatch script as submitit would write it, with placeholder array ids."""
     import submitit
-
-    from hpc.submit import sbatch_text
 
     executor = submitit.SlurmExecutor(folder=plan.sweep_dir / "analysis-jobs" / "%j")
     executor.update_parameters(**analysis_parameters(plan.cluster, account, "afterany:<array ids>",
@@ -176,8 +159,6 @@ def analysis_sbatch_text(plan, account: str | None) -> str:
 def resubmit_command(argv: list[str]) -> int:
     """Submit the failed and/or missing points again into the same sweep, and a new analysis job."""
     import dataclasses
-
-    from hpc.submit import build_parser, make_plan, point_key
 
     p = Parser(prog="python -m hpc.study resubmit", description="Submit chosen points of a sweep again.",
                epilog="Other options (--account, --profile, --export, --max-parallel, --local ...) are hpc.submit's.")
@@ -195,22 +176,14 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return 0
-    plan = make_plan(build_parser().parse_args(["--sweep", str(sweep_dir / "sweep.yaml"), *rest]))
+    submit_args = build_parser().parse_args(["--sweep", str(sweep_dir / "sweep.yaml"), *rest])
+    plan = make_plan(submit_args)
     specs = tuple(dataclasses.replace(spec, folder=sweep_dir / "%j", points=chosen)
                   for spec in plan.specs
                   if (chosen := tuple((pt, cfg) for pt, cfg in spec.points if point_key(pt) in keys)))
     print(f"resubmitting {sum(len(s.points) for s in specs)} point(s) into {sweep_dir}")
     plan = dataclasses.replace(plan, specs=specs, sweep_dir=sweep_dir)
-    return submit_and_analyse(plan, plan_account(rest), args.wait)
-
-
-def plan_account(rest: list[str]) -> str | None:
-    for i, a in enumerate(rest):
-        if a == "--account" and i + 1 < len(rest):
-            return rest[i + 1]
-        if a.startswith("--account="):
-            return a.split("=", 1)[1]
-    return None
+    return submit_and_analyse(plan, submit_args.account, args.wait)
 
 
 def existing_sweep(path: str) -> Path:
@@ -260,19 +233,8 @@ def steps_reached(run_dir: Path, summary: dict | None) -> int | None:
     ranks = (summary or {}).get("ranks") or []
     if ranks and isinstance(ranks[0], dict) and isinstance(ranks[0].get("steps"), int):
         return ranks[0]["steps"]
-    step = None
-    try:
-        with open(run_dir / "metrics.jsonl", errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                    step = rec["step"]
-    except OSError:
-        pass
-    return step
+    steps = [r["step"] for r in metrics_records(run_dir / "metrics.jsonl") if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def point_state(run_dir: Path, job_id: str, queued: str | None, accounted: str | None) -> dict:
@@ -300,8 +262,6 @@ def point_state(run_dir: Path, job_id: str, queued: str | None, accounted: str |
 
 def sweep_status(sweep_dir: Path) -> list[dict]:
     """One row per point of the sweep's index: the point, its job id, state, requeues, steps, error."""
-    from analysis.report import read_index
-
     points = read_index(sweep_dir / "index.json")
     job_ids = [str(p.get("job_id", "")) for p in points]
     queue = _in_queue([j.split("_")[0] for j in job_ids if j])
