@@ -14,11 +14,12 @@ duration, which includes waiting for the slowest peer: a straggler lowers everyo
 
 from __future__ import annotations
 
+import functools
 import re
-from array import array
 
 import numpy as np
 
+from analysis.events import Args, int_args
 from analysis.intervals import overlap_us, union_us
 
 _KIND_BY_NAME = {
@@ -41,23 +42,25 @@ BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (
               "send": lambda n: 1.0, "recv": lambda n: 1.0}
 
 
-def collective_kind(args: dict, kernel_name: str) -> str:
-    """all_reduce, all_gather, ...: from the kernel's `Collective name`, else from its name."""
-    name = args.get("Collective name")
-    if not isinstance(name, str) or not name:
+@functools.lru_cache(maxsize=4096)  # a handful of (name, kernel) pairs repeat thousands of times
+def collective_kind(name: str | None, kernel_name: str) -> str:
+    """all_reduce, all_gather, ...: from the kernel's `Collective name` arg, else from its name."""
+    if not name:
         m = _KERNEL_KIND_RE.search(kernel_name)
         name = m.group(1) if m else ""
     key = re.sub(r"[^a-z]", "", name.lower())
     return _KIND_BY_NAME.get(key, key[:40] or "unknown")
 
 
-def message_bytes(args: dict) -> float:
+def message_bytes(args) -> float:
     """S of the call (see the module doc), NaN when the trace does not record the size or type."""
-    counts = [args.get(k) for k in ("In msg nelems", "Out msg nelems")]
-    counts = [c for c in counts if type(c) is int and 0 <= c < 1 << 50]
-    dtype = args.get("dtype")
+    counts = [c for c in (args.in_nelems, args.out_nelems) if type(c) is int and 0 <= c < 1 << 50]
+    dtype = args.dtype
     size = DTYPE_BYTES.get(dtype.lower()) if isinstance(dtype, str) else None
     return float(max(counts) * size) if counts and size else float("nan")
+
+
+_NO_ARGS = Args()
 
 
 class Collectives:
@@ -65,24 +68,24 @@ class Collectives:
 
     def __init__(self) -> None:
         self.kinds: dict[str, int] = {}
-        self.kind, self.group, self.corr = array("i"), array("q"), array("q")
-        self.start, self.end, self.nbytes = array("d"), array("d"), array("d")
+        self._columns: list[tuple[np.ndarray, ...]] = []  # per window: kind, group, corr, start, end, bytes
 
-    def add(self, args: dict, kernel_name: str, ts: float, dur: float) -> None:
-        self.kind.append(self.kinds.setdefault(collective_kind(args, kernel_name), len(self.kinds)))
-        group = args.get("Group size")
-        self.group.append(group if type(group) is int and 0 < group < 1 << 20 else -1)
-        corr = args.get("correlation")
-        self.corr.append(corr if type(corr) is int and 0 <= corr < 1 << 62 else -1)
-        self.start.append(ts)
-        self.end.append(ts + dur)
-        self.nbytes.append(message_bytes(args))
+    def add(self, args: list, kernel_names: list[str], ts: np.ndarray, dur: np.ndarray) -> None:
+        """A window's communication kernels: their events.Args (None: none), names, starts and durations."""
+        args = [a if a is not None else _NO_ARGS for a in args]
+        kinds = [collective_kind(a.collective if isinstance(a.collective, str) else None, name)
+                 for a, name in zip(args, kernel_names)]
+        self._columns.append((
+            np.array([self.kinds.setdefault(k, len(self.kinds)) for k in kinds], dtype=np.int32),
+            np.array([g if type(g) is int and 0 < g < 1 << 20 else -1 for g in (a.group_size for a in args)],
+                     dtype=np.int64),
+            int_args([a.correlation for a in args]), ts, ts + dur, np.array([message_bytes(a) for a in args])))
 
     def result(self, compute: tuple[np.ndarray, np.ndarray], world_size: int | None) -> list[dict]:
         """One row per kind, most time first (see the module doc for the bandwidth definitions)."""
-        kind = np.frombuffer(self.kind, dtype=np.int32)
-        start, end = np.frombuffer(self.start, dtype=np.float64), np.frombuffer(self.end, dtype=np.float64)
-        nbytes, group = np.frombuffer(self.nbytes, dtype=np.float64), np.frombuffer(self.group, dtype=np.int64)
+        if not self._columns:
+            return []
+        kind, group, _, start, end, nbytes = (np.concatenate(c) for c in zip(*self._columns))
         rows = []
         for name, k in self.kinds.items():
             sel = kind == k
@@ -105,8 +108,8 @@ class Collectives:
     def launch_offsets(self, launches, step_ranges: list[tuple[float, float]]) -> list[list[float]] | None:
         """Per profiled step, when each collective was launched (its runtime call), in µs from the
         step's start, in launch order: what the run compares across ranks to find the last to arrive."""
-        if not step_ranges or not self.corr:
+        if not step_ranges or not self._columns:
             return None
-        launch = launches.lookup(np.frombuffer(self.corr, dtype=np.int64))
+        launch = launches.lookup(np.concatenate([c[2] for c in self._columns]))
         launch = np.sort(launch[~np.isnan(launch)])
         return [[round(float(t - s0), 3) for t in launch[(launch >= s0) & (launch < s1)]] for s0, s1 in step_ranges]

@@ -19,12 +19,10 @@ a few numbers, not the event) and, once the file is read, computes from those ar
 
 from __future__ import annotations
 
-from array import array
-from collections import Counter
-
 import numpy as np
 
 from analysis.collective import Collectives
+from analysis.events import int_args
 from analysis.intervals import overlap_us, union_us
 from analysis.kernels import KERNEL_CLASSES, classify_kernel
 from analysis.records import DeviceTotals
@@ -32,11 +30,12 @@ from analysis.records import DeviceTotals
 COMPUTE, COMMUNICATION, MEMORY = 0, 1, 2
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay default (30, in the trace's µs)
 TOP_N = 10
-
-
-def _int_arg(args: dict, key: str) -> int:
-    value = args.get(key)
-    return value if type(value) is int and -(1 << 62) < value < 1 << 62 else -1
+KERNEL_CATS = {"kernel", "Kernel"}
+MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
+MEMSET_CATS = {"gpu_memset", "Memset"}
+_KERNEL, _MEMCPY, _MEMSET = 0, 1, 2
+CATEGORIES = {**{c: _KERNEL for c in KERNEL_CATS}, **{c: _MEMCPY for c in MEMCPY_CATS},
+              **{c: _MEMSET for c in MEMSET_CATS}}  # the device events' sources
 
 
 def temporal_breakdown(start: np.ndarray, end: np.ndarray, kind: np.ndarray) -> dict[str, float] | None:
@@ -67,76 +66,78 @@ def idle_breakdown(start: np.ndarray, end: np.ndarray, stream: np.ndarray, launc
 
 
 class DeviceActivity:
-    """Kernels, memcpys and memsets, one row of numbers each; see the module doc for what it computes."""
+    """Kernels, memcpys and memsets, one row of numbers each, a window at a time; see the module doc
+    for what it computes."""
 
     def __init__(self) -> None:
-        self.start, self.end = array("d"), array("d")
-        self.kind = array("b")
-        self.stream, self.corr, self.name = array("q"), array("q"), array("i")
-        self.name_ids: dict[str, int] = {}
-        self.kernel_classes: Counter = Counter({c: 0 for c in KERNEL_CLASSES})
-        self.kernel_us = self.memcpy_us = self.memset_us = 0.0
+        self._columns: list[tuple[np.ndarray, ...]] = []
+        self.name_ids: dict[str, int] = {}  # kernel names, ids from 1 (0: a memcpy or memset)
+        self._class_of: list[int] = [KERNEL_CLASSES.index("other")]  # by name id
         self.collectives = Collectives()
 
-    def _row(self, args: dict, ts: float, dur: float, kind: int, name_id: int) -> None:
-        self.start.append(ts)
-        self.end.append(ts + dur)
-        self.kind.append(kind)
-        self.stream.append(_int_arg(args, "stream"))
-        self.corr.append(_int_arg(args, "correlation"))
-        self.name.append(name_id)
+    def _name_id(self, name: str) -> int:
+        self.name_ids[name] = len(self.name_ids) + 1
+        self._class_of.append(KERNEL_CLASSES.index(classify_kernel(name)))
+        return len(self.name_ids)
 
-    def kernel(self, args: dict, ts: float, dur: float, name: str) -> None:
-        self.kernel_us += dur
-        cls = classify_kernel(name)
-        self.kernel_classes[cls] += 1
-        name_id = self.name_ids.setdefault(name, len(self.name_ids))
-        self._row(args, ts, dur, COMMUNICATION if cls == "communication" else COMPUTE, name_id)
-        if cls == "communication":
-            self.collectives.add(args, name, ts, dur)
+    def add(self, events: list, ts: np.ndarray, dur: np.ndarray, source: np.ndarray) -> None:
+        """A window's device events, with their start and duration (checked) and source (CATEGORIES[cat])."""
+        get, new = self.name_ids.get, self._name_id
+        kernels = np.flatnonzero(source == _KERNEL)
+        names = np.zeros(len(events), dtype=np.int32)
+        names[kernels] = [get(e.name) or new(e.name) for e in (events[i] for i in kernels.tolist())]
+        cls = np.array(self._class_of, dtype=np.int8)[names]
+        communication = (source == _KERNEL) & (cls == KERNEL_CLASSES.index("communication"))
+        kind = np.where(source != _KERNEL, MEMORY, np.where(communication, COMMUNICATION, COMPUTE)).astype(np.int8)
+        args = [e.args for e in events]
+        stream = int_args([a.stream if a is not None else None for a in args])
+        corr = int_args([a.correlation if a is not None else None for a in args])
+        comm = np.flatnonzero(communication)
+        if comm.size:
+            self.collectives.add([args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()],
+                                 ts[comm], dur[comm])
+        self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names))
 
-    def copy(self, args: dict, ts: float, dur: float, memset: bool) -> None:
-        if memset:
-            self.memset_us += dur
-        else:
-            self.memcpy_us += dur
-        self._row(args, ts, dur, MEMORY, -1)
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """(start, end, dur, source, kind, class, stream, correlation, name id), all rows in file order."""
+        return tuple(np.concatenate(c) for c in zip(*self._columns))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return (np.frombuffer(self.start, dtype=np.float64), np.frombuffer(self.end, dtype=np.float64),
-                np.frombuffer(self.kind, dtype=np.int8))
-
-    def time_by_correlation(self) -> dict[int, float]:
-        """Device time per correlation id (what one runtime call launched), for operators' device time."""
-        start, end, _ = self.arrays()
-        corr = np.frombuffer(self.corr, dtype=np.int64)
+    def time_by_correlation(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Device time per correlation id (what one runtime call launched), for operators' device time:
+        (sorted ids, µs); None when no device event has one."""
+        if not self._columns:
+            return None
+        start, end, *_, corr, _ = self._arrays()
         keep = corr >= 0
+        if not keep.any():
+            return None
         keys, inverse = np.unique(corr[keep], return_inverse=True)
-        sums = np.bincount(inverse, weights=(end - start)[keep], minlength=keys.size)
-        return dict(zip(keys.tolist(), sums.tolist()))
+        return keys, np.bincount(inverse, weights=(end - start)[keep], minlength=keys.size)
 
     def result(self, launches: "Launches", step_ranges: list[tuple[float, float]],
                world_size: int | None) -> DeviceTotals:
         """The device figures (all None for a trace with no device activity: a CPU run)."""
-        if not self.start:
+        if not self._columns:
             return DeviceTotals()
-        start, end, kind = self.arrays()
-        launch = launches.lookup(np.frombuffer(self.corr, dtype=np.int64))
+        start, end, dur, source, kind, cls, stream, corr, names = self._arrays()
+        launch = launches.lookup(corr)
         comm = (start[kind == COMMUNICATION], end[kind == COMMUNICATION])
         compute = (start[kind == COMPUTE], end[kind == COMPUTE])
         comm_us = union_us(*comm)
-        kernels = int((kind != MEMORY).sum())
+        kernel_us, memcpy_us, memset_us = (_sum_in_order(dur[source == s]) for s in (_KERNEL, _MEMCPY, _MEMSET))
+        by_class = np.bincount(cls[source == _KERNEL], minlength=len(KERNEL_CLASSES))
         return DeviceTotals(
-            cuda_time_us=self.kernel_us + self.memcpy_us + self.memset_us, kernel_time_us=self.kernel_us,
-            memcpy_time_us=self.memcpy_us, memset_time_us=self.memset_us, gpu_busy_us=union_us(start, end),
-            kernel_calls=kernels, kernel_calls_by_class=dict(self.kernel_classes), comm_time_us=comm_us,
+            cuda_time_us=kernel_us + memcpy_us + memset_us, kernel_time_us=kernel_us,
+            memcpy_time_us=memcpy_us, memset_time_us=memset_us, gpu_busy_us=union_us(start, end),
+            kernel_calls=int((source == _KERNEL).sum()),
+            kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist())), comm_time_us=comm_us,
             comm_overlap_pct=100.0 * overlap_us(comm, compute) / comm_us if comm_us else None,
             temporal_breakdown_us=temporal_breakdown(start, end, kind),
-            idle_breakdown_us=idle_breakdown(start, end, np.frombuffer(self.stream, dtype=np.int64), launch),
+            idle_breakdown_us=idle_breakdown(start, end, stream, launch),
             steps_breakdown_us=self.per_step(start, end, kind, launch, step_ranges),
             collectives=self.collectives.result(compute, world_size),
             collective_launch_us=self.collectives.launch_offsets(launches, step_ranges),
-            top_kernels=self.top_kernels(start, end, kind))
+            top_kernels=self.top_kernels(start, end, names))
 
     def per_step(self, start, end, kind, launch, step_ranges) -> list[dict] | None:
         """The temporal breakdown of the events launched in each profiled step (by their runtime call's
@@ -150,19 +151,23 @@ class DeviceActivity:
             rows.append({"step": i, **(temporal_breakdown(start[sel], end[sel], kind[sel]) or {})})
         return rows
 
-    def top_kernels(self, start, end, kind, n: int = TOP_N) -> list[dict]:
+    def top_kernels(self, start, end, names, n: int = TOP_N) -> list[dict]:
         """The n kernels (by name) with the most device time: calls, total time, share, class."""
-        is_kernel = kind != MEMORY
-        names = np.frombuffer(self.name, dtype=np.int32)[is_kernel]
-        dur = (end - start)[is_kernel]
-        total = np.bincount(names, weights=dur, minlength=len(self.name_ids))
-        calls = np.bincount(names, minlength=len(self.name_ids))
-        by_id = {v: k for k, v in self.name_ids.items()}
-        all_device_us = float((end - start).sum())
+        is_kernel = names > 0
+        dur = end - start
+        total = np.bincount(names[is_kernel], weights=dur[is_kernel], minlength=len(self.name_ids) + 1)[1:]
+        calls = np.bincount(names[is_kernel], minlength=len(self.name_ids) + 1)[1:]
+        by_id = {v - 1: k for k, v in self.name_ids.items()}
+        all_device_us = float(dur.sum())
         return [{"name": by_id[i], "calls": int(calls[i]), "total_us": float(total[i]),
                  "share_pct": 100.0 * float(total[i]) / all_device_us if all_device_us else None,
                  "class": classify_kernel(by_id[i])}
                 for i in np.argsort(-total, kind="stable")[:n].tolist()]
+
+
+def _sum_in_order(values: np.ndarray) -> float:
+    """The sum one addition at a time, in file order (np.sum's pairwise sum rounds differently)."""
+    return float(np.cumsum(values)[-1]) if values.size else 0.0
 
 
 class Launches:
@@ -170,24 +175,23 @@ class Launches:
     was asked for, on the CPU."""
 
     def __init__(self) -> None:
-        self.corr, self.ts = array("q"), array("d")
+        self._corr: list[np.ndarray] = []
+        self._ts: list[np.ndarray] = []
 
-    def add(self, args: dict, ts: float) -> int:
-        """Keep the call's time under its correlation id; return the id (-1: none)."""
-        corr = _int_arg(args, "correlation")
-        if corr >= 0:
-            self.corr.append(corr)
-            self.ts.append(ts)
-        return corr
+    def add(self, corr: np.ndarray, ts: np.ndarray) -> None:
+        """Runtime calls' correlation ids (-1: none, dropped) and start times."""
+        keep = corr >= 0
+        self._corr.append(corr[keep])
+        self._ts.append(ts[keep])
 
     def lookup(self, corr: np.ndarray) -> np.ndarray:
         """The launch time of each correlation id; NaN where no runtime call has it."""
-        keys = np.frombuffer(self.corr, dtype=np.int64)
+        keys = np.concatenate(self._corr) if self._corr else np.empty(0, np.int64)
         out = np.full(corr.size, np.nan)
         if keys.size == 0 or corr.size == 0:
             return out
         order = np.argsort(keys, kind="stable")
-        keys_sorted, ts_sorted = keys[order], np.frombuffer(self.ts, dtype=np.float64)[order]
+        keys_sorted, ts_sorted = keys[order], np.concatenate(self._ts)[order]
         pos = np.clip(np.searchsorted(keys_sorted, corr), 0, keys_sorted.size - 1)
         found = (keys_sorted[pos] == corr) & (corr >= 0)
         out[found] = ts_sorted[pos[found]]

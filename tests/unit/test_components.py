@@ -1,5 +1,6 @@
 """The parts, in-process: the trainer's components, the checkpoint policy, the submission plan, the
-analysis accumulators and the shared CLI helpers. No process, no cluster: the unit tier."""
+analysis's folding of trace records into runs and sweeps, and the shared CLI helpers. No process, no
+cluster: the unit tier (the trace reader and its accumulators: test_trace_parts.py)."""
 
 import json
 import os
@@ -13,8 +14,7 @@ import torch
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, Spread, TraceRecord, as_row
 from analysis.tables import RUN_COLUMNS
 from analysis.report import add_scaling, rank_totals, read_index, read_summary, run_record
-from analysis.device import DeviceActivity, Launches
-from analysis.trace import CpuOps, DeviceMemory, trace_record
+from analysis.trace import trace_record
 from hpc.checkpoint import Checkpointer, load_checkpoint
 from hpc.cli import Parser, UsageError, check_name, one_line, shown
 from hpc.config import TrainConfig
@@ -148,62 +148,7 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
     assert out.count("#SBATCH --array=0-11") == 3 and not (tmp_path / "runs").exists()
 
 
-# --- analysis accumulators ----------------------------------------------------------------------------
-
-def test_cpu_ops_self_time_steps_and_merged_calls():
-    cpu = CpuOps()
-    thread = (1, 1)
-    cpu.add(thread, 0.0, 100.0, "ProfilerStep#7", "user_annotation")
-    cpu.add(thread, 10.0, 20.0, "aten::div_", "cpu_op")
-    cpu.add(thread, 12.0, 5.0, "aten::div_", "cpu_op")  # a redispatch: merged into its parent, as torch does
-    cpu.add(thread, 13.0, 2.0, "cudaLaunchKernel", "cuda_runtime", {"correlation": 9})
-    cpu.add(thread, 40.0, 10.0, "aten::add", "cpu_op")
-    r = cpu.result({9: 4.5})  # correlation 9 launched 4.5 µs of device work
-    assert r.steps == 1 and r.step_time_us_mean == 100.0 and r.step_numbers == [7] and r.step_time_us == [100.0]
-    assert r.cpu_time_us == 100.0 and r.op_calls == {"aten::div_": 1, "aten::add": 1}
-    top = {row["name"]: row for row in r.top_ops}
-    # div_'s self time: its 20 µs less the launch (its merged child's only child); the launch's device time is div_'s
-    assert top["aten::div_"]["self_cpu_us"] == 18.0 and top["aten::div_"]["self_device_us"] == 4.5
-    assert r.top_ops[0]["name"] == "aten::div_" and top["aten::add"]["self_device_us"] == 0.0
-
-
-def _kernel(corr, stream=7, **args):
-    return {"correlation": corr, "stream": stream, **args}
-
-
-def test_device_activity_breakdowns_collectives_and_top_kernels():
-    dev, launches = DeviceActivity(), Launches()
-    for corr, ts in ((1, -5.0), (2, 1.0), (3, 30.0)):
-        launches.add({"correlation": corr}, ts)
-    dev.kernel(_kernel(1), 0.0, 10.0, "implicit_convolve_sgemm")
-    dev.kernel(_kernel(2, stream=9, **{"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
-                                       "dtype": "Float", "Group size": 4}), 5.0, 10.0, "ncclKernel_AllReduce_RING_LL_Sum_float")
-    dev.copy(_kernel(3), 40.0, 2.0, memset=False)  # launched at 30, after the stream's last event ended (10): host wait
-    r = dev.result(launches, [(-10.0, 20.0), (20.0, 60.0)], world_size=4)
-    assert r.cuda_time_us == 22.0 and r.gpu_busy_us == 17.0 and r.kernel_calls == 2
-    assert r.kernel_calls_by_class["communication"] == 1 and r.kernel_calls_by_class["convolution"] == 1
-    assert r.comm_time_us == 10.0 and r.comm_overlap_pct == pytest.approx(50.0)
-    assert r.temporal_breakdown_us == {"computation_us": 10.0, "communication_us": 5.0, "memory_us": 2.0,
-                                       "idle_us": 25.0, "span_us": 42.0}
-    assert r.idle_breakdown_us == {"stream": 7, "host_wait_us": 30.0, "kernel_wait_us": 0.0, "other_us": 0.0}
-    assert [s["span_us"] for s in r.steps_breakdown_us] == [15.0, 2.0]  # by launch time: 2 events, then 1
-    (ar,) = r.collectives
-    assert (ar["kind"], ar["calls"], ar["bytes_per_call"], ar["group_size"]) == ("all_reduce", 1, 4000.0, 4)
-    assert ar["algbw_GBps"] == pytest.approx(4000 / 10 / 1e3) and ar["busbw_GBps"] == pytest.approx(0.4 * 1.5)
-    assert ar["overlap_pct"] == pytest.approx(50.0) and r.collective_launch_us == [[11.0], []]
-    assert [k["name"] for k in r.top_kernels] == ["implicit_convolve_sgemm", "ncclKernel_AllReduce_RING_LL_Sum_float"]
-    assert DeviceActivity().result(Launches(), [], None) == DeviceTotals()  # a CPU run: absent, not zero
-
-
-def test_device_memory_peaks_and_mistyped_events():
-    mem = DeviceMemory()
-    assert mem.add(1.0, {"Device Type": 1, "Device Id": 0, "Total Allocated": 100, "Total Reserved": 200})
-    assert mem.add(2.0, {"Device Type": 1, "Device Id": 0, "Total Allocated": 300, "Total Reserved": 200})
-    assert mem.add(3.0, {"Device Type": 0, "Device Id": -1, "Total Allocated": 10**12})  # CPU: ignored
-    assert not mem.add(4.0, None) and not mem.add(5.0, {"Device Type": 1, "Total Allocated": "x"})
-    assert mem.result() == MemoryPeaks(peak_gpu_mem_bytes=300, peak_gpu_reserved_bytes=200,
-                                       gpu_mem_relative_to_window=False)
-
+# --- analysis: records folded into runs and sweeps ---------------------------------------------------
 
 def _trace(rank, steps, cpu_us, step_us, peak=None):
     cpu = CpuTotals(steps=steps, step_time_us_mean=step_us, cpu_time_us=cpu_us, op_calls={})

@@ -1,0 +1,236 @@
+"""The CPU side of one trace: operators, their self times, the profiled steps, the runtime calls.
+
+`CpuOps` takes a window's CPU events at a time and keeps a few numbers per event (start, end, name
+id, thread id, correlation id), never the event. Once the file is read it computes, per thread, the
+event tree as torch.autograd.profiler builds it, and from it each operator's self CPU time and self
+device time, the operator calls as `key_averages()` counts them, and the CPU time (see trace.py's
+module doc for the definitions).
+
+The tree is built column-wise (`_nested_parents`) when a thread's events nest properly, which is what
+the profiler writes; a thread whose events overlap without nesting takes torch's own stack walk
+(`_stack_parents`), so both give torch's tree.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from analysis.device import TOP_N, Launches
+from analysis.events import int_args
+from analysis.intervals import union_us
+from analysis.records import CpuTotals
+
+OP_CATS = {"cpu_op", "Operator"}
+ANNOTATION_CATS = {"user_annotation"}
+RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
+STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+
+_OP, _ANNOTATION, _RUNTIME, _OTHER = 0, 1, 2, 3
+CATEGORIES = {**{c: _OP for c in OP_CATS}, **{c: _ANNOTATION for c in ANNOTATION_CATS},
+              **{c: _RUNTIME for c in RUNTIME_CATS}, "python_function": _OTHER}  # the CPU events' kinds
+
+
+class CpuOps:
+    """CPU-side events: per event its start, end, name id (< 0: an operator), thread and correlation id
+    (runtime calls, for operators' device time); ProfilerStep#N ranges give the steps; runtime calls are
+    also kept as `launches` (when each device event was asked for)."""
+
+    def __init__(self) -> None:
+        self.name_ids: dict[str, int] = {}  # ids from 1, so that -id marks an operator
+        self.thread_ids: dict[tuple, int] = {}  # (pid, tid) -> id from 1, in order of appearance
+        self._step_number: list[int] = [-1]  # by name id: N of ProfilerStep#N, -1 for other names
+        self._columns: list[tuple[np.ndarray, ...]] = []
+        self.op_threads: set[int] = set()
+        self.steps: list[tuple[float, float, int]] = []  # start, end, N of ProfilerStep#N, in file order
+        self.launches = Launches()
+
+    def _name_id(self, name: str) -> int:
+        self.name_ids[name] = len(self.name_ids) + 1
+        step = name.startswith("ProfilerStep#") and STEP_RE.match(name)
+        self._step_number.append(int(name[13:]) if step else -1)
+        return len(self.name_ids)
+
+    def _thread_id(self, key: tuple) -> int:
+        self.thread_ids[key] = len(self.thread_ids) + 1
+        return len(self.thread_ids)
+
+    def add(self, events: list, ts: np.ndarray, dur: np.ndarray, kind: np.ndarray) -> None:
+        """A window's CPU events, with their start and duration (checked) and kind (CATEGORIES[cat])."""
+        name_get, new_name = self.name_ids.get, self._name_id  # bound once: these loops run per event
+        names = np.array([name_get(e.name) or new_name(e.name) for e in events], dtype=np.int32)
+        thread_get, new_thread = self.thread_ids.get, self._thread_id
+        threads = np.array([thread_get((e.pid, e.tid)) or new_thread((e.pid, e.tid)) for e in events], dtype=np.int32)
+        end = ts + dur
+        step_number = np.array(self._step_number)[names]
+        is_step = (step_number >= 0) & (kind <= _ANNOTATION)  # 2021 traces: steps are operators
+        is_op = (kind == _OP) & ~is_step
+        for i in np.flatnonzero(is_step).tolist():
+            self.steps.append((ts[i].item(), end[i].item(), int(step_number[i])))
+        self.op_threads.update(threads[is_op].tolist())
+        corr = np.full(len(events), -1, dtype=np.int64)
+        runtime = np.flatnonzero(kind == _RUNTIME)
+        if runtime.size:
+            args = [events[i].args for i in runtime.tolist()]
+            corr[runtime] = int_args([a.correlation if a is not None else None for a in args])
+            self.launches.add(corr[runtime], ts[runtime])
+        self._columns.append((ts, end, np.where(is_op, -names, names), threads, corr))
+
+    def step_ranges(self) -> list[tuple[float, float]]:
+        return [(s, e) for s, e, _ in sorted(self.steps)]
+
+    def result(self, device_us: tuple[np.ndarray, np.ndarray] | None) -> CpuTotals:
+        """`device_us`: device time per correlation id (sorted ids, their µs), None for a trace with no device."""
+        threads = self._by_thread()
+        cpu_time = sum(union_us(s, e) for t, (s, e, _, _) in threads.items() if t in self.op_threads)
+        per_op = [_thread_operators(*columns, device_us) for columns in threads.values()]
+        ops = _operator_totals(per_op, {v: k for k, v in self.name_ids.items()})
+        steps = sorted(self.steps)
+        durations = [e - s for s, e, _ in steps]
+        in_file_order = sum(e - s for s, e, _ in self.steps)  # the mean's sum as it always was: stays bit-identical
+        return CpuTotals(steps=len(steps), step_time_us_mean=in_file_order / len(steps) if steps else None,
+                         cpu_time_us=cpu_time, op_calls={k: v[0] for k, v in ops.items()},
+                         top_ops=top_operators(ops, by_device=device_us is not None),
+                         step_time_us=durations, step_numbers=[n for _, _, n in steps])
+
+    def _by_thread(self) -> dict[int, tuple[np.ndarray, ...]]:
+        """(starts, ends, signed name ids, correlation ids) per thread id, each in file order."""
+        if not self._columns:
+            return {}
+        ts, end, names, threads, corr = (np.concatenate(c) for c in zip(*self._columns))
+        order = np.argsort(threads, kind="stable")
+        bounds = np.flatnonzero(np.diff(threads[order])) + 1
+        return {int(threads[idx[0]]): (ts[idx], end[idx], names[idx], corr[idx])
+                for idx in np.split(order, bounds)}
+
+
+def _operator_totals(per_thread: list[tuple[np.ndarray, ...]], names_by_id: dict[int, str]) -> dict[str, list]:
+    """name -> [calls, self CPU µs, self device µs], summed over threads in thread order (names in
+    order of first call)."""
+    if not per_thread:
+        return {}
+    ids, cpu_us, dev_us = (np.concatenate(c) for c in zip(*per_thread))
+    if ids.size == 0:
+        return {}
+    calls = np.bincount(ids)
+    cpu_sum, dev_sum = np.bincount(ids, weights=cpu_us), np.bincount(ids, weights=dev_us)
+    unique, first = np.unique(ids, return_index=True)
+    return {names_by_id[i]: [int(calls[i]), float(cpu_sum[i]), float(dev_sum[i])]
+            for i in unique[np.argsort(first)].tolist()}
+
+
+def top_operators(ops: dict[str, list], by_device: bool, n: int = TOP_N) -> list[dict]:
+    """The n operators with the most self device time (self CPU time on a trace with no device)."""
+    key = 2 if by_device else 1
+    top = sorted(ops.items(), key=lambda kv: (-kv[1][key], kv[0]))[:n]
+    return [{"name": name, "calls": calls, "self_cpu_us": cpu_us, "self_device_us": dev_us if by_device else None}
+            for name, (calls, cpu_us, dev_us) in top]
+
+
+def _thread_operators(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, corrs: np.ndarray,
+                      device_us: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, ...]:
+    """(name id, self CPU µs, self device µs) of each operator call on one thread, calls counted as
+    key_averages() counts them. Self CPU time: the call's duration less its children's; self device
+    time: the device time of the runtime calls (by correlation id) whose innermost enclosing operator
+    it is."""
+    if not (ids < 0).any():
+        return np.empty(0, np.int32), np.empty(0), np.empty(0)
+    order = np.lexsort((-ends, starts))  # torch's order: by start, the longest first
+    s, e, name = starts[order], ends[order], np.abs(ids[order])
+    parent = _nested_parents(s, e)
+    if parent is None:
+        parent = _stack_parents(s, e)
+    deleted = _merged_only_children(parent, name)
+    kept_op = (ids[order] < 0) & ~deleted
+    dur = e - s
+    final_parent = _nearest(parent, ~deleted)  # a merged event's children are its parent's
+    child = (final_parent >= 0) & ~deleted
+    children_us = np.bincount(final_parent[child], weights=dur[child], minlength=s.size)
+    device = np.zeros(s.size)
+    if device_us is not None:
+        device = _device_by_operator(corrs[order], parent, kept_op, device_us)
+    return name[kept_op], (dur - children_us)[kept_op], device[kept_op]
+
+
+def _device_by_operator(corr: np.ndarray, parent: np.ndarray, kept_op: np.ndarray,
+                        device_us: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per event, the device time of the runtime calls whose innermost enclosing kept operator it is."""
+    keys, sums = device_us
+    launched = np.flatnonzero(corr >= 0)
+    out = np.zeros(corr.size)
+    if launched.size == 0 or keys.size == 0:
+        return out
+    pos = np.clip(np.searchsorted(keys, corr[launched]), 0, keys.size - 1)
+    us = np.where(keys[pos] == corr[launched], sums[pos], 0.0)
+    owner = _nearest(parent, kept_op)[launched]
+    take = (us != 0) & (owner >= 0)
+    return np.bincount(owner[take], weights=us[take], minlength=corr.size)
+
+
+def _nearest(parent: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Per event, its nearest strict ancestor that is `wanted` (-1: none), by walking up all events at once."""
+    up = parent.copy()
+    climbing = (up >= 0) & ~wanted[np.maximum(up, 0)]
+    while climbing.any():
+        up[climbing] = parent[up[climbing]]
+        climbing = (up >= 0) & ~wanted[np.maximum(up, 0)]
+    return up
+
+
+def _merged_only_children(parent: np.ndarray, name: np.ndarray) -> np.ndarray:
+    """torch's merge of an event into its parent when it is the parent's only child and has the same name
+    (EventList._remove_dup_nodes, repeated until nothing changes): the merged (deleted) events. Repeating
+    merges chains of such events into their top one, which is the same as deleting every event that is its
+    original parent's only child and shares its name."""
+    has_parent = parent >= 0
+    n_children = np.bincount(parent[has_parent], minlength=parent.size)
+    p = np.maximum(parent, 0)
+    return has_parent & (name == name[p]) & (n_children[p] == 1)
+
+
+def _nested_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
+    """The parent of each event (sorted by start, longest first) when the thread's events nest properly:
+    the latest earlier event still open at its start. Computed column-wise: an event's depth is the
+    number of earlier events still open, and its parent is the latest earlier event one level up. The
+    result is checked (each parent found and enclosing its child); None when it fails, which happens
+    exactly when two events overlap without nesting (then `_stack_parents` decides, as torch does)."""
+    n = s.size
+    if n == 0 or (e < s).any():
+        return None if n else np.empty(0, np.int64)
+    idx = np.arange(n)
+    closed = np.searchsorted(np.sort(e), s, side="right")  # events with end <= this start
+    # of those, the ones not earlier than this event: zero-length events at this same start, sorted last
+    zero_from = np.concatenate([np.cumsum((e == s)[::-1])[::-1], [0]])
+    group_end = np.searchsorted(s, s, side="right")
+    depth = idx - (closed - (zero_from[idx] - zero_from[group_end]))
+    key = depth * (n + 1) + idx
+    key_sorted = np.sort(key)
+    pos = np.searchsorted(key_sorted, key - (n + 1)) - 1  # the latest event one level up, before this one
+    inner = depth > 0
+    found = key_sorted[np.maximum(pos, 0)]
+    parent = np.where(inner, found % (n + 1), -1)
+    ok = (pos >= 0) & (found // (n + 1) == depth - 1)
+    p = np.maximum(parent, 0)
+    if not np.all(~inner | (ok & (e[p] > s) & (e <= e[p]))):
+        return None
+    return parent
+
+
+def _stack_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """torch.autograd.profiler's tree walk over events sorted by start, longest first: a parent is the
+    innermost open event that contains the child; an event that ends inside its would-be parent's
+    successor pops it."""
+    parent = [-1] * s.size
+    stack: list[int] = []
+    s_list, e_list = s.tolist(), e.tolist()
+    for i in range(s.size):
+        while stack:
+            top = stack[-1]
+            if s_list[i] >= e_list[top] or e_list[i] > e_list[top]:
+                stack.pop()
+            else:
+                parent[i] = top
+                break
+        stack.append(i)
+    return np.array(parent, dtype=np.int64)
