@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from analysis.events import Args, int_args
+from analysis.events import int_args
 from analysis.intervals import overlap_us, union_us
 
 _KIND_BY_NAME = {
@@ -60,9 +60,6 @@ def message_bytes(args) -> float:
     return float(max(counts) * size) if counts and size else float("nan")
 
 
-_NO_ARGS = Args()
-
-
 class Collectives:
     """One row per communication kernel: kind, start, end, bytes, group size, correlation id."""
 
@@ -71,8 +68,7 @@ class Collectives:
         self._columns: list[tuple[np.ndarray, ...]] = []  # per window: kind, group, corr, start, end, bytes
 
     def add(self, args: list, kernel_names: list[str], ts: np.ndarray, dur: np.ndarray) -> None:
-        """A window's communication kernels: their events.Args (None: none), names, starts and durations."""
-        args = [a if a is not None else _NO_ARGS for a in args]
+        """A window's communication kernels: their events.Args, names, starts and durations."""
         kinds = [collective_kind(a.collective if isinstance(a.collective, str) else None, name)
                  for a, name in zip(args, kernel_names)]
         self._columns.append((

@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from analysis.device import TOP_N, Launches
-from analysis.events import int_args
+from analysis.events import NO_ARGS, int_args
 from analysis.intervals import union_us
 from analysis.records import CpuTotals
 
@@ -72,8 +72,7 @@ class CpuOps:
         corr = np.full(len(events), -1, dtype=np.int64)
         runtime = np.flatnonzero(kind == _RUNTIME)
         if runtime.size:
-            args = [events[i].args for i in runtime.tolist()]
-            corr[runtime] = int_args([a.correlation if a is not None else None for a in args])
+            corr[runtime] = int_args([(events[i].args or NO_ARGS).correlation for i in runtime.tolist()])
             self.launches.add(corr[runtime], ts[runtime])
         self._columns.append((ts, end, np.where(is_op, -names, names), threads, corr))
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.collective import Collectives
-from analysis.events import int_args
+from analysis.events import NO_ARGS, int_args
 from analysis.intervals import overlap_us, union_us
 from analysis.kernels import KERNEL_CLASSES, classify_kernel
 from analysis.records import DeviceTotals
@@ -89,9 +89,8 @@ class DeviceActivity:
         cls = np.array(self._class_of, dtype=np.int8)[names]
         communication = (source == _KERNEL) & (cls == KERNEL_CLASSES.index("communication"))
         kind = np.where(source != _KERNEL, MEMORY, np.where(communication, COMMUNICATION, COMPUTE)).astype(np.int8)
-        args = [e.args for e in events]
-        stream = int_args([a.stream if a is not None else None for a in args])
-        corr = int_args([a.correlation if a is not None else None for a in args])
+        args = [e.args or NO_ARGS for e in events]
+        stream, corr = int_args([a.stream for a in args]), int_args([a.correlation for a in args])
         comm = np.flatnonzero(communication)
         if comm.size:
             self.collectives.add([args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()],
@@ -99,8 +98,11 @@ class DeviceActivity:
         self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
-        """(start, end, dur, source, kind, class, stream, correlation, name id), all rows in file order."""
-        return tuple(np.concatenate(c) for c in zip(*self._columns))
+        """(start, end, dur, source, kind, class, stream, correlation, name id), all rows in file order
+        (the windows' columns joined once, when first asked for)."""
+        if len(self._columns) > 1:
+            self._columns = [tuple(np.concatenate(c) for c in zip(*self._columns))]
+        return self._columns[0]
 
     def time_by_correlation(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Device time per correlation id (what one runtime call launched), for operators' device time:
@@ -177,21 +179,25 @@ class Launches:
     def __init__(self) -> None:
         self._corr: list[np.ndarray] = []
         self._ts: list[np.ndarray] = []
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (ids, times) by id, built on first lookup
 
     def add(self, corr: np.ndarray, ts: np.ndarray) -> None:
         """Runtime calls' correlation ids (-1: none, dropped) and start times."""
         keep = corr >= 0
         self._corr.append(corr[keep])
         self._ts.append(ts[keep])
+        self._sorted = None
 
     def lookup(self, corr: np.ndarray) -> np.ndarray:
         """The launch time of each correlation id; NaN where no runtime call has it."""
-        keys = np.concatenate(self._corr) if self._corr else np.empty(0, np.int64)
+        if self._sorted is None:
+            keys = np.concatenate(self._corr) if self._corr else np.empty(0, np.int64)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = keys[order], (np.concatenate(self._ts) if self._ts else np.empty(0))[order]
+        keys_sorted, ts_sorted = self._sorted
         out = np.full(corr.size, np.nan)
-        if keys.size == 0 or corr.size == 0:
+        if keys_sorted.size == 0 or corr.size == 0:
             return out
-        order = np.argsort(keys, kind="stable")
-        keys_sorted, ts_sorted = keys[order], np.concatenate(self._ts)[order]
         pos = np.clip(np.searchsorted(keys_sorted, corr), 0, keys_sorted.size - 1)
         found = (keys_sorted[pos] == corr) & (corr >= 0)
         out[found] = ts_sorted[pos[found]]

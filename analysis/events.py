@@ -75,6 +75,7 @@ class Args(msgspec.Struct, gc=False):
     nbytes: float | None = _arg("Bytes")
 
 
+NO_ARGS = Args()  # what an event without args reads as: every arg absent
 _MEMORY_ARGS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved", "Bytes")
 
 

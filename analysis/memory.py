@@ -7,13 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from analysis.events import Args, NUMBER_LIMIT
+from analysis.events import NO_ARGS, NUMBER_LIMIT
 from analysis.records import MemoryPeaks
 
 CUDA_DEVICE_TYPES = {1, "1", "cuda", "CUDA"}
-
-
-_NO_ARGS = Args()
 
 
 def _floats(values: list) -> np.ndarray:
@@ -23,7 +20,7 @@ def _floats(values: list) -> np.ndarray:
 class DeviceMemory:
     """`[memory]` events on CUDA devices: peak Total Allocated / Total Reserved per device, or (2021
     traces with Bytes only) the running sum from the window's start. Events arrive a window at a time,
-    with their args decoded and typed (trace.Args)."""
+    with their args decoded and typed (events.Args)."""
 
     def __init__(self) -> None:
         self.alloc: dict[Any, float] = {}
@@ -34,7 +31,7 @@ class DeviceMemory:
         """A window's `[memory]` events; returns how many carry an out-of-range number (they are skipped)."""
         if not events:
             return 0
-        args = [e.args or _NO_ARGS for e in events]  # no args: not on a CUDA device
+        args = [e.args or NO_ARGS for e in events]  # no args: not on a CUDA device
         ts = _floats([e.ts for e in events])
         total, reserved = _floats([a.total_allocated for a in args]), _floats([a.total_reserved for a in args])
         nbytes = _floats([a.nbytes for a in args])
