@@ -193,7 +193,8 @@ def _nested_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
     the latest earlier event still open at its start. Computed column-wise: an event's depth is the
     number of earlier events still open, and its parent is the latest earlier event one level up. The
     result is checked (each parent found and enclosing its child); None when it fails, which happens
-    exactly when two events overlap without nesting (then `_stack_parents` decides, as torch does)."""
+    exactly when two events overlap without nesting, and for an event that ends before it starts (then
+    `_stack_parents` decides, as torch does)."""
     n = s.size
     if n == 0 or (e < s).any():
         return None if n else np.empty(0, np.int64)
@@ -218,8 +219,8 @@ def _nested_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
 
 def _stack_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     """torch.autograd.profiler's tree walk over events sorted by start, longest first: a parent is the
-    innermost open event that contains the child; an event that ends inside its would-be parent's
-    successor pops it."""
+    innermost open event that contains the child; an open event is closed (popped) when the next event
+    starts at or after its end, or ends after it."""
     parent = [-1] * s.size
     stack: list[int] = []
     s_list, e_list = s.tolist(), e.tolist()

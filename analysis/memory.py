@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.events import NO_ARGS, NUMBER_LIMIT
+from analysis.events import NO_ARGS, out_of_range
 from analysis.records import MemoryPeaks
 
 CUDA_DEVICE_TYPES = {1, "1", "cuda", "CUDA"}
@@ -35,9 +35,7 @@ class DeviceMemory:
         ts = _floats([e.ts for e in events])
         total, reserved = _floats([a.total_allocated for a in args]), _floats([a.total_reserved for a in args])
         nbytes = _floats([a.nbytes for a in args])
-        garbage = np.zeros(len(events), dtype=bool)
-        for values in (ts, total, reserved, nbytes):
-            garbage |= ~np.isnan(values) & ~(np.abs(values) < NUMBER_LIMIT)
+        garbage = out_of_range(ts) | out_of_range(total) | out_of_range(reserved) | out_of_range(nbytes)
         cuda = np.array([a.device_type in CUDA_DEVICE_TYPES for a in args], dtype=bool) & ~garbage
         devices = [a.device_id for a in args]
         for dev in dict.fromkeys(devices[i] for i in np.flatnonzero(cuda).tolist()):

@@ -42,7 +42,7 @@ import numpy as np
 from analysis import cpu, device
 from analysis.cpu import CpuOps
 from analysis.device import DeviceActivity
-from analysis.events import NUMBER_LIMIT, Batch, Reader, TraceError, read_batches
+from analysis.events import Batch, Reader, TraceError, out_of_range, read_batches
 from analysis.memory import DeviceMemory
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
 
@@ -64,15 +64,18 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
     """Give a window's events to the accumulators, each its own events in file order with their times as
     arrays; returns how many events had an out-of-range time or size (skipped, counted as bad)."""
     events, get = batch.events, _ROUTE.get
+    # One pass over every event: the per-event passes are the analysis's main Python cost.
     code = np.array([get(e.cat, _OTHER) if e.ph == "X" else _MEMORY if e.name == "[memory]" and e.ph == "i"
-                     else _SKIP for e in events], dtype=np.int8)  # one pass: each pass costs as much as the decoding
+                     else _SKIP for e in events], dtype=np.int8)
     bad = memory.add([events[i] for i in np.flatnonzero(code == _MEMORY).tolist()])
     x = np.flatnonzero(code >= _OTHER)
     complete = [events[i] for i in x.tolist()]
     ts = np.array([e.ts for e in complete], dtype=np.float64)  # None -> NaN: no time, not read
     dur = np.nan_to_num(np.array([e.dur for e in complete], dtype=np.float64), nan=0.0)
-    sane = (np.abs(ts) < NUMBER_LIMIT) & (np.abs(dur) < NUMBER_LIMIT)
-    bad += int((~np.isnan(ts) & ~sane).sum())
+    timed = ~np.isnan(ts)
+    garbage = timed & (out_of_range(ts) | out_of_range(dur))
+    bad += int(garbage.sum())
+    sane = timed & ~garbage
     code = code[x]
     for base, accumulator in ((_CPU, cpu_ops), (_DEVICE, device_activity)):
         idx = np.flatnonzero((code >= base) & (code < base + 10) & sane)
