@@ -14,25 +14,37 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpc.cli import Parser, UsageError, check_output_dir
-from hpc.config import write_atomic
+from analysis.discover import Warnings, analyze_files, print_warnings
 from analysis.figures import plot_sweep
+from analysis.fold import analyze_run
 from analysis.html import render_report
 from analysis.records import RunRecord, TraceRecord
-from analysis.report import WARNINGS, analyze_files, analyze_run, analyze_sweep, flush_warnings
+from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
+from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.errors import UsageError
+from hpc.core.files import write_atomic
+from hpc.core.rundir import REPORT, SWEEP_TABLE, SweepPaths
 
 
-def parse_args(argv: list[str] | None):
-    parser = Parser(prog="python -m analysis", description=__doc__.split("\n\n")[1],
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = Parser(
+        prog="python -m analysis",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
-    parser.add_argument("--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)")
-    parser.add_argument("--report", action="store_true",
-                        help="write report.html: figures, tables and each run's breakdowns in one self-contained page "
-                             "(implies --plots)")
+    parser.add_argument(
+        "--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)"
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="write report.html: figures, tables and each run's breakdowns in one self-contained page "
+        "(implies --plots)",
+    )
     return parser.parse_args(argv)
 
 
@@ -43,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"{args.path}: no such file or directory")
     args.plots = args.plots or args.report
     flag = "--report" if args.report else "--plots"
-    out = Path(args.out) if args.out else (path / "analysis" if args.plots and path.is_dir() else None)
+    out = Path(args.out) if args.out else (SweepPaths(path).analysis if args.plots and path.is_dir() else None)
     if args.plots and out is None:
         raise UsageError(f"{flag} with the trace file {args.path}: give --out DIR for the figures")
     check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
@@ -52,34 +64,35 @@ def main(argv: list[str] | None = None) -> int:
     if out is not None:
         figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
         if args.report:
-            write_atomic(out / "report.html", render_report(out / "report.html", path, traces, runs, figures))
-            print(f"report: {out / 'report.html'}", file=sys.stderr)
+            write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures))
+            print(f"report: {out / REPORT}", file=sys.stderr)
     return 0
 
 
 def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[RunRecord] | None]:
-    """(per-trace records, run rows, sweep rows or None) for a trace file, a run or a sweep directory."""
+    """(per-trace records, run rows, sweep rows or None) for a trace file, a run or a sweep directory;
+    what was skipped is printed as warnings, or, when nothing was usable, is the error."""
+    warnings: Warnings = []
     runs: list[RunRecord] = []
     sweep_rows: list[RunRecord] | None = None
     if path.is_file():
-        traces = analyze_files([path])
-    elif (path / "index.json").exists():
-        traces, sweep_rows = analyze_sweep(path)
+        traces = analyze_files([path], warnings)
+    elif SweepPaths(path).index.exists():
+        traces, sweep_rows = analyze_sweep(path, warnings)
         runs = sweep_rows
     else:
-        traces, run = analyze_run(path)
-        runs = [run] if run else []
+        traces, one = analyze_run(path, warnings)
+        runs = [one] if one else []
     if not traces and not runs:  # the skipped files are the reason: one line, naming the first
-        skipped = WARNINGS[:]
-        WARNINGS.clear()
-        why = f" ({len(skipped)} problem(s); first: {skipped[0]})" if skipped else ""
+        why = f" ({len(warnings)} problem(s); first: {warnings[0]})" if warnings else ""
         raise UsageError(f"{path}: no usable trace{why}")
-    flush_warnings()
+    print_warnings(warnings)
     return traces, runs, sweep_rows
 
 
-def print_tables(traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None,
-                 fmt: str) -> None:
+def print_tables(
+    traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, fmt: str
+) -> None:
     if not traces:  # a run that ended out of memory before any trace: its row says so
         sys.stdout.write(render(runs, RUN_COLUMNS, fmt))
     elif fmt == "json":
@@ -89,19 +102,21 @@ def print_tables(traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: l
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
         if runs and fmt == "table" and runs[0].outcome == "oom":
-            print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY "
-                  f"(summary.json: oom)")
+            print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY (summary.json: oom)")
         elif runs and fmt == "table":
             r = runs[0]
-            print(f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
-                  f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "
-                  f"{r.rank_imbalance if r.rank_imbalance is None else round(r.rank_imbalance, 3)}")
+            print(
+                f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
+                f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "
+                f"{r.rank_imbalance if r.rank_imbalance is None else round(r.rank_imbalance, 3)}"
+            )
     if traces and fmt in ("table", "md"):
         sys.stdout.write(why_tables(traces, runs, fmt))
 
 
-def write_outputs(out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None,
-                  plots: bool) -> list[Path]:
+def write_outputs(
+    out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, plots: bool
+) -> list[Path]:
     """The tables and JSON records (and with plots, the figures) under out; the figures written."""
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "traces.json", to_json(traces))
@@ -111,7 +126,7 @@ def write_outputs(out: Path, traces: list[TraceRecord], runs: list[RunRecord], s
         write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
     if sweep_rows is not None:
         write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
-        write_atomic(out / "sweep.md", rows_to_markdown(sweep_rows, RUN_COLUMNS))
+        write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, RUN_COLUMNS))
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / "why.md", why)
@@ -126,8 +141,6 @@ def _ms(us):
 
 def cli(argv: list[str] | None = None) -> int:
     """The command (`python -m analysis`, or its console script): errors as one line, exit 2."""
-    from hpc.cli import run
-
     return run("analysis", main, argv)
 
 

@@ -15,13 +15,16 @@ import cost is not charged to parsing. Tools that are not installed are reported
 
 from __future__ import annotations
 
-from hpc.cli import Parser, UsageError, check_output_file
-from hpc.config import write_atomic
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, check_output_file, run
+from hpc.core.errors import UsageError
+from hpc.core.files import write_atomic
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 
@@ -29,11 +32,15 @@ _RUNNERS = {
     "analysis": ("import analysis.trace", "analysis.trace.analyze_trace(path)"),
     "torch-tb-profiler": (
         "import tempfile, analysis.tensorboard\nfrom torch_tb_profiler.profiler.data import RunProfileData",
-        "RunProfileData.parse('rank0', '1', path, tempfile.mkdtemp())"),
+        "RunProfileData.parse('rank0', '1', path, tempfile.mkdtemp())",
+    ),
     "hta": (
-        "import os, shutil, tempfile, logging\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis",
-        "d = tempfile.mkdtemp(); shutil.copy(path, d); t = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)\n"
-        "t.get_gpu_kernel_breakdown(visualize=False); t.get_temporal_breakdown(visualize=False)"),
+        "import os, shutil, tempfile, logging\nlogging.disable(logging.WARNING)\n"
+        "from hta.trace_analysis import TraceAnalysis",
+        "d = tempfile.mkdtemp(); shutil.copy(path, d)\n"
+        "t = TraceAnalysis(trace_dir=d, include_last_profiler_step=True)\n"
+        "t.get_gpu_kernel_breakdown(visualize=False); t.get_temporal_breakdown(visualize=False)",
+    ),
 }
 
 _CHILD = """
@@ -51,8 +58,9 @@ print(time.perf_counter() - t0, hwm() - base)
 
 def measure(tool: str, path: Path) -> tuple[float, int] | str:
     imports, call = _RUNNERS[tool]
-    proc = subprocess.run([sys.executable, "-c", _CHILD.format(imports=imports, call=call), str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(imports=imports, call=call), str(path)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         return "not installed" if "ModuleNotFoundError" in proc.stderr else last[:80]
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(f"{'file':42} {'MB':>6}  " + "  ".join(f"{t + ' s':>20} {'peak MB':>8}" for t in _RUNNERS))
     for path in files:
-        row = {"file": str(path), "bytes": path.stat().st_size}
+        row: dict[str, Any] = {"file": str(path), "bytes": path.stat().st_size}
         cells = []
         for tool in _RUNNERS:
             runs = [measure(tool, path) for _ in range(args.repeat)]
@@ -100,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """The command (`python -m analysis.bench`, or its console script): errors as one line, exit 2."""
-    from hpc.cli import run
-
     return run("analysis.bench", main, argv)
 
 

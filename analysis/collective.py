@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 import numpy as np
 
@@ -23,23 +24,62 @@ from analysis.events import int_args
 from analysis.intervals import overlap_us, union_us
 
 _KIND_BY_NAME = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "allgatherbase": "all_gather",
-    "allgatherintotensor": "all_gather", "allgatherintotensorcoalesced": "all_gather",
-    "reducescatter": "reduce_scatter", "reducescatterbase": "reduce_scatter",
-    "reducescattertensor": "reduce_scatter", "reducescattertensorcoalesced": "reduce_scatter",
-    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "alltoallbase": "all_to_all",
-    "send": "send", "recv": "recv", "sendrecv": "send_recv", "barrier": "barrier", "gather": "gather",
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherbase": "all_gather",
+    "allgatherintotensor": "all_gather",
+    "allgatherintotensorcoalesced": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterbase": "reduce_scatter",
+    "reducescattertensor": "reduce_scatter",
+    "reducescattertensorcoalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "alltoall": "all_to_all",
+    "alltoallbase": "all_to_all",
+    "send": "send",
+    "recv": "recv",
+    "sendrecv": "send_recv",
+    "barrier": "barrier",
+    "gather": "gather",
     "scatter": "scatter",
 }
 _KERNEL_KIND_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-               "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-               "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16,
-               "float8_e4m3fn": 1, "float8_e5m2": 1}
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send_recv": lambda n: 1.0,
-              "send": lambda n: 1.0, "recv": lambda n: 1.0}
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complexfloat": 8,
+    "complexdouble": 16,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+}
 
 
 @functools.lru_cache(maxsize=4096)  # a handful of (name, kernel) pairs repeat thousands of times
@@ -52,7 +92,7 @@ def collective_kind(name: str | None, kernel_name: str) -> str:
     return _KIND_BY_NAME.get(key, key[:40] or "unknown")
 
 
-def message_bytes(args) -> float:
+def message_bytes(args: Any) -> float:
     """S of the call (see the module doc), NaN when the trace does not record the size or type."""
     counts = [c for c in (args.in_nelems, args.out_nelems) if type(c) is int and 0 <= c < 1 << 50]
     dtype = args.dtype
@@ -69,39 +109,60 @@ class Collectives:
 
     def add(self, args: list, kernel_names: list[str], ts: np.ndarray, dur: np.ndarray) -> None:
         """A window's communication kernels: their events.Args, names, starts and durations."""
-        kinds = [collective_kind(a.collective if isinstance(a.collective, str) else None, name)
-                 for a, name in zip(args, kernel_names)]
-        self._columns.append((
-            np.array([self.kinds.setdefault(k, len(self.kinds)) for k in kinds], dtype=np.int32),
-            np.array([g if type(g) is int and 0 < g < 1 << 20 else -1 for g in (a.group_size for a in args)],
-                     dtype=np.int64),
-            int_args([a.correlation for a in args]), ts, ts + dur, np.array([message_bytes(a) for a in args])))
+        kinds = [
+            collective_kind(a.collective if isinstance(a.collective, str) else None, name)
+            for a, name in zip(args, kernel_names, strict=False)
+        ]
+        self._columns.append(
+            (
+                np.array([self.kinds.setdefault(k, len(self.kinds)) for k in kinds], dtype=np.int32),
+                np.array(
+                    [g if type(g) is int and 0 < g < 1 << 20 else -1 for g in (a.group_size for a in args)],
+                    dtype=np.int64,
+                ),
+                int_args([a.correlation for a in args]),
+                ts,
+                ts + dur,
+                np.array([message_bytes(a) for a in args]),
+            )
+        )
 
     def result(self, compute: tuple[np.ndarray, np.ndarray], world_size: int | None) -> list[dict]:
         """One row per kind, most time first (see the module doc for the bandwidth definitions)."""
         if not self._columns:
             return []
-        kind, group, _, start, end, nbytes = (np.concatenate(c) for c in zip(*self._columns))
+        kind, group, _, start, end, nbytes = (np.concatenate(c) for c in zip(*self._columns, strict=False))
         rows = []
         for name, k in self.kinds.items():
             sel = kind == k
             time_us = float((end[sel] - start[sel]).sum())
             sized = sel & ~np.isnan(nbytes)
             n = int(group[sel].max()) if (group[sel] > 0).any() else world_size
-            algbw = float(nbytes[sized].sum()) / float((end[sized] - start[sized]).sum()) / 1e3 \
-                if sized.any() and (end[sized] - start[sized]).sum() > 0 else None  # bytes/µs / 1e3 = GB/s
+            algbw = (
+                float(nbytes[sized].sum()) / float((end[sized] - start[sized]).sum()) / 1e3
+                if sized.any() and (end[sized] - start[sized]).sum() > 0
+                else None
+            )  # bytes/µs / 1e3 = GB/s
             factor = BUS_FACTOR.get(name)
             busbw = algbw * factor(n) if algbw is not None and factor and n and n > 0 else None
             own = (start[sel], end[sel])
             own_us = union_us(*own)
-            rows.append({
-                "kind": name, "calls": int(sel.sum()), "time_us": time_us, "mean_us": time_us / int(sel.sum()),
-                "bytes_per_call": float(nbytes[sized].mean()) if sized.any() else None, "group_size": n,
-                "algbw_GBps": algbw, "busbw_GBps": busbw,
-                "overlap_pct": 100.0 * overlap_us(own, compute) / own_us if own_us else None})
+            rows.append(
+                {
+                    "kind": name,
+                    "calls": int(sel.sum()),
+                    "time_us": time_us,
+                    "mean_us": time_us / int(sel.sum()),
+                    "bytes_per_call": float(nbytes[sized].mean()) if sized.any() else None,
+                    "group_size": n,
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": busbw,
+                    "overlap_pct": 100.0 * overlap_us(own, compute) / own_us if own_us else None,
+                }
+            )
         return sorted(rows, key=lambda r: -r["time_us"])
 
-    def launch_offsets(self, launches, step_ranges: list[tuple[float, float]]) -> list[list[float]] | None:
+    def launch_offsets(self, launches: Any, step_ranges: list[tuple[float, float]]) -> list[list[float]] | None:
         """Per profiled step, when each collective was launched (its runtime call), in µs from the
         step's start, in launch order: what the run compares across ranks to find the last to arrive."""
         if not step_ranges or not self._columns:

@@ -28,8 +28,12 @@ RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 STEP_RE = re.compile(r"^ProfilerStep#\d+$")
 
 _OP, _ANNOTATION, _RUNTIME, _OTHER = 0, 1, 2, 3
-CATEGORIES = {**{c: _OP for c in OP_CATS}, **{c: _ANNOTATION for c in ANNOTATION_CATS},
-              **{c: _RUNTIME for c in RUNTIME_CATS}, "python_function": _OTHER}  # the CPU events' kinds
+CATEGORIES = {
+    **dict.fromkeys(OP_CATS, _OP),
+    **dict.fromkeys(ANNOTATION_CATS, _ANNOTATION),
+    **dict.fromkeys(RUNTIME_CATS, _RUNTIME),
+    "python_function": _OTHER,
+}  # the CPU events' kinds
 
 
 class CpuOps:
@@ -88,20 +92,24 @@ class CpuOps:
         steps = sorted(self.steps)
         durations = [e - s for s, e, _ in steps]
         in_file_order = sum(e - s for s, e, _ in self.steps)  # the mean's sum as it always was: stays bit-identical
-        return CpuTotals(steps=len(steps), step_time_us_mean=in_file_order / len(steps) if steps else None,
-                         cpu_time_us=cpu_time, op_calls={k: v[0] for k, v in ops.items()},
-                         top_ops=top_operators(ops, by_device=device_us is not None),
-                         step_time_us=durations, step_numbers=[n for _, _, n in steps])
+        return CpuTotals(
+            steps=len(steps),
+            step_time_us_mean=in_file_order / len(steps) if steps else None,
+            cpu_time_us=cpu_time,
+            op_calls={k: v[0] for k, v in ops.items()},
+            top_ops=top_operators(ops, by_device=device_us is not None),
+            step_time_us=durations,
+            step_numbers=[n for _, _, n in steps],
+        )
 
-    def _by_thread(self) -> dict[int, tuple[np.ndarray, ...]]:
+    def _by_thread(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """(starts, ends, signed name ids, correlation ids) per thread id, each in file order."""
         if not self._columns:
             return {}
-        ts, end, names, threads, corr = (np.concatenate(c) for c in zip(*self._columns))
+        ts, end, names, threads, corr = (np.concatenate(c) for c in zip(*self._columns, strict=False))
         order = np.argsort(threads, kind="stable")
         bounds = np.flatnonzero(np.diff(threads[order])) + 1
-        return {int(threads[idx[0]]): (ts[idx], end[idx], names[idx], corr[idx])
-                for idx in np.split(order, bounds)}
+        return {int(threads[idx[0]]): (ts[idx], end[idx], names[idx], corr[idx]) for idx in np.split(order, bounds)}
 
 
 def _operator_totals(per_thread: list[tuple[np.ndarray, ...]], names_by_id: dict[int, str]) -> dict[str, list]:
@@ -109,26 +117,35 @@ def _operator_totals(per_thread: list[tuple[np.ndarray, ...]], names_by_id: dict
     order of first call)."""
     if not per_thread:
         return {}
-    ids, cpu_us, dev_us = (np.concatenate(c) for c in zip(*per_thread))
+    ids, cpu_us, dev_us = (np.concatenate(c) for c in zip(*per_thread, strict=False))
     if ids.size == 0:
         return {}
     calls = np.bincount(ids)
     cpu_sum, dev_sum = np.bincount(ids, weights=cpu_us), np.bincount(ids, weights=dev_us)
     unique, first = np.unique(ids, return_index=True)
-    return {names_by_id[i]: [int(calls[i]), float(cpu_sum[i]), float(dev_sum[i])]
-            for i in unique[np.argsort(first)].tolist()}
+    return {
+        names_by_id[i]: [int(calls[i]), float(cpu_sum[i]), float(dev_sum[i])]
+        for i in unique[np.argsort(first)].tolist()
+    }
 
 
 def top_operators(ops: dict[str, list], by_device: bool, n: int = TOP_N) -> list[dict]:
     """The n operators with the most self device time (self CPU time on a trace with no device)."""
     key = 2 if by_device else 1
     top = sorted(ops.items(), key=lambda kv: (-kv[1][key], kv[0]))[:n]
-    return [{"name": name, "calls": calls, "self_cpu_us": cpu_us, "self_device_us": dev_us if by_device else None}
-            for name, (calls, cpu_us, dev_us) in top]
+    return [
+        {"name": name, "calls": calls, "self_cpu_us": cpu_us, "self_device_us": dev_us if by_device else None}
+        for name, (calls, cpu_us, dev_us) in top
+    ]
 
 
-def _thread_operators(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, corrs: np.ndarray,
-                      device_us: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, ...]:
+def _thread_operators(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    ids: np.ndarray,
+    corrs: np.ndarray,
+    device_us: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, ...]:
     """(name id, self CPU µs, self device µs) of each operator call on one thread, calls counted as
     key_averages() counts them. Self CPU time: the call's duration less its children's; self device
     time: the device time of the runtime calls (by correlation id) whose innermost enclosing operator
@@ -152,8 +169,9 @@ def _thread_operators(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, cor
     return name[kept_op], (dur - children_us)[kept_op], device[kept_op]
 
 
-def _device_by_operator(corr: np.ndarray, parent: np.ndarray, kept_op: np.ndarray,
-                        device_us: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _device_by_operator(
+    corr: np.ndarray, parent: np.ndarray, kept_op: np.ndarray, device_us: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
     """Per event, the device time of the runtime calls whose innermost enclosing kept operator it is."""
     keys, sums = device_us
     launched = np.flatnonzero(corr >= 0)

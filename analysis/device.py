@@ -19,6 +19,8 @@ a few numbers, not the event) and, once the file is read, computes from those ar
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from analysis.collective import Collectives
@@ -34,8 +36,11 @@ KERNEL_CATS = {"kernel", "Kernel"}
 MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
 MEMSET_CATS = {"gpu_memset", "Memset"}
 _KERNEL, _MEMCPY, _MEMSET = 0, 1, 2
-CATEGORIES = {**{c: _KERNEL for c in KERNEL_CATS}, **{c: _MEMCPY for c in MEMCPY_CATS},
-              **{c: _MEMSET for c in MEMSET_CATS}}  # the device events' sources
+CATEGORIES = {
+    **dict.fromkeys(KERNEL_CATS, _KERNEL),
+    **dict.fromkeys(MEMCPY_CATS, _MEMCPY),
+    **dict.fromkeys(MEMSET_CATS, _MEMSET),
+}  # the device events' sources
 
 
 def temporal_breakdown(start: np.ndarray, end: np.ndarray, kind: np.ndarray) -> dict[str, float] | None:
@@ -46,8 +51,13 @@ def temporal_breakdown(start: np.ndarray, end: np.ndarray, kind: np.ndarray) -> 
     busy = union_us(start, end)
     compute = union_us(start[kind == COMPUTE], end[kind == COMPUTE])
     compute_or_comm = union_us(start[kind <= COMMUNICATION], end[kind <= COMMUNICATION])
-    return {"computation_us": compute, "communication_us": compute_or_comm - compute,
-            "memory_us": busy - compute_or_comm, "idle_us": span - busy, "span_us": span}
+    return {
+        "computation_us": compute,
+        "communication_us": compute_or_comm - compute,
+        "memory_us": busy - compute_or_comm,
+        "idle_us": span - busy,
+        "span_us": span,
+    }
 
 
 def idle_breakdown(start: np.ndarray, end: np.ndarray, stream: np.ndarray, launch: np.ndarray) -> dict[str, float]:
@@ -61,8 +71,12 @@ def idle_breakdown(start: np.ndarray, end: np.ndarray, stream: np.ndarray, launc
     gap = s[1:] - e[:-1]
     host = la[1:] > e[:-1]  # launched after the stream went idle; a NaN launch (not found) is not
     kernel = ~host & (gap < KERNEL_WAIT_US)
-    return {"stream": int(busiest), "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
-            "other_us": float(gap[~host & ~kernel].sum())}
+    return {
+        "stream": int(busiest),
+        "host_wait_us": float(gap[host].sum()),
+        "kernel_wait_us": float(gap[kernel].sum()),
+        "other_us": float(gap[~host & ~kernel].sum()),
+    }
 
 
 class DeviceActivity:
@@ -93,15 +107,16 @@ class DeviceActivity:
         stream, corr = int_args([a.stream for a in args]), int_args([a.correlation for a in args])
         comm = np.flatnonzero(communication)
         if comm.size:
-            self.collectives.add([args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()],
-                                 ts[comm], dur[comm])
+            self.collectives.add(
+                [args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()], ts[comm], dur[comm]
+            )
         self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         """(start, end, dur, source, kind, class, stream, correlation, name id), all rows in file order
         (the windows' columns joined once, when first asked for)."""
         if len(self._columns) > 1:
-            self._columns = [tuple(np.concatenate(c) for c in zip(*self._columns))]
+            self._columns = [tuple(np.concatenate(c) for c in zip(*self._columns, strict=False))]
         return self._columns[0]
 
     def time_by_correlation(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -116,8 +131,9 @@ class DeviceActivity:
         keys, inverse = np.unique(corr[keep], return_inverse=True)
         return keys, np.bincount(inverse, weights=(end - start)[keep], minlength=keys.size)
 
-    def result(self, launches: "Launches", step_ranges: list[tuple[float, float]],
-               world_size: int | None) -> DeviceTotals:
+    def result(
+        self, launches: Launches, step_ranges: list[tuple[float, float]], world_size: int | None
+    ) -> DeviceTotals:
         """The device figures (all None for a trace with no device activity: a CPU run)."""
         if not self._columns:
             return DeviceTotals()
@@ -129,19 +145,31 @@ class DeviceActivity:
         kernel_us, memcpy_us, memset_us = (_sum_in_order(dur[source == s]) for s in (_KERNEL, _MEMCPY, _MEMSET))
         by_class = np.bincount(cls[source == _KERNEL], minlength=len(KERNEL_CLASSES))
         return DeviceTotals(
-            cuda_time_us=kernel_us + memcpy_us + memset_us, kernel_time_us=kernel_us,
-            memcpy_time_us=memcpy_us, memset_time_us=memset_us, gpu_busy_us=union_us(start, end),
+            cuda_time_us=kernel_us + memcpy_us + memset_us,
+            kernel_time_us=kernel_us,
+            memcpy_time_us=memcpy_us,
+            memset_time_us=memset_us,
+            gpu_busy_us=union_us(start, end),
             kernel_calls=int((source == _KERNEL).sum()),
-            kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist())), comm_time_us=comm_us,
+            kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist(), strict=False)),
+            comm_time_us=comm_us,
             comm_overlap_pct=100.0 * overlap_us(comm, compute) / comm_us if comm_us else None,
             temporal_breakdown_us=temporal_breakdown(start, end, kind),
             idle_breakdown_us=idle_breakdown(start, end, stream, launch),
             steps_breakdown_us=self.per_step(start, end, kind, launch, step_ranges),
             collectives=self.collectives.result(compute, world_size),
             collective_launch_us=self.collectives.launch_offsets(launches, step_ranges),
-            top_kernels=self.top_kernels(start, end, names))
+            top_kernels=self.top_kernels(start, end, names),
+        )
 
-    def per_step(self, start, end, kind, launch, step_ranges) -> list[dict] | None:
+    def per_step(
+        self,
+        start: np.ndarray,
+        end: np.ndarray,
+        kind: np.ndarray,
+        launch: np.ndarray,
+        step_ranges: list[tuple[float, float]],
+    ) -> list[dict[str, Any]] | None:
         """The temporal breakdown of the events launched in each profiled step (by their runtime call's
         time; an event with no runtime call found, by its own start)."""
         if not step_ranges:
@@ -153,7 +181,9 @@ class DeviceActivity:
             rows.append({"step": i, **(temporal_breakdown(start[sel], end[sel], kind[sel]) or {})})
         return rows
 
-    def top_kernels(self, start, end, names, n: int = TOP_N) -> list[dict]:
+    def top_kernels(
+        self, start: np.ndarray, end: np.ndarray, names: np.ndarray, n: int = TOP_N
+    ) -> list[dict[str, Any]]:
         """The n kernels (by name) with the most device time: calls, total time, share, class."""
         is_kernel = names > 0
         dur = end - start
@@ -161,10 +191,16 @@ class DeviceActivity:
         calls = np.bincount(names[is_kernel], minlength=len(self.name_ids) + 1)[1:]
         by_id = {v - 1: k for k, v in self.name_ids.items()}
         all_device_us = float(dur.sum())
-        return [{"name": by_id[i], "calls": int(calls[i]), "total_us": float(total[i]),
-                 "share_pct": 100.0 * float(total[i]) / all_device_us if all_device_us else None,
-                 "class": classify_kernel(by_id[i])}
-                for i in np.argsort(-total, kind="stable")[:n].tolist()]
+        return [
+            {
+                "name": by_id[i],
+                "calls": int(calls[i]),
+                "total_us": float(total[i]),
+                "share_pct": 100.0 * float(total[i]) / all_device_us if all_device_us else None,
+                "class": classify_kernel(by_id[i]),
+            }
+            for i in np.argsort(-total, kind="stable")[:n].tolist()
+        ]
 
 
 def _sum_in_order(values: np.ndarray) -> float:

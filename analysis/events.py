@@ -17,17 +17,23 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import types
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import msgspec
 import numpy as np
 
+from hpc.core.errors import TraceError
+
+_gzip: types.ModuleType
 try:  # Intel's ISA-L (python-isal) inflates gzip about 3x faster than zlib; zlib where it is not installed
     from isal import igzip as _gzip
     from isal.isal_zlib import error as _IsalError
-    _GZIP_ERRORS: tuple = (EOFError, zlib.error, gzip.BadGzipFile, _IsalError)
+
+    _GZIP_ERRORS: tuple[Any, ...] = (EOFError, zlib.error, gzip.BadGzipFile, _IsalError)
 except ImportError:
     _gzip, _GZIP_ERRORS = gzip, (EOFError, zlib.error, gzip.BadGzipFile)
 
@@ -50,10 +56,6 @@ def int_args(values: list) -> np.ndarray:
     return np.array([v if type(v) is int and -ID_LIMIT < v < ID_LIMIT else -1 for v in values], dtype=np.int64)
 
 
-class TraceError(ValueError):
-    """The file cannot be analysed; str() says why (truncated, not a trace, ...)."""
-
-
 def _arg(name: str) -> Any:
     return msgspec.field(name=name, default=None)
 
@@ -61,6 +63,7 @@ def _arg(name: str) -> Any:
 class Args(msgspec.Struct, gc=False):
     """The args the analysis reads, by their names in the trace. The `[memory]` fields are typed (a
     memory event with a mistyped one is bad); the others are checked where they are used."""
+
     correlation: Any = None
     stream: Any = None
     collective: Any = _arg("Collective name")
@@ -81,6 +84,7 @@ _MEMORY_ARGS = ("Device Type", "Device Id", "Total Allocated", "Total Reserved",
 
 class Event(msgspec.Struct, gc=False):
     """The fields of a trace event the analysis reads, typed (gc=False: a struct of scalars holds no cycle)."""
+
     ph: str = ""
     cat: str | None = None
     name: str = ""
@@ -93,6 +97,7 @@ class Event(msgspec.Struct, gc=False):
 
 class _LooseEvent(msgspec.Struct, gc=False):
     """The same fields, any type: how a window with a mistyped event is read before `admit` checks it."""
+
     ph: Any = None
     cat: Any = None
     name: Any = ""
@@ -110,7 +115,7 @@ _LOOSE_FIELDS = _LooseEvent.__struct_fields__
 
 class Batch(NamedTuple):
     events: list[Event]  # the events the analysis may read
-    count: int  # how many events the file had there
+    n_events: int  # how many events the file had there
     bad: int  # how many of them the analysis would read but cannot (mistyped fields)
 
 
@@ -124,20 +129,23 @@ def out_of_range(values: np.ndarray) -> np.ndarray:
     return ~np.isnan(values) & ~(np.abs(values) < NUMBER_LIMIT)
 
 
-def _args(value: Any, memory: bool) -> Args | None | bool:
-    """A decoded args mapping as Args; None when it is not a mapping; False when a `[memory]` field
-    is mistyped and `memory` (an X event's memory fields are never read: they are dropped instead)."""
+class _Mistyped(Exception):
+    """A field the analysis reads has the wrong type: the event is bad."""
+
+
+def _args(value: Any, memory: bool) -> Args | None:
+    """A decoded args mapping as Args; None when it is not a mapping. With `memory`, a mistyped `[memory]`
+    field raises _Mistyped (an X event's memory fields are never read: they are dropped instead)."""
     if not isinstance(value, dict):
         return None
     try:
         args = msgspec.convert(value, Args)
     except msgspec.ValidationError:
         if memory:
-            return False
+            raise _Mistyped from None
         args = msgspec.convert({k: v for k, v in value.items() if k not in _MEMORY_ARGS}, Args)
-    if memory and not all(v is None or _number(v) for v in
-                          (args.total_allocated, args.total_reserved, args.nbytes)):
-        return False  # NaN or out of range: a decoded Python float can be either
+    if memory and not all(v is None or _number(v) for v in (args.total_allocated, args.total_reserved, args.nbytes)):
+        raise _Mistyped  # NaN or out of range: a decoded Python float can be either
     return args
 
 
@@ -151,25 +159,37 @@ def admit(e: _LooseEvent) -> Event | None | bool:
         dur = e.dur or 0.0
         if not (_number(ts) and _number(dur) and type(name) is str and type(e.pid) in _ID and type(e.tid) in _ID):
             return False
-        return Event("X", e.cat if type(e.cat) is str else None, name, e.pid, e.tid, float(ts), float(dur),
-                     _args(e.args, memory=False))
+        return Event(
+            "X",
+            e.cat if type(e.cat) is str else None,
+            name,
+            e.pid,
+            e.tid,
+            float(ts),
+            float(dur),
+            _args(e.args, memory=False),
+        )
     if ph == "i" and name == "[memory]":
-        args = _args(e.args, memory=True)
+        try:
+            args = _args(e.args, memory=True)
+        except _Mistyped:
+            return False
         if (e.args is not None and not args) or not (ts is None or _number(ts)):
             return False
         return Event("i", None, name, ts=None if ts is None else float(ts), args=args)
     return None
 
 
-def admitted(loose: list) -> Batch:
+def admitted(loose: list[Any]) -> Batch:
     """Events decoded leniently (structs, or values from the standard library's decoder) as a Batch."""
-    events, bad = [], 0
+    events: list[Event] = []
+    bad = 0
     for value in loose:
         if isinstance(value, dict):
             value = _LooseEvent(**{k: value[k] for k in _LOOSE_FIELDS if k in value})
         if isinstance(value, _LooseEvent):
             event = admit(value)
-            if event:
+            if isinstance(event, Event):
                 events.append(event)
             bad += event is False
     return Batch(events, len(loose), bad)
@@ -190,7 +210,7 @@ class Reader:
 
     _WS = " \t\n\r"
 
-    def __init__(self, stream=None, chunk: int = 1 << 20):
+    def __init__(self, stream: IO[bytes] | None = None, chunk: int = 1 << 20):
         self.stream = stream
         self.chunk = chunk
         self.text_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -204,9 +224,10 @@ class Reader:
     def _fill(self) -> bool:
         if self.eof:
             return False
+        assert self.stream is not None, "Reader.stream is set before reading"
         data = self.stream.read(self.chunk)
         if self.pos > (1 << 16):  # drop what has been consumed
-            self.buf = self.buf[self.pos:]
+            self.buf = self.buf[self.pos :]
             self.pos = 0
         if not data:
             self.eof = True
@@ -296,7 +317,7 @@ class Reader:
             end = self.buf.rfind("},", self.pos, end)
             if end < self.pos + 4096:  # too little left to be worth it: one at a time
                 return None
-            text = "[" + self.buf[self.pos:end + 1] + "]"
+            text = "[" + self.buf[self.pos : end + 1] + "]"
             try:
                 events = _STRICT.decode(text)
                 batch = Batch(events, len(events), 0)
@@ -317,13 +338,13 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def _open(path: Path):
+def _open(path: Path) -> IO[bytes]:
     with open(path, "rb") as f:
         magic = f.read(2)
     return _gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
-def read_batches(path: Path, reader: Reader):
+def read_batches(path: Path, reader: Reader) -> Iterator[Batch]:
     """The trace's events, a Batch at a time; the file's own problems become TraceError."""
     try:
         stream = _open(path)
@@ -333,7 +354,7 @@ def read_batches(path: Path, reader: Reader):
     n_events = 0
     try:
         for batch in reader.batches():
-            n_events += batch.count
+            n_events += batch.n_events
             yield batch
     except _Truncated as err:
         raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None

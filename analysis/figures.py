@@ -14,49 +14,109 @@ on a CPU run) is left out, not drawn as 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from analysis.records import RunRecord
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
-STUDY_FIGURE = {("cpu", 0.1): 1, ("cuda", 0.1): 2, ("cpu", 0.5): 3, ("cuda", 0.5): 4, ("cpu", 1.0): 5,
-                ("cuda", 1.0): 6, ("calls", 0.1): 7, ("calls", 0.5): 8, ("calls", 1.0): 9, ("cpu_mem", 0.1): 10,
-                ("gpu_mem", 0.1): 11, ("cpu_mem", 0.5): 12, ("gpu_mem", 0.5): 13, ("cpu_mem", 1.0): 14,
-                ("gpu_mem", 1.0): 15}
+STUDY_FIGURE = {
+    ("cpu", 0.1): 1,
+    ("cuda", 0.1): 2,
+    ("cpu", 0.5): 3,
+    ("cuda", 0.5): 4,
+    ("cpu", 1.0): 5,
+    ("cuda", 1.0): 6,
+    ("calls", 0.1): 7,
+    ("calls", 0.5): 8,
+    ("calls", 1.0): 9,
+    ("cpu_mem", 0.1): 10,
+    ("gpu_mem", 0.1): 11,
+    ("cpu_mem", 0.5): 12,
+    ("gpu_mem", 0.5): 13,
+    ("cpu_mem", 1.0): 14,
+    ("gpu_mem", 1.0): 15,
+}
 FRACTION_WORDS = {0.1: "one-tenth of CIFAR-100", 0.5: "half of CIFAR-100", 1.0: "the full CIFAR-100"}
 
 
 class Metric:
     """One figure's quantity: how to read it from a run, its title, axis label and scale."""
 
-    def __init__(self, key: str, value: Callable[[RunRecord], float | None], title: str, ylabel: str,
-                 scale: float, study: str | None = None):
+    def __init__(
+        self,
+        key: str,
+        value: Callable[[RunRecord], float | None],
+        title: str,
+        ylabel: str,
+        scale: float,
+        study: str | None = None,
+    ):
         self.key, self.value, self.title, self.ylabel, self.scale, self.study = key, value, title, ylabel, scale, study
 
 
 STUDY_METRICS = [
     Metric("cpu_runtime", lambda r: r.cpu_time_us_per_epoch.mean, "CPU runtime", "CPU time per epoch (s)", 1e-6, "cpu"),
-    Metric("cuda_runtime", lambda r: r.cuda_time_us_per_epoch.mean, "CUDA runtime", "CUDA time per epoch (s)", 1e-6,
-           "cuda"),
-    Metric("calls", lambda r: r.kernel_calls_per_epoch.mean, "Total number of calls", "kernel calls per epoch", 1.0,
-           "calls"),
-    Metric("cpu_memory", lambda r: r.peak_cpu_mem_bytes.max, "Maximum CPU memory", "peak CPU memory (GiB)", 1 / 2**30,
-           "cpu_mem"),
-    Metric("gpu_memory", lambda r: r.peak_gpu_mem_bytes.max, "Maximum GPU memory", "peak GPU memory allocated (GiB)",
-           1 / 2**30, "gpu_mem"),
+    Metric(
+        "cuda_runtime", lambda r: r.cuda_time_us_per_epoch.mean, "CUDA runtime", "CUDA time per epoch (s)", 1e-6, "cuda"
+    ),
+    Metric(
+        "calls",
+        lambda r: r.kernel_calls_per_epoch.mean,
+        "Total number of calls",
+        "kernel calls per epoch",
+        1.0,
+        "calls",
+    ),
+    Metric(
+        "cpu_memory",
+        lambda r: r.peak_cpu_mem_bytes.max,
+        "Maximum CPU memory",
+        "peak CPU memory (GiB)",
+        1 / 2**30,
+        "cpu_mem",
+    ),
+    Metric(
+        "gpu_memory",
+        lambda r: r.peak_gpu_mem_bytes.max,
+        "Maximum GPU memory",
+        "peak GPU memory allocated (GiB)",
+        1 / 2**30,
+        "gpu_mem",
+    ),
 ]
 PER_STEP_METRICS = [
-    Metric("cpu_time_us_per_step_mean", lambda r: r.cpu_time_us_per_step.mean, "CPU time per step",
-           "CPU time per step (ms)", 1e-3),
-    Metric("cuda_time_us_per_step_mean", lambda r: r.cuda_time_us_per_step.mean, "CUDA time per step",
-           "CUDA time per step (ms)", 1e-3),
-    Metric("kernel_calls_per_step_mean", lambda r: r.kernel_calls_per_step.mean, "Kernel calls per step",
-           "kernel calls per step", 1.0),
+    Metric(
+        "cpu_time_us_per_step_mean",
+        lambda r: r.cpu_time_us_per_step.mean,
+        "CPU time per step",
+        "CPU time per step (ms)",
+        1e-3,
+    ),
+    Metric(
+        "cuda_time_us_per_step_mean",
+        lambda r: r.cuda_time_us_per_step.mean,
+        "CUDA time per step",
+        "CUDA time per step (ms)",
+        1e-3,
+    ),
+    Metric(
+        "kernel_calls_per_step_mean",
+        lambda r: r.kernel_calls_per_step.mean,
+        "Kernel calls per step",
+        "kernel calls per step",
+        1.0,
+    ),
     Metric("epoch_time", lambda r: r.epoch_time_s, "Measured epoch time", "epoch wall time (s)", 1.0),
 ]
-LOSS_PARTS = [("computation", "tab:blue"), ("communication", "tab:red"), ("memory", "tab:purple"),
-              ("idle", "tab:gray"), ("imbalance", "tab:orange")]
+LOSS_PARTS = [
+    ("computation", "tab:blue"),
+    ("communication", "tab:red"),
+    ("memory", "tab:purple"),
+    ("idle", "tab:gray"),
+    ("imbalance", "tab:orange"),
+]
 
 
 def _pyplot():
@@ -68,7 +128,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     _pyplot().close(fig)
@@ -84,23 +144,37 @@ def _shape_label(shape: tuple[int, int]) -> str:
     return _gpus_label(gpus) if nodes == 1 else f"{nodes} nodes x {_gpus_label(gpus)}"
 
 
-def mark_oom(ax, oom_rows: list[RunRecord]) -> None:
+def mark_oom(ax: Any, oom_rows: list[RunRecord]) -> None:
     """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
     for r in oom_rows:
         x = r.batch_size_per_gpu
         ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.annotate(f"OOM ({_shape_label(r.shape)})", (x, 1.0), xycoords=ax.get_xaxis_transform(),
-                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7, color="red")
+        ax.annotate(
+            f"OOM ({_shape_label(r.shape)})",
+            (x, 1.0),
+            xycoords=ax.get_xaxis_transform(),
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=7,
+            color="red",
+        )
 
 
-def _lines_against_batch(ax, lines: dict[str, list[tuple[float, float]]], ylabel: str, title: str,
-                         dashed: frozenset = frozenset()) -> None:
+def _lines_against_batch(
+    ax: Any, lines: dict[str, list[tuple[Any, Any]]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
+) -> None:
     """One line per label, x = batch size per GPU (log 2)."""
     for label, pts in lines.items():
         if pts:
             pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
-                    linestyle="--" if label in dashed else "-")
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                label=label,
+                linestyle="--" if label in dashed else "-",
+            )
     ax.set_xscale("log", base=2)
     xs = sorted({p[0] for pts in lines.values() for p in pts})
     if xs:  # the batch sizes themselves as ticks, not powers of two
@@ -124,8 +198,10 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     words = FRACTION_WORDS.get(fraction, f"data fraction {fraction:g}")
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}"
     fig, ax = _pyplot().subplots(figsize=(6, 4))
-    lines = {_shape_label(k): [(r.batch_size_per_gpu, metric.value(r) * metric.scale) for r in sel if r.shape == k]
-             for k in sorted({r.shape for r in sel})}
+    lines = {
+        _shape_label(k): [(r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if r.shape == k]
+        for k in sorted({r.shape for r in sel})
+    }
     _lines_against_batch(ax, lines, metric.ylabel, title)
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
@@ -139,35 +215,47 @@ def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
         return None
     fig, ax = _pyplot().subplots(figsize=(6, 4))
     keys = sorted({(r.data_fraction, r.shape) for r in sel})
-    lines = {f"fraction {f:g}, {_shape_label(k)}": [(r.batch_size_per_gpu, r.scaling_efficiency) for r in sel
-                                                   if (r.data_fraction, r.shape) == (f, k)] for f, k in keys}
-    predicted = {f"model: fraction {f:g}, {_shape_label(k)}": [(r.batch_size_per_gpu, r.predicted_efficiency)
-                                                               for r in sel if (r.data_fraction, r.shape) == (f, k)
-                                                               and r.predicted_efficiency is not None]
-                 for f, k in keys}
+    lines = {
+        f"fraction {f:g}, {_shape_label(k)}": [
+            (r.batch_size_per_gpu, r.scaling_efficiency) for r in sel if (r.data_fraction, r.shape) == (f, k)
+        ]
+        for f, k in keys
+    }
+    predicted = {
+        f"model: fraction {f:g}, {_shape_label(k)}": [
+            (r.batch_size_per_gpu, r.predicted_efficiency)
+            for r in sel
+            if (r.data_fraction, r.shape) == (f, k) and r.predicted_efficiency is not None
+        ]
+        for f, k in keys
+    }
     ax.axhline(1.0, color="grey", lw=0.8)
-    _lines_against_batch(ax, {**lines, **predicted}, "scaling efficiency vs 1 GPU", "Scaling efficiency",
-                         dashed=frozenset(predicted))
+    _lines_against_batch(
+        ax, {**lines, **predicted}, "scaling efficiency vs 1 GPU", "Scaling efficiency", dashed=frozenset(predicted)
+    )
     return _save(fig, out_dir / "scaling_efficiency.png")
 
 
 def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     """Per multi-GPU point, a stacked bar of where its step time went against its 1-GPU point (ms)."""
     sel = [r for r in rows if r.loss_us]
+    losses = [r.loss_us for r in sel if r.loss_us]
     if not sel:
         return None
     fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
-    labels = [f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" + (f"x{r.nodes}" if (r.nodes or 1) > 1 else "")
-              for r in sel]
+    labels = [
+        f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" + (f"x{r.nodes}" if (r.nodes or 1) > 1 else "")
+        for r in sel
+    ]
     up = [0.0] * len(sel)
     down = [0.0] * len(sel)
     for part, color in LOSS_PARTS:
-        values = [r.loss_us[part] / 1e3 for r in sel]
+        values = [loss[part] / 1e3 for loss in losses]
         bottoms = [up[i] if v >= 0 else down[i] for i, v in enumerate(values)]
         ax.bar(labels, values, bottom=bottoms, color=color, label=part)
         for i, v in enumerate(values):
             up[i], down[i] = (up[i] + v, down[i]) if v >= 0 else (up[i], down[i] + v)
-    ax.plot(labels, [r.loss_us["total"] / 1e3 for r in sel], "k_", markersize=18, label="measured difference")
+    ax.plot(labels, [loss["total"] / 1e3 for loss in losses], "k_", markersize=18, label="measured difference")
     ax.axhline(0.0, color="black", lw=0.6)
     ax.set_xlabel("data fraction / batch per GPU / GPUs per node (x nodes)")
     ax.set_ylabel("step time vs 1 GPU (ms)")

@@ -29,8 +29,11 @@ def table(records: list, columns: list[str]) -> str:
     body = []
     for r in map(as_row, records):
         cls = ' class="oom"' if r.get("outcome") == "oom" else ""
-        cells = "".join(f'<td{" class=text" if c in ("file", "name", "kind", "class", "arch", "outcome") else ""}>'
-                        f"{html.escape(_cell(r.get(c), c))}</td>" for c in columns)
+        cells = "".join(
+            f"<td{' class=text' if c in ('file', 'name', 'kind', 'class', 'arch', 'outcome') else ''}>"
+            f"{html.escape(_cell(r.get(c), c))}</td>"
+            for c in columns
+        )
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -39,7 +42,9 @@ def figure_tags(paths: list[Path]) -> str:
     tags = []
     for p in paths:
         data = base64.b64encode(p.read_bytes()).decode("ascii")
-        tags.append(f'<img alt="{html.escape(p.stem)}" title="{html.escape(p.name)}" src="data:image/png;base64,{data}">')
+        tags.append(
+            f'<img alt="{html.escape(p.stem)}" title="{html.escape(p.name)}" src="data:image/png;base64,{data}">'
+        )
     return f'<div class="figures">{"".join(tags)}</div>'
 
 
@@ -47,32 +52,44 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
     """One run: where its time went, its collectives and top kernels and operators, links to its traces."""
     run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
-    title = (f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s): {run.outcome}"
-             if run and run.data_fraction is not None else str(run_dir))
-    parts = [f"<details><summary>{html.escape(title)}</summary>",
-             f'<p>traces: <a href="{html.escape(os.path.relpath(traces_dir, report_dir))}">'
-             f"{html.escape(str(traces_dir))}</a> &mdash; TensorBoard: <code>python -m analysis.tensorboard "
-             f"{html.escape(str(run_dir))}</code>; Perfetto: open a trace file at https://ui.perfetto.dev</p>"]
-    parts += [f"<h3>{html.escape(heading)}</h3>" + table(rows, columns) for heading, rows, columns in run_tables(traces)]
+    title = (
+        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s): {run.outcome}"
+        if run and run.data_fraction is not None
+        else str(run_dir)
+    )
+    parts = [
+        f"<details><summary>{html.escape(title)}</summary>",
+        f'<p>traces: <a href="{html.escape(os.path.relpath(traces_dir, report_dir))}">'
+        f"{html.escape(str(traces_dir))}</a> &mdash; TensorBoard: <code>python -m analysis.tensorboard "
+        f"{html.escape(str(run_dir))}</code>; Perfetto: open a trace file at https://ui.perfetto.dev</p>",
+    ]
+    parts += [
+        f"<h3>{html.escape(heading)}</h3>" + table(rows, columns) for heading, rows, columns in run_tables(traces)
+    ]
     return "".join(parts) + "</details>"
 
 
-def render_report(path: Path, source: Path, traces: list[TraceRecord], runs: list[RunRecord],
-                 figures: list[Path]) -> str:
+def render_report(
+    path: Path, source: Path, traces: list[TraceRecord], runs: list[RunRecord], figures: list[Path]
+) -> str:
     """The page's text (the caller writes it atomically to `path`)."""
     report_dir = path.parent
     by_run: dict[str, list[TraceRecord]] = {}
     for t in traces:
         run_dir = Path(t.file).parent.parent if Path(t.file).parent.name == "traces" else Path(t.file).parent
         by_run.setdefault(str(run_dir), []).append(t)
-    sections = [f"<h1>{html.escape(str(source))}</h1><p>python -m analysis, "
-                f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
-                f"{len(traces)} trace(s)</p>"]
+    sections = [
+        f"<h1>{html.escape(str(source))}</h1><p>python -m analysis, "
+        f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
+        f"{len(traces)} trace(s)</p>"
+    ]
     if runs:
         sections.append("<h2>Runs</h2>" + table(runs, RUN_COLUMNS))
     if loss_rows(runs):
-        sections.append("<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
-                        + table(loss_rows(runs), LOSS_COLUMNS))
+        sections.append(
+            "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
+            + table(loss_rows(runs), LOSS_COLUMNS)
+        )
     if figures:
         sections.append("<h2>Figures</h2>" + figure_tags(figures))
     sections.append("<h2>Each run</h2>")
@@ -80,5 +97,7 @@ def render_report(path: Path, source: Path, traces: list[TraceRecord], runs: lis
         sections.append(run_section(run, by_run.get(run.run_dir, []), report_dir))
     if not runs:
         sections.append(run_section(None, traces, report_dir))
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n"
+    )

@@ -14,8 +14,13 @@ _CLASS_RULES = [
     ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|winograd|implicit_?gemm|cudnn|xmma|precomputed")),
     ("gemm", re.compile(r"gemm|cutlass|cublas|matmul|gemv|\bdot\b")),
     ("reduction", re.compile(r"reduce|reduction|softmax|argmax|sum_kernel|norm_kernel|cross_entropy|nll_loss")),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|foreach|"
-                               r"add_kernel|mul_kernel|relu|threshold|clamp|where|cat_|index|scatter|gather")),
+    (
+        "elementwise",
+        re.compile(
+            r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|foreach|"
+            r"add_kernel|mul_kernel|relu|threshold|clamp|where|cat_|index|scatter|gather"
+        ),
+    ),
 ]
 
 

@@ -43,7 +43,9 @@ class DeviceMemory:
             self._add_device(dev, ts[on_dev], total[on_dev], reserved[on_dev], nbytes[on_dev])
         return int(garbage.sum())
 
-    def _add_device(self, dev, ts: np.ndarray, total: np.ndarray, reserved: np.ndarray, nbytes: np.ndarray) -> None:
+    def _add_device(
+        self, dev: Any, ts: np.ndarray, total: np.ndarray, reserved: np.ndarray, nbytes: np.ndarray
+    ) -> None:
         has_total = ~np.isnan(total)
         if has_total.any():
             self.alloc[dev] = max(self.alloc.get(dev, 0.0), float(total[has_total].max()))
@@ -68,5 +70,8 @@ class DeviceMemory:
                 order = np.argsort(ts, kind="stable")
                 peaks.append(float(max(0.0, np.cumsum(nbytes[order]).max())))
             peak_alloc = int(max(peaks))
-        return MemoryPeaks(peak_gpu_mem_bytes=peak_alloc, peak_gpu_reserved_bytes=peak_reserved,
-                           gpu_mem_relative_to_window=relative if peak_alloc is not None else None)
+        return MemoryPeaks(
+            peak_gpu_mem_bytes=peak_alloc,
+            peak_gpu_reserved_bytes=peak_reserved,
+            gpu_mem_relative_to_window=relative if peak_alloc is not None else None,
+        )

@@ -1,9 +1,12 @@
 """The analysis's typed records: what one trace, one rank and one run (a sweep point) measure.
 
-`trace.py` builds `TraceRecord`s, `report.py` folds them into `RankTotals` and `RunRecord`s and reads
-them by field. Output (JSON, CSV, tables) goes through `as_row`, the one place where a record becomes
-a flat mapping: `Spread` fields become `<name>_mean` / `<name>_max` columns (`step_time_us_mean_max`:
-the slowest rank's mean step time), the column names the README documents.
+`trace.py` builds `TraceRecord`s, `fold.py` folds them into `RankTotals` and `RunRecord`s, `sweep.py`
+compares a sweep's runs; everything else reads them by field. Records are frozen: a step that adds to
+one (a run's summary, a sweep point's scaling) makes a new one with `dataclasses.replace`.
+
+Output (JSON, CSV, tables) goes through `as_row`, the one place where a record becomes a flat mapping:
+`Spread` fields become `<name>_mean` / `<name>_max` columns (`step_time_us_mean_max`: the slowest
+rank's mean step time), the column names the README documents.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class CpuTotals:
     """CpuOps's result: profiled steps and their durations, self CPU time, operator calls and the
     operators with the most self time."""
+
     steps: int = 0
     step_time_us_mean: float | None = None
     step_time_us: list[float] = field(default_factory=list)  # each profiled step, in order
@@ -26,10 +30,11 @@ class CpuTotals:
     top_ops: list[dict] = field(default_factory=list)  # name, calls, self_cpu_us, self_device_us
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class DeviceTotals:
     """DeviceActivity's result; every field None when the trace has no device activity (a CPU run).
     Definitions: analysis/device.py and analysis/collective.py."""
+
     cuda_time_us: float | None = None
     kernel_time_us: float | None = None
     memcpy_time_us: float | None = None
@@ -47,18 +52,20 @@ class DeviceTotals:
     top_kernels: list[dict] | None = None  # name, calls, total_us, share_pct, class
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class MemoryPeaks:
     """DeviceMemory's result: peak allocated / reserved bytes on a CUDA device."""
+
     peak_gpu_mem_bytes: int | None = None
     peak_gpu_reserved_bytes: int | None = None
     gpu_mem_relative_to_window: bool | None = None
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     """One trace file (one rank, one profiling cycle): its identity, then what the three accumulators
     measured (the fields of CpuTotals, DeviceTotals, MemoryPeaks). Definitions: analysis/trace.py."""
+
     file: str
     rank: int | None = None
     world_size: int | None = None
@@ -78,10 +85,11 @@ def per_step(value: float | None, steps: int) -> float | None:
     return value / steps if (value is not None and steps) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankTotals:
     """One rank's traces folded together: counts and times summed over its cycles, peaks maxed; with
     the rank's optimizer steps per epoch (from its summary), per-epoch values."""
+
     rank: int | None
     steps: int = 0
     steps_per_epoch: int | None = None
@@ -116,32 +124,52 @@ class RankTotals:
     cpu_time_us_per_epoch = property(lambda self: self._per_epoch(self.cpu_time_us))
     cuda_time_us_per_epoch = property(lambda self: self._per_epoch(self.cuda_time_us))
     kernel_calls_per_epoch = property(lambda self: self._per_epoch(self.kernel_calls))
-    idle_share = property(lambda self: self.idle_us / self.span_us if self.idle_us is not None and self.span_us else None)
+    idle_share = property(
+        lambda self: self.idle_us / self.span_us if self.idle_us is not None and self.span_us else None
+    )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Spread:
     """A per-rank quantity across a run's ranks: its mean and its largest value (None: no rank has it)."""
+
     mean: float | None = None
     max: float | None = None
 
     @classmethod
-    def of(cls, values: list) -> "Spread":
+    def of(cls, values: list) -> Spread:
         values = [v for v in values if v is not None]
         return cls(sum(values) / len(values), max(values)) if values else cls()
 
 
 # RankTotals fields (and properties) a RunRecord spreads over ranks, in its column order.
-SPREAD_FIELDS = ("cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls", "comm_time_us", "step_time_us_mean",
-                 "cpu_time_us_per_step", "cuda_time_us_per_step", "kernel_calls_per_step",
-                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes",
-                 "cpu_time_us_per_epoch", "cuda_time_us_per_epoch", "kernel_calls_per_epoch",
-                 "computation_us_per_step", "communication_us_per_step", "memory_us_per_step", "idle_share")
+SPREAD_FIELDS = (
+    "cpu_time_us",
+    "cuda_time_us",
+    "gpu_busy_us",
+    "kernel_calls",
+    "comm_time_us",
+    "step_time_us_mean",
+    "cpu_time_us_per_step",
+    "cuda_time_us_per_step",
+    "kernel_calls_per_step",
+    "peak_gpu_mem_bytes",
+    "peak_gpu_reserved_bytes",
+    "peak_cpu_mem_bytes",
+    "cpu_time_us_per_epoch",
+    "cuda_time_us_per_epoch",
+    "kernel_calls_per_epoch",
+    "computation_us_per_step",
+    "communication_us_per_step",
+    "memory_us_per_step",
+    "idle_share",
+)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunRecord:
     """One run (a sweep point): what it was, how it ended, and its ranks' numbers spread over ranks."""
+
     run_dir: str
     traces: int = 0
     ranks: int = 0

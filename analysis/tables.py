@@ -13,16 +13,47 @@ from typing import Any
 
 from analysis.records import RunRecord, TraceRecord, as_row
 
-
-TRACE_COLUMNS = ["file", "rank", "steps", "cpu_time_us", "cuda_time_us", "gpu_busy_us", "kernel_calls",
-                 "peak_gpu_mem_bytes", "peak_gpu_reserved_bytes", "peak_cpu_mem_bytes", "comm_time_us",
-                 "comm_overlap_pct"]
-RUN_COLUMNS = ["arch", "data_fraction", "batch_size_per_gpu", "gpus", "nodes", "outcome", "ranks", "step_time_us_mean_max",
-               "rank_imbalance", "cpu_time_us_per_step_mean", "cuda_time_us_per_step_mean",
-               "kernel_calls_per_step_mean", "peak_cpu_mem_bytes_max", "peak_gpu_mem_bytes_max", "images_per_s",
-               "speedup", "scaling_efficiency", "epoch_time_s", "cpu_time_us_per_epoch_mean",
-               "cuda_time_us_per_epoch_mean", "kernel_calls_per_epoch_mean", "step_skew_us", "straggler_rank",
-               "idle_share_mean", "predicted_efficiency"]
+TRACE_COLUMNS = [
+    "file",
+    "rank",
+    "steps",
+    "cpu_time_us",
+    "cuda_time_us",
+    "gpu_busy_us",
+    "kernel_calls",
+    "peak_gpu_mem_bytes",
+    "peak_gpu_reserved_bytes",
+    "peak_cpu_mem_bytes",
+    "comm_time_us",
+    "comm_overlap_pct",
+]
+RUN_COLUMNS = [
+    "arch",
+    "data_fraction",
+    "batch_size_per_gpu",
+    "gpus",
+    "nodes",
+    "outcome",
+    "ranks",
+    "step_time_us_mean_max",
+    "rank_imbalance",
+    "cpu_time_us_per_step_mean",
+    "cuda_time_us_per_step_mean",
+    "kernel_calls_per_step_mean",
+    "peak_cpu_mem_bytes_max",
+    "peak_gpu_mem_bytes_max",
+    "images_per_s",
+    "speedup",
+    "scaling_efficiency",
+    "epoch_time_s",
+    "cpu_time_us_per_epoch_mean",
+    "cuda_time_us_per_epoch_mean",
+    "kernel_calls_per_epoch_mean",
+    "step_skew_us",
+    "straggler_rank",
+    "idle_share_mean",
+    "predicted_efficiency",
+]
 
 
 def _fmt(value: Any) -> str:
@@ -52,11 +83,14 @@ def rows_to_markdown(records: list, columns: list[str]) -> str:
 
 
 def rows_to_table(records: list, columns: list[str]) -> str:
-    cells = [[c for c in columns]] + [[_cell(r.get(c), c) for c in columns] for r in map(as_row, records)]
+    cells = [list(columns)] + [[_cell(r.get(c), c) for c in columns] for r in map(as_row, records)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     left = [c in ("name", "kind", "class", "error") for c in columns]  # words read better left-aligned
-    return "\n".join("  ".join(cell.ljust(w) if lj else cell.rjust(w) for cell, w, lj in zip(row, widths, left)).rstrip()
-                     for row in cells) + "\n"
+    aligned = (
+        "  ".join(cell.ljust(w) if lj else cell.rjust(w) for cell, w, lj in zip(row, widths, left, strict=True))
+        for row in cells
+    )
+    return "\n".join(line.rstrip() for line in aligned) + "\n"
 
 
 def _cell(value: Any, column: str) -> str:
@@ -92,33 +126,84 @@ def breakdown_rows(traces: list[TraceRecord]) -> list[dict]:
     rows = []
     for t in traces:
         tb, ib = t.temporal_breakdown_us, t.idle_breakdown_us
-        if not tb:
+        if not tb or not ib:
             continue
-        rows.append({"file": t.file, "rank": t.rank, "span_ms": _ms(tb["span_us"]),
-                     "computation_ms": _ms(tb["computation_us"]), "communication_ms": _ms(tb["communication_us"]),
-                     "memory_ms": _ms(tb["memory_us"]), "idle_ms": _ms(tb["idle_us"]),
-                     "idle_pct": 100 * tb["idle_us"] / tb["span_us"] if tb["span_us"] else None,
-                     "host_wait_ms": _ms(ib["host_wait_us"]), "kernel_wait_ms": _ms(ib["kernel_wait_us"]),
-                     "other_wait_ms": _ms(ib["other_us"])})
+        rows.append(
+            {
+                "file": t.file,
+                "rank": t.rank,
+                "span_ms": _ms(tb["span_us"]),
+                "computation_ms": _ms(tb["computation_us"]),
+                "communication_ms": _ms(tb["communication_us"]),
+                "memory_ms": _ms(tb["memory_us"]),
+                "idle_ms": _ms(tb["idle_us"]),
+                "idle_pct": 100 * tb["idle_us"] / tb["span_us"] if tb["span_us"] else None,
+                "host_wait_ms": _ms(ib["host_wait_us"]),
+                "kernel_wait_ms": _ms(ib["kernel_wait_us"]),
+                "other_wait_ms": _ms(ib["other_us"]),
+            }
+        )
     return rows
 
 
-BREAKDOWN_COLUMNS = ["file", "rank", "span_ms", "computation_ms", "communication_ms", "memory_ms", "idle_ms", "idle_pct",
-                     "host_wait_ms", "kernel_wait_ms", "other_wait_ms"]
-COLLECTIVE_COLUMNS = ["rank", "kind", "calls", "time_us", "mean_us", "bytes_per_call", "group_size", "algbw_GBps",
-                      "busbw_GBps", "overlap_pct"]
+BREAKDOWN_COLUMNS = [
+    "file",
+    "rank",
+    "span_ms",
+    "computation_ms",
+    "communication_ms",
+    "memory_ms",
+    "idle_ms",
+    "idle_pct",
+    "host_wait_ms",
+    "kernel_wait_ms",
+    "other_wait_ms",
+]
+COLLECTIVE_COLUMNS = [
+    "rank",
+    "kind",
+    "calls",
+    "time_us",
+    "mean_us",
+    "bytes_per_call",
+    "group_size",
+    "algbw_GBps",
+    "busbw_GBps",
+    "overlap_pct",
+]
 KERNEL_COLUMNS = ["calls", "total_us", "share_pct", "class", "name"]
 OP_COLUMNS = ["calls", "self_cpu_us", "self_device_us", "name"]
-LOSS_COLUMNS = ["data_fraction", "batch_size_per_gpu", "gpus", "nodes", "total_ms", "computation_ms",
-                "communication_ms", "memory_ms", "idle_ms", "imbalance_ms", "scaling_efficiency", "predicted_efficiency"]
+LOSS_COLUMNS = [
+    "data_fraction",
+    "batch_size_per_gpu",
+    "gpus",
+    "nodes",
+    "total_ms",
+    "computation_ms",
+    "communication_ms",
+    "memory_ms",
+    "idle_ms",
+    "imbalance_ms",
+    "scaling_efficiency",
+    "predicted_efficiency",
+]
 
 
 def loss_rows(runs: list[RunRecord]) -> list[dict]:
     """Each multi-GPU point's step-time difference to its 1-GPU point, in parts that add up (ms)."""
-    return [{"data_fraction": r.data_fraction, "batch_size_per_gpu": r.batch_size_per_gpu, "gpus": r.gpus,
-             "nodes": r.nodes, **{f"{k}_ms": v / 1e3 for k, v in r.loss_us.items()},
-             "scaling_efficiency": r.scaling_efficiency, "predicted_efficiency": r.predicted_efficiency}
-            for r in runs if r.loss_us]
+    return [
+        {
+            "data_fraction": r.data_fraction,
+            "batch_size_per_gpu": r.batch_size_per_gpu,
+            "gpus": r.gpus,
+            "nodes": r.nodes,
+            **{f"{k}_ms": v / 1e3 for k, v in r.loss_us.items()},
+            "scaling_efficiency": r.scaling_efficiency,
+            "predicted_efficiency": r.predicted_efficiency,
+        }
+        for r in runs
+        if r.loss_us
+    ]
 
 
 def _first_of_each_rank(traces: list[TraceRecord]) -> list[TraceRecord]:
@@ -153,8 +238,11 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> st
     """The tables that say where the time went: for one run, its run_tables; for a sweep, each
     point's efficiency loss."""
     if len(runs) > 1:
-        parts = [("Efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS)] \
-            if loss_rows(runs) else []
+        parts = (
+            [("Efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS)]
+            if loss_rows(runs)
+            else []
+        )
     else:
         parts = run_tables(traces)
     heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"

@@ -20,16 +20,20 @@ file"; it reads .json and .json.gz) or chrome://tracing.
 
 from __future__ import annotations
 
-from hpc.cli import Parser, UsageError
 import sys
 from pathlib import Path
+
+from hpc.core.cli import Parser, run
+from hpc.core.errors import UsageError
 
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
 IGNORED_CATEGORIES = ("gpu_user_annotation",)
 GCHARTS_TAG = '<script src="https://www.gstatic.com/charts/loader.js"></script>'
 # Loaded only if Google's chart loader did not arrive (a browser without internet): see static/.
-OFFLINE_FALLBACK = ('<script>window.google && window.google.charts || '
-                    'document.write(\'<script src="offline_charts.js"><\\/script>\')</script>')
+OFFLINE_FALLBACK = (
+    "<script>window.google && window.google.charts || "
+    "document.write('<script src=\"offline_charts.js\"><\\/script>')</script>"
+)
 STATIC = Path(__file__).resolve().parent / "static"
 
 
@@ -60,8 +64,9 @@ def patch_tb_profiler() -> bool:
 
     @werkzeug.Request.application
     def charts_route(request):
-        return werkzeug.Response((STATIC / "offline_charts.js").read_text(encoding="utf-8"),
-                                 content_type="application/javascript")
+        return werkzeug.Response(
+            (STATIC / "offline_charts.js").read_text(encoding="utf-8"), content_type="application/javascript"
+        )
 
     def get_plugin_apps(self):
         apps = original_apps(self)
@@ -98,9 +103,11 @@ def check_listen(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m analysis.tensorboard",
-                                     description="Start TensorBoard with the PyTorch Profiler plugin fixed for "
-                                     "PyTorch 2.x traces, plus the training scalars.")
+    parser = Parser(
+        prog="python -m analysis.tensorboard",
+        description="Start TensorBoard with the PyTorch Profiler plugin fixed for "
+        "PyTorch 2.x traces, plus the training scalars.",
+    )
     parser.add_argument("logdir", help="a run directory, a sweep directory, or a folder of them")
     parser.add_argument("--port", type=int, default=6006)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
@@ -114,17 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     from tensorboard import program
 
     tb = program.TensorBoard()
-    tb.configure(argv=[sys.argv[0], "--logdir", str(logdir), "--port", str(args.port), "--host", args.host,
-                       "--reload_interval", "5"])
-    print(f"TensorBoard on http://{args.host}:{args.port}/#pytorch_profiler (logdir {logdir}); Ctrl-C stops it",
-          flush=True)
+    tb.configure(
+        argv=[
+            sys.argv[0],
+            "--logdir",
+            str(logdir),
+            "--port",
+            str(args.port),
+            "--host",
+            args.host,
+            "--reload_interval",
+            "5",
+        ]
+    )
+    print(
+        f"TensorBoard on http://{args.host}:{args.port}/#pytorch_profiler (logdir {logdir}); Ctrl-C stops it",
+        flush=True,
+    )
     return tb.main()
 
 
 def cli(argv: list[str] | None = None) -> int:
     """The command (`python -m analysis.tensorboard`, or its console script): errors as one line, exit 2."""
-    from hpc.cli import run
-
     return run("analysis.tensorboard", main, argv)
 
 

@@ -52,7 +52,10 @@ RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # What becomes of an event: skipped, a memory event, or an X event (>= _OTHER) that is not read, or read
 # by CpuOps or DeviceActivity: their base plus the event's kind there, so that the category is looked up once.
 _SKIP, _MEMORY, _OTHER, _CPU, _DEVICE = 0, 1, 2, 10, 20
-_ROUTE = {**{c: _CPU + k for c, k in cpu.CATEGORIES.items()}, **{c: _DEVICE + k for c, k in device.CATEGORIES.items()}}
+_ROUTE: dict[str | None, int] = {
+    **{c: _CPU + k for c, k in cpu.CATEGORIES.items()},
+    **{c: _DEVICE + k for c, k in device.CATEGORIES.items()},
+}
 
 
 def _count(value: Any) -> int | None:
@@ -65,8 +68,13 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
     arrays; returns how many events had an out-of-range time or size (skipped, counted as bad)."""
     events, get = batch.events, _ROUTE.get
     # One pass over every event: the per-event passes are the analysis's main Python cost.
-    code = np.array([get(e.cat, _OTHER) if e.ph == "X" else _MEMORY if e.name == "[memory]" and e.ph == "i"
-                     else _SKIP for e in events], dtype=np.int8)
+    code = np.array(
+        [
+            get(e.cat, _OTHER) if e.ph == "X" else _MEMORY if e.name == "[memory]" and e.ph == "i" else _SKIP
+            for e in events
+        ],
+        dtype=np.int8,
+    )
     bad = memory.add([events[i] for i in np.flatnonzero(code == _MEMORY).tolist()])
     x = np.flatnonzero(code >= _OTHER)
     complete = [events[i] for i in x.tolist()]
@@ -92,9 +100,10 @@ def analyze_trace(path: str | Path) -> TraceRecord:
     reader = Reader()
     with _collector_paused():
         for batch in read_batches(path, reader):
-            n_events += batch.count
+            n_events += batch.n_events
             bad_events += batch.bad + _route(batch, cpu_ops, device_activity, memory)
-        info = reader.meta.get("distributedInfo") if isinstance(reader.meta.get("distributedInfo"), dict) else {}
+        info = reader.meta.get("distributedInfo")
+        info = info if isinstance(info, dict) else {}
         device_totals = device_activity.result(cpu_ops.launches, cpu_ops.step_ranges(), _count(info.get("world_size")))
         cpu_totals = cpu_ops.result(device_activity.time_by_correlation())
     return trace_record(path, reader.meta, n_events, bad_events, cpu_totals, device_totals, memory.result())
@@ -114,8 +123,9 @@ def _collector_paused():
             gc.enable()
 
 
-def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: CpuTotals, device: DeviceTotals,
-                 memory: MemoryPeaks) -> TraceRecord:
+def trace_record(
+    path: Path, meta: dict, n_events: int, bad_events: int, cpu: CpuTotals, device: DeviceTotals, memory: MemoryPeaks
+) -> TraceRecord:
     """The accumulators' results as one record, with the rank and per-step values."""
     info = meta.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
@@ -124,10 +134,17 @@ def trace_record(path: Path, meta: dict, n_events: int, bad_events: int, cpu: Cp
         m = RANK_RE.search(path.name)
         rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
     return TraceRecord(
-        file=str(path), rank=rank, world_size=_count(info.get("world_size")),
+        file=str(path),
+        rank=rank,
+        world_size=_count(info.get("world_size")),
         backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
-        events=n_events, bad_events=bad_events, **vars(cpu), **vars(device), **vars(memory),
+        events=n_events,
+        bad_events=bad_events,
+        **vars(cpu),
+        **vars(device),
+        **vars(memory),
         cpu_time_us_per_step=per_step(cpu.cpu_time_us, cpu.steps),
         cuda_time_us_per_step=per_step(device.cuda_time_us, cpu.steps),
         kernel_calls_per_step=per_step(device.kernel_calls, cpu.steps),
-        comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps))
+        comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps),
+    )

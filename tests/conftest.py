@@ -122,7 +122,7 @@ def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> di
 def data_root(tmp_path_factory):
     """A synthetic CIFAR-100 in the real files' format (1000 training, 250 test images), shared by every
     test that trains; tests that need another size write their own."""
-    from hpc import data
+    from hpc.training import data
 
     root = tmp_path_factory.mktemp("data")
     data.synthesize(root, n_train=1000, n_test=250, seed=0)

@@ -13,7 +13,7 @@ import pytest
 from analysis.kernels import classify_kernel
 from analysis.trace import analyze_trace
 from conftest import GPU_RESULTS, OWN_GPU_TRACE, SHARED_TRACES, run_module
-from hpc import data
+from hpc.training import data
 from trainrun import SMOKE, train
 
 needs_shared = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
@@ -204,6 +204,6 @@ def test_sweep_table_and_figures(tmp_path):
 
 
 def test_analysis_does_not_import_torch():
-    code = "import sys, analysis.trace, analysis.report, analysis.__main__; print('torch' in sys.modules)"
+    code = "import sys, analysis.trace, analysis.fold, analysis.sweep, analysis.__main__; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr

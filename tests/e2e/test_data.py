@@ -8,7 +8,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from conftest import assert_one_line_error, run_module
-from hpc import data
+from hpc.training import data
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from hostlist_gen import expression
-from hpc.distenv import HostlistError, expand_hostlist
+from hpc.core.errors import HostlistError
+from hpc.launch.hostlist import expand_hostlist
 
 N_EXPRESSIONS = 4000
 

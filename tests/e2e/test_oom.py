@@ -1,4 +1,4 @@
-"""CUDA out of memory as a run's outcome (hpc/oom.py): exit 4, summary.json, the analysis shows OOM.
+"""CUDA out of memory as a run's outcome (hpc/training/oom.py): exit 4, summary.json, the analysis shows OOM.
 
 No GPU here, so the OOM is raised by the fault-injection switch HPC_FAULT_INJECT=oom-at-step:N (the
 same torch.cuda.OutOfMemoryError the allocator raises); tests/gpu/test_gpu.py makes a real one."""
@@ -8,10 +8,13 @@ import json
 import pytest
 
 from analysis.figures import plot_sweep
-from analysis.report import analyze_run, analyze_sweep
+from analysis.fold import analyze_run
+from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, render
 from conftest import run_module
-from hpc.oom import EXIT_OOM, describe, injected_faults, injected_oom_step, requested_bytes
+from hpc.core.errors import EXIT_OOM, UsageError
+from hpc.core.faults import Fault, parse_faults
+from hpc.training.oom import describe, requested_bytes
 from trainrun import SMOKE, summary, train
 
 INJECT = {"HPC_FAULT_INJECT": "oom-at-step:2"}
@@ -27,18 +30,27 @@ def test_requested_bytes_from_the_allocators_message(message, expected):
     assert requested_bytes(message) == expected
 
 
-@pytest.mark.parametrize("value, expected", [("oom-at-step:3", 3), ("oom-at-step:x", None),
-                                             ("kill-during-checkpoint", None), ("", None)])
-def test_injected_oom_step(value, expected):
-    assert injected_oom_step({"HPC_FAULT_INJECT": value}) == expected
-
-
 @pytest.mark.parametrize("value, expected", [
-    ("fail-at-step:2@batch=16", [("fail", 2, {"batch": 16})]), ("oom-at-step:3", [("oom", 3, {})]),
-    ("fail-at-step:2@batch=16@world=2,oom-at-step:1@world=4", [("fail", 2, {"batch": 16, "world": 2}), ("oom", 1, {"world": 4})]),
-    ("fail-at-step:2@batch=x", []), ("fail-at-step:2@batch=16\n", []), ("oom-at-step:1,junk", [])])
+    ("fail-at-step:2@batch=16", (Fault("fail", 2, 16),)), ("oom-at-step:3", (Fault("oom", 3),)),
+    ("fail-at-step:2@batch=16@world=2,oom-at-step:1@world=4", (Fault("fail", 2, 16, 2), Fault("oom", 1, None, 4))),
+    ("kill-during-checkpoint", (Fault("kill-during-checkpoint"),)), ("", ())])
 def test_injected_faults_name_kind_step_and_point(value, expected):
-    assert injected_faults({"HPC_FAULT_INJECT": value}) == expected
+    assert parse_faults(value) == expected
+
+
+@pytest.mark.parametrize("value, entry", [("oom-at-step:x", "oom-at-step:x"), ("fail-at-step:2@batch=x", "@batch=x"),
+                                          ("oom-at-step:1,junk", "'junk'"), ("fail-at-step:2@batch=16\n", "16\\n")])
+def test_an_unknown_fault_entry_is_refused_naming_it(value, entry):
+    """A typo must not switch every fault off without a word (it did: the test hook read it as none)."""
+    with pytest.raises(UsageError, match="HPC_FAULT_INJECT=.*entry") as err:
+        parse_faults(value)
+    assert entry in str(err.value)
+
+
+def test_a_fault_hits_only_its_step_batch_and_world():
+    fault = Fault("oom", 2, batch=16, world=2)
+    assert fault.hits(2, 16, 2) and not fault.hits(3, 16, 2) and not fault.hits(2, 8, 2) and not fault.hits(2, 16, 4)
+    assert Fault("fail", 1).hits(1, 512, 8)
 
 
 def test_describe_names_batch_rank_and_memory():
@@ -71,7 +83,7 @@ def test_oom_on_every_rank_is_recorded_not_a_crash(data_root, tmp_path):
     assert s["oom"]["batch_size_per_gpu"] == 16 and s["oom"]["global_batch_size"] == 32
     assert s["oom"]["requested_bytes"] == 2**30 and "fault injection" in s["oom"]["message"]
     # the profiler writes what it recorded of the open window as the error unwinds: one trace per rank
-    traces, row = analyze_run(run)
+    traces, row = analyze_run(run, [])
     assert len(traces) == 2
     assert row.outcome == "oom" and row.batch_size_per_gpu == 16 and row.gpus == 2
     proc = run_module("analysis", str(run))
@@ -99,7 +111,7 @@ def test_sweep_shows_the_oom_point_and_keeps_the_others(data_root, tmp_path):
         points.append({"data_fraction": 1.0, "batch_size": batch, "gpus": gpus, "nodes": 1, "job_id": f"7_{i}",
                        "run_dir": f"7_{i}"})
     (sweep / "index.json").write_text(json.dumps({"sweep": {}, "cluster": "local", "points": points}))
-    _, rows = analyze_sweep(sweep)
+    _, rows = analyze_sweep(sweep, [])
     assert [(r.batch_size_per_gpu, r.gpus, r.outcome) for r in rows] == [
         (8, 1, "done"), (8, 2, "done"), (32, 1, "oom"), (32, 2, "oom")]
     assert rows[1].scaling_efficiency is not None and rows[3].scaling_efficiency is None

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_module
-from hpc.config import load_cluster
-from hpc.submit import JobRequest, TrainJob, make_executor, sbatch_text, slurm_parameters
+from hpc.launch.config import load_cluster
+from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.submit import TrainJob
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -15,8 +16,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 def golden_text() -> str:
     cluster = load_cluster("perlmutter")
     req = JobRequest(nodes=2, gpus=4, time_min=120, name="resnet152", account="m1234")
-    executor = make_executor(cluster, req, Path("/scratch/runs/resnet152/%j"), local=False, python="python")
-    return sbatch_text(executor)
+    return sbatch_text(slurm_parameters(cluster, req), Path("/scratch/runs/resnet152/%j"), python="python")
 
 
 def test_sbatch_text_is_pinned_by_golden_file():
@@ -99,12 +99,12 @@ def test_no_sbatch_points_to_local(tmp_path):
 
 
 def test_forwarded_training_options_land_in_the_job():
-    from hpc.config import load_run_config
+    from hpc.launch.config import load_run_config
+    from hpc.launch.plan import run_layers
+    from hpc.launch.submit import build_parser
 
     args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5"]
-    from hpc.submit import _run_layers, build_parser
-
-    cfg = _run_layers(build_parser().parse_args(args)).run_config()
+    cfg = run_layers(build_parser().parse_args(args)).run_config()
     assert (cfg.train.batch_size, cfg.data.root, cfg.train.seed, cfg.model.arch) == (12, "/x y", 5, "tiny")
     job = TrainJob(cfg.to_dict(), 3)
     assert job.checkpoint().function is job  # a requeued job runs the same callable again

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, free_port, headless_chromium, http_get,
                       start_tensorboard, tb_operator_row)
-from hpc import data
+from hpc.training import data
 from trainrun import SMOKE, train
 
 ARTIFACTS = Path(os.environ.get("HPC_ARTIFACTS", REPO / "artifacts"))

@@ -130,8 +130,8 @@ def test_profiler_totals_recorded(data_root, tmp_path):
 def test_resnet152_forward_backward_has_155_convolutions():
     from torch.profiler import ProfilerActivity, profile
 
-    from hpc.config import ModelConfig
-    from hpc.model import build_model
+    from hpc.launch.schema import ModelConfig
+    from hpc.training.model import build_model
 
     model = build_model(ModelConfig(arch="resnet152"))
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU proof, in one command on a machine with one CUDA GPU (an H100/H200 here, an A100 on
-# Perlmutter): `bash tests/gpu/run.sh [OUTDIR]`. Installs nothing from the network: packages the
-# machine's python lacks (submitit, torch-tb-profiler) come from wheels in $HPC_WHEELS (default
-# ./.whl), made beforehand on a machine with an index:
-#   python -m pip download --no-deps --only-binary=:all: -d .whl submitit torch-tb-profiler
+# Perlmutter): `bash tests/gpu/run.sh [OUTDIR]`. Installs nothing from the network: the project's
+# dependencies (pyproject.toml's [project] dependencies, the one list) that the machine's python lacks
+# come from wheels in $HPC_WHEELS (default ./.whl), made beforehand on a machine with an index:
+#   python tests/gpu/requirements.py     # on the GPU machine: what it lacks (there: msgspec, isal, submitit, torch-tb-profiler)
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl <those>
+# A requirement with no wheel stops the command with exit 2 before any phase.
 # Then, under a time limit per phase (so one stuck phase cannot eat the others):
 #   1. pytest -m gpu   the GPU tests (tests/gpu/test_gpu.py), numbers kept in gpu_tests.json
 #   2. hpc.bench       ResNet152, torchvision stem, batch 128 and 2048: baseline, toolkit, each change
@@ -14,34 +16,43 @@
 # Phases as measured on an H100 (results/gpu/README.md): pytest 182 s, benchmarks ~6.5 s per
 # configuration, about 9 minutes in all; torch.compile adds 2-3 minutes.
 # Exit status: 0 when every phase ran and every GPU test passed, 1 otherwise (the files are written
-# either way); 2 when the machine has no CUDA GPU or a needed package is missing.
+# either way); 2 when a needed package is missing (no wheel for it) or the machine has no CUDA GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=$(realpath -m "${1:-results/gpu/latest}")
 PY=${PYTHON:-python3}
 WHEELS=${HPC_WHEELS:-.whl}
-mkdir -p "$OUTDIR"
-: >"$OUTDIR/phases.jsonl"
 
+# The dependencies first: a missing one ends the command here, before any phase.
+PYPROJECT=${HPC_PYPROJECT:-pyproject.toml}  # another file only in tests/e2e/test_gpu_runner.py
+if ! missing=$($PY tests/gpu/requirements.py --pyproject "$PYPROJECT"); then
+    echo "tests/gpu/run.sh: cannot read the dependencies of $PYPROJECT" >&2
+    exit 2
+fi
+if [ -n "$missing" ]; then
+    site=${HPC_GPU_SITE:-/tmp/hpc-gpu-site}
+    # shellcheck disable=SC2086  # one requirement per word
+    if ! $PY -m pip install -q --no-index --no-deps --no-compile --find-links "$WHEELS" --target "$site" $missing; then
+        echo "tests/gpu/run.sh: missing $(echo $missing) and no wheels for them in $WHEELS (see the top of this file)" >&2
+        exit 2
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    still=$($PY tests/gpu/requirements.py --pyproject "$PYPROJECT")
+    if [ -n "$still" ]; then
+        echo "tests/gpu/run.sh: after installing from $WHEELS still missing: $(echo $still)" >&2
+        exit 2
+    fi
+fi
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "tests/gpu/run.sh: no CUDA GPU visible to $PY; run the CPU suite with: bash tests/run.sh" >&2
     exit 2
 fi
-missing=$($PY -c "
-import importlib.util
-need = {'submitit': 'submitit', 'torch_tb_profiler': 'torch-tb-profiler', 'yaml': 'pyyaml'}
-print(' '.join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))")
-if [ -n "$missing" ]; then
-    site=${HPC_GPU_SITE:-/tmp/hpc-gpu-site}
-    if ! $PY -m pip install -q --no-index --no-deps --no-compile --find-links "$WHEELS" --target "$site" $missing; then
-        echo "tests/gpu/run.sh: missing $missing and no wheels for them in $WHEELS (see the top of this file)" >&2
-        exit 2
-    fi
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HPC_GPU_RESULTS="$OUTDIR"
 # torch.compile's caches shared by the phases: a graph compiled once is not compiled again.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/hpc-inductor-cache}
+
+mkdir -p "$OUTDIR"
+: >"$OUTDIR/phases.jsonl"
 
 MAIN_CONFIGS="baseline,toolkit,toolkit without DDP,toolkit + CUDA graph"
 failed=0

@@ -19,7 +19,7 @@ import torch
 
 from analysis.trace import analyze_trace
 from conftest import free_port, start_tensorboard, tb_operator_row
-from hpc import data
+from hpc.training import data
 from trainrun import SMOKE, metrics, same_weights, summary, train, weights
 
 pytestmark = [

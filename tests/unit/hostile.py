@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpc import data
+from hpc.training import data
 
 REPO = Path(__file__).resolve().parents[2]
 RANDOM = bytes(range(256)) * 8  # not UTF-8, not gzip, not a pickle, not JSON

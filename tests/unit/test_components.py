@@ -2,6 +2,7 @@
 analysis's folding of trace records into runs and sweeps, and the shared CLI helpers. No process, no
 cluster: the unit tier (the trace reader and its accumulators: test_trace_parts.py)."""
 
+import dataclasses
 import json
 import os
 import random
@@ -13,15 +14,21 @@ import torch
 
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, Spread, TraceRecord, as_row
 from analysis.tables import RUN_COLUMNS
-from analysis.report import add_scaling, rank_totals, read_index, read_summary, run_record
+from analysis.fold import rank_totals, run_record
+from analysis.sweep import with_scaling
 from analysis.trace import trace_record
-from hpc.checkpoint import Checkpointer, load_checkpoint
-from hpc.cli import Parser, UsageError, check_name, one_line, shown
-from hpc.config import TrainConfig
-from hpc.study import point_state
-from hpc.submit import build_parser, make_plan, print_plan
-from hpc.trainer import (DivergenceGuard, MetricsLog, StepTimer, StopSignal, TrainState, batch_plan, lr_factor,
-                         percentile)
+from hpc.core.cli import Parser, check_name, one_line, shown
+from hpc.core.errors import UsageError
+from hpc.core.rundir import read_index, read_summary
+from hpc.launch.plan import make_plan
+from hpc.launch.schema import TrainConfig
+from hpc.launch.status import point_state
+from hpc.launch.submit import build_parser, print_plan
+from hpc.training.checkpoint import Checkpointer, load_checkpoint
+from hpc.training.metrics import MetricsLog
+from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState
+from hpc.training.setup import batch_plan, lr_factor
+from hpc.training.summary import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,8 +160,7 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
 def _trace(rank, steps, cpu_us, step_us, peak=None):
     cpu = CpuTotals(steps=steps, step_time_us_mean=step_us, cpu_time_us=cpu_us, op_calls={})
     rec = trace_record(Path(f"rank{rank}.json"), {}, 0, 0, cpu, DeviceTotals(), MemoryPeaks())
-    rec.peak_cpu_mem_bytes = peak
-    return rec
+    return dataclasses.replace(rec, peak_cpu_mem_bytes=peak)
 
 
 def test_run_record_folds_cycles_per_rank_then_spreads_over_ranks():
@@ -189,9 +195,9 @@ def test_sweep_point_loss_adds_up_to_the_step_time_difference_and_names_the_stra
     # 2 GPUs: rank 1 launches its 2nd and 3rd bucket last and its steps are the slowest
     two = run_record(Path("g2"), [_gpu_trace(0, 1200.0, (610.0, 200.0, 50.0), [100.0, 200.0, 300.0]),
                                   _gpu_trace(1, 1300.0, (620.0, 150.0, 50.0), [90.0, 250.0, 310.0])], None)
-    for r, gpus in ((one, 1), (two, 2)):
-        r.data_fraction, r.batch_size_per_gpu, r.gpus = 1.0, 128, gpus
-    add_scaling([one, two])
+    one, two = (dataclasses.replace(r, data_fraction=1.0, batch_size_per_gpu=128, gpus=gpus)
+                for r, gpus in ((one, 1), (two, 2)))
+    one, two = with_scaling([one, two])
     assert two.step_skew_us == 100.0 and (two.straggler_rank, two.straggler_share) == (1, pytest.approx(2 / 3))
     loss = two.loss_us
     assert loss["total"] == 300.0 and sum(v for k, v in loss.items() if k != "total") == pytest.approx(300.0)
@@ -241,7 +247,7 @@ def test_check_name_accepts_a_hostile_but_valid_name():
 
 
 def test_which_keys_may_change_on_resume_is_marked_on_the_fields():
-    from hpc.config import may_change_on_resume
+    from hpc.launch.schema import may_change_on_resume
 
     assert all(may_change_on_resume(*k.split(".")) for k in (
         "data.root", "data.num_workers", "train.max_steps", "train.eval", "train.cuda_memory_fraction",

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_module
-from hpc.config import (ConfigError, Layers, check_request, load_cluster, load_run_config,
-                        resolve_profile_path)
+from hpc.core.errors import ConfigError
+from hpc.launch.config import Layers, check_request, load_cluster, load_run_config, resolve_profile_path
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 

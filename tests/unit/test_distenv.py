@@ -3,10 +3,11 @@
 
 import pytest
 
-from hpc.distenv import (DistEnvError, HostlistError, expand_hostlist, expand_tasks_per_node,
-                         export_lines, from_environ, master_port_for_job)
 from conftest import run_module
-from hpc import distenv
+from hpc.core.errors import DistEnvError, HostlistError
+from hpc.launch import distenv, torchrun
+from hpc.launch.distenv import export_lines, from_environ, master_port_for_job
+from hpc.launch.hostlist import expand_hostlist, expand_tasks_per_node
 
 # Literal cases whose answers were read off `scontrol show hostnames` (Slurm 22.05), so they hold
 # where scontrol is absent.
@@ -168,8 +169,8 @@ def test_torchrun_args_for_a_slurm_job():
     assert args[:6] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=nid001:{port}",
                         "--rdzv-id=4242", "--max-restarts=3"]
     assert args[6:] in ([], ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"])
-    assert distenv.torchrun_args(1, 2, "h:1", "j", 0, forward_signals=True)[-1].endswith("SIGUSR2")
-    with pytest.raises(distenv.DistEnvError, match="SLURM_JOB_ID"):
+    assert torchrun.torchrun_args(1, 2, "h:1", "j", 0, forward_signals=True)[-1].endswith("SIGUSR2")
+    with pytest.raises(DistEnvError, match="SLURM_JOB_ID"):
         distenv.slurm_torchrun_args({}, 4, 3)
 
 

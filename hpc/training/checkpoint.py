@@ -14,19 +14,29 @@ import io
 import os
 import random
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-from hpc.cli import UsageError
-from hpc.config import write_atomic
+from hpc.core.errors import UsageError
+from hpc.core.faults import KILL_DURING_CHECKPOINT, faults_from_env
+from hpc.core.files import write_atomic
+from hpc.core.rundir import RunPaths
 
-CHECKPOINT = Path("checkpoints") / "last.pt"
-CHECKPOINT_KEYS = {"model": dict, "optimizer": dict, "scheduler": dict, "epoch": int, "position": int, "step": int,
-                   "rng": dict}
+CHECKPOINT_KEYS = {
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "epoch": int,
+    "position": int,
+    "step": int,
+    "rng": dict,
+}
 
 
 def _fault_injection_kill_during_write(tmp: Path, data: bytes) -> None:
-    """Test hook (HPC_FAULT_INJECT=kill-during-checkpoint): die half-way through writing a checkpoint."""
+    """Test hook (HPC_FAULT_INJECT=kill-during-checkpoint, hpc/core/faults.py): die half-way through
+    writing a checkpoint."""
     with open(tmp, "wb") as f:
         f.write(data[: len(data) // 2])
         f.flush()
@@ -42,7 +52,7 @@ def save_checkpoint(path: Path, state: dict) -> None:
     torch.save(state, buf)
     data = buf.getvalue()
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    if os.environ.get("HPC_FAULT_INJECT") == "kill-during-checkpoint" and path.exists():
+    if path.exists() and any(f.kind == KILL_DURING_CHECKPOINT for f in faults_from_env(os.environ)):
         _fault_injection_kill_during_write(tmp, data)
     write_atomic(path, data)
 
@@ -60,14 +70,17 @@ def load_checkpoint(path: Path) -> dict | None:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a damaged or foreign file
         # (not torch's own message: it suggests weights_only=False, i.e. running the file's code)
-        raise UsageError(f"{path}: not a checkpoint this toolkit can load ({type(e).__name__}); "
-                         "move it away to start afresh") from None
+        raise UsageError(
+            f"{path}: not a checkpoint this toolkit can load ({type(e).__name__}); move it away to start afresh"
+        ) from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{path}: not a checkpoint (holds a {type(ckpt).__name__}, not a mapping)")
     for key, kind in CHECKPOINT_KEYS.items():
         if not isinstance(ckpt.get(key), kind) or isinstance(ckpt.get(key), bool):
-            raise UsageError(f"{path}: checkpoint entry {key!r} is "
-                             f"{'missing' if key not in ckpt else type(ckpt[key]).__name__}, expected {kind.__name__}")
+            raise UsageError(
+                f"{path}: checkpoint entry {key!r} is "
+                f"{'missing' if key not in ckpt else type(ckpt[key]).__name__}, expected {kind.__name__}"
+            )
     if min(ckpt["epoch"], ckpt["position"], ckpt["step"]) < 0:
         raise UsageError(f"{path}: negative epoch/position/step in the checkpoint")
     return ckpt
@@ -76,8 +89,11 @@ def load_checkpoint(path: Path) -> dict | None:
 def rng_state(use_cuda: bool) -> dict:
     import torch
 
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()),
-            "cuda": torch.cuda.get_rng_state() if use_cuda else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()),
+        "cuda": torch.cuda.get_rng_state() if use_cuda else None,
+    }
 
 
 def set_rng_state(rng: dict, use_cuda: bool) -> None:
@@ -89,7 +105,7 @@ def set_rng_state(rng: dict, use_cuda: bool) -> None:
         torch.cuda.set_rng_state(rng["cuda"])
 
 
-def restore(path: Path, ckpt: dict, model, optimizer, scheduler, state) -> None:
+def restore(path: Path, ckpt: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, state: Any) -> None:
     """Load the checkpoint into the run's objects: weights, optimizer, schedule, and the train state
     (position and RNG: anything with load_state_dict). A mismatch (another architecture, a tensor of
     another shape, junk RNG state) names the file, not a traceback."""
@@ -99,16 +115,18 @@ def restore(path: Path, ckpt: dict, model, optimizer, scheduler, state) -> None:
         scheduler.load_state_dict(ckpt["scheduler"])
         state.load_state_dict(ckpt)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-        raise UsageError(f"{path}: does not fit this run's model or optimizer "
-                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
+        raise UsageError(
+            f"{path}: does not fit this run's model or optimizer ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+        ) from None
 
 
 class Checkpointer:
     """The run's checkpoint: policy, save (rank 0, then a barrier) and load."""
 
-    def __init__(self, run_dir: Path, every_steps: int, is_main: bool, barrier: Callable[[], None],
-                 log: Callable[[str], None]):
-        self.path = run_dir / CHECKPOINT
+    def __init__(
+        self, run_dir: Path, every_steps: int, is_main: bool, barrier: Callable[[], None], log: Callable[[str], None]
+    ):
+        self.path = RunPaths(run_dir).checkpoint
         self.every_steps = every_steps
         self.is_main = is_main
         self.barrier = barrier
@@ -124,6 +142,8 @@ class Checkpointer:
     def save(self, state: dict, reason: str) -> None:
         if self.is_main:
             save_checkpoint(self.path, state)
-            self.log(f"checkpoint ({reason}): epoch {state['epoch']}, batch {state['position']}, "
-                     f"step {state['step']} -> {self.path}")
+            self.log(
+                f"checkpoint ({reason}): epoch {state['epoch']}, batch {state['position']}, "
+                f"step {state['step']} -> {self.path}"
+            )
         self.barrier()

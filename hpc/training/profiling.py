@@ -7,15 +7,17 @@ optimizer step) or None when profiling is off, in which case nothing is imported
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any
 
-from hpc.config import ProfilerConfig
+from hpc.core.rundir import trace_worker
+from hpc.launch.schema import ProfilerConfig
 
 DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
 
 
-def key_average_totals(prof) -> dict:
+def key_average_totals(prof: Any) -> dict[str, Any]:
     """The profiler's own totals for one cycle, kept to cross-check the trace analysis.
 
     key_averages() holds CPU operators and device events (kernels, memcpys, memsets) side by side. A
@@ -34,8 +36,9 @@ def key_average_totals(prof) -> dict:
     cpu_names = {e.key for e in events if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU}
     device_rows = [e for e in on_device if not getattr(e, "is_user_annotation", False) and e.key not in cpu_names]
     # Renamed over torch versions: self_cuda_time_total (<=2.3) -> self_device_time_total.
-    device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0
-                    for e in device_rows)
+    device_us = sum(
+        getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0 for e in device_rows
+    )
     kernel_calls = sum(e.count for e in device_rows if not e.key.startswith(DEVICE_COPY_PREFIXES))
     op_calls = {e.key: e.count for e in events if e.key.startswith("aten::")}
     return {
@@ -56,7 +59,7 @@ class Profiling:
     see only that window. The run's overall peak is kept across those resets in `run_peak_bytes`.
     """
 
-    def __init__(self, prof, cycles: list, schedule, cuda: bool):
+    def __init__(self, prof: Any, cycles: list[dict[str, Any]], schedule: Any, cuda: bool):
         self._prof = prof
         self._schedule = schedule
         self._cuda = cuda
@@ -75,8 +78,10 @@ class Profiling:
         if self._cuda and self._recording(self._steps) and not self._recording(self._steps - 1):
             import torch
 
-            self.run_peak_bytes = {"allocated": max(self.run_peak_bytes["allocated"], torch.cuda.max_memory_allocated()),
-                                   "reserved": max(self.run_peak_bytes["reserved"], torch.cuda.max_memory_reserved())}
+            self.run_peak_bytes = {
+                "allocated": max(self.run_peak_bytes["allocated"], torch.cuda.max_memory_allocated()),
+                "reserved": max(self.run_peak_bytes["reserved"], torch.cuda.max_memory_reserved()),
+            }
             torch.cuda.reset_peak_memory_stats()
 
     def window_peak_bytes(self) -> int | None:
@@ -88,7 +93,7 @@ class Profiling:
 
 
 @contextlib.contextmanager
-def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -> Iterator[Optional[Profiling]]:
+def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -> Iterator[Profiling | None]:
     if not cfg.enabled:
         yield None
         return
@@ -96,12 +101,12 @@ def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    write_trace = tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{rank}")
+    write_trace = tensorboard_trace_handler(str(trace_dir), worker_name=trace_worker(rank))
     cycles: list = []
     sched = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
     profiling: Profiling | None = None
 
-    def on_trace_ready(prof) -> None:
+    def on_trace_ready(prof: Any) -> None:
         totals = key_average_totals(prof) if cfg.key_averages else {}
         totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
         cycles.append(totals)

@@ -5,16 +5,21 @@ model on paper; `python -m analysis` feeds it the bandwidth and 1-GPU step time 
 
 from __future__ import annotations
 
-
 # Scaling model (docs: README "Multi-GPU scaling, on paper"). Bus bandwidths are assumptions to be
 # replaced by nccl-tests' all_reduce_perf on the machine: NVLink3 between Perlmutter's 4 A100s
 # (4 links of 25 GB/s per pair), and one 25 GB/s Slingshot-11 NIC per GPU between nodes.
 PERLMUTTER_BUSBW_GBS = {"intra_node": 200.0, "inter_node": 20.0}
 
 
-def scaling_prediction(step_time_s: float, grad_bytes: float, gpus_per_node: int, nodes: int,
-                       busbw_gbs: dict = PERLMUTTER_BUSBW_GBS, backward_share: float = 2 / 3,
-                       bucket_bytes: float = 25e6) -> dict:
+def scaling_prediction(
+    step_time_s: float,
+    grad_bytes: float,
+    gpus_per_node: int,
+    nodes: int,
+    busbw_gbs: dict = PERLMUTTER_BUSBW_GBS,
+    backward_share: float = 2 / 3,
+    bucket_bytes: float = 25e6,
+) -> dict:
     """Predicted weak-scaling efficiency (per-GPU batch fixed) of DDP from a measured 1-GPU step time.
 
     All-reduce time = bytes x 2(n-1)/n / bus bandwidth (NCCL's ring; busbw as nccl-tests reports it),

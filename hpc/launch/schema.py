@@ -1,23 +1,26 @@
 """The configuration schema: one frozen dataclass per section (cluster, data, model, train,
 profiler, sweep), the checks on their values, which keys may change on resume (marked on the fields),
-and the section lists, derived here once. Loading (YAML, layers, provenance, messages) is hpc/config.py;
-nothing here reads a file.
+and the section lists, derived here once. Loading (YAML, layers, provenance, messages) is
+hpc/launch/config.py; nothing here reads a file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
-from hpc.cli import name_problem
+from hpc.core.cli import name_problem
+from hpc.core.errors import ConfigError
+from hpc.core.files import plain
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
 
 
-class _Invalid(ValueError):
-    """Raised by __post_init__ checks; the loader adds the source and turns it into ConfigError."""
+class _Invalid(ConfigError):
+    """Raised by __post_init__ checks; the loader adds the source and raises a ConfigError naming it."""
 
     def __init__(self, key: str, reason: str):
         super().__init__(reason)
@@ -77,13 +80,13 @@ class ClusterConfig:
     gpus_per_node: int = 2  # on a CPU-only machine: ranks per node
     max_nodes: int = 1
     cpus_per_task: int = 1
-    mem_gb: Optional[int] = None
-    constraint: Optional[str] = None  # Slurm -C
-    qos: Optional[str] = None  # Slurm -q
-    account: Optional[str] = None  # Slurm -A
-    partition: Optional[str] = None
+    mem_gb: int | None = None
+    constraint: str | None = None  # Slurm -C
+    qos: str | None = None  # Slurm -q
+    account: str | None = None  # Slurm -A
+    partition: str | None = None
     time_limit_min: int = 30
-    max_time_limit_min: Optional[int] = None
+    max_time_limit_min: int | None = None
     setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     signal_delay_s: int = 120  # USR2 this long before the time limit
@@ -93,30 +96,45 @@ class ClusterConfig:
     launcher: str = "srun"
     max_restarts: int = 3
     # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
-    analysis_qos: Optional[str] = None
-    analysis_constraint: Optional[str] = None
-    analysis_partition: Optional[str] = None
+    analysis_qos: str | None = None
+    analysis_constraint: str | None = None
+    analysis_partition: str | None = None
     analysis_cpus: int = 2
     analysis_time_min: int = 30
 
     def __post_init__(self) -> None:
         _one_of(self, "scheduler", ("slurm", "local"))
         _one_of(self, "launcher", ("srun", "torchrun"))
-        _positive(self, "gpus_per_node", "max_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
-                  "max_time_limit_min", "analysis_cpus", "analysis_time_min")
+        _positive(
+            self,
+            "gpus_per_node",
+            "max_nodes",
+            "cpus_per_task",
+            "mem_gb",
+            "time_limit_min",
+            "max_time_limit_min",
+            "analysis_cpus",
+            "analysis_time_min",
+        )
         _non_negative(self, "signal_delay_s", "max_requeues", "max_restarts")
         if self.max_time_limit_min is not None:
-            _check(self.time_limit_min <= self.max_time_limit_min, "time_limit_min",
-                   f"exceeds max_time_limit_min={self.max_time_limit_min}")
-        _check(self.signal_delay_s < self.time_limit_min * 60, "signal_delay_s",
-               f"must be shorter than the time limit ({self.time_limit_min} min)")
+            _check(
+                self.time_limit_min <= self.max_time_limit_min,
+                "time_limit_min",
+                f"exceeds max_time_limit_min={self.max_time_limit_min}",
+            )
+        _check(
+            self.signal_delay_s < self.time_limit_min * 60,
+            "signal_delay_s",
+            f"must be shorter than the time limit ({self.time_limit_min} min)",
+        )
         for key in self.env:
             _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    root: Optional[str] = resumable(None)  # None: $HPC_DATA, else $SCRATCH/cifar100 (Perlmutter), else ./data
+    root: str | None = resumable(None)  # None: $HPC_DATA, else $SCRATCH/cifar100 (Perlmutter), else ./data
     fraction: float = 1.0  # study: 1, 1/2, 1/10 (class-balanced, the same on every rank)
     loader: str = "device"  # device: whole uint8 set on the device | dataloader: workers + pinned memory
     num_workers: int = resumable(2)
@@ -177,8 +195,8 @@ class TrainConfig:
     # global: batch_size is split across ranks (must divide by world size x grad_accum_steps).
     batch_scope: str = "per_gpu"
     epochs: int = 1
-    max_steps: Optional[int] = resumable(None)  # stop after this many optimizer steps in total
-    lr: Optional[float] = None  # None: lr_per_256 x global batch / 256 (linear scaling rule)
+    max_steps: int | None = resumable(None)  # stop after this many optimizer steps in total
+    lr: float | None = None  # None: lr_per_256 x global batch / 256 (linear scaling rule)
     lr_per_256: float = 0.1
     momentum: float = 0.9
     nesterov: bool = True
@@ -198,7 +216,7 @@ class TrainConfig:
     cuda_graph: bool = False
     # Cap this process's share of the GPU's memory (torch.cuda.set_per_process_memory_fraction), e.g.
     # 0.5 on an 80 GB H100 to see where a 40 GB A100 runs out of memory. None: the whole device.
-    cuda_memory_fraction: Optional[float] = resumable(None)
+    cuda_memory_fraction: float | None = resumable(None)
     log_every_steps: int = resumable(20)
     eval: bool = resumable(True)
     checkpoint_every_steps: int = resumable(0)  # 0: at epoch ends, at the end and on SIGTERM/SIGUSR2 only
@@ -208,8 +226,18 @@ class TrainConfig:
     ddp_static_graph: bool = False
 
     def __post_init__(self) -> None:
-        _positive(self, "batch_size", "epochs", "max_steps", "lr", "lr_per_256", "grad_accum_steps",
-                  "log_every_steps", "collective_timeout_s", "ddp_bucket_cap_mb")
+        _positive(
+            self,
+            "batch_size",
+            "epochs",
+            "max_steps",
+            "lr",
+            "lr_per_256",
+            "grad_accum_steps",
+            "log_every_steps",
+            "collective_timeout_s",
+            "ddp_bucket_cap_mb",
+        )
         _non_negative(self, "momentum", "weight_decay", "warmup_epochs", "checkpoint_every_steps", "seed")
         _at_most(self, "batch_size", 2**20, "ResNet152 needs 4.6 GiB at 2048; this would need terabytes")
         _at_most(self, "grad_accum_steps", 2**20, "more micro-batches than any batch holds")
@@ -220,8 +248,11 @@ class TrainConfig:
         _one_of(self, "amp", ("auto", "bf16", "off"))
         _one_of(self, "device", ("auto", "cpu", "cuda"))
         _check(all(0 < m < 1 for m in self.milestones), "milestones", "must lie in (0, 1)")
-        _check(self.cuda_memory_fraction is None or 0 < self.cuda_memory_fraction <= 1, "cuda_memory_fraction",
-               "must be in (0, 1]")
+        _check(
+            self.cuda_memory_fraction is None or 0 < self.cuda_memory_fraction <= 1,
+            "cuda_memory_fraction",
+            "must be in (0, 1]",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,17 +320,8 @@ class RunConfig:
     profiler: ProfilerConfig = dataclasses.field(default_factory=ProfilerConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in RUN_SECTIONS}
+        return {name: plain(dataclasses.asdict(getattr(self, name))) for name in RUN_SECTIONS}
 
 
 # The sections one training run reads: RunConfig's fields, in its order.
 RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
-
-
-def _plain(value: Any) -> Any:
-    """Tuples to lists, for YAML/JSON output."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -14,7 +14,8 @@ schedule writes it with fill_), and autocast with its cache off while capturing.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class GraphedStep:
@@ -24,10 +25,12 @@ class GraphedStep:
     must be None before the first call.
     """
 
-    def __init__(self, core: Callable, model, optimizer, warmup_iters: int = 3):
+    def __init__(self, core: Callable[[Any, Any], Any], model: Any, optimizer: Any, warmup_iters: int = 3):
         self.core, self.model, self.optimizer, self.warmup_iters = core, model, optimizer, warmup_iters
-        self.graph = None
-        self.x = self.y = self.loss = None
+        self.graph: Any = None
+        self.x: Any = None
+        self.y: Any = None
+        self.loss: Any = None
 
     def __call__(self, x, y):
         if self.graph is None:
@@ -39,8 +42,11 @@ class GraphedStep:
 
     def _snapshot(self) -> tuple[dict, list]:
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        momentum = [(p, self.optimizer.state.get(p, {}).get("momentum_buffer"))
-                    for group in self.optimizer.param_groups for p in group["params"]]
+        momentum = [
+            (p, self.optimizer.state.get(p, {}).get("momentum_buffer"))
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+        ]
         return model_state, [(p, None if buf is None else buf.clone()) for p, buf in momentum]
 
     def _restore(self, model_state: dict, momentum: list) -> None:
@@ -55,7 +61,7 @@ class GraphedStep:
                     # A zero buffer makes the next step exactly a first step (buf = grad) when dampening is 0.
                     buf.copy_(saved) if saved is not None else buf.zero_()
 
-    def _capture(self, x, y) -> None:
+    def _capture(self, x: Any, y: Any) -> None:
         import torch
 
         model_state, momentum = self._snapshot()
@@ -74,7 +80,7 @@ class GraphedStep:
         self._restore(model_state, momentum)  # capturing ran nothing; the warm-up steps are undone
 
 
-def whole_step(forward, optimizer, autocast) -> Callable:
+def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Callable[[Any, Any], Any]:
     """core(x, y) -> loss: forward under autocast, cross-entropy, backward, optimizer step; the step
     hpc.train and hpc.bench capture (gradients are neither scaled nor cleared: one micro-batch)."""
     import torch.nn.functional as F
@@ -89,7 +95,7 @@ def whole_step(forward, optimizer, autocast) -> Callable:
     return core
 
 
-def lr_on_device(optimizer, device) -> None:
+def lr_on_device(optimizer: Any, device: Any) -> None:
     """Hold each group's learning rate in a device tensor, which a captured step reads at replay."""
     import torch
 

@@ -10,10 +10,12 @@ Stems for 32x32 CIFAR images:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from hpc.config import ModelConfig
+from hpc.launch.schema import ModelConfig
 
 
 class TinyNet(nn.Module):
@@ -23,8 +25,9 @@ class TinyNet(nn.Module):
         super().__init__()
 
         def block(cin, cout, stride):
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
-                                 nn.ReLU(inplace=True))
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+            )
 
         self.features = nn.Sequential(block(3, width, 1), block(width, 2 * width, 2), block(2 * width, 4 * width, 2))
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -39,8 +42,9 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         return TinyNet(cfg.num_classes)
     import torchvision
 
-    model = getattr(torchvision.models, cfg.arch)(weights=None, num_classes=cfg.num_classes,
-                                                  zero_init_residual=cfg.zero_init_residual)
+    model = getattr(torchvision.models, cfg.arch)(
+        weights=None, num_classes=cfg.num_classes, zero_init_residual=cfg.zero_init_residual
+    )
     if cfg.stem == "cifar":
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
@@ -52,12 +56,12 @@ def count_flops_per_image(model: nn.Module, image_size: int = 32) -> int:
     flops = 0
     hooks = []
 
-    def conv_hook(m: nn.Conv2d, inp, out):
+    def conv_hook(m: nn.Conv2d, inp: Any, out: Any) -> None:
         nonlocal flops
         kh, kw = m.kernel_size
         flops += 2 * out.shape[1] * out.shape[2] * out.shape[3] * (m.in_channels // m.groups) * kh * kw
 
-    def linear_hook(m: nn.Linear, inp, out):
+    def linear_hook(m: nn.Linear, inp: Any, out: Any) -> None:
         nonlocal flops
         flops += 2 * m.in_features * m.out_features
 

@@ -1,0 +1,195 @@
+"""One run: its per-trace records, with what summary.json knows about each rank attached, folded per rank
+(one trace per profiling cycle) and spread over ranks into the run's record (analysis/records.py).
+
+A run directory is what hpc.train writes (hpc/core/rundir.py: traces/, summary.json, metrics.jsonl);
+its files are read through the core's readers, and anything of the wrong shape is warned about and
+left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from analysis.discover import Warnings, analyze_files, run_traces
+from analysis.ranks import step_skew_us, straggler
+from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord
+from hpc.core.rundir import RunPaths, is_count, read_metrics, read_summary
+
+BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
+
+
+def number_or_none(value: Any) -> Any:
+    return value if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def _sum_or_none(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _max_or_none(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _mean_or_none(values: list[Any]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def analyze_run(
+    run_dir: Path, warnings: Warnings, records: list[TraceRecord] | None = None
+) -> tuple[list[TraceRecord], RunRecord | None]:
+    """Per-trace records of a run (with the run's summary attached) and the run-level record; the
+    records are made here unless given (a sweep analyses all its points' traces at once)."""
+    records = analyze_files(run_traces(run_dir), warnings) if records is None else records
+    summary = read_summary(RunPaths(run_dir).summary, warnings.append)
+    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
+    records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
+    # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
+    oom = oom_record(run_dir, summary) if summary is not None else None
+    if oom is not None or not records:
+        return records, oom
+    return records, run_record(run_dir, records, summary)
+
+
+def with_summary(rec: TraceRecord, rank_summary: dict[str, Any]) -> TraceRecord:
+    """The record with what summary.json knows about its rank: the peak RSS, and the profiler's own
+    totals for the same cycle (trace i <-> cycle i), for cross-checking."""
+    profiler = _of_type(rank_summary.get("profiler"), dict, {})
+    names = _of_type(profiler.get("traces"), list, [])
+    cycles = _of_type(profiler.get("cycles"), list, [])
+    name = Path(rec.file).name
+    key_averages = rec.key_averages
+    if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
+        cycle = cycles[names.index(name)]
+        key_averages = {
+            k: number_or_none(cycle.get(k))
+            for k in ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")
+        }
+    return dataclasses.replace(
+        rec, peak_cpu_mem_bytes=number_or_none(rank_summary.get("peak_rss_bytes")), key_averages=key_averages
+    )
+
+
+def _of_type(value: Any, kind: type, default: Any) -> Any:
+    return value if isinstance(value, kind) else default
+
+
+def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
+    body = cfg.get(section)
+    value = body.get(key) if isinstance(body, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
+    """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
+    oom = summary.get("oom")
+    if summary.get("outcome") != "oom" or not isinstance(oom, dict):
+        return None
+    cfg = summary.get("config") or {}
+    batch = oom.get("batch_size_per_gpu")
+    return RunRecord(
+        run_dir=str(run_dir),
+        outcome="oom",
+        arch=config_value(cfg, "model", "arch", str),
+        batch_size_per_gpu=batch if is_count(batch) else None,
+        gpus=summary.get("world_size"),
+        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        oom=oom,
+    )
+
+
+def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[Any, int | None] | None = None) -> list[RankTotals]:
+    """Fold each rank's traces (one per profiling cycle) into one: sums of counts and times, peaks' max."""
+    by_rank: dict[Any, list[TraceRecord]] = {}
+    for rec in records:
+        by_rank.setdefault(rec.rank, []).append(rec)
+    return [_fold_rank(rank, recs, (steps_per_epoch or {}).get(rank)) for rank, recs in by_rank.items()]
+
+
+def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) -> RankTotals:
+    step_means = [r.step_time_us_mean for r in recs if r.step_time_us_mean is not None]
+    breakdown = {
+        k: _sum_or_none([r.temporal_breakdown_us[k] if r.temporal_breakdown_us else None for r in recs])
+        for k in BREAKDOWN_PARTS
+    }
+    return RankTotals(
+        rank=rank,
+        steps=sum(r.steps for r in recs),
+        steps_per_epoch=steps_per_epoch,
+        cpu_time_us=_sum_or_none([r.cpu_time_us for r in recs]),
+        cuda_time_us=_sum_or_none([r.cuda_time_us for r in recs]),
+        gpu_busy_us=_sum_or_none([r.gpu_busy_us for r in recs]),
+        kernel_calls=_sum_or_none([r.kernel_calls for r in recs]),
+        comm_time_us=_sum_or_none([r.comm_time_us for r in recs]),
+        step_time_us_mean=sum(step_means) / len(step_means) if step_means else None,
+        peak_gpu_mem_bytes=_max_or_none([r.peak_gpu_mem_bytes for r in recs]),
+        peak_gpu_reserved_bytes=_max_or_none([r.peak_gpu_reserved_bytes for r in recs]),
+        peak_cpu_mem_bytes=_max_or_none([r.peak_cpu_mem_bytes for r in recs]),
+        **breakdown,
+    )
+
+
+def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | None]:
+    """Optimizer steps per epoch of each rank: as recorded, else from its data and batch (older runs:
+    the sampler gives each rank ceil(images / ranks) images)."""
+    out = {}
+    for r in (summary or {}).get("ranks", []):
+        value = r.get("steps_per_epoch")
+        if not is_count(value):
+            images, world, batch = r.get("train_images"), r.get("world_size"), r.get("batch_size_per_gpu")
+            ok = all(type(v) is int and v > 0 for v in (images, world, batch))
+            value = math.ceil(math.ceil(images / world) / batch) if ok else None
+        out[r["rank"]] = value
+    return out
+
+
+def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRecord:
+    """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
+    comparing the ranks shows (imbalance, skew, straggler)."""
+    ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
+    cfg = (summary or {}).get("config") or {}
+    first = ((summary or {}).get("ranks") or [{}])[0]
+    step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
+    straggler_rank, straggler_share = straggler(records)
+    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
+    return RunRecord(
+        run_dir=str(run_dir),
+        traces=len(records),
+        ranks=len(ranks),
+        arch=config_value(cfg, "model", "arch", str),
+        batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
+        gpus=(summary or {}).get("world_size") or len(ranks),
+        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        images_per_s=number_or_none(first.get("global_images_per_s")),
+        # no summary.json: the run crashed (or, in a live sweep, is still running)
+        outcome="done" if first.get("complete") else ("stopped" if summary else "unfinished"),
+        epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
+        step_skew_us=step_skew_us(records),
+        allreduce_busbw_GBps=_mean_or_none([_all_reduce(r, "busbw_GBps") for r in records]),
+        allreduce_bytes_per_step=_mean_or_none([_all_reduce_bytes_per_step(r) for r in records]),
+        rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
+        straggler_rank=straggler_rank,
+        straggler_share=straggler_share,
+        **spreads,
+    )
+
+
+def _all_reduce(rec: TraceRecord, key: str) -> Any:
+    return next((c[key] for c in rec.collectives or [] if c["kind"] == "all_reduce"), None)
+
+
+def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
+    per_call, calls = _all_reduce(rec, "bytes_per_call"), _all_reduce(rec, "calls")
+    return per_call * calls / rec.steps if per_call is not None and rec.steps else None
+
+
+def epoch_time_s(metrics: Path) -> float | None:
+    """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
+    return _mean_or_none(
+        [number_or_none(r.get("epoch_time_s")) for r in read_metrics(metrics) if r.get("kind") == "epoch"]
+    )

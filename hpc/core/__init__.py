@@ -1,0 +1,9 @@
+"""The leaf core: what both halves of the toolkit and the analysis share, importing nothing else of the
+project.
+
+- errors.py: `HpcError` and its kinds, the exit codes;
+- cli.py: the one error path of every command (`run`), the parser, the checks made before any work;
+- files.py: atomic writes, JSON and strict YAML;
+- rundir.py: the run and sweep directories, every file's name and its reader and writer;
+- faults.py: HPC_FAULT_INJECT's grammar.
+"""

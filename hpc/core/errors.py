@@ -1,0 +1,55 @@
+"""The toolkit's errors and exit codes, in one place that imports nothing.
+
+Every command's error path (`hpc.core.cli.run`) catches `HpcError` and turns it into one line on
+stderr and the error's `exit_code`: 2 for anything the user gave (a flag, a file, the environment),
+1 for a run that cannot go on. The subclasses say what kind of input was wrong:
+
+- `UsageError`: a flag, a path, a file's contents, a job shape;
+- `ConfigError`: a configuration value (YAML file, --set, a flag that sets a config key, a profile),
+  named with its key, value and where it came from; a kind of UsageError;
+- `DistEnvError` / `HostlistError`: launcher variables that contradict each other, or a Slurm hostlist
+  Slurm would reject;
+- `TraceError`: a profiler trace the analysis cannot read;
+- `TrainingError`: the run itself cannot go on (a non-finite loss): exit 1.
+"""
+
+from __future__ import annotations
+
+# Exit codes of every command; jobs/resnet152.sbatch tests for EXIT_PREEMPTED (pinned by a test).
+EXIT_OK = 0
+EXIT_FAILED = 1  # a job or run failed
+EXIT_USAGE = 2  # bad input: one line on stderr, nothing written
+EXIT_PREEMPTED = 3  # hpc.train stopped by SIGTERM/SIGUSR2/SIGINT after writing a checkpoint
+EXIT_OOM = 4  # hpc.train ran out of CUDA memory: recorded in summary.json as the run's outcome
+
+
+class HpcError(Exception):
+    """An error a command reports as one line (str() is the message) and exits with `exit_code`."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(HpcError, ValueError):
+    """Bad input: a flag, a path, a file's contents, a job shape the cluster cannot run."""
+
+
+class ConfigError(UsageError):
+    """A bad configuration value; the message names the key, the value and where it came from."""
+
+
+class DistEnvError(HpcError, ValueError):
+    """Launcher variables (torchrun, srun, submitit) that contradict each other or are incomplete."""
+
+
+class HostlistError(HpcError, ValueError):
+    """A Slurm hostlist expression Slurm would reject."""
+
+
+class TraceError(HpcError, ValueError):
+    """A profiler trace that cannot be analysed; str() says why (truncated, not a trace, ...)."""
+
+
+class TrainingError(HpcError, RuntimeError):
+    """The run cannot go on (a non-finite loss...): one line, exit 1."""
+
+    exit_code = EXIT_FAILED

@@ -1,0 +1,293 @@
+"""The run directory and the sweep directory: every file's name, and the one reader and writer of each.
+
+A run directory (`RunPaths`; hpc.train writes it, the analysis and hpc.study read it):
+
+    config.yaml          the resolved config (written at the start; a resume must match it)
+    submitted.yaml       the config a torchrun job hands its workers
+    traces/              torch.profiler traces, rank{R}.*.pt.trace.json[.gz], one per rank per cycle
+    metrics.jsonl        one JSON record per log interval and per epoch, rank 0
+    summary.json         the run's outcome and one record per rank (hpc/training/summary.py)
+    checkpoints/last.pt  the checkpoint (hpc/training/checkpoint.py)
+    tensorboard/         the scalars for TensorBoard
+    memory_snapshot.rank{R}.pickle   the allocator's history at an OOM, when recorded
+
+A sweep directory (`SweepPaths`; hpc.submit --sweep and hpc.study write it):
+
+    sweep.yaml           the sweep and its run sections, as resolved
+    index.json           every point: its fields, job id, run directory (a name inside the sweep), history
+    study.json           the analysis jobs submitted for it
+    <job id>/            each point's run directory
+    analysis/            the analysis's tables, figures and report.html
+    analysis-jobs/       the analysis jobs' submitit folders
+
+Readers are defensive: a file of the wrong shape is reported through `warn` and read as absent (or
+with the bad part dropped), never a traceback. No torch import; nothing else of the project but core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc.core.files import Warn, dump_yaml, ignore, read_json, write_atomic
+
+CONFIG = "config.yaml"
+SUBMITTED = "submitted.yaml"
+TRACES = "traces"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT = f"{CHECKPOINTS}/last.pt"
+TENSORBOARD = "tensorboard"
+RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD})  # any of them: a run
+
+SWEEP_FILE = "sweep.yaml"
+INDEX = "index.json"
+STUDY = "study.json"
+ANALYSIS = "analysis"
+ANALYSIS_JOBS = "analysis-jobs"
+REPORT = "report.html"
+SWEEP_TABLE = "sweep.md"
+
+# JSON files of ours that a search for traces must skip.
+SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, "metrics.json", "records.json", "traces.json", "runs.json"})
+TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
+
+
+def trace_worker(rank: int) -> str:
+    """The profiler's worker name for a rank: its trace files are traces/<worker>.<id>.pt.trace.json."""
+    return f"rank{rank}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """The files of one run directory (see the module doc)."""
+
+    root: Path
+
+    config = property(lambda self: self.root / CONFIG)
+    submitted = property(lambda self: self.root / SUBMITTED)
+    traces = property(lambda self: self.root / TRACES)
+    metrics = property(lambda self: self.root / METRICS)
+    summary = property(lambda self: self.root / SUMMARY)
+    checkpoints = property(lambda self: self.root / CHECKPOINTS)
+    checkpoint = property(lambda self: self.root / CHECKPOINT)
+    tensorboard = property(lambda self: self.root / TENSORBOARD)
+
+    def memory_snapshot(self, rank: int) -> Path:
+        return self.root / f"memory_snapshot.rank{rank}.pickle"
+
+    def rank_traces(self, rank: int) -> list[str]:
+        """The names of a rank's trace files, sorted (summary.json lists them per rank)."""
+        return sorted(p.name for p in self.traces.glob(f"{trace_worker(rank)}.*"))
+
+    def job_logs(self, job_id: str) -> list[Path]:
+        """submitit's logs of a job in this directory: stderr first, then stdout, per task."""
+        return sorted(self.root.glob(f"{job_id}_*_log.err")) + sorted(self.root.glob(f"{job_id}_*_log.out"))
+
+    def is_run_or_empty(self) -> bool:
+        """True when the directory is missing, empty or holds a run (a file of the contract)."""
+        if not self.root.is_dir():
+            return True
+        names = {p.name for p in self.root.iterdir()}
+        return not names or bool(names & RUN_ENTRIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPaths:
+    """The files of one sweep directory (see the module doc)."""
+
+    root: Path
+
+    sweep_file = property(lambda self: self.root / SWEEP_FILE)
+    index = property(lambda self: self.root / INDEX)
+    study = property(lambda self: self.root / STUDY)
+    analysis = property(lambda self: self.root / ANALYSIS)
+    analysis_jobs = property(lambda self: self.root / ANALYSIS_JOBS)
+    report = property(lambda self: self.root / ANALYSIS / REPORT)
+    sweep_table = property(lambda self: self.root / ANALYSIS / SWEEP_TABLE)
+
+    def run(self, run_dir: str) -> RunPaths:
+        return RunPaths(self.root / run_dir)
+
+    def is_sweep(self) -> bool:
+        return self.index.is_file() and self.sweep_file.is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# config.yaml, sweep.yaml (read back through hpc.launch.config, which checks them against the schema)
+# ----------------------------------------------------------------------------------------------
+
+
+def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
+    write_atomic(path, dump_yaml(data))
+
+
+# ----------------------------------------------------------------------------------------------
+# summary.json
+# ----------------------------------------------------------------------------------------------
+
+
+def is_count(value: Any) -> bool:
+    """A rank, world size or step count: a plain int in [0, 2**20)."""
+    return type(value) is int and 0 <= value < 1 << 20
+
+
+def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
+    """summary.json as hpc.train writes it, or None when absent or not that shape (warned). Rank
+    records that are not mappings with an integer rank are dropped, each warned about, as are a
+    `config` or `oom` that is not a mapping and a `world_size` that is not a count."""
+    if not path.exists():
+        return None
+    data = read_json(path, warn)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
+        warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
+        return None
+    ranks = []
+    for i, r in enumerate(data.get("ranks", [])):
+        if isinstance(r, dict) and is_count(r.get("rank")):
+            ranks.append(r)
+        else:
+            warn(f"{path}: ranks[{i}] ignored: not a record with an integer 'rank'")
+    for key in ("config", "oom"):
+        if key in data and not isinstance(data[key], dict):
+            warn(f"{path}: {key!r} ignored: not a mapping")
+            data = {k: v for k, v in data.items() if k != key}
+    if "world_size" in data and not is_count(data["world_size"]):
+        warn(f"{path}: world_size {str(data['world_size'])[:40]!r} ignored: not a count")
+        data = {k: v for k, v in data.items() if k != "world_size"}
+    return {**data, "ranks": ranks}
+
+
+def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool = False) -> None:
+    """Write summary.json atomically. With first_wins, an existing one is kept (several ranks may
+    record the same OOM at once; a hard link never replaces a file)."""
+    text = json.dumps(summary, indent=2)
+    if not first_wins:
+        write_atomic(paths.summary, text)
+        return
+    tmp = paths.root / f".{SUMMARY}.{os.getpid()}"
+    write_atomic(tmp, text)
+    try:
+        os.link(tmp, paths.summary)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
+    """How a run ended, from its summary: oom, done (every rank complete), stopped, or None (no summary)."""
+    if summary is None:
+        return None
+    if summary.get("outcome") == "oom":
+        return "oom"
+    ranks = summary.get("ranks") or []
+    return "done" if ranks and all(r.get("complete") for r in ranks) else "stopped"
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics.jsonl
+# ----------------------------------------------------------------------------------------------
+
+
+def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
+    """One JSON record per line; a line cut short by a kill is skipped by the reader."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run's metrics.jsonl, one mapping at a time; lines that are not JSON objects
+    (a line cut off by a kill) are skipped, and a missing file has none."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    yield rec
+    except OSError:
+        return
+
+
+# ----------------------------------------------------------------------------------------------
+# index.json
+# ----------------------------------------------------------------------------------------------
+
+POINT_KEY = ("data_fraction", "batch_size", "gpus", "nodes")
+POINT_FIELDS: dict[str, Any] = {"data_fraction": (int, float), "batch_size": int, "gpus": int}
+
+
+def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY)
+
+
+def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
+    """The points of a sweep's index.json; a point with a missing or mistyped field, or a run
+    directory outside the sweep directory, is warned about and skipped."""
+    index = read_json(path, warn)
+    if index is None:
+        return []
+    if not isinstance(index, dict) or not isinstance(index.get("points"), list):
+        warn(f"{path}: ignored: expected a mapping with a 'points' list")
+        return []
+    points = []
+    for i, point in enumerate(index["points"]):
+        problem = _point_problem(point)
+        if problem:
+            warn(f"{path}: points[{i}] skipped: {problem}")
+        else:
+            points.append(point)
+    return points
+
+
+def _point_problem(point: Any) -> str | None:
+    if not isinstance(point, dict):
+        return f"not a mapping ({type(point).__name__})"
+    run_dir = point.get("run_dir")
+    if not isinstance(run_dir, str) or not run_dir or Path(run_dir).is_absolute() or ".." in Path(run_dir).parts:
+        return f"run_dir {str(run_dir)[:80]!r} is not a directory name inside the sweep"
+    for key, kind in POINT_FIELDS.items():
+        value = point.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            return f"{key} {str(value)[:40]!r} is not a positive number"
+    return None
+
+
+def write_index(sweep: SweepPaths, header: Mapping[str, Any], points: list[dict[str, Any]]) -> None:
+    """index.json with `points` (each: its fields, job_id, run_dir) merged into the earlier ones. A point
+    submitted again (`hpc.study resubmit`) replaces its entry; its earlier job ids go to `history`."""
+    earlier = read_json(sweep.index) if sweep.index.exists() else None
+    listed = earlier.get("points", []) if isinstance(earlier, dict) else []
+    merged = {point_key(p): p for p in listed if isinstance(p, dict)} if isinstance(listed, list) else {}
+    for new in points:
+        old = merged.get(point_key(new)) or {}
+        history = list(old.get("history", [])) if isinstance(old.get("history"), list) else []
+        if old.get("job_id") not in (None, new["job_id"]):
+            history.append(old["job_id"])
+        merged[point_key(new)] = {**new, **({"history": history} if history else {})}
+    write_atomic(sweep.index, json.dumps({**header, "points": list(merged.values())}, indent=2))
+
+
+# ----------------------------------------------------------------------------------------------
+# study.json
+# ----------------------------------------------------------------------------------------------
+
+
+def record_analysis_job(sweep: SweepPaths, job_id: str) -> None:
+    """Add an analysis job to study.json (hpc.study: one per run or resubmission)."""
+    record = read_json(sweep.study) if sweep.study.exists() else None
+    record = record if isinstance(record, dict) else {}
+    jobs = record.get("analysis_jobs")
+    jobs = list(jobs) if isinstance(jobs, list) else []
+    write_atomic(sweep.study, json.dumps({**record, "analysis_jobs": [*jobs, job_id]}, indent=2))

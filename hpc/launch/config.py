@@ -1,0 +1,347 @@
+"""Configuration loading: YAML files and --set values, layered (command line > YAML > defaults),
+each value typed and checked against the schema (hpc/launch/schema.py) with its provenance; and the
+`python -m hpc.config` command.
+
+A YAML file holds any of the top-level sections `cluster`, `data`, `model`, `train`, `profiler`,
+`sweep`. Every key is checked against its dataclass: an unknown key, a wrong type or an impossible
+value raises ConfigError whose message names the key, the value and where it came from (the file,
+or the command-line flag). No torch import: the submit CLI loads configs too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import math
+import os
+import shlex
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpc.core.cli import Parser, run, shown
+from hpc.core.errors import ConfigError
+from hpc.core.files import dump_yaml, load_yaml_text
+from hpc.launch.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
+
+# Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
+# from a source tree (or an editable install): the repository's profiles/.
+_HPC = Path(__file__).resolve().parent.parent
+PROFILES_DIR = next((p for p in (_HPC / "profiles", _HPC.parent / "profiles") if p.is_dir()), _HPC.parent / "profiles")
+
+
+INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integer is an input error
+
+
+# ----------------------------------------------------------------------------------------------
+# Typed construction with provenance
+# ----------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _number(value: Any) -> float | None:
+    """An int, a float or a fraction string ("1/10" reads better than 0.1 for data fractions)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str) and len(value) < 64:
+        try:
+            return float(fractions.Fraction(value.strip()))
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return None
+    return None
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; raise TypeError(expected) when it does not fit."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0])
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError("a boolean (true/false)")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= INT64_MAX:
+            return value
+        raise TypeError(
+            "an integer"
+            if not isinstance(value, int) or isinstance(value, bool)
+            else f"an integer within +-{INT64_MAX}"
+        )
+    if tp is float:
+        number = _number(value)
+        if number is None:
+            raise TypeError("a number")
+        if not math.isfinite(number):
+            raise TypeError("a finite number")
+        return number
+    if tp is str:
+        if isinstance(value, str) and "\0" not in value:
+            return value
+        raise TypeError("a string" if not isinstance(value, str) else "a string without NUL characters")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"a list of {_type_name(args[0])}")
+        return tuple(_coerce(v, args[0]) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError("a mapping of strings")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
+                raise TypeError("a mapping of names to scalar values")
+            out[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+        return out
+    raise TypeError(_type_name(tp))  # pragma: no cover - every annotation above is handled
+
+
+def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str]) -> Any:
+    """Build section `name` from raw values; `sources[key]` says where each value came from."""
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        where = sources.get(key, "defaults")
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]} (known: {', '.join(sorted(fields))})")
+        if key in getattr(cls, "SCALAR_AS_LIST", ()) and not isinstance(value, (list, tuple)):
+            value = [value]
+        try:
+            values[key] = _coerce(value, hints[key])
+        except TypeError as e:
+            raise ConfigError(f"{where}: {name}.{key} = {shown(value)}: expected {e}") from None
+    try:
+        return cls(**values)
+    except _Invalid as e:
+        where = sources.get(e.key, "defaults")
+        value = raw.get(e.key, getattr(cls, e.key, None))  # as given, not as coerced
+        raise ConfigError(f"{where}: {name}.{e.key} = {shown(value)}: {e.reason}") from None
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """'perlmutter' -> profiles/perlmutter.yaml; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in name_or_path:
+        return path
+    return PROFILES_DIR / f"{name_or_path}.yaml"
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Read a profile/config file and check its top level. Raises ConfigError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start : e.start + 1]!r}"
+        ) from None
+    try:
+        data = load_yaml_text(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
+    except ValueError as e:  # e.g. an integer of over 4300 digits
+        raise ConfigError(f"{path}: not a usable value ({' '.join(str(e).split())[:120]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
+    for section, body in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{path}: unknown section {shown(section)} (known: {', '.join(SECTIONS)})")
+        if body is None:
+            data[section] = {}
+        elif not isinstance(body, dict):
+            raise ConfigError(f"{path}: section {section!r} must be a mapping, got {shown(body)}")
+    return data
+
+
+class Layers:
+    """Raw values per section with where each came from; later layers override earlier ones."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        self.sources: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
+
+    def add_file(self, path: str | os.PathLike, only: tuple[str, ...] | None = None) -> Layers:
+        for section, body in read_yaml(path).items():
+            if only is not None and section not in only:
+                raise ConfigError(f"{path}: section {section!r} is not used here (expected {', '.join(only)})")
+            for key, value in body.items():
+                self.set(f"{section}.{key}", value, str(path))
+        return self
+
+    def set(self, dotted: str, value: Any, source: str) -> Layers:
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise ConfigError(f"{source}: {dotted!r} is not SECTION.KEY (sections: {', '.join(SECTIONS)})")
+        self.values[section][key] = value
+        self.sources[section][key] = source
+        return self
+
+    def build(self, section: str) -> Any:
+        return build_section(section, self.values[section], self.sources[section])
+
+    def run_config(self) -> RunConfig:
+        return RunConfig(**{name: self.build(name) for name in RUN_SECTIONS})
+
+
+def set_source(text: str) -> str:
+    """How a --set value is named in messages: the flag and its text, cut."""
+    return "--set " + (text if len(text) <= 100 else text[:97] + "...")
+
+
+def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
+    """'train.lr=0.1' -> ('train.lr', 0.1); the value is read as YAML (numbers, booleans, lists)."""
+    key, eq, raw = text.partition("=")
+    if not eq:
+        raise ConfigError(f"{source} {text!r}: expected SECTION.KEY=VALUE")
+    try:
+        value = load_yaml_text(raw) if raw.strip() else ""
+    except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an integer of over 4300 digits
+        value = raw
+    return key.strip(), value
+
+
+def load_run_config(config_path: str | None, overrides: Sequence[tuple[str, Any, str]] = ()) -> RunConfig:
+    """defaults < YAML file < command line. `overrides`: (dotted key, value, source flag). Only the run
+    sections: a cluster or sweep value here would be silently ignored, so it is an error."""
+    layers = Layers()
+    if config_path:
+        layers.add_file(config_path, only=RUN_SECTIONS)
+    for dotted, value, source in overrides:
+        require_section(dotted, RUN_SECTIONS, source)
+        layers.set(dotted, value, source)
+    return layers.run_config()
+
+
+def require_section(dotted: str, allowed: tuple[str, ...], source: str) -> None:
+    section = dotted.partition(".")[0]
+    if section in SECTIONS and section not in allowed:
+        raise ConfigError(f"{source}: section {section!r} is not used here (this command reads {', '.join(allowed)})")
+
+
+def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -> ClusterConfig:
+    layers = Layers().add_file(resolve_profile_path(profile), only=("cluster",))
+    for dotted, value, source in overrides:
+        layers.set(dotted, value, source)
+    return layers.build("cluster")
+
+
+def run_config_from_dict(data: Mapping[str, Any], source: str) -> RunConfig:
+    """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections)."""
+    layers = Layers()
+    for section, body in data.items():
+        if section not in RUN_SECTIONS:
+            continue
+        for key, value in (body or {}).items():
+            layers.set(f"{section}.{key}", value, source)
+    return layers.run_config()
+
+
+def check_request(
+    cluster: ClusterConfig, nodes: int, gpus: int, time_limit_min: int | None, source: str = "command line"
+) -> None:
+    """A job shape the cluster can run, or ConfigError naming the bad value."""
+    if nodes < 1:
+        raise ConfigError(f"{source}: --nodes {nodes}: must be >= 1")
+    if nodes > cluster.max_nodes:
+        raise ConfigError(f"{source}: --nodes {nodes}: profile {cluster.name!r} allows at most {cluster.max_nodes}")
+    if gpus < 1:
+        raise ConfigError(f"{source}: --gpus {gpus}: must be >= 1")
+    if gpus > cluster.gpus_per_node:
+        raise ConfigError(
+            f"{source}: --gpus {gpus}: profile {cluster.name!r} has {cluster.gpus_per_node} GPUs per node"
+        )
+    if time_limit_min is not None:
+        if time_limit_min < 1:
+            raise ConfigError(f"{source}: --time {time_limit_min}: must be >= 1 minute")
+        if cluster.max_time_limit_min is not None and time_limit_min > cluster.max_time_limit_min:
+            raise ConfigError(
+                f"{source}: --time {time_limit_min}: profile {cluster.name!r} allows at most "
+                f"{cluster.max_time_limit_min} min"
+            )
+        if cluster.signal_delay_s >= time_limit_min * 60:
+            raise ConfigError(
+                f"{source}: --time {time_limit_min}: must exceed the {cluster.signal_delay_s} s warning signal"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(
+        prog="python -m hpc.config",
+        description="Check config files and print the resolved configuration (defaults < YAML < --set).",
+    )
+    parser.add_argument("--config", help="run config YAML (data/model/train/profiler sections)")
+    parser.add_argument("--profile", help="cluster profile: a name in profiles/ or a YAML path")
+    parser.add_argument("--sweep", help="sweep YAML (a sweep section plus run sections)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one value (repeatable)"
+    )
+    parser.add_argument(
+        "--exports",
+        action="store_true",
+        help="with --profile: print the profile's environment as shell lines that keep any value "
+        'already set (for sbatch scripts: eval "$(python -m hpc.config --profile P --exports)")',
+    )
+    args = parser.parse_args(argv)
+    if args.exports:
+        if not args.profile:
+            raise ConfigError("command line: --exports needs --profile")
+        cluster = load_cluster(args.profile)
+        for key, value in cluster.env.items():
+            print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
+        return 0
+    overrides = [(*parse_override(s), set_source(s)) for s in args.set]
+    for dotted, _, source in overrides:
+        require_section(
+            dotted, RUN_SECTIONS + (("cluster",) if args.profile else ()) + (("sweep",) if args.sweep else ()), source
+        )
+    out: dict[str, Any] = {}
+    if args.profile:
+        out["cluster"] = dataclasses.asdict(
+            load_cluster(args.profile, [o for o in overrides if o[0].startswith("cluster.")])
+        )
+    run_overrides = [o for o in overrides if not o[0].startswith(("cluster.", "sweep."))]
+    if args.sweep:
+        layers = Layers().add_file(args.sweep)
+        for dotted, value, source in overrides:
+            if not dotted.startswith("cluster."):
+                layers.set(dotted, value, source)
+        out["sweep"] = dataclasses.asdict(layers.build("sweep"))
+        out.update(layers.run_config().to_dict())
+    else:
+        out.update(load_run_config(args.config, run_overrides).to_dict())
+    print(dump_yaml(out), end="")
+    return 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.config`, or its console script): errors as one line, exit 2."""
+    return run("hpc.config", main, argv)

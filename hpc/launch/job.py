@@ -1,0 +1,128 @@
+"""The job submitit runs in every task: `TrainJob`, checkpointable for submitit's requeue.
+
+With srun (one task per GPU) each task runs hpc.train's training in-process. With torchrun (one task
+per node) each task runs torchrun, which starts a worker per GPU and restarts the worker group (from
+the last checkpoint) when one dies; SIGUSR2 is passed on to it. On SIGUSR2 (`--signal=USR2@<delay>`,
+Slurm's warning before the time limit, or a preemption) training finishes its step, writes
+checkpoints/last.pt, and rank 0 hands over to submitit's handler, which calls `checkpoint()` and
+requeues the job; the requeued job resumes from the checkpoint. USR2 rather than USR1: NCCL and some
+MPI stacks claim USR1.
+
+Jobs already queued hold a pickle of `hpc.submit.TrainJob`: that name stays importable, and the
+attributes below keep their names.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
+from hpc.core.rundir import RunPaths, read_summary, write_yaml
+
+
+class TrainJob:
+    """The submitted callable: runs hpc.train in this task (srun: one task per GPU) or torchrun in this
+    task (torchrun: one task per node); checkpointable for submitit's requeue."""
+
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        max_requeues: int,
+        launcher: str = "srun",
+        nproc_per_node: int = 1,
+        max_restarts: int = 0,
+    ):
+        self.run_config = run_config
+        self.max_requeues = max_requeues
+        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        from hpc.launch.config import run_config_from_dict
+        from hpc.launch.distenv import from_environ
+        from hpc.training.command import check_resumable, prepare_run_dir, train_or_oom
+
+        submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
+        job = submitit.JobEnvironment()
+        run_dir = prepare_run_dir(Path(job.paths.folder))
+        cfg = run_config_from_dict(self.run_config, "submitted config")
+        check_resumable(run_dir, cfg)
+        if self.launcher == "torchrun":
+            code = self.run_torchrun(run_dir, job.job_id)
+        else:
+            code = train_or_oom(cfg, run_dir, from_environ(os.environ))
+        if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
+            return {"status": "oom", "run_dir": str(run_dir)}
+        if code != EXIT_PREEMPTED:
+            return {"status": "done", "run_dir": str(run_dir)}
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
+            submitit_on_usr2(signal.SIGUSR2, None)  # checkpoint() below, scontrol requeue, exit
+        return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts}
+
+    def run_torchrun(self, run_dir: Path, job_id: str) -> int:
+        """torchrun with a worker per GPU running hpc.train on this run directory; a worker that dies
+        restarts the group, which resumes from the last checkpoint. SIGUSR2 is passed on to torchrun
+        (and so to the workers, which checkpoint). Returns hpc.train's exit code for the run."""
+        paths = RunPaths(run_dir)
+        write_yaml(paths.submitted, self.run_config)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                *self.torchrun_args(job_id),
+                "-m",
+                "hpc.train",
+                "--config",
+                str(paths.submitted),
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        stopped = []
+
+        def forward(signum: int, frame: Any) -> None:
+            stopped.append(signum)
+            proc.send_signal(signum)
+
+        previous = signal.signal(signal.SIGUSR2, forward)
+        try:
+            rc = proc.wait()
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
+        if (read_summary(paths.summary) or {}).get("outcome") == "oom":
+            return EXIT_OOM
+        if rc == 0:
+            return 0
+        if stopped and paths.checkpoint.exists():
+            return EXIT_PREEMPTED
+        raise RuntimeError(f"torchrun exited {rc} after {self.max_restarts} restart(s) at most; see the log above")
+
+    def torchrun_args(self, job_id: str) -> list[str]:
+        """The job's own rendezvous on Slurm; on this machine (--local), one node at 127.0.0.1."""
+        from hpc.launch.distenv import master_port_for_job, slurm_torchrun_args
+        from hpc.launch.torchrun import torchrun_args, torchrun_forwards_signals
+
+        if os.environ.get("SLURM_JOB_ID"):
+            return slurm_torchrun_args(os.environ, self.nproc_per_node, self.max_restarts)
+        return torchrun_args(
+            1,
+            self.nproc_per_node,
+            f"127.0.0.1:{master_port_for_job(job_id)}",
+            job_id,
+            self.max_restarts,
+            torchrun_forwards_signals(),
+        )
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        # The training state is in the run directory already; resubmitting the same job resumes it.
+        return submitit.helpers.DelayedSubmission(self)

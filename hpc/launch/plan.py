@@ -1,0 +1,157 @@
+"""What a submission command line asks for, as a pure plan: every job shape and every point validated,
+nothing written or submitted. A single job is a sweep of one point; a sweep is one job array per job
+shape (nodes x GPUs per node). `hpc.submit` and `hpc.study` print, run or submit plans. No torch import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import check_name, check_output_dir
+from hpc.core.errors import UsageError
+from hpc.launch.config import Layers, check_request, load_cluster, require_section
+from hpc.launch.flags import overrides_from_args
+from hpc.launch.schema import RUN_SECTIONS, ClusterConfig, RunConfig, SweepConfig
+from hpc.launch.slurm import JobRequest, local_parameters, parse_exports, slurm_parameters
+
+Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """One submission: a job shape and the runs it carries."""
+
+    request: JobRequest
+    folder: Path  # submitit's folder, with %j for the job id: each run directory
+    points: tuple[tuple[Point | None, RunConfig], ...]  # (point, its run config); point None: a single job
+    array: bool  # submitted as a job array (a sweep), or as a plain job
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a command line asks for, validated, before anything is submitted or written."""
+
+    cluster: ClusterConfig
+    specs: tuple[JobSpec, ...]
+    local: bool
+    base: RunConfig
+    sweep: SweepConfig | None = None
+    sweep_dir: Path | None = None
+    max_parallel: int | None = None
+
+    def parameters(self, spec: JobSpec) -> dict[str, Any]:
+        """submitit's executor parameters for a spec: Slurm's, or the local executor's with --local."""
+        if self.local:
+            return local_parameters(self.cluster, spec.request)
+        return slurm_parameters(self.cluster, spec.request, self.max_parallel)
+
+
+def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
+    """The cluster profile (with --set cluster.* values), checked against what the command line asks."""
+    overrides = overrides_from_args(args)
+    for dotted, _, source in overrides:
+        require_section(dotted, RUN_SECTIONS + ("cluster",) + (("sweep",) if args.sweep else ()), source)
+    cluster = load_cluster(
+        args.profile or ("local" if args.local else "perlmutter"), [o for o in overrides if o[0].startswith("cluster.")]
+    )
+    if args.local and cluster.max_nodes < args.nodes:
+        raise UsageError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
+    if args.max_parallel is not None and args.max_parallel < 1:
+        raise UsageError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
+    if not args.local and cluster.scheduler != "slurm":
+        raise UsageError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
+    if not args.local and not args.dry_run and not shutil.which("sbatch"):
+        raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
+    return cluster
+
+
+def run_layers(args: argparse.Namespace) -> Layers:
+    """The run sections (and the sweep's) from --config, --sweep and the training flags."""
+    layers = Layers()
+    if args.config:
+        layers.add_file(args.config)
+    if args.sweep:
+        layers.add_file(args.sweep)
+    for dotted, value, source in overrides_from_args(args):
+        if not dotted.startswith("cluster."):  # the cluster profile takes those
+            layers.set(dotted, value, source)
+    return layers
+
+
+def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
+    """The job specs for a command line: every shape and every point validated, nothing written."""
+    cluster = load_cluster_for(args)
+    time_min = args.time if args.time is not None else cluster.time_limit_min
+    layers = run_layers(args)
+    base = layers.run_config()  # validates the run config before anything is submitted
+    sweep = layers.build("sweep") if args.sweep else None
+    if args.name is not None:
+        check_name(args.name, "command line: --name")
+    name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
+    exports = parse_exports(args.export)
+    runs_dir = Path(args.runs_dir).absolute()
+    check_output_dir(runs_dir, "command line: --runs-dir")
+
+    def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
+        check_request(cluster, nodes, gpus, time_min, source=source)
+        return JobRequest(nodes, gpus, time_min, job_name, args.account, args.qos, args.partition, exports)
+
+    if sweep is None:
+        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        spec = JobSpec(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", ((None, base),), False)
+        return Plan(cluster, (spec,), args.local, base)
+    sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
+    specs = sweep_specs(sweep_points(sweep, layers), request, name, sweep_dir, args.sweep)
+    return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
+
+
+def sweep_specs(
+    points: list[tuple[Point, RunConfig]],
+    request: Callable[[int, int, str, str], JobRequest],
+    name: str,
+    sweep_dir: Path,
+    source: str,
+) -> tuple[JobSpec, ...]:
+    """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
+    (`request`) before anything is submitted."""
+    by_shape: dict[tuple[int, int], list[tuple[Point | None, RunConfig]]] = {}
+    for point, cfg in points:
+        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, cfg))
+    return tuple(
+        JobSpec(
+            request(
+                nodes,
+                gpus,
+                f"{name}-{nodes}n{gpus}g" if nodes > 1 else f"{name}-{gpus}gpu",
+                f"{source}: sweep.nodes={nodes}, sweep.gpus={gpus}",
+            ),
+            sweep_dir / "%j",
+            tuple(group),
+            True,
+        )
+        for (nodes, gpus), group in by_shape.items()
+    )
+
+
+def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[Point, RunConfig]]:
+    """Every (data fraction, batch size, GPUs per node, nodes) point with its validated run config."""
+    points = []
+    for nodes in sweep.nodes:
+        for gpus in sweep.gpus:
+            for fraction in sweep.data_fractions:
+                for batch in sweep.batch_sizes:
+                    layers.set("data.fraction", fraction, f"sweep point fraction={fraction:g}")
+                    layers.set("train.batch_size", batch, f"sweep point batch={batch}")
+                    points.append(
+                        (
+                            {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes},
+                            layers.run_config(),
+                        )
+                    )
+    return points

@@ -1,0 +1,122 @@
+"""`python -m hpc.study status SWEEP`: every point of a sweep and how it stands, from the queue (squeue;
+sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
+
+A point is pending, running or requeued (the queue lists it); oom, done or stopped (its summary.json
+says so); timeout (its log says Slurm cancelled it at the time limit); missing (never ran); or failed
+(with the last error line of its log).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser
+from hpc.core.errors import UsageError
+from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_summary, summary_outcome
+from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
+
+STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing")
+STATUS_COLUMNS = ["data_fraction", "batch_size", "gpus", "nodes", "job_id", "state", "requeues", "steps", "error"]
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|CANCELLED|Killed)")
+
+
+def existing_sweep(path: str) -> Path:
+    sweep_dir = Path(path)
+    if not SweepPaths(sweep_dir).is_sweep():
+        raise UsageError(f"{path}: not a sweep directory (no index.json and sweep.yaml; hpc.study run writes them)")
+    return sweep_dir.absolute()
+
+
+def log_facts(run: RunPaths, job_id: str) -> dict[str, Any]:
+    """What the job's logs say: how often it was requeued, whether Slurm killed it at the time limit,
+    and the last error line."""
+    text = ""
+    for log in run.job_logs(job_id):
+        try:
+            text += log.read_text(errors="replace")[-200_000:] + "\n"
+        except OSError:
+            pass
+    errors = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line) and "submitit INFO" not in line]
+    return {
+        "requeues": len(re.findall(r"Requeued job|requeued", text)),
+        "timed_out": "DUE TO TIME LIMIT" in text,
+        "error": errors[-1][:200] if errors else None,
+    }
+
+
+def steps_reached(run: RunPaths, summary: dict[str, Any] | None) -> int | None:
+    ranks = (summary or {}).get("ranks") or []
+    if ranks and isinstance(ranks[0].get("steps"), int):
+        return int(ranks[0]["steps"])
+    steps = [r["step"] for r in read_metrics(run.metrics) if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
+
+
+def point_state(run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None) -> dict[str, Any]:
+    """The state of one point (see STATES), from the queue, the run directory, sacct and the logs."""
+    run = RunPaths(run_dir)
+    summary = read_summary(run.summary)
+    outcome = summary_outcome(summary)
+    facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
+    if queue_state:
+        state = QUEUE_STATES.get(queue_state, queue_state.lower())
+    elif outcome in ("oom", "done"):
+        state = outcome
+    elif facts["timed_out"] or sacct_state == "TIMEOUT":
+        state = "timeout"
+    elif not run_dir.is_dir():
+        state = "missing"
+    elif outcome == "stopped":
+        state = "stopped"  # checkpointed and ended (preempted, not requeued): resubmitting resumes it
+    else:
+        state = SACCT_STATES.get(sacct_state or "", "failed")
+    return {
+        "state": state,
+        "requeues": facts["requeues"],
+        "steps": steps_reached(run, summary),
+        "error": facts["error"] if state in ("failed", "timeout", "stopped") else None,
+    }
+
+
+def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per point of the sweep's index: the point, its job id, state, requeues, steps, error."""
+    sweep = SweepPaths(sweep_dir)
+    points = read_index(sweep.index)
+    job_ids = [str(p.get("job_id", "")) for p in points]
+    in_queue = queued([j.split("_")[0] for j in job_ids if j]) or {}
+    ended = accounted([j for j in job_ids if j])
+    rows = []
+    for p, job_id in zip(points, job_ids, strict=False):
+        row = {
+            "data_fraction": p["data_fraction"],
+            "batch_size": p["batch_size"],
+            "gpus": p["gpus"],
+            "nodes": p.get("nodes", 1),
+            "job_id": job_id,
+        }
+        row.update(point_state(sweep.run(p["run_dir"]).root, job_id, in_queue.get(job_id), ended.get(job_id)))
+        rows.append(row)
+    return rows
+
+
+def status_command(argv: list[str]) -> int:
+    from analysis.tables import render
+
+    p = Parser(prog="python -m hpc.study status", description="Every point of a sweep and how it stands.")
+    p.add_argument("sweep_dir")
+    p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
+    args = p.parse_args(argv)
+    sweep_dir = existing_sweep(args.sweep_dir)
+    rows = sweep_status(sweep_dir)
+    sys.stdout.write(render(rows, STATUS_COLUMNS, args.format))
+    if args.format == "table":
+        counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
+        report = SweepPaths(sweep_dir).report
+        print(
+            ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+            + f"; report: {report if report.exists() else 'not yet'}"
+        )
+    return 0

@@ -1,0 +1,169 @@
+"""The study in one command, its status, and resubmission: `python -m hpc.study run|status|resubmit`.
+
+    python -m hpc.study run profiles/study.yaml --account m1234 [--wait]   # + any hpc.submit option
+    python -m hpc.study status runs/study/sweep-<time>
+    python -m hpc.study resubmit runs/study/sweep-<time> --failed --missing --account m1234
+
+`run` validates every point, submits the sweep's job arrays (hpc.submit's plan), then a small analysis
+job that depends on them (`--dependency=afterany:...`, resources from the cluster profile's
+`analysis_*` keys: on Perlmutter a CPU job of the shared QOS) and writes the tables, figures and
+report.html into SWEEP/analysis/. `status` (hpc/launch/status.py) reads squeue (sacct too, where it
+works), the run directories and the job logs. `resubmit` submits the chosen points again into the same
+sweep (their earlier job ids kept in index.json's `history`), and a new analysis job rebuilds the
+report. No torch import here (fast CLI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from hpc.core.cli import Parser, run
+from hpc.core.errors import UsageError
+from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
+from hpc.launch.plan import Plan, make_plan
+from hpc.launch.queue import queued
+from hpc.launch.schema import ClusterConfig
+from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
+from hpc.launch.status import existing_sweep, status_command, sweep_status
+from hpc.launch.submit import build_parser, execute, print_plan
+
+COMMANDS = ("run", "status", "resubmit")
+
+
+class AnalysisJob:
+    """The submitted callable: analyses the sweep directory into SWEEP/analysis (tables, figures, report).
+    Jobs already queued hold a pickle of `hpc.study.AnalysisJob`: that name stays importable."""
+
+    def __init__(self, sweep_dir: str):
+        self.sweep_dir = sweep_dir
+
+    def __call__(self) -> str:
+        from analysis.__main__ import main
+
+        main([self.sweep_dir, "--report", "--format", "md"])
+        return str(SweepPaths(Path(self.sweep_dir)).report)
+
+
+def submit_analysis(cluster: ClusterConfig, sweep_dir: Path, array_ids: list[str], account: str | None) -> str:
+    """Submit the analysis job after every array has ended (afterany: failed points are results too)."""
+    sweep = SweepPaths(sweep_dir)
+    params = analysis_parameters(cluster, account, "afterany:" + ":".join(array_ids), sweep_dir.parent.name)
+    job = make_executor(params, sweep.analysis_jobs / "%j", 3, local=False).submit(AnalysisJob(str(sweep_dir)))
+    record_analysis_job(sweep, job.job_id)
+    return str(job.job_id)
+
+
+def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
+    """Submit the plan (hpc.submit's), then the analysis job after it; print where everything lands."""
+    assert plan.sweep_dir is not None  # a study's plan is a sweep's
+    sweep = SweepPaths(plan.sweep_dir)
+    local_failures = execute(plan, wait=False)  # --local: every point has run when this returns
+    if plan.local:
+        from analysis.__main__ import main as analyse
+
+        analyse([str(plan.sweep_dir), "--report"])
+        print(f"sweep:  {plan.sweep_dir}\nreport: {sweep.report}")
+        return 1 if local_failures else 0
+    submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
+    arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
+    analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
+    print(
+        f"sweep:    {plan.sweep_dir}\narrays:   {' '.join(arrays)}\nanalysis: job {analysis_id} "
+        f"(after the arrays)\nreport:   {sweep.report} (when job {analysis_id} has run)\n"
+        f"status:   python -m hpc.study status {plan.sweep_dir}"
+    )
+    return wait_for_report(sweep, analysis_id) if wait else 0
+
+
+def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) -> int:
+    """Block until the analysis job has left the queue; print the sweep table; 1 when no report came."""
+    while queued([analysis_id]):
+        time.sleep(poll_s)
+    if not sweep.report.exists():
+        print(
+            f"hpc.study: the analysis job {analysis_id} ended without {sweep.report}; see {sweep.analysis_jobs}",
+            file=sys.stderr,
+        )
+        return 1
+    print(sweep.sweep_table.read_text(), end="")
+    print(f"report: {sweep.report}")
+    return 0
+
+
+def run_command(argv: list[str]) -> int:
+    """`run SWEEP.yaml [hpc.submit options]`: hpc.submit's command line, its --wait meaning "until the
+    report exists"."""
+    if not argv or argv[0].startswith("-"):
+        raise UsageError("hpc.study run: give the sweep YAML first (e.g. profiles/study.yaml)")
+    args = build_parser().parse_args(["--sweep", *argv])
+    plan = make_plan(args)
+    if args.dry_run:
+        print_plan(plan)
+        print(
+            f"# then the analysis job, after the arrays (job ids known once they are submitted)\n"
+            f"{analysis_sbatch_text(plan, args.account)}",
+            end="",
+        )
+        return 0
+    return submit_and_analyse(plan, args.account, args.wait)
+
+
+def analysis_sbatch_text(plan: Plan, account: str | None) -> str:
+    """The analysis job's sbatch script as submitit would write it, with placeholder array ids."""
+    assert plan.sweep_dir is not None
+    params = analysis_parameters(plan.cluster, account, "afterany:<array ids>", plan.sweep_dir.parent.name)
+    return sbatch_text(params, SweepPaths(plan.sweep_dir).analysis_jobs / "%j")
+
+
+def resubmit_command(argv: list[str]) -> int:
+    """Submit the failed and/or missing points again into the same sweep, and a new analysis job."""
+    p = Parser(
+        prog="python -m hpc.study resubmit",
+        description="Submit chosen points of a sweep again.",
+        epilog="Other options (--account, --profile, --export, --max-parallel, --local ...) are hpc.submit's.",
+    )
+    p.add_argument("sweep_dir")
+    p.add_argument(
+        "--failed",
+        action="store_true",
+        help="points that failed or timed out (they start afresh, in a new run directory)",
+    )
+    p.add_argument("--missing", action="store_true", help="points never run (no run directory, not queued)")
+    p.add_argument("--wait", action="store_true", help="wait for the new report and print the sweep table")
+    args, rest = p.parse_known_args(argv)
+    sweep_dir = existing_sweep(args.sweep_dir)
+    if not (args.failed or args.missing):
+        raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")
+    wanted = ({"failed", "timeout"} if args.failed else set()) | ({"missing"} if args.missing else set())
+    keys = {point_key(r) for r in sweep_status(sweep_dir) if r["state"] in wanted}
+    if not keys:
+        print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
+        return 0
+    submit_args = build_parser().parse_args(["--sweep", str(SweepPaths(sweep_dir).sweep_file), *rest])
+    plan = make_plan(submit_args)
+    specs = tuple(
+        dataclasses.replace(spec, folder=sweep_dir / "%j", points=chosen)
+        for spec in plan.specs
+        if (chosen := tuple((pt, cfg) for pt, cfg in spec.points if pt and point_key(pt) in keys))
+    )
+    print(f"resubmitting {sum(len(s.points) for s in specs)} point(s) into {sweep_dir}")
+    plan = dataclasses.replace(plan, specs=specs, sweep_dir=sweep_dir)
+    return submit_and_analyse(plan, submit_args.account, args.wait)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] not in COMMANDS:
+        raise UsageError(f"command line: {argv[0]!r}: expected one of {', '.join(COMMANDS)}")
+    return {"run": run_command, "status": status_command, "resubmit": resubmit_command}[argv[0]](argv[1:])
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.study`, or its console script): errors as one line, exit 2."""
+    return run("hpc.study", main, argv)

@@ -1,0 +1,44 @@
+"""torchrun as the launcher: one agent per node with c10d rendezvous at the job's first node, a worker
+per GPU, the worker group restarted (from the last checkpoint) when one dies. No torch import: the
+arguments are built here (for a Slurm job's environment: hpc.launch.distenv.slurm_torchrun_args), and
+whether this torch's torchrun can forward signals is read from its source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+# Slurm's warning before the time limit or a preemption (USR2) among them: the workers checkpoint and stop.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+
+def torchrun_args(
+    nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, max_restarts: int, forward_signals: bool
+) -> list[str]:
+    """torchrun's arguments for one agent per node: c10d rendezvous at `endpoint` (host:port, the
+    job's first node), worker-group restarts. With forward_signals, SIGUSR2 (Slurm's warning before
+    the time limit, or preemption) is passed on to the workers, which checkpoint and stop."""
+    args = [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--max-restarts={max_restarts}",
+    ]
+    if forward_signals:
+        args.append(f"--signals-to-handle={FORWARDED_SIGNALS}")
+    return args
+
+
+def torchrun_forwards_signals() -> bool:
+    """Whether this torch's torchrun has --signals-to-handle (newer releases), read from its source
+    rather than imported: no torch import here."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    try:
+        return "--signals-to-handle" in (Path(spec.origin).parent / "distributed" / "run.py").read_text()
+    except OSError:
+        return False

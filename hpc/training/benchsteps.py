@@ -1,0 +1,293 @@
+"""The benchmark's configurations and how one is timed (hpc/training/bench.py runs them): each
+`Variant` is the seed scripts' training path or the toolkit's, or one change between them; `run_variant`
+builds it, runs warm-up and timed steps on the device (CUDA events after a synchronize) and returns
+its figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import gc
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpc.core.errors import UsageError
+from hpc.launch.schema import ModelConfig, ProfilerConfig
+from hpc.training.summary import percentile
+
+# Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets, by device-name substring.
+DEVICE_PEAKS = {
+    "H200": {"bf16": 989.0, "tf32": 494.0},
+    "H100": {"bf16": 989.0, "tf32": 494.0},  # SXM; PCIe parts are lower
+    "A100": {"bf16": 312.0, "tf32": 156.0},
+}
+CIFAR100_TRAIN_IMAGES = 50_000  # one epoch of the study's full data fraction, for the whole-run figure
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    device_data: bool = False
+    bf16: bool = False
+    channels_last: bool = False
+    fused_sgd: bool = False
+    host_sync_every_step: bool = True
+    compile: bool = False
+    ddp: bool = True
+    cuda_graph: bool = False  # capture forward + backward + optimizer step once, replay it (bare model)
+
+
+BASELINE = Variant("baseline")
+TOOLKIT = Variant(
+    "toolkit", device_data=True, bf16=True, channels_last=True, fused_sgd=True, host_sync_every_step=False
+)
+SINGLE_CHANGES = [
+    dataclasses.replace(BASELINE, name="baseline + device data", device_data=True),
+    dataclasses.replace(BASELINE, name="baseline + bf16", bf16=True),
+    dataclasses.replace(BASELINE, name="baseline + channels_last", channels_last=True),
+    dataclasses.replace(BASELINE, name="baseline + fused SGD", fused_sgd=True),
+    dataclasses.replace(BASELINE, name="baseline + no host sync", host_sync_every_step=False),
+]
+TOOLKIT_NO_DDP = dataclasses.replace(TOOLKIT, name="toolkit without DDP", ddp=False)
+TOOLKIT_GRAPH = dataclasses.replace(TOOLKIT, name="toolkit + CUDA graph", ddp=False, cuda_graph=True)
+TOOLKIT_COMPILE = dataclasses.replace(TOOLKIT, name="toolkit + compile", compile=True)
+PROFILED = "toolkit, profiled"  # the toolkit again, under the profiler's default schedule
+REPEAT = "toolkit, again"  # the toolkit again: the run-to-run noise every other difference sits in
+MEMORY_VARIANTS = [TOOLKIT, dataclasses.replace(TOOLKIT, name="toolkit, fp32", bf16=False)]
+
+
+def device_peak_tflops(device_name: str, bf16: bool) -> float | None:
+    for key, peaks in DEVICE_PEAKS.items():
+        if key in device_name:
+            return peaks["bf16" if bf16 else "tf32"]
+    return None
+
+
+def variants_for(cuda: bool, with_compile: bool, only: str | None) -> list[Variant]:
+    """The configurations to time, in order; --only picks some by name (unknown names are an error)."""
+    known = [BASELINE, TOOLKIT, *SINGLE_CHANGES, TOOLKIT_NO_DDP, TOOLKIT_GRAPH, TOOLKIT_COMPILE]
+    chosen = [v for v in known if (v is not TOOLKIT_COMPILE or with_compile) and (cuda or not v.cuda_graph)]
+    if only:
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in {v.name for v in known}]
+        if unknown or not names:
+            raise UsageError(
+                f"--only {only!r}: unknown configuration {(unknown or [''])[0]!r}; choose from "
+                + ", ".join(repr(v.name) for v in known)
+            )
+        chosen = [v for v in known if v.name in names and (cuda or not v.cuda_graph)]
+    return chosen
+
+
+@functools.lru_cache(maxsize=2)
+def initial_model(arch: str, stem: str) -> tuple[Any, int]:
+    """(model on the CPU, forward FLOPs per image), built once: every configuration starts from a copy
+    (building ResNet152 takes seconds of CPU time, more than timing it)."""
+    import torch
+
+    from hpc.training.model import build_model, count_flops_per_image
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch=arch, stem=stem))
+    return model, count_flops_per_image(model)
+
+
+def build_training(variant: Variant, arch: str, stem: str, device: Any) -> tuple[Any, Any, Any, int]:
+    """(model, the callable a step runs forward through, optimizer, forward FLOPs per image)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cuda = device.type == "cuda"
+    cpu_model, flops_per_image = initial_model(arch, stem)
+    model = copy.deepcopy(cpu_model).to(device)
+    if variant.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    forward = DDP(model, device_ids=[device.index] if cuda else None) if variant.ddp else model
+    if variant.compile:
+        forward = torch.compile(forward)
+    kwargs = {"fused": True} if (variant.fused_sgd and cuda) else ({"foreach": True} if variant.fused_sgd else {})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
+    return model, forward, optimizer, flops_per_image
+
+
+def batch_source(variant: Variant, split: Any, batch: int, n_steps: int, device: Any) -> Callable[[int], Any]:
+    """next_batch(i) -> (x, y) on the device: the device path, or the seed scripts' DataLoader."""
+    import torch
+
+    from hpc.training import data as data_mod
+
+    n = len(split.labels)
+    if variant.device_data:
+        batches = data_mod.DeviceBatches(split, device, channels_last=variant.channels_last)
+        return lambda i: batches.batch((i * batch + np.arange(batch)) % n, augment=True, seed=i)
+    order = np.arange((n_steps + 2) * batch) % n
+    loader = data_mod.loader_batches(split, order, batch, True, num_workers=2, pin_memory=True, device=device)
+
+    def next_batch(i: int) -> tuple[Any, Any]:
+        x, y = next(loader)
+        return (x.contiguous(memory_format=torch.channels_last) if variant.channels_last else x), y
+
+    return next_batch
+
+
+def make_step(variant: Variant, model: Any, forward: Any, optimizer: Any, device: Any) -> Callable[[Any, Any], Any]:
+    """step(x, y) -> loss: forward, backward, optimizer step, gradients cleared."""
+    import torch
+
+    from hpc.training.cudagraph import GraphedStep, lr_on_device, whole_step
+
+    # Autocast's weight cast cache must be off while a CUDA graph is captured.
+    autocast = (
+        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=not variant.cuda_graph))
+        if variant.bf16
+        else contextlib.nullcontext
+    )
+    core = whole_step(forward, optimizer, autocast)
+    if variant.cuda_graph:
+        lr_on_device(optimizer, device)
+        return GraphedStep(core, model, optimizer)
+
+    def step(x, y):
+        loss = core(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def _stamp(clock: list[Any], k: int, cuda: bool) -> None:
+    """Mark time k of a step: a CUDA event on the device's clock, else the host's."""
+    if cuda:
+        clock[k].record()
+    else:
+        clock[k] = time.perf_counter()
+
+
+def time_steps(
+    step: Callable[[Any, Any], Any],
+    next_batch: Callable[[int], Any],
+    n_steps: int,
+    warmup: int,
+    device: Any,
+    host_sync: bool,
+    profiling: Any,
+) -> dict[str, Any]:
+    """Run n_steps; per timed step its length and the data's part, on the GPU's clock where there is one."""
+    import torch
+
+    cuda = device.type == "cuda"
+    marks = []
+    t_start = time.perf_counter()
+    for i in range(n_steps):
+        if i == warmup and cuda:  # peaks after warm-up: without cuDNN's autotuning workspaces
+            torch.cuda.synchronize(device)
+            first_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        clock = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else [None] * 3
+        _stamp(clock, 0, cuda)
+        x, y = next_batch(i)
+        _stamp(clock, 1, cuda)
+        loss = step(x, y)
+        if host_sync:
+            loss.item()  # what `running_loss += loss.item()` costs in the seed scripts
+        if profiling is not None:
+            profiling.step()
+        _stamp(clock, 2, cuda)
+        marks.append(clock)
+    if cuda:
+        torch.cuda.synchronize(device)
+    wall_s = time.perf_counter() - t_start
+    span = (lambda a, b: a.elapsed_time(b) / 1000) if cuda else (lambda a, b: b - a)
+    timed = marks[warmup:]
+    out = {
+        "step_s": [span(m[0], m[2]) for m in timed],
+        "data_s": [span(m[0], m[1]) for m in timed],
+        "wall_s": wall_s,
+        "peak_bytes": None,
+        "steady_peak_bytes": None,
+    }
+    if cuda:
+        steady = torch.cuda.max_memory_allocated(device)
+        out.update(peak_bytes=max(first_peak if warmup else 0, steady), steady_peak_bytes=steady)
+    return out
+
+
+def run_variant(
+    variant: Variant,
+    arch: str,
+    stem: str,
+    batch: int,
+    steps: int,
+    warmup: int,
+    split: Any,
+    device: Any,
+    profile: bool = False,
+    trace_dir: Path | None = None,
+) -> dict[str, Any]:
+    import torch
+
+    from hpc.training.profiling import maybe_profile
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    model, forward, optimizer, flops_per_image = build_training(variant, arch, stem, device)
+    flops_per_image *= 3  # forward + backward (~2x forward)
+    next_batch = batch_source(variant, split, batch, warmup + steps, device)
+    step = make_step(variant, model, forward, optimizer, device)
+    # the trace directory is created only when profiling (mkdtemp here left an empty one per configuration)
+    trace_dir = trace_dir or Path(tempfile.gettempdir()) / "hpc-bench-traces"
+    with maybe_profile(ProfilerConfig(enabled=profile), trace_dir, 0, cuda) as profiling:
+        timing = time_steps(step, next_batch, warmup + steps, warmup, device, variant.host_sync_every_step, profiling)
+    del step, forward, model, optimizer, next_batch
+    timed = timing["step_s"]
+    mean = sum(timed) / len(timed)
+    tflops = flops_per_image * batch / mean / 1e12
+    device_name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
+    peak = device_peak_tflops(device_name, variant.bf16) if cuda else None
+    return {
+        "config": variant.name,
+        **dataclasses.asdict(variant),
+        "batch": batch,
+        "steps": len(timed),
+        "images_per_s": batch / mean,
+        "step_time_mean_s": mean,
+        "step_time_median_s": statistics.median(timed),
+        "step_time_p90_s": percentile(timed, 0.9),
+        "data_share_pct": 100 * sum(timing["data_s"]) / sum(timed),
+        "wall_time_s": timing["wall_s"],
+        "peak_memory_bytes": timing["peak_bytes"],
+        "steady_peak_memory_bytes": timing["steady_peak_bytes"],
+        "model_flops_per_image": flops_per_image,
+        "achieved_tflops": tflops,
+        "device_peak_tflops": peak,
+        "fraction_of_peak": tflops / peak if peak else None,
+        "profiled": profile,
+    }
+
+
+def guarded(label: str, batch: int, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's result, or its error (an OOM at batch 2048, a failed capture): the rest goes on."""
+    try:
+        return fn()
+    except Exception as e:  # CUDA OOM, capture and compile errors all end one configuration only
+        message = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        print(f"{label:28} batch {batch:5}: failed: {type(e).__name__}: {message[:300]}", flush=True)
+        return {"config": label, "batch": batch, "error": f"{type(e).__name__}: {message[:300]}"}
+    finally:
+        gc.collect()
+        with contextlib.suppress(Exception):
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()

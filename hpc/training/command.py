@@ -1,0 +1,155 @@
+"""DDP training of ResNet on CIFAR-100 under torch.profiler: `python -m hpc.train --config FILE ...`.
+
+This module owns the command: its parser (the training flags are the launcher's, hpc/launch/flags.py),
+the run directory's policy (which directory, whether it may be resumed, removing one a failed start
+created), the stop signals, and CUDA out of memory as an outcome. The run itself is
+hpc/training/trainer.py's Trainer. One process per rank, started by srun, torchrun, submitit or plain
+python; the rank comes from hpc.launch.distenv. The run directory's files: hpc/core/rundir.py.
+
+Exit codes (hpc/core/errors.py): 0 done, 1 failed (e.g. non-finite loss), 2 bad input, 3 stopped by
+SIGTERM/SIGUSR2 after writing a checkpoint (run the same command again to resume; jobs requeue on it),
+4 CUDA out of memory (summary.json records it as the run's outcome: hpc/training/oom.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpc.core.cli import Parser, run, shown
+from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, UsageError
+from hpc.core.faults import faults_from_env
+from hpc.core.rundir import RunPaths
+from hpc.launch.config import load_run_config, read_yaml
+from hpc.launch.distenv import DistEnv, from_environ
+from hpc.launch.flags import add_training_flags, overrides_from_args
+from hpc.launch.schema import RunConfig, may_change_on_resume
+from hpc.training.parts import StopSignal
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = Parser(
+        prog="python -m hpc.train",
+        description="DDP training of ResNet on CIFAR-100 under torch.profiler. Precedence: flags > --config > "
+        "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
+        epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint, "
+        "4 CUDA out of memory (recorded in summary.json).",
+    )
+    parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
+    add_training_flags(parser)
+    return parser.parse_args(argv)
+
+
+def default_run_dir(env: Mapping[str, str], dist: DistEnv) -> Path:
+    job = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or env.get("TORCHELASTIC_RUN_ID")
+    if job:
+        return Path("runs") / "train" / job
+    if dist.world_size > 1:
+        raise UsageError("several ranks but no job id to agree on a run directory: pass --run-dir")
+    return Path("runs") / "train" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def check_is_run_dir(path: Path) -> None:
+    """An existing --run-dir is empty or a run directory: training writes config.yaml, checkpoints/ and
+    more into it, and must not scatter them into a directory of other things (`--run-dir ~`)."""
+    if not RunPaths(path).is_run_or_empty():
+        names = sorted(p.name for p in path.iterdir())
+        shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise UsageError(
+            f"--run-dir {shown(str(path))}: holds other files ({shown_names}), not a run; "
+            "give a new directory, or an existing run's to resume it"
+        )
+
+
+def prepare_run_dir(path: Path) -> Path:
+    try:
+        RunPaths(path).checkpoints.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"run directory {shown(str(path))} is not writable ({e.strerror or e})") from None
+    return path
+
+
+def check_resumable(run_dir: Path, cfg: RunConfig) -> None:
+    """A run directory holds one run: resuming it with another config would silently mix two."""
+    paths = RunPaths(run_dir)
+    if not paths.checkpoint.exists() or not paths.config.exists():
+        return
+    try:
+        saved = read_yaml(paths.config)
+    except ConfigError as e:
+        raise UsageError(f"{e}; this run directory's saved config is damaged: use another --run-dir") from None
+    for section, body in cfg.to_dict().items():
+        for key, value in body.items():
+            old = (saved.get(section) or {}).get(key, value)
+            if old != value and not may_change_on_resume(section, key):  # marked on the config's fields
+                raise UsageError(
+                    f"{run_dir}: holds a run with {section}.{key} = {old!r}, not {value!r}; "
+                    "use another --run-dir or the same settings to resume"
+                )
+
+
+def remove_if_unfinished(run_dir: Path) -> None:
+    """Remove a run directory this command created, unless it holds a checkpoint or a summary."""
+    paths = RunPaths(run_dir)
+    if not paths.checkpoint.exists() and not paths.summary.exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_run_config(args.config, overrides_from_args(args))
+    faults_from_env(os.environ)  # a typo in the test hook is an input error now, not a silent no-op later
+    dist = from_environ(os.environ)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist)
+    created = not run_dir.exists()
+    check_is_run_dir(run_dir)
+    try:
+        prepare_run_dir(run_dir)
+        check_resumable(run_dir, cfg)
+        return train_or_oom(cfg, run_dir, dist)
+    except HpcError as e:
+        if created and e.exit_code == 2:  # bad input found late (data, checkpoint...): leave no run directory
+            remove_if_unfinished(run_dir)
+        raise
+
+
+def train_or_oom(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
+    """One rank's run, from set-up to summary.json; a CUDA out-of-memory error becomes the run's outcome
+    (summary.json) and exit code 4. The stop signals are handed back and the process group torn down
+    whatever happens (a failed run must not leave them to the next)."""
+    import torch
+    import torch.distributed as tdist
+
+    from hpc.training.oom import describe, record_oom
+    from hpc.training.trainer import Trainer
+
+    stop = StopSignal().install()
+    trainer = None
+    try:
+        trainer = Trainer(cfg, run_dir, dist, stop)
+        return trainer.train()
+    except torch.cuda.OutOfMemoryError as e:
+        cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
+        oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda)
+        print(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}", file=sys.stderr, flush=True)
+        return EXIT_OOM
+    finally:
+        stop.restore()
+        if trainer is not None:
+            trainer.close()
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.destroy_process_group()
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.train`, or its console script): errors as one line, exit 2 (bad
+    input) or 1 (a run that cannot go on)."""
+    return run("hpc.train", main, argv)

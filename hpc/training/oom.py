@@ -1,0 +1,137 @@
+"""CUDA out of memory as a result of a run, not a crash.
+
+A sweep point whose batch does not fit (batch 2048 of ResNet152 on a 40 GB A100 may not) ends with
+exit code 4 and a `summary.json` whose `outcome` is "oom", holding the batch, the allocation that
+failed, the device's memory and the peak reached; the analysis shows such points as OOM and the sweep
+goes on. With `profiler.memory_snapshot: true` the allocator's history is recorded from the start and
+dumped at the OOM as `memory_snapshot.rank{R}.pickle`, for https://pytorch.org/memory_viz.
+
+Fault injection, for testing without a GPU (grammar: hpc/core/faults.py): HPC_FAULT_INJECT=
+oom-at-step:N raises the same OutOfMemoryError before optimizer step N (counted from 1), on every
+rank, as a real OOM would at a batch shape that fits nowhere; `fail-at-step:N` raises a plain error
+instead (a crashed point); `...@batch=B@world=W` hits only runs of per-GPU batch B and W ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from hpc.core.faults import VARIABLE as FAULT_VARIABLE
+from hpc.core.faults import Fault
+from hpc.core.rundir import RunPaths, write_summary
+from hpc.launch.schema import RunConfig
+
+SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def requested_bytes(message: str) -> int | None:
+    """The failed allocation from the allocator's message ("Tried to allocate 2.00 GiB."), if named."""
+    m = re.search(r"Tried to allocate ([0-9.]+) ?(B|KiB|MiB|GiB|TiB)", message)
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def maybe_inject_fault(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int, world: int) -> None:
+    """Test hook (HPC_FAULT_INJECT, parsed by hpc/core/faults.py): before optimizer step `next_step`,
+    raise CUDA's OutOfMemoryError (oom) or a RuntimeError (fail: a crash with an error line, as a bug
+    or a dead node gives) when asked to."""
+    for fault in faults:
+        if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
+            continue
+        spec = os.environ.get(FAULT_VARIABLE, "")
+        if fault.kind == "fail":
+            raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT={spec})"
+        )
+
+
+def start_memory_history(enabled: bool, cuda: bool) -> None:
+    """Record the allocator's history (profiler.memory_snapshot) so an OOM can be replayed in memory_viz."""
+    if enabled and cuda:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+
+
+def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
+    """What the device had: total, free now, this process's limit (train.cuda_memory_fraction of the
+    total, else the total) and the allocator's peak so far."""
+    import torch
+
+    if not (cuda and torch.cuda.is_available()):
+        return {
+            "device_total_bytes": None,
+            "device_free_bytes": None,
+            "limit_bytes": None,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+        }
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "device_total_bytes": int(total),
+        "device_free_bytes": int(free),
+        "limit_bytes": int(total * fraction) if fraction is not None else int(total),
+        # peaks since the last profiler window opened (hpc.profiling resets them there)
+        "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+    }
+
+
+def record_oom(
+    error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool
+) -> dict[str, Any]:
+    """Write what the OOM was (summary.json, outcome "oom") and the snapshot if recorded; return the record."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    tc = cfg.train
+    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
+    oom: dict[str, Any] = {
+        "rank": rank,
+        "batch_size_per_gpu": per_gpu,
+        "global_batch_size": per_gpu * world,
+        "requested_bytes": requested_bytes(message),
+        "memory_fraction": tc.cuda_memory_fraction,
+        **device_memory(cuda, tc.cuda_memory_fraction),
+        "message": message[:500],
+        "snapshot": None,
+    }
+    if cfg.profiler.memory_snapshot and cuda:
+        import torch
+
+        path = paths.memory_snapshot(rank)
+        torch.cuda.memory._dump_snapshot(str(path))
+        oom["snapshot"] = path.name
+    # Every rank may hit it at once: rank 0's record replaces any other; another rank's is kept only
+    # if none is there yet.
+    write_summary(
+        paths,
+        {
+            "run_dir": str(paths.root),
+            "world_size": world,
+            "outcome": "oom",
+            "oom": oom,
+            "config": cfg.to_dict(),
+            "ranks": [],
+        },
+        first_wins=rank != 0,
+    )
+    return oom
+
+
+def describe(oom: dict[str, Any]) -> str:
+    """One line for stderr."""
+
+    def gib(n: float | None) -> str:
+        return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+    limit = "" if oom.get("memory_fraction") is None else f" (train.cuda_memory_fraction {oom['memory_fraction']:g})"
+    return (
+        f"CUDA out of memory at batch {oom['batch_size_per_gpu']} per GPU on rank {oom['rank']}: "
+        f"asked {gib(oom['requested_bytes'])} with {gib(oom['peak_allocated_bytes'])} allocated at the peak, "
+        f"limit {gib(oom.get('limit_bytes'))}{limit} of {gib(oom['device_total_bytes'])}"
+        + (f"; snapshot {oom['snapshot']}" if oom["snapshot"] else "")
+    )

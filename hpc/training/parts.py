@@ -1,0 +1,163 @@
+"""The trainer's small parts, each owning one job and its state:
+- StopSignal: SIGTERM/SIGUSR2/SIGINT ask for a checkpoint at the next step boundary;
+- TrainState: where the run is (epoch, micro-batch position, optimizer step) and its RNG state;
+- StepTimer: optimizer-step times, CUDA events on a GPU (no per-step sync), perf_counter on a CPU;
+- DivergenceGuard: the first non-finite loss, checked every step on a CPU, at log steps on a GPU;
+- evaluate(): every test image exactly once across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hpc.launch.distenv import DistEnv
+from hpc.launch.schema import DataConfig
+from hpc.training.checkpoint import rng_state, set_rng_state
+
+
+class StopSignal:
+    """SIGTERM/SIGUSR2 (Slurm preemption, time limit) and SIGINT (Ctrl-C) ask for a checkpoint at the
+    next step boundary; the same command then resumes. Installed by whoever runs the training and
+    handed in, so the handlers are given back afterwards."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopSignal:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the run is: epoch, micro-batches done in this epoch, optimizer steps done, and the random
+    number generators (torch, Python, CUDA) at that point, so a resumed run draws what an uninterrupted
+    one would."""
+
+    epoch: int = 0
+    position: int = 0
+    step: int = 0
+    use_cuda: bool = dataclasses.field(default=False, compare=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "step": self.step, "rng": rng_state(self.use_cuda)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state["rng"], self.use_cuda)
+        self.epoch, self.position, self.step = state["epoch"], state["position"], state["step"]
+
+
+class StepTimer:
+    """Optimizer-step times. On a GPU an event is recorded after each step and read once at the end
+    (after a synchronize); on a CPU the wall time of the step, from its first micro-batch."""
+
+    def __init__(self, use_cuda: bool):
+        self.use_cuda = use_cuda
+        self.events: list[Any] = []
+        self.seconds: list[float] = []
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.use_cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+        else:
+            self.seconds.append(time.perf_counter() - self.started)
+
+    def times(self) -> list[float]:
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:], strict=False)]
+        return self.seconds
+
+
+class DivergenceGuard:
+    """Keeps the log interval's micro-batch losses (device tensors) and finds the first non-finite one."""
+
+    def __init__(self, use_cuda: bool):
+        self.use_cuda = use_cuda
+        self.losses: list[Any] = []
+        self.steps: list[int] = []
+
+    def add(self, loss: Any, step: int) -> None:
+        self.losses.append(loss.detach())
+        self.steps.append(step)
+
+    def bad_step(self, at_log: bool, group_size: int) -> int:
+        """The optimizer step of the first non-finite loss, or 0. On a GPU only at log steps (a check is
+        a sync); on a CPU every step, over that step's micro-batches."""
+        import torch
+
+        if self.use_cuda and not at_log:
+            return 0
+        checked = self.losses if self.use_cuda else self.losses[-group_size:]
+        finite = torch.isfinite(torch.stack(checked).float().cpu())
+        if bool(finite.all()):
+            return 0
+        return self.steps[len(self.losses) - len(checked) + int((~finite).nonzero()[0])]
+
+    def mean(self) -> float:
+        import torch
+
+        return float(torch.stack(self.losses).float().mean())
+
+    def reset(self) -> None:
+        self.losses, self.steps = [], []
+
+
+def evaluate(
+    model: Any, data: Any, autocast: Callable[[], Any], dc: DataConfig, micro: int, dist: DistEnv, device: Any
+) -> dict[str, float]:
+    """Loss, top-1 and top-5 over every test image exactly once across ranks (`data`: setup.DataParts)."""
+    import torch
+    import torch.distributed as tdist
+    import torch.nn.functional as F
+
+    from hpc.training import data as data_mod
+
+    model.eval()
+    idx = data_mod.eval_indices(len(data.test_split.labels), dist.rank, dist.world_size)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
+    with torch.no_grad(), autocast():
+        chunks = (idx[i : i + 2 * micro] for i in range(0, len(idx), 2 * micro))
+        batches: Iterator[tuple[Any, Any]]
+        if data.test_data is not None:
+            batches = (data.test_data.batch(c, augment=False) for c in chunks)
+        else:
+            batches = data_mod.loader_batches(
+                data.test_split, idx, 2 * micro, False, dc.num_workers, dc.pin_memory, device
+            )
+        for x, y in batches:
+            logits = model(x).float()  # the plain module: ranks may hold different batch counts
+            top5 = logits.topk(5, dim=1).indices
+            sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+            sums[1] += (top5[:, 0] == y).sum()
+            sums[2] += (top5 == y[:, None]).any(dim=1).sum()
+            sums[3] += y.numel()
+    tdist.all_reduce(sums)
+    model.train()
+    loss, top1, top5, count = sums.tolist()
+    return {"loss": loss / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count, "images": int(count)}

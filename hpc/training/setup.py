@@ -1,0 +1,271 @@
+"""Setting up one rank's run: the step plan (batches and steps), the device, the process group, the data,
+the model with DDP, the optimizer and the learning-rate schedule. Each function takes the config
+section it needs and returns what it built; the Trainer holds the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hpc.core.errors import UsageError
+from hpc.launch.distenv import DistEnv
+from hpc.launch.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    if cfg.schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if cfg.schedule == "multistep":
+        return float(0.1 ** sum(progress >= m for m in cfg.milestones))
+    return 1.0
+
+
+def batch_plan(tc: TrainConfig, world: int) -> tuple[int, int]:
+    """(images per rank per optimizer step, images per micro-batch), or UsageError naming the values."""
+    if tc.batch_scope == "global" and tc.batch_size % world:
+        raise UsageError(f"train.batch_size = {tc.batch_size} (global) does not divide by {world} ranks")
+    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // world
+    if per_gpu % tc.grad_accum_steps:
+        raise UsageError(
+            f"train.batch_size = {tc.batch_size}: {per_gpu} per GPU does not divide into "
+            f"train.grad_accum_steps = {tc.grad_accum_steps} micro-batches"
+        )
+    return per_gpu, per_gpu // tc.grad_accum_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """How a run's images become micro-batches and optimizer steps, on every rank alike."""
+
+    per_gpu: int  # images per rank per optimizer step
+    micro: int  # images per micro-batch
+    grad_accum: int  # micro-batches per optimizer step
+    global_batch: int
+    batches_per_epoch: int  # micro-batches per rank per epoch
+    steps_per_epoch: int
+    total_steps: int  # the schedule's length; max_steps only truncates
+    stop_at: int
+
+    def group(self, position: int) -> tuple[int, bool]:
+        """(micro-batches in the optimizer step of micro-batch `position`, whether it is the step's last):
+        an epoch's last step may have fewer."""
+        start = (position // self.grad_accum) * self.grad_accum
+        size = min(self.grad_accum, self.batches_per_epoch - start)
+        return size, position == start + size - 1
+
+
+def step_plan(tc: TrainConfig, world: int, images: int) -> StepPlan:
+    """The StepPlan for `images` training images over `world` ranks (DistributedSampler pads each rank
+    to ceil(images / world))."""
+    per_gpu, micro = batch_plan(tc, world)
+    batches = math.ceil(math.ceil(images / world) / micro)
+    steps = math.ceil(batches / tc.grad_accum_steps)
+    total = steps * tc.epochs
+    return StepPlan(
+        per_gpu, micro, tc.grad_accum_steps, per_gpu * world, batches, steps, total, min(total, tc.max_steps or total)
+    )
+
+
+def check_cuda_graph_settings(cfg: RunConfig, use_cuda: bool, world: int) -> None:
+    """train.cuda_graph needs one CUDA process, whole steps and static shapes (hpc/training/cudagraph.py)."""
+    tc = cfg.train
+    problems = [
+        (not use_cuda, "no CUDA device in use"),
+        (world > 1, f"{world} ranks (it runs one process)"),
+        (tc.grad_accum_steps > 1, f"train.grad_accum_steps = {tc.grad_accum_steps}"),
+        (cfg.model.compile, "model.compile = true"),
+        (cfg.data.loader != "device", f"data.loader = {cfg.data.loader!r} (needs 'device')"),
+    ]
+    for bad, why in problems:
+        if bad:
+            raise UsageError(f"train.cuda_graph = true does not work with {why}")
+
+
+def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
+    """(device, use_cuda), with the backend flags the run asks for."""
+    import torch
+
+    use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise UsageError("train.device = 'cuda' but no CUDA device is visible")
+    if use_cuda:
+        device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        if tc.cuda_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(tc.cuda_memory_fraction, device)
+        torch.backends.cudnn.benchmark = not tc.deterministic  # autotuning may pick another algorithm per run
+        torch.backends.cudnn.deterministic = tc.deterministic
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:  # several ranks on one CPU must not oversubscribe it
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_world_size))
+    if tc.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
+        # warn_only: ops without a deterministic kernel warn rather than stop the run
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return device, use_cuda
+
+
+def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[str, Any]:
+    """(backend, control group): NCCL or gloo for the model; stop and divergence flags travel on a CPU
+    (gloo) group, so checking them costs no GPU synchronisation."""
+    import torch.distributed as tdist
+
+    backend = "nccl" if use_cuda else "gloo"
+    timeout = dt.timedelta(seconds=timeout_s)
+    if dist.world_size > 1 and dist.elastic_attempt is not None:
+        # torchrun's agent hosts the store and keeps it across restarts of the worker group: a restarted
+        # group must not read the dead group's addresses (it would connect to closed ports, or hang).
+        agent_store = tdist.TCPStore(
+            dist.master_addr, dist.master_port, dist.world_size, is_master=False, timeout=timeout
+        )
+        tdist.init_process_group(
+            backend,
+            store=tdist.PrefixStore(f"hpc/attempt{dist.elastic_attempt}/", agent_store),
+            rank=dist.rank,
+            world_size=dist.world_size,
+            timeout=timeout,
+        )
+    elif dist.world_size > 1:
+        tdist.init_process_group(
+            backend,
+            init_method=f"tcp://{dist.master_addr}:{dist.master_port}",
+            rank=dist.rank,
+            world_size=dist.world_size,
+            timeout=timeout,
+        )
+    else:  # DDP over one process, as the study's 1-GPU runs; a private store needs no port
+        tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return backend, (tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None)
+
+
+@dataclasses.dataclass
+class DataParts:
+    """The data a rank trains and evaluates on: both splits, the fraction's indices, and with
+    `data.loader: device` the whole uint8 sets on the device."""
+
+    train_split: Any
+    test_split: Any
+    subset: Any  # sorted indices of the training images of this data fraction
+    train_data: Any = None  # DeviceBatches, or None: the DataLoader path
+    test_data: Any = None
+
+
+def setup_data(
+    dc: DataConfig,
+    num_classes: int,
+    seed: int,
+    dist: DistEnv,
+    device: Any,
+    channels_last: bool,
+    barrier: Callable[[], None],
+    log: Callable[[str], None],
+) -> DataParts:
+    """Load CIFAR-100 (writing the synthetic set first where asked and missing: one rank per node, the
+    others waiting at `barrier`) and put it where the loader wants it."""
+    from hpc.training import data as data_mod
+
+    root = dc.resolved_root()
+    data_mod.check_root(root)  # on every rank: not only rank 0 may fail before the barrier below
+    if dc.synthesize_if_missing and not data_mod.has_dataset(root) and dist.local_rank == 0:
+        data_mod.prepare_synth_dir(root)
+        log(f"no CIFAR-100 under {root}: writing a synthetic set in its format")
+        data_mod.synthesize(root, dc.synth_train, dc.synth_test, seed=seed)
+    barrier()
+    train_split, test_split, class_names = data_mod.load_cifar100(root)
+    if num_classes != len(class_names):  # labels past the last logit fail deep in the loss
+        raise UsageError(f"model.num_classes = {num_classes} but the data under {root} has {len(class_names)} classes")
+    subset = data_mod.balanced_subset(train_split.labels, dc.fraction, seed=seed)
+    if dc.loader != "device":
+        return DataParts(train_split, test_split, subset)
+    return DataParts(
+        train_split,
+        test_split,
+        subset,
+        data_mod.DeviceBatches(train_split, device, channels_last),
+        data_mod.DeviceBatches(test_split, device, channels_last),
+    )
+
+
+@dataclasses.dataclass
+class ModelParts:
+    """The model and what trains it: DDP around it (None for a graphed run), the callable a step runs
+    forward through, the optimizer, the schedule, and the autocast dtype (None: fp32)."""
+
+    model: Any
+    ddp: Any
+    forward: Any
+    optimizer: Any
+    scheduler: Any
+    base_lr: float
+    amp_dtype: Any
+    graph_safe_autocast: bool  # autocast's cast cache off: a CUDA graph is captured
+    device_type: str
+
+    def autocast(self) -> Any:
+        import torch
+
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(
+            device_type=self.device_type, dtype=self.amp_dtype, cache_enabled=not self.graph_safe_autocast
+        )
+
+
+def setup_model(
+    mc: ModelConfig, tc: TrainConfig, plan: StepPlan, device: Any, use_cuda: bool, channels_last: bool
+) -> ModelParts:
+    """The model (seeded), DDP unless the step is graphed, fused SGD where there is one, the schedule."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hpc.training.model import build_model
+
+    torch.manual_seed(tc.seed)
+    model = build_model(mc).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ddp: Any = None
+    forward: Any = model  # cuda_graph: one process; DDP would only copy gradients, and its hooks cannot be captured
+    if not tc.cuda_graph:
+        ddp = DDP(
+            model,
+            device_ids=[device.index] if use_cuda else None,
+            bucket_cap_mb=tc.ddp_bucket_cap_mb,
+            gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view,
+            static_graph=tc.ddp_static_graph,
+        )
+        forward = torch.compile(ddp) if mc.compile else ddp
+    base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * plan.global_batch / 256
+    optimizer = build_optimizer(model, tc, base_lr, use_cuda)
+    warmup_steps = int(round(tc.warmup_epochs * plan.steps_per_epoch))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, plan.total_steps, warmup_steps, tc))
+    amp = torch.bfloat16 if (tc.amp == "bf16" or (tc.amp == "auto" and use_cuda)) else None
+    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, tc.cuda_graph, device.type)
+
+
+def build_optimizer(model: Any, tc: TrainConfig, base_lr: float, use_cuda: bool) -> Any:
+    import torch
+
+    nesterov = tc.nesterov and tc.momentum > 0
+    kwargs: dict[str, Any] = {
+        "lr": base_lr,
+        "momentum": tc.momentum,
+        "nesterov": nesterov,
+        "weight_decay": tc.weight_decay,
+    }
+    try:  # fused SGD on CUDA (one kernel for all parameters) where this torch has it
+        return torch.optim.SGD(model.parameters(), **kwargs, **({"fused": True} if use_cuda else {"foreach": False}))
+    except (TypeError, RuntimeError):
+        return torch.optim.SGD(model.parameters(), **kwargs)

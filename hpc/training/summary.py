@@ -1,0 +1,140 @@
+"""summary.json's record of a run: `RunSummary` knows the run's fixed facts from its set-up, makes each
+rank's record at the end (step times, throughput, memory, the profiler's cycles, the weights' digest),
+and rank 0 writes them all (hpc/core/rundir.py owns the file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import resource
+import socket
+from pathlib import Path
+from typing import Any
+
+from hpc.core.rundir import RunPaths, write_summary
+from hpc.launch.distenv import DistEnv
+from hpc.launch.schema import RunConfig
+from hpc.training.setup import StepPlan
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def step_time_stats(timed: list[float]) -> dict[str, Any]:
+    mean = sum(timed) / len(timed) if timed else None
+    return {
+        "n": len(timed),
+        "mean": mean,
+        "median": percentile(timed, 0.5),
+        "p90": percentile(timed, 0.9),
+        "min": min(timed) if timed else None,
+        "max": max(timed) if timed else None,
+    }
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of every tensor of the state: anyone can check that every rank ends with the same weights."""
+    import torch
+
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def performance_env() -> dict[str, str]:
+    """The environment that shapes performance, for reproducing the run."""
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(("OMP_", "NCCL_", "FI_", "GLOO_", "HPC_", "TORCH_")) or k == "CUDA_VISIBLE_DEVICES"
+    }
+
+
+class RunSummary:
+    """The run's record in summary.json: fixed facts now, each rank's measurements at the end."""
+
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, dist: DistEnv, device: Any, backend: str, plan: StepPlan, train_images: int
+    ):
+        self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
+        self.use_cuda = device.type == "cuda"
+        self.facts = {
+            "rank": dist.rank,
+            "world_size": dist.world_size,
+            "local_rank": dist.local_rank,
+            "node_rank": dist.node_rank,
+            "hostname": socket.gethostname(),
+            "launcher": dist.launcher,
+            "device": str(device),
+            "backend": backend,
+            "arch": cfg.model.arch,
+            "stem": cfg.model.stem,
+            "batch_size_per_gpu": plan.per_gpu,
+            "global_batch_size": plan.global_batch,
+            "data_fraction": cfg.data.fraction,
+            "train_images": int(train_images),
+            "steps_per_epoch": plan.steps_per_epoch,
+        }
+
+    def rank_record(
+        self,
+        step: int,
+        epoch: int,
+        step_times: list[float],
+        exit_code: int,
+        cycles: list[Any],
+        peaks: dict[str, int],
+        wall_s: float,
+    ) -> dict[str, Any]:
+        """This rank's entry: the facts, where it stopped, its step times (the first step, which warms
+        caches, left out), throughput, memory peaks, the environment and the profiler's cycles."""
+        import torch
+
+        timed = step_times[1:] if len(step_times) > 2 else step_times
+        stats = step_time_stats(timed)
+        mean_step = stats["mean"]
+        cuda, device = self.use_cuda, self.device
+        return {
+            **self.facts,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "torch": torch.__version__,
+            "steps": step,
+            "epochs_completed": epoch,
+            "complete": exit_code == 0,
+            "step_time_s": stats,
+            "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
+            "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,
+            "wall_time_s": wall_s,
+            # The profiler resets the allocator's peaks as each recorded window opens: keep the run's maximum.
+            "cuda_max_memory_allocated_bytes": max(torch.cuda.max_memory_allocated(device), peaks["allocated"])
+            if cuda
+            else None,
+            "cuda_max_memory_reserved_bytes": max(torch.cuda.max_memory_reserved(device), peaks["reserved"])
+            if cuda
+            else None,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            "env": performance_env(),
+            "profiler": {"cycles": cycles, "traces": self.paths.rank_traces(self.dist.rank)},
+        }
+
+    def write(self, records: list[dict[str, Any]]) -> Path:
+        """summary.json with every rank's record (rank 0 calls this with the gathered records)."""
+        write_summary(
+            self.paths,
+            {
+                "run_dir": str(self.paths.root),
+                "world_size": self.dist.world_size,
+                "config": self.cfg.to_dict(),
+                "ranks": records,
+            },
+        )
+        return self.paths.summary

@@ -1,0 +1,65 @@
+"""The queue (hpc/launch/queue.py) behind a mocked subprocess: squeue's and sacct's outputs as Slurm 22.05
+prints them (recorded on the local test cluster and on a slurmdbd site), parsed, and what each caller
+gets when the queue lists a job, has forgotten it, or cannot say."""
+
+import subprocess
+
+import pytest
+
+from hpc.launch import queue
+
+# `squeue -h -r -o '%i %T' -j 320,321`: array tasks one by one, a pending array task, a plain job
+SQUEUE = "320_0 RUNNING\n320_1 PENDING\n321 COMPLETING\n"
+# `sacct -n -P -X -o JobID,State -j 320_0,320_1,325` on a site with slurmdbd
+SACCT = "320_0|COMPLETED\n320_1|CANCELLED by 0\n325|TIMEOUT\n325.batch|\n"
+
+
+def test_parsers_read_the_literal_outputs():
+    assert queue.parse_squeue(SQUEUE) == {"320_0": "RUNNING", "320_1": "PENDING", "321": "COMPLETING"}
+    assert queue.parse_squeue("") == {}
+    assert queue.parse_sacct(SACCT) == {"320_0": "COMPLETED", "320_1": "CANCELLED", "325": "TIMEOUT"}
+    assert queue.parse_sacct("garbage line\n|\n") == {}
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    """Slurm's commands replaced by recorded answers: calls[name] = (returncode, stdout, stderr)."""
+    answers, seen = {}, []
+
+    def run(cmd, capture_output=True, text=True):
+        seen.append(cmd)
+        rc, out, err = answers[cmd[0]]
+        return subprocess.CompletedProcess(cmd, rc, out, err)
+
+    monkeypatch.setattr(queue.subprocess, "run", run)
+    monkeypatch.setattr(queue.shutil, "which", lambda name: f"/usr/bin/{name}" if name in answers else None)
+    return answers, seen
+
+
+def test_queued_lists_what_squeue_lists(fake_slurm):
+    answers, seen = fake_slurm
+    answers["squeue"] = (0, SQUEUE, "")
+    assert queue.queued(["321", "320", "320"]) == queue.parse_squeue(SQUEUE)
+    assert seen[-1] == ["squeue", "-h", "-r", "-o", "%i %T", "-j", "320,321"]
+    assert not queue.left_queue("320_1") and queue.left_queue("320_5")
+
+
+def test_a_forgotten_job_has_left_and_a_failing_squeue_knows_nothing(fake_slurm):
+    answers, _ = fake_slurm
+    answers["squeue"] = (1, "", "slurm_load_jobs error: Invalid job id specified\n")
+    assert queue.queued(["99"]) == {} and queue.left_queue("99")
+    answers["squeue"] = (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
+    assert queue.queued(["99"]) is None and not queue.left_queue("99")  # unknown is not "ended"
+
+
+def test_without_slurm_the_queue_cannot_say(fake_slurm):
+    assert queue.queued(["1"]) is None and queue.queued([]) == {} and not queue.left_queue("1")
+    assert queue.accounted(["1"]) == {}
+
+
+def test_sacct_where_it_works_and_not_where_it_does_not(fake_slurm):
+    answers, _ = fake_slurm
+    answers["sacct"] = (0, SACCT, "")
+    assert queue.accounted(["320_0", "325"])["325"] == "TIMEOUT"
+    answers["sacct"] = (1, "", "sacct: error: Problem talking to the database: Connection refused\n")
+    assert queue.accounted(["320_0"]) == {}
