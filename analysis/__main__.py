@@ -21,7 +21,7 @@ from analysis.html import render_report
 from analysis.records import RunRecord, TraceRecord
 from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
-from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import UsageError
 from hpc.core.files import write_atomic
 from hpc.core.rundir import REPORT, SWEEP_TABLE, SweepPaths
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     path = Path(args.path)
-    if not path.exists():
+    if inspect_path(path, "path") is None:
         raise UsageError(f"{args.path}: no such file or directory")
     args.plots = args.plots or args.report
     flag = "--report" if args.report else "--plots"

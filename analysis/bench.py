@@ -16,13 +16,14 @@ import cost is not charged to parsing. Tools that are not installed are reported
 from __future__ import annotations
 
 import json
+import stat
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, check_output_file, run
+from hpc.core.cli import Parser, check_output_file, inspect_path, run
 from hpc.core.errors import UsageError
 from hpc.core.files import write_atomic
 
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         raise UsageError(f"no trace files (looked in {DEFAULT_DIR})")
     for path in files:
-        if not path.is_file():
+        status = inspect_path(path, "trace")
+        if status is None or not stat.S_ISREG(status.st_mode):
             raise UsageError(f"{path}: not a trace file")
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: must be >= 1")

@@ -6,6 +6,7 @@ or field, and the command prints them once it knows whether it has a result.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
 from collections.abc import Iterable
@@ -25,18 +26,34 @@ def print_warnings(warnings: Warnings) -> None:
         print(f"analysis: warning: {' '.join(message.split())[:400]}", file=sys.stderr)
 
 
-def find_traces(directory: Path) -> list[Path]:
-    """Every trace file under `directory` (our own JSON side files are not traces)."""
-    found: set[Path] = set()
-    for pattern in TRACE_PATTERNS:
-        found.update(p for p in directory.rglob(pattern) if p.is_file())
-    return sorted(p for p in found if p.name not in SIDE_FILES and not p.name.endswith(".tmp"))
+MAX_DEPTH = 3  # a run's traces lie in it, in traces/, or one level further (a folder of runs' traces)
+MAX_ENTRIES = 20_000  # a directory with more below it is no run (`python -m analysis /` must not walk the disk)
 
 
-def run_traces(run_dir: Path) -> list[Path]:
+def find_traces(directory: Path, warnings: Warnings | None = None) -> list[Path]:
+    """The trace files in `directory`, at most MAX_DEPTH levels down, links not followed (our own JSON
+    side files are not traces). Looking stops after MAX_ENTRIES entries, said in `warnings`."""
+    found, seen = [], 0
+    for top, dirs, files in os.walk(directory, onerror=lambda e: None):
+        depth = len(Path(top).relative_to(directory).parts)
+        if depth >= MAX_DEPTH:
+            dirs[:] = []
+        seen += len(dirs) + len(files)
+        if seen > MAX_ENTRIES:
+            if warnings is not None:
+                warnings.append(
+                    f"{directory}: stopped looking for traces after {MAX_ENTRIES:,} entries; "
+                    "give a run or sweep directory, or a trace file"
+                )
+            break
+        found += [Path(top) / f for f in files if any(fnmatch.fnmatch(f, p) for p in TRACE_PATTERNS)]
+    return sorted(p for p in found if p.name not in SIDE_FILES and not p.name.endswith(".tmp") and p.is_file())
+
+
+def run_traces(run_dir: Path, warnings: Warnings | None = None) -> list[Path]:
     """A run's traces: under traces/ when it has one (hpc.train's layout), else anywhere in it."""
     traces = RunPaths(run_dir).traces
-    return find_traces(traces if traces.is_dir() else run_dir)
+    return find_traces(traces if traces.is_dir() else run_dir, warnings)
 
 
 def _analyze_one(path: Path) -> tuple[TraceRecord | None, str | None]:

@@ -220,6 +220,7 @@ class Reader:
         self.eof = False
         self.meta: dict = {}
         self.saw_events = False
+        self.slow_until = 0  # a window no decoder took whole: its events are read one at a time up to here
 
     def _fill(self) -> bool:
         if self.eof:
@@ -228,6 +229,7 @@ class Reader:
         data = self.stream.read(self.chunk)
         if self.pos > (1 << 16):  # drop what has been consumed
             self.buf = self.buf[self.pos :]
+            self.slow_until = max(0, self.slow_until - self.pos)
             self.pos = 0
         if not data:
             self.eof = True
@@ -309,14 +311,20 @@ class Reader:
         reads the file, so the prefix decodes as a list only when the cut falls between two top-level
         events; when it falls inside one (a nested object, a string), decoding fails and an earlier cut
         is tried, then one event at a time. Typed first; a type error means a mistyped event (or a
-        cut): the window is decoded again leniently and its events admitted one by one."""
+        cut): the window is decoded again leniently and its events admitted one by one. A window no cut
+        decodes (a literal msgspec refuses, such as NaN) is read one event at a time to its end, once:
+        retrying the whole window after each event made such a file quadratic (a minute and more)."""
+        if self.pos < self.slow_until:
+            return None
         while len(self.buf) - self.pos < self.chunk and self._fill():
             pass  # a full window ahead, so that the event cut at its end is rarely decoded alone
         end = len(self.buf)
+        first_cut = None
         for _ in range(tries):
             end = self.buf.rfind("},", self.pos, end)
             if end < self.pos + 4096:  # too little left to be worth it: one at a time
                 return None
+            first_cut = end if first_cut is None else first_cut
             text = "[" + self.buf[self.pos : end + 1] + "]"
             try:
                 events = _STRICT.decode(text)
@@ -330,7 +338,20 @@ class Reader:
                 continue
             self.pos = end + 1
             return batch
-        return None
+        return self._batch_by_json(first_cut)
+
+    def _batch_by_json(self, cut: int | None) -> Batch | None:
+        """The window up to `cut` through the standard library's decoder, which takes what msgspec
+        refuses (NaN, Infinity), leniently; where that fails too, one event at a time up to the cut."""
+        if cut is None:
+            return None
+        try:
+            loose = json.loads("[" + self.buf[self.pos : cut + 1] + "]")
+        except (ValueError, RecursionError):
+            self.slow_until = cut + 1
+            return None
+        self.pos = cut + 1
+        return admitted(loose)
 
 
 def _first_line(err: BaseException) -> str:

@@ -45,7 +45,7 @@ def analyze_run(
 ) -> tuple[list[TraceRecord], RunRecord | None]:
     """Per-trace records of a run (with the run's summary attached) and the run-level record; the
     records are made here unless given (a sweep analyses all its points' traces at once)."""
-    records = analyze_files(run_traces(run_dir), warnings) if records is None else records
+    records = analyze_files(run_traces(run_dir, warnings), warnings) if records is None else records
     summary = read_summary(RunPaths(run_dir).summary, warnings.append)
     by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]

@@ -20,10 +20,11 @@ file"; it reads .json and .json.gz) or chrome://tracing.
 
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 
-from hpc.core.cli import Parser, run
+from hpc.core.cli import Parser, inspect_path, run
 from hpc.core.errors import UsageError
 
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     args = parser.parse_args(argv)
     logdir = Path(args.logdir)
-    if not logdir.is_dir():
+    status = inspect_path(logdir, "logdir")
+    if status is None or not stat.S_ISDIR(status.st_mode):
         raise UsageError(f"{args.logdir}: not a directory")
     if not PLUGIN_PATCHED:
         raise UsageError("torch-tb-profiler is not installed (pip install torch-tb-profiler)")

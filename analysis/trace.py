@@ -63,9 +63,10 @@ def _count(value: Any) -> int | None:
     return int(value) if type(value) in (int, float) and 0 <= value < 1 << 20 and value == int(value) else None
 
 
-def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memory: DeviceMemory) -> int:
+def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memory: DeviceMemory) -> tuple[int, int]:
     """Give a window's events to the accumulators, each its own events in file order with their times as
-    arrays; returns how many events had an out-of-range time or size (skipped, counted as bad)."""
+    arrays; returns (how many events had an out-of-range time or size: skipped, counted as bad; how many
+    an accumulator took)."""
     events, get = batch.events, _ROUTE.get
     # One pass over every event: the per-event passes are the analysis's main Python cost.
     code = np.array(
@@ -75,7 +76,9 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
         ],
         dtype=np.int8,
     )
-    bad = memory.add([events[i] for i in np.flatnonzero(code == _MEMORY).tolist()])
+    memory_events = [events[i] for i in np.flatnonzero(code == _MEMORY).tolist()]
+    bad = memory.add(memory_events)
+    taken = len(memory_events) - bad
     x = np.flatnonzero(code >= _OTHER)
     complete = [events[i] for i in x.tolist()]
     ts = np.array([e.ts for e in complete], dtype=np.float64)  # None -> NaN: no time, not read
@@ -89,19 +92,27 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
         idx = np.flatnonzero((code >= base) & (code < base + 10) & sane)
         if idx.size:
             accumulator.add([complete[i] for i in idx.tolist()], ts[idx], dur[idx], code[idx] - base)
-    return bad
+            taken += int(idx.size)
+    return bad, taken
 
 
 def analyze_trace(path: str | Path) -> TraceRecord:
     """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
     path = Path(path)
     cpu_ops, device_activity, memory = CpuOps(), DeviceActivity(), DeviceMemory()
-    n_events = bad_events = 0
+    n_events = bad_events = taken = 0
     reader = Reader()
     with _collector_paused():
         for batch in read_batches(path, reader):
             n_events += batch.n_events
-            bad_events += batch.bad + _route(batch, cpu_ops, device_activity, memory)
+            bad, used = _route(batch, cpu_ops, device_activity, memory)
+            bad_events += batch.bad + bad
+            taken += used
+        if not taken:  # nothing measured: an empty record would read as a run that did nothing
+            raise TraceError(
+                f"no event to analyse: traceEvents holds {n_events} item(s), none an operator, kernel, "
+                "memcpy/memset or memory event with usable fields"
+            )
         info = reader.meta.get("distributedInfo")
         info = info if isinstance(info, dict) else {}
         device_totals = device_activity.result(cpu_ops.launches, cpu_ops.step_ranges(), _count(info.get("world_size")))

@@ -10,6 +10,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property-based tests (tests/unit/test_properties_*.py): CI runs a fixed, derandomized sequence of
+# examples within its time budget; `HYPOTHESIS_PROFILE=long HPC_FUZZ_SCALE=20` runs fresh random ones,
+# twenty times as many, by hand (README, Testing).
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                                 HealthCheck.data_too_large, HealthCheck.filter_too_much])
+settings.register_profile("long", parent=settings.get_profile("ci"), derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"

@@ -12,9 +12,12 @@ traceback or a usage block.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import reprlib
+import stat
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +26,7 @@ from hpc.core.errors import HpcError, UsageError
 
 MAX_MESSAGE = 600
 MAX_VALUE = 120
+INT64_MAX = 2**63 - 1  # counts, sizes and seeds end up in int64 (torch, numpy, Slurm): a larger integer is bad input
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,6 +34,16 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # argparse's hook: it would print the usage block and exit 2
         raise UsageError(f"command line: {message} (see {self.prog} --help)")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """As argparse's, with the one rule for numbers of every flag: finite, and an integer within int64."""
+        value = super()._get_value(action, arg_string)
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"command line: {flag} {shown(arg_string)}: must be a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+            raise UsageError(f"command line: {flag} {shown(arg_string)}: must be an integer within +-{INT64_MAX}")
+        return value
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """As argparse's, and an empty value is refused: `--config ""` or `--run-dir ""` would
@@ -47,11 +61,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def refuse_empty(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> None:
+    """An empty value, or none at all where one is expected (argparse turns `--steps=--` into [])."""
     for action in _all_actions(parser):
         value = getattr(parsed, action.dest, None)
+        flag = action.option_strings[-1] if action.option_strings else action.dest
         if value == "" or (isinstance(value, list) and "" in value):
-            flag = action.option_strings[-1] if action.option_strings else action.dest
             raise UsageError(f"command line: {flag} '': must not be empty")
+        if isinstance(action, argparse._StoreAction) and action.nargs is None and isinstance(value, list):
+            raise UsageError(f"command line: {flag}: expected one value, got {shown(value)}")
 
 
 def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -84,22 +101,50 @@ def _os_reason(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
 
+def inspect_path(path: str | os.PathLike, source: str) -> os.stat_result | None:
+    """The status of what `path` names (links followed), or None where nothing is there; UsageError naming
+    `source` and the path where the system will not look (a name too long, a loop of links, no access)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise UsageError(f"{source} {shown(str(path))}: not a usable path ({_os_reason(e)})") from None
+    except ValueError:  # a NUL character: only from a file's value, never from a command line
+        raise UsageError(f"{source} {shown(str(path))}: a path may not hold NUL characters") from None
+
+
+def _probe_writable(directory: Path, source: str, target: Path) -> None:
+    """Make and remove an entry in `directory`: as root, os.access says yes to /proc and /sys."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hpc-probe-", dir=directory))
+    except OSError as e:
+        raise UsageError(
+            f"{source} {shown(str(target))}: cannot write in {shown(str(directory))} ({_os_reason(e)})"
+        ) from None
+
+
+def _nearest_existing(path: Path, source: str) -> tuple[Path, os.stat_result]:
+    for candidate in [path, *path.parents]:
+        status = inspect_path(candidate, source)
+        if status is not None:
+            return candidate, status
+    raise UsageError(f"{source} {shown(str(path))}: no part of it exists")  # pragma: no cover - "/" does
+
+
 def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
-    """Before any work: `out` is a directory, or can be made there (no file in the way, writable,
-    a name the file system takes)."""
+    """Before any work: `out` is a directory that can be written, or one that can be made: its nearest
+    existing ancestor is a directory we can write in, and every name below it one the file system takes."""
     if out is None:
         return
     path = Path(out).absolute()
-    try:
-        existing = next((p for p in [path, *path.parents] if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            raise UsageError(f"{flag} {shown(str(path))}: {shown(str(existing))} is a file, not a directory")
-        if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag} {shown(str(path))}: {shown(str(existing))} is not writable")
-        for part in path.relative_to(existing or path.anchor).parts:
-            _check_name_part(part, path, flag)
-    except OSError as e:  # a name too long, a loop of links, a path under /proc the kernel refuses
-        raise UsageError(f"{flag} {shown(str(path))}: not a usable directory ({_os_reason(e)})") from None
+    for part in path.parts:
+        _check_name_part(part, path, flag)
+    existing, status = _nearest_existing(path, flag)
+    if not stat.S_ISDIR(status.st_mode):
+        what = "a file" if stat.S_ISREG(status.st_mode) else "not a directory"
+        raise UsageError(f"{flag} {shown(str(path))}: {shown(str(existing))} is {what}, not a directory")
+    _probe_writable(existing, flag, path)
 
 
 def _check_name_part(part: str, path: Path, flag: str) -> None:
@@ -110,22 +155,21 @@ def _check_name_part(part: str, path: Path, flag: str) -> None:
 
 
 def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
-    """Before any work: a result file can be written at `path` (its directory exists and is writable,
-    it is not a directory, its name is one the file system takes)."""
+    """Before any work: a result file can be written at `path`: its directory exists and can be written,
+    and nothing but a regular file is there (writing replaces it: never a device such as /dev/null)."""
     if path is None:
         return
-    target = Path(path)
-    try:
-        parent = target.absolute().parent
-        if not parent.is_dir():
-            raise UsageError(f"{flag} {shown(str(path))}: directory {shown(str(parent))} does not exist")
-        if target.is_dir():
-            raise UsageError(f"{flag} {shown(str(path))}: is a directory, not a file")
-        if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-            raise UsageError(f"{flag} {shown(str(path))}: cannot be written here (permission denied)")
-        _check_name_part(target.name, target, flag)
-    except OSError as e:
-        raise UsageError(f"{flag} {shown(str(path))}: not a usable file name ({_os_reason(e)})") from None
+    target = Path(path).absolute()
+    for part in target.parts:
+        _check_name_part(part, target, flag)
+    status = inspect_path(target, flag)
+    if status is not None and not stat.S_ISREG(status.st_mode):
+        what = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+        raise UsageError(f"{flag} {shown(str(path))}: is {what}, not a file")
+    parent = inspect_path(target.parent, flag)
+    if parent is None or not stat.S_ISDIR(parent.st_mode):
+        raise UsageError(f"{flag} {shown(str(path))}: directory {shown(str(target.parent))} does not exist")
+    _probe_writable(target.parent, flag, target)
 
 
 NAME_MAX_BYTES = 200  # a name becomes a directory (255-byte limit) and a job name, with suffixes
@@ -157,7 +201,11 @@ def fail(prog: str, message: str, code: int = 2) -> int:
 
 
 def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Call main(argv); an HpcError becomes `prog: error: <message>` and its exit code."""
+    """Call main(argv); an HpcError becomes `prog: error: <message>` and its exit code. Names a command
+    prints as it was given them (bytes that are not UTF-8 arrive as surrogates) go out as those bytes."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
     try:
         return main(argv)
     except HpcError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
     """Write via a temp file in the same directory and rename, so readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    data = text.encode() if isinstance(text, str) else text
+    # surrogateescape: a name given as undecodable bytes (argv, the environment) is written back as those bytes
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -38,9 +40,17 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
         raise
 
 
+MAX_JSON_BYTES = 2**30  # summary.json and index.json are kilobytes to megabytes
+
+
 def read_json(path: Path, warn: Warn = ignore) -> Any:
-    """The JSON value in `path`, or None (and `warn` says why) when it cannot be read or parsed."""
+    """The JSON value in `path`, or None (and `warn` says why) when it cannot be read or parsed, or is no
+    regular file of at most MAX_JSON_BYTES (a device such as /dev/zero would be read for ever)."""
     try:
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_JSON_BYTES:
+            warn(f"{path}: ignored: not a regular file of at most {MAX_JSON_BYTES // 2**20} MiB")
+            return None
         return json.loads(Path(path).read_text())
     except (OSError, ValueError, RecursionError) as e:
         warn(f"{path}: unreadable ({' '.join(str(e).split())[:200]})")
@@ -48,12 +58,36 @@ def read_json(path: Path, warn: Warn = ignore) -> Any:
 
 
 _MERGE = "tag:yaml.org,2002:merge"
+MAX_YAML_DEPTH = 100  # a config is a few levels deep; a deeper document is refused before Python's recursion limit
 
 
 class _StrictLoader(yaml.SafeLoader):
     """yaml.SafeLoader (no tags, no code) that also refuses a key given twice in one mapping, where
     safe_load keeps the last one silently. Merge keys (`<<: *base`) work as in safe_load: a key
-    written in the mapping overrides the merged one."""
+    written in the mapping overrides the merged one. Nesting deeper than MAX_YAML_DEPTH is refused at
+    once (PyYAML composes recursively: thousands of levels took seconds to end in a RecursionError)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        # The scanner looks ahead over every open `[`/`{` (quadratically: 3000 took a second): stop it too.
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.get_mark()
+            )
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()

@@ -15,6 +15,7 @@ import fractions
 import math
 import os
 import shlex
+import stat
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from hpc.core.cli import Parser, run, shown
+from hpc.core.cli import Parser, inspect_path, run, shown
 from hpc.core.errors import ConfigError
 from hpc.core.files import dump_yaml, load_yaml_text
 from hpc.launch.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
@@ -34,6 +35,7 @@ _HPC = Path(__file__).resolve().parent.parent
 PROFILES_DIR = next((p for p in (_HPC / "profiles", _HPC.parent / "profiles") if p.is_dir()), _HPC.parent / "profiles")
 
 
+MAX_CONFIG_BYTES = 2**20  # a config or profile is a few hundred bytes; a larger file is something else
 INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integer is an input error
 
 
@@ -134,40 +136,50 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
     except _Invalid as e:
         where = sources.get(e.key, "defaults")
         value = raw.get(e.key, getattr(cls, e.key, None))  # as given, not as coerced
-        raise ConfigError(f"{where}: {name}.{e.key} = {shown(value)}: {e.reason}") from None
+        other = f" ({name}.{e.other} from {sources.get(e.other, 'defaults')})" if e.other else ""
+        raise ConfigError(f"{where}: {name}.{e.key} = {shown(value)}: {e.reason}{other}") from None
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
     """'perlmutter' -> profiles/perlmutter.yaml; a path is taken as it is."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists() or os.sep in name_or_path:
+    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path or inspect_path(path, "--profile") is not None:
         return path
     return PROFILES_DIR / f"{name_or_path}.yaml"
 
 
-def read_yaml(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Read a profile/config file and check its top level. Raises ConfigError naming the file."""
+def read_yaml(path: str | os.PathLike, flag: str = "") -> dict[str, dict[str, Any]]:
+    """Read a profile/config file and check its top level. Raises ConfigError naming the file (after the
+    flag that gave it, when one did: `--profile /x: is a directory`)."""
     path = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    status = inspect_path(path, flag or "config file")
+    if status is not None and stat.S_ISDIR(status.st_mode):
+        raise ConfigError(f"{where}: is a directory, not a config file")
+    if status is not None and not stat.S_ISREG(status.st_mode):  # /dev/zero would be read for ever
+        raise ConfigError(f"{where}: not a regular file (a device or a pipe), not a config file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a config file") from None
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{where}: more than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file")
+        text = data.decode("utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file ({e.strerror or e})") from None
+        raise ConfigError(f"{where}: cannot read config file ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise ConfigError(
-            f"{path}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start : e.start + 1]!r}"
+            f"{where}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start : e.start + 1]!r}"
         ) from None
     try:
         data = load_yaml_text(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+        raise ConfigError(f"{where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
+        raise ConfigError(f"{where}: nested too deeply to be a config file") from None
     except ValueError as e:  # e.g. an integer of over 4300 digits
-        raise ConfigError(f"{path}: not a usable value ({' '.join(str(e).split())[:120]})") from None
+        raise ConfigError(f"{where}: not a usable value ({' '.join(str(e).split())[:120]})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -189,8 +201,8 @@ class Layers:
         self.values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
         self.sources: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
 
-    def add_file(self, path: str | os.PathLike, only: tuple[str, ...] | None = None) -> Layers:
-        for section, body in read_yaml(path).items():
+    def add_file(self, path: str | os.PathLike, only: tuple[str, ...] | None = None, flag: str = "") -> Layers:
+        for section, body in read_yaml(path, flag).items():
             if only is not None and section not in only:
                 raise ConfigError(f"{path}: section {section!r} is not used here (expected {', '.join(only)})")
             for key, value in body.items():
@@ -234,7 +246,7 @@ def load_run_config(config_path: str | None, overrides: Sequence[tuple[str, Any,
     sections: a cluster or sweep value here would be silently ignored, so it is an error."""
     layers = Layers()
     if config_path:
-        layers.add_file(config_path, only=RUN_SECTIONS)
+        layers.add_file(config_path, only=RUN_SECTIONS, flag="--config")
     for dotted, value, source in overrides:
         require_section(dotted, RUN_SECTIONS, source)
         layers.set(dotted, value, source)
@@ -248,7 +260,7 @@ def require_section(dotted: str, allowed: tuple[str, ...], source: str) -> None:
 
 
 def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -> ClusterConfig:
-    layers = Layers().add_file(resolve_profile_path(profile), only=("cluster",))
+    layers = Layers().add_file(resolve_profile_path(profile), only=("cluster",), flag="--profile")
     for dotted, value, source in overrides:
         layers.set(dotted, value, source)
     return layers.build("cluster")
@@ -330,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     run_overrides = [o for o in overrides if not o[0].startswith(("cluster.", "sweep."))]
     if args.sweep:
-        layers = Layers().add_file(args.sweep)
+        layers = Layers().add_file(args.sweep, flag="--sweep")
         for dotted, value, source in overrides:
             if not dotted.startswith("cluster."):
                 layers.set(dotted, value, source)

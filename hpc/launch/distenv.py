@@ -40,7 +40,7 @@ _PORT_BASE, _PORT_SPAN = 20000, 12000
 
 def master_port_for_job(job_id: str) -> int:
     """A port every task of the job computes alike (the job id is all they share before rendezvous)."""
-    digest = hashlib.sha256(str(job_id).encode()).digest()
+    digest = hashlib.sha256(str(job_id).encode("utf-8", "surrogateescape")).digest()
     return _PORT_BASE + int.from_bytes(digest[:4], "big") % _PORT_SPAN
 
 
@@ -171,7 +171,7 @@ def _from_srun(env: Mapping[str, str]) -> DistEnv:
         hosts = expand_hostlist(env[nodelist_key])
     except HostlistError as e:
         raise DistEnvError(f"{src}: {nodelist_key}: {e}") from None
-    if not hosts:
+    if not hosts or not all(hosts):  # Slurm expands "[" to one empty name
         raise DistEnvError(f"{src}: {nodelist_key}={env[nodelist_key]!r} names no host")
     tasks_per_node = expand_tasks_per_node(env[tasks_key])
     ntasks_key = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") else "SLURM_NTASKS"

@@ -75,9 +75,9 @@ def run_layers(args: argparse.Namespace) -> Layers:
     """The run sections (and the sweep's) from --config, --sweep and the training flags."""
     layers = Layers()
     if args.config:
-        layers.add_file(args.config)
+        layers.add_file(args.config, flag="--config")
     if args.sweep:
-        layers.add_file(args.sweep)
+        layers.add_file(args.sweep, flag="--sweep")
     for dotted, value, source in overrides_from_args(args):
         if not dotted.startswith("cluster."):  # the cluster profile takes those
             layers.set(dotted, value, source)

@@ -20,17 +20,19 @@ ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
 
 
 class _Invalid(ConfigError):
-    """Raised by __post_init__ checks; the loader adds the source and raises a ConfigError naming it."""
+    """Raised by __post_init__ checks; the loader adds the source and raises a ConfigError naming it.
+    `other`: the key a value was checked against, named with its own source (either may be the one given)."""
 
-    def __init__(self, key: str, reason: str):
+    def __init__(self, key: str, reason: str, other: str | None = None):
         super().__init__(reason)
         self.key = key
         self.reason = reason
+        self.other = other
 
 
-def _check(ok: bool, key: str, reason: str) -> None:
+def _check(ok: bool, key: str, reason: str, other: str | None = None) -> None:
     if not ok:
-        raise _Invalid(key, reason)
+        raise _Invalid(key, reason, other)
 
 
 def _positive(obj: Any, *keys: str) -> None:
@@ -122,11 +124,13 @@ class ClusterConfig:
                 self.time_limit_min <= self.max_time_limit_min,
                 "time_limit_min",
                 f"exceeds max_time_limit_min={self.max_time_limit_min}",
+                other="max_time_limit_min",
             )
         _check(
             self.signal_delay_s < self.time_limit_min * 60,
             "signal_delay_s",
             f"must be shorter than the time limit ({self.time_limit_min} min)",
+            other="time_limit_min",
         )
         for key in self.env:
             _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")

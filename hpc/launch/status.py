@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser
+from hpc.core.cli import Parser, inspect_path
 from hpc.core.errors import UsageError
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_summary, summary_outcome
 from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
@@ -25,6 +25,7 @@ _ERROR_LINE = re.compile(r"(Error|Exception|error:|CANCELLED|Killed)")
 
 def existing_sweep(path: str) -> Path:
     sweep_dir = Path(path)
+    inspect_path(sweep_dir, "sweep directory")
     if not SweepPaths(sweep_dir).is_sweep():
         raise UsageError(f"{path}: not a sweep directory (no index.json and sweep.yaml; hpc.study run writes them)")
     return sweep_dir.absolute()

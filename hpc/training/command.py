@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.core.cli import Parser, run, shown
+from hpc.core.cli import Parser, check_output_dir, inspect_path, run, shown
 from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, UsageError
 from hpc.core.faults import faults_from_env
 from hpc.core.rundir import RunPaths
@@ -96,11 +96,12 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> None:
                 )
 
 
-def remove_if_unfinished(run_dir: Path) -> None:
-    """Remove a run directory this command created, unless it holds a checkpoint or a summary."""
+def remove_if_unfinished(run_dir: Path, created: Path) -> None:
+    """Remove what this command created for the run directory (`created`: it or its outermost new parent),
+    unless the run holds a checkpoint or a summary."""
     paths = RunPaths(run_dir)
     if not paths.checkpoint.exists() and not paths.summary.exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(created, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,16 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     faults_from_env(os.environ)  # a typo in the test hook is an input error now, not a silent no-op later
     dist = from_environ(os.environ)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist)
-    created = not run_dir.exists()
+    check_output_dir(run_dir, "--run-dir")
+    created = first_missing(RunPaths(run_dir).checkpoints)  # what prepare_run_dir will make
     check_is_run_dir(run_dir)
     try:
         prepare_run_dir(run_dir)
         check_resumable(run_dir, cfg)
         return train_or_oom(cfg, run_dir, dist)
     except HpcError as e:
-        if created and e.exit_code == 2:  # bad input found late (data, checkpoint...): leave no run directory
-            remove_if_unfinished(run_dir)
+        if created is not None and e.exit_code == 2:  # bad input found late (data, checkpoint...): leave nothing
+            remove_if_unfinished(run_dir, created)
         raise
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (what making it creates), or None."""
+    missing = None
+    for candidate in [path, *path.absolute().parents]:
+        if inspect_path(candidate, "--run-dir") is not None:
+            return missing
+        missing = candidate
+    return missing
 
 
 def train_or_oom(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:

@@ -15,6 +15,7 @@ import io
 import math
 import os
 import pickle
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hpc.core.cli import Parser, run
+from hpc.core.cli import Parser, check_output_dir, inspect_path, run, shown
 from hpc.core.errors import UsageError
 from hpc.core.files import write_atomic
 
@@ -98,10 +99,12 @@ def _read_split(path: Path) -> Split:
 
 
 def check_root(root: Path) -> None:
-    """A data root that exists is a directory (a file there would fail deep inside later)."""
+    """A data root that exists is a directory (a file there would fail deep inside later), at a path the
+    system will look at."""
     for path in (root, root / DIRNAME):
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"data root {str(root)!r}: {str(path)!r} is a file, not a directory")
+        status = inspect_path(path, "data root")
+        if status is not None and not stat.S_ISDIR(status.st_mode):
+            raise UsageError(f"data root {shown(str(root))}: {shown(str(path))} is a file, not a directory")
 
 
 def has_dataset(root: Path) -> bool:
@@ -367,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"command line: {flag} {value}: must be in {least}..{SYNTH_MAX_IMAGES:,}")
         if not 0 <= args.seed < 2**32:
             raise UsageError(f"command line: --seed {args.seed}: must be in 0..2**32-1")
+        check_output_dir(args.root, "command line: --root")
         base = synthesize(args.root, args.train, args.test, args.seed)
         print(f"wrote {args.train} train / {args.test} test synthetic images to {base}")
     elif args.cmd == "download":

@@ -6,6 +6,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hostlist_gen import expression
 from hpc.core.errors import HostlistError
@@ -47,3 +49,15 @@ def test_agrees_with_scontrol_on_generated_expressions(scontrol):
     valid = sum(w is not None for w in wanted)
     assert valid > N_EXPRESSIONS // 2, "the generator should produce mostly valid expressions"
     assert not mismatches, mismatches[:5]
+
+
+@given(text=st.text(alphabet="nid[]-,0123456789x+ \t", max_size=24))
+@settings(max_examples=300)
+def test_agrees_with_scontrol_on_any_text(scontrol, text):
+    """Hypothesis's text of Slurm's own characters: expanded as scontrol expands it, or refused where it is."""
+    want = scontrol_hostnames(text)
+    try:
+        got = expand_hostlist(text)
+    except HostlistError:
+        got = None
+    assert got == want, (text, want, got)

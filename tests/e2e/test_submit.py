@@ -116,3 +116,36 @@ def test_slurm_parameters_quote_environment():
     req = JobRequest(1, 4, 60, "n", exports={"HPC_TAG": "a b'$(x)`y`;z"})
     setup = slurm_parameters(cluster, req)["setup"]
     assert setup[-1] == "export HPC_TAG='a b'\"'\"'$(x)`y`;z'"
+
+
+@pytest.mark.parametrize("command", [
+    ["hpc.submit", "--dry-run", "--account", "m1", "--nodes", "2", "--gpus", "4"],
+    ["hpc.submit", "--dry-run", "--account", "m1", "--sweep", "profiles/study.yaml"],
+    ["hpc.study", "run", "profiles/study.yaml", "--account", "m1", "--dry-run"],
+])
+def test_a_dry_run_needs_no_scheduler(command, tmp_path):
+    """On a laptop (no srun, no sbatch on PATH) a dry run prints the scripts (it used to end in submitit's
+    'Could not detect srun' traceback)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {"PATH": str(bin_dir)}  # nothing of Slurm's here
+    proc = run_module(*command, "--runs-dir", str(tmp_path / "runs"), env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.count("#!/bin/bash") >= 1 and "#SBATCH --account=m1" in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_pure_sbatch_text_is_what_submitit_submits(slurm_cluster):
+    """Where submitit can make an executor (srun is here), its script for the same parameters is ours."""
+    import submitit
+
+    cluster = load_cluster("perlmutter")
+    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=120, name="n", account="m1"), 3)
+    folder = Path("/scratch/runs/n/%j")
+    executor = submitit.SlurmExecutor(folder=folder, python="python")
+    executor.update_parameters(**params)
+    theirs = executor._make_submission_file_text(executor._submitit_command_str, "uid")
+    assert sbatch_text(params, folder, python="python") == theirs
+    executor.parameters["map_count"] = 5  # as submitit sets it for an array (SlurmExecutor._internal_process_submissions)
+    assert sbatch_text(params, folder, python="python", map_count=5) == executor._make_submission_file_text(
+        executor._submitit_command_str, "uid")

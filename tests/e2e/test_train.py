@@ -152,7 +152,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, data_root):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert_one_line_error(run_module("hpc.train", *common(data_root, blocker / "run")), str(blocker / "run"),
-                          "not writable")
+                          "is a file")
     assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r2", "--batch-size", "-4")),
                           "--batch-size", "train.batch_size = -4")
     assert_one_line_error(run_module("hpc.train", *common(data_root, tmp_path / "r3", "--arch", "vgg")),

@@ -65,6 +65,10 @@ def yaml_files(h: Path) -> None:
         "sweep_batches_str.yaml": "sweep:\n  batch_sizes: [8, many]\n",
         "nul.yaml": "data:\n  root: \"a\\0b\"\n",
         "ok_fraction.yaml": "data:\n  fraction: 1/10\ntrain:\n  lr: !!float 0.2\n",
+        "merge.yaml": "train:\n  <<: {lr: 0.25, epochs: 2, momentum: 0.8}\n  epochs: 3\n",
+        "deep200.yaml": "train:\n  milestones: " + "[" * 200 + "]" * 200 + "\n",
+        "ok_deep_list.yaml": "train:\n  milestones: [0.5, 0.75]\n  lr: 0.1\n",
+        "big.yaml": "train:\n  lr: 0.1\n" + "# padding\n" * 120_000,
     }
     # an alias bomb: 10^8 strings if expanded, inside the one value it is given for
     files["bomb.yaml"] = "train:\n  batch_size: [" + ", ".join(levels) + "]\n"
@@ -155,6 +159,8 @@ def traces(h: Path) -> None:
     write(h / "t_random.json", RANDOM)
     write(h / "t_gz_corrupt.json.gz", gzip.compress(json.dumps(good).encode())[:40])
     write(h / "t_no_events.json", json.dumps({"schemaVersion": 1}))
+    write(h / "t_events_empty.json", json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    write(h / "t_no_objects.json", json.dumps({"schemaVersion": 1, "traceEvents": [1, "x", None]}))
     bad_events = [dict(event, ts="10"), dict(event, dur=1e999), dict(event, name=["a"]), dict(event, pid=[1]),
                   {"ph": "i", "name": "[memory]", "args": [1, 2]},
                   {"ph": "i", "name": "[memory]", "args": {"Device Type": 1, "Total Allocated": "lots"}}]

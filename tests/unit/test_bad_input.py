@@ -7,9 +7,6 @@ commands' `__main__` uses; `test_main_entry_points_*` checks that path once per 
 {H} in a case is the directory of hostile files (tests/unit/hostile.py), {T} the case's own fresh
 working directory."""
 
-import contextlib
-import hashlib
-import io
 import os
 import socket
 import subprocess
@@ -18,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import commands
 import hostile
+from commands import DIST_KEYS, assert_refused, tree
 
 CONFIG = ("hpc.config",)
 SMOKE = str(hostile.REPO / "profiles" / "smoke.yaml")
@@ -110,12 +109,12 @@ CASES = {
     # --- hpc.train: flags, config sections, data, run directories, checkpoints ------------------------
     "train: --batch-size abc": ((*TRAIN, "--batch-size", "abc"), None, ("command line", "--batch-size", "'abc'")),
     "train: --batch-size 0": ((*TRAIN, "--batch-size", "0"), None, ("--batch-size", "train.batch_size = 0")),
-    "train: --lr inf": ((*TRAIN, "--lr", "inf"), None, ("--lr", "train.lr = inf", "finite")),
-    "train: --lr nan": ((*TRAIN, "--lr", "nan"), None, ("--lr", "train.lr = nan", "finite")),
-    "train: --lr 1e999": ((*TRAIN, "--lr", "1e999"), None, ("--lr", "train.lr = inf")),
+    "train: --lr inf": ((*TRAIN, "--lr", "inf"), None, ("--lr", "'inf'", "finite")),
+    "train: --lr nan": ((*TRAIN, "--lr", "nan"), None, ("--lr", "'nan'", "finite")),
+    "train: --lr 1e999": ((*TRAIN, "--lr", "1e999"), None, ("--lr", "'1e999'", "finite")),
     "train: --epochs -1": ((*TRAIN, "--epochs", "-1"), None, ("--epochs", "train.epochs = -1")),
     "train: --max-steps 0": ((*TRAIN, "--max-steps", "0"), None, ("--max-steps", "train.max_steps = 0")),
-    "train: --seed huge": ((*TRAIN, "--seed", "18446744073709551617"), None, ("--seed", "train.seed")),
+    "train: --seed huge": ((*TRAIN, "--seed", "18446744073709551617"), None, ("--seed", "18446744073709551617", "within")),
     "train: --data-fraction 0": ((*TRAIN, "--data-fraction", "0"), None, ("--data-fraction", "data.fraction = '0'")),
     "train: --data-fraction abc": ((*TRAIN, "--data-fraction", "abc"), None, ("--data-fraction", "'abc'")),
     "train: --arch foo": ((*TRAIN, "--arch", "foo"), None, ("--arch", "'foo'", "unknown arch")),
@@ -142,7 +141,7 @@ CASES = {
         ("cifar_random", "not a readable CIFAR-100 pickle"), ("cifar_code", "refusing to load posix.system"),
         ("cifar_top_list", "top level is list"), ("cifar_no_labels", "no 'fine_labels' entry"),
     ]},
-    "train: run dir is a file": ((*TRAIN[:5], "--run-dir", "{H}/data_file", "--no-profile"), None, ("data_file", "not writable")),
+    "train: run dir is a file": ((*TRAIN[:5], "--run-dir", "{H}/data_file", "--no-profile"), None, ("--run-dir", "data_file", "is a file")),
     "train: run dir holds other things": ((*TRAIN[:5], "--run-dir", "{H}", "--no-profile"), None, ("--run-dir '{H}'", "holds other files", "not a run")),
     "train: empty checkpoint": resume("ck_empty", "not a checkpoint this toolkit can load"),
     "train: random checkpoint": resume("ck_random", "not a checkpoint this toolkit can load"),
@@ -277,37 +276,41 @@ CASES = {
     "analysis.bench: missing trace": (("analysis.bench", "{T}/none.json"), None, ("none.json", "not a trace file")),
     "analysis.bench: --repeat 0": (("analysis.bench", "{H}/t_list.json", "--repeat", "0"), None, ("--repeat 0",)),
     "analysis.bench: --json into a missing dir": (("analysis.bench", "{H}/t_list.json", "--json", "{T}/no/x.json"), None, ("--json", "does not exist")),
+    # --- what the property-based tests found (tests/unit/test_properties_*.py), each as Hypothesis shrank it ---
+    "found: a trace whose traceEvents is empty": (("analysis", "{H}/t_events_empty.json"), None, ("t_events_empty.json", "no event to analyse")),
+    "found: a trace whose traceEvents holds no objects": (("analysis", "{H}/t_no_objects.json"), None, ("t_no_objects.json", "no event to analyse", "3 item(s)")),
+    "found: a profile path with a 300-byte name": (("hpc.config", "--profile", "{T}/" + "x" * 300), None, ("--profile", "xxxx", "File name too long")),
+    "found: a profile that is a directory": ((*DRY, "--profile", "{H}/empty_root/"), None, ("--profile", "empty_root", "is a directory")),
+    "found: study status of a 300-byte name": (("hpc.study", "status", "{T}/" + "x" * 300), None, ("sweep directory", "File name too long")),
+    "found: a data root with a 300-byte name": (("hpc.data", "check", "--root", "{T}/" + "x" * 300), None, ("data root", "File name too long")),
+    "found: analysis of a 300-byte name": (("analysis", "{T}/" + "x" * 300), None, ("path", "File name too long")),
+    "found: analysis output under /sys": (("analysis", "{H}/mixed", "--out", "/sys/kernel"), None, ("--out", "/sys/kernel", "cannot write in")),
+    "found: analysis output under /proc": (("analysis", "{H}/mixed", "--out", "/proc/self/x"), None, ("--out", "/proc/self", "cannot write in")),
+    "found: a run dir with a 300-byte name": ((*TRAIN[:5], "--run-dir", "{T}/" + "x" * 300, "--no-profile"), None, ("--run-dir", "longer than 255 bytes")),
+    "found: a run dir under /proc": ((*TRAIN[:5], "--run-dir", "/proc/self/run", "--no-profile"), None, ("--run-dir", "/proc/self/run", "cannot write in")),
+    "found: a non-finite step time": (("hpc.bench", "--arch", "tiny", "--scaling-step-ms", "nan"), None, ("--scaling-step-ms 'nan'", "finite")),
+    "found: an infinite step time": (("hpc.bench", "--arch", "tiny", "--scaling-step-ms=-inf"), None, ("--scaling-step-ms '-inf'", "finite")),
+    "found: an int beyond int64 on a job flag": ((*DRY, "--time", "9" * 25), None, ("--time", "within")),
+    "found: bench output onto /dev/null": (("hpc.bench", "--out", "/dev/null"), None, ("--out", "/dev/null", "not a regular file")),
+    "found: synth into /proc": (("hpc.data", "synth", "--root", "/proc/self/data", "--train", "100", "--test", "1"), None, ("--root", "/proc/self/data", "cannot write in")),
+    "found: a fault hook with a typo": ((*TRAIN,), {"HPC_FAULT_INJECT": "oom-at-stp:2"}, ("HPC_FAULT_INJECT", "'oom-at-stp:2'")),
+    "found: a fault hook with a line break": ((*TRAIN,), {"HPC_FAULT_INJECT": "fail-at-step:2@batch=16\n"}, ("HPC_FAULT_INJECT", "entry")),
+    "found: a fault hook exported with a typo": ((*DRY, "--export", "HPC_FAULT_INJECT=oom@2"), None, ("--export HPC_FAULT_INJECT", "'oom@2'")),
+    "found: a config nested 200 deep": ((*CONFIG, "--config", "{H}/deep200.yaml"), None, ("deep200.yaml", "nested more than 100 levels")),
+    "found: a tensorboard logdir with a 300-byte name": (("analysis.tensorboard", "{T}/" + "x" * 300), None, ("logdir", "File name too long")),
+    "found: a config that is an endless device": ((*CONFIG, "--config", "/dev/zero"), None, ("--config /dev/zero", "not a regular file")),
+    "found: a profile that is an endless device": ((*DRY, "--profile", "/dev/full"), None, ("--profile /dev/full", "not a regular file")),
+    "found: a config over a mebibyte": ((*CONFIG, "--config", "{H}/big.yaml"), None, ("big.yaml", "more than 1 MiB")),
+    "found: '--' as a flag's value": (("hpc.bench", "--steps=--"), None, ("--steps", "expected one value")),
+    "found: '--' as a job flag's value": ((*DRY, "--time=--"), None, ("--time", "expected one value")),
+    "found: a run dir under a new parent, refused late": ((*TRAIN[:5], "--run-dir", "{T}/new/deeper", "--no-profile", "--set", "model.num_classes=10"), None, ("model.num_classes = 10",)),
+    "found: an empty existing run dir, refused late": ((*TRAIN[:5], "--run-dir", "{H}/empty_root", "--no-profile", "--set", "model.num_classes=10"), None, ("model.num_classes = 10",)),
+    "found: a cross-field limit names the flag that broke it": ((*CONFIG, "--profile", "local", "--set", "cluster.max_time_limit_min=1"), None, ("cluster.time_limit_min = 60", "from --set cluster.max_time_limit_min=1")),
 }
 
-DIST_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-             "TORCHELASTIC_RUN_ID", "SUBMITIT_EXECUTOR", "HPC_MASTER_PORT")
-
-
-def entry(module: str):
-    """The command's own entry function: what `python -m` and the console script call."""
-    import importlib
-
-    return importlib.import_module("analysis.__main__" if module == "analysis" else module).cli
-
-
-def call(module: str, argv: list[str], env: dict | None, monkeypatch) -> tuple[int, str, str]:
-    for key in list(os.environ):
-        if key in DIST_KEYS or key.startswith(("SLURM_", "SUBMITIT_")):
-            monkeypatch.delenv(key)
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = entry(module)(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every path under root with a digest of its content (directories as 'dir')."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        found[str(path.relative_to(root))] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
+def call(module: str, argv: list[str], env: dict | None, monkeypatch=None) -> tuple[int, str, str]:
+    outcome = commands.call(module, argv, env)
+    return outcome.code, outcome.stdout, outcome.stderr
 
 
 @pytest.fixture(scope="session")
@@ -329,15 +332,9 @@ def test_bad_input(case, hostile_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     fill = {"{H}": str(h), "{T}": str(work)}
     argv = [_fill(a, fill) for a in args]
-    code, stdout, stderr = call(module, argv, env, monkeypatch)
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert code == 2, (code, stdout[-2000:], stderr[-2000:])
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
-    assert lines[0].startswith(f"{module}: error: ") and len(lines[0]) <= 700, lines[0][:800]
-    for needle in needles:
-        assert _fill(needle, fill) in lines[0], (needle, lines[0])
-    assert "weights_only=False" not in lines[0]
-    assert stdout == "", stdout[-2000:]  # checks come before output
+    outcome = commands.call(module, argv, env)
+    assert_refused(outcome, module, *(_fill(needle, fill) for needle in needles))
+    assert "weights_only=False" not in outcome.lines[0]
     assert tree(work) == {}, tree(work)  # nothing half-written
     assert tree(h) == h_before  # no hostile file changed or added (damaged checkpoints stay as they are)
     assert not Path("/tmp/hpc-pwned").exists()
@@ -374,6 +371,9 @@ NEIGHBOURS = {
                                   "cluster.qos=debug"),
     "a hostlist": ("hpc.distenv", "--hostlist", "n[1-2]"),
     "the data root the checkpoints were made on": ("hpc.data", "check", "--root", "{H}/data"),
+    "a merge key in a config (found by the property tests: refused, with a YAML tag's URI)": (
+        "hpc.config", "--config", "{H}/merge.yaml"),
+    "a config nested 99 deep where the value is a list": ("hpc.config", "--config", "{H}/ok_deep_list.yaml"),
 }
 
 
@@ -389,6 +389,8 @@ def test_valid_neighbour_still_works(case, hostile_dir, tmp_path, monkeypatch):
         assert "#SBATCH --qos=debug" in stdout  # the value is used, not ignored
     if "1/10" in case:
         assert "fraction: 0.1" in stdout and "lr: 0.2" in stdout
+    if "merge key" in case:
+        assert "lr: 0.25" in stdout and "epochs: 3" in stdout and "momentum: 0.8" in stdout
 
 
 def test_bad_events_are_skipped_and_the_rest_analysed(hostile_dir, monkeypatch):

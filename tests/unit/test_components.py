@@ -286,3 +286,22 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     assert point_state(crashed, "1_2", "RUNNING", None)["state"] == "running"  # the queue knows best
     assert point_state(tmp_path / "never", "1_4", "PENDING", None)["state"] == "pending"
     assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word
+
+
+def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):
+    """`python -m analysis /` must not walk the disk (found by the property tests: minutes under /proc): traces
+    are looked for at most three levels down, and looking stops after MAX_ENTRIES entries."""
+    from analysis import discover
+
+    for depth in range(1, 6):
+        d = tmp_path.joinpath(*["d"] * depth)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"rank{depth}.pt.trace.json").write_text("{}")
+    assert sorted(p.name for p in discover.find_traces(tmp_path)) == ["rank1.pt.trace.json", "rank2.pt.trace.json",
+                                                                        "rank3.pt.trace.json"]
+    warnings: list[str] = []
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i in range(discover.MAX_ENTRIES + 5):
+        (wide / f"f{i}").touch()
+    assert discover.find_traces(wide, warnings) == [] and "stopped looking" in warnings[0]

@@ -180,3 +180,29 @@ def test_torchrun_worker_knows_its_attempt_when_the_agent_hosts_the_store():
     assert distenv.from_environ(env).elastic_attempt is None  # a plain torchrun-style environment
     agent = {**env, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
     assert distenv.from_environ(agent).elastic_attempt == 2  # the third start of the worker group
+
+
+def test_a_hostlist_of_bytes_comes_back_as_those_bytes():
+    """Undecodable bytes on the command line (Python reads them as surrogates) are printed back as the same
+    bytes, not a UnicodeEncodeError traceback (found by the property tests)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "hpc.distenv", "--hostlist", b"n\xff[1-2]"], capture_output=True)
+    assert proc.returncode == 0 and proc.stdout == b"n\xff1\nn\xff2\n", proc.stderr
+
+
+def test_an_empty_host_name_is_no_master_address():
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0",
+           "SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "[", "SLURM_TASKS_PER_NODE": "1"}
+    with pytest.raises(DistEnvError, match="names no host"):
+        from_environ(env)
+
+
+def test_a_job_id_of_undecodable_bytes_still_gives_a_port_and_torchrun_args():
+    """The environment may hold bytes that are not UTF-8 (Python reads them as surrogates): found by the
+    property tests as a UnicodeEncodeError traceback."""
+    port = master_port_for_job("\udc80")
+    assert 20000 <= port < 32000 and port == master_port_for_job("\udc80")
+    args = distenv.slurm_torchrun_args({"SLURM_JOB_ID": "\udc80", "SLURM_JOB_NODELIST": "n1"}, 2, 1)
+    assert f"--rdzv-endpoint=n1:{port}" in args

@@ -194,3 +194,16 @@ def test_device_memory_peaks_per_device_and_garbage_numbers():
     relative.add([_memory(t, device_type=1, device_id=0, nbytes=b)
                   for t, b in ((2.0, -50.0), (1.0, 80.0), (3.0, 40.0))])  # by time: +80, -50, +40
     assert relative.result() == MemoryPeaks(peak_gpu_mem_bytes=80, gpu_mem_relative_to_window=True)
+
+
+def test_a_literal_msgspec_refuses_costs_one_window_not_one_per_event(tmp_path):
+    """A NaN early in a big window (Python's json writes NaN; msgspec refuses it): every event is still
+    read, the NaN one counted as bad. Before, each event after it retried the whole window (found by the
+    property tests: a mutated real trace took over a minute; now this file takes a fraction of a second)."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5}
+              for i in range(20_000)]
+    events[3]["dur"] = float("nan")
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    rec = analyze_trace(path)
+    assert rec.events == 20_000 and rec.bad_events == 1 and rec.op_calls == {"aten::add": 19_999}
