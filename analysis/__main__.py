@@ -24,7 +24,7 @@ from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, row
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import UsageError
 from hpc.core.files import write_atomic
-from hpc.core.rundir import REPORT, SWEEP_TABLE, SweepPaths
+from hpc.core.rundir import REPORT, SWEEP_TABLE, WHY_TABLE, SweepPaths
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,7 +129,7 @@ def write_outputs(
         write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, RUN_COLUMNS))
     why = why_tables(traces, runs, "md")
     if why:
-        write_atomic(out / "why.md", why)
+        write_atomic(out / WHY_TABLE, why)
     written = plot_sweep(runs, out / "figures") if plots and runs else []
     print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
     return written

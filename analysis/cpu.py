@@ -19,13 +19,14 @@ import numpy as np
 
 from analysis.device import TOP_N, Launches
 from analysis.events import NO_ARGS, int_args
-from analysis.intervals import union_us
+from analysis.intervals import overlap_us, union_us
 from analysis.records import CpuTotals
 
 OP_CATS = {"cpu_op", "Operator"}
 ANNOTATION_CATS = {"user_annotation"}
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 STEP_RE = re.compile(r"^ProfilerStep#\d+$")
+DATALOADER_PREFIX = "enumerate(DataLoader)"  # the profiler's range around each DataLoader __next__
 
 _OP, _ANNOTATION, _RUNTIME, _OTHER = 0, 1, 2, 3
 CATEGORIES = {
@@ -49,11 +50,15 @@ class CpuOps:
         self.op_threads: set[int] = set()
         self.steps: list[tuple[float, float, int]] = []  # start, end, N of ProfilerStep#N, in file order
         self.launches = Launches()
+        self._is_dataloader: list[bool] = [False]  # by name id: an `enumerate(DataLoader)...` range
+        self._dataloader: list[tuple[np.ndarray, np.ndarray]] = []  # those ranges' starts and ends
+        self._span = [np.inf, -np.inf]  # the CPU events' first start and last end
 
     def _name_id(self, name: str) -> int:
         self.name_ids[name] = len(self.name_ids) + 1
         step = name.startswith("ProfilerStep#") and STEP_RE.match(name)
         self._step_number.append(int(name[13:]) if step else -1)
+        self._is_dataloader.append(name.startswith(DATALOADER_PREFIX))
         return len(self.name_ids)
 
     def _thread_id(self, key: tuple) -> int:
@@ -67,6 +72,10 @@ class CpuOps:
         thread_get, new_thread = self.thread_ids.get, self._thread_id
         threads = np.array([thread_get((e.pid, e.tid)) or new_thread((e.pid, e.tid)) for e in events], dtype=np.int32)
         end = ts + dur
+        self._span = [min(self._span[0], float(ts.min())), max(self._span[1], float(end.max()))]
+        loading = np.array(self._is_dataloader)[names] & (kind <= _ANNOTATION)
+        if loading.any():
+            self._dataloader.append((ts[loading], end[loading]))
         step_number = np.array(self._step_number)[names]
         is_step = (step_number >= 0) & (kind <= _ANNOTATION)  # 2021 traces: steps are operators
         is_op = (kind == _OP) & ~is_step
@@ -100,7 +109,20 @@ class CpuOps:
             top_ops=top_operators(ops, by_device=device_us is not None),
             step_time_us=durations,
             step_numbers=[n for _, _, n in steps],
+            dataloader_us=self._dataloader_in_steps(steps),
+            cpu_span_us=self._span[1] - self._span[0] if self._columns else None,
         )
+
+    def _dataloader_in_steps(self, steps: list[tuple[float, float, int]]) -> float | None:
+        """The DataLoader ranges' time, inside the profiled steps where there are steps (a step's data
+        is fetched within it), else all of it; None when the trace has no DataLoader."""
+        if not self._dataloader:
+            return None
+        loading = tuple(np.concatenate(c) for c in zip(*self._dataloader, strict=True))
+        if not steps:
+            return union_us(*loading)
+        in_steps = (np.array([s for s, _, _ in steps]), np.array([e for _, e, _ in steps]))
+        return overlap_us((loading[0], loading[1]), in_steps)
 
     def _by_thread(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """(starts, ends, signed name ids, correlation ids) per thread id, each in file order."""

@@ -16,6 +16,7 @@ from typing import Any
 from analysis.discover import Warnings, analyze_files, run_traces
 from analysis.ranks import step_skew_us, straggler
 from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord
+from analysis.verdict import judge, run_evidence
 from hpc.core.rundir import RunPaths, is_count, read_metrics, read_summary
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
@@ -157,7 +158,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
     straggler_rank, straggler_share = straggler(records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
-    return RunRecord(
+    run = RunRecord(
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
@@ -177,6 +178,23 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         straggler_share=straggler_share,
         **spreads,
     )
+    verdict = judge(run_evidence(records, run, model_facts(summary)))
+    return dataclasses.replace(run, verdict=verdict.as_dict())
+
+
+def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
+    the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
+    first = ((summary or {}).get("ranks") or [{}])[0]
+    amp = config_value((summary or {}).get("config") or {}, "train", "amp", str)
+    device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
+    flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")
+    return {
+        "flops_per_image": number_or_none(flops),
+        "batch_size_per_gpu": batch if is_count(batch) else None,
+        "device_name": device,
+        "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
+    }
 
 
 def _all_reduce(rec: TraceRecord, key: str) -> Any:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from analysis.records import RunRecord, TraceRecord, as_row
-from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, _cell, loss_rows, run_tables
+from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, human_cells, loss_rows, run_tables, verdict_lines
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
@@ -25,17 +25,27 @@ details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; } code
 
 
 def table(records: list, columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    """A table in human units (the unit in each header; the raw numbers are in the JSON and CSV files)."""
+    headers, rows = human_cells(records, columns)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
-    for r in map(as_row, records):
+    for r, shown in zip(map(as_row, records), rows, strict=True):
         cls = ' class="oom"' if r.get("outcome") == "oom" else ""
         cells = "".join(
             f"<td{' class=text' if c in ('file', 'name', 'kind', 'class', 'arch', 'outcome') else ''}>"
-            f"{html.escape(_cell(r.get(c), c))}</td>"
-            for c in columns
+            f"{html.escape(cell)}</td>"
+            for c, cell in zip(columns, shown, strict=True)
         )
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def verdict_section(traces: list[TraceRecord], runs: list[RunRecord]) -> str:
+    """What bounds each run (and why a multi-GPU point falls short of linear), first on the page."""
+    items = "".join(
+        f"<li><b>{html.escape(what)}</b>: {html.escape(text)}</li>" for what, text in verdict_lines(traces, runs)
+    )
+    return f'<h2 id="verdict">Verdict</h2><ul class="verdict">{items}</ul>' if items else ""
 
 
 def figure_tags(paths: list[Path]) -> str:
@@ -83,6 +93,7 @@ def render_report(
         f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
         f"{len(traces)} trace(s)</p>"
     ]
+    sections.append(verdict_section(traces, runs))
     if runs:
         sections.append("<h2>Runs</h2>" + table(runs, RUN_COLUMNS))
     if loss_rows(runs):

@@ -28,6 +28,10 @@ class CpuTotals:
     cpu_time_us: float = 0.0
     op_calls: dict[str, int] = field(default_factory=dict)
     top_ops: list[dict] = field(default_factory=list)  # name, calls, self_cpu_us, self_device_us
+    # `enumerate(DataLoader)` ranges inside the profiled steps (all, without steps); None: no DataLoader
+    # in the trace (data.loader: device feeds batches without one)
+    dataloader_us: float | None = None
+    cpu_span_us: float | None = None  # the CPU events' first start to last end
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -79,6 +83,8 @@ class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     peak_cpu_mem_bytes: int | None = None  # from the run's summary.json (the trace does not hold it)
     key_averages: dict[str, Any] | None = None  # the profiler's own totals for the same cycle, if recorded
     point: dict[str, Any] | None = None  # the sweep point the trace belongs to
+    device_name: str | None = None  # the trace's first device (deviceProperties), where recorded
+    verdict: dict[str, Any] | None = None  # what bounds this trace (analysis/verdict.py)
 
 
 def per_step(value: float | None, steps: int) -> float | None:
@@ -191,8 +197,10 @@ class RunRecord:
     straggler_share: float | None = None  # ... and the share of collectives it was last at
     allreduce_busbw_GBps: float | None = None  # measured, mean over ranks
     allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
-    loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (report.py)
-    predicted_efficiency: float | None = None  # hpc.scaling's model fed with this run's measurements
+    loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (sweep.py)
+    predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
+    verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/verdict.py)
+    scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/verdict.py)
     cpu_time_us: Spread = field(default_factory=Spread)
     cuda_time_us: Spread = field(default_factory=Spread)
     gpu_busy_us: Spread = field(default_factory=Spread)

@@ -16,6 +16,7 @@ from analysis.discover import Warnings, analyze_files, run_traces
 from analysis.fold import analyze_run
 from analysis.records import RunRecord, TraceRecord
 from analysis.scaling import scaling_prediction
+from analysis.verdict import scaling_note
 from hpc.core.rundir import SweepPaths, is_count, read_index
 
 
@@ -84,6 +85,7 @@ def with_scaling(rows: list[RunRecord]) -> list[RunRecord]:
                 predicted_efficiency=predicted_efficiency(r, b) if compared and b else r.predicted_efficiency,
             )
         )
+        out[-1] = dataclasses.replace(out[-1], scaling_note=scaling_note(out[-1]))
     return out
 
 

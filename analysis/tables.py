@@ -7,11 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from analysis.records import RunRecord, TraceRecord, as_row
+from analysis.units import Formatter, human_columns, number
 
 TRACE_COLUMNS = [
     "file",
@@ -56,16 +56,6 @@ RUN_COLUMNS = [
 ]
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
 def rows_to_csv(records: list, columns: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -75,17 +65,27 @@ def rows_to_csv(records: list, columns: list[str]) -> str:
     return buf.getvalue()
 
 
+def human_cells(records: list, columns: list[str]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows of cells) in human units (analysis/units.py): what tables and report.html show."""
+    rows = [as_row(r) for r in records]
+    shown = human_columns(rows, columns)
+    return [h for h, _ in shown], [
+        [_cell(r.get(c), c, f) for c, (_, f) in zip(columns, shown, strict=True)] for r in rows
+    ]
+
+
 def rows_to_markdown(records: list, columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in map(as_row, records):
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    headers, cells = human_cells(records, columns)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
     return "\n".join(lines) + "\n"
 
 
 def rows_to_table(records: list, columns: list[str]) -> str:
-    cells = [list(columns)] + [[_cell(r.get(c), c) for c in columns] for r in map(as_row, records)]
+    headers, rows = human_cells(records, columns)
+    cells = [headers, *rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    left = [c in ("name", "kind", "class", "error") for c in columns]  # words read better left-aligned
+    left = [c in ("name", "kind", "class", "error", "verdict") for c in columns]  # words read better left-aligned
     aligned = (
         "  ".join(cell.ljust(w) if lj else cell.rjust(w) for cell, w, lj in zip(row, widths, left, strict=True))
         for row in cells
@@ -93,13 +93,13 @@ def rows_to_table(records: list, columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in aligned) + "\n"
 
 
-def _cell(value: Any, column: str) -> str:
+def _cell(value: Any, column: str, fmt: Formatter = number) -> str:
     if column == "file":
         return Path(str(value)).name
     if column == "name":  # kernel and operator names: C++ signatures can run to hundreds of characters
         text = str(value)
         return text if len(text) <= 90 else text[:87] + "..."
-    return _fmt(value)
+    return fmt(value)
 
 
 def to_json(records: list) -> str:
@@ -234,9 +234,36 @@ def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[st
     return parts
 
 
+def run_label(run: RunRecord) -> str:
+    if run.data_fraction is None:
+        return Path(run.run_dir).name or run.run_dir
+    nodes = f" x {run.nodes} nodes" if (run.nodes or 1) > 1 else ""
+    gpus = f"{run.gpus} GPU" + ("s" if run.gpus != 1 else "")
+    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {gpus}{nodes}"
+
+
+def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tuple[str, str]]:
+    """(what, the verdict in words) for each run (over its ranks) and, for a multi-GPU sweep point, why it
+    falls short of linear; for traces analysed alone, each trace's."""
+    out: list[tuple[str, str]] = []
+    for run in runs:
+        if run.outcome == "oom":
+            out.append((run_label(run), "out of memory: no timings to judge"))
+            continue
+        if run.verdict:
+            # no summary.json: a crashed (or still running) run, or traces copied without it
+            partial = " (no summary: judged from the traces alone)" if run.outcome == "unfinished" else ""
+            out.append((run_label(run) + partial, run.verdict["line"]))
+        if run.scaling_note:
+            out.append((f"{run_label(run)}, scaling", run.scaling_note))
+    if not runs:
+        out += [(Path(t.file).name, t.verdict["line"]) for t in traces if t.verdict]
+    return out
+
+
 def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> str:
-    """The tables that say where the time went: for one run, its run_tables; for a sweep, each
-    point's efficiency loss."""
+    """What bounds each run, in words, then the tables that say where the time went: for one run, its
+    run_tables; for a sweep, each point's efficiency loss."""
     if len(runs) > 1:
         parts = (
             [("Efficiency loss against the 1-GPU point (ms per step)", loss_rows(runs), LOSS_COLUMNS)]
@@ -246,4 +273,10 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> st
     else:
         parts = run_tables(traces)
     heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
-    return "".join(heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts)
+    verdicts = verdict_lines(traces, runs)
+    said = heading.format("Verdict") + "".join(
+        (f"- **{what}**: {text}\n" if fmt == "md" else f"  {what}: {text}\n") for what, text in verdicts
+    )
+    return (said if verdicts else "") + "".join(
+        heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts
+    )

@@ -32,6 +32,7 @@ Values a trace cannot give are None, never guessed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import re
 from pathlib import Path
@@ -45,6 +46,7 @@ from analysis.device import DeviceActivity
 from analysis.events import Batch, Reader, TraceError, out_of_range, read_batches
 from analysis.memory import DeviceMemory
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
+from analysis.verdict import judge, trace_evidence
 
 __all__ = ["TraceError", "analyze_trace", "trace_record"]
 
@@ -144,8 +146,11 @@ def trace_record(
     if rank is None:
         m = RANK_RE.search(path.name)
         rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
-    return TraceRecord(
+    devices = meta.get("deviceProperties")
+    first = devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], dict) else {}
+    record = TraceRecord(
         file=str(path),
+        device_name=first.get("name") if isinstance(first.get("name"), str) else None,
         rank=rank,
         world_size=_count(info.get("world_size")),
         backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
@@ -159,3 +164,4 @@ def trace_record(
         kernel_calls_per_step=per_step(device.kernel_calls, cpu.steps),
         comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps),
     )
+    return dataclasses.replace(record, verdict=judge(trace_evidence(record)).as_dict())

@@ -24,8 +24,10 @@ use this.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
+from analysis.records import RunRecord, TraceRecord
 from analysis.scaling import PERLMUTTER_BUSBW_GBS
 
 HOST_LAUNCH, COMMUNICATION, DATA, MEMORY, IMBALANCE, COMPUTE, UNKNOWN = (
@@ -41,8 +43,10 @@ CLASSES = (HOST_LAUNCH, COMMUNICATION, DATA, MEMORY, IMBALANCE, COMPUTE)
 
 # The least share of the profiled time that makes a class a candidate (README: "Verdicts").
 THRESHOLDS = {HOST_LAUNCH: 0.30, COMMUNICATION: 0.20, DATA: 0.25, MEMORY: 0.20, IMBALANCE: 0.10, COMPUTE: 0.60}
-SECONDARY_SHARE = 0.10  # a second class named beside the first needs at least this share, and its threshold
+SECONDARY_SHARE = 0.10  # a second class named beside the first needs at least this share (not its threshold)
 HOST_GAP_SHARE = 0.50  # host-launch needs at least half the busiest stream's gap time to be host wait
+# DDP adds work per step, so a scaling efficiency above this says more about the 1-GPU point than the run.
+SUPERLINEAR_DOUBT = 1.2
 
 # Dense peak TFLOP/s by device-name substring (NVIDIA's data sheets; SXM parts), for compute's share of peak.
 DEVICE_PEAK_TFLOPS = {
@@ -52,8 +56,8 @@ DEVICE_PEAK_TFLOPS = {
 }
 
 REMEDIES = {
-    HOST_LAUNCH: "graph mode (train.cuda_graph: true) replays the whole step as one launch; a larger per-GPU "
-    "batch gives each launch more work",
+    HOST_LAUNCH: "graph mode (train.cuda_graph: true; one process, no DDP, today) replays the whole step as one "
+    "launch; a larger per-GPU batch gives each launch more work",
     COMMUNICATION: "a larger train.ddp_bucket_cap_mb (fewer, larger all-reduces that overlap backward), or fewer "
     "nodes for the same GPUs (the inter-node link is the slow one)",
     DATA: "data.loader: device (the whole uint8 set on the GPU, augmented there), or more data.num_workers",
@@ -130,24 +134,25 @@ def _host_gaps_dominate(e: Evidence) -> bool:
     return gaps > 0 and (e.host_wait_us or 0.0) / gaps >= HOST_GAP_SHARE
 
 
-def candidates(e: Evidence, measured: dict[str, float]) -> list[tuple[str, float]]:
-    """The classes that reach their thresholds, largest share first."""
-    found = [(k, v) for k, v in measured.items() if v >= THRESHOLDS[k]]
-    if HOST_LAUNCH in dict(found) and not _host_gaps_dominate(e):
-        found = [(k, v) for k, v in found if k != HOST_LAUNCH]
-    if DATA in dict(found):  # the host is late because it is loading data: one cause, named once
-        found = [(k, v) for k, v in found if k != HOST_LAUNCH]
-    return sorted(found, key=lambda kv: -kv[1])
+def eligible(e: Evidence, measured: dict[str, float]) -> dict[str, float]:
+    """The measured shares of the classes that may be named: host-launch only where host wait dominates
+    the gaps, and not beside data loading (the host is late because it is loading data: one cause)."""
+    out = dict(measured)
+    if HOST_LAUNCH in out and (not _host_gaps_dominate(e) or out.get(DATA, 0.0) >= THRESHOLDS[DATA]):
+        del out[HOST_LAUNCH]
+    return out
 
 
 def judge(e: Evidence) -> Verdict:
-    """The verdict for the evidence (see the module doc)."""
+    """The verdict for the evidence (see the module doc): the largest class that reaches its threshold;
+    beside it the next largest other than compute with at least SECONDARY_SHARE."""
     measured = shares(e)
-    found = candidates(e, measured)
+    named = sorted(eligible(e, measured).items(), key=lambda kv: -kv[1])
+    found = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
     if not found:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured), None)
     bound = found[0][0]
-    secondary = next((k for k, v in found[1:] if v >= SECONDARY_SHARE and k != COMPUTE), None)
+    secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
     return Verdict(bound, secondary, measured, describe(bound, e, measured), REMEDIES.get(bound))
 
 
@@ -160,10 +165,13 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
     if bound == HOST_LAUNCH:
         gaps = sum(v or 0.0 for v in (e.host_wait_us, e.kernel_wait_us, e.other_wait_us))
         per_step = f", {e.kernels_per_step:,.0f} kernels a step" if e.kernels_per_step else ""
+        span = e.span_us or 0.0
+        busy = span - (e.idle_us or 0.0)
+        ceiling = f"; back to back the device work would take 1/{span / busy:.1f} of the span" if busy > 0 else ""
         return (
             f"the GPU was idle {_pct(_share(e.idle_us, e.span_us))} of the profiled span, "
             f"{_pct(_share(e.host_wait_us, gaps))} of its gaps waiting for the host to launch the next "
-            f"kernel (kernels ran {_pct(measured.get(COMPUTE))} of the span{per_step})"
+            f"kernel (kernels ran {_pct(measured.get(COMPUTE))} of the span{per_step}){ceiling}"
         )
     if bound == COMMUNICATION:
         return f"collectives not hidden by compute took {_pct(measured[COMMUNICATION])} of the span{bandwidth(e)}"
@@ -178,8 +186,9 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
             else ""
         )
         return (
-            f"the slowest rank's step is {_pct(measured[IMBALANCE])} longer than the mean over ranks "
-            f"({(e.step_max_us or 0) / 1e3:.1f} against {(e.step_mean_us or 0) / 1e3:.1f} ms){who}"
+            f"the slowest rank's step takes {(e.step_max_us or 0) / 1e3:.2f} ms against a mean of "
+            f"{(e.step_mean_us or 0) / 1e3:.2f} ms over ranks: the others wait {_pct(measured[IMBALANCE])} "
+            f"of every step{who}"
         )
     peak = (
         f", {e.achieved_tflops:.1f} TFLOP/s = {_pct(e.achieved_tflops / e.peak_tflops)} of the device's dense peak"
@@ -217,3 +226,124 @@ def undecided(e: Evidence, measured: dict[str, float]) -> str:
     top = max(measured.items(), key=lambda kv: kv[1]) if measured else None
     what = f"; the largest part, {top[0]}, is {_pct(top[1])}" if top else ""
     return f"no class reaches its threshold{what}"
+
+
+# --- the evidence, from what the analysis measured -------------------------------------------------------
+
+
+def _breakdown(records: list[TraceRecord]) -> dict[str, Any]:
+    """The temporal and idle breakdowns summed over records (None where no record has one)."""
+    out: dict[str, float | None] = {}
+    parts = {
+        "span_us": ("temporal", "span_us"),
+        "computation_us": ("temporal", "computation_us"),
+        "communication_us": ("temporal", "communication_us"),
+        "memory_us": ("temporal", "memory_us"),
+        "idle_us": ("temporal", "idle_us"),
+        "host_wait_us": ("idle", "host_wait_us"),
+        "kernel_wait_us": ("idle", "kernel_wait_us"),
+        "other_wait_us": ("idle", "other_us"),
+    }
+    for name, (which, key) in parts.items():
+        values = [(r.temporal_breakdown_us if which == "temporal" else r.idle_breakdown_us) for r in records]
+        out[name] = _sum_present(v[key] for v in values if v)
+    return out
+
+
+def _sum_present(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _step_basis(records: list[TraceRecord]) -> float | None:
+    """The time data loading is judged against: the profiled steps, else the CPU span."""
+    total = sum(sum(r.step_time_us) or (r.cpu_span_us or 0.0) for r in records)
+    return total or None
+
+
+def trace_evidence(rec: TraceRecord) -> Evidence:
+    """One trace alone: its breakdowns, DataLoader time and collectives."""
+    allreduce = next((c for c in rec.collectives or [] if c["kind"] == "all_reduce"), None)
+    return Evidence(
+        **_breakdown([rec]),
+        dataloader_us=rec.dataloader_us,
+        step_us=_step_basis([rec]),
+        kernels_per_step=rec.kernel_calls_per_step,
+        ranks=rec.world_size or 1,
+        busbw_GBps=allreduce.get("busbw_GBps") if allreduce else None,
+    )
+
+
+def peak_tflops(device_name: str | None, bf16: bool) -> float | None:
+    for key, peaks in DEVICE_PEAK_TFLOPS.items():
+        if device_name and key in device_name:
+            return peaks["bf16" if bf16 else "tf32"]
+    return None
+
+
+def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, Any] | None = None) -> Evidence:
+    """A run over all its ranks' traces. `model`: what summary.json knows of the model's FLOPs per image
+    (forward), the per-GPU batch and whether it trained in bf16, for compute's share of the device's peak."""
+    model = model or {}
+    step_s = (run.step_time_us_mean.mean or 0.0) / 1e6
+    flops, batch = model.get("flops_per_image"), model.get("batch_size_per_gpu")
+    achieved = 3 * flops * batch / step_s / 1e12 if flops and batch and step_s else None
+    device = next((r.device_name for r in records if r.device_name), None) or model.get("device_name")
+    return Evidence(
+        **_breakdown(records),
+        dataloader_us=_sum_present(r.dataloader_us for r in records),
+        step_us=_step_basis(records),
+        kernels_per_step=run.kernel_calls_per_step.mean,
+        ranks=run.ranks or 1,
+        nodes=run.nodes or 1,
+        busbw_GBps=run.allreduce_busbw_GBps,
+        step_mean_us=run.step_time_us_mean.mean,
+        step_max_us=run.step_time_us_mean.max,
+        straggler_rank=run.straggler_rank,
+        straggler_share=run.straggler_share,
+        achieved_tflops=achieved,
+        peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
+    )
+
+
+# --- a sweep point against its 1-GPU point ------------------------------------------------------------------
+
+LOSS_WORDS = {
+    "computation": "more kernel time",
+    "communication": "exposed communication",
+    "memory": "memory copies",
+    "idle": "the GPU idle (waiting on the host, data or other ranks)",
+    "imbalance": "the slowest rank's excess over the mean",
+}
+
+
+def scaling_note(run: RunRecord) -> str | None:
+    """Why a multi-GPU point falls short of linear: the largest term of its loss decomposition."""
+    if run.scaling_efficiency is None or (run.gpus or 1) * (run.nodes or 1) <= 1:
+        return None
+    if run.scaling_efficiency >= 1:
+        doubt = (
+            "; this far above, suspect the 1-GPU point (shared cores, a cold start) before a real gain"
+            if run.scaling_efficiency > SUPERLINEAR_DOUBT
+            else ""
+        )
+        return f"efficiency {run.scaling_efficiency:.2f}: at or above linear, no loss to explain{doubt}"
+    if not run.loss_us:
+        return (
+            f"efficiency {run.scaling_efficiency:.2f}: below linear, but the traces have no device timeline "
+            "to split the loss by (a CPU run)"
+        )
+    parts = {k: v for k, v in run.loss_us.items() if k != "total"}
+    part, value = max(parts.items(), key=lambda kv: kv[1])
+    total = run.loss_us["total"]
+    link = (
+        bandwidth(Evidence(busbw_GBps=run.allreduce_busbw_GBps, nodes=run.nodes or 1))
+        if part == "communication"
+        else ""
+    )
+    if total <= 0:
+        return f"efficiency {run.scaling_efficiency:.2f}: the step is no longer than on 1 GPU"
+    return (
+        f"efficiency {run.scaling_efficiency:.2f}: the step is {total / 1e3:.2f} ms longer than on 1 GPU, "
+        f"most of it {LOSS_WORDS[part]} ({value / 1e3:.2f} ms){link}"
+    )

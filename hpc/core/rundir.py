@@ -53,6 +53,7 @@ ANALYSIS = "analysis"
 ANALYSIS_JOBS = "analysis-jobs"
 REPORT = "report.html"
 SWEEP_TABLE = "sweep.md"
+WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip.
 SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, "metrics.json", "records.json", "traces.json", "runs.json"})
@@ -111,6 +112,7 @@ class SweepPaths:
     analysis_jobs = property(lambda self: self.root / ANALYSIS_JOBS)
     report = property(lambda self: self.root / ANALYSIS / REPORT)
     sweep_table = property(lambda self: self.root / ANALYSIS / SWEEP_TABLE)
+    why_table = property(lambda self: self.root / ANALYSIS / WHY_TABLE)
 
     def run(self, run_dir: str) -> RunPaths:
         return RunPaths(self.root / run_dir)

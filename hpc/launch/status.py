@@ -19,7 +19,18 @@ from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read
 from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
 STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing")
-STATUS_COLUMNS = ["data_fraction", "batch_size", "gpus", "nodes", "job_id", "state", "requeues", "steps", "error"]
+STATUS_COLUMNS = [
+    "data_fraction",
+    "batch_size",
+    "gpus",
+    "nodes",
+    "job_id",
+    "state",
+    "requeues",
+    "steps",
+    "verdict",
+    "error",
+]
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|CANCELLED|Killed)")
 
 
@@ -97,10 +108,22 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
             "gpus": p["gpus"],
             "nodes": p.get("nodes", 1),
             "job_id": job_id,
+            "run_dir": str(sweep.run(p["run_dir"]).root),
         }
         row.update(point_state(sweep.run(p["run_dir"]).root, job_id, in_queue.get(job_id), ended.get(job_id)))
         rows.append(row)
     return rows
+
+
+def verdict_of(run_dir: Path) -> str | None:
+    """What bounds a finished point, from its traces (analysis/verdict.py): the class, and the next one."""
+    from analysis.fold import analyze_run
+
+    _, run = analyze_run(run_dir, [])
+    if run is None or not run.verdict:
+        return None
+    verdict = run.verdict
+    return verdict["bound"] + (f" (then {verdict['secondary']})" if verdict["secondary"] else "")
 
 
 def status_command(argv: list[str]) -> int:
@@ -111,7 +134,10 @@ def status_command(argv: list[str]) -> int:
     p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     args = p.parse_args(argv)
     sweep_dir = existing_sweep(args.sweep_dir)
-    rows = sweep_status(sweep_dir)
+    rows = [
+        {**r, "verdict": verdict_of(Path(r["run_dir"])) if r["state"] == "done" else None}
+        for r in sweep_status(sweep_dir)
+    ]
     sys.stdout.write(render(rows, STATUS_COLUMNS, args.format))
     if args.format == "table":
         counts = {s: sum(r["state"] == s for r in rows) for s in STATES}

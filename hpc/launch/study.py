@@ -79,7 +79,8 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
 
 
 def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) -> int:
-    """Block until the analysis job has left the queue; print the sweep table; 1 when no report came."""
+    """Block until the analysis job has left the queue; print the sweep table and each point's verdict;
+    1 when no report came."""
     while queued([analysis_id]):
         time.sleep(poll_s)
     if not sweep.report.exists():
@@ -89,6 +90,8 @@ def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) ->
         )
         return 1
     print(sweep.sweep_table.read_text(), end="")
+    if sweep.why_table.is_file():  # its first section: what bounds each point, in words
+        print("\n" + sweep.why_table.read_text().split("\n## ", 1)[0].strip())
     print(f"report: {sweep.report}")
     return 0
 

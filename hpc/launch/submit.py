@@ -207,11 +207,13 @@ def print_run_numbers(run_dir: Path) -> None:
     from analysis.tables import render
 
     warnings: list[str] = []
-    traces, _ = analyze_run(run_dir, warnings)
+    traces, run = analyze_run(run_dir, warnings)
     print_warnings(warnings)
     if traces:
         print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
         print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
+    if run is not None and run.verdict:
+        print(f"verdict: {run.verdict['line']}")
 
 
 class _LogFollower:

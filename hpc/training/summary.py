@@ -63,7 +63,15 @@ class RunSummary:
     """The run's record in summary.json: fixed facts now, each rank's measurements at the end."""
 
     def __init__(
-        self, cfg: RunConfig, run_dir: Path, dist: DistEnv, device: Any, backend: str, plan: StepPlan, train_images: int
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        dist: DistEnv,
+        device: Any,
+        backend: str,
+        plan: StepPlan,
+        train_images: int,
+        flops_per_image: int | None = None,
     ):
         self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
         self.use_cuda = device.type == "cuda"
@@ -83,6 +91,8 @@ class RunSummary:
             "data_fraction": cfg.data.fraction,
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,
+            # forward FLOPs per image (conv and linear layers): the analysis's share of the device's peak
+            "model_flops_per_image": flops_per_image,
         }
 
     def rank_record(

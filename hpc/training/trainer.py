@@ -27,6 +27,7 @@ from hpc.launch.distenv import DistEnv
 from hpc.launch.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
+from hpc.training.model import count_flops_per_image
 from hpc.training.oom import maybe_inject_fault, start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState, evaluate
 from hpc.training.profiling import Profiling, maybe_profile
@@ -71,7 +72,16 @@ class Trainer:
         self.graphed = self._graph()
         self.metrics = MetricsLog(run_dir, self.is_main, self.state.step)
         self.progress = Throughput(self.plan.stop_at, resumed_from, self.device)
-        self.summary = RunSummary(cfg, run_dir, dist, self.device, self.backend, self.plan, len(self.data.subset))
+        self.summary = RunSummary(
+            cfg,
+            run_dir,
+            dist,
+            self.device,
+            self.backend,
+            self.plan,
+            len(self.data.subset),
+            count_flops_per_image(self.net.model),
+        )
         self.timer = StepTimer(self.use_cuda)
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None

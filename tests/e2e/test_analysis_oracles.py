@@ -1,5 +1,6 @@
-"""The analysis against HolisticTraceAnalysis and torch-tb-profiler on the real traces in
-../shared/traces: used here as oracles, not as dependencies of the analysis."""
+"""The analysis against HolisticTraceAnalysis (published as traceinsight since 0.6, imported as `hta`) and
+torch-tb-profiler on the real traces in ../shared/traces: used here as oracles, not as dependencies of the
+analysis."""
 
 import shutil
 import tempfile
@@ -12,6 +13,7 @@ from conftest import SHARED_TRACES
 
 pytestmark = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
                                 reason=f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
+NO_HTA = "traceinsight (HolisticTraceAnalysis) not installed: pip install -e .[oracle]"
 SETS = {
     "nccl_data": ["hta_single/nccl_data.json.gz"],
     "df_index_resolver": ["hta_single/df_index_resolver.json.gz"],
@@ -21,7 +23,7 @@ SETS = {
 
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_kernel_counts_and_durations_match_hta(name, tmp_path):
-    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed (pip install -e .[oracle])")
+    hta = pytest.importorskip("hta.trace_analysis", reason=NO_HTA)
     for rel in SETS[name]:
         shutil.copy(SHARED_TRACES / rel, tmp_path / Path(rel).name)
     # HTA drops the last profiler step unless asked not to; we count every event of the file.
@@ -90,7 +92,7 @@ def _hta_breakdowns(path: Path, tmp_path: Path):
     import logging
     import warnings
 
-    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed (pip install -e .[oracle])")
+    hta = pytest.importorskip("hta.trace_analysis", reason=NO_HTA)
     shutil.copy(path, tmp_path / path.name)
     logging.disable(logging.WARNING)
     with warnings.catch_warnings():

@@ -40,6 +40,20 @@ def test_why_numbers_of_a_sweep_with_a_known_answer(sweep):
     traces = json.loads((sweep / "analysis" / "traces.json").read_text())
     tb = next(t for t in traces if t["rank"] == 0 and t["world_size"] == 2)["temporal_breakdown_us"]
     assert tb["communication_us"] == pytest.approx(3 * EXPOSED_COMM_US) and tb["computation_us"] == 3 * COMPUTE_US
+    # 60 µs late in a 1.2 ms step is no imbalance yet: the verdict is the kernels, exposed comm second
+    assert (two["verdict"]["bound"], two["verdict"]["secondary"]) == ("compute", "communication")
+    assert "most of it exposed communication" in two["scaling_note"]
+
+
+def test_a_rank_late_by_half_a_kernel_is_named_the_straggler(tmp_path):
+    write_sweep(tmp_path / "sweep", slow_us=600.0)
+    proc = run_module("analysis", str(tmp_path / "sweep"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    two = next(r for r in json.loads((tmp_path / "out" / "runs.json").read_text()) if r["gpus"] == 2)
+    assert two["verdict"]["bound"] == "imbalance" and "rank 1 launched collectives last 100.0%" in two["verdict"]["line"]
+    assert "most of it the slowest rank's excess over the mean" in two["scaling_note"]
+    said = proc.stdout.split("Verdict:", 1)[1]
+    assert "fraction 1, batch 128, 2 GPUs: imbalance" in said  # the table output says it too
 
 
 def test_report_is_self_contained(sweep):
@@ -60,8 +74,11 @@ def test_report_in_headless_chromium(sweep):
 
         browser.get((sweep / "analysis" / "report.html").as_uri())
         headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
-        assert headings[:4] == ["Runs", "Where the step time went, against the 1-GPU point (ms per step)",
-                                "Figures", "Each run"]
+        assert headings[:5] == ["Verdict", "Runs", "Where the step time went, against the 1-GPU point (ms per step)",
+                                "Figures", "Each run"]  # the verdict first, before the numbers and figures
+        verdicts = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "ul.verdict li")]
+        assert verdicts[1].startswith("fraction 1, batch 128, 2 GPUs: compute (then communication)")
+        assert "most of it exposed communication (0.18 ms)" in verdicts[2]  # EXPOSED_COMM_US + SLOW_US / 2
         drawn = browser.execute_script(
             "return Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)")
         assert len(drawn) >= 10 and all(drawn)  # every embedded figure decodes

@@ -37,15 +37,19 @@ def job_state(job_id: str) -> dict:
 
 def wait_gone(job_id: str, timeout: float, hurry_requeue: bool = False) -> float:
     """Seconds until squeue no longer lists the job. With hurry_requeue, a requeued job's ~2 minute
-    BeginTime hold (Slurm's, not ours) is cut short so the test does not sit idle."""
-    start = time.time()
+    BeginTime hold (Slurm's, not ours) is cut short so the test does not sit idle, but not at once:
+    slurmd refuses a job started within the second its old credential was revoked ("Job credential
+    revoked", and the job FAILS), so the hold is kept a few seconds first."""
+    start, held_since = time.time(), None
     while time.time() - start < timeout:
         q = subprocess.run(["squeue", "-h", "-j", job_id.split("_")[0], "-o", "%T %r"], capture_output=True,
                            text=True).stdout.strip()
         if not q:
             return time.time() - start
         if hurry_requeue and "BeginTime" in q:
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+            held_since = held_since or time.time()
+            if time.time() - held_since >= 3:
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
         time.sleep(1)
     raise AssertionError(f"job {job_id} still queued after {timeout} s")
 
@@ -123,7 +127,10 @@ def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
     rows = [dict(zip(header.split(","), line.split(","))) for line in lines]
     assert len(rows) == 8 and all(r["ranks"] == r["gpus"] and r["outcome"] == "done" for r in rows)  # every rank traced
     assert all(float(r["cpu_time_us_per_epoch_mean"]) > float(r["cpu_time_us_per_step_mean"]) for r in rows)
-    assert "| arch | data_fraction |" in r.stdout  # --wait prints the sweep table
+    assert "| arch | data_fraction |" in r.stdout  # --wait prints the sweep table, then each point's verdict
+    said = r.stdout.split("## Verdict", 1)[1]
+    assert "- **fraction 0.5, batch 16, 2 GPUs**: unknown: no device activity" in said  # CPU ranks: undecided
+    assert "- **fraction 1, batch 8, 2 GPUs, scaling**: efficiency " in said
     figures = {p.name for p in (out / "figures").glob("*.png")}
     # the study's figures this CPU sweep has data for (Figures 3, 5, 12, 14), the per-step ones beside them;
     # CUDA time and kernel calls are left out, not drawn as 0

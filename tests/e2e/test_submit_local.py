@@ -22,8 +22,12 @@ def test_local_two_ranks_through_submitit(tmp_path):
     # ... after the numbers of the run it just made, from its traces: one row per rank
     lines = proc.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("profiled steps, per rank"))
-    assert lines[at + 1].split() == ["rank", "steps", "cpu_time_us", "cuda_time_us", "kernel_calls",
-                                     "peak_gpu_mem_bytes", "peak_cpu_mem_bytes"]
+    # in human units, the unit in the header (the raw integers stay in JSON and CSV)
+    assert lines[at + 1].split() == ["rank", "steps", "cpu_time", "(ms)", "cuda_time", "(ms)", "kernel_calls",
+                                     "peak_gpu_mem", "(MiB)", "peak_cpu_mem", "(MiB)"]
     rows = [line.split() for line in lines[at + 2:at + 4]]
     assert [r[0] for r in rows] == ["0", "1"] and all(int(r[1]) == 2 and float(r[2]) > 0 for r in rows)
-    assert lines[at + 4] == tail[0]
+    assert all(r[3:6] == ["-", "-", "-"] and 100 < float(r[6]) < 4096 for r in rows)  # a CPU run: no CUDA numbers
+    # ... and what bounds it, in words: a CPU run has no GPU to judge, and says so rather than guess
+    assert lines[at + 4].startswith("verdict: unknown: no device activity in the trace (a CPU run)")
+    assert lines[at + 5] == tail[0]

@@ -1,0 +1,174 @@
+"""The verdict (analysis/verdict.py) on real traces: every trace in ../shared/traces and the toolkit's own H100
+trace, each with the verdict it should get and why; and each verdict flipped by a change to the trace that
+should flip it (the idle gaps closed, the collectives or the DataLoader taken out, the kernels spread apart).
+The shares quoted in the reasons are the trace's own (python -m analysis FILE --format json)."""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from analysis.kernels import classify_kernel
+from analysis.trace import analyze_trace
+from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, headless_chromium, run_module
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+
+EXPECTED = {  # trace: (verdict, secondary, why)
+    "hta/trace_filter_2rank/sampled_rank-0.json.gz": ("host-launch", "communication",
+        "GPU idle 55% of the span, its gaps host wait; send/recv exposed 28%"),
+    "hta/trace_filter_2rank/sampled_rank-1.json.gz": ("host-launch", "communication",
+        "the same job's other rank: idle 53% (host wait 92% of the gaps), exposed send/recv 25%"),
+    "hta_single/df_index_resolver.json.gz": ("host-launch", "communication",
+        "idle 42%, 80% of the busiest stream's gaps host wait (34% of the span); all-reduce exposed 21%"),
+    "hta_single/nccl_data.json.gz": ("host-launch", None,
+        "DDP ResNet-50 at small batch: idle 76%, nearly all host wait; exposed comm only 6%"),
+    "kineto_tb_plugin_samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": ("data-loading", None,
+        "the TensorBoard plugin's own example of a loader in the main process: DataLoader 40% of the steps; "
+        "the host wait it causes (38%) is the same cause, not named twice"),
+    "kineto_tb_plugin_samples/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz": ("compute", "host-launch",
+        "the same model with 4 workers: DataLoader 1%, kernels busy 74%, host wait 22% left"),
+    "more/hta_critical_path/alexnet_benchmark_result_2869224_1695835535_trace.json.gz": ("host-launch", None,
+        "a benchmark trace whose GPU runs 0.5% of the span, every gap waiting for the host"),
+    "more/hta_negative_queue/rank0.json.gz": ("unknown", None,
+        "idle 64%, but the gaps come with the next kernel already queued (HTA's 'other': a stream or rank "
+        "dependency), comm 15% and compute 17% below their thresholds: the trace does not decide"),
+    "more/hta_ns_resolution/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz": ("compute", None,
+        "kernels busy 98% of the span"),
+    "more/hta_trace_diff/control.json.gz": ("compute", "communication", "compute 61%, exposed comm 19%"),
+    "more/hta_trace_diff/test.json.gz": ("compute", "memory-copies", "compute 74%, uncovered memcpy/memset 13%"),
+    **{f"more/param_dlrm_8rank/worker{r}_step_12.{t}.pt.trace.json.gz": (
+        "communication" if r in (1, 3) else "host-launch", "host-launch" if r in (1, 3) else "communication",
+        "DLRM, 8 ranks, 7-10% compute: ranks 1 and 3 lose most to exposed send/recv and all-reduce (59%, 50%), the "
+        "others to host wait (49-76%), each with the other second") for r, t in [
+        (0, "1694128201545"), (1, "1694128201556"), (2, "1694128201554"), (3, "1694128201557"),
+        (4, "1694128201547"), (5, "1694128201549"), (6, "1694128201553"), (7, "1694128201553")]},
+    "more/param_resnet/resnet_kineto.json.gz": ("data-loading", None,
+        "the DataLoader ranges cover 51% of the trace (it has no ProfilerStep: judged against the CPU span)"),
+    "more/switch_transformers/trace.json.gz": ("compute", "host-launch", "compute 81%, host wait 14%"),
+    "more/tracelens_b200/eager_trace.json.gz": ("host-launch", None, "eager inference on a B200: idle 86%, host wait"),
+    "more/tracelens_h100/Falconsai_nsfw_image_detection__1016002.json.gz": ("host-launch", None,
+        "a small image model on an H100: idle 84%, host wait"),
+    "more/tracelens_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz": ("compute", None, "compute 92%"),
+    "more/tracelens_h100/facebook_timesformer-base-finetuned-k400__1016002.json.gz": ("compute", None,
+        "compute 97%"),
+    "more/tracelens_mi300/resnet_act_checkpoint.json.gz": ("communication", None,
+        "8 MI300X ranks: RCCL kernels exposed 64% of the span; all-reduce at 2.6 GB/s bus bandwidth"),
+}
+
+pytestmark = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
+                                reason=f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
+
+
+def test_every_shared_trace_has_its_expected_verdict():
+    found = sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*.json*"))
+    assert sorted(EXPECTED) == found  # no trace left without a stated expectation
+
+
+@pytest.mark.parametrize("rel", sorted(EXPECTED))
+def test_verdict_on_a_real_trace(rel):
+    bound, secondary, _why = EXPECTED[rel]
+    verdict = analyze_trace(SHARED_TRACES / rel).verdict
+    assert (verdict["bound"], verdict["secondary"]) == (bound, secondary), verdict["line"]
+    assert verdict["line"].startswith(bound) and len(verdict["evidence"]) > 20
+
+
+def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph_mode():
+    """results/gpu/: ResNet152 at batch 128 on an H100, eager: 21 ms of kernels in a 213 ms span."""
+    verdict = analyze_trace(OWN_GPU_TRACE).verdict
+    assert verdict["bound"] == "host-launch" and verdict["secondary"] is None
+    assert "train.cuda_graph: true" in verdict["remedy"] and "idle 89.9%" in verdict["evidence"]
+
+
+def test_the_verdict_is_in_the_json_and_first_in_the_tables():
+    (record,) = json.loads(run_module("analysis", str(OWN_GPU_TRACE), "--format", "json").stdout)
+    assert record["verdict"]["bound"] == "host-launch" and record["verdict"]["line"].startswith("host-launch: ")
+    assert record["cpu_time_us"] > 100_000 and isinstance(record["peak_gpu_mem_bytes"], int)  # raw numbers in JSON
+    table = run_module("analysis", str(OWN_GPU_TRACE)).stdout
+    assert "cpu_time (ms)" in table and "peak_gpu_mem (GiB)" in table  # human units where a person reads
+    assert table.split("\n\n", 1)[1].startswith("Verdict:\n  resnet152_rank0.pt.trace.json.gz: host-launch: ")
+    md = run_module("analysis", str(OWN_GPU_TRACE), "--format", "md").stdout
+    assert "## Verdict\n\n- **resnet152_rank0.pt.trace.json.gz**: host-launch: the GPU was idle 89.9%" in md
+
+
+def test_the_report_of_the_own_trace_opens_with_its_verdict(tmp_path):
+    """report.html in headless Chromium: the verdict is the first section, above every number."""
+    proc = run_module("analysis", str(OWN_GPU_TRACE), "--out", str(tmp_path), "--report")
+    assert proc.returncode == 0, proc.stderr
+    with headless_chromium(width=1400, height=700) as browser:
+        from selenium.webdriver.common.by import By
+
+        browser.get((tmp_path / "report.html").as_uri())
+        assert [h.text for h in browser.find_elements(By.TAG_NAME, "h2")][0] == "Verdict"
+        (item,) = browser.find_elements(By.CSS_SELECTOR, "ul.verdict li")
+        assert item.text.startswith("resnet152_rank0.pt.trace.json.gz: host-launch: the GPU was idle 89.9%")
+        assert "remedy: graph mode (train.cuda_graph: true" in item.text
+        artifacts = Path(os.environ.get("HPC_ARTIFACTS", REPO / "artifacts"))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(artifacts / "verdict-gpu-trace.png"))
+
+
+# --- the changes that should flip each verdict ---------------------------------------------------------------
+
+def _load(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def _device(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+
+
+def close_gaps(doc: dict) -> dict:
+    """Every device event moved to start where the previous one ended: no idle time on the device."""
+    cursor = None
+    for e in sorted(_device(doc), key=lambda e: e["ts"]):
+        cursor = e["ts"] if cursor is None else cursor
+        e["ts"], cursor = cursor, cursor + e["dur"]
+    return doc
+
+
+def spread_kernels(doc: dict, factor: float = 6.0) -> dict:
+    """The device timeline stretched: kernels keep their lengths, the gaps between them grow."""
+    events = _device(doc)
+    first = min(e["ts"] for e in events)
+    for e in events:
+        e["ts"] = first + (e["ts"] - first) * factor
+    return doc
+
+
+def drop_collectives(doc: dict) -> dict:
+    collectives = {id(e) for e in _device(doc) if classify_kernel(str(e.get("name", ""))) == "communication"}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if id(e) not in collectives]
+    return doc
+
+
+def drop_dataloader(doc: dict) -> dict:
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("enumerate(DataLoader)")]
+    return doc
+
+
+FLIPS = {  # verdict: (the change, why it must flip)
+    "host-launch": (close_gaps, "with no gap left there is no host to wait for"),
+    "communication": (drop_collectives, "without the collectives nothing is exposed"),
+    "data-loading": (drop_dataloader, "without the DataLoader's ranges there is no loading time"),
+    "compute": (spread_kernels, "the same kernels with six times the gaps keep the GPU busy a sixth as much"),
+    "unknown": (close_gaps, "with no idle time left the busy kernels decide it"),
+}
+FLIP_CASES = [(rel, bound) for rel, (bound, _, _) in EXPECTED.items() if "param_dlrm" not in rel or "worker1" in rel]
+
+
+@pytest.mark.parametrize("rel, bound", FLIP_CASES)
+def test_each_verdict_flips_when_its_cause_is_taken_away(rel, bound, tmp_path):
+    change, _why = FLIPS[bound]
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(change(_load(SHARED_TRACES / rel))))
+    assert analyze_trace(path).verdict["bound"] != bound
+
+
+def test_the_own_trace_with_its_gaps_closed_is_compute_bound(tmp_path):
+    path = tmp_path / "closed.json"
+    path.write_text(json.dumps(close_gaps(_load(OWN_GPU_TRACE))))
+    assert analyze_trace(path).verdict["bound"] == "compute"

@@ -1,0 +1,159 @@
+"""analysis/verdict.py on literal evidence: each class decided by its own share against its threshold, the
+secondary class, the cases where the evidence does not decide, the sweep note and the human units.
+The real traces are judged in tests/e2e/test_verdicts.py."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from analysis import verdict as v
+from analysis.records import RunRecord
+from analysis.units import human_column
+
+SPAN = 100_000.0  # µs
+
+
+def gpu(compute=0.0, comm=0.0, memory=0.0, host=0.0, kernel=0.0, other=0.0, **more) -> v.Evidence:
+    """Evidence for one device span: shares of SPAN busy, the rest idle, its gaps split host/kernel/other."""
+    idle = SPAN * (1 - compute - comm - memory)
+    gaps = host + kernel + other or 1.0
+    return v.Evidence(span_us=SPAN, computation_us=SPAN * compute, communication_us=SPAN * comm,
+                      memory_us=SPAN * memory, idle_us=idle, host_wait_us=idle * host / gaps,
+                      kernel_wait_us=idle * kernel / gaps, other_wait_us=idle * other / gaps, **more)
+
+
+def test_idle_gaps_waiting_for_the_host_are_host_launch_with_graph_mode_as_remedy():
+    got = v.judge(gpu(compute=0.1, host=0.9, other=0.1, kernels_per_step=1500))
+    assert (got.bound, got.secondary) == (v.HOST_LAUNCH, None)
+    assert "train.cuda_graph: true" in got.remedy and "1,500 kernels a step" in got.evidence
+    assert "back to back the device work would take 1/10.0 of the span" in got.evidence
+    assert got.line().startswith("host-launch: the GPU was idle 90.0% of the profiled span, 90.0% of its gaps")
+
+
+def test_idle_gaps_with_the_next_kernel_already_queued_do_not_decide():
+    got = v.judge(gpu(compute=0.15, comm=0.15, host=0.2, other=0.8))
+    assert got.bound == v.UNKNOWN and got.remedy is None
+    assert "80.0% of its gaps came with the next kernel already launched" in got.evidence
+
+
+def test_exposed_communication_names_its_bandwidth_against_the_link():
+    got = v.judge(gpu(compute=0.3, comm=0.5, host=1.0, busbw_GBps=2.6, ranks=8, nodes=2))
+    assert (got.bound, got.secondary) == (v.COMMUNICATION, v.HOST_LAUNCH)  # host wait 20%: second, not first
+    assert "50.0% of the span" in got.evidence and "2.6 GB/s against ~" in got.evidence
+    assert "network" in got.evidence and "ddp_bucket_cap_mb" in got.remedy
+    one_node = v.judge(gpu(compute=0.3, comm=0.5, busbw_GBps=50.0, nodes=1))
+    assert "NVLink" in one_node.evidence
+
+
+def test_memory_copies_no_kernel_covers():
+    got = v.judge(gpu(compute=0.35, memory=0.45, host=1.0))
+    assert got.bound == v.MEMORY and "45.0%" in got.evidence and "data.loader: device" in got.remedy
+
+
+def test_data_loading_is_the_cause_of_the_host_wait_not_a_second_verdict():
+    e = dataclasses.replace(gpu(compute=0.2, host=1.0), dataloader_us=40.0, step_us=100.0)
+    got = v.judge(e)
+    assert (got.bound, got.secondary) == (v.DATA, None)  # the 80% host wait is not named beside it
+    assert got.shares[v.HOST_LAUNCH] == pytest.approx(0.8)
+    assert "num_workers" in got.remedy
+
+
+def test_a_straggler_rank_is_named():
+    e = dataclasses.replace(gpu(compute=0.15, comm=0.15, kernel=1.0), ranks=4, step_mean_us=100.0, step_max_us=130.0,
+                            straggler_rank=3, straggler_share=0.75)
+    got = v.judge(e)
+    assert got.bound == v.IMBALANCE and "rank 3 launched collectives last 75.0%" in got.evidence
+    assert "0.13 ms against a mean of 0.10 ms over ranks: the others wait 23.1% of every step" in got.evidence
+    assert v.judge(dataclasses.replace(e, ranks=1)).bound != v.IMBALANCE  # one rank has no imbalance
+
+
+def test_compute_bound_gives_the_share_of_peak_where_flops_are_known():
+    got = v.judge(gpu(compute=0.9, host=1.0, achieved_tflops=98.9, peak_tflops=494.0))
+    assert (got.bound, got.secondary, got.remedy) == (v.COMPUTE, None, None)
+    assert "98.9 TFLOP/s = 20.0% of the device's dense peak" in got.evidence
+    assert "share of peak unknown" in v.judge(gpu(compute=0.9)).evidence
+
+
+def test_compute_is_never_the_secondary_and_a_secondary_needs_its_share():
+    got = v.judge(gpu(compute=0.55, comm=0.25, host=1.0))  # host-launch 0.2 beside communication 0.25
+    assert (got.bound, got.secondary) == (v.COMMUNICATION, v.HOST_LAUNCH)
+    small = v.judge(gpu(compute=0.7, comm=0.22, host=1.0))  # idle 8%: host-launch under SECONDARY_SHARE
+    assert (small.bound, small.secondary) == (v.COMPUTE, v.COMMUNICATION)
+
+
+def test_a_cpu_run_has_no_device_verdict():
+    got = v.judge(v.Evidence(dataloader_us=5.0, step_us=100.0))
+    assert got.bound == v.UNKNOWN and "a CPU run" in got.evidence and "5.0% of the steps" in got.evidence
+
+
+ALONE = {  # evidence where one class has the share s and every other class stays under its threshold
+    v.HOST_LAUNCH: lambda s: gpu(compute=0.85 - s, comm=0.15, host=1.0),  # idle = s, all of it host wait
+    v.COMMUNICATION: lambda s: gpu(comm=s, kernel=1.0),  # the gaps wait on kernels: no host-launch
+    v.MEMORY: lambda s: gpu(memory=s, kernel=1.0),
+    v.COMPUTE: lambda s: gpu(compute=s, kernel=1.0),
+}
+
+
+@pytest.mark.parametrize("cls", sorted(ALONE))
+def test_each_threshold_is_the_edge(cls):
+    """Just under its threshold a class is not the verdict (nothing is); just over it, it is."""
+    t = v.THRESHOLDS[cls]
+    assert v.judge(ALONE[cls](t - 0.01)).bound == v.UNKNOWN
+    assert v.judge(ALONE[cls](t + 1e-9)).bound == cls
+
+
+evidence = st.builds(
+    gpu, compute=st.floats(0, 0.33), comm=st.floats(0, 0.33), memory=st.floats(0, 0.33),
+    host=st.floats(0, 1), kernel=st.floats(0, 1), other=st.floats(0, 1),
+    dataloader_us=st.none() | st.floats(0, 100), step_us=st.none() | st.floats(1, 100))
+
+
+@given(evidence)
+def test_any_evidence_gets_one_line_and_a_bound_that_reached_its_threshold(e):
+    got = v.judge(e)
+    assert "\n" not in got.line() and got.line().startswith(got.bound)
+    assert all(0.0 <= s <= 1.0 for s in got.shares.values())
+    if got.bound != v.UNKNOWN:
+        assert got.shares[got.bound] >= v.THRESHOLDS[got.bound]
+        assert got.secondary is None or (got.secondary != got.bound and got.shares[got.secondary] >= v.SECONDARY_SHARE)
+    else:
+        assert got.remedy is None
+
+
+def _point(**loss) -> RunRecord:
+    return RunRecord(run_dir="r", ranks=4, gpus=4, nodes=1, scaling_efficiency=0.71, allreduce_busbw_GBps=40.0,
+                     loss_us={**loss, "total": sum(loss.values())})
+
+
+def test_the_sweep_note_names_the_largest_loss_term():
+    note = v.scaling_note(_point(computation=200.0, communication=4100.0, idle=900.0, imbalance=0.0))
+    assert note == ("efficiency 0.71: the step is 5.20 ms longer than on 1 GPU, most of it exposed communication "
+                    "(4.10 ms); all-reduce bus bandwidth 40.0 GB/s against ~" + note.split("against ~")[1])
+    idle = v.scaling_note(_point(computation=200.0, communication=100.0, idle=900.0))
+    assert "most of it the GPU idle" in idle and "GB/s" not in idle
+    one = RunRecord(run_dir="r", ranks=1, gpus=1, nodes=1, scaling_efficiency=1.0)
+    assert v.scaling_note(one) is None  # a 1-GPU point has nothing to explain
+    cpu = dataclasses.replace(_point(), loss_us=None, scaling_efficiency=0.28)
+    assert v.scaling_note(cpu) == ("efficiency 0.28: below linear, but the traces have no device timeline to "
+                                   "split the loss by (a CPU run)")
+    assert v.scaling_note(dataclasses.replace(cpu, scaling_efficiency=1.05)).endswith("no loss to explain")
+    assert "suspect the 1-GPU point" in v.scaling_note(dataclasses.replace(cpu, scaling_efficiency=2.33))
+
+
+@pytest.mark.parametrize("name, values, header, shown", [
+    ("cpu_time_us", [1_581_196], "cpu_time (s)", "1.58"),
+    ("cuda_time_us", [21_340.0], "cuda_time (ms)", "21.3"),
+    ("peak_cpu_mem_bytes", [1_133_641_728], "peak_cpu_mem (GiB)", "1.06"),
+    ("peak_gpu_mem_bytes", [52_428_800], "peak_gpu_mem (MiB)", "50.0"),
+    ("step_time_us_mean", [250_000.0], "step_time_mean (ms)", "250"),
+    ("scaling_efficiency", [0.712], "scaling_efficiency (%)", "71.2"),
+    ("allreduce_busbw_GBps", [2.6], "allreduce_busbw (GB/s)", "2.60"),
+    ("images_per_s", [1234.5], "images_per_s", "1,234"),
+    ("kernel_calls", [123456], "kernel_calls", "123,456"),
+    ("data_fraction", [0.5], "data_fraction", "0.5"),
+])
+def test_human_units_put_the_unit_in_the_header(name, values, header, shown):
+    got_header, show = human_column(name, values)
+    assert (got_header, show(values[0]), show(None)) == (header, shown, "-")
