@@ -86,6 +86,18 @@ def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
+def step_mode(summary: dict[str, Any] | None) -> str | None:
+    """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
+    written before it had one, its config."""
+    first = ((summary or {}).get("ranks") or [{}])[0]
+    if first.get("step_mode") in ("eager", "graph"):
+        return str(first["step_mode"])
+    cfg = (summary or {}).get("config")
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    graphed = train.get("cuda_graph") if isinstance(train, dict) else None
+    return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
+
+
 def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
     """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
     oom = summary.get("oom")
@@ -97,6 +109,7 @@ def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
         run_dir=str(run_dir),
         outcome="oom",
         arch=config_value(cfg, "model", "arch", str),
+        step_mode=step_mode(summary),
         batch_size_per_gpu=batch if is_count(batch) else None,
         gpus=summary.get("world_size"),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
@@ -163,6 +176,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         traces=len(records),
         ranks=len(ranks),
         arch=config_value(cfg, "model", "arch", str),
+        step_mode=step_mode(summary),
         batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
         gpus=(summary or {}).get("world_size") or len(ranks),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
@@ -194,6 +208,7 @@ def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
         "batch_size_per_gpu": batch if is_count(batch) else None,
         "device_name": device,
         "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
+        "graphed": step_mode(summary) == "graph",
     }
 
 

@@ -181,6 +181,7 @@ class RunRecord:
     ranks: int = 0
     outcome: str | None = None  # done | stopped | oom
     arch: str | None = None
+    step_mode: str | None = None  # eager | graph (train.cuda_graph): graphed and eager sweeps side by side
     data_fraction: float | None = None
     batch_size_per_gpu: int | None = None
     gpus: int | None = None

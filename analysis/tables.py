@@ -33,6 +33,7 @@ RUN_COLUMNS = [
     "batch_size_per_gpu",
     "gpus",
     "nodes",
+    "step_mode",
     "outcome",
     "ranks",
     "step_time_us_mean_max",

@@ -63,6 +63,11 @@ REMEDIES = {
     DATA: "data.loader: device (the whole uint8 set on the GPU, augmented there), or more data.num_workers",
     MEMORY: "data.loader: device moves no batch over PCIe each step",
 }
+# A run whose step is already one CUDA graph waits on the host between replays, not inside them.
+GRAPHED_HOST_REMEDY = (
+    "the step is already a CUDA graph: the wait is between replays (the batch's copy, the loop's Python); "
+    "a larger per-GPU batch gives each replay more work"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +94,7 @@ class Evidence:
     straggler_share: float | None = None
     achieved_tflops: float | None = None  # where the model's FLOPs are known
     peak_tflops: float | None = None
+    graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +159,8 @@ def judge(e: Evidence) -> Verdict:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured), None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
-    return Verdict(bound, secondary, measured, describe(bound, e, measured), REMEDIES.get(bound))
+    remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else REMEDIES.get(bound)
+    return Verdict(bound, secondary, measured, describe(bound, e, measured), remedy)
 
 
 def _pct(value: float | None) -> str:
@@ -303,6 +310,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         straggler_share=run.straggler_share,
         achieved_tflops=achieved,
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
+        graphed=bool(model.get("graphed")),
     )
 
 

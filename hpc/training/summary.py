@@ -89,6 +89,9 @@ class RunSummary:
             "batch_size_per_gpu": plan.per_gpu,
             "global_batch_size": plan.global_batch,
             "data_fraction": cfg.data.fraction,
+            # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager; DDP around the model or not
+            "step_mode": "graph" if cfg.train.cuda_graph else "eager",
+            "ddp": not cfg.train.cuda_graph,
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,
             # forward FLOPs per image (conv and linear layers): the analysis's share of the device's peak

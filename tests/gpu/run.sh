@@ -13,6 +13,8 @@
 #   3. hpc.bench       peak memory of a training step for the study's batch sizes
 #   4. hpc.bench       the CIFAR stem at batch 512; with HPC_GPU_COMPILE=1 also with torch.compile
 #   5. summarize.py    OUTDIR/results.json (everything, with device, versions, commands) + summary.md
+#   study_point        only with HPC_GPU_PHASES=study_point (its own call: ~5 minutes): the paper-style script
+#                      against hpc.train, whole processes under torchrun (tests/gpu/study_point.py)
 # Phases as measured on an H100 (results/gpu/README.md): pytest 182 s, benchmarks ~6.5 s per
 # configuration, about 9 minutes in all; torch.compile adds 2-3 minutes.
 # Exit status: 0 when every phase ran and every GPU test passed, 1 otherwise (the files are written
@@ -69,15 +71,25 @@ phase() {  # phase NAME LIMIT_S COMMAND...: run it, log it, record its exit stat
     [ "$rc" = 0 ] || failed=1
 }
 
-phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
-phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 128,2048 \
-    --out "$OUTDIR/bench_torchvision.json"
-phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision --batch 512,1024 \
-    --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_torchvision_mid.json"
-phase memory 80 $PY -m hpc.bench --arch resnet152 --stem torchvision --memory-grid 128,256,512,1024,2048 \
-    --out "$OUTDIR/memory.json"
-phase bench_cifar 70 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 --only "$MAIN_CONFIGS" \
-    --out "$OUTDIR/bench_cifar.json"
+# HPC_GPU_PHASES picks phases (comma-separated); study_point is not in the default set because with the
+# others it would not fit one 10-minute call: run it as its own, HPC_GPU_PHASES=study_point.
+PHASES=${HPC_GPU_PHASES:-pytest,bench_torchvision,bench_torchvision_mid,memory,bench_cifar}
+want() { [[ ",$PHASES," == *",$1,"* ]]; }
+want pytest && phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
+want bench_torchvision && phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision \
+    --batch 128,2048 --out "$OUTDIR/bench_torchvision.json"
+want bench_torchvision_mid && phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision \
+    --batch 512,1024 --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_torchvision_mid.json"
+want memory && phase memory 80 $PY -m hpc.bench --arch resnet152 --stem torchvision \
+    --memory-grid 128,256,512,1024,2048 --out "$OUTDIR/memory.json"
+want bench_cifar && phase bench_cifar 70 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 \
+    --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_cifar.json"
+if want study_point; then  # the paper-style script against hpc.train, whole processes (tests/gpu/study_point.py)
+    DATA=${HPC_GPU_DATA:-/tmp/hpc-gpu-cifar100}
+    [ -d "$DATA/cifar-100-python" ] || $PY -m hpc.data synth --root "$DATA" --train 50000 --test 10000 >/dev/null
+    phase study_point 570 $PY tests/gpu/study_point.py --data-root "$DATA" --out "$OUTDIR/study_point.json" \
+        --work-dir "$OUTDIR/study_point"
+fi
 if [ "${HPC_GPU_COMPILE:-0}" = 1 ]; then  # compiling ResNet152 takes 2-3 minutes of CPU on the H100 host
     phase bench_cifar_compile 240 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 --compile \
         --only "toolkit + compile" --out "$OUTDIR/bench_cifar_compile.json"

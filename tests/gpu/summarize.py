@@ -155,6 +155,8 @@ def summary_markdown(results: dict) -> str:
         if report:
             lines += ["", f"## hpc.bench: {key}", "", f"`{report['command']}`", "", markdown(report)]
     lines += ["", "## Peak memory of a training step (ResNet152, torchvision stem)", ""] + memory_rows(results["memory"])
+    if results.get("study_point_md"):  # tests/gpu/study_point.py's table (HPC_GPU_PHASES=study_point)
+        lines += ["", "## One study point, whole processes (tests/gpu/study_point.py)", "", results["study_point_md"]]
     return "\n".join(lines) + "\n"
 
 
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = speedup_target(tv) + peak_target(cifar) + per_batch_targets(tv)
     results = {"environment": environment, "command": args.command, "phases": phases,
                "tests": junit(out / "pytest.xml"), "measured_by_tests": read_json(out / "gpu_tests.json"),
-               "targets": targets, "bench": bench, "memory": memory}
+               "targets": targets, "bench": bench, "memory": memory, "study_point": read_json(out / "study_point.json"),
+               "study_point_md": (out / "study_point.md").read_text() if (out / "study_point.md").is_file() else None}
     write_atomic(out / "results.json", json.dumps(results, indent=2))
     write_atomic(out / "summary.md", summary_markdown(results))
     print(f"wrote {out / 'results.json'} and {out / 'summary.md'}")

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis import verdict as v
+from analysis.fold import step_mode
 from analysis.records import RunRecord
 from analysis.units import human_column
 
@@ -30,6 +31,11 @@ def test_idle_gaps_waiting_for_the_host_are_host_launch_with_graph_mode_as_remed
     assert "train.cuda_graph: true" in got.remedy and "1,500 kernels a step" in got.evidence
     assert "back to back the device work would take 1/10.0 of the span" in got.evidence
     assert got.line().startswith("host-launch: the GPU was idle 90.0% of the profiled span, 90.0% of its gaps")
+
+
+def test_a_graphed_run_that_waits_on_the_host_is_not_told_to_use_graph_mode():
+    got = v.judge(gpu(compute=0.1, host=1.0, graphed=True))
+    assert got.bound == v.HOST_LAUNCH and "cuda_graph" not in got.remedy and "already a CUDA graph" in got.remedy
 
 
 def test_idle_gaps_with_the_next_kernel_already_queued_do_not_decide():
@@ -120,6 +126,17 @@ def test_any_evidence_gets_one_line_and_a_bound_that_reached_its_threshold(e):
         assert got.secondary is None or (got.secondary != got.bound and got.shares[got.secondary] >= v.SECONDARY_SHARE)
     else:
         assert got.remedy is None
+
+
+@pytest.mark.parametrize("summary, mode", [
+    ({"ranks": [{"step_mode": "graph"}]}, "graph"),
+    ({"ranks": [{}], "config": {"train": {"cuda_graph": True}}}, "graph"),  # a summary from before the fact
+    ({"ranks": [{}], "config": {"train": {"cuda_graph": False}}}, "eager"),
+    ({"ranks": [{"step_mode": "warp"}], "config": {"train": {"cuda_graph": "yes"}}}, None),  # neither says
+    (None, None),
+])
+def test_the_step_mode_comes_from_the_summary(summary, mode):
+    assert step_mode(summary) == mode
 
 
 def _point(**loss) -> RunRecord:
