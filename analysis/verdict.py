@@ -96,6 +96,12 @@ class Evidence:
     peak_tflops: float | None = None
     graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
 
+    @property
+    def host_gap_share(self) -> float | None:
+        """Of the busiest stream's gap time, the part that waited for the host (None: no gaps measured)."""
+        gaps = sum(v or 0.0 for v in (self.host_wait_us, self.kernel_wait_us, self.other_wait_us))
+        return (self.host_wait_us or 0.0) / gaps if gaps > 0 else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
@@ -126,18 +132,16 @@ def shares(e: Evidence) -> dict[str, float]:
         MEMORY: _share(e.memory_us, e.span_us),
         DATA: _share(e.dataloader_us, e.step_us),
     }
-    gaps = sum(v or 0.0 for v in (e.host_wait_us, e.kernel_wait_us, e.other_wait_us))
-    idle = _share(e.idle_us, e.span_us)
-    if idle is not None and gaps > 0:
-        out[HOST_LAUNCH] = idle * (e.host_wait_us or 0.0) / gaps
+    idle, host = _share(e.idle_us, e.span_us), e.host_gap_share
+    if idle is not None and host is not None:
+        out[HOST_LAUNCH] = idle * host
     if e.ranks > 1 and e.step_mean_us and e.step_max_us:
         out[IMBALANCE] = (e.step_max_us - e.step_mean_us) / e.step_max_us
     return {k: min(max(v, 0.0), 1.0) for k, v in out.items() if v is not None}
 
 
 def _host_gaps_dominate(e: Evidence) -> bool:
-    gaps = sum(v or 0.0 for v in (e.host_wait_us, e.kernel_wait_us, e.other_wait_us))
-    return gaps > 0 and (e.host_wait_us or 0.0) / gaps >= HOST_GAP_SHARE
+    return (e.host_gap_share or 0.0) >= HOST_GAP_SHARE
 
 
 def eligible(e: Evidence, measured: dict[str, float]) -> dict[str, float]:
@@ -170,14 +174,13 @@ def _pct(value: float | None) -> str:
 def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
     """The evidence for a class, in numbers the analysis has."""
     if bound == HOST_LAUNCH:
-        gaps = sum(v or 0.0 for v in (e.host_wait_us, e.kernel_wait_us, e.other_wait_us))
         per_step = f", {e.kernels_per_step:,.0f} kernels a step" if e.kernels_per_step else ""
         span = e.span_us or 0.0
         busy = span - (e.idle_us or 0.0)
         ceiling = f"; back to back the device work would take 1/{span / busy:.1f} of the span" if busy > 0 else ""
         return (
             f"the GPU was idle {_pct(_share(e.idle_us, e.span_us))} of the profiled span, "
-            f"{_pct(_share(e.host_wait_us, gaps))} of its gaps waiting for the host to launch the next "
+            f"{_pct(e.host_gap_share)} of its gaps waiting for the host to launch the next "
             f"kernel (kernels ran {_pct(measured.get(COMPUTE))} of the span{per_step}){ceiling}"
         )
     if bound == COMMUNICATION:
@@ -221,10 +224,9 @@ def undecided(e: Evidence, measured: dict[str, float]) -> str:
     if e.span_us is None:
         data = f"; the DataLoader took {_pct(measured[DATA])} of the steps" if DATA in measured else ""
         return f"no device activity in the trace (a CPU run): the GPU classes cannot be judged{data}"
-    idle = _share(e.idle_us, e.span_us)
-    gaps = sum(v or 0.0 for v in (e.host_wait_us, e.kernel_wait_us, e.other_wait_us))
+    idle, host = _share(e.idle_us, e.span_us), e.host_gap_share
     if idle is not None and idle >= THRESHOLDS[HOST_LAUNCH] and not _host_gaps_dominate(e):
-        queued = 1 - (e.host_wait_us or 0.0) / gaps if gaps else None
+        queued = 1 - host if host is not None else None
         return (
             f"the GPU was idle {_pct(idle)} of the span, but {_pct(queued)} "
             "of its gaps came with the next kernel already launched (waiting on another stream or rank): "
