@@ -24,7 +24,7 @@ from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, row
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import UsageError
 from hpc.core.files import write_atomic
-from hpc.core.rundir import REPORT, SWEEP_TABLE, WHY_TABLE, SweepPaths
+from hpc.core.rundir import REPORT, RUNS_JSON, SWEEP_TABLE, WHY_TABLE, SweepPaths
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,7 +121,7 @@ def write_outputs(
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "traces.json", to_json(traces))
     if runs:
-        write_atomic(out / "runs.json", to_json(runs))
+        write_atomic(out / RUNS_JSON, to_json(runs))
         write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
         write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
     if sweep_rows is not None:

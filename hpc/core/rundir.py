@@ -53,10 +53,11 @@ ANALYSIS = "analysis"
 ANALYSIS_JOBS = "analysis-jobs"
 REPORT = "report.html"
 SWEEP_TABLE = "sweep.md"
+RUNS_JSON = "runs.json"  # every point's record, its verdict among them
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip.
-SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, "metrics.json", "records.json", "traces.json", "runs.json"})
+SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, "metrics.json", "records.json", "traces.json", RUNS_JSON})
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
 
@@ -113,6 +114,7 @@ class SweepPaths:
     report = property(lambda self: self.root / ANALYSIS / REPORT)
     sweep_table = property(lambda self: self.root / ANALYSIS / SWEEP_TABLE)
     why_table = property(lambda self: self.root / ANALYSIS / WHY_TABLE)
+    runs_json = property(lambda self: self.root / ANALYSIS / RUNS_JSON)
 
     def run(self, run_dir: str) -> RunPaths:
         return RunPaths(self.root / run_dir)

@@ -15,6 +15,7 @@ from typing import Any
 
 from hpc.core.cli import Parser, inspect_path
 from hpc.core.errors import UsageError
+from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_summary, summary_outcome
 from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
@@ -115,15 +116,35 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def verdict_of(run_dir: Path) -> str | None:
-    """What bounds a finished point, from its traces (analysis/verdict.py): the class, and the next one."""
+def _short(verdict: Any) -> str | None:
+    """`bound (then secondary)` of a verdict record, None for anything else."""
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("bound"), str):
+        return None
+    secondary = verdict.get("secondary")
+    return verdict["bound"] + (f" (then {secondary})" if isinstance(secondary, str) else "")
+
+
+def reported_verdicts(sweep: SweepPaths) -> dict[str, str]:
+    """Each point's verdict as the analysis job wrote it (analysis/runs.json), by run directory name."""
+    records = read_json(sweep.runs_json) if sweep.runs_json.is_file() else None
+    out = {}
+    for r in records if isinstance(records, list) else []:
+        short = _short(r.get("verdict")) if isinstance(r, dict) and isinstance(r.get("run_dir"), str) else None
+        if short:
+            out[Path(r["run_dir"]).name] = short
+    return out
+
+
+def verdict_of(run_dir: Path, reported: dict[str, str]) -> str | None:
+    """What bounds a finished point (analysis/verdict.py): the class, and the next one. From the report
+    where it has the point (reading every point's traces at each status would take a minute on a full
+    study), else from the point's own traces."""
+    if run_dir.name in reported:
+        return reported[run_dir.name]
     from analysis.fold import analyze_run
 
     _, run = analyze_run(run_dir, [])
-    if run is None or not run.verdict:
-        return None
-    verdict = run.verdict
-    return verdict["bound"] + (f" (then {verdict['secondary']})" if verdict["secondary"] else "")
+    return _short(run.verdict) if run is not None else None
 
 
 def status_command(argv: list[str]) -> int:
@@ -134,8 +155,9 @@ def status_command(argv: list[str]) -> int:
     p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     args = p.parse_args(argv)
     sweep_dir = existing_sweep(args.sweep_dir)
+    reported = reported_verdicts(SweepPaths(sweep_dir))
     rows = [
-        {**r, "verdict": verdict_of(Path(r["run_dir"])) if r["state"] == "done" else None}
+        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == "done" else None}
         for r in sweep_status(sweep_dir)
     ]
     sys.stdout.write(render(rows, STATUS_COLUMNS, args.format))

@@ -3,6 +3,7 @@ secondary class, the cases where the evidence does not decide, the sweep note an
 The real traces are judged in tests/e2e/test_verdicts.py."""
 
 import dataclasses
+import json
 
 import pytest
 from hypothesis import given
@@ -174,3 +175,22 @@ def test_the_sweep_note_names_the_largest_loss_term():
 def test_human_units_put_the_unit_in_the_header(name, values, header, shown):
     got_header, show = human_column(name, values)
     assert (got_header, show(values[0]), show(None)) == (header, shown, "-")
+
+
+def test_status_takes_a_points_verdict_from_the_report_and_reads_traces_only_for_the_rest(tmp_path):
+    from hpc.core.rundir import SweepPaths
+    from hpc.launch.status import reported_verdicts, verdict_of
+
+    sweep = SweepPaths(tmp_path)
+    sweep.analysis.mkdir()
+    sweep.runs_json.write_text(json.dumps([
+        {"run_dir": "/elsewhere/sweep/193_0", "verdict": {"bound": "host-launch", "secondary": "communication"}},
+        {"run_dir": "/elsewhere/sweep/193_1", "verdict": {"bound": "compute", "secondary": None}},
+        {"run_dir": 7, "verdict": {"bound": "compute"}}, "junk", {"run_dir": "x", "verdict": "compute"},
+    ]))
+    reported = reported_verdicts(sweep)
+    assert reported == {"193_0": "host-launch (then communication)", "193_1": "compute"}  # by name: sweeps move
+    assert verdict_of(tmp_path / "193_0", reported) == "host-launch (then communication)"  # no trace read
+    assert verdict_of(tmp_path / "198", reported) is None  # not in the report, and no traces of its own
+    sweep.runs_json.write_text("{not json")
+    assert reported_verdicts(sweep) == {}
