@@ -86,10 +86,15 @@ def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
+def first_rank(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """Rank 0's record in summary.json, where the run-wide facts are; {} without one."""
+    return ((summary or {}).get("ranks") or [{}])[0]
+
+
 def step_mode(summary: dict[str, Any] | None) -> str | None:
     """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
     written before it had one, its config."""
-    first = ((summary or {}).get("ranks") or [{}])[0]
+    first = first_rank(summary)
     if first.get("step_mode") in ("eager", "graph"):
         return str(first["step_mode"])
     cfg = (summary or {}).get("config")
@@ -167,7 +172,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     comparing the ranks shows (imbalance, skew, straggler)."""
     ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
     cfg = (summary or {}).get("config") or {}
-    first = ((summary or {}).get("ranks") or [{}])[0]
+    first = first_rank(summary)
     step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
     straggler_rank, straggler_share = straggler(records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
@@ -199,7 +204,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
 def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
     """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
-    first = ((summary or {}).get("ranks") or [{}])[0]
+    first = first_rank(summary)
     amp = config_value((summary or {}).get("config") or {}, "train", "amp", str)
     device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
     flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")

@@ -113,11 +113,16 @@ class Verdict:
 
     def line(self) -> str:
         """`bound [+ secondary]: evidence; remedy: ...` in one line."""
-        head = self.bound + (f" (then {self.secondary})" if self.secondary else "")
-        return f"{head}: {self.evidence}" + (f"; remedy: {self.remedy}" if self.remedy else "")
+        remedy = f"; remedy: {self.remedy}" if self.remedy else ""
+        return f"{headline(self.bound, self.secondary)}: {self.evidence}{remedy}"
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "line": self.line()}
+
+
+def headline(bound: str, secondary: str | None) -> str:
+    """`bound (then secondary)`: a verdict in a word or two (a status column, the head of its line)."""
+    return bound + (f" (then {secondary})" if secondary else "")
 
 
 def _share(part: float | None, whole: float | None) -> float | None:

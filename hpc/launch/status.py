@@ -118,10 +118,12 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def _short(verdict: Any) -> str | None:
     """`bound (then secondary)` of a verdict record, None for anything else."""
+    from analysis.verdict import headline
+
     if not isinstance(verdict, dict) or not isinstance(verdict.get("bound"), str):
         return None
     secondary = verdict.get("secondary")
-    return verdict["bound"] + (f" (then {secondary})" if isinstance(secondary, str) else "")
+    return headline(verdict["bound"], secondary if isinstance(secondary, str) else None)
 
 
 def reported_verdicts(sweep: SweepPaths) -> dict[str, str]:
