@@ -105,15 +105,16 @@ class DeviceActivity:
         kind = np.where(source != _KERNEL, MEMORY, np.where(communication, COMMUNICATION, COMPUTE)).astype(np.int8)
         args = [e.args or NO_ARGS for e in events]
         stream, corr = int_args([a.stream for a in args]), int_args([a.correlation for a in args])
+        graph = int_args([a.graph_id for a in args])
         comm = np.flatnonzero(communication)
         if comm.size:
             self.collectives.add(
                 [args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()], ts[comm], dur[comm]
             )
-        self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names))
+        self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names, graph))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
-        """(start, end, dur, source, kind, class, stream, correlation, name id), all rows in file order
+        """(start, end, dur, source, kind, class, stream, correlation, name id, graph id), all rows in file order
         (the windows' columns joined once, when first asked for)."""
         if len(self._columns) > 1:
             self._columns = [tuple(np.concatenate(c) for c in zip(*self._columns, strict=False))]
@@ -124,7 +125,7 @@ class DeviceActivity:
         (sorted ids, µs); None when no device event has one."""
         if not self._columns:
             return None
-        start, end, *_, corr, _ = self._arrays()
+        start, end, *_, corr, _, _ = self._arrays()
         keep = corr >= 0
         if not keep.any():
             return None
@@ -137,7 +138,7 @@ class DeviceActivity:
         """The device figures (all None for a trace with no device activity: a CPU run)."""
         if not self._columns:
             return DeviceTotals()
-        start, end, dur, source, kind, cls, stream, corr, names = self._arrays()
+        start, end, dur, source, kind, cls, stream, corr, names, graph = self._arrays()
         launch = launches.lookup(corr)
         comm = (start[kind == COMMUNICATION], end[kind == COMMUNICATION])
         compute = (start[kind == COMPUTE], end[kind == COMPUTE])
@@ -151,6 +152,7 @@ class DeviceActivity:
             memset_time_us=memset_us,
             gpu_busy_us=union_us(start, end),
             kernel_calls=int((source == _KERNEL).sum()),
+            graph_kernel_calls=int(((source == _KERNEL) & (graph > 0)).sum()),
             kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist(), strict=False)),
             comm_time_us=comm_us,
             comm_overlap_pct=100.0 * overlap_us(comm, compute) / comm_us if comm_us else None,

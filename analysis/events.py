@@ -76,6 +76,7 @@ class Args(msgspec.Struct, gc=False):
     total_allocated: float | None = _arg("Total Allocated")
     total_reserved: float | None = _arg("Total Reserved")
     nbytes: float | None = _arg("Bytes")
+    graph_id: Any = _arg("graph id")  # a kernel replayed from a CUDA graph (CUPTI's graphId; 0: launched alone)
 
 
 NO_ARGS = Args()  # what an event without args reads as: every arg absent

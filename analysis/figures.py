@@ -189,18 +189,36 @@ def _lines_against_batch(
     ax.legend(fontsize=7)
 
 
+def step_modes(rows: list[RunRecord]) -> list[str]:
+    """The step modes (eager, graph) the rows ran in, as the figures name them."""
+    return sorted({r.step_mode for r in rows if r.step_mode})
+
+
+def _modes_title(rows: list[RunRecord]) -> str:
+    modes = step_modes(rows)
+    return f" ({' and '.join(modes)} steps)" if modes else ""
+
+
+def _line_key(r: RunRecord, split_modes: bool) -> tuple[Any, ...]:
+    return (r.shape, r.step_mode or "") if split_modes else (r.shape, "")
+
+
 def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
-    """The metric against batch size for one data fraction, one line per GPU count (None: no data)."""
+    """The metric against batch size for one data fraction, one line per GPU count, and per step mode
+    where the rows ran in both (None: no data)."""
     sel = [r for r in rows if r.data_fraction == fraction and metric.value(r) is not None]
     if not sel:
         return None
     number = STUDY_FIGURE.get((metric.study, fraction)) if metric.study else None
     words = FRACTION_WORDS.get(fraction, f"data fraction {fraction:g}")
-    title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}"
+    title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}{_modes_title(sel)}"
     fig, ax = _pyplot().subplots(figsize=(6, 4))
+    split = len(step_modes(sel)) > 1
     lines = {
-        _shape_label(k): [(r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if r.shape == k]
-        for k in sorted({r.shape for r in sel})
+        _shape_label(k[0]) + (f", {k[1]}" if k[1] else ""): [
+            (r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if _line_key(r, split) == k
+        ]
+        for k in sorted({_line_key(r, split) for r in sel})
     }
     _lines_against_batch(ax, lines, metric.ylabel, title)
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
@@ -231,7 +249,11 @@ def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     }
     ax.axhline(1.0, color="grey", lw=0.8)
     _lines_against_batch(
-        ax, {**lines, **predicted}, "scaling efficiency vs 1 GPU", "Scaling efficiency", dashed=frozenset(predicted)
+        ax,
+        {**lines, **predicted},
+        "scaling efficiency vs 1 GPU",
+        f"Scaling efficiency{_modes_title(sel)}",
+        dashed=frozenset(predicted),
     )
     return _save(fig, out_dir / "scaling_efficiency.png")
 
@@ -259,7 +281,7 @@ def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     ax.axhline(0.0, color="black", lw=0.6)
     ax.set_xlabel("data fraction / batch per GPU / GPUs per node (x nodes)")
     ax.set_ylabel("step time vs 1 GPU (ms)")
-    ax.set_title("Where the step time went, against the 1-GPU point", fontsize=10)
+    ax.set_title(f"Where the step time went, against the 1-GPU point{_modes_title(sel)}", fontsize=10)
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     ax.legend(fontsize=7)
     return _save(fig, out_dir / "efficiency_loss.png")

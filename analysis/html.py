@@ -63,7 +63,9 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
     run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
     title = (
-        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s): {run.outcome}"
+        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s)"
+        + (f", {run.step_mode} steps" if run.step_mode else "")
+        + f": {run.outcome}"
         if run and run.data_fraction is not None
         else str(run_dir)
     )

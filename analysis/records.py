@@ -45,6 +45,7 @@ class DeviceTotals:
     memset_time_us: float | None = None
     gpu_busy_us: float | None = None
     kernel_calls: int | None = None
+    graph_kernel_calls: int | None = None  # of kernel_calls, those replayed from a CUDA graph (args "graph id")
     kernel_calls_by_class: dict[str, int] | None = None
     comm_time_us: float | None = None
     comm_overlap_pct: float | None = None

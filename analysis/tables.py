@@ -236,11 +236,13 @@ def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[st
 
 
 def run_label(run: RunRecord) -> str:
+    """The run as the verdicts name it, with its step mode (eager or graph) where the summary says."""
+    mode = f", {run.step_mode} steps" if run.step_mode else ""
     if run.data_fraction is None:
-        return Path(run.run_dir).name or run.run_dir
+        return (Path(run.run_dir).name or run.run_dir) + mode
     nodes = f" x {run.nodes} nodes" if (run.nodes or 1) > 1 else ""
     gpus = f"{run.gpus} GPU" + ("s" if run.gpus != 1 else "")
-    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {gpus}{nodes}"
+    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {gpus}{nodes}{mode}"
 
 
 def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tuple[str, str]]:

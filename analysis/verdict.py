@@ -56,8 +56,8 @@ DEVICE_PEAK_TFLOPS = {
 }
 
 REMEDIES = {
-    HOST_LAUNCH: "graph mode (train.cuda_graph: true; one process, no DDP, today) replays the whole step as one "
-    "launch; a larger per-GPU batch gives each launch more work",
+    HOST_LAUNCH: "graph mode (train.cuda_graph: true, or auto, the default outside the study's eager profile; "
+    "DDP included) replays the whole step as one launch; a larger per-GPU batch gives each launch more work",
     COMMUNICATION: "a larger train.ddp_bucket_cap_mb (fewer, larger all-reduces that overlap backward), or fewer "
     "nodes for the same GPUs (the inter-node link is the slow one)",
     DATA: "data.loader: device (the whole uint8 set on the GPU, augmented there), or more data.num_workers",
@@ -285,6 +285,7 @@ def trace_evidence(rec: TraceRecord) -> Evidence:
         kernels_per_step=rec.kernel_calls_per_step,
         ranks=rec.world_size or 1,
         busbw_GBps=allreduce.get("busbw_GBps") if allreduce else None,
+        graphed=bool(rec.graph_kernel_calls),
     )
 
 
@@ -317,7 +318,8 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         straggler_share=run.straggler_share,
         achieved_tflops=achieved,
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
-        graphed=bool(model.get("graphed")),
+        # the run's summary says so, or its traces do (kernels replayed from a graph)
+        graphed=bool(model.get("graphed")) or any(r.graph_kernel_calls for r in records),
     )
 
 

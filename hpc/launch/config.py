@@ -75,7 +75,13 @@ def _coerce(value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0])
+        expected = []
+        for tp_one in inner:  # the first that fits: `bool | str` takes true as a boolean, "auto" as a string
+            try:
+                return _coerce(value, tp_one)
+            except TypeError as e:
+                expected.append(str(e))
+        raise TypeError(" or ".join(expected))
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -6,11 +6,18 @@ it came from, so an error names the flag. No torch import.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from hpc.launch.config import parse_override, set_source
 
-FLAGS = {  # flag -> (config key, type, help)
+
+def graph_setting(text: str) -> bool | str:
+    """--cuda-graph's value: true and false as booleans, anything else as given (the schema checks it)."""
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {  # flag -> (config key, type, help)
     "data_root": (
         "data.root",
         str,
@@ -28,6 +35,11 @@ FLAGS = {  # flag -> (config key, type, help)
     "grad_accum_steps": ("train.grad_accum_steps", int, "micro-batches per optimizer step"),
     "device": ("train.device", str, "auto|cpu|cuda"),
     "seed": ("train.seed", int, "seed for init, data order and augmentation"),
+    "cuda_graph": (
+        "train.cuda_graph",
+        graph_setting,
+        "auto|true|false: the whole step as one replayed CUDA graph (auto: where it can run)",
+    ),
 }
 SWITCHES = {  # flag -> (config key, value, help)
     "no_profile": ("profiler.enabled", False, "switch torch.profiler off"),

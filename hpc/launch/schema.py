@@ -215,9 +215,17 @@ class TrainConfig:
     # cuDNN/cuBLAS deterministic algorithms (slower): a resumed run ends bit-identical to an
     # uninterrupted one on a GPU too. The CPU path is deterministic without it.
     deterministic: bool = False
-    # One process on a GPU: capture forward + backward + optimizer step as a CUDA graph and replay it
-    # (hpc/cudagraph.py). For launch-bound models (ResNet152 on 32x32 images) this is several times faster.
-    cuda_graph: bool = False
+    # Capture forward + backward (DDP's all-reduce included) + optimizer step once as a CUDA graph and
+    # replay it (hpc/training/cudagraph.py): launch-bound models (ResNet152 on 32x32 images) run several
+    # times faster. auto: on where it can run (CUDA, NCCL >= 2.9.6, whole steps, static shapes), else
+    # eager with a line saying why; true: on, or stop naming what prevents it; false: eager.
+    cuda_graph: bool | str = "auto"
+    # cuDNN autotuning (cudnn.benchmark) times every algorithm for each new input shape, seconds per
+    # shape for ResNet152's convolutions. step: tune the step's own batch shape only; a smaller last
+    # batch and evaluation's batches take cuDNN's heuristics (one epoch meets each once, so tuning them
+    # costs more than it saves). all: tune every shape (torch's benchmark mode). off: heuristics only.
+    # train.deterministic turns tuning off whatever this says.
+    cudnn_autotune: str = "step"
     # Cap this process's share of the GPU's memory (torch.cuda.set_per_process_memory_fraction), e.g.
     # 0.5 on an 80 GB H100 to see where a 40 GB A100 runs out of memory. None: the whole device.
     cuda_memory_fraction: float | None = resumable(None)
@@ -251,6 +259,8 @@ class TrainConfig:
         _one_of(self, "schedule", ("cosine", "multistep", "constant"))
         _one_of(self, "amp", ("auto", "bf16", "off"))
         _one_of(self, "device", ("auto", "cpu", "cuda"))
+        _one_of(self, "cudnn_autotune", ("step", "all", "off"))
+        _check(self.cuda_graph in (True, False, "auto"), "cuda_graph", "must be one of auto, true, false")
         _check(all(0 < m < 1 for m in self.milestones), "milestones", "must lie in (0, 1)")
         _check(
             self.cuda_memory_fraction is None or 0 < self.cuda_memory_fraction <= 1,
@@ -276,6 +286,10 @@ class ProfilerConfig:
     # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/oom.py), for
     # PyTorch's memory_viz. Costs a little host time per allocation.
     memory_snapshot: bool = resumable(False)
+    # Detach CUPTI when a cycle ends (kineto's TEARDOWN_CUPTI=1, on CUDA >= 12.6 where PyTorch deems it
+    # safe with CUDA graphs). Kineto leaves CUPTI attached by default, and every later kernel launch then
+    # still pays for its callbacks: 10-20% slower steps after the window (pytorch/pytorch#144455).
+    detach_cupti: bool = resumable(True)
 
     def __post_init__(self) -> None:
         _non_negative(self, "wait", "warmup", "repeat")

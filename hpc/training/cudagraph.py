@@ -3,13 +3,17 @@
 Why: ResNet152 on 32x32 images runs ~2,700 small kernels a step, and in eager mode the CPU cannot
 issue them as fast as an H100 or A100 runs them (measured on an H100 at batch 128: 62-83 ms a step
 eager, 10 ms replayed; README "GPU results"). A replay is one launch. This follows PyTorch's "whole
-network capture" recipe (torch.cuda.graphs docs); what is ours is that the warm-up it needs does not
-change the run: the model, its buffers and the momentum are put back as they were before, so a
-graphed run takes the same steps as an eager one.
+network capture" recipe (torch.cuda.graphs docs) and its recipe for capturing DDP: the process group
+made with TORCH_NCCL_ASYNC_ERROR_HANDLING=0, DDP built on the side stream that the warm-up and the
+capture run on, at least 11 eager DDP iterations before capture (hpc/training/graphmode.py decides
+when a run is graphed). What is ours is that the warm-up does not change the run: the model, its
+buffers and the momentum are put back as they were before, so a graphed run takes the same steps as
+an eager one.
 
-Limits: one process (no DDP: its hooks are not captured), static shapes (a smaller last batch must
-run eagerly), a learning rate held in a device tensor (the graph reads it at every replay; the
-schedule writes it with fill_), and autocast with its cache off while capturing.
+Limits: static shapes (a smaller last batch must run eagerly), a learning rate held in a device
+tensor (the graph reads it at every replay; the schedule writes it with fill_), and autocast with its
+cache off while capturing. Every rank captures and replays at the same steps: a captured all-reduce is
+a collective of the ranks that captured it.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ class GraphedStep:
     must be None before the first call.
     """
 
-    def __init__(self, core: Callable[[Any, Any], Any], model: Any, optimizer: Any, warmup_iters: int = 3):
+    def __init__(
+        self, core: Callable[[Any, Any], Any], model: Any, optimizer: Any, warmup_iters: int = 3, stream: Any = None
+    ):
         self.core, self.model, self.optimizer, self.warmup_iters = core, model, optimizer, warmup_iters
+        self.stream = stream  # the side stream to warm up and capture on (DDP's); None: a new one
         self.graph: Any = None
         self.x: Any = None
         self.y: Any = None
@@ -61,23 +68,37 @@ class GraphedStep:
                     # A zero buffer makes the next step exactly a first step (buf = grad) when dampening is 0.
                     buf.copy_(saved) if saved is not None else buf.zero_()
 
+    def warm_up(self, x: Any, y: Any) -> None:
+        """The eager steps capture needs (cuDNN autotuning, momentum buffers, lazy allocations, DDP's bucket
+        rebuild), on (x, y), then undone: the model, its buffers and the momentum are as they were. Runs on
+        the current stream; no CUDA needed (tests run it on the CPU with DDP over gloo)."""
+        model_state, momentum = self._snapshot()
+        for _ in range(self.warmup_iters):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.core(x, y)
+        self._restore(model_state, momentum)
+        self.optimizer.zero_grad(set_to_none=True)  # backward in the graph allocates .grad from its pool
+
     def _capture(self, x: Any, y: Any) -> None:
         import torch
 
-        model_state, momentum = self._snapshot()
         self.x, self.y = x.clone(), y.clone()
-        side = torch.cuda.Stream()
+        side = self.stream if self.stream is not None else torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # cuDNN autotuning, momentum buffers, lazy allocations
-            for _ in range(self.warmup_iters):
-                self.optimizer.zero_grad(set_to_none=True)
-                self.core(self.x, self.y)
+        with torch.cuda.stream(side):
+            self.warm_up(self.x, self.y)
         torch.cuda.current_stream().wait_stream(side)
-        self.optimizer.zero_grad(set_to_none=True)  # backward in the graph allocates .grad from its pool
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=side):  # records the step; runs nothing
             self.loss = self.core(self.x, self.y)
-        self._restore(model_state, momentum)  # capturing ran nothing; the warm-up steps are undone
+
+    def release(self) -> None:
+        """Drop the graph (and with it its hold on NCCL's communicator): before the process group goes."""
+        if self.graph is not None:
+            import torch
+
+            torch.cuda.synchronize()
+            self.graph = None
 
 
 def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Callable[[Any, Any], Any]:
@@ -93,6 +114,25 @@ def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Cal
         return loss
 
     return core
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """This torch's NCCL as (major, minor, patch), or None where it has none. Older torch returns one
+    integer (2708 for 2.7.8; from 2.9 on major*10000 + minor*100 + patch)."""
+    import torch
+
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    if isinstance(version, tuple):
+        return tuple(int(v) for v in version)
+    code = int(version)
+    return (
+        (code // 10000, code // 100 % 100, code % 100)
+        if code >= 20900
+        else (code // 1000, code // 100 % 10, code % 100)
+    )
 
 
 def lr_on_device(optimizer: Any, device: Any) -> None:

@@ -2,11 +2,17 @@
 
 `maybe_profile(cfg, trace_dir, rank, cuda)` yields a `Profiling` (call `.step()` after every
 optimizer step) or None when profiling is off, in which case nothing is imported or recorded.
+
+What the profiler costs is measured, not guessed: each cycle's record says how long the host spent
+inside the profiler's own calls (starting, stopping, exporting: `profiler_host_s`), and how long the
+export and the key_averages() totals took within that (`export_s`, `key_averages_s`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +70,7 @@ class Profiling:
         self._schedule = schedule
         self._cuda = cuda
         self._steps = 0
+        self._host_s = 0.0  # inside prof.step() since the last cycle ended
         self.cycles = cycles  # per finished cycle, in order: window peak, key_average_totals() if asked
         self.run_peak_bytes = {"allocated": 0, "reserved": 0}
 
@@ -73,8 +80,15 @@ class Profiling:
         return self._schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
     def step(self) -> None:
-        self._prof.step()
+        done = len(self.cycles)
+        start = time.perf_counter()
+        self._prof.step()  # a cycle's start, stop and export happen in here
+        self._host_s += time.perf_counter() - start
         self._steps += 1
+        if len(self.cycles) > done:
+            # end_step: this process's steps up to the cycle's end (the index in StepTimer's times)
+            self.cycles[-1].update(profiler_host_s=round(self._host_s, 4), end_step=self._steps)
+            self._host_s = 0.0
         if self._cuda and self._recording(self._steps) and not self._recording(self._steps - 1):
             import torch
 
@@ -92,6 +106,17 @@ class Profiling:
         return int(torch.cuda.max_memory_allocated())
 
 
+def detach_cupti_after_cycles() -> None:
+    """TEARDOWN_CUPTI=1, which kineto reads as each cycle stops, unless the user set it: on CUDA >= 12.6
+    only, as PyTorch's profiler itself decides (before 12.6, teardown and CUDA graphs crash)."""
+    import torch
+    from torch.torch_version import TorchVersion
+
+    cuda_version = getattr(torch.version, "cuda", None)
+    if cuda_version and TorchVersion(cuda_version) >= "12.6":
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+
 @contextlib.contextmanager
 def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -> Iterator[Profiling | None]:
     if not cfg.enabled:
@@ -107,11 +132,17 @@ def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -
     profiling: Profiling | None = None
 
     def on_trace_ready(prof: Any) -> None:
+        start = time.perf_counter()
         totals = key_average_totals(prof) if cfg.key_averages else {}
+        averaged = time.perf_counter()
         totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
-        cycles.append(totals)
         write_trace(prof)
+        totals.update(key_averages_s=round(averaged - start, 4), export_s=round(time.perf_counter() - averaged, 4))
+        totals["cupti_detached"] = os.environ.get("TEARDOWN_CUPTI") == "1"
+        cycles.append(totals)
 
+    if cuda and cfg.detach_cupti:
+        detach_cupti_after_cycles()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(
         activities=activities,

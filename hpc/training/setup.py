@@ -10,12 +10,12 @@ import dataclasses
 import datetime as dt
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpc.core.errors import UsageError
 from hpc.launch.distenv import DistEnv
-from hpc.launch.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
+from hpc.launch.schema import DataConfig, ModelConfig, TrainConfig
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -75,21 +75,6 @@ def step_plan(tc: TrainConfig, world: int, images: int) -> StepPlan:
     )
 
 
-def check_cuda_graph_settings(cfg: RunConfig, use_cuda: bool, world: int) -> None:
-    """train.cuda_graph needs one CUDA process, whole steps and static shapes (hpc/training/cudagraph.py)."""
-    tc = cfg.train
-    problems = [
-        (not use_cuda, "no CUDA device in use"),
-        (world > 1, f"{world} ranks (it runs one process)"),
-        (tc.grad_accum_steps > 1, f"train.grad_accum_steps = {tc.grad_accum_steps}"),
-        (cfg.model.compile, "model.compile = true"),
-        (cfg.data.loader != "device", f"data.loader = {cfg.data.loader!r} (needs 'device')"),
-    ]
-    for bad, why in problems:
-        if bad:
-            raise UsageError(f"train.cuda_graph = true does not work with {why}")
-
-
 def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
     """(device, use_cuda), with the backend flags the run asks for."""
     import torch
@@ -102,7 +87,8 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
         torch.cuda.set_device(device)
         if tc.cuda_memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(tc.cuda_memory_fraction, device)
-        torch.backends.cudnn.benchmark = not tc.deterministic  # autotuning may pick another algorithm per run
+        # autotuning may pick another algorithm per run: not with deterministic
+        torch.backends.cudnn.benchmark = not tc.deterministic and tc.cudnn_autotune != "off"
         torch.backends.cudnn.deterministic = tc.deterministic
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -115,6 +101,23 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
         # warn_only: ops without a deterministic kernel warn rather than stop the run
         torch.use_deterministic_algorithms(True, warn_only=True)
     return device, use_cuda
+
+
+@contextlib.contextmanager
+def cudnn_heuristics(active: bool) -> Iterator[None]:
+    """Inside, cuDNN picks algorithms by its heuristics instead of timing them (train.cudnn_autotune:
+    step, for shapes other than the step's); the benchmark flag is put back after."""
+    if not active:
+        yield
+        return
+    import torch
+
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
 
 
 def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[str, Any]:
@@ -200,8 +203,9 @@ def setup_data(
 
 @dataclasses.dataclass
 class ModelParts:
-    """The model and what trains it: DDP around it (None for a graphed run), the callable a step runs
-    forward through, the optimizer, the schedule, and the autocast dtype (None: fp32)."""
+    """The model and what trains it: DDP around it, the callable a step runs forward through, the
+    optimizer, the schedule, the autocast dtype (None: fp32), and for a graphed run the side stream DDP
+    was built on, which the capture runs on too (None: eager)."""
 
     model: Any
     ddp: Any
@@ -212,6 +216,7 @@ class ModelParts:
     amp_dtype: Any
     graph_safe_autocast: bool  # autocast's cast cache off: a CUDA graph is captured
     device_type: str
+    capture_stream: Any = None
 
     def autocast(self) -> Any:
         import torch
@@ -224,9 +229,10 @@ class ModelParts:
 
 
 def setup_model(
-    mc: ModelConfig, tc: TrainConfig, plan: StepPlan, device: Any, use_cuda: bool, channels_last: bool
+    mc: ModelConfig, tc: TrainConfig, plan: StepPlan, device: Any, use_cuda: bool, channels_last: bool, graphed: bool
 ) -> ModelParts:
-    """The model (seeded), DDP unless the step is graphed, fused SGD where there is one, the schedule."""
+    """The model (seeded) in DDP, fused SGD where there is one, the schedule. A graphed run builds DDP on
+    a side stream, as PyTorch's recipe for capturing DDP asks, and hands that stream to the capture."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -236,9 +242,10 @@ def setup_model(
     model = build_model(mc).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    ddp: Any = None
-    forward: Any = model  # cuda_graph: one process; DDP would only copy gradients, and its hooks cannot be captured
-    if not tc.cuda_graph:
+    side = torch.cuda.Stream(device) if graphed else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         ddp = DDP(
             model,
             device_ids=[device.index] if use_cuda else None,
@@ -246,13 +253,15 @@ def setup_model(
             gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view,
             static_graph=tc.ddp_static_graph,
         )
-        forward = torch.compile(ddp) if mc.compile else ddp
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)  # DDP's broadcast of the weights, done
+    forward = torch.compile(ddp) if mc.compile else ddp
     base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * plan.global_batch / 256
     optimizer = build_optimizer(model, tc, base_lr, use_cuda)
     warmup_steps = int(round(tc.warmup_epochs * plan.steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, plan.total_steps, warmup_steps, tc))
     amp = torch.bfloat16 if (tc.amp == "bf16" or (tc.amp == "auto" and use_cuda)) else None
-    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, tc.cuda_graph, device.type)
+    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, graphed, device.type, side)
 
 
 def build_optimizer(model: Any, tc: TrainConfig, base_lr: float, use_cuda: bool) -> Any:

@@ -55,7 +55,8 @@ def performance_env() -> dict[str, str]:
     return {
         k: v
         for k, v in sorted(os.environ.items())
-        if k.startswith(("OMP_", "NCCL_", "FI_", "GLOO_", "HPC_", "TORCH_")) or k == "CUDA_VISIBLE_DEVICES"
+        if k.startswith(("OMP_", "NCCL_", "FI_", "GLOO_", "HPC_", "TORCH_", "TEARDOWN_CUPTI", "CUDA_MODULE_"))
+        or k == "CUDA_VISIBLE_DEVICES"
     }
 
 
@@ -72,6 +73,7 @@ class RunSummary:
         plan: StepPlan,
         train_images: int,
         flops_per_image: int | None = None,
+        graphed: bool = False,
     ):
         self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
         self.use_cuda = device.type == "cuda"
@@ -90,8 +92,8 @@ class RunSummary:
             "global_batch_size": plan.global_batch,
             "data_fraction": cfg.data.fraction,
             # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager; DDP around the model or not
-            "step_mode": "graph" if cfg.train.cuda_graph else "eager",
-            "ddp": not cfg.train.cuda_graph,
+            "step_mode": "graph" if graphed else "eager",
+            "ddp": True,  # every rank count, graphed or eager (DDP's all-reduce is captured with the step)
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,
             # forward FLOPs per image (conv and linear layers): the analysis's share of the device's peak
@@ -114,6 +116,7 @@ class RunSummary:
 
         timed = step_times[1:] if len(step_times) > 2 else step_times
         stats = step_time_stats(timed)
+        ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
         mean_step = stats["mean"]
         cuda, device = self.use_cuda, self.device
         return {
@@ -124,6 +127,8 @@ class RunSummary:
             "epochs_completed": epoch,
             "complete": exit_code == 0,
             "step_time_s": stats,
+            # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
+            "step_time_after_profiler_s": step_time_stats(step_times[max(ends) :]) if ends else None,
             "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
             "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,
             "wall_time_s": wall_s,

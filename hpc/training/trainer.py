@@ -26,6 +26,7 @@ from hpc.core.rundir import RunPaths, write_yaml
 from hpc.launch.distenv import DistEnv
 from hpc.launch.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
+from hpc.training.graphmode import DDP_WARMUP_ITERS, decide_graph_mode
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import maybe_inject_fault, start_memory_history
@@ -33,7 +34,7 @@ from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainStat
 from hpc.training.profiling import Profiling, maybe_profile
 from hpc.training.setup import (
     batch_plan,
-    check_cuda_graph_settings,
+    cudnn_heuristics,
     init_process_group,
     setup_data,
     setup_device,
@@ -50,11 +51,15 @@ class Trainer:
         self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
+        self.graphed: Any = None
         self.faults = faults_from_env(os.environ)
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
-        if cfg.train.cuda_graph:
-            check_cuda_graph_settings(cfg, self.use_cuda, dist.world_size)
+        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, self._nccl_version())
+        if self.graph_mode.on:
+            # PyTorch's recipe for capturing DDP: before the process group is made. Replayed collectives
+            # are never the watchdog's anyway; a dead peer still ends the run through the control group.
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         self.backend, self.control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
         start_memory_history(cfg.profiler.memory_snapshot, self.use_cuda)
         mc = cfg.model
@@ -63,7 +68,7 @@ class Trainer:
             cfg.data, mc.num_classes, cfg.train.seed, dist, self.device, channels_last, self.barrier, self.log
         )
         self.plan = step_plan(cfg.train, dist.world_size, len(self.data.subset))
-        self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last)
+        self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, self.graph_mode.on)
         self.state = TrainState(use_cuda=self.use_cuda)
         self.checkpointer = Checkpointer(
             run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.barrier, self.log
@@ -81,6 +86,7 @@ class Trainer:
             self.plan,
             len(self.data.subset),
             count_flops_per_image(self.net.model),
+            self.graph_mode.on,
         )
         self.timer = StepTimer(self.use_cuda)
         self.guard = DivergenceGuard(self.use_cuda)
@@ -110,15 +116,27 @@ class Trainer:
         self.log(f"resuming from {self.checkpointer.path}: epoch {st.epoch}, batch {st.position}, step {st.step}")
         return st.step
 
+    def _nccl_version(self) -> tuple[int, ...] | None:
+        from hpc.training.cudagraph import nccl_version
+
+        return nccl_version() if self.use_cuda else None
+
     def _graph(self) -> Any:
-        """The whole step as a CUDA graph (train.cuda_graph), captured at its first call; else None."""
-        if not self.cfg.train.cuda_graph:
+        """The whole step, DDP's all-reduce included, as a CUDA graph captured at its first call (the
+        graph mode decided at set-up), else None."""
+        self.log(self.graph_mode.line)
+        if not self.graph_mode.on:
             return None
         from hpc.training.cudagraph import GraphedStep, lr_on_device, whole_step
 
         net = self.net
         lr_on_device(net.optimizer, self.device)  # after any checkpoint load, which brings the rate to the CPU
-        return GraphedStep(whole_step(net.forward, net.optimizer, net.autocast), net.model, net.optimizer)
+        core = whole_step(net.forward, net.optimizer, net.autocast)
+        return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
+
+    def untuned(self, other_shape: bool) -> Any:
+        """cuDNN's heuristics for a batch of another shape than the step's (train.cudnn_autotune: step)."""
+        return cudnn_heuristics(other_shape and self.use_cuda and self.cfg.train.cudnn_autotune == "step")
 
     def checkpoint(self, reason: str) -> None:
         net = self.net
@@ -231,13 +249,14 @@ class Trainer:
 
         st, net = self.state, self.net
         group_size, last_micro = self.plan.group(st.position)
-        graphed = self.graphed is not None and y.numel() == self.plan.micro  # a smaller last batch runs eagerly
+        full = y.numel() == self.plan.micro
+        graphed = self.graphed is not None and full  # a smaller last batch runs eagerly
         if graphed:
             loss = self.graphed(x, y).clone()  # forward, backward and optimizer step in one replay
         else:
             if self.graphed is not None:  # .grad holds the graph's last gradients: do not add to them
                 net.optimizer.zero_grad(set_to_none=True)
-            with net.ddp.no_sync() if (net.ddp is not None and not last_micro) else contextlib.nullcontext():
+            with net.ddp.no_sync() if not last_micro else contextlib.nullcontext(), self.untuned(not full):
                 with net.autocast():
                     loss = F.cross_entropy(net.forward(x), y)
                 (loss / group_size).backward()
@@ -304,9 +323,10 @@ class Trainer:
         metrics: dict[str, Any] = self.progress.epoch()
         if self.cfg.train.eval:
             self.sync_buffers()
-            result = evaluate(
-                self.net.model, self.data, self.net.autocast, self.cfg.data, self.plan.micro, self.dist, self.device
-            )
+            with self.untuned(True):  # evaluation's batches are not the step's shape
+                result = evaluate(
+                    self.net.model, self.data, self.net.autocast, self.cfg.data, self.plan.micro, self.dist, self.device
+                )
             metrics.update({f"eval_{k}": v for k, v in result.items()})
         if self.metrics is not None:
             self.metrics.record("epoch", metrics, st.step, st.epoch)
@@ -347,5 +367,7 @@ class Trainer:
 
         if self.metrics is not None:
             self.metrics.close()
+        if self.graphed is not None:
+            self.graphed.release()  # a captured all-reduce holds NCCL's communicator: release it first
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()

@@ -111,9 +111,16 @@ def toolkit_row(args: argparse.Namespace, work: Path, batch: int, mode: str, pro
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     summary = run_dir / "summary.json"
     first = json.loads(summary.read_text())["ranks"][0] if summary.is_file() else {}
-    return {"name": "toolkit", "mode": mode, "ddp": bool(first.get("ddp", mode == "eager")), "profiled": profiled,
-            "batch": batch, "whole_s": whole_s, "epoch_s": [r["epoch_time_s"] for r in records if r["kind"] == "epoch"],
-            "rc": rc}
+    epochs = [r["epoch_time_s"] for r in records if r["kind"] == "epoch"]
+    median = (first.get("step_time_s") or {}).get("median")
+    after = (first.get("step_time_after_profiler_s") or {}).get("median")
+    steps = first.get("steps_per_epoch")
+    # The first epoch's cost over steady steps (autotuning, lazy loading, capture, the profiler's window):
+    # the epoch's time less its steps at the run's median step time.
+    extra = epochs[0] - steps * median if epochs and median and steps else None
+    return {"name": "toolkit", "mode": first.get("step_mode", mode), "ddp": bool(first.get("ddp")), "profiled": profiled,
+            "batch": batch, "whole_s": whole_s, "epoch_s": epochs, "rc": rc, "step_median_s": median,
+            "after_window_step_median_s": after, "first_epoch_extra_s": extra}
 
 
 def profiler_cycle_extra_s(rows: list[dict[str, Any]]) -> float | None:
@@ -124,19 +131,31 @@ def profiler_cycle_extra_s(rows: list[dict[str, Any]]) -> float | None:
     return max(extra) if extra else None
 
 
+def after_window_slowdown(rows: list[dict[str, Any]]) -> float | None:
+    """The largest (median step after the profiler's window / median step of the unprofiled twin) - 1."""
+    plain = {(r["batch"], r["mode"]): r.get("step_median_s") for r in rows if r["name"] == "toolkit" and not r["profiled"]}
+    ratios = [r["after_window_step_median_s"] / plain[(r["batch"], r["mode"])] - 1 for r in rows
+              if r["name"] == "toolkit" and r["profiled"] and r.get("after_window_step_median_s")
+              and plain.get((r["batch"], r["mode"]))]
+    return max(ratios) if ratios else None
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The rows as the README's table: one line per process, the first and the steady epoch apart."""
-    extra = doc["profiler_cycle_extra_s"]
+    extra, slower = doc["profiler_cycle_extra_s"], doc["after_window_slowdown"]
     lines = [f"{doc['device']}, torch {doc['torch']}; profiled cycle's extra wall time: "
-             f"{'-' if extra is None else f'{extra:.2f}'} s",
-             "", "| batch | run | mode | DDP | profiled | whole process (s) | first epoch (s) | last epoch (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{'-' if extra is None else f'{extra:.2f}'} s; steps after the window against unprofiled ones: "
+             f"{'-' if slower is None else f'{100 * slower:+.1f}%'}",
+             "", "| batch | run | mode | DDP | profiled | whole process (s) | first epoch (s) | last epoch (s) "
+             "| first epoch over steady steps (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         run = r["name"] + (f", {r['workers']} workers" if "workers" in r else "")
         run += f" (exit {r['rc']})" if r["rc"] else ""
         first, last = (f"{r['epoch_s'][0]:.2f}", f"{r['epoch_s'][-1]:.2f}") if r["epoch_s"] else ("-", "-")
+        warm = "-" if r.get("first_epoch_extra_s") is None else f"{r['first_epoch_extra_s']:.2f}"
         lines.append(f"| {r['batch']} | {run} | {r['mode']} | {'yes' if r['ddp'] else 'no'} | "
-                     f"{'yes' if r['profiled'] else 'no'} | {r['whole_s']:.1f} | {first} | {last} |")
+                     f"{'yes' if r['profiled'] else 'no'} | {r['whole_s']:.1f} | {first} | {last} | {warm} |")
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(args, work)
     cuda = torch.cuda.is_available()
     doc = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__, "rows": rows,
-           "profiler_cycle_extra_s": profiler_cycle_extra_s(rows)}
+           "profiler_cycle_extra_s": profiler_cycle_extra_s(rows), "after_window_slowdown": after_window_slowdown(rows)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(doc, indent=1))

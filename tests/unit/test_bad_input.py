@@ -130,6 +130,8 @@ CASES = {
     "train: unknown flag": ((*TRAIN, "--batchsize", "8"), None, ("command line", "--batchsize")),
     "train: batch does not divide into micro-batches": ((*TRAIN, "--batch-size", "10", "--grad-accum-steps", "3"), None, ("train.batch_size = 10", "train.grad_accum_steps = 3")),
     "train: cuda_graph on a CPU": ((*TRAIN, "--device", "cpu", "--set", "train.cuda_graph=true"), None, ("train.cuda_graph", "no CUDA device")),
+    "train: --cuda-graph true on a CPU": ((*TRAIN, "--device", "cpu", "--cuda-graph", "true"), None, ("train.cuda_graph = true", "no CUDA device")),
+    "train: --cuda-graph sometimes": ((*TRAIN, "--cuda-graph", "sometimes"), None, ("--cuda-graph", "'sometimes'", "auto, true, false")),
     "train: num_classes does not match the data": ((*TRAIN, "--set", "model.num_classes=10"), None, ("model.num_classes = 10", "100 classes", "data")),
     "train: synth_train below one per class": ((*TRAIN[:3], "--data-root", "{T}/new", *TRAIN[5:], "--set", "data.synth_train=50"), None, ("--set data.synth_train=50", ">= 100")),
     "train: data root cannot be written": ((*TRAIN[:3], "--data-root", "/proc/self", *TRAIN[5:]), None, ("'/proc/self'", "cannot write a synthetic set")),

@@ -176,6 +176,22 @@ def test_device_activity_breakdowns_collectives_and_top_kernels():
     assert DeviceActivity().result(Launches(), [], None) == DeviceTotals()  # a CPU run: absent, not zero
 
 
+def test_kernels_replayed_from_a_cuda_graph_count_as_kernels_and_as_graphed():
+    """A graph replay as CUPTI records it (kineto writes "graph id" into each kernel's args): one
+    cudaGraphLaunch, its kernels sharing its correlation id. They are kernels like any other (the issue's
+    5% rule compares their count per step with the eager trace's), and graph_kernel_calls counts them;
+    the gap before the first is host wait, those between replayed kernels are not."""
+    dev, launches = DeviceActivity(), Launches()
+    launches.add(np.array([50, 51]), np.array([0.0, 100.0]))  # two cudaGraphLaunch calls
+    replay = [_x("kernel", name, t0 + 10.0 + 5.0 * i, 4.0, correlation=corr, stream=7, graph_id=3)
+              for t0, corr in ((0.0, 50), (100.0, 51)) for i, name in enumerate(("sgemm", "bn_fw", "relu"))]
+    _add(dev, device.CATEGORIES, *replay, _x("kernel", "copy_eager", 200.0, 1.0, correlation=60, stream=7))
+    r = dev.result(launches, [(0.0, 100.0), (100.0, 200.0)], world_size=1)
+    assert (r.kernel_calls, r.graph_kernel_calls) == (7, 6)
+    assert r.idle_breakdown_us["kernel_wait_us"] == 4 * 1.0  # inside each replay: 1 µs gaps, launched before
+    assert DeviceActivity().result(Launches(), [], None).graph_kernel_calls is None
+
+
 def _memory(ts: float, **args) -> Event:
     return Event(ph="i", name="[memory]", ts=ts, args=Args(**args))
 

@@ -39,6 +39,13 @@ def test_a_graphed_run_that_waits_on_the_host_is_not_told_to_use_graph_mode():
     assert got.bound == v.HOST_LAUNCH and "cuda_graph" not in got.remedy and "already a CUDA graph" in got.remedy
 
 
+def test_a_trace_whose_kernels_came_from_a_graph_is_judged_graphed_without_its_summary():
+    from analysis.records import TraceRecord
+
+    rec = TraceRecord(file="t.json", kernel_calls=10, graph_kernel_calls=9)
+    assert v.trace_evidence(rec).graphed and not v.trace_evidence(dataclasses.replace(rec, graph_kernel_calls=0)).graphed
+
+
 def test_idle_gaps_with_the_next_kernel_already_queued_do_not_decide():
     got = v.judge(gpu(compute=0.15, comm=0.15, host=0.2, other=0.8))
     assert got.bound == v.UNKNOWN and got.remedy is None
