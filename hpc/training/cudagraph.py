@@ -93,7 +93,8 @@ class GraphedStep:
             self.loss = self.core(self.x, self.y)
 
     def release(self) -> None:
-        """Drop the graph (and with it its hold on NCCL's communicator): before the process group goes."""
+        """Wait for the last replay and drop the graph (and with it its hold on NCCL's communicator):
+        before the process group goes, at the end of a run that finished its steps."""
         if self.graph is not None:
             import torch
 

@@ -341,6 +341,12 @@ class Trainer:
         """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown."""
         import torch.distributed as tdist
 
+        if self.graphed is not None:
+            # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which
+            # holds NCCL's communicator, before the process group goes. Not in close(): after a failure a
+            # replay may still wait on a dead peer, and waiting for it would hang the teardown.
+            self.graphed.release()
+            self.graphed = None
         record = self.summary.rank_record(
             self.state.step, self.state.epoch, self.timer.times(), exit_code, cycles, peaks, self.progress.wall_s()
         )
@@ -367,7 +373,5 @@ class Trainer:
 
         if self.metrics is not None:
             self.metrics.close()
-        if self.graphed is not None:
-            self.graphed.release()  # a captured all-reduce holds NCCL's communicator: release it first
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()
