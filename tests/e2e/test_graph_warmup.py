@@ -60,9 +60,10 @@ def rank_main(out_dir: str) -> None:
     digest = hashlib.sha256(b"".join(p.numpy().tobytes() for p in params)).hexdigest()
     digests: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(digests, digest)
-    result = {"rank": rank, "restored": unchanged, "same_as_unwarmed": all(torch.equal(warmed[k], plain[k]) for k in plain),
-              "ranks_agree": len(set(digests)) == 1}
+    same = all(torch.equal(warmed[k], plain[k]) for k in plain)
+    result = {"rank": rank, "restored": unchanged, "same_as_unwarmed": same, "ranks_agree": len(set(digests)) == 1}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    tdist.barrier()  # tear down together: a peer closing its sockets early aborts gloo's threads (as the trainer)
     tdist.destroy_process_group()
 
 
