@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from analysis.records import RunRecord, TraceRecord, as_row
-from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, human_cells, loss_rows, run_tables, verdict_lines
+from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, human_cells, loss_rows, mode_words, run_tables, verdict_lines
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
@@ -64,7 +64,7 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
     title = (
         f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s)"
-        + (f", {run.step_mode} steps" if run.step_mode else "")
+        + mode_words(run)
         + f": {run.outcome}"
         if run and run.data_fraction is not None
         else str(run_dir)

@@ -235,9 +235,14 @@ def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[st
     return parts
 
 
+def mode_words(run: RunRecord) -> str:
+    """ ", eager steps" or ", graph steps" where the run's summary says how its steps ran, else ""."""
+    return f", {run.step_mode} steps" if run.step_mode else ""
+
+
 def run_label(run: RunRecord) -> str:
     """The run as the verdicts name it, with its step mode (eager or graph) where the summary says."""
-    mode = f", {run.step_mode} steps" if run.step_mode else ""
+    mode = mode_words(run)
     if run.data_fraction is None:
         return (Path(run.run_dir).name or run.run_dir) + mode
     nodes = f" x {run.nodes} nodes" if (run.nodes or 1) > 1 else ""

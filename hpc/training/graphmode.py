@@ -6,7 +6,7 @@ What capture needs, and why (hpc/training/cudagraph.py does the capture):
 - a CUDA device: a graph is CUDA work; the CPU (and gloo, which only CPU runs use here) runs eager;
 - NCCL >= 2.9.6 when DDP's all-reduce is captured (NCCL's CUDA graph support; PyTorch's DDP capture
   recipe); NCCL >= 2.26 also keeps a communicator alive until every graph using it is released, and the
-  trainer releases its graph before the process group in any case;
+  trainer releases its graph before the process group at the end of a run that finished its steps;
 - whole steps (train.grad_accum_steps = 1): a graph is one micro-batch's forward, backward and step;
 - static shapes and no graph of its own: no torch.compile (its dynamic shapes and its own cudagraphs);
 - batches already on the device (data.loader: device): a DataLoader's pinned host batches and worker
@@ -26,7 +26,6 @@ MIN_NCCL = (2, 9, 6)  # NCCL's first release whose collectives can be captured i
 # "Usage with DistributedDataParallel"): DDP rebuilds its gradient buckets after its first iteration and
 # samples runtime statistics in its early ones; neither can happen inside a capture.
 DDP_WARMUP_ITERS = 11
-WARMUP_ITERS = 3  # without DDP: cuDNN autotuning, the momentum buffers and lazy allocations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +45,10 @@ def graph_obstacle(cfg: RunConfig, use_cuda: bool, nccl: tuple[int, ...] | None)
     tc = cfg.train
     problems = [
         (not use_cuda, "no CUDA device in use"),
-        (use_cuda and (nccl is None or tuple(nccl) < MIN_NCCL), f"{nccl_text(nccl)} (capturing DDP needs >= 2.9.6)"),
+        (
+            use_cuda and (nccl is None or tuple(nccl) < MIN_NCCL),
+            f"{nccl_text(nccl)} (capturing DDP needs >= {'.'.join(map(str, MIN_NCCL))})",
+        ),
         (tc.grad_accum_steps > 1, f"train.grad_accum_steps = {tc.grad_accum_steps}"),
         (cfg.model.compile, "model.compile = true"),
         (cfg.data.loader != "device", f"data.loader = {cfg.data.loader!r} (needs 'device')"),

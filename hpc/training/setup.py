@@ -214,18 +214,17 @@ class ModelParts:
     scheduler: Any
     base_lr: float
     amp_dtype: Any
-    graph_safe_autocast: bool  # autocast's cast cache off: a CUDA graph is captured
     device_type: str
     capture_stream: Any = None
 
     def autocast(self) -> Any:
+        """bf16 autocast where asked, its cast cache off when a CUDA graph is captured."""
         import torch
 
         if self.amp_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(
-            device_type=self.device_type, dtype=self.amp_dtype, cache_enabled=not self.graph_safe_autocast
-        )
+        graphed = self.capture_stream is not None
+        return torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, cache_enabled=not graphed)
 
 
 def setup_model(
@@ -261,7 +260,7 @@ def setup_model(
     warmup_steps = int(round(tc.warmup_epochs * plan.steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, plan.total_steps, warmup_steps, tc))
     amp = torch.bfloat16 if (tc.amp == "bf16" or (tc.amp == "auto" and use_cuda)) else None
-    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, graphed, device.type, side)
+    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, device.type, side)
 
 
 def build_optimizer(model: Any, tc: TrainConfig, base_lr: float, use_cuda: bool) -> Any:

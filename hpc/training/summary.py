@@ -91,9 +91,9 @@ class RunSummary:
             "batch_size_per_gpu": plan.per_gpu,
             "global_batch_size": plan.global_batch,
             "data_fraction": cfg.data.fraction,
-            # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager; DDP around the model or not
+            # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager
             "step_mode": "graph" if graphed else "eager",
-            "ddp": True,  # every rank count, graphed or eager (DDP's all-reduce is captured with the step)
+            "ddp": True,  # at every rank count, graphed or eager (DDP's all-reduce is captured with the step)
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,
             # forward FLOPs per image (conv and linear layers): the analysis's share of the device's peak

@@ -123,20 +123,23 @@ def toolkit_row(args: argparse.Namespace, work: Path, batch: int, mode: str, pro
             "after_window_step_median_s": after, "first_epoch_extra_s": extra}
 
 
+def profiled_twins(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(profiled toolkit row, its unprofiled twin: same batch and mode) for every profiled row that has one."""
+    plain = {(r["batch"], r["mode"]): r for r in rows if r["name"] == "toolkit" and not r["profiled"]}
+    return [(r, plain[(r["batch"], r["mode"])]) for r in rows
+            if r["name"] == "toolkit" and r["profiled"] and (r["batch"], r["mode"]) in plain]
+
+
 def profiler_cycle_extra_s(rows: list[dict[str, Any]]) -> float | None:
     """The largest (profiled - unprofiled) whole-process time over the toolkit's twin rows."""
-    plain = {(r["batch"], r["mode"]): r["whole_s"] for r in rows if r["name"] == "toolkit" and not r["profiled"]}
-    extra = [r["whole_s"] - plain[(r["batch"], r["mode"])] for r in rows
-             if r["name"] == "toolkit" and r["profiled"] and (r["batch"], r["mode"]) in plain]
+    extra = [r["whole_s"] - twin["whole_s"] for r, twin in profiled_twins(rows)]
     return max(extra) if extra else None
 
 
 def after_window_slowdown(rows: list[dict[str, Any]]) -> float | None:
     """The largest (median step after the profiler's window / median step of the unprofiled twin) - 1."""
-    plain = {(r["batch"], r["mode"]): r.get("step_median_s") for r in rows if r["name"] == "toolkit" and not r["profiled"]}
-    ratios = [r["after_window_step_median_s"] / plain[(r["batch"], r["mode"])] - 1 for r in rows
-              if r["name"] == "toolkit" and r["profiled"] and r.get("after_window_step_median_s")
-              and plain.get((r["batch"], r["mode"]))]
+    ratios = [r["after_window_step_median_s"] / twin["step_median_s"] - 1 for r, twin in profiled_twins(rows)
+              if r.get("after_window_step_median_s") and twin.get("step_median_s")]
     return max(ratios) if ratios else None
 
 
