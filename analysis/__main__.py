@@ -22,8 +22,8 @@ from analysis.records import RunRecord, TraceRecord
 from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
-from hpc.core.errors import UsageError
-from hpc.core.files import write_atomic
+from hpc.core.errors import UsageError, WriteError
+from hpc.core.files import write_atomic, write_failure
 from hpc.core.rundir import REPORT, RUNS_JSON, SWEEP_TABLE, WHY_TABLE, SweepPaths
 
 
@@ -61,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
     traces, runs, sweep_rows = analyze_path(path)
     print_tables(traces, runs, sweep_rows, args.format)
-    if out is not None:
+    if out is None:
+        return 0
+    try:  # each file is written whole (write_atomic); a folder that cannot be made is one line too
         figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
         if args.report:
             write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures))
             print(f"report: {out / REPORT}", file=sys.stderr)
+    except OSError as e:
+        raise e if isinstance(e, WriteError) else write_failure(e.filename or out, e, False) from None
     return 0
 
 

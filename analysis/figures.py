@@ -14,11 +14,13 @@ on a CPU run) is left out, not drawn as 0.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from analysis.records import RunRecord
+from hpc.core.files import write_atomic
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
 STUDY_FIGURE = {
@@ -129,9 +131,12 @@ def _pyplot():
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Render to memory, then write whole (a full disk is one error naming the figure, no half PNG)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
     _pyplot().close(fig)
+    write_atomic(path, png.getvalue())
     return path
 
 

@@ -70,6 +70,17 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
         assert needle in lines[0], (needle, lines[0])
 
 
+def processes() -> dict[int, str]:
+    """Every live process of this machine: pid -> command line (arguments joined by spaces)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

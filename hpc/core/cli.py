@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.core.errors import HpcError, UsageError
+from hpc.core.errors import EXIT_INTERRUPTED, HpcError, UsageError
 
 MAX_MESSAGE = 600
 MAX_VALUE = 120
@@ -132,6 +132,16 @@ def _nearest_existing(path: Path, source: str) -> tuple[Path, os.stat_result]:
     raise UsageError(f"{source} {shown(str(path))}: no part of it exists")  # pragma: no cover - "/" does
 
 
+def first_missing(path: Path, source: str = "--run-dir") -> Path | None:
+    """The outermost directory of `path` that does not exist yet (what making it creates), or None."""
+    missing = None
+    for candidate in [path, *path.absolute().parents]:
+        if inspect_path(candidate, source) is not None:
+            return missing
+        missing = candidate
+    return missing
+
+
 def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
     """Before any work: `out` is a directory that can be written, or one that can be made: its nearest
     existing ancestor is a directory we can write in, and every name below it one the file system takes."""
@@ -212,4 +222,4 @@ def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | No
         return fail(prog, str(e), e.exit_code)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

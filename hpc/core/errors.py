@@ -10,7 +10,13 @@ stderr and the error's `exit_code`: 2 for anything the user gave (a flag, a file
 - `DistEnvError` / `HostlistError`: launcher variables that contradict each other, or a Slurm hostlist
   Slurm would reject;
 - `TraceError`: a profiler trace the analysis cannot read;
-- `TrainingError`: the run itself cannot go on (a non-finite loss): exit 1.
+- `TrainingError`: the run itself cannot go on (a non-finite loss): exit 1;
+- `WriteError`: a file could not be written whole (disk full, read-only, quota); the previous version of
+  it is intact and no temp file is left: exit 1;
+- `PeerLostError`: another rank of the run died or stopped answering: exit 5, on which torchrun restarts
+  the worker group and the sbatch script and hpc.submit's job requeue (the run resumes from its last
+  checkpoint);
+- `QueueError`: Slurm's controller did not answer (squeue, sbatch, scontrol): exit 1.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ EXIT_FAILED = 1  # a job or run failed
 EXIT_USAGE = 2  # bad input: one line on stderr, nothing written
 EXIT_PREEMPTED = 3  # hpc.train stopped by SIGTERM/SIGUSR2/SIGINT after writing a checkpoint
 EXIT_OOM = 4  # hpc.train ran out of CUDA memory: recorded in summary.json as the run's outcome
+EXIT_PEER_LOST = 5  # hpc.train lost a peer rank (dead or silent): rerun (requeue, torchrun restart) to resume
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended (waiting stopped, jobs run on)
 
 
 class HpcError(Exception):
@@ -51,5 +59,23 @@ class TraceError(HpcError, ValueError):
 
 class TrainingError(HpcError, RuntimeError):
     """The run cannot go on (a non-finite loss...): one line, exit 1."""
+
+    exit_code = EXIT_FAILED
+
+
+class WriteError(HpcError, OSError):
+    """A file could not be written whole: str() names it and the cause; its previous version is intact."""
+
+    exit_code = EXIT_FAILED
+
+
+class PeerLostError(HpcError, RuntimeError):
+    """A collective failed because another rank died or stopped answering: str() names it and the step."""
+
+    exit_code = EXIT_PEER_LOST
+
+
+class QueueError(HpcError, RuntimeError):
+    """Slurm's controller could not be asked (squeue, sbatch, scontrol failed or timed out)."""
 
     exit_code = EXIT_FAILED

@@ -1,12 +1,17 @@
 """Writing and reading the toolkit's files: atomic writes, JSON and strict YAML.
 
-- `write_atomic`: a temp file in the same directory, fsync, rename; a reader never sees half a file.
+- `write_atomic`: a temp file in the same directory, fsync, rename; a reader never sees half a file, and
+  a write that fails (disk full, read-only) is a WriteError naming the file, the previous one intact.
+- `append_line`: one line added to a log whole, or not at all.
+- `temp_name` / `is_temp_name`: the one naming rule of temp files, so a later run can find and remove
+  those a killed writer left.
 - `read_json`: a JSON file's value, or None with the reason handed to `warn`.
 - `load_yaml_text` / `dump_yaml`: YAML through a SafeLoader that also refuses a key given twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -16,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from hpc.core.errors import WriteError
+
 Warn = Callable[[str], None]
 
 
@@ -23,10 +30,27 @@ def ignore(message: str) -> None:
     """A `warn` that drops the message: the caller only wants the value or None."""
 
 
+def temp_name(path: Path, pid: int | None = None) -> Path:
+    """Where `path` is written before its rename: `.<name>.tmp.<pid>` beside it."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid() if pid is None else pid}")
+
+
+def is_temp_name(name: str) -> bool:
+    """A temp file of ours (`.<name>.tmp.<pid>`) or of the profiler's (Kineto writes `<trace>.tmp`)."""
+    return (name.startswith(".") and ".tmp." in name) or name.endswith(".tmp")
+
+
+def write_failure(path: str | os.PathLike, error: OSError, kept: bool) -> WriteError:
+    """The one line of a failed write: the file, the system's reason, and what is on disk now."""
+    state = "the previous version is intact" if kept else "nothing was written"
+    return WriteError(f"{path}: could not be written ({error.strerror or type(error).__name__}); {state}")
+
+
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    """Write via a temp file in the same directory and rename, so readers never see half a file. A
+    failure is a WriteError naming the file and the cause; the temp file is removed, the old file kept."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = temp_name(path)
     # surrogateescape: a name given as undecodable bytes (argv, the environment) is written back as those bytes
     data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     try:
@@ -35,9 +59,31 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write (disk full, a signal) leaves no temp file behind
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # a failed write (disk full, a signal) leaves no temp file behind
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise write_failure(path, e, path.exists()) from None
         raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Add one line to a log such as metrics.jsonl, whole or not at all: a line a kill cut short before
+    is ended first (its reader skips it), and a failed write is cut back off and is a WriteError."""
+    data = line.encode("utf-8", "surrogateescape") + b"\n"
+    size = None
+    try:
+        with open(path, "a+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                data = b"\n" + data
+            f.write(data)
+            f.flush()
+    except OSError as e:
+        if size is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, size)
+        raise write_failure(path, e, path.exists()) from None
 
 
 MAX_JSON_BYTES = 2**30  # summary.json and index.json are kilobytes to megabytes

@@ -7,9 +7,13 @@ A run directory (`RunPaths`; hpc.train writes it, the analysis and hpc.study rea
     traces/              torch.profiler traces, rank{R}.*.pt.trace.json[.gz], one per rank per cycle
     metrics.jsonl        one JSON record per log interval and per epoch, rank 0
     summary.json         the run's outcome and one record per rank (hpc/training/summary.py)
-    checkpoints/last.pt  the checkpoint (hpc/training/checkpoint.py)
+    checkpoints/last.pt  the checkpoint (hpc/training/checkpoint.py), with a checksum of its contents
+    checkpoints/previous.pt   the one before it, kept in case last.pt is found damaged
+    checkpoints/last.json     what last.pt holds (step, epoch, the run's last step), readable without torch
     tensorboard/         the scalars for TensorBoard
+    logs/rank{R}.log     tracebacks of failures reported in one line on the console
     memory_snapshot.rank{R}.pickle   the allocator's history at an OOM, when recorded
+    .lock                held by the run's rank 0 while it runs (hpc/core/lock.py): one writer at a time
 
 A sweep directory (`SweepPaths`; hpc.submit --sweep and hpc.study write it):
 
@@ -26,15 +30,17 @@ with the bad part dropped), never a traceback. No torch import; nothing else of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.files import Warn, dump_yaml, ignore, read_json, write_atomic
+from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, temp_name, write_atomic
 
 CONFIG = "config.yaml"
 SUBMITTED = "submitted.yaml"
@@ -43,8 +49,12 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT = f"{CHECKPOINTS}/last.pt"
+PREVIOUS_CHECKPOINT = f"{CHECKPOINTS}/previous.pt"
+CHECKPOINT_INFO = f"{CHECKPOINTS}/last.json"
 TENSORBOARD = "tensorboard"
-RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD})  # any of them: a run
+LOGS = "logs"
+LOCK = ".lock"
+RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS})  # any of them: a run
 
 SWEEP_FILE = "sweep.yaml"
 INDEX = "index.json"
@@ -79,14 +89,32 @@ class RunPaths:
     summary = property(lambda self: self.root / SUMMARY)
     checkpoints = property(lambda self: self.root / CHECKPOINTS)
     checkpoint = property(lambda self: self.root / CHECKPOINT)
+    previous_checkpoint = property(lambda self: self.root / PREVIOUS_CHECKPOINT)
+    checkpoint_info = property(lambda self: self.root / CHECKPOINT_INFO)
     tensorboard = property(lambda self: self.root / TENSORBOARD)
+    lock = property(lambda self: self.root / LOCK)
 
     def memory_snapshot(self, rank: int) -> Path:
         return self.root / f"memory_snapshot.rank{rank}.pickle"
 
+    def rank_log(self, rank: int) -> Path:
+        return self.root / LOGS / f"rank{rank}.log"
+
     def rank_traces(self, rank: int) -> list[str]:
-        """The names of a rank's trace files, sorted (summary.json lists them per rank)."""
-        return sorted(p.name for p in self.traces.glob(f"{trace_worker(rank)}.*"))
+        """The names of a rank's finished trace files, sorted (summary.json lists them per rank): no temp
+        file of an export that failed or was cut short."""
+        return sorted(
+            p.name for p in self.traces.glob(f"{trace_worker(rank)}.*.pt.trace.json*") if not is_temp_name(p.name)
+        )
+
+    def debris(self) -> list[Path]:
+        """Temp files writers left here (hpc/core/files.py's naming rule): a killed checkpoint write, a
+        trace export cut short, a write probe."""
+        found = []
+        for folder in (self.root, self.checkpoints, self.traces):
+            with contextlib.suppress(OSError):
+                found += [p for p in folder.iterdir() if is_temp_name(p.name) or p.name.startswith(".write-test.")]
+        return sorted(found)
 
     def job_logs(self, job_id: str) -> list[Path]:
         """submitit's logs of a job in this directory: stderr first, then stdout, per task."""
@@ -96,7 +124,7 @@ class RunPaths:
         """True when the directory is missing, empty or holds a run (a file of the contract)."""
         if not self.root.is_dir():
             return True
-        names = {p.name for p in self.root.iterdir()}
+        names = {p.name for p in self.root.iterdir() if p.name != LOCK and not is_temp_name(p.name)}
         return not names or bool(names & RUN_ENTRIES)
 
 
@@ -177,7 +205,7 @@ def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool 
     if not first_wins:
         write_atomic(paths.summary, text)
         return
-    tmp = paths.root / f".{SUMMARY}.{os.getpid()}"
+    tmp = temp_name(paths.summary.with_name(f"{SUMMARY}.first"))
     write_atomic(tmp, text)
     try:
         os.link(tmp, paths.summary)
@@ -198,20 +226,56 @@ def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------
+# checkpoints/last.json
+# ----------------------------------------------------------------------------------------------
+
+
+def write_checkpoint_info(paths: RunPaths, info: Mapping[str, Any]) -> None:
+    """What checkpoints/last.pt holds, for readers without torch (hpc.study status, the analysis)."""
+    write_atomic(paths.checkpoint_info, json.dumps(info, indent=2))
+
+
+def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> dict[str, Any] | None:
+    """checkpoints/last.json, or None when absent or not a mapping with a `step` and `stop_at` count."""
+    if not paths.checkpoint_info.exists():
+        return None
+    info = read_json(paths.checkpoint_info, warn)
+    if not isinstance(info, dict) or not is_count(info.get("step")) or not is_count(info.get("stop_at")):
+        warn(f"{paths.checkpoint_info}: ignored: expected a mapping with 'step' and 'stop_at' counts")
+        return None
+    return info
+
+
+# ----------------------------------------------------------------------------------------------
 # metrics.jsonl
 # ----------------------------------------------------------------------------------------------
 
 
 def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
-    """One JSON record per line; a line cut short by a kill is skipped by the reader."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    """One JSON record per line, whole or not at all (a failed write is a WriteError naming the file)."""
+    append_line(path, json.dumps(record))
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the records up to `step` (a resumed run's checkpoint: every record of a step is written
+    before its checkpoint), so the steps redone after a resume are not in the file twice. Returns how
+    many records were dropped. This is the rule, in one place: readers may count every record."""
+    if not path.is_file():
+        return 0
+    records = list(read_metrics(path))
+    kept = [r for r in records if not isinstance(r.get("step"), int) or r["step"] <= step]
+    if len(kept) < len(records) or len(path.read_bytes().splitlines()) != len(records):
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)
 
 
 def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a run's metrics.jsonl, one mapping at a time; lines that are not JSON objects
-    (a line cut off by a kill) are skipped, and a missing file has none."""
+    (a line cut off by a kill) are skipped, and a missing file, or one that is no regular file (a device
+    such as /dev/zero would be read for ever), has none."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
         with open(path, errors="replace") as f:
             for line in f:
                 try:

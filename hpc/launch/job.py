@@ -14,15 +14,65 @@ attributes below keep their names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
+from hpc.core.errors import EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
 from hpc.core.rundir import RunPaths, read_summary, write_yaml
+
+
+def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
+    """A stop a person asked for, not the scheduler: Ctrl-C (SIGINT) anywhere; SIGTERM on this machine
+    (submitit's local controller forwards the user's; on Slurm SIGTERM is a preemption). Not requeued."""
+    return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
+
+
+@contextlib.contextmanager
+def stderr_kept(kept: list[str]) -> Iterator[None]:
+    """What child processes write to our stderr (fd 2) goes into `kept`, and is written out after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buffer:
+        os.dup2(buffer.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            buffer.seek(0)
+            kept.append(buffer.read().decode(errors="replace"))
+
+
+def requeue(submitit_handler: Any, job_id: str) -> None:
+    """submitit's requeue (it pickles the job again, runs `scontrol requeue` and exits). A requeue that
+    fails (the controller does not answer, no scontrol in a container) is one line in the job's log, with
+    scontrol's own words: the checkpoint stays, and resubmitting the point resumes it."""
+    said: list[str] = []
+    try:
+        with stderr_kept(said):
+            submitit_handler(signal.SIGUSR2, None)
+    except (subprocess.SubprocessError, OSError) as e:
+        lines = "".join(said).splitlines()
+        sys.stderr.write("".join(f"{line}\n" for line in lines if line.startswith("submitit ")))
+        words = " ".join(" ".join(line for line in lines if not line.startswith("submitit ")).split())
+        print(
+            f"hpc.submit: job {job_id} could not requeue itself ({(words or ' '.join(str(e).split()))[:200]}); "
+            "its checkpoint stays in the run directory: resubmit the point to resume it",
+            file=sys.stderr,
+            flush=True,
+        )
+    except BaseException:
+        sys.stderr.write("".join(said))  # submitit exits after a requeue: what it said still reaches the log
+        raise
+    else:
+        sys.stderr.write("".join(said))
 
 
 class TrainJob:
@@ -47,29 +97,37 @@ class TrainJob:
         from hpc.launch.config import run_config_from_dict
         from hpc.launch.distenv import from_environ
         from hpc.training.command import check_resumable, prepare_run_dir, train_or_oom
+        from hpc.training.parts import StopSignal
 
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
         run_dir = prepare_run_dir(Path(job.paths.folder))
         cfg = run_config_from_dict(self.run_config, "submitted config")
         check_resumable(run_dir, cfg)
+        stop = StopSignal()
         if self.launcher == "torchrun":
-            code = self.run_torchrun(run_dir, job.job_id)
+            code = self.run_torchrun(run_dir, job.job_id, stop)
         else:
-            code = train_or_oom(cfg, run_dir, from_environ(os.environ))
+            try:
+                code = train_or_oom(cfg, run_dir, from_environ(os.environ), stop=stop)
+            except PeerLostError as e:  # a dead peer, said in one line: requeued like a preemption
+                print(f"hpc.train: error: {e}", file=sys.stderr, flush=True)
+                code = EXIT_PEER_LOST
         if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
             return {"status": "oom", "run_dir": str(run_dir)}
-        if code != EXIT_PREEMPTED:
+        if code not in (EXIT_PREEMPTED, EXIT_PEER_LOST):
             return {"status": "done", "run_dir": str(run_dir)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        if job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
-            submitit_on_usr2(signal.SIGUSR2, None)  # checkpoint() below, scontrol requeue, exit
-        return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts}
+        by_user = stopped_by_user(stop.signum, os.environ)
+        if not by_user and job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
+            requeue(submitit_on_usr2, job.job_id)  # checkpoint() below, scontrol requeue, exit
+        return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts, "by_user": by_user}
 
-    def run_torchrun(self, run_dir: Path, job_id: str) -> int:
+    def run_torchrun(self, run_dir: Path, job_id: str, stop: Any = None) -> int:
         """torchrun with a worker per GPU running hpc.train on this run directory; a worker that dies
-        restarts the group, which resumes from the last checkpoint. SIGUSR2 is passed on to torchrun
-        (and so to the workers, which checkpoint). Returns hpc.train's exit code for the run."""
+        restarts the group, which resumes from the last checkpoint. The stop signals are passed on to
+        torchrun (and so to the workers, which checkpoint), and recorded in `stop` (its `signum`).
+        Returns hpc.train's exit code for the run."""
         paths = RunPaths(run_dir)
         write_yaml(paths.submitted, self.run_config)
         proc = subprocess.Popen(
@@ -90,13 +148,16 @@ class TrainJob:
 
         def forward(signum: int, frame: Any) -> None:
             stopped.append(signum)
+            if stop is not None:
+                stop.signum = signum
             proc.send_signal(signum)
 
-        previous = signal.signal(signal.SIGUSR2, forward)
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
         try:
             rc = proc.wait()
         finally:
-            signal.signal(signal.SIGUSR2, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if (read_summary(paths.summary) or {}).get("outcome") == "oom":
             return EXIT_OOM
         if rc == 0:

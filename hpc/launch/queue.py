@@ -4,12 +4,22 @@ ended jobs ended. Used by hpc.submit (waiting for jobs) and hpc.study (status, w
 Without slurmdbd, sacct cannot say that a job ended (submitit's own done() then waits for a result file
 a killed job never writes); squeue can, by no longer listing it. The parsers take squeue's and sacct's
 text as they print it, so they are tested on literal outputs. No torch import.
+
+A controller that does not answer is not an empty queue: `queued` raises QueueError (squeue failed or
+timed out), and its callers say "unknown" or keep waiting, never "ended". A machine without squeue at
+all (a laptop, local runs) has nothing queued.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import time
+
+from hpc.core.errors import QueueError
+
+QUERY_TIMEOUT_S = 60  # squeue retries a silent controller for a while itself; past this, it is down
 
 # squeue's states (%T) -> the states hpc.study shows; a state not listed here is shown lower-cased.
 QUEUE_STATES = {
@@ -50,33 +60,68 @@ def parse_sacct(stdout: str) -> dict[str, str]:
     return out
 
 
-def queued(job_ids: list[str]) -> dict[str, str] | None:
-    """{job id: Slurm state} of the given jobs (or arrays) that squeue still lists; {} when none is;
-    None when the queue cannot say (no squeue here, or it failed)."""
+def ask_slurm(command: list[str]) -> subprocess.CompletedProcess:
+    """Run a Slurm client command; QueueError when it cannot be run or does not answer in time."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise QueueError(f"{command[0]} did not answer in {QUERY_TIMEOUT_S} s (is slurmctld up?)") from None
+    except OSError as e:
+        raise QueueError(f"{command[0]} could not be run ({e.strerror or e})") from None
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:200] if lines else "no message"
+
+
+def queued(job_ids: list[str]) -> dict[str, str]:
+    """{job id: Slurm state} of the given jobs (or arrays) that squeue still lists; {} when none is, or
+    when this machine has no squeue. QueueError when squeue fails or times out (the controller is down)."""
     if not job_ids or not shutil.which("squeue"):
-        return None if job_ids else {}
-    q = subprocess.run(
-        ["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(sorted(set(job_ids)))], capture_output=True, text=True
-    )
+        return {}
+    q = ask_slurm(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(sorted(set(job_ids)))])
     if q.returncode != 0:
-        # All the ids unknown (purged after the job ended): none is queued. Anything else: unknown.
-        return {} if "Invalid job id" in q.stderr else None
+        if "Invalid job id" in q.stderr:  # all the ids unknown (purged after the jobs ended): none is queued
+            return {}
+        raise QueueError(f"squeue failed (exit {q.returncode}: {first_line(q.stderr)})")
     return parse_squeue(q.stdout)
 
 
-def left_queue(job_id: str) -> bool:
-    """True when squeue no longer lists the job (an array task by its own id, 123_4)."""
-    listed = queued([job_id.split("_")[0]])
-    return listed is not None and job_id not in listed
+class QueueWatch:
+    """The queue as a waiting loop sees it: a controller that stops answering is said once on stderr (and
+    once again when it answers), and waited through; it never reads as "the job has ended"."""
+
+    def __init__(self) -> None:
+        self.silent_since: float | None = None
+
+    def ask(self, job_ids: list[str]) -> dict[str, str] | None:
+        """queued(job_ids), or None while the queue cannot be read."""
+        try:
+            listed = queued(job_ids)
+        except QueueError as e:
+            if self.silent_since is None:
+                print(f"hpc: {e}; still waiting", file=sys.stderr, flush=True)
+                self.silent_since = time.monotonic()
+            return None
+        if self.silent_since is not None:
+            print(f"hpc: the queue answers again after {time.monotonic() - self.silent_since:.0f} s", file=sys.stderr)
+            self.silent_since = None
+        return listed
+
+    def left(self, job_id: str) -> bool:
+        """True once squeue no longer lists the job (an array task by its own id, 123_4); False while it
+        does, or while the queue cannot be read."""
+        listed = self.ask([job_id.split("_")[0]])
+        return listed is not None and job_id not in listed
 
 
 def accounted(job_ids: list[str]) -> dict[str, str]:
     """{job id: state} from sacct where it works (it needs slurmdbd); {} elsewhere."""
     if not job_ids or not shutil.which("sacct"):
         return {}
-    q = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(sorted(set(job_ids)))],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        q = ask_slurm(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(sorted(set(job_ids)))])
+    except QueueError:
+        return {}  # sacct is a bonus where slurmdbd runs; squeue is what decides
     return parse_sacct(q.stdout) if q.returncode == 0 else {}

@@ -1,9 +1,11 @@
 """`python -m hpc.study status SWEEP`: every point of a sweep and how it stands, from the queue (squeue;
 sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
 
-A point is pending, running or requeued (the queue lists it); oom, done or stopped (its summary.json
-says so); timeout (its log says Slurm cancelled it at the time limit); missing (never ran); or failed
-(with the last error line of its log).
+A point is pending, running or requeued (the queue lists it); oom, done or stopped (its run directory
+says so: hpc/core/runstate.py); timeout (its log says Slurm cancelled it at the time limit); missing
+(never ran); failed (with the last error line of its log); or unknown, when the queue could not be read
+and the run directory alone cannot tell (a point not finished may still be running): then the command
+says why in one line on stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, inspect_path
-from hpc.core.errors import UsageError
+from hpc.core.errors import EXIT_FAILED, QueueError, UsageError
 from hpc.core.files import read_json
-from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_summary, summary_outcome
+from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
+from hpc.core.runstate import run_state
 from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
-STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing")
+STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing", "unknown")
 STATUS_COLUMNS = [
     "data_fraction",
     "batch_size",
@@ -60,47 +63,55 @@ def log_facts(run: RunPaths, job_id: str) -> dict[str, Any]:
     }
 
 
-def steps_reached(run: RunPaths, summary: dict[str, Any] | None) -> int | None:
-    ranks = (summary or {}).get("ranks") or []
-    if ranks and isinstance(ranks[0].get("steps"), int):
-        return int(ranks[0]["steps"])
+def steps_reached(run: RunPaths, kept: int | None) -> int | None:
+    """The steps a point reached: what its checkpoint or summary keeps, else its last metrics record."""
+    if kept is not None:
+        return kept
     steps = [r["step"] for r in read_metrics(run.metrics) if isinstance(r.get("step"), int)]
     return steps[-1] if steps else None
 
 
-def point_state(run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None) -> dict[str, Any]:
-    """The state of one point (see STATES), from the queue, the run directory, sacct and the logs."""
+def point_state(
+    run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None, queue_known: bool = True
+) -> dict[str, Any]:
+    """The state of one point (see STATES), from the queue, the run directory, sacct and the logs. With
+    the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
     run = RunPaths(run_dir)
-    summary = read_summary(run.summary)
-    outcome = summary_outcome(summary)
+    files = run_state(run)
+    outcome = files.outcome
     facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
     if queue_state:
         state = QUEUE_STATES.get(queue_state, queue_state.lower())
     elif outcome in ("oom", "done"):
         state = outcome
+    elif not queue_known:
+        state = "unknown"
     elif facts["timed_out"] or sacct_state == "TIMEOUT":
         state = "timeout"
     elif not run_dir.is_dir():
         state = "missing"
-    elif outcome == "stopped":
-        state = "stopped"  # checkpointed and ended (preempted, not requeued): resubmitting resumes it
+    elif outcome == "stopped" and files.summary_current:
+        state = "stopped"  # it said so itself: checkpointed and ended (preempted, not requeued)
     else:
         state = SACCT_STATES.get(sacct_state or "", "failed")
-    return {
-        "state": state,
-        "requeues": facts["requeues"],
-        "steps": steps_reached(run, summary),
-        "error": facts["error"] if state in ("failed", "timeout", "stopped") else None,
-    }
+    note = facts["error"] if state in ("failed", "timeout", "stopped") else None
+    if state == "done" and not files.summary_current:
+        note = "summary.json missing or out of date: run the point again to write it"
+    return {"state": state, "requeues": facts["requeues"], "steps": steps_reached(run, files.step), "error": note}
 
 
-def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per point of the sweep's index: the point, its job id, state, requeues, steps, error."""
+def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """One row per point of the sweep's index (the point, its job id, state, requeues, steps, error), and
+    why the queue could not be read (None when it could)."""
     sweep = SweepPaths(sweep_dir)
     points = read_index(sweep.index)
     job_ids = [str(p.get("job_id", "")) for p in points]
-    in_queue = queued([j.split("_")[0] for j in job_ids if j]) or {}
-    ended = accounted([j for j in job_ids if j])
+    problem = None
+    try:
+        in_queue = queued([j.split("_")[0] for j in job_ids if j])
+    except QueueError as e:
+        in_queue, problem = {}, str(e)
+    ended = accounted([j for j in job_ids if j]) if problem is None else {}
     rows = []
     for p, job_id in zip(points, job_ids, strict=False):
         row = {
@@ -111,9 +122,10 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
             "job_id": job_id,
             "run_dir": str(sweep.run(p["run_dir"]).root),
         }
-        row.update(point_state(sweep.run(p["run_dir"]).root, job_id, in_queue.get(job_id), ended.get(job_id)))
+        root = sweep.run(p["run_dir"]).root
+        row.update(point_state(root, job_id, in_queue.get(job_id), ended.get(job_id), problem is None))
         rows.append(row)
-    return rows
+    return rows, problem
 
 
 def _short(verdict: Any) -> str | None:
@@ -158,9 +170,9 @@ def status_command(argv: list[str]) -> int:
     args = p.parse_args(argv)
     sweep_dir = existing_sweep(args.sweep_dir)
     reported = reported_verdicts(SweepPaths(sweep_dir))
+    points, problem = sweep_status(sweep_dir)
     rows = [
-        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == "done" else None}
-        for r in sweep_status(sweep_dir)
+        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == "done" else None} for r in points
     ]
     sys.stdout.write(render(rows, STATUS_COLUMNS, args.format))
     if args.format == "table":
@@ -170,4 +182,11 @@ def status_command(argv: list[str]) -> int:
             ", ".join(f"{n} {s}" for s, n in counts.items() if n)
             + f"; report: {report if report.exists() else 'not yet'}"
         )
+    if problem is not None:
+        unknown = sum(r["state"] == "unknown" for r in rows)
+        print(
+            f"hpc.study: {problem}; {unknown} point(s) shown as unknown (their run directories alone cannot tell)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     return 0

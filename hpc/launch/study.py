@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from hpc.core.cli import Parser, run
-from hpc.core.errors import UsageError
+from hpc.core.errors import EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
 from hpc.launch.plan import Plan, make_plan
-from hpc.launch.queue import queued
+from hpc.launch.queue import QueueWatch
 from hpc.launch.schema import ClusterConfig
 from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
-from hpc.launch.submit import build_parser, execute, print_plan
+from hpc.launch.submit import build_parser, execute, print_plan, submission
 
 COMMANDS = ("run", "status", "resubmit")
 
@@ -61,6 +61,8 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
     assert plan.sweep_dir is not None  # a study's plan is a sweep's
     sweep = SweepPaths(plan.sweep_dir)
     local_failures = execute(plan, wait=False)  # --local: every point has run when this returns
+    if plan.local and local_failures == EXIT_PREEMPTED:  # stopped by Ctrl-C: its line says how to go on
+        return local_failures
     if plan.local:
         from analysis.__main__ import main as analyse
 
@@ -69,7 +71,14 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
         return 1 if local_failures else 0
     submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
     arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
-    analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
+    try:
+        with submission(sweep.analysis_jobs / "%j", "the analysis job"):
+            analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
+    except QueueError as e:
+        raise QueueError(
+            f"{e}; the arrays {' '.join(arrays)} are submitted (index.json): once they end, "
+            f"python -m analysis {plan.sweep_dir} --report writes the report"
+        ) from None
     print(
         f"sweep:    {plan.sweep_dir}\narrays:   {' '.join(arrays)}\nanalysis: job {analysis_id} "
         f"(after the arrays)\nreport:   {sweep.report} (when job {analysis_id} has run)\n"
@@ -79,9 +88,10 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
 
 
 def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) -> int:
-    """Block until the analysis job has left the queue; print the sweep table and each point's verdict;
-    1 when no report came."""
-    while queued([analysis_id]):
+    """Block until the analysis job has left the queue (a controller that does not answer is waited
+    through); print the sweep table and each point's verdict; 1 when no report came."""
+    watch = QueueWatch()
+    while not watch.left(analysis_id):
         time.sleep(poll_s)
     if not sweep.report.exists():
         print(
@@ -141,7 +151,10 @@ def resubmit_command(argv: list[str]) -> int:
     if not (args.failed or args.missing):
         raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")
     wanted = ({"failed", "timeout"} if args.failed else set()) | ({"missing"} if args.missing else set())
-    keys = {point_key(r) for r in sweep_status(sweep_dir) if r["state"] in wanted}
+    points, problem = sweep_status(sweep_dir)
+    if problem is not None:  # a point that looks failed or missing may be running: never submit it twice
+        raise QueueError(f"{problem}; not resubmitting while the queue cannot be read (a point may still be running)")
+    keys = {point_key(r) for r in points if r["state"] in wanted}
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return 0

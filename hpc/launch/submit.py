@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
-import time
+import io
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, run
-from hpc.core.rundir import RunPaths, SweepPaths, write_index, write_yaml
+from hpc.core.cli import Parser, first_missing, run
+from hpc.core.errors import EXIT_PREEMPTED, QueueError
+from hpc.core.rundir import SweepPaths, write_index, write_yaml
 from hpc.launch.flags import add_training_flags
+from hpc.launch.follow import Submitted, interrupts_ignored, wait_for
 from hpc.launch.job import TrainJob
-from hpc.launch.plan import JobSpec, Plan, Point, make_plan
-from hpc.launch.queue import left_queue
+from hpc.launch.plan import JobSpec, Plan, make_plan
+from hpc.launch.queue import first_line
 from hpc.launch.slurm import make_executor, sbatch_text
 
 
@@ -90,62 +94,80 @@ def print_plan(plan: Plan) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Submitted:
-    job_id: str
-    run_dir: Path
-    logs: tuple[Path, Path]  # stdout, stderr of task 0
-    job: Any  # submitit's Job
-    point: Point | None = None
+@contextlib.contextmanager
+def submission(folder: Path, what: str) -> Iterator[None]:
+    """sbatch through submitit, as one line when it fails: QueueError naming `what` and sbatch's reason,
+    and what submitit wrote for it (its pickle, its script, folders it made) removed again."""
+    import submitit
 
-    @classmethod
-    def of(cls, job: Any, point: Point | None) -> Submitted:
-        return cls(job.job_id, Path(job.paths.folder), (Path(job.paths.stdout), Path(job.paths.stderr)), job, point)
-
-    def describe(self) -> str:
-        return f"job {self.job_id}: run dir {self.run_dir}\n  logs: {', '.join(str(p) for p in self.logs)}"
-
-    def ended(self) -> bool:
-        """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
-        hpc/launch/queue.py: without slurmdbd submitit's own done() waits forever on a killed job)."""
-        if not _is_slurm_job(self.job):
-            return bool(self.job.done())
-        return self.job.paths.result_pickle.exists() or left_queue(self.job_id)
-
-
-def _is_slurm_job(job: Any) -> bool:
-    from submitit.slurm.slurm import SlurmJob
-
-    return isinstance(job, SlurmJob)
+    parent = folder.parent  # submitit writes a job's files beside its "%j" folder until it has an id
+    made = first_missing(parent, "job folder")
+    before = set(parent.iterdir()) if made is None else set()
+    told = io.StringIO()  # submitit prints sbatch's stderr itself before raising: keep it for the one line
+    try:
+        with contextlib.redirect_stderr(told):
+            yield
+    except (submitit.core.utils.FailedJobError, OSError, subprocess.SubprocessError) as e:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            for leftover in set(parent.iterdir()) - before:
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        reason = first_line(str(e) or told.getvalue())
+        raise QueueError(f"sbatch could not submit {what} ({reason})") from None
 
 
 def execute(plan: Plan, wait: bool) -> int:
     """Submit every spec: here one point at a time (each waited for), on Slurm each spec at once (an
-    array for a sweep). Returns 0, or 1 when a job that was waited for failed."""
+    array for a sweep). Returns 0, 1 when a job that was waited for failed, 3 when a local run was
+    stopped (Ctrl-C, SIGTERM: hpc/launch/follow.py), 130 when waiting was. An sbatch that fails is one
+    line (QueueError): a new sweep directory with nothing submitted into it is removed, and an
+    index.json lists only what was submitted."""
+    made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
     if plan.sweep_dir is not None and plan.sweep is not None:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         write_yaml(
             SweepPaths(plan.sweep_dir).sweep_file, {"sweep": dataclasses.asdict(plan.sweep), **plan.base.to_dict()}
         )
     subs: list[Submitted] = []
-    failures = 0
-    for spec in plan.specs:
-        executor = make_executor(plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local)
-        if plan.local:  # this machine: one point at a time, followed as it runs
-            for point in spec.points:
-                subs.extend(submit_points(plan, executor, (point,), spec))
-                failures += wait_for(subs[-1:], follow=True)
-                _drop_placeholder(spec.folder)
-                record_index(plan, subs)
-            continue
-        subs.extend(submit_points(plan, executor, spec.points, spec))
-        record_index(plan, subs)
+    try:
+        code = submit_specs(plan, subs)
+    except QueueError as e:
+        if made is not None and not subs:
+            shutil.rmtree(made, ignore_errors=True)
+        done = f"; before it: job(s) {' '.join(s.job_id for s in subs)}" if subs else "; nothing was submitted"
+        raise QueueError(f"{e}{done}") from None
     if plan.sweep_dir is not None:
         print(f"sweep: {len(subs)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
-        failures = wait_for(subs)
+        code = wait_for(subs)
         for spec in plan.specs:
             _drop_placeholder(spec.folder)
+    return code
+
+
+def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
+    """Submit every spec (adding to `subs` as they go); here each point waited for, and a stopped one ends
+    the sweep. The exit code of what was waited for (see execute)."""
+    failures = 0
+    for n, spec in enumerate(plan.specs, 1):
+        what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
+        with submission(spec.folder, what) if not plan.local else contextlib.nullcontext():
+            executor = make_executor(plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local)
+            if not plan.local:
+                subs.extend(submit_points(plan, executor, spec.points, spec))
+        if plan.local:  # this machine: one point at a time, followed as it runs
+            for point in spec.points:
+                with interrupts_ignored():  # submitit's controller must not see Ctrl-C (follow.py)
+                    subs.extend(submit_points(plan, executor, (point,), spec))
+                code = wait_for(subs[-1:], follow=True)
+                _drop_placeholder(spec.folder)
+                record_index(plan, subs)
+                if code == EXIT_PREEMPTED:
+                    return code
+                failures += code
+        else:
+            record_index(plan, subs)
     return 1 if failures else 0
 
 
@@ -164,7 +186,8 @@ def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobS
             )
             for _, cfg in points
         ]
-    subs = [Submitted.of(job, point) for job, (point, _) in zip(jobs, points, strict=False)]
+    ranks = spec.request.nodes * spec.request.gpus
+    subs = [Submitted.of(job, point, ranks) for job, (point, _) in zip(jobs, points, strict=False)]
     for sub in subs:
         print(sub.describe(), flush=True)
     return subs
@@ -187,92 +210,6 @@ def _drop_placeholder(folder: Path) -> None:
     creates it again at start, so this runs once the job has ended)."""
     with contextlib.suppress(OSError):  # not there, or not empty: leave it
         folder.rmdir()
-
-
-RUN_NUMBERS = [
-    "rank",
-    "steps",
-    "cpu_time_us",
-    "cuda_time_us",
-    "kernel_calls",
-    "peak_gpu_mem_bytes",
-    "peak_cpu_mem_bytes",
-]
-
-
-def print_run_numbers(run_dir: Path) -> None:
-    """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
-    from analysis.discover import print_warnings
-    from analysis.fold import analyze_run
-    from analysis.tables import render
-
-    warnings: list[str] = []
-    traces, run = analyze_run(run_dir, warnings)
-    print_warnings(warnings)
-    if traces:
-        print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
-        print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
-    if run is not None and run.verdict:
-        print(f"verdict: {run.verdict['line']}")
-
-
-class _LogFollower:
-    """Echoes what jobs' rank 0 writes to stdout, as it comes (local runs), without submitit's lines."""
-
-    def __init__(self, subs: list[Submitted]):
-        self.subs = subs
-        self.offsets: dict[Path, int] = {}
-
-    def echo(self) -> None:
-        for sub in self.subs:
-            log = sub.logs[0]
-            if log.exists():
-                with open(log, errors="replace") as f:
-                    f.seek(self.offsets.get(log, 0))
-                    text = f.read()
-                    self.offsets[log] = f.tell()
-                sys.stdout.write(
-                    "".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit "))
-                )
-                sys.stdout.flush()
-
-
-def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
-    """Wait until every job has ended; report each: its status, or FAILED with its log. With follow,
-    rank 0's output is echoed as it comes (local runs). Returns 1 when a job failed, else 0."""
-    pending = list(subs)
-    follower = _LogFollower(subs)
-    while pending:
-        pending = [sub for sub in pending if not sub.ended()]
-        if follow:
-            follower.echo()
-        if pending:
-            time.sleep(poll_s if not follow else 0.5)
-    return 1 if sum(not report_result(sub, poll_s, follow) for sub in subs) else 0
-
-
-def report_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
-    """Print how an ended job ended; False when it failed."""
-    try:
-        if not sub.job.paths.result_pickle.exists():
-            time.sleep(poll_s)  # a result written as the job left the queue
-        if not sub.job.paths.result_pickle.exists():
-            raise RuntimeError("no result: the job was killed or failed outside Python")
-        result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
-    except Exception as e:  # submitit re-raises the job's own exception here, whatever it is
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(
-            f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
-        )
-        return False
-    if follow and result.get("status") == "done":
-        print_run_numbers(sub.run_dir)
-    paths = RunPaths(sub.run_dir)
-    print(
-        f"job {sub.job_id}: {result.get('status')}\n  run:     {sub.run_dir}\n"
-        f"  traces:  {paths.traces}\n  summary: {paths.summary}"
-    )
-    return True
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -1,27 +1,36 @@
-"""Checkpointing: when to save, the atomic save, and the load with its checks.
+"""Checkpointing: when to save, the atomic save with its checksum, and the checked load.
 
 `Checkpointer` owns the policy (every `train.checkpoint_every_steps`, at epoch ends, at the end and on
-a stop signal; rank 0 writes, every rank waits) and the file `checkpoints/last.pt`: model (a plain
-state_dict, no DDP prefix), optimizer, schedule, epoch/position/step and the RNG states. A save is a
-temp file, fsync and rename, so a crash leaves the previous checkpoint; a load uses
-`weights_only=True` and checks every entry resuming needs, so a damaged or foreign file is an input
-error naming it, and is never overwritten by the failed resume.
+a stop signal; rank 0 writes, every rank learns whether it could) and the files:
+- checkpoints/last.pt: model (a plain state_dict, no DDP prefix), optimizer, schedule,
+  epoch/position/step, the RNG states, and `sha256`, a checksum of all of them;
+- checkpoints/previous.pt: the checkpoint before it, kept for when last.pt is found damaged (a hard
+  link: no copy, no space);
+- checkpoints/last.json: what last.pt holds, for readers without torch (hpc/core/runstate.py).
+
+A save copies the state to the host once, checksums it, and writes a temp file, fsync, rename, with
+previous.pt linked first: at every instant last.pt is a whole checkpoint. A failed write (disk full,
+read-only) is a WriteError naming the file, the earlier checkpoint intact. A load uses
+`weights_only=True`, checks every entry resuming needs and recomputes the checksum over what it read,
+so a byte flipped in a tensor is an error naming the file (offering previous.pt where it is intact),
+never a silent resume from damaged weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
-import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import UsageError
-from hpc.core.faults import KILL_DURING_CHECKPOINT, faults_from_env
-from hpc.core.files import write_atomic
-from hpc.core.rundir import RunPaths
+from hpc.core.errors import UsageError, WriteError
+from hpc.core.files import temp_name, write_atomic
+from hpc.core.rundir import RunPaths, write_checkpoint_info
+from hpc.training.inject import NO_FAULTS, Injector
 
 CHECKPOINT_KEYS = {
     "model": dict,
@@ -32,34 +41,94 @@ CHECKPOINT_KEYS = {
     "step": int,
     "rng": dict,
 }
+DIGEST = "sha256"  # the checkpoint's own entry: state_digest of every other entry
+DAMAGED = "damaged.pt"  # where --resume-from previous moves a damaged last.pt, for a look at it
 
 
-def _fault_injection_kill_during_write(tmp: Path, data: bytes) -> None:
-    """Test hook (HPC_FAULT_INJECT=kill-during-checkpoint, hpc/core/faults.py): die half-way through
-    writing a checkpoint."""
-    with open(tmp, "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        os.fsync(f.fileno())
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Atomic: torch.save to a temp file, fsync, rename. A crash leaves the previous checkpoint."""
+def _feed(h: Any, value: Any) -> None:
     import torch
 
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, Mapping):
+        h.update(b"{%d" % len(value))
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):  # a tuple saved comes back a tuple; a list, a list: one rule for both
+        h.update(b"[%d" % len(value))
+        for item in value:
+            _feed(h, item)
+    else:  # int, float (repr round-trips), str, bool, None
+        h.update(f"{type(value).__name__}:{value!r}".encode())
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over every entry but the checksum itself, in a fixed order: tensors by dtype, shape and
+    bytes, the rest by value. The same on the saved state and on what torch.load gives back."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in state.items() if k != DIGEST})
+    return h.hexdigest()
+
+
+def to_host(value: Any) -> Any:
+    """The state with every tensor on the CPU: one copy off the device, shared by the checksum and the file."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_host(v) for v in value)
+    return value
+
+
+def keep_previous(paths: RunPaths) -> None:
+    """previous.pt becomes the current last.pt (a hard link, renamed into place), before last.pt is
+    replaced. Where the file system has no hard links, no previous checkpoint is kept."""
+    last, previous = paths.checkpoint, paths.previous_checkpoint
+    if not last.exists() or (previous.exists() and os.path.samefile(last, previous)):
+        return  # nothing yet, or previous.pt is last.pt already (--resume-from previous): rename() would do nothing
+    tmp = temp_name(previous)
+    try:
+        os.link(last, tmp)
+        os.replace(tmp, previous)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_half_then_signal(path: Path, data: bytes, inject: Injector) -> None:
+    """Test hook (HPC_FAULT_INJECT=signal:SIG@checkpoint): half the file on disk, then the signal."""
+    signals = inject.due("checkpoint", saved_before=path.exists())
+    if signals:
+        with open(temp_name(path), "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+        inject.fire("checkpoint", signals)
+
+
+def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any], inject: Injector = NO_FAULTS) -> None:
+    """last.pt with its checksum (atomic), previous.pt kept, then last.json. WriteError on failure."""
+    import torch
+
+    host = to_host(state)
+    host[DIGEST] = state_digest(host)
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(host, buf)
     data = buf.getvalue()
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    if path.exists() and any(f.kind == KILL_DURING_CHECKPOINT for f in faults_from_env(os.environ)):
-        _fault_injection_kill_during_write(tmp, data)
-    write_atomic(path, data)
+    keep_previous(paths)
+    _write_half_then_signal(paths.checkpoint, data, inject)
+    write_atomic(paths.checkpoint, data)
+    write_checkpoint_info(paths, {**info, DIGEST: host[DIGEST], "bytes": len(data), "time": time.time()})
 
 
 def load_checkpoint(path: Path) -> dict | None:
-    """The checkpoint at `path`, checked for what resuming needs; None if there is none. A file that is
-    damaged, foreign or incomplete is an input error naming it, and is left as it is."""
+    """The checkpoint at `path`, checked for what resuming needs and against its checksum; None if there is
+    none. A file that is damaged, foreign or incomplete is an input error naming it, and is left as it is."""
     import torch
 
     if not path.exists():
@@ -70,9 +139,7 @@ def load_checkpoint(path: Path) -> dict | None:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a damaged or foreign file
         # (not torch's own message: it suggests weights_only=False, i.e. running the file's code)
-        raise UsageError(
-            f"{path}: not a checkpoint this toolkit can load ({type(e).__name__}); move it away to start afresh"
-        ) from None
+        raise UsageError(f"{path}: not a checkpoint this toolkit can load ({type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{path}: not a checkpoint (holds a {type(ckpt).__name__}, not a mapping)")
     for key, kind in CHECKPOINT_KEYS.items():
@@ -83,6 +150,9 @@ def load_checkpoint(path: Path) -> dict | None:
             )
     if min(ckpt["epoch"], ckpt["position"], ckpt["step"]) < 0:
         raise UsageError(f"{path}: negative epoch/position/step in the checkpoint")
+    # Written by this toolkit since checksums exist; an older checkpoint has none to check.
+    if DIGEST in ckpt and ckpt[DIGEST] != state_digest(ckpt):
+        raise UsageError(f"{path}: damaged: its contents do not match the checksum written with it")
     return ckpt
 
 
@@ -121,29 +191,78 @@ def restore(path: Path, ckpt: dict[str, Any], model: Any, optimizer: Any, schedu
 
 
 class Checkpointer:
-    """The run's checkpoint: policy, save (rank 0, then a barrier) and load."""
+    """The run's checkpoint: policy, save (rank 0; every rank then learns through `agree` whether it was
+    written) and the checked load. `saved_step` is the step last.pt holds, as far as this run knows."""
 
     def __init__(
-        self, run_dir: Path, every_steps: int, is_main: bool, barrier: Callable[[], None], log: Callable[[str], None]
+        self,
+        run_dir: Path,
+        every_steps: int,
+        is_main: bool,
+        agree: Callable[[bool], bool],
+        log: Callable[[str], None],
+        inject: Injector = NO_FAULTS,
     ):
-        self.path = RunPaths(run_dir).checkpoint
+        self.paths = RunPaths(run_dir)
+        self.path = self.paths.checkpoint
         self.every_steps = every_steps
-        self.is_main = is_main
-        self.barrier = barrier
-        self.log = log
+        self.is_main, self.agree, self.log, self.inject = is_main, agree, log, inject
+        self.saved_step: int | None = None
 
     def due(self, step: int) -> bool:
         """The periodic policy; epoch ends, the run's end and stop signals save regardless."""
         return bool(self.every_steps) and step % self.every_steps == 0
 
     def load(self) -> dict | None:
-        return load_checkpoint(self.path)
+        """last.pt checked (see load_checkpoint); a damaged one is an error that offers previous.pt when that
+        one is intact."""
+        try:
+            ckpt = load_checkpoint(self.path)
+        except UsageError as e:
+            raise UsageError(f"{e}{self._offer_previous()}") from None
+        self.saved_step = ckpt["step"] if ckpt is not None else None
+        return ckpt
 
-    def save(self, state: dict, reason: str) -> None:
+    def _offer_previous(self) -> str:
+        try:
+            previous = load_checkpoint(self.paths.previous_checkpoint)
+        except UsageError:
+            previous = None
+        if previous is None:
+            return "; no intact earlier checkpoint: move it away to start afresh"
+        return (
+            f"; {self.paths.previous_checkpoint} (step {previous['step']}) is intact: "
+            "add --resume-from previous to resume from it"
+        )
+
+    def use_previous(self) -> None:
+        """--resume-from previous (rank 0, before anyone loads): last.pt moves aside to damaged.pt and
+        previous.pt takes its place, so the run resumes from it and its next save keeps it as previous."""
+        previous = self.paths.previous_checkpoint
+        try:
+            ckpt = load_checkpoint(previous)
+        except UsageError as e:
+            raise UsageError(f"--resume-from previous: {e}") from None
+        if ckpt is None:
+            raise UsageError(f"--resume-from previous: {previous} does not exist")
+        if self.path.exists():
+            os.replace(self.path, self.path.with_name(DAMAGED))
+        os.link(previous, self.path)
+        self.log(f"resuming from the previous checkpoint: {self.path.with_name(DAMAGED)} kept aside")
+
+    def save(self, state: dict, reason: str, stop_at: int) -> None:
+        """Rank 0 writes; then every rank agrees, and a failure (rank 0's WriteError) stops every rank."""
+        error: WriteError | None = None
         if self.is_main:
-            save_checkpoint(self.path, state)
-            self.log(
-                f"checkpoint ({reason}): epoch {state['epoch']}, batch {state['position']}, "
-                f"step {state['step']} -> {self.path}"
-            )
-        self.barrier()
+            info = {k: state[k] for k in ("step", "epoch", "position")} | {"stop_at": stop_at, "reason": reason}
+            try:
+                save_checkpoint(self.paths, state, info, self.inject)
+                self.log(
+                    f"checkpoint ({reason}): epoch {state['epoch']}, batch {state['position']}, "
+                    f"step {state['step']} -> {self.path}"
+                )
+            except WriteError as e:
+                error = e
+        if self.agree(error is not None):
+            raise error or WriteError(f"{self.path}: rank 0 could not write the checkpoint; stopping with it")
+        self.saved_step = state["step"]

@@ -6,9 +6,11 @@ created), the stop signals, and CUDA out of memory as an outcome. The run itself
 hpc/training/trainer.py's Trainer. One process per rank, started by srun, torchrun, submitit or plain
 python; the rank comes from hpc.launch.distenv. The run directory's files: hpc/core/rundir.py.
 
-Exit codes (hpc/core/errors.py): 0 done, 1 failed (e.g. non-finite loss), 2 bad input, 3 stopped by
-SIGTERM/SIGUSR2 after writing a checkpoint (run the same command again to resume; jobs requeue on it),
-4 CUDA out of memory (summary.json records it as the run's outcome: hpc/training/oom.py).
+Exit codes (hpc/core/errors.py): 0 done, 1 failed (e.g. non-finite loss, a file that could not be
+written), 2 bad input, 3 stopped by SIGTERM/SIGUSR2 after writing a checkpoint (run the same command
+again to resume; jobs requeue on it), 4 CUDA out of memory (summary.json records it as the run's
+outcome: hpc/training/oom.py), 5 a peer rank died or stopped answering (one line naming it, the step
+and the checkpoint a rerun resumes from; the traceback goes to RUN/logs/rank{R}.log).
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import datetime as dt
 import os
 import shutil
 import sys
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.core.cli import Parser, check_output_dir, inspect_path, run, shown
-from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, UsageError
+from hpc.core.cli import Parser, check_output_dir, first_missing, run, shown
+from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, PeerLostError, UsageError
 from hpc.core.faults import faults_from_env
+from hpc.core.files import temp_name
+from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.launch.config import load_run_config, read_yaml
 from hpc.launch.distenv import DistEnv, from_environ
@@ -38,9 +43,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="DDP training of ResNet on CIFAR-100 under torch.profiler. Precedence: flags > --config > "
         "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
         epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint, "
-        "4 CUDA out of memory (recorded in summary.json).",
+        "4 CUDA out of memory (recorded in summary.json), 5 a peer rank was lost (rerun to resume).",
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
+    parser.add_argument(
+        "--resume-from",
+        choices=["last", "previous"],
+        default="last",
+        help="previous: resume from checkpoints/previous.pt when last.pt is damaged (it is moved to damaged.pt)",
+    )
     add_training_flags(parser)
     return parser.parse_args(argv)
 
@@ -69,9 +80,9 @@ def check_is_run_dir(path: Path) -> None:
 def prepare_run_dir(path: Path) -> Path:
     try:
         RunPaths(path).checkpoints.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test.{os.getpid()}"
+        probe = temp_name(path / "write-test")
         probe.write_text("ok")
-        probe.unlink()
+        probe.unlink(missing_ok=True)
     except OSError as e:
         raise UsageError(f"run directory {shown(str(path))} is not writable ({e.strerror or e})") from None
     return path
@@ -116,49 +127,68 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare_run_dir(run_dir)
         check_resumable(run_dir, cfg)
-        return train_or_oom(cfg, run_dir, dist)
+        return train_or_oom(cfg, run_dir, dist, args.resume_from)
     except HpcError as e:
         if created is not None and e.exit_code == 2:  # bad input found late (data, checkpoint...): leave nothing
             remove_if_unfinished(run_dir, created)
         raise
 
 
-def first_missing(path: Path) -> Path | None:
-    """The outermost directory of `path` that does not exist yet (what making it creates), or None."""
-    missing = None
-    for candidate in [path, *path.absolute().parents]:
-        if inspect_path(candidate, "--run-dir") is not None:
-            return missing
-        missing = candidate
-    return missing
-
-
-def train_or_oom(cfg: RunConfig, run_dir: Path, dist: DistEnv) -> int:
+def train_or_oom(
+    cfg: RunConfig, run_dir: Path, dist: DistEnv, resume_from: str = "last", stop: StopSignal | None = None
+) -> int:
     """One rank's run, from set-up to summary.json; a CUDA out-of-memory error becomes the run's outcome
-    (summary.json) and exit code 4. The stop signals are handed back and the process group torn down
-    whatever happens (a failed run must not leave them to the next)."""
+    (summary.json) and exit code 4; a peer lost in a collective is one line and exit 5 (the traceback in
+    the run's logs/). The stop signals (`stop`: the caller's, to see which one came) are handed back and
+    the process group torn down whatever happens (a failed run must not leave them to the next)."""
     import torch
     import torch.distributed as tdist
 
+    from hpc.training.group import is_peer_failure
     from hpc.training.oom import describe, record_oom
     from hpc.training.trainer import Trainer
 
-    stop = StopSignal().install()
+    stop = (stop or StopSignal()).install()
+    lock = RunLock(RunPaths(run_dir).lock)  # rank 0 takes it in the Trainer's set-up
     trainer = None
     try:
-        trainer = Trainer(cfg, run_dir, dist, stop)
+        trainer = Trainer(cfg, run_dir, dist, stop, lock, resume_from)
         return trainer.train()
     except torch.cuda.OutOfMemoryError as e:
         cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
         oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda)
         print(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}", file=sys.stderr, flush=True)
         return EXIT_OOM
+    except Exception as e:
+        if isinstance(e, HpcError) or not is_peer_failure(e):
+            raise
+        log = keep_traceback(RunPaths(run_dir), dist.rank)
+        lost = (
+            trainer.peer_lost(e)
+            if trainer is not None
+            else PeerLostError(f"rank {dist.rank} lost a peer during set-up ({' '.join(str(e).split())[:160]})")
+        )
+        raise PeerLostError(f"{lost}; traceback in {log}") from None
     finally:
         stop.restore()
         if trainer is not None:
             trainer.close()
+        lock.release()
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+def keep_traceback(paths: RunPaths, rank: int) -> Path:
+    """The exception being handled, appended to the rank's log file (the console gets one line)."""
+    path = paths.rank_log(rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"--- {dt.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}\n")
+            traceback.print_exc(file=f)
+    except OSError:
+        pass  # a full disk: the one line still says what happened
+    return path
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths, append_metrics
 
 
@@ -73,20 +74,29 @@ class Throughput:
 
 
 class MetricsLog:
-    """metrics.jsonl (one JSON record per write) and the same scalars in TensorBoard; rank 0 only."""
+    """metrics.jsonl (one JSON record per write) and the same scalars in TensorBoard; rank 0 only. A record
+    that cannot be written (disk full, read-only) is kept as `failed`, for the ranks to stop together at
+    the step's agreement, not on rank 0 alone."""
 
     def __init__(self, run_dir: Path, enabled: bool, purge_step: int):
         self.paths = RunPaths(run_dir)
         self.writer: Any = None
+        self.failed: WriteError | None = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.paths.tensorboard), purge_step=purge_step or None)
 
     def record(self, kind: str, values: dict[str, Any], step: int, epoch: int) -> None:
-        if self.writer is None:
+        if self.writer is None or self.failed is not None:
             return
-        append_metrics(self.paths.metrics, {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **values})
+        try:
+            append_metrics(
+                self.paths.metrics, {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **values}
+            )
+        except WriteError as e:
+            self.failed = e
+            return
         for key, value in values.items():
             if isinstance(value, (int, float)) and value is not None:
                 self.writer.add_scalar(f"{kind}/{key}", value, step)

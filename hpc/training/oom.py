@@ -6,20 +6,16 @@ failed, the device's memory and the peak reached; the analysis shows such points
 goes on. With `profiler.memory_snapshot: true` the allocator's history is recorded from the start and
 dumped at the OOM as `memory_snapshot.rank{R}.pickle`, for https://pytorch.org/memory_viz.
 
-Fault injection, for testing without a GPU (grammar: hpc/core/faults.py): HPC_FAULT_INJECT=
-oom-at-step:N raises the same OutOfMemoryError before optimizer step N (counted from 1), on every
-rank, as a real OOM would at a batch shape that fits nowhere; `fail-at-step:N` raises a plain error
-instead (a crashed point); `...@batch=B@world=W` hits only runs of per-GPU batch B and W ranks.
+Fault injection, for testing without a GPU (grammar: hpc/core/faults.py; hpc/training/inject.py):
+HPC_FAULT_INJECT=oom-at-step:N raises the same OutOfMemoryError before optimizer step N (counted from
+1), on every rank, as a real OOM would at a batch shape that fits nowhere.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
-from hpc.core.faults import VARIABLE as FAULT_VARIABLE
-from hpc.core.faults import Fault
 from hpc.core.rundir import RunPaths, write_summary
 from hpc.launch.schema import RunConfig
 
@@ -31,23 +27,6 @@ def requested_bytes(message: str) -> int | None:
     """The failed allocation from the allocator's message ("Tried to allocate 2.00 GiB."), if named."""
     m = re.search(r"Tried to allocate ([0-9.]+) ?(B|KiB|MiB|GiB|TiB)", message)
     return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
-
-
-def maybe_inject_fault(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int, world: int) -> None:
-    """Test hook (HPC_FAULT_INJECT, parsed by hpc/core/faults.py): before optimizer step `next_step`,
-    raise CUDA's OutOfMemoryError (oom) or a RuntimeError (fail: a crash with an error line, as a bug
-    or a dead node gives) when asked to."""
-    for fault in faults:
-        if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
-            continue
-        spec = os.environ.get(FAULT_VARIABLE, "")
-        if fault.kind == "fail":
-            raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
-        import torch
-
-        raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT={spec})"
-        )
 
 
 def start_memory_history(enabled: bool, cuda: bool) -> None:

@@ -6,19 +6,30 @@ optimizer step) or None when profiling is off, in which case nothing is imported
 What the profiler costs is measured, not guessed: each cycle's record says how long the host spent
 inside the profiler's own calls (starting, stopping, exporting: `profiler_host_s`), and how long the
 export and the key_averages() totals took within that (`export_s`, `key_averages_s`).
+
+A trace is published whole or not at all (`publish_trace`): Kineto writes it under a temp name, the
+text is checked to end as a JSON document ends, and only then is it renamed to its final name. Kineto
+reports a failed write (a full disk, a read-only one) only in a log line and raises nothing; here such
+an export is recorded in `Profiling.failed` with its cause, its temp files removed, and the run goes on
+(the trainer fails the run at its end, once the rest is written).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
 from hpc.launch.schema import ProfilerConfig
+from hpc.training.inject import NO_FAULTS, Injector
+
+LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was the disk that was full
 
 DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
 
@@ -73,6 +84,7 @@ class Profiling:
         self._host_s = 0.0  # inside prof.step() since the last cycle ended
         self.cycles = cycles  # per finished cycle, in order: window peak, key_average_totals() if asked
         self.run_peak_bytes = {"allocated": 0, "reserved": 0}
+        self.failed: list[dict[str, Any]] = []  # exports that could not be written: file, error, step
 
     def _recording(self, step: int) -> bool:
         from torch.profiler import ProfilerAction
@@ -106,6 +118,55 @@ class Profiling:
         return int(torch.cuda.max_memory_allocated())
 
 
+def _ends_whole(path: Path) -> bool:
+    """A Chrome trace is one JSON object: a file cut short by a full disk does not end with its brace."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 64))
+            return size > 0 and f.read().rstrip().endswith(b"}")
+    except OSError:
+        return False
+
+
+def _why_not_written(folder: Path) -> str:
+    """Kineto does not say why a write failed: the file system does (read before the temp files go)."""
+    try:
+        fs = os.statvfs(folder)
+    except OSError as e:
+        return e.strerror or "the trace folder cannot be read"
+    if fs.f_flag & os.ST_RDONLY:
+        return os.strerror(errno.EROFS)
+    if fs.f_bavail * fs.f_frsize < LOW_SPACE_BYTES:
+        return os.strerror(errno.ENOSPC)
+    return "the profiler could not write it whole (its log line above says more)"
+
+
+def publish_trace(prof: Any, folder: Path, worker: str, inject: Injector = NO_FAULTS) -> tuple[str, str | None]:
+    """Export the cycle's trace as folder/<worker>.<ns>.pt.trace.json, whole or not at all: (its name,
+    None), or (the name it would have had, why it was not written)."""
+    name = f"{worker}.{time.time_ns()}.pt.trace.json"
+    final = folder / name
+    tmp = temp_name(final)
+    reason: str | None = None
+    try:
+        prof.export_chrome_trace(str(tmp))
+        if _ends_whole(tmp):
+            inject.fire("trace")  # test hook: a signal between the export and its publication
+            os.replace(tmp, final)
+            return name, None
+    except (OSError, RuntimeError) as e:
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:120]
+    reason = reason or _why_not_written(folder)
+    for leftover in (tmp, tmp.with_name(tmp.name + ".tmp")):  # ours, and Kineto's own temp name
+        # Emptied first: Kineto keeps a failed file open until the next cycle, and a removed file still
+        # fills the disk while it is open.
+        with contextlib.suppress(OSError):
+            os.truncate(leftover, 0)
+        leftover.unlink(missing_ok=True)
+    return name, reason
+
+
 def detach_cupti_after_cycles() -> None:
     """TEARDOWN_CUPTI=1, which kineto reads as each cycle stops, unless the user set it: on CUDA >= 12.6
     only, as PyTorch's profiler itself decides (before 12.6, teardown and CUDA graphs crash)."""
@@ -118,15 +179,16 @@ def detach_cupti_after_cycles() -> None:
 
 
 @contextlib.contextmanager
-def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -> Iterator[Profiling | None]:
+def maybe_profile(
+    cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool, inject: Injector = NO_FAULTS
+) -> Iterator[Profiling | None]:
     if not cfg.enabled:
         yield None
         return
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    write_trace = tensorboard_trace_handler(str(trace_dir), worker_name=trace_worker(rank))
     cycles: list = []
     sched = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
     profiling: Profiling | None = None
@@ -136,10 +198,12 @@ def maybe_profile(cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool) -
         totals = key_average_totals(prof) if cfg.key_averages else {}
         averaged = time.perf_counter()
         totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
-        write_trace(prof)
+        name, failure = publish_trace(prof, trace_dir, trace_worker(rank), inject)
         totals.update(key_averages_s=round(averaged - start, 4), export_s=round(time.perf_counter() - averaged, 4))
-        totals["cupti_detached"] = os.environ.get("TEARDOWN_CUPTI") == "1"
+        totals.update(cupti_detached=os.environ.get("TEARDOWN_CUPTI") == "1", trace=None if failure else name)
         cycles.append(totals)
+        if failure and profiling is not None:
+            profiling.failed.append({"file": name, "error": failure, "step": inject.step_of()})
 
     if cuda and cfg.detach_cupti:
         detach_cupti_after_cycles()

@@ -101,19 +101,17 @@ class RunSummary:
         }
 
     def rank_record(
-        self,
-        step: int,
-        epoch: int,
-        step_times: list[float],
-        exit_code: int,
-        cycles: list[Any],
-        peaks: dict[str, int],
-        wall_s: float,
+        self, step: int, epoch: int, step_times: list[float], exit_code: int, profiling: Any, wall_s: float
     ) -> dict[str, Any]:
         """This rank's entry: the facts, where it stopped, its step times (the first step, which warms
-        caches, left out), throughput, memory peaks, the environment and the profiler's cycles."""
+        caches, left out), throughput, memory peaks, the environment, the profiler's cycles and the traces
+        it wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's
+        Profiling, or None."""
         import torch
 
+        cycles = profiling.cycles if profiling is not None else []
+        peaks = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
+        failed = profiling.failed if profiling is not None else []
         timed = step_times[1:] if len(step_times) > 2 else step_times
         stats = step_time_stats(timed)
         ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
@@ -141,18 +139,61 @@ class RunSummary:
             else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "env": performance_env(),
-            "profiler": {"cycles": cycles, "traces": self.paths.rank_traces(self.dist.rank)},
+            "profiler": {"cycles": cycles, "traces": self.paths.rank_traces(self.dist.rank), "failed": failed},
         }
 
-    def write(self, records: list[dict[str, Any]]) -> Path:
-        """summary.json with every rank's record (rank 0 calls this with the gathered records)."""
+    def write(self, records: list[dict[str, Any]], recovered: bool = False) -> Path:
+        """summary.json with every rank's record (rank 0 calls this with the gathered records). `recovered`:
+        written by a rerun of a finished run whose summary was missing (see recovered_record)."""
         write_summary(
             self.paths,
             {
                 "run_dir": str(self.paths.root),
                 "world_size": self.dist.world_size,
                 "config": self.cfg.to_dict(),
+                **({"recovered": True} if recovered else {}),
                 "ranks": records,
             },
         )
         return self.paths.summary
+
+
+# What a rank measures while it trains; a rerun that only writes a finished run's missing summary saw
+# none of it, so it records none of it (null) rather than its own few seconds.
+MEASURED = (
+    "step_time_s",
+    "step_time_after_profiler_s",
+    "images_per_s",
+    "global_images_per_s",
+    "wall_time_s",
+    "cuda_max_memory_allocated_bytes",
+    "cuda_max_memory_reserved_bytes",
+    "peak_rss_bytes",
+)
+
+
+def recovered_record(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, **dict.fromkeys(MEASURED), "recovered": True}
+
+
+def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: list[dict[str, Any]]) -> tuple[str, str]:
+    """(what rank 0 prints at the end, the line of the failure when a trace could not be written or "")."""
+    outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else "done"
+    failed = [(r["rank"], f) for r in records for f in (r.get("profiler") or {}).get("failed") or []]
+    written = sum(len((r.get("profiler") or {}).get("traces") or []) for r in records)
+    lines = [
+        outcome,
+        f"  run:        {paths.root}",
+        f"  traces:     {paths.traces} ({written} written{f', {len(failed)} NOT written' if failed else ''})",
+        *(f"    not written: rank {rank}'s {f['file']} ({f['error']})" for rank, f in failed),
+        f"  summary:    {paths.summary}",
+        f"  checkpoint: {checkpoint}",
+    ]
+    lost = ""
+    if failed:
+        rank, first = failed[0]
+        lost = (
+            f"{len(failed)} profiler trace(s) could not be written, first rank {rank}'s {paths.traces / first['file']} "
+            f"({first['error']}); the run's other files are complete (summary.json lists what was written)"
+        )
+    return "\n".join(lines), lost

@@ -1,10 +1,13 @@
 """The training run of one rank as a Trainer of named parts (the shape of torchtitan's Trainer).
 
-`Trainer(cfg, run_dir, dist, stop)` sets up the device, the process group, the data, the model and
-the optimizer (hpc/training/setup.py), and resumes from a checkpoint; `train()` is the loop, `close()`
-the teardown. The parts own their policy and state and get only their config section:
+`Trainer(cfg, run_dir, dist, stop, lock)` sets up the device, the process group, the data, the model and
+the optimizer (hpc/training/setup.py), takes the run directory and resumes from its checkpoint;
+`train()` is the loop, `close()` the teardown. A write that fails on rank 0 (a full disk) is agreed at
+once, so every rank stops with one line and none waits in a collective for it. The parts own their policy and state and get only their config section:
 - TrainState, StepTimer, DivergenceGuard, evaluate (hpc/training/parts.py);
 - Checkpointer (hpc/training/checkpoint.py): when to save, the atomic save, the checked load;
+- RankGroup (hpc/training/group.py): what the ranks agree on, and who a lost peer was;
+- claim_run_dir (hpc/training/claim.py): the run directory's lock, its debris, where it left off;
 - Throughput and MetricsLog (hpc/training/metrics.py): images/s, ETA, epoch sums; metrics.jsonl;
 - RunSummary (hpc/training/summary.py): summary.json's records;
 - maybe_profile (hpc/training/profiling.py): torch.profiler with its schedule.
@@ -20,16 +23,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_OK, EXIT_PREEMPTED, TrainingError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, PeerLostError, TrainingError, WriteError
 from hpc.core.faults import faults_from_env
-from hpc.core.rundir import RunPaths, write_yaml
+from hpc.core.lock import RunLock
+from hpc.core.rundir import RunPaths
+from hpc.core.runstate import run_state
 from hpc.launch.distenv import DistEnv
 from hpc.launch.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
+from hpc.training.claim import claim_run_dir, note_start
 from hpc.training.graphmode import DDP_WARMUP_ITERS, decide_graph_mode
+from hpc.training.group import RankGroup
+from hpc.training.inject import Injector, raise_at_step
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
-from hpc.training.oom import maybe_inject_fault, start_memory_history
+from hpc.training.oom import start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState, evaluate
 from hpc.training.profiling import Profiling, maybe_profile
 from hpc.training.setup import (
@@ -41,18 +49,24 @@ from hpc.training.setup import (
     setup_model,
     step_plan,
 )
-from hpc.training.summary import RunSummary, weights_digest
+from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
 
 
 class Trainer:
     """One rank's run. Build it, call train(), then close() (in a finally)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal):
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal, lock: RunLock, resume_from: str = "last"
+    ):
+        """`stop` and `lock` are the caller's (installed, and released, whatever happens to the Trainer)."""
         self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
         self.graphed: Any = None
+        self.lock = lock
+        self.state = TrainState()
         self.faults = faults_from_env(os.environ)
+        self.inject = Injector(self.faults, dist.rank, lambda: self.state.step)
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
         self.graph_mode = decide_graph_mode(cfg, self.use_cuda, self._nccl_version())
@@ -60,33 +74,29 @@ class Trainer:
             # PyTorch's recipe for capturing DDP: before the process group is made. Replayed collectives
             # are never the watchdog's anyway; a dead peer still ends the run through the control group.
             os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
-        self.backend, self.control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
+        self.backend, control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
+        self.group = RankGroup(dist, control)
+        self.checkpointer = Checkpointer(
+            run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log, self.inject
+        )
+        claim_run_dir(self.paths, self.lock, self.group, self.checkpointer, resume_from, self.log)
+        self.group.gather_roster()
         start_memory_history(cfg.profiler.memory_snapshot, self.use_cuda)
         mc = cfg.model
         channels_last = mc.channels_last == "on" or (mc.channels_last == "auto" and self.use_cuda)
         self.data = setup_data(
-            cfg.data, mc.num_classes, cfg.train.seed, dist, self.device, channels_last, self.barrier, self.log
+            cfg.data, mc.num_classes, cfg.train.seed, dist, self.device, channels_last, self.group.barrier, self.log
         )
         self.plan = step_plan(cfg.train, dist.world_size, len(self.data.subset))
         self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, self.graph_mode.on)
-        self.state = TrainState(use_cuda=self.use_cuda)
-        self.checkpointer = Checkpointer(
-            run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.barrier, self.log
-        )
+        self.state.use_cuda = self.use_cuda
         resumed_from = self._resume()
         self.graphed = self._graph()
         self.metrics = MetricsLog(run_dir, self.is_main, self.state.step)
         self.progress = Throughput(self.plan.stop_at, resumed_from, self.device)
+        flops = count_flops_per_image(self.net.model)
         self.summary = RunSummary(
-            cfg,
-            run_dir,
-            dist,
-            self.device,
-            self.backend,
-            self.plan,
-            len(self.data.subset),
-            count_flops_per_image(self.net.model),
-            self.graph_mode.on,
+            cfg, run_dir, dist, self.device, self.backend, self.plan, len(self.data.subset), flops, self.graph_mode.on
         )
         self.timer = StepTimer(self.use_cuda)
         self.guard = DivergenceGuard(self.use_cuda)
@@ -98,23 +108,25 @@ class Trainer:
         if self.is_main:
             print(msg, flush=True)
 
-    def barrier(self) -> None:
-        import torch.distributed as tdist
-
-        tdist.barrier(group=self.control)
-
     def _resume(self) -> int:
-        """Load the checkpoint if there is one (the step it was at), else write the run's config."""
+        """Load the checkpoint if there is one (the step it was at); rank 0 then sets the directory's books
+        by it: the config of a fresh run, metrics.jsonl cut back to the step (hpc/training/claim.py)."""
         ckpt = self.checkpointer.load()
-        if ckpt is None:
-            if self.is_main:
-                write_yaml(self.paths.config, self.cfg.to_dict())
-            return 0
-        net = self.net
-        restore(self.checkpointer.path, ckpt, net.model, net.optimizer, net.scheduler, self.state)
-        st = self.state
-        self.log(f"resuming from {self.checkpointer.path}: epoch {st.epoch}, batch {st.position}, step {st.step}")
+        st, net = self.state, self.net
+        if ckpt is not None:
+            restore(self.checkpointer.path, ckpt, net.model, net.optimizer, net.scheduler, st)
+            self.log(f"resuming from {self.checkpointer.path}: epoch {st.epoch}, batch {st.position}, step {st.step}")
+        resumed = {"step": st.step, "epoch": st.epoch, "position": st.position} if ckpt else None
+        error = (
+            note_start(self.paths, self.cfg.to_dict(), resumed, self.plan.stop_at, self.log) if self.is_main else None
+        )
+        self.stop_if_write_failed(error)
         return st.step
+
+    def stop_if_write_failed(self, error: WriteError | None, what: str = "a file of the run") -> None:
+        """Every rank learns whether rank 0's write failed; then all stop, rank 0 with its own line."""
+        if self.group.agree(error is not None):
+            raise error or WriteError(f"{self.paths.root}: rank 0 could not write {what}; stopping with it")
 
     def _nccl_version(self) -> tuple[int, ...] | None:
         from hpc.training.cudagraph import nccl_version
@@ -151,45 +163,40 @@ class Trainer:
                 "world_size": self.dist.world_size,
             },
             reason,
+            self.plan.stop_at,
         )
-
-    def sync_buffers(self) -> None:
-        # DDP broadcasts buffers (BatchNorm running stats) from rank 0 at the *start* of each forward,
-        # so after the last step every rank holds its own. Do that broadcast now, so evaluation and the
-        # final weights are rank 0's everywhere.
-        import torch.distributed as tdist
-
-        if self.dist.world_size > 1:
-            for buf in self.net.model.buffers():
-                tdist.broadcast(buf, 0)
-
-    def all_max(self, values: list[int]) -> list[int]:
-        import torch
-        import torch.distributed as tdist
-
-        t = torch.tensor(values, dtype=torch.int64)
-        if self.dist.world_size > 1:
-            tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=self.control)
-        return [int(v) for v in t.tolist()]
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> int:
         st, plan = self.state, self.plan
         if st.step >= plan.stop_at:
-            self.log(f"{self.paths.root}: already complete at step {st.step} of {plan.stop_at}; nothing to do")
-            return EXIT_OK
+            return self.complete_summary()
         self.log_start()
+        self.inject.fire("start")
         self.progress.start()
         self.net.model.train()
-        with maybe_profile(self.cfg.profiler, self.paths.traces, self.dist.rank, self.use_cuda) as profiling:
+        with maybe_profile(
+            self.cfg.profiler, self.paths.traces, self.dist.rank, self.use_cuda, self.inject
+        ) as profiling:
             self.profiling = profiling
             while st.epoch < self.cfg.train.epochs and st.step < plan.stop_at and not self.stopped:
                 self.run_epoch()
-            if self.stopped:
+                # a signal during evaluation stops at the epoch's own checkpoint, not a step later
+                self.stopped = self.stopped or self.group.agree(bool(self.stop.signum))
+            if self.stopped and self.checkpointer.saved_step != st.step:
                 self.checkpoint(f"signal {signal.Signals(self.stop.signum or signal.SIGTERM).name}")
-            cycles = profiling.cycles if profiling is not None else []
-            peaks = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
-        return self.finish(EXIT_PREEMPTED if self.stopped else EXIT_OK, cycles, peaks)
+        done = st.step >= plan.stop_at  # a stop signal during the last step still ends a complete run
+        return self.finish(EXIT_OK if done else EXIT_PREEMPTED, profiling)
+
+    def complete_summary(self) -> int:
+        """A run already at its last step has nothing to train; its summary.json is written if missing or
+        stale (the run was killed between its last checkpoint and its summary). Rank 0 decides."""
+        st, root = self.state, self.paths.root
+        if self.group.agree(self.is_main and run_state(self.paths).summary_current):
+            self.log(f"{root}: already complete at step {st.step} of {self.plan.stop_at}; nothing to do")
+            return EXIT_OK
+        self.log(f"{root}: complete at step {st.step}, but its summary.json is missing or out of date: writing it")
+        return self.finish(EXIT_OK, None, recovered=True)
 
     def log_start(self) -> None:
         cfg, dist, plan = self.cfg, self.dist, self.plan
@@ -235,7 +242,7 @@ class Trainer:
         while st.position < plan.batches_per_epoch:
             if st.position % plan.grad_accum == 0:  # an optimizer step's first micro-batch, data included
                 self.timer.start()
-                maybe_inject_fault(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size)
+                raise_at_step(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size)
             if self.micro_step(*next(batches)):
                 break
         if st.position >= plan.batches_per_epoch:
@@ -259,6 +266,7 @@ class Trainer:
             with net.ddp.no_sync() if not last_micro else contextlib.nullcontext(), self.untuned(not full):
                 with net.autocast():
                     loss = F.cross_entropy(net.forward(x), y)
+                self.inject.fire("step")
                 (loss / group_size).backward()
         self.guard.add(loss, st.step + 1)
         self.progress.add(loss, y.numel() * self.dist.world_size)
@@ -279,9 +287,12 @@ class Trainer:
         self.timer.stop()
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
         bad_step = self.guard.bad_step(at_log, group_size)
-        stop_flag, bad, bad_rank = self.all_max(
-            [1 if self.stop.signum else 0, bad_step, self.dist.rank if bad_step else -1]
+        write_failed = self.metrics is not None and self.metrics.failed is not None
+        stop_flag, bad, bad_rank, any_write_failed = self.group.all_max(
+            [1 if self.stop.signum else 0, bad_step, self.dist.rank if bad_step else -1, int(write_failed)]
         )
+        if any_write_failed:
+            self.stop_if_write_failed(self.metrics.failed if self.metrics else None, self.paths.metrics.name)
         if bad:
             kept = (
                 f"last good checkpoint: {self.checkpointer.path}"
@@ -322,7 +333,8 @@ class Trainer:
             print()
         metrics: dict[str, Any] = self.progress.epoch()
         if self.cfg.train.eval:
-            self.sync_buffers()
+            self.group.sync_buffers(self.net.model)
+            self.inject.fire("eval")
             with self.untuned(True):  # evaluation's batches are not the step's shape
                 result = evaluate(
                     self.net.model, self.data, self.net.autocast, self.cfg.data, self.plan.micro, self.dist, self.device
@@ -337,8 +349,9 @@ class Trainer:
         self.checkpoint("epoch end")
 
     # --- the end -----------------------------------------------------------------------------------
-    def finish(self, exit_code: int, cycles: list[Any], peaks: dict[str, int]) -> int:
-        """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown."""
+    def finish(self, exit_code: int, profiling: Profiling | None, recovered: bool = False) -> int:
+        """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown. A
+        trace that could not be written fails the run once its summary is written."""
         import torch.distributed as tdist
 
         if self.graphed is not None:
@@ -347,25 +360,31 @@ class Trainer:
             # replay may still wait on a dead peer, and waiting for it would hang the teardown.
             self.graphed.release()
             self.graphed = None
-        record = self.summary.rank_record(
-            self.state.step, self.state.epoch, self.timer.times(), exit_code, cycles, peaks, self.progress.wall_s()
-        )
-        self.sync_buffers()
+        st, times = self.state, self.timer.times()
+        record = self.summary.rank_record(st.step, st.epoch, times, exit_code, profiling, self.progress.wall_s())
+        record = recovered_record(record) if recovered else record
+        self.group.sync_buffers(self.net.model)
         record["weights_sha256"] = weights_digest(self.net.model)
         records: list[Any] = [None] * self.dist.world_size
-        tdist.all_gather_object(records, record, group=self.control)
+        tdist.all_gather_object(records, record, group=self.group.control)
+        self.inject.fire("summary")
+        error = self.metrics.failed if self.metrics is not None else None
         if self.is_main:
-            summary_path = self.summary.write(records)
-            if self.metrics is not None:
-                self.metrics.close()
-            outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else "done"
-            print(
-                f"{outcome}\n  run:        {self.paths.root}\n  traces:     {self.paths.traces}\n"
-                f"  summary:    {summary_path}\n  checkpoint: {self.checkpointer.path}",
-                flush=True,
-            )
-        self.barrier()  # tear down together: a peer closing its sockets early upsets gloo's threads
-        return exit_code
+            try:
+                self.summary.write(records, recovered)
+            except WriteError as e:
+                error = e
+        self.stop_if_write_failed(error, self.paths.summary.name)
+        lines, lost = closing_lines(self.paths, self.checkpointer.path, exit_code, records)
+        self.log(lines)
+        self.group.barrier()  # tear down together: a peer closing its sockets early upsets gloo's threads
+        if lost and self.is_main:
+            raise WriteError(lost)
+        return EXIT_FAILED if lost else exit_code
+
+    def peer_lost(self, error: BaseException) -> PeerLostError:
+        """The one line of a survivor: which peer, at which step, what a rerun resumes from."""
+        return self.group.lost_error(error, self.state.step + 1, self.checkpointer.saved_step, self.checkpointer.path)
 
     def close(self) -> None:
         """Teardown, whatever happened: the TensorBoard writer and the process group."""

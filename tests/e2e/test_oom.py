@@ -33,7 +33,7 @@ def test_requested_bytes_from_the_allocators_message(message, expected):
 @pytest.mark.parametrize("value, expected", [
     ("fail-at-step:2@batch=16", (Fault("fail", 2, 16),)), ("oom-at-step:3", (Fault("oom", 3),)),
     ("fail-at-step:2@batch=16@world=2,oom-at-step:1@world=4", (Fault("fail", 2, 16, 2), Fault("oom", 1, None, 4))),
-    ("kill-during-checkpoint", (Fault("kill-during-checkpoint"),)), ("", ())])
+    ("kill-during-checkpoint", (Fault("signal", signal="KILL", moment="checkpoint", once_saved=True),)), ("", ())])
 def test_injected_faults_name_kind_step_and_point(value, expected):
     assert parse_faults(value) == expected
 

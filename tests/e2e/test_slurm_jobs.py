@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import processes
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -247,15 +248,8 @@ def test_requeues_are_bounded(slurm_cluster, data_root, tmp_path):
 
 def _workers(run_dir: Path) -> list[int]:
     """PIDs of torchrun's workers training in run_dir (not the agent, whose command line names torchrun)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if "hpc.train" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd:
-            pids.append(int(proc.name))
-    return pids
+    return [pid for pid, cmd in processes().items()
+            if "hpc.train" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd]
 
 
 def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path):

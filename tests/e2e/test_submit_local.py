@@ -1,8 +1,16 @@
 """hpc.submit --local: the README's main command path, through submitit's local executor (no Slurm)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from conftest import run_module
+import pytest
+
+from conftest import REPO, processes, run_module
 
 
 def test_local_two_ranks_through_submitit(tmp_path):
@@ -31,3 +39,46 @@ def test_local_two_ranks_through_submitit(tmp_path):
     # ... and what bounds it, in words: a CPU run has no GPU to judge, and says so rather than guess
     assert lines[at + 4].startswith("verdict: unknown: no device activity in the trace (a CPU run)")
     assert lines[at + 5] == tail[0]
+
+
+def _processes_of(folder: Path) -> list[str]:
+    """Command lines of live processes that name the run's folder (the controller, the ranks)."""
+    return [cmd for pid, cmd in processes().items() if str(folder) in cmd and pid != os.getpid()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root, tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's process group: hpc.submit, submitit's controller, the ranks) or
+    `timeout`'s SIGTERM (to hpc.submit alone): every rank checkpoints at a step boundary and exits, no
+    process of the run is left, one line says what was kept and how to resume, exit 3; the printed
+    command resumes the run to its end."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
+                             "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", "12", "--no-profile",
+                             "--set", "train.log_every_steps=2"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 180
+    metrics = []
+    while time.time() < deadline and not any(len(m.read_text().splitlines()) >= 3 for m in metrics):
+        metrics = list(runs.glob("tiny/*/metrics.jsonl"))
+        time.sleep(0.2)
+    assert metrics, "the run never started"
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, out[-1000:] + err[-1000:]
+    run_dir = metrics[0].parent
+    assert "Traceback" not in out + err and not _processes_of(runs)  # submitit names the folder "tiny/%j"
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    step = json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
+    assert f"hpc: stopped (SIG{'INT' if how == 'ctrl-c' else 'TERM'}): {run_dir} holds a checkpoint at step {step} of " \
+        f"384; resume with: python -m torch.distributed.run --standalone --nproc-per-node 2 -m hpc.train" in line
+    assert 0 < step < 384 and (run_dir / "summary.json").exists()  # stopped, not requeued: summary says so
+    resume = line.split("resume with: ", 1)[1].replace("python ", f"{sys.executable} ", 1)
+    done = subprocess.run(resume, shell=True, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0 and f"resuming from {run_dir}" in done.stdout, done.stdout[-1000:] + done.stderr[-1000:]
+    assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"] == 384

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from hpc.training import data
+from hpc.training.checkpoint import state_digest
 
 REPO = Path(__file__).resolve().parents[2]
 RANDOM = bytes(range(256)) * 8  # not UTF-8, not gzip, not a pickle, not JSON
@@ -119,10 +120,18 @@ def checkpoints(h: Path) -> None:
     good = torch.load(good_run(h) / "checkpoints" / "last.pt", weights_only=True)
     config = (h / "good_run" / "config.yaml").read_text()
 
-    def saved(obj) -> bytes:
+    def saved(obj, checksum=True) -> bytes:
+        """A checkpoint as the toolkit writes one: its checksum made over what it holds (so each case below
+        is refused for what it is, not for a checksum left from the good one), or kept as it was."""
+        if checksum and isinstance(obj, dict) and "sha256" in obj:
+            obj = {**obj, "sha256": state_digest(obj)}
         buf = io.BytesIO()
         torch.save(obj, buf)
         return buf.getvalue()
+
+    flipped = bytearray(saved(good))
+    weights = next(v for v in good["model"].values() if v.numel() > 64).numpy().tobytes()
+    flipped[bytes(flipped).index(weights) + 17] ^= 0x10  # one bit of one weight
 
     wrong_shape = dict(good, model={k: torch.zeros(3, 3) if v.ndim else v for k, v in good["model"].items()})
     runs = {
@@ -136,6 +145,8 @@ def checkpoints(h: Path) -> None:
         "ck_negative_step": saved(dict(good, step=-4)),
         "ck_step_str": saved(dict(good, step="4")),
         "ck_rng_junk": saved(dict(good, rng={"torch": torch.zeros(3), "python": [1]})),
+        "ck_flipped": bytes(flipped),
+        "ck_stale_checksum": saved(dict(good, step=1), checksum=False),
     }
     for name, content in runs.items():
         write(h / name / "checkpoints" / "last.pt", content)

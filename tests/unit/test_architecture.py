@@ -137,8 +137,9 @@ def test_exit_codes_are_defined_once_and_the_sbatch_script_uses_them():
         if name != "hpc.core.errors":
             assert not re.search(r"^EXIT_\w+\s*=", path.read_text(), re.M), name
     script = (REPO / "jobs" / "resnet152.sbatch").read_text()
-    (code,) = re.findall(r'^EXIT_PREEMPTED=(\d+)', script, re.M)
-    assert int(code) == errors.EXIT_PREEMPTED and '"$rc" -eq "$EXIT_PREEMPTED"' in script
+    for name in ("EXIT_PREEMPTED", "EXIT_PEER_LOST"):  # both requeue: the run resumes from its checkpoint
+        (code,) = re.findall(rf'^{name}=(\d+)', script, re.M)
+        assert int(code) == getattr(errors, name) and f'"$rc" -eq "${name}"' in script
 
 
 def test_the_fault_hook_is_parsed_in_one_place():

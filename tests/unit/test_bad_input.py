@@ -155,6 +155,8 @@ CASES = {
     "train: checkpoint with negative step": resume("ck_negative_step", "negative"),
     "train: checkpoint step is text": resume("ck_step_str", "'step' is str"),
     "train: checkpoint RNG is junk": resume("ck_rng_junk", "does not fit"),
+    "train: checkpoint with one bit of a weight flipped": resume("ck_flipped", "damaged: its contents do not match the checksum"),
+    "train: checkpoint whose checksum is another's": resume("ck_stale_checksum", "damaged: its contents do not match"),
     "train: checkpoint is a directory": resume("ck_isdir", "not a checkpoint file"),
     "train: saved config is a list": resume("cfg_list", "config.yaml", "damaged"),
     "train: saved config is binary": resume("cfg_binary", "config.yaml", "UTF-8"),

@@ -18,13 +18,13 @@ from analysis.fold import rank_totals, run_record
 from analysis.sweep import with_scaling
 from analysis.trace import trace_record
 from hpc.core.cli import Parser, check_name, one_line, shown
-from hpc.core.errors import UsageError
+from hpc.core.errors import UsageError, WriteError
 from hpc.core.rundir import read_index, read_summary
 from hpc.launch.plan import make_plan
 from hpc.launch.schema import TrainConfig
 from hpc.launch.status import point_state
 from hpc.launch.submit import build_parser, print_plan
-from hpc.training.checkpoint import Checkpointer, load_checkpoint
+from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
 from hpc.training.metrics import MetricsLog
 from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState
 from hpc.training.setup import batch_plan, lr_factor
@@ -117,17 +117,69 @@ def test_metrics_log_off_rank_writes_nothing(tmp_path):
 
 def test_checkpointer_policy_save_and_checked_load(tmp_path):
     said = []
-    ckpt = Checkpointer(tmp_path, every_steps=5, is_main=True, barrier=lambda: None, log=said.append)
+    agreed = []
+    ckpt = Checkpointer(tmp_path, every_steps=5, is_main=True, agree=lambda failed: agreed.append(failed) or failed,
+                        log=said.append)
     assert [s for s in range(1, 16) if ckpt.due(s)] == [5, 10, 15]
-    assert not Checkpointer(tmp_path, 0, True, lambda: None, said.append).due(5)
-    assert ckpt.load() is None
+    assert not Checkpointer(tmp_path, 0, True, lambda f: f, said.append).due(5)
+    assert ckpt.load() is None and ckpt.saved_step is None
     (tmp_path / "checkpoints").mkdir()
     state = {"model": {"w": torch.ones(2)}, "optimizer": {}, "scheduler": {}, "epoch": 1, "position": 0, "step": 5,
              "rng": {}}
-    ckpt.save(state, "periodic")
-    assert said and "checkpoint (periodic): epoch 1, batch 0, step 5" in said[0]
-    assert torch.equal(load_checkpoint(ckpt.path)["model"]["w"], torch.ones(2))
+    ckpt.save(state, "periodic", stop_at=20)
+    assert said and "checkpoint (periodic): epoch 1, batch 0, step 5" in said[0] and agreed == [False]
+    assert torch.equal(load_checkpoint(ckpt.path)["model"]["w"], torch.ones(2)) and ckpt.saved_step == 5
     assert not list((tmp_path / "checkpoints").glob(".*tmp*"))  # the temp file was renamed
+    info = json.loads((tmp_path / "checkpoints" / "last.json").read_text())
+    assert (info["step"], info["stop_at"], info["reason"]) == (5, 20, "periodic")
+    ckpt.save({**state, "step": 10, "model": {"w": torch.full((2,), 2.0)}}, "periodic", stop_at=20)
+    assert load_checkpoint(tmp_path / "checkpoints" / "previous.pt")["step"] == 5  # the one before, kept
+    assert load_checkpoint(ckpt.path)["step"] == 10
+
+
+def test_a_flipped_byte_in_a_tensor_is_found_and_the_previous_checkpoint_offered(tmp_path):
+    ckpt = Checkpointer(tmp_path, 0, True, lambda failed: failed, lambda line: None)
+    (tmp_path / "checkpoints").mkdir()
+    state = {"model": {"w": torch.arange(64, dtype=torch.float32)}, "optimizer": {"state": {0: {"m": torch.ones(3)}}},
+             "scheduler": {"lr": [0.1]}, "epoch": 0, "position": 3, "step": 3, "rng": {"python": [3, (1, 2), None]}}
+    ckpt.save(state, "periodic", stop_at=9)
+    ckpt.save({**state, "step": 6}, "periodic", stop_at=9)
+    data = bytearray(ckpt.path.read_bytes())
+    at = bytes(data).index(torch.arange(64, dtype=torch.float32).numpy().tobytes())  # the tensor's own bytes
+    data[at + 100] ^= 0x04
+    ckpt.path.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match=r"last.pt: damaged: its contents do not match the checksum.*"
+                                         r"previous.pt \(step 3\) is intact: add --resume-from previous"):
+        ckpt.load()
+    ckpt.use_previous()  # what --resume-from previous does on rank 0
+    assert ckpt.load()["step"] == 3 and (tmp_path / "checkpoints" / "damaged.pt").exists()
+    ckpt.save({**state, "step": 4}, "periodic", stop_at=9)  # previous.pt is the step-3 one, not the damaged one
+    assert load_checkpoint(tmp_path / "checkpoints" / "previous.pt")["step"] == 3
+    assert not [p.name for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
+
+
+def test_the_checksum_reads_the_same_through_a_save_and_a_load(tmp_path):
+    state = {"model": {"w": torch.randn(3, 4).to(torch.bfloat16), "b": torch.tensor(True)}, "optimizer": {
+        "state": {0: {"momentum_buffer": torch.zeros(2)}}, "param_groups": [{"lr": 0.1, "params": [0], "x": None}]},
+        "scheduler": {}, "epoch": 0, "position": 0, "step": 0, "rng": {"python": [3, tuple(range(5)), None]}}
+    before = state_digest(state)
+    torch.save(state, tmp_path / "s.pt")
+    assert state_digest(torch.load(tmp_path / "s.pt", weights_only=True)) == before
+    assert state_digest({**state, "step": 1}) != before
+    assert state_digest({**state, "model": {**state["model"], "w": state["model"]["w"] + 1}}) != before
+
+
+def test_a_failed_write_is_one_error_on_every_rank(tmp_path):
+    """rank 0's WriteError on itself; the others learn through `agree` and stop with a line naming the file."""
+    (tmp_path / "checkpoints").mkdir()
+    blocked = tmp_path / "checkpoints" / "last.pt"
+    blocked.mkdir()  # a directory where the file would go: the rename fails
+    state = {"model": {}, "optimizer": {}, "scheduler": {}, "epoch": 0, "position": 0, "step": 1, "rng": {}}
+    with pytest.raises(WriteError, match="last.pt: could not be written"):
+        Checkpointer(tmp_path, 0, True, lambda failed: failed, print).save(state, "periodic", 5)
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
+    with pytest.raises(WriteError, match="rank 0 could not write the checkpoint"):
+        Checkpointer(tmp_path, 0, False, lambda failed: True, print).save(state, "periodic", 5)
 
 
 # --- submission plan ----------------------------------------------------------------------------------
@@ -286,6 +338,40 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     assert point_state(crashed, "1_2", "RUNNING", None)["state"] == "running"  # the queue knows best
     assert point_state(tmp_path / "never", "1_4", "PENDING", None)["state"] == "pending"
     assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word
+
+
+def _checkpoint_info(run_dir, step, stop_at):
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    (run_dir / "checkpoints" / "last.json").write_text(json.dumps({"step": step, "stop_at": stop_at}))
+    return run_dir
+
+
+def test_a_silent_queue_leaves_unknown_what_the_run_directory_cannot_settle(tmp_path):
+    """squeue failing (controller down): done and oom come from the run directory; a point that is not
+    finished may be running, so it is unknown, never "failed" (and never resubmitted on that word)."""
+    done = _run_dir(tmp_path, "2_0", {"ranks": [{"rank": 0, "complete": True, "steps": 6}]})
+    oom = _run_dir(tmp_path, "2_1", {"outcome": "oom", "ranks": []})
+    halfway = _checkpoint_info(_run_dir(tmp_path, "2_2", metrics=[{"kind": "train", "step": 4}]), 4, 8)
+    crashed = _run_dir(tmp_path, "2_3", err="RuntimeError: boom\n")
+    assert point_state(done, "2_0", None, None, queue_known=False)["state"] == "done"
+    assert point_state(oom, "2_1", None, None, queue_known=False)["state"] == "oom"
+    assert point_state(halfway, "2_2", None, None, queue_known=False) == {
+        "state": "unknown", "requeues": 0, "steps": 4, "error": None}
+    assert point_state(crashed, "2_3", None, None, queue_known=False)["state"] == "unknown"
+    assert point_state(tmp_path / "never", "2_4", None, None, queue_known=False)["state"] == "unknown"
+    assert point_state(halfway, "2_2", None, None)["state"] == "failed"  # the queue read: it is not running
+
+
+def test_a_finished_run_without_its_summary_is_done_and_says_what_is_missing(tmp_path):
+    """Killed between its last checkpoint and summary.json: the checkpoint says it is complete."""
+    finished = _checkpoint_info(_run_dir(tmp_path, "3_0"), 8, 8)
+    state = point_state(finished, "3_0", None, None)
+    assert state["state"] == "done" and state["steps"] == 8 and "summary.json missing" in state["error"]
+    stale = _checkpoint_info(_run_dir(tmp_path, "3_1", {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}), 8, 8)
+    assert point_state(stale, "3_1", None, None)["state"] == "done"  # the summary said stopped at 4: out of date
+    said_stopped = _checkpoint_info(_run_dir(tmp_path, "3_2", {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}),
+                                    4, 8)
+    assert point_state(said_stopped, "3_2", None, None)["state"] == "stopped"
 
 
 def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):

@@ -23,7 +23,8 @@ from analysis.records import TraceRecord
 from analysis.trace import analyze_trace
 from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
-from hpc.core.rundir import read_index, read_metrics, read_summary
+from hpc.core.rundir import RunPaths, read_index, read_metrics, read_summary, truncate_metrics
+from hpc.core.runstate import run_state
 from hpc.launch.config import Layers, read_yaml
 from hpc.launch.hostlist import expand_hostlist, expand_tasks_per_node
 from hpc.launch.schema import RUN_SECTIONS, SECTIONS
@@ -295,7 +296,8 @@ def test_any_tasks_per_node_text_expands_or_is_refused(text):
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(
                         ["ranks", "rank", "points", "run_dir", "data_fraction", "batch_size", "gpus", "config",
-                         "oom", "world_size", "kind", "step", "x"]), inner, max_size=5), max_leaves=20)
+                         "oom", "world_size", "kind", "step", "x", "stop_at", "steps", "complete", "outcome"]), inner,
+                        max_size=5), max_leaves=20)
 
 
 @given(value=JSON | st.binary(max_size=50))
@@ -314,6 +316,27 @@ def test_run_directory_readers_take_anything(value, tmp_path_factory):
         assert all(point[k] > 0 for k in ("data_fraction", "batch_size", "gpus"))
     assert all(isinstance(r, dict) for r in read_metrics(root / "metrics.jsonl"))
     assert all(isinstance(w, str) and w for w in warnings)
+    (root / "checkpoints").mkdir()
+    (root / "checkpoints" / "last.json").write_bytes(data)
+    state = run_state(RunPaths(root), warnings.append)  # the run's state from any files: never a traceback
+    assert state.outcome in (None, "done", "stopped", "oom")
+    assert state.step is None or (type(state.step) is int and state.step >= 0)
+    assert state.complete == (state.outcome == "done")
+
+
+@given(kept=st.integers(0, 40), lines=st.lists(st.tuples(st.integers(0, 50), st.booleans()), max_size=30))
+@examples(60)
+def test_a_resume_keeps_each_step_once(kept, lines, tmp_path_factory):
+    """metrics.jsonl after a resume from step `kept`: every record up to it, nothing after it, whatever came
+    before (records of any steps, lines a kill cut short)."""
+    path = tmp_path_factory.mktemp("resume") / "metrics.jsonl"
+    text = "".join(json.dumps({"kind": "train", "step": step}) + "\n" if whole else '{"kind": "tr'
+                   for step, whole in lines)
+    path.write_text(text)
+    before = [r["step"] for r in read_metrics(path)]
+    truncate_metrics(path, kept)
+    assert [r["step"] for r in read_metrics(path)] == [step for step in before if step <= kept]
+    assert all(line.startswith("{") and line.endswith("}") for line in path.read_text().splitlines())
 
 
 @given(lines=st.lists(JSON.map(json.dumps) | st.text(max_size=20), max_size=10))

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from hpc.core.errors import QueueError
 from hpc.launch import queue
 
 # `squeue -h -r -o '%i %T' -j 320,321`: array tasks one by one, a pending array task, a plain job
@@ -26,8 +27,10 @@ def fake_slurm(monkeypatch):
     """Slurm's commands replaced by recorded answers: calls[name] = (returncode, stdout, stderr)."""
     answers, seen = {}, []
 
-    def run(cmd, capture_output=True, text=True):
+    def run(cmd, capture_output=True, text=True, timeout=None):
         seen.append(cmd)
+        if answers[cmd[0]] == "hang":
+            raise subprocess.TimeoutExpired(cmd, timeout)
         rc, out, err = answers[cmd[0]]
         return subprocess.CompletedProcess(cmd, rc, out, err)
 
@@ -41,19 +44,30 @@ def test_queued_lists_what_squeue_lists(fake_slurm):
     answers["squeue"] = (0, SQUEUE, "")
     assert queue.queued(["321", "320", "320"]) == queue.parse_squeue(SQUEUE)
     assert seen[-1] == ["squeue", "-h", "-r", "-o", "%i %T", "-j", "320,321"]
-    assert not queue.left_queue("320_1") and queue.left_queue("320_5")
+    watch = queue.QueueWatch()
+    assert not watch.left("320_1") and watch.left("320_5")
 
 
-def test_a_forgotten_job_has_left_and_a_failing_squeue_knows_nothing(fake_slurm):
+def test_a_forgotten_job_has_left_and_a_failing_squeue_is_not_an_empty_queue(fake_slurm, capsys):
     answers, _ = fake_slurm
     answers["squeue"] = (1, "", "slurm_load_jobs error: Invalid job id specified\n")
-    assert queue.queued(["99"]) == {} and queue.left_queue("99")
+    assert queue.queued(["99"]) == {} and queue.QueueWatch().left("99")
     answers["squeue"] = (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
-    assert queue.queued(["99"]) is None and not queue.left_queue("99")  # unknown is not "ended"
+    with pytest.raises(QueueError, match=r"squeue failed \(exit 1: slurm_load_jobs error: Unable to contact"):
+        queue.queued(["99"])
+    watch = queue.QueueWatch()
+    assert not watch.left("99") and not watch.left("99")  # unknown is not "ended": keep waiting
+    assert capsys.readouterr().err.count("Unable to contact slurm controller") == 1  # said once per outage
+    answers["squeue"] = (0, "", "")
+    assert watch.left("99") and "answers again" in capsys.readouterr().err
+    answers["squeue"] = "hang"
+    with pytest.raises(QueueError, match="squeue did not answer in 60 s"):
+        queue.queued(["99"])
 
 
-def test_without_slurm_the_queue_cannot_say(fake_slurm):
-    assert queue.queued(["1"]) is None and queue.queued([]) == {} and not queue.left_queue("1")
+def test_without_slurm_nothing_is_queued_here(fake_slurm):
+    """A laptop (local runs): no squeue at all is not a controller that is down."""
+    assert queue.queued(["1"]) == {} and queue.queued([]) == {}
     assert queue.accounted(["1"]) == {}
 
 

@@ -1,0 +1,259 @@
+"""Following jobs once submitted: waiting for them, echoing a local run's output, reporting how each ended,
+and stopping a local run cleanly.
+
+A local run (`hpc.submit --local`, `hpc.study run --local`) stops on Ctrl-C or SIGTERM (`timeout`, a
+closed terminal's parent): every rank gets SIGINT, finishes its step, writes its checkpoint and exits;
+the command then prints one line saying where the checkpoint is and the command that resumes it, and
+exits 3 (EXIT_PREEMPTED). submitit's local controller must not see Ctrl-C itself (it would kill the
+ranks a second later, mid-checkpoint), so it is started with SIGINT ignored (`interrupts_ignored`), which
+it and its tasks inherit; hpc.train installs its own handler. A second Ctrl-C kills every process of the
+run at once. Without --local, Ctrl-C only stops the waiting: the jobs run on in Slurm. No torch import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from hpc.core.rundir import RunPaths, read_checkpoint_info
+from hpc.launch.plan import Point
+from hpc.launch.queue import QueueWatch
+
+RESEND_S = 2.0  # a rank still setting up ignores SIGINT (inherited); it is told again until it listens
+
+
+class Interrupts:
+    """SIGINT and SIGTERM recorded (not raised) while a command follows its jobs."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+        self.sent_at = 0.0  # when the ranks were last told to stop (monotonic)
+        self.previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "-"
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.signum, self.count = signum, self.count + 1
+
+    def __enter__(self) -> Interrupts:
+        self.previous = {sig: signal.signal(sig, self._record) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while local jobs start: their controller inherits it so (see the module doc)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc children lists), depth first."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in map(int, children):
+        found += [child, *descendants(child)]
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
+    """After an interrupt: SIGINT to every process of the local jobs (again every RESEND_S, for ranks still
+    starting); after a second one, SIGKILL to them and their controllers."""
+    if interrupts.signum is None or not pending:
+        return
+    controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
+    ranks = [pid for controller in controllers for pid in descendants(controller)]
+    if interrupts.count >= 2:
+        _signal_all(ranks + controllers, signal.SIGKILL)
+        return
+    if time.monotonic() - interrupts.sent_at >= RESEND_S:
+        if not interrupts.sent_at:
+            print(f"hpc: {interrupts.name}: every rank checkpoints at its step's end (again to kill them)", flush=True)
+        _signal_all(ranks, signal.SIGINT)
+        interrupts.sent_at = time.monotonic()
+
+
+def resume_command(run_dir: Path, ranks: int) -> str:
+    """What resumes a run here: hpc.train on its own config and directory, under torchrun for several ranks."""
+    train = f"-m hpc.train --config {shlex.quote(str(RunPaths(run_dir).config))} --run-dir {shlex.quote(str(run_dir))}"
+    if ranks == 1:
+        return f"python {train}"
+    return f"python -m torch.distributed.run --standalone --nproc-per-node {ranks} {train}"
+
+
+def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
+    """One line per stopped local run: what it kept and what resumes it. EXIT_PREEMPTED."""
+    for sub in subs:
+        info = read_checkpoint_info(RunPaths(sub.run_dir))
+        if info is None:
+            print(
+                f"hpc: stopped ({interrupts.name}) before a checkpoint of {sub.run_dir}: nothing to resume; "
+                "run the same command again to start afresh",
+                file=sys.stderr,
+            )
+            continue
+        print(
+            f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
+            f"{info['stop_at']}; resume with: {resume_command(sub.run_dir, sub.ranks)}",
+            file=sys.stderr,
+        )
+    return EXIT_PREEMPTED
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    run_dir: Path
+    logs: tuple[Path, Path]  # stdout, stderr of task 0
+    job: Any  # submitit's Job
+    point: Point | None = None
+    ranks: int = 1  # the run's world size (for the command that resumes it)
+
+    @classmethod
+    def of(cls, job: Any, point: Point | None, ranks: int = 1) -> Submitted:
+        paths = job.paths
+        return cls(job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks)
+
+    def describe(self) -> str:
+        return f"job {self.job_id}: run dir {self.run_dir}\n  logs: {', '.join(str(p) for p in self.logs)}"
+
+    def ended(self, watch: QueueWatch) -> bool:
+        """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
+        hpc/launch/queue.py: without slurmdbd submitit's own done() waits forever on a killed job)."""
+        if not _is_slurm_job(self.job):
+            return bool(self.job.done())
+        return self.job.paths.result_pickle.exists() or watch.left(self.job_id)
+
+
+def _is_slurm_job(job: Any) -> bool:
+    from submitit.slurm.slurm import SlurmJob
+
+    return isinstance(job, SlurmJob)
+
+
+RUN_NUMBERS = [
+    "rank",
+    "steps",
+    "cpu_time_us",
+    "cuda_time_us",
+    "kernel_calls",
+    "peak_gpu_mem_bytes",
+    "peak_cpu_mem_bytes",
+]
+
+
+def print_run_numbers(run_dir: Path) -> None:
+    """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
+    from analysis.discover import print_warnings
+    from analysis.fold import analyze_run
+    from analysis.tables import render
+
+    warnings: list[str] = []
+    traces, run = analyze_run(run_dir, warnings)
+    print_warnings(warnings)
+    if traces:
+        print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
+        print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
+    if run is not None and run.verdict:
+        print(f"verdict: {run.verdict['line']}")
+
+
+class _LogFollower:
+    """Echoes what jobs' rank 0 writes to stdout, as it comes (local runs), without submitit's lines."""
+
+    def __init__(self, subs: list[Submitted]):
+        self.subs = subs
+        self.offsets: dict[Path, int] = {}
+
+    def echo(self) -> None:
+        for sub in self.subs:
+            log = sub.logs[0]
+            if log.exists():
+                with open(log, errors="replace") as f:
+                    f.seek(self.offsets.get(log, 0))
+                    text = f.read()
+                    self.offsets[log] = f.tell()
+                sys.stdout.write(
+                    "".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit "))
+                )
+                sys.stdout.flush()
+
+
+def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
+    """Wait until every job has ended; report each: its status, or FAILED with its log. With follow (local
+    runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see stop_here).
+    Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
+    pending = list(subs)
+    follower = _LogFollower(subs)
+    watch = QueueWatch()
+    with Interrupts() as interrupts:
+        while pending:
+            pending = [sub for sub in pending if not sub.ended(watch)]
+            if follow:
+                stop_here(pending, interrupts)
+                follower.echo()
+            elif interrupts.signum is not None:
+                ids = " ".join(sub.job_id for sub in pending)
+                print(
+                    f"hpc: stopped waiting ({interrupts.name}); still on Slurm: squeue -j {ids}; scancel {ids} ends "
+                    "them",
+                    file=sys.stderr,
+                )
+                return EXIT_INTERRUPTED
+            if pending:
+                time.sleep(poll_s if not follow else 0.5)
+    if follow and interrupts.signum is not None:
+        return said_stopped(subs, interrupts)
+    return 1 if sum(not report_result(sub, poll_s, follow) for sub in subs) else 0
+
+
+def report_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
+    """Print how an ended job ended; False when it failed."""
+    try:
+        if not sub.job.paths.result_pickle.exists():
+            time.sleep(poll_s)  # a result written as the job left the queue
+        if not sub.job.paths.result_pickle.exists():
+            raise RuntimeError("no result: the job was killed or failed outside Python")
+        result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
+    except Exception as e:  # submitit re-raises the job's own exception here, whatever it is
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(
+            f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
+        )
+        return False
+    if follow and result.get("status") == "done":
+        print_run_numbers(sub.run_dir)
+    paths = RunPaths(sub.run_dir)
+    print(
+        f"job {sub.job_id}: {result.get('status')}\n  run:     {sub.run_dir}\n"
+        f"  traces:  {paths.traces}\n  summary: {paths.summary}"
+    )
+    return True

@@ -1,0 +1,141 @@
+"""The run's ranks as one: what they agree on, and who is who when one of them is lost.
+
+`RankGroup` holds the control group (gloo: flags cost no GPU synchronisation) and answers for the
+trainer's parts: `agree(flag)` (did any rank fail at this point? everyone learns it at once, so no rank
+waits in a collective for one that gave up), `all_max`, `barrier`, `sync_buffers`. At start it gathers
+every rank's host and pid (`roster`), so that when a collective fails because a peer died or went
+silent, a survivor can say which rank it was and not just "Connection reset by peer": a rank on its
+own host is checked by pid; of a rank elsewhere only its host is known.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import PeerLostError
+from hpc.launch.distenv import DistEnv
+
+# What a collective's failure says when its peer is gone: a transport error or a timeout, from gloo,
+# NCCL or the store. Anything else is the program's own error and is reported as it is.
+PEER_SIGNS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Connection refused",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Socket Timeout",
+    "before timing out",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """A failed collective whose cause is another rank (dead, or not answering), by its type or message."""
+    import torch.distributed as tdist
+
+    kinds = tuple(k for k in (getattr(tdist, "DistNetworkError", None), getattr(tdist, "DistStoreError", None)) if k)
+    if kinds and isinstance(error, kinds):
+        return True
+    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in PEER_SIGNS)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def cause_of(error: BaseException) -> str:
+    """The transport's own words, without its paths and advice: 'Connection reset by peer', 'Timed out ...'."""
+    text = " ".join(str(error).split())
+    for sign in PEER_SIGNS:
+        if sign in text:
+            start = text.index(sign)
+            return text[start : start + 120].split(". ")[0].rstrip(".")
+    return text[:120]
+
+
+class RankGroup:
+    """The ranks of one run (see the module doc). `control` None: the default group (gloo on a CPU)."""
+
+    def __init__(self, dist: DistEnv, control: Any):
+        self.dist, self.control = dist, control
+        self.roster: list[tuple[str, int]] = [(socket.gethostname(), os.getpid())]
+
+    def gather_roster(self) -> None:
+        """Every rank's (host, pid), once, at set-up."""
+        import torch.distributed as tdist
+
+        me = (socket.gethostname(), os.getpid())
+        if self.dist.world_size == 1:
+            return
+        everyone: list[Any] = [None] * self.dist.world_size
+        tdist.all_gather_object(everyone, me, group=self.control)
+        self.roster = [tuple(r) for r in everyone]
+
+    def barrier(self) -> None:
+        import torch.distributed as tdist
+
+        tdist.barrier(group=self.control)
+
+    def all_max(self, values: list[int]) -> list[int]:
+        import torch
+        import torch.distributed as tdist
+
+        t = torch.tensor(values, dtype=torch.int64)
+        if self.dist.world_size > 1:
+            tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=self.control)
+        return [int(v) for v in t.tolist()]
+
+    def agree(self, failed: bool) -> bool:
+        """True when any rank failed here; every rank learns it at the same point."""
+        return bool(self.all_max([int(failed)])[0])
+
+    def sync_buffers(self, model: Any) -> None:
+        # DDP broadcasts buffers (BatchNorm running stats) from rank 0 at the *start* of each forward,
+        # so after the last step every rank holds its own. Do that broadcast now, so evaluation and the
+        # final weights are rank 0's everywhere.
+        import torch.distributed as tdist
+
+        if self.dist.world_size > 1:
+            for buf in model.buffers():
+                tdist.broadcast(buf, 0)
+
+    def lost_error(self, error: BaseException, step: int, saved_step: int | None, checkpoint: Path) -> PeerLostError:
+        """The survivor's one line: which peer, during which step, what a rerun resumes from."""
+        kept = (
+            f"last checkpoint: step {saved_step} ({checkpoint}), where a rerun resumes"
+            if saved_step is not None
+            else "no checkpoint yet: a rerun starts afresh"
+        )
+        return PeerLostError(
+            f"rank {self.dist.rank} lost a peer during step {step}: {self.lost()} ({cause_of(error)}); {kept}"
+        )
+
+    def lost(self) -> str:
+        """Which peers are gone, as far as this rank can tell: those on its host whose process has ended
+        (by pid), else the other hosts of the run, which it cannot check."""
+        host = socket.gethostname()
+        peers = [(r, h, pid) for r, (h, pid) in enumerate(self.roster) if r != self.dist.rank]
+        dead = [f"rank {r} (pid {pid})" for r, h, pid in peers if h == host and not pid_alive(pid)]
+        if dead:
+            return f"{', '.join(dead)} on {host} ended"
+        elsewhere = sorted({h for _, h, _ in peers if h != host})
+        if elsewhere:
+            return f"a rank on {', '.join(elsewhere)} died or stopped answering"
+        if len(self.roster) < self.dist.world_size:
+            return "a peer died or stopped answering during set-up"
+        return "a peer stopped answering (every rank on this host still runs)"

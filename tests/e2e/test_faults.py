@@ -1,0 +1,301 @@
+"""Faults lose nothing: each fault injected for real into hpc.train on the CPU, and what is on disk checked
+afterwards. Signals arrive at chosen moments (HPC_FAULT_INJECT=signal:SIG@MOMENT:STEP: the process sends
+itself a real signal there, so each moment is hit every time); the disk fills up (a small tmpfs) or is
+read-only (a read-only bind mount); two processes write one run directory; a rank dies or hangs. After
+each: the files parse, nothing listed is missing, no temp file survives the next start, and the same
+command resumes to the same final step with the weights an uninterrupted run ends with.
+
+The tmpfs and bind-mount cases need root (tests/run.sh runs as root in CI); they skip, saying so, without it.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_module
+from hpc.core.rundir import RunPaths
+from hpc.training.checkpoint import load_checkpoint
+from trainrun import SMOKE, same_weights, start_ranks, train, wait_all, weights
+
+pytestmark = pytest.mark.slow
+STEPS = 32  # 2 epochs of 16 steps: 1000 images, batch 64, one rank
+ARGS = ("--epochs", "2", "--batch-size", "64", "--set", "train.checkpoint_every_steps=5")
+
+
+def command(data_root, run_dir, *extra):
+    return ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir), *ARGS, *extra]
+
+
+def run(data_root, run_dir, faults="", world=1, *extra, timeout=300):
+    env = {"HPC_FAULT_INJECT": faults} if faults else {}
+    return wait_all(start_ranks(world, command(data_root, run_dir, *extra), env), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def straight(data_root, tmp_path_factory):
+    """The uninterrupted run every faulted one must end like."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    assert run(data_root, run_dir)[0][0] == 0
+    return weights(run_dir)
+
+
+def check_on_disk(run_dir: Path) -> dict:
+    """What a fault may leave: every file parses, the checkpoint passes its checksum, summary.json lists
+    only traces that exist. Returns the checkpoint's step and the summary (either may be None)."""
+    paths = RunPaths(run_dir)
+    summary = json.loads(paths.summary.read_text()) if paths.summary.exists() else None
+    for rank in (summary or {}).get("ranks", []):
+        listed = rank["profiler"]["traces"]
+        assert all((paths.traces / name).is_file() and ".tmp" not in name for name in listed), listed
+        for name in listed:
+            json.loads((paths.traces / name).read_text())
+    ckpt = load_checkpoint(paths.checkpoint)  # raises on a checksum that does not match
+    if paths.checkpoint_info.exists():
+        assert json.loads(paths.checkpoint_info.read_text())["step"] <= (ckpt or {}).get("step", 0)
+    if paths.metrics.exists():
+        records = [json.loads(line) for line in paths.metrics.read_text().splitlines()]  # every line whole
+        assert all(isinstance(r, dict) for r in records)
+    return {"step": ckpt["step"] if ckpt else None, "summary": summary}
+
+
+def check_finished(run_dir: Path, reference: dict) -> dict:
+    """Resumed to the end: the final step, the uninterrupted run's weights, each step recorded once, no debris."""
+    paths = RunPaths(run_dir)
+    state = check_on_disk(run_dir)
+    assert state["step"] == STEPS and state["summary"]["ranks"][0]["complete"], state
+    assert same_weights(weights(run_dir), reference)
+    records = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
+    keys = [(r["kind"], r["step"]) for r in records]
+    assert len(keys) == len(set(keys)) and ("epoch", STEPS) in keys, keys
+    assert paths.debris() == [] and not paths.lock.exists()
+    return state
+
+
+# (signal, moment[:step], the faulted run's exit code, the checkpoint it leaves)
+MOMENTS = [
+    ("KILL", "start", -signal.SIGKILL, None),
+    ("KILL", "step:7", -signal.SIGKILL, 5),
+    ("KILL", "checkpoint:10", -signal.SIGKILL, 5),  # half of checkpoint 10 on disk: last.pt is still 5's
+    ("KILL", "trace", -signal.SIGKILL, None),  # the trace exported, not yet published
+    ("KILL", "eval:16", -signal.SIGKILL, 15),
+    ("KILL", "summary", -signal.SIGKILL, STEPS),  # after the last checkpoint: the rerun writes the summary
+    ("TERM", "start", 3, 1),
+    ("TERM", "step:7", 3, 7),
+    ("INT", "checkpoint:10", 3, 11),  # the signal during a save: that save completes, the next step stops
+    ("USR2", "trace", 3, 4),
+    ("TERM", "eval:16", 3, 16),  # evaluation ends, the epoch's checkpoint is the stop's
+    ("TERM", f"step:{STEPS}", 0, STEPS),  # during the last step: the run is complete, not stopped
+    ("TERM", "summary", 0, STEPS),
+]
+
+
+@pytest.mark.parametrize("sig, moment, rc, kept", MOMENTS, ids=[f"{s}@{m}" for s, m, _, _ in MOMENTS])
+def test_a_signal_at_any_moment_loses_nothing(data_root, tmp_path, straight, sig, moment, rc, kept):
+    run_dir = tmp_path / "run"
+    (code, out, err), = run(data_root, run_dir, f"signal:{sig}@{moment}")
+    assert code == rc, (out[-800:], err[-800:])
+    assert "Traceback" not in err
+    state = check_on_disk(run_dir)
+    assert state["step"] == kept
+    if rc == 3:
+        assert "stopped by signal, checkpoint written" in out
+        assert out.count(f", step {kept} -> ") == 1  # no second checkpoint of the same step
+    (code, out, err), = run(data_root, run_dir)  # the same command, no fault
+    assert code == 0, (out[-800:], err[-800:])
+    finished = check_finished(run_dir, straight)
+    if moment == "summary" and sig == "KILL":
+        assert "summary.json is missing or out of date: writing it" in out and finished["summary"]["recovered"]
+    if rc == 0:
+        assert "already complete at step 32 of 32; nothing to do" in out
+
+
+def test_a_rerun_finishes_what_a_kill_after_the_last_checkpoint_left_and_status_agrees(data_root, tmp_path):
+    """SIGKILL between the last checkpoint and summary.json: the directory says "done, summary missing"
+    (hpc/core/runstate.py, which hpc.study status reads); the rerun writes the summary and exits 0."""
+    from hpc.core.runstate import run_state
+
+    run_dir = tmp_path / "run"
+    assert run(data_root, run_dir, "signal:KILL@summary", 1, "--no-profile")[0][0] == -signal.SIGKILL
+    state = run_state(RunPaths(run_dir))
+    assert (state.outcome, state.step, state.summary_current) == ("done", STEPS, False)
+    assert run(data_root, run_dir, "", 1, "--no-profile")[0][0] == 0
+    state = run_state(RunPaths(run_dir))
+    assert (state.outcome, state.step, state.summary_current) == ("done", STEPS, True)
+
+
+# --- the disk -------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *options: str):
+    """A tmpfs (options: size=...) or a read-only bind mount of `target` itself ("ro-bind"), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs or a read-only bind needs root (tests/run.sh runs as root)")
+    target.mkdir(parents=True, exist_ok=True)
+    if options == ("ro-bind",):
+        steps = [["mount", "--bind", str(target), str(target)], ["mount", "-o", "remount,ro,bind", str(target)]]
+    else:
+        steps = [["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(target)]]
+    for step in steps:
+        r = subprocess.run(step, capture_output=True, text=True)
+        if r.returncode:
+            subprocess.run(["umount", str(target)], capture_output=True)
+            pytest.skip(f"this machine refuses {' '.join(step)}: {r.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("hpc.train")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-1500:]
+    return lines[0]
+
+
+def test_a_full_disk_at_a_checkpoint_stops_in_one_line_and_keeps_the_previous(data_root, tmp_path, straight):
+    """A 400 KiB tmpfs takes the first checkpoint (257 KiB) but not the second beside it."""
+    with mounted(tmp_path / "small", "size=400k") as small:
+        (code, out, err), = run(data_root, small / "run", "", 1, "--no-profile")
+        assert code == 1
+        line = one_line(err)
+        assert "checkpoints/last.pt: could not be written (No space left on device); the previous version is intact" \
+            in line
+        assert check_on_disk(small / "run")["step"] == 5 and RunPaths(small / "run").debris() == []
+        subprocess.run(["cp", "-a", str(small / "run"), str(tmp_path / "moved")], check=True)
+    (code, out, err), = run(data_root, tmp_path / "moved", "", 1, "--no-profile")  # on a disk with room
+    assert code == 0 and "resuming from" in out
+    check_finished(tmp_path / "moved", straight)
+
+
+def test_a_trace_the_full_disk_refused_is_said_and_never_listed(data_root, tmp_path):
+    """Kineto only logs a failed export; the run says so, lists no temp file, and fails once complete. A
+    600 KiB tmpfs: the trace (613 KiB) does not fit, two checkpoints (2 x 257 KiB) do."""
+    with mounted(tmp_path / "small", "size=600k") as small:
+        (code, out, err), = run(data_root, small / "run", "", 1, "--max-steps", "8")
+        assert code == 1
+        line = one_line(err)
+        assert "profiler trace(s) could not be written" in line and "(No space left on device)" in line
+        assert "1 NOT written" in out
+        summary = check_on_disk(small / "run")["summary"]
+        profiler = summary["ranks"][0]["profiler"]
+        assert profiler["traces"] == [] and profiler["failed"][0]["error"] == "No space left on device"
+        assert os.listdir(small / "run" / "traces") == [] and RunPaths(small / "run").debris() == []
+
+
+def test_a_read_only_checkpoint_folder_stops_in_one_line(data_root, tmp_path, straight):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    with mounted(run_dir / "checkpoints", "ro-bind"):
+        (code, out, err), = run(data_root, run_dir, "", 1, "--no-profile")
+        assert code == 1
+        assert "last.pt: could not be written (Read-only file system); nothing was written" in one_line(err)
+    (code, out, err), = run(data_root, run_dir, "", 1, "--no-profile")
+    assert code == 0
+    check_finished(run_dir, straight)
+    with mounted(run_dir, "ro-bind"):  # a whole run directory read-only: refused before any work
+        proc = run_module("hpc.train", *command(data_root, run_dir, "--no-profile"))
+        assert proc.returncode == 2 and "Read-only file system" in one_line(proc.stderr)
+
+
+def test_a_summary_that_cannot_be_written_is_one_line_and_a_rerun_writes_it(data_root, tmp_path, straight):
+    run_dir = tmp_path / "run"
+    (run_dir / "summary.json").mkdir(parents=True)  # the rename onto it fails (EISDIR), after all the training
+    results = run(data_root, run_dir, "", 2, "--no-profile")
+    assert [code for code, _, _ in results] == [1, 1]
+    assert "summary.json: could not be written (Is a directory)" in one_line(results[0][2])
+    assert "rank 0 could not write summary.json" in one_line(results[1][2])
+    (run_dir / "summary.json").rmdir()
+    results = run(data_root, run_dir, "", 2, "--no-profile")
+    assert [code for code, _, _ in results] == [0, 0]
+    assert "summary.json is missing or out of date: writing it" in results[0][1]
+
+
+def test_a_metrics_line_the_disk_refuses_stops_every_rank(data_root, tmp_path):
+    """metrics.jsonl is /dev/full (ENOSPC on every write, from the kernel): rank 0 names the file, rank 1
+    learns it at the step's agreement; neither waits in a collective for the other."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").symlink_to("/dev/full")
+    results = run(data_root, run_dir, "", 2, "--no-profile", timeout=120)
+    assert [code for code, _, _ in results] == [1, 1]
+    assert "metrics.jsonl: could not be written (No space left on device)" in results[0][2]
+    assert "rank 0 could not write metrics.jsonl" in results[1][2]
+    assert all("Traceback" not in err for _, _, err in results)
+
+
+def test_analysis_on_a_full_disk_is_one_line_and_keeps_what_was_there(data_root, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(data_root, run_dir, "", 1, "--max-steps", "6")[0][0] == 0
+    with mounted(tmp_path / "small", "size=64k") as small:
+        (small / "report.html").write_text("an earlier report")
+        proc = run_module("analysis", str(run_dir), "--report", "--out", str(small))
+        assert proc.returncode == 1, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("analysis: error")]
+        assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in proc.stderr
+        assert (small / "report.html").read_text() == "an earlier report"
+        assert not [p for p in small.rglob("*") if ".tmp" in p.name]
+
+
+# --- two writers ----------------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_naming_the_first(data_root, tmp_path, straight):
+    run_dir = tmp_path / "run"
+    first = start_ranks(1, command(data_root, run_dir, "--epochs", "400", "--no-profile"))
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(0.1)
+    second = run_module("hpc.train", *command(data_root, run_dir, "--epochs", "400", "--no-profile"))
+    assert second.returncode == 2, second.stderr
+    line = [line for line in second.stderr.splitlines() if line.strip()]
+    assert len(line) == 1 and f"in use by another run (pid {first[0].pid} on " in line[0]
+    first[0].send_signal(signal.SIGTERM)
+    (code, out, _), = wait_all(first)
+    assert code == 3
+    assert len(list((run_dir / "tensorboard").iterdir())) == 1  # one writer's event file, not two
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len({(r["kind"], r["step"]) for r in records}) == len(records)
+
+
+# --- peers ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_dead_peer_is_one_line_naming_it_and_a_rerun_resumes(data_root, tmp_path, victim):
+    run_dir = tmp_path / "run"
+    start = time.time()
+    results = run(data_root, run_dir, f"signal:KILL@step:7@rank={victim}", 2, "--no-profile", timeout=120)
+    survivor = 1 - victim
+    assert results[victim][0] == -signal.SIGKILL and results[survivor][0] == 5, results
+    assert time.time() - start < 90
+    err = results[survivor][2]
+    line = [line for line in err.splitlines() if line.strip()]
+    assert len(line) == 1 and "Traceback" not in err, err
+    assert f"rank {survivor} lost a peer during step 7: rank {victim} (pid " in line[0]
+    assert "last checkpoint: step 5" in line[0] and f"logs/rank{survivor}.log" in line[0]
+    assert "Traceback" in (run_dir / "logs" / f"rank{survivor}.log").read_text()
+    assert check_on_disk(run_dir)["step"] == 5
+    results = run(data_root, run_dir, "", 2, "--no-profile")
+    assert [code for code, _, _ in results] == [0, 0]
+    assert check_on_disk(run_dir)["step"] == STEPS // 2 and RunPaths(run_dir).debris() == []  # 500 images a rank
+
+
+def test_a_hung_peer_times_out_into_one_line(data_root, tmp_path):
+    """Rank 1 stops itself (SIGSTOP: alive, silent); rank 0 gives up after the collective timeout."""
+    run_dir = tmp_path / "run"
+    procs = start_ranks(2, command(data_root, run_dir, "--no-profile", "--set", "train.collective_timeout_s=10"),
+                        {"HPC_FAULT_INJECT": "signal:STOP@step:7@rank=1"})
+    try:
+        code, _, err = wait_all(procs[:1], timeout=120)[0]
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert code == 5 and "Traceback" not in err, err
+    assert "rank 0 lost a peer during step 7: a peer stopped answering" in err and "Timed out" in err

@@ -1,0 +1,184 @@
+"""Faults of the scheduler: a controller that does not answer, a requeue that fails inside the job, and a
+job requeued or cancelled from outside. The first are stand-ins on PATH (a squeue, sbatch or scontrol
+that fails as Slurm's do when slurmctld is down: their messages are Slurm 22.05's); the last run on the
+local cluster (tests/slurm/cluster.sh) with the real scancel and scontrol."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainrun import same_weights, weights
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+SMOKE = str(REPO / "profiles" / "smoke.yaml")
+DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+def stand_ins(folder: Path, **scripts: str) -> dict:
+    """An environment whose PATH finds these commands first (name -> shell body)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{folder}:{Path(PY).parent}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
+
+
+def hpc(env: dict, module: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", module, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
+def made_sweep(root: Path) -> Path:
+    """A sweep directory as hpc.study writes it: one point done, one half-way (its checkpoint at step 4 of
+    8: running, or crashed; only the queue can say), one never started."""
+    sweep = root / "sweep-1"
+    points = [{"data_fraction": 1, "batch_size": b, "gpus": 1, "nodes": 1, "job_id": f"41_{i}", "run_dir": f"41_{i}"}
+              for i, b in enumerate((8, 16, 32))]
+    (sweep / "41_0").mkdir(parents=True)
+    (sweep / "41_0" / "summary.json").write_text(json.dumps({"ranks": [{"rank": 0, "complete": True, "steps": 8}]}))
+    (sweep / "41_1" / "checkpoints").mkdir(parents=True)
+    (sweep / "41_1" / "checkpoints" / "last.json").write_text(json.dumps({"step": 4, "stop_at": 8}))
+    (sweep / "sweep.yaml").write_text((REPO / "profiles" / "study-smoke.yaml").read_text())
+    (sweep / "index.json").write_text(json.dumps({"sweep": {}, "cluster": "perlmutter", "points": points}))
+    return sweep
+
+
+def test_a_silent_controller_makes_status_unknown_and_resubmit_refuse(tmp_path):
+    env = stand_ins(tmp_path / "bin", squeue=f'echo "{DOWN}" >&2; exit 1',
+                    sbatch='echo "sbatch must not be called" >&2; exit 1')
+    sweep = made_sweep(tmp_path)
+    index_before = (sweep / "index.json").read_text()
+    status = hpc(env, "hpc.study", "status", str(sweep))
+    assert status.returncode == 1, status.stdout + status.stderr
+    rows = {line.split()[4]: line.split()[5] for line in status.stdout.splitlines()[1:] if line.startswith(" ")}
+    assert rows == {"41_0": "done", "41_1": "unknown", "41_2": "unknown"}, status.stdout  # never "failed"
+    (line,) = status.stderr.strip().splitlines()
+    assert "squeue failed (exit 1: " + DOWN in line and "2 point(s) shown as unknown" in line
+    again = hpc(env, "hpc.study", "resubmit", str(sweep), "--failed", "--missing", "--account", "m1")
+    assert again.returncode == 1
+    (line,) = again.stderr.strip().splitlines()
+    assert "not resubmitting while the queue cannot be read" in line and "Traceback" not in again.stderr
+    assert (sweep / "index.json").read_text() == index_before
+
+
+def test_an_sbatch_that_cannot_reach_the_controller_is_one_line_and_leaves_nothing(tmp_path):
+    env = stand_ins(tmp_path / "bin", sbatch='echo "sbatch: error: Batch job submission failed: Unable to contact '
+                                             'slurm controller (connect failure)" >&2; exit 1')
+    runs = tmp_path / "runs"
+    for args in (["hpc.study", "run", "profiles/study-smoke.yaml"], ["hpc.submit", "--config", SMOKE]):
+        r = hpc(env, *args, "--account", "m1", "--runs-dir", str(runs))
+        assert r.returncode == 1, r.stdout + r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert "sbatch could not submit" in line and "Unable to contact slurm controller" in line
+        assert "nothing was submitted" in line and "Traceback" not in r.stderr
+        assert not runs.exists(), list(runs.rglob("*"))  # no sweep, no pickles, no scripts
+
+
+# --- on the local cluster ---------------------------------------------------------------------------------
+
+slurm = [pytest.mark.slurm, pytest.mark.slow]
+CONTROLLER_DOWN_FOR_REQUEUE = (
+    'if [ "$1" = requeue ]; then echo "scontrol: error: Unable to contact slurm controller (connect failure)" >&2; '
+    'exit 1; fi\nexec /usr/bin/scontrol "$@"')
+
+
+def wait_for_steps(metrics: Path, steps: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+        time.sleep(0.2)
+    assert metrics.exists(), f"{metrics} never appeared"
+
+
+def wait_gone(job: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not subprocess.run(["squeue", "-h", "-j", job.split("_")[0]], capture_output=True, text=True).stdout.strip():
+            return
+        time.sleep(1)
+    raise AssertionError(f"job {job} still queued after {timeout} s")
+
+
+def job_state(job: str) -> dict:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+@pytest.mark.parametrize("how", ["sbatch", "submitit"])
+@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_requeue_that_fails_inside_the_job_is_one_line_and_keeps_the_checkpoint(data_root, tmp_path, how):
+    """USR2 (the time limit's warning): the ranks checkpoint and the job asks `scontrol requeue`, which fails
+    (the controller is down, or no scontrol in the container): one line in the log, not a traceback."""
+    env = stand_ins(tmp_path / "bin", scontrol=CONTROLLER_DOWN_FOR_REQUEUE)
+    train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "300", "--no-profile",
+             "--set", "train.log_every_steps=1"]
+    if how == "sbatch":
+        run_dir = tmp_path / "run"
+        r = subprocess.run(["sbatch", "--parsable", "--export=ALL", "-N", "1", "--ntasks-per-node=2", "-o",
+                            str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch", *train, "--run-dir", str(run_dir)],
+                           capture_output=True, text=True, cwd=REPO, env=env)
+        job = r.stdout.strip()
+        log = tmp_path / f"out-{job}.txt"
+    else:
+        r = hpc(env, "hpc.submit", "--nodes", "1", "--gpus", "2", "--account", "m1", "--runs-dir", str(tmp_path),
+                "--export", f"PATH={env['PATH']}", *train)
+        (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
+        run_dir = tmp_path / "tiny" / job
+        log = run_dir / f"{job}_0_log.err"
+    assert r.returncode == 0, r.stderr
+    wait_for_steps(run_dir / "metrics.jsonl", 3)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    wait_gone(job, 180)
+    state = job_state(job)
+    assert state["Restarts"] == "0", state  # not requeued: it could not be
+    text = log.read_text()
+    said = [line for line in text.splitlines() if "could not requeue itself" in line]
+    assert len(said) == 1 and "Unable to contact slurm controller" in said[0] and "resubmit" in said[0], text[-2000:]
+    assert "CalledProcessError" not in text and "Traceback" not in text, text[-3000:]
+    steps = json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
+    assert steps > 0 and (run_dir / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_requeued_from_outside_checkpoints_resumes_and_matches(data_root, tmp_path):
+    """`scontrol requeue` of a running job (an operator, or a preemption that requeues): Slurm sends SIGTERM,
+    the ranks checkpoint within the grace time, the job runs again and resumes to the uninterrupted weights."""
+    env = stand_ins(tmp_path / "bin")
+    train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "4", "--no-profile",
+             "--set", "train.log_every_steps=1"]
+    jobs = {}
+    for name in ("straight", "requeued"):
+        r = subprocess.run(["sbatch", "--parsable", "--export=ALL", "-N", "1", "--ntasks-per-node=2", "-o",
+                            str(tmp_path / f"{name}-%j.txt"), "jobs/resnet152.sbatch", *train, "--run-dir",
+                            str(tmp_path / name)], capture_output=True, text=True, cwd=REPO, env=env)
+        assert r.returncode == 0, r.stderr
+        jobs[name] = r.stdout.strip()
+    wait_for_steps(tmp_path / "requeued" / "metrics.jsonl", 5)
+    subprocess.run(["scontrol", "requeue", jobs["requeued"]], check=True)
+    deadline, held = time.time() + 600, None
+    while time.time() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", jobs["requeued"], "-o", "%T %r"], capture_output=True,
+                           text=True).stdout.strip()
+        if not q:
+            break
+        if "BeginTime" in q:  # Slurm holds a requeued job ~2 minutes; cut it short (not at once: see test_slurm_jobs)
+            held = held or time.time()
+            if time.time() - held >= 3:
+                subprocess.run(["scontrol", "update", f"JobId={jobs['requeued']}", "StartTime=now"],
+                               capture_output=True)
+        time.sleep(1)
+    wait_gone(jobs["straight"], 300)
+    state = job_state(jobs["requeued"])
+    assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) >= 1, state
+    log = (tmp_path / f"requeued-{jobs['requeued']}.txt").read_text()
+    assert "checkpoint (signal SIGTERM)" in log and "resuming from" in log, log[-3000:]
+    assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "requeued"))
