@@ -24,7 +24,7 @@ from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, row
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
-from hpc.core.rundir import REPORT, RUNS_JSON, SWEEP_TABLE, WHY_TABLE, SweepPaths
+from hpc.core.rundir import REPORT, RUNS_JSON, SWEEP_TABLE, WHY_TABLE, RunPaths, SweepPaths
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m analysis",
         description=__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        needs_args=True,
     )
     parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
@@ -84,6 +85,13 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
     elif SweepPaths(path).index.exists():
         traces, sweep_rows = analyze_sweep(path, warnings)
         runs = sweep_rows
+    elif several := runs_in_folder(path):  # each run on its own: its traces are not one run's ranks
+        traces = []
+        for run_dir in several:
+            some, one = analyze_run(run_dir, warnings)
+            traces, runs = traces + some, runs + ([one] if one else [])
+        names = ", ".join(d.name for d in several[:6]) + (", ..." if len(several) > 6 else "")
+        print(f"analysis: {path} holds {len(several)} runs, each analysed on its own: {names}", file=sys.stderr)
     else:
         traces, one = analyze_run(path, warnings)
         runs = [one] if one else []
@@ -92,6 +100,18 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
         raise UsageError(f"{path}: no usable trace{why}")
     print_warnings(warnings)
     return traces, runs, sweep_rows
+
+
+def runs_in_folder(path: Path) -> list[Path]:
+    """The run directories right under `path` when it is a folder of runs (runs/resnet18/ after a few
+    local runs), not a run itself; [] otherwise."""
+    if RunPaths(path).holds_run():
+        return []
+    try:
+        found = sorted(d for d in path.iterdir() if d.is_dir() and RunPaths(d).holds_run())
+    except OSError:
+        return []
+    return found if len(found) > 1 else []
 
 
 def print_tables(
@@ -103,6 +123,8 @@ def print_tables(
         sys.stdout.write(to_json(traces))
     elif sweep_rows is not None:
         sys.stdout.write(render(sweep_rows, RUN_COLUMNS, fmt))
+    elif len(runs) > 1:  # a folder of runs: one row each, named by its directory
+        sys.stdout.write(render(runs, ["run_dir", *RUN_COLUMNS], fmt))
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
         if runs and fmt == "table" and runs[0].outcome == "oom":

@@ -15,11 +15,12 @@ on a CPU run) is left out, not drawn as 0.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis.records import RunRecord
+from analysis.records import RunRecord, data_words, ranks_words
 from hpc.core.files import write_atomic
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
@@ -40,7 +41,6 @@ STUDY_FIGURE = {
     ("cpu_mem", 1.0): 14,
     ("gpu_mem", 1.0): 15,
 }
-FRACTION_WORDS = {0.1: "one-tenth of CIFAR-100", 0.5: "half of CIFAR-100", 1.0: "the full CIFAR-100"}
 
 
 class Metric:
@@ -140,13 +140,22 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _gpus_label(g: int | None) -> str:
-    return f"{g} GPU{'s' if g != 1 else ''}"
-
-
-def _shape_label(shape: tuple[int, int]) -> str:
+def _shape_label(shape: tuple[int, int], on_cpu: bool = False) -> str:
     nodes, gpus = shape
-    return _gpus_label(gpus) if nodes == 1 else f"{nodes} nodes x {_gpus_label(gpus)}"
+    return ranks_words(gpus, on_cpu) if nodes == 1 else f"{nodes} nodes x {ranks_words(gpus, on_cpu)}"
+
+
+def _all_cpu(rows: list[RunRecord]) -> bool:
+    """A figure of CPU ranks only names them so (a laptop, the test cluster), not GPUs."""
+    return bool(rows) and all(r.on_cpu for r in rows)
+
+
+def _data_title(rows: list[RunRecord], fraction: float) -> str:
+    """The data the figure's runs trained on: CIFAR-100's fraction, or the synthetic set they used."""
+    sources = {r.data_source for r in rows}
+    if sources == {"synthetic"}:
+        return data_words(fraction, "synthetic", max((r.train_images or 0) for r in rows) or None)
+    return data_words(fraction, "cifar100", None)
 
 
 def mark_oom(ax: Any, oom_rows: list[RunRecord]) -> None:
@@ -189,7 +198,7 @@ def _lines_against_batch(
         ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("batch size per GPU")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 64), fontsize=10)  # a long title wraps rather than leave the figure
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -215,17 +224,19 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     if not sel:
         return None
     number = STUDY_FIGURE.get((metric.study, fraction)) if metric.study else None
-    words = FRACTION_WORDS.get(fraction, f"data fraction {fraction:g}")
+    words = _data_title(sel, fraction)
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}{_modes_title(sel)}"
     fig, ax = _pyplot().subplots(figsize=(6, 4))
     split = len(step_modes(sel)) > 1
     lines = {
-        _shape_label(k[0]) + (f", {k[1]}" if k[1] else ""): [
+        _shape_label(k[0], _all_cpu(sel)) + (f", {k[1]}" if k[1] else ""): [
             (r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if _line_key(r, split) == k
         ]
         for k in sorted({_line_key(r, split) for r in sel})
     }
     _lines_against_batch(ax, lines, metric.ylabel, title)
+    if _all_cpu(sel):
+        ax.set_xlabel("batch size per rank")
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
     return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png")
@@ -238,14 +249,15 @@ def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
         return None
     fig, ax = _pyplot().subplots(figsize=(6, 4))
     keys = sorted({(r.data_fraction, r.shape) for r in sel})
+    cpu = _all_cpu(sel)
     lines = {
-        f"fraction {f:g}, {_shape_label(k)}": [
+        f"fraction {f:g}, {_shape_label(k, cpu)}": [
             (r.batch_size_per_gpu, r.scaling_efficiency) for r in sel if (r.data_fraction, r.shape) == (f, k)
         ]
         for f, k in keys
     }
     predicted = {
-        f"model: fraction {f:g}, {_shape_label(k)}": [
+        f"model: fraction {f:g}, {_shape_label(k, cpu)}": [
             (r.batch_size_per_gpu, r.predicted_efficiency)
             for r in sel
             if (r.data_fraction, r.shape) == (f, k) and r.predicted_efficiency is not None

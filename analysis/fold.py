@@ -195,10 +195,23 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
+        **run_facts(first),
         **spreads,
     )
     verdict = judge(run_evidence(records, run, model_facts(summary)))
     return dataclasses.replace(run, verdict=verdict.as_dict())
+
+
+def run_facts(first: dict[str, Any]) -> dict[str, Any]:
+    """What the ranks trained on, from rank 0's summary record: the device kind and the data."""
+    device = str(first["device"]) if isinstance(first.get("device"), str) else ""
+    source = first.get("data_source")
+    images = first.get("train_images")
+    return {
+        "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
+        "data_source": source if source in ("cifar100", "synthetic") else None,
+        "train_images": images if is_count(images) else None,
+    }
 
 
 def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import html
 import os
 from pathlib import Path
 
-from analysis.records import RunRecord, TraceRecord, as_row
+from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
 from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, human_cells, loss_rows, mode_words, run_tables, verdict_lines
 
 STYLE = """
@@ -63,7 +63,7 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
     run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
     title = (
-        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per GPU, {run.gpus} GPU(s)"
+        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per rank, {ranks_words(run.gpus, run.on_cpu)}"
         + mode_words(run)
         + f": {run.outcome}"
         if run and run.data_fraction is not None

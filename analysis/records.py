@@ -203,6 +203,9 @@ class RunRecord:
     predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
     verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/verdict.py)
     scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/verdict.py)
+    device_kind: str | None = None  # cpu | cuda: what its ranks trained on (summary.json), for the words
+    data_source: str | None = None  # cifar100 | synthetic (summary.json's data_source)
+    train_images: int | None = None  # the training images of its data fraction
     cpu_time_us: Spread = field(default_factory=Spread)
     cuda_time_us: Spread = field(default_factory=Spread)
     gpu_busy_us: Spread = field(default_factory=Spread)
@@ -227,6 +230,27 @@ class RunRecord:
     def shape(self) -> tuple[int, int]:
         """(nodes, GPUs per node): what a figure draws one line for."""
         return (self.nodes or 1, self.gpus or 0)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device_kind == "cpu"
+
+
+def ranks_words(count: int | None, on_cpu: bool) -> str:
+    """`2 GPUs`, `1 GPU`, or `2 CPU ranks` where the ranks trained on CPUs (a laptop, the test cluster)."""
+    noun = "CPU rank" if on_cpu else "GPU"
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
+def data_words(fraction: float | None, source: str | None, images: int | None) -> str:
+    """What a run trained on, as its titles say: `half of CIFAR-100`, or a synthetic set and its size."""
+    if source == "synthetic":
+        size = f" ({images:,} images)" if images else ""
+        return f"a synthetic CIFAR-100-format set{size}" + (
+            f", fraction {fraction:g}" if fraction not in (None, 1) else ""
+        )
+    words = {0.1: "one-tenth of CIFAR-100", 0.5: "half of CIFAR-100", 1.0: "the full CIFAR-100"}
+    return words.get(fraction or 0.0, f"data fraction {fraction:g}" if fraction is not None else "CIFAR-100")
 
 
 def as_row(record: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analysis.records import RunRecord, TraceRecord, as_row
+from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
 from analysis.units import Formatter, human_columns, number
 
 TRACE_COLUMNS = [
@@ -246,24 +246,26 @@ def run_label(run: RunRecord) -> str:
     if run.data_fraction is None:
         return (Path(run.run_dir).name or run.run_dir) + mode
     nodes = f" x {run.nodes} nodes" if (run.nodes or 1) > 1 else ""
-    gpus = f"{run.gpus} GPU" + ("s" if run.gpus != 1 else "")
-    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {gpus}{nodes}{mode}"
+    ranks = ranks_words(run.gpus, run.on_cpu)
+    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {ranks}{nodes}{mode}"
 
 
 def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tuple[str, str]]:
     """(what, the verdict in words) for each run (over its ranks) and, for a multi-GPU sweep point, why it
     falls short of linear; for traces analysed alone, each trace's."""
     out: list[tuple[str, str]] = []
+    several = len(runs) > 1 and all(run.job_id is None for run in runs)  # a folder of runs, not a sweep
     for run in runs:
+        label = (f"{Path(run.run_dir).name}: " if several else "") + run_label(run)
         if run.outcome == "oom":
-            out.append((run_label(run), "out of memory: no timings to judge"))
+            out.append((label, "out of memory: no timings to judge"))
             continue
         if run.verdict:
             # no summary.json: a crashed (or still running) run, or traces copied without it
             partial = " (no summary: judged from the traces alone)" if run.outcome == "unfinished" else ""
-            out.append((run_label(run) + partial, run.verdict["line"]))
+            out.append((label + partial, run.verdict["line"]))
         if run.scaling_note:
-            out.append((f"{run_label(run)}, scaling", run.scaling_note))
+            out.append((f"{label}, scaling", run.scaling_note))
     if not runs:
         out += [(Path(t.file).name, t.verdict["line"]) for t in traces if t.verdict]
     return out

@@ -12,6 +12,13 @@ ranges from kernels anyway. The plugin parses traces in *spawned* processes,
 and a spawned process re-imports the parent's main module, so running this module as
 `python -m analysis.tensorboard` patches those processes too. Nothing in site-packages is edited.
 
+Offline (compute nodes, air-gapped sites): the Trace tab's page loads the Web Components polyfill
+(webcomponents.js 0.7.24) from a CDN, and without it the timeline stays blank; the same file, from the
+npm registry, ships in analysis/static/ (its licence beside it) and is served in its place. Google
+Charts fall back to tables (static/offline_charts.js). The console keeps errors only: the plugin's
+per-operator "Tensor Cores eligible" lines and TensorBoard's repeated Content-Security-Policy notice go
+(TORCH_PROFILER_LOG_LEVEL, if set, is kept).
+
 LOGDIR may be a run directory (traces/ and tensorboard/ scalars side by side), a sweep directory or
 any folder of them: TensorBoard shows the training scalars and the profiler traces together.
 For traces too large for TensorBoard, open them in Perfetto (https://ui.perfetto.dev, "Open trace
@@ -20,9 +27,12 @@ file"; it reads .json and .json.gz) or chrome://tracing.
 
 from __future__ import annotations
 
+import logging
+import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from hpc.core.cli import Parser, inspect_path, run
 from hpc.core.errors import UsageError
@@ -36,13 +46,35 @@ OFFLINE_FALLBACK = (
     "document.write('<script src=\"offline_charts.js\"><\\/script>')</script>"
 )
 STATIC = Path(__file__).resolve().parent / "static"
+POLYFILL_CDN = "https://cdnjs.cloudflare.com/ajax/libs/webcomponentsjs/0.7.24/webcomponents.min.js"
+POLYFILL = "webcomponents.min.js"  # served beside trace_embedding.html, so the relative src finds it
+# Read by the plugin's logger in this process and in the loaders it spawns (which inherit it).
+os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "ERROR")
+
+
+class _QuietNotices(logging.Filter):
+    """TensorBoard warns on every page of a plugin without a CSP default-src (17 times a session)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("In 3.0, this warning will become an error")
+
+
+def _static_route(name: str, content_type: str, text: str | None = None) -> Any:
+    import werkzeug
+
+    @werkzeug.Request.application  # plugin routes are WSGI apps
+    def route(request):
+        body = text if text is not None else (STATIC / name).read_text(encoding="utf-8")
+        return werkzeug.Response(body, content_type=content_type)
+
+    return route
 
 
 def patch_tb_profiler() -> bool:
     """Teach torch-tb-profiler today's category names, and give its page an offline fallback for
     Google Charts. Returns False when the plugin is absent."""
     try:
-        import werkzeug
+        import werkzeug  # noqa: F401  (the routes below are its WSGI apps)
         from torch_tb_profiler import plugin
         from torch_tb_profiler.profiler import trace
     except ImportError:
@@ -56,27 +88,21 @@ def patch_tb_profiler() -> bool:
     if getattr(cls, "_hpc_patched", False):
         return True
     original_apps = cls.get_plugin_apps
-    page = Path(plugin.__file__).resolve().parent / "static" / "index.html"
-
-    @werkzeug.Request.application  # plugin routes are WSGI apps
-    def index_route(request):
-        html = page.read_text(encoding="utf-8").replace(GCHARTS_TAG, GCHARTS_TAG + OFFLINE_FALLBACK, 1)
-        return werkzeug.Response(html, content_type="text/html; charset=utf-8")
-
-    @werkzeug.Request.application
-    def charts_route(request):
-        return werkzeug.Response(
-            (STATIC / "offline_charts.js").read_text(encoding="utf-8"), content_type="application/javascript"
-        )
+    pages = Path(plugin.__file__).resolve().parent / "static"
+    index = (pages / "index.html").read_text(encoding="utf-8").replace(GCHARTS_TAG, GCHARTS_TAG + OFFLINE_FALLBACK, 1)
+    embedding = (pages / "trace_embedding.html").read_text(encoding="utf-8").replace(POLYFILL_CDN, POLYFILL, 1)
 
     def get_plugin_apps(self):
         apps = original_apps(self)
-        apps["/index.html"] = index_route
-        apps["/offline_charts.js"] = charts_route
+        apps["/index.html"] = _static_route("index.html", "text/html; charset=utf-8", index)
+        apps["/offline_charts.js"] = _static_route("offline_charts.js", "application/javascript")
+        apps["/trace_embedding.html"] = _static_route("trace_embedding.html", "text/html; charset=utf-8", embedding)
+        apps[f"/{POLYFILL}"] = _static_route(POLYFILL, "application/javascript")
         return apps
 
     cls.get_plugin_apps = get_plugin_apps
     cls._hpc_patched = True
+    logging.getLogger("tensorboard").addFilter(_QuietNotices())
     return True
 
 
@@ -108,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m analysis.tensorboard",
         description="Start TensorBoard with the PyTorch Profiler plugin fixed for "
         "PyTorch 2.x traces, plus the training scalars.",
+        needs_args=True,
     )
     parser.add_argument("logdir", help="a run directory, a sweep directory, or a folder of them")
     parser.add_argument("--port", type=int, default=6006)
@@ -134,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             args.host,
             "--reload_interval",
             "5",
+            "--load_fast",
+            "false",  # the Python loader: no "experimental fast data loading" notice, same scalars here
         ]
     )
     print(

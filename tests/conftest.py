@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 
 # Property-based tests (tests/unit/test_properties_*.py): CI runs a fixed, derandomized sequence of
 # examples within its time budget; `HYPOTHESIS_PROFILE=long HPC_FUZZ_SCALE=20` runs fresh random ones,
-# twenty times as many, by hand (README, Testing).
+# twenty times as many, by hand (tests/README.md).
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                  HealthCheck.data_too_large, HealthCheck.filter_too_much])
@@ -111,8 +111,10 @@ def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subpr
 
 
 @contextlib.contextmanager
-def headless_chromium(width: int = 1400, height: int = 1000):
-    """Debian's chromium driven by selenium, headless and offline; skips (saying why) where absent."""
+def headless_chromium(width: int = 1400, height: int = 1000, offline: bool = False):
+    """Debian's chromium driven by selenium, headless; skips (saying why) where absent. offline: every host
+    name but 127.0.0.1 fails to resolve, as on a compute node (this machine has no internet anyway; the
+    rule makes the test not depend on that)."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not chromium or not driver_path:
         pytest.skip("Debian's chromium and chromium-driver are not installed (tests/run.sh installs them as root)")
@@ -122,7 +124,8 @@ def headless_chromium(width: int = 1400, height: int = 1000):
     options = webdriver.ChromeOptions()
     for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--window-size={width},{height}", "--allow-file-access-from-files"]:
+                "--disable-dev-shm-usage", f"--window-size={width},{height}", "--allow-file-access-from-files",
+                *(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"] if offline else [])]:
         options.add_argument(arg)
     options.binary_location = chromium
     browser = webdriver.Chrome(options=options, service=Service(driver_path))

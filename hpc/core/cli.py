@@ -2,7 +2,10 @@
 traceback or a usage block.
 
 - `Parser`: argparse whose usage errors ("invalid int value: 'x'", a missing argument) raise
-  UsageError instead of printing the usage block and exiting.
+  UsageError instead of printing the usage block and exiting; no flag abbreviations (`--gpu 2` is not
+  `--gpus 2`), "did you mean" for a mistyped flag, and a command that acts (`needs_args`) given no
+  arguments at all prints its usage and exits 2. Usage names the command as it was started: the
+  console script (`hpc-study run`) or `python -m hpc.study run`.
 - `run(prog, main, argv)`: calls main; any `HpcError` becomes `prog: error: <message>`, cut to one
   line of at most MAX_MESSAGE characters, and the error's exit code.
 - `shown(value)`: a value as a message quotes it, cut (a YAML anchor expansion can be megabytes).
@@ -12,28 +15,60 @@ traceback or a usage block.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import reprlib
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.core.errors import EXIT_INTERRUPTED, HpcError, UsageError
+from hpc.core.errors import EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
 
 MAX_MESSAGE = 600
 MAX_VALUE = 120
 INT64_MAX = 2**63 - 1  # counts, sizes and seeds end up in int64 (torch, numpy, Slurm): a larger integer is bad input
 
 
+def suggestion(word: str, choices: Iterable[str]) -> str:
+    """ "; did you mean X?" for the closest of `choices` (the standard library's difflib), or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def command_name(prog: str, argv0: str | None = None) -> str:
+    """`python -m hpc.study run` as the user started it: `hpc-study run` from the console script."""
+    script = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    if prog.startswith("python -m ") and script.startswith("hpc-"):
+        return " ".join([script, *prog.split()[3:]])
+    return prog
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with bad usage as one line naming the flag and the value (UsageError)."""
 
+    def __init__(self, *args: Any, needs_args: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        if "prog" in kwargs:
+            kwargs["prog"] = command_name(kwargs["prog"])
+        super().__init__(*args, **kwargs)
+        self.needs_args = needs_args
+
     def error(self, message: str) -> NoReturn:  # argparse's hook: it would print the usage block and exit 2
+        if message.startswith("unrecognized arguments: "):
+            first = message.split(": ", 1)[1].split()[0]
+            flags = [f for a in _all_actions(self) for f in a.option_strings]
+            message += suggestion(first.split("=")[0], flags)
         raise UsageError(f"command line: {message} (see {self.prog} --help)")
+
+    def _no_arguments(self, args: Sequence[str] | None) -> None:
+        if self.needs_args and not (sys.argv[1:] if args is None else list(args)):
+            raise NoArguments(
+                self.format_usage().rstrip() + f"\n{self.prog}: no arguments given (see {self.prog} --help)"
+            )
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         """As argparse's, with the one rule for numbers of every flag: finite, and an integer within int64."""
@@ -48,6 +83,7 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """As argparse's, and an empty value is refused: `--config ""` or `--run-dir ""` would
         otherwise mean "not given" (or the current directory) without a word."""
+        self._no_arguments(args)
         parsed = super().parse_args(args, namespace)
         refuse_empty(self, parsed)
         return parsed
@@ -55,6 +91,7 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: Any = None
     ) -> tuple[Any, list[str]]:
+        self._no_arguments(args)
         parsed, rest = super().parse_known_args(args, namespace)
         refuse_empty(self, parsed)
         return parsed, rest
@@ -218,6 +255,9 @@ def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | No
         reconfigure(errors="surrogateescape")
     try:
         return main(argv)
+    except NoArguments as e:  # the usage block, as it is
+        print(str(e), file=sys.stderr, flush=True)
+        return e.exit_code
     except HpcError as e:
         return fail(prog, str(e), e.exit_code)
     except KeyboardInterrupt:

@@ -41,6 +41,10 @@ class UsageError(HpcError, ValueError):
     """Bad input: a flag, a path, a file's contents, a job shape the cluster cannot run."""
 
 
+class NoArguments(UsageError):
+    """A command that acts was given no arguments: str() is its usage, printed as it is (exit 2)."""
+
+
 class ConfigError(UsageError):
     """A bad configuration value; the message names the key, the value and where it came from."""
 

@@ -120,6 +120,12 @@ class RunPaths:
         """submitit's logs of a job in this directory: stderr first, then stdout, per task."""
         return sorted(self.root.glob(f"{job_id}_*_log.err")) + sorted(self.root.glob(f"{job_id}_*_log.out"))
 
+    def holds_run(self) -> bool:
+        """True when the directory holds a run (a file of the contract)."""
+        with contextlib.suppress(OSError):
+            return bool({p.name for p in self.root.iterdir()} & RUN_ENTRIES)
+        return False
+
     def is_run_or_empty(self) -> bool:
         """True when the directory is missing, empty or holds a run (a file of the contract)."""
         if not self.root.is_dir():

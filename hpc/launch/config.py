@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from hpc.core.cli import Parser, inspect_path, run, shown
+from hpc.core.cli import Parser, inspect_path, run, shown, suggestion
 from hpc.core.errors import ConfigError
 from hpc.core.files import dump_yaml, load_yaml_text
 from hpc.launch.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
@@ -130,7 +130,9 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
     for key, value in raw.items():
         where = sources.get(key, "defaults")
         if key not in fields:
-            raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]} (known: {', '.join(sorted(fields))})")
+            renamed = f"{name}.{key}" in LEGACY_KEYS and f"; now {LEGACY_KEYS[f'{name}.{key}'](True)[0]}: synthetic"
+            hint = renamed or suggestion(str(key), fields) or "; python -m hpc.config [--profile P] prints every key"
+            raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]}{hint}")
         if key in getattr(cls, "SCALAR_AS_LIST", ()) and not isinstance(value, (list, tuple)):
             value = [value]
         try:
@@ -192,7 +194,8 @@ def read_yaml(path: str | os.PathLike, flag: str = "") -> dict[str, dict[str, An
         raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
     for section, body in data.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{path}: unknown section {shown(section)} (known: {', '.join(SECTIONS)})")
+            hint = suggestion(str(section), SECTIONS) or f" (known: {', '.join(SECTIONS)})"
+            raise ConfigError(f"{path}: unknown section {shown(section)}{hint}")
         if body is None:
             data[section] = {}
         elif not isinstance(body, dict):
@@ -272,14 +275,21 @@ def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -
     return layers.build("cluster")
 
 
+# Keys an earlier release wrote, as today's: jobs queued then hold them in their pickled config.
+LEGACY_KEYS = {"data.synthesize_if_missing": lambda value: ("data.source", "synthetic" if value else "cifar100")}
+
+
 def run_config_from_dict(data: Mapping[str, Any], source: str) -> RunConfig:
-    """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections)."""
+    """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections), an earlier
+    release's keys read as today's (LEGACY_KEYS)."""
     layers = Layers()
     for section, body in data.items():
         if section not in RUN_SECTIONS:
             continue
         for key, value in (body or {}).items():
-            layers.set(f"{section}.{key}", value, source)
+            dotted = f"{section}.{key}"
+            dotted, value = LEGACY_KEYS[dotted](value) if dotted in LEGACY_KEYS else (dotted, value)
+            layers.set(dotted, value, source)
     return layers.run_config()
 
 

@@ -136,6 +136,9 @@ class ClusterConfig:
             _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
 
 
+DATA_SOURCES = ("cifar100", "synthetic")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     root: str | None = resumable(None)  # None: $HPC_DATA, else $SCRATCH/cifar100 (Perlmutter), else ./data
@@ -144,13 +147,17 @@ class DataConfig:
     num_workers: int = resumable(2)
     pin_memory: bool = resumable(True)
     augment: bool = True  # random crop (pad 4) + horizontal flip
-    synthesize_if_missing: bool = False  # write a synthetic CIFAR-100-format set when none is found
-    synth_train: int = 5000
+    # cifar100: the real set must be under root (a root without it, or with a synthetic one, is an error).
+    # synthetic: a synthetic set in CIFAR-100's format, written under root when none is there; said so in
+    # the run's first line, summary.json and every figure's title.
+    source: str = "cifar100"
+    synth_train: int = 5000  # the synthetic set's size (source: synthetic)
     synth_test: int = 1000
 
     def __post_init__(self) -> None:
         _check(0 < self.fraction <= 1, "fraction", "must be in (0, 1]")
         _one_of(self, "loader", ("device", "dataloader"))
+        _one_of(self, "source", DATA_SOURCES)
         _non_negative(self, "num_workers")
         _positive(self, "synth_train", "synth_test")
         _check(self.root is None or self.root.strip() != "", "root", "must not be empty (leave it out for the default)")

@@ -164,7 +164,9 @@ def verdict_of(run_dir: Path, reported: dict[str, str]) -> str | None:
 def status_command(argv: list[str]) -> int:
     from analysis.tables import render
 
-    p = Parser(prog="python -m hpc.study status", description="Every point of a sweep and how it stands.")
+    p = Parser(
+        prog="python -m hpc.study status", description="Every point of a sweep and how it stands.", needs_args=True
+    )
     p.add_argument("sweep_dir")
     p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     args = p.parse_args(argv)

@@ -20,15 +20,16 @@ import sys
 import time
 from pathlib import Path
 
-from hpc.core.cli import Parser, run
-from hpc.core.errors import EXIT_PREEMPTED, QueueError, UsageError
+from hpc.core.cli import Parser, command_name, run, suggestion
+from hpc.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
+from hpc.launch.follow import Interrupts
 from hpc.launch.plan import Plan, make_plan
 from hpc.launch.queue import QueueWatch
 from hpc.launch.schema import ClusterConfig
 from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
-from hpc.launch.submit import build_parser, execute, print_plan, submission
+from hpc.launch.submit import STUDY_RUN, build_parser, execute, print_plan, submission
 
 COMMANDS = ("run", "status", "resubmit")
 
@@ -91,8 +92,16 @@ def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) ->
     """Block until the analysis job has left the queue (a controller that does not answer is waited
     through); print the sweep table and each point's verdict; 1 when no report came."""
     watch = QueueWatch()
-    while not watch.left(analysis_id):
-        time.sleep(poll_s)
+    with Interrupts() as interrupts:  # Ctrl-C stops the waiting, not the sweep: say so, in one line
+        while not watch.left(analysis_id):
+            if interrupts.signum is not None:
+                print(
+                    f"hpc: stopped waiting ({interrupts.name}); the sweep runs on in Slurm: "
+                    f"python -m hpc.study status {sweep.root}",
+                    file=sys.stderr,
+                )
+                return EXIT_INTERRUPTED
+            time.sleep(poll_s)
     if not sweep.report.exists():
         print(
             f"hpc.study: the analysis job {analysis_id} ended without {sweep.report}; see {sweep.analysis_jobs}",
@@ -109,9 +118,7 @@ def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) ->
 def run_command(argv: list[str]) -> int:
     """`run SWEEP.yaml [hpc.submit options]`: hpc.submit's command line, its --wait meaning "until the
     report exists"."""
-    if not argv or argv[0].startswith("-"):
-        raise UsageError("hpc.study run: give the sweep YAML first (e.g. profiles/study.yaml)")
-    args = build_parser().parse_args(["--sweep", *argv])
+    args = build_parser(STUDY_RUN).parse_args(argv)
     plan = make_plan(args)
     if args.dry_run:
         print_plan(plan)
@@ -137,6 +144,7 @@ def resubmit_command(argv: list[str]) -> int:
         prog="python -m hpc.study resubmit",
         description="Submit chosen points of a sweep again.",
         epilog="Other options (--account, --profile, --export, --max-parallel, --local ...) are hpc.submit's.",
+        needs_args=True,
     )
     p.add_argument("sweep_dir")
     p.add_argument(
@@ -158,7 +166,7 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return 0
-    submit_args = build_parser().parse_args(["--sweep", str(SweepPaths(sweep_dir).sweep_file), *rest])
+    submit_args = build_parser(STUDY_RUN).parse_args([str(SweepPaths(sweep_dir).sweep_file), *rest])
     plan = make_plan(submit_args)
     specs = tuple(
         dataclasses.replace(spec, folder=sweep_dir / "%j", points=chosen)
@@ -172,11 +180,16 @@ def resubmit_command(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.replace("python -m hpc.study", command_name("python -m hpc.study")))
         return 0
+    if not argv:
+        usage = command_name(f"python -m hpc.study {{{','.join(COMMANDS)}}} ...")
+        raise NoArguments(f"usage: {usage}\n{usage.split()[0]}: no command given (see --help)")
     if argv[0] not in COMMANDS:
-        raise UsageError(f"command line: {argv[0]!r}: expected one of {', '.join(COMMANDS)}")
+        raise UsageError(
+            f"command line: {argv[0]!r}: expected one of {', '.join(COMMANDS)}{suggestion(argv[0], COMMANDS)}"
+        )
     return {"run": run_command, "status": status_command, "resubmit": resubmit_command}[argv[0]](argv[1:])
 
 

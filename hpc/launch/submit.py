@@ -31,14 +31,24 @@ from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.queue import first_line
 from hpc.launch.slurm import make_executor, sbatch_text
 
+STUDY_RUN = "python -m hpc.study run"
 
-def build_parser() -> Parser:
+
+def build_parser(prog: str = "python -m hpc.submit") -> Parser:
+    """hpc.submit's command line; as `hpc.study run` (prog STUDY_RUN) the sweep YAML comes first and
+    --wait waits for the report."""
+    study = prog == STUDY_RUN
     parser = Parser(
-        prog="python -m hpc.submit",
-        description="Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
+        prog=prog,
+        description="Submit the study (a sweep's job arrays, then its analysis job) and say where its report will be."
+        if study
+        else "Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
         epilog="Every hpc.train option below is forwarded to the training. Exit codes: 0 submitted (or, with "
-        "--wait, all jobs done), 1 a job failed, 2 bad input.",
+        "--wait, all jobs done), 1 a job failed, 2 bad input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
+        needs_args=True,
     )
+    if study:
+        parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
     g = parser.add_argument_group("job")
     g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     g.add_argument("--gpus", type=int, default=None, help="GPUs per node, one task each (default: the profile's)")
@@ -62,9 +72,14 @@ def build_parser() -> Parser:
     )
     g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
     g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
-    g.add_argument("--sweep", help="sweep YAML: submit its grid as job arrays, one per resource shape")
+    if not study:
+        g.add_argument("--sweep", help="sweep YAML: submit its grid as job arrays, one per resource shape")
     g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
-    g.add_argument("--wait", action="store_true", help="wait for the job(s) and report how they ended")
+    g.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the report" if study else "wait for the job(s), report how they ended",
+    )
     t = parser.add_argument_group("training (forwarded to hpc.train)")
     add_training_flags(t)
     return parser

@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "defaults. Running the same command with the same --run-dir resumes from checkpoints/last.pt.",
         epilog="Exit codes: 0 done, 1 failed, 2 bad input, 3 stopped by SIGTERM/SIGUSR2 with a checkpoint, "
         "4 CUDA out of memory (recorded in summary.json), 5 a peer rank was lost (rerun to resume).",
+        needs_args=True,
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
     parser.add_argument(

@@ -117,11 +117,13 @@ def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Cal
     return core
 
 
-def nccl_version() -> tuple[int, ...] | None:
-    """This torch's NCCL as (major, minor, patch), or None where it has none. Older torch returns one
-    integer (2708 for 2.7.8; from 2.9 on major*10000 + minor*100 + patch)."""
+def nccl_version(use_cuda: bool = True) -> tuple[int, ...] | None:
+    """This torch's NCCL as (major, minor, patch), or None where it has none (or where CUDA is not in
+    use). Older torch returns one integer (2708 for 2.7.8; from 2.9 on major*10000 + minor*100 + patch)."""
     import torch
 
+    if not use_cuda:
+        return None
     try:
         version = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):

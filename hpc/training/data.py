@@ -33,10 +33,7 @@ MEAN = (0.5071, 0.4865, 0.4409)
 STD = (0.2673, 0.2564, 0.2762)
 NUM_CLASSES = 100
 
-
-# ----------------------------------------------------------------------------------------------
-# Files
-# ----------------------------------------------------------------------------------------------
+# --- files ----------------------------------------------------------------------------------------
 
 
 class _ArrayOnlyUnpickler(pickle.Unpickler):
@@ -111,6 +108,10 @@ def has_dataset(root: Path) -> bool:
     return all((Path(root) / DIRNAME / name).is_file() for name in FILES)
 
 
+def is_synthetic(class_names: list[Any]) -> bool:
+    return bool(class_names) and class_names[0] in (SYNTH_FIRST_CLASS, SYNTH_FIRST_CLASS.encode())
+
+
 def load_cifar100(root: str | os.PathLike) -> tuple[Split, Split, list[str]]:
     """(train, test, class names) from ROOT/cifar-100-python. UsageError names what is wrong."""
     root = Path(root)
@@ -138,6 +139,7 @@ def _write_pickle_atomic(path: Path, obj: dict) -> None:
 
 
 SYNTH_MAX_IMAGES = 1_000_000
+SYNTH_FIRST_CLASS = "class_000"  # synthesize's classes are class_000 ... class_099; the real set's are words
 
 
 def prepare_synth_dir(root: Path) -> Path:
@@ -351,7 +353,7 @@ def loader_batches(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m hpc.data", description="CIFAR-100 data utilities.")
+    parser = Parser(prog="python -m hpc.data", description="CIFAR-100 data utilities.", needs_args=True)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_synth = sub.add_parser("synth", help="write a synthetic set in the cifar-100-python layout")
     p_synth.add_argument("--root", required=True, help="data root (the layout goes in ROOT/cifar-100-python)")

@@ -167,6 +167,19 @@ def publish_trace(prof: Any, folder: Path, worker: str, inject: Injector = NO_FA
     return name, reason
 
 
+def window_note(cfg: ProfilerConfig, steps: int) -> str | None:
+    """Said at start-up when a run of `steps` more steps ends before the profiler's first window closes
+    (its trace would be missing, or cut to the steps it reached), else None."""
+    needed = cfg.wait + cfg.warmup + cfg.active
+    if not cfg.enabled or steps >= needed:
+        return None
+    what = "no trace will be written" if steps <= cfg.wait else "its trace will hold fewer steps than profiler.active"
+    return (
+        f"profiler: this run has {steps} step(s) to go, and the profiler's window closes after {needed} "
+        f"(profiler.wait {cfg.wait} + warmup {cfg.warmup} + active {cfg.active}): {what}"
+    )
+
+
 def detach_cupti_after_cycles() -> None:
     """TEARDOWN_CUPTI=1, which kineto reads as each cycle stops, unless the user set it: on CUDA >= 12.6
     only, as PyTorch's profiler itself decides (before 12.6, teardown and CUDA graphs crash)."""
@@ -207,6 +220,8 @@ def maybe_profile(
 
     if cuda and cfg.detach_cupti:
         detach_cupti_after_cycles()
+    if not cuda:  # Kineto probes for a GPU at every export and logs its absence as an ERROR: not one here
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(
         activities=activities,

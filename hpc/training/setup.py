@@ -11,6 +11,7 @@ import datetime as dt
 import math
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from hpc.core.errors import UsageError
@@ -163,6 +164,7 @@ class DataParts:
     subset: Any  # sorted indices of the training images of this data fraction
     train_data: Any = None  # DeviceBatches, or None: the DataLoader path
     test_data: Any = None
+    source: str = "cifar100"  # what the root holds: cifar100 or synthetic (data.source, checked)
 
 
 def setup_data(
@@ -175,30 +177,47 @@ def setup_data(
     barrier: Callable[[], None],
     log: Callable[[str], None],
 ) -> DataParts:
-    """Load CIFAR-100 (writing the synthetic set first where asked and missing: one rank per node, the
-    others waiting at `barrier`) and put it where the loader wants it."""
+    """Load CIFAR-100, or with data.source: synthetic a synthetic set in its format (written first when
+    missing: one rank per node, the others waiting at `barrier`), and put it where the loader wants it.
+    A root that does not hold what data.source says is an error naming it: no silent stand-in."""
     from hpc.training import data as data_mod
 
     root = dc.resolved_root()
     data_mod.check_root(root)  # on every rank: not only rank 0 may fail before the barrier below
-    if dc.synthesize_if_missing and not data_mod.has_dataset(root) and dist.local_rank == 0:
+    if dc.source == "synthetic" and not data_mod.has_dataset(root) and dist.local_rank == 0:
         data_mod.prepare_synth_dir(root)
-        log(f"no CIFAR-100 under {root}: writing a synthetic set in its format")
+        log(f"data.source: synthetic: writing {dc.synth_train} + {dc.synth_test} synthetic images under {root}")
         data_mod.synthesize(root, dc.synth_train, dc.synth_test, seed=seed)
     barrier()
     train_split, test_split, class_names = data_mod.load_cifar100(root)
+    check_source(dc.source, data_mod.is_synthetic(class_names), root)
     if num_classes != len(class_names):  # labels past the last logit fail deep in the loss
         raise UsageError(f"model.num_classes = {num_classes} but the data under {root} has {len(class_names)} classes")
     subset = data_mod.balanced_subset(train_split.labels, dc.fraction, seed=seed)
     if dc.loader != "device":
-        return DataParts(train_split, test_split, subset)
+        return DataParts(train_split, test_split, subset, source=dc.source)
     return DataParts(
         train_split,
         test_split,
         subset,
         data_mod.DeviceBatches(train_split, device, channels_last),
         data_mod.DeviceBatches(test_split, device, channels_last),
+        dc.source,
     )
+
+
+def check_source(source: str, synthetic: bool, root: Path) -> None:
+    """The set under the root is what data.source says (a mistyped root must not train on a stand-in)."""
+    if synthetic and source != "synthetic":
+        raise UsageError(
+            f"data root {str(root)!r} holds a synthetic set (written by `python -m hpc.data synth`), not CIFAR-100; "
+            "to train on it, set data.source: synthetic"
+        )
+    if not synthetic and source == "synthetic":
+        raise UsageError(
+            f"data.source = 'synthetic' but data root {str(root)!r} holds the real CIFAR-100: give another "
+            "--data-root, or --set data.source=cifar100 to train on it"
+        )
 
 
 @dataclasses.dataclass

@@ -91,6 +91,7 @@ class RunSummary:
             "batch_size_per_gpu": plan.per_gpu,
             "global_batch_size": plan.global_batch,
             "data_fraction": cfg.data.fraction,
+            "data_source": cfg.data.source,  # cifar100, or synthetic (checked against the root at set-up)
             # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager
             "step_mode": "graph" if graphed else "eager",
             "ddp": True,  # at every rank count, graphed or eager (DDP's all-reduce is captured with the step)
@@ -181,14 +182,19 @@ def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: li
     outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else "done"
     failed = [(r["rank"], f) for r in records for f in (r.get("profiler") or {}).get("failed") or []]
     written = sum(len((r.get("profiler") or {}).get("traces") or []) for r in records)
+    traces = f"{paths.traces} ({written} written{f', {len(failed)} NOT written' if failed else ''})"
+    if not written and not failed:
+        traces = "none written (the profiler was off, or the run ended before its window closed)"
     lines = [
         outcome,
         f"  run:        {paths.root}",
-        f"  traces:     {paths.traces} ({written} written{f', {len(failed)} NOT written' if failed else ''})",
+        f"  traces:     {traces}",
         *(f"    not written: rank {rank}'s {f['file']} ({f['error']})" for rank, f in failed),
         f"  summary:    {paths.summary}",
         f"  checkpoint: {checkpoint}",
     ]
+    if os.environ.get("SUBMITIT_EXECUTOR") == "local":  # hpc.submit --local says where things are, once
+        lines = lines[:1]
     lost = ""
     if failed:
         rank, first = failed[0]

@@ -3,7 +3,8 @@
 `Trainer(cfg, run_dir, dist, stop, lock)` sets up the device, the process group, the data, the model and
 the optimizer (hpc/training/setup.py), takes the run directory and resumes from its checkpoint;
 `train()` is the loop, `close()` the teardown. A write that fails on rank 0 (a full disk) is agreed at
-once, so every rank stops with one line and none waits in a collective for it. The parts own their policy and state and get only their config section:
+once, so every rank stops with one line and none waits in a collective for it. The parts own their
+policy and state and get only their config section:
 - TrainState, StepTimer, DivergenceGuard, evaluate (hpc/training/parts.py);
 - Checkpointer (hpc/training/checkpoint.py): when to save, the atomic save, the checked load;
 - RankGroup (hpc/training/group.py): what the ranks agree on, and who a lost peer was;
@@ -32,6 +33,7 @@ from hpc.launch.distenv import DistEnv
 from hpc.launch.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
 from hpc.training.claim import claim_run_dir, note_start
+from hpc.training.cudagraph import nccl_version
 from hpc.training.graphmode import DDP_WARMUP_ITERS, decide_graph_mode
 from hpc.training.group import RankGroup
 from hpc.training.inject import Injector, raise_at_step
@@ -39,7 +41,7 @@ from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState, evaluate
-from hpc.training.profiling import Profiling, maybe_profile
+from hpc.training.profiling import Profiling, maybe_profile, window_note
 from hpc.training.setup import (
     batch_plan,
     cudnn_heuristics,
@@ -69,7 +71,7 @@ class Trainer:
         self.inject = Injector(self.faults, dist.rank, lambda: self.state.step)
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
-        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, self._nccl_version())
+        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda))
         if self.graph_mode.on:
             # PyTorch's recipe for capturing DDP: before the process group is made. Replayed collectives
             # are never the watchdog's anyway; a dead peer still ends the run through the control group.
@@ -127,11 +129,6 @@ class Trainer:
         """Every rank learns whether rank 0's write failed; then all stop, rank 0 with its own line."""
         if self.group.agree(error is not None):
             raise error or WriteError(f"{self.paths.root}: rank 0 could not write {what}; stopping with it")
-
-    def _nccl_version(self) -> tuple[int, ...] | None:
-        from hpc.training.cudagraph import nccl_version
-
-        return nccl_version() if self.use_cuda else None
 
     def _graph(self) -> Any:
         """The whole step, DDP's all-reduce included, as a CUDA graph captured at its first call (the
@@ -200,10 +197,14 @@ class Trainer:
 
     def log_start(self) -> None:
         cfg, dist, plan = self.cfg, self.dist, self.plan
+        data = "images" if cfg.data.source == "cifar100" else "SYNTHETIC images (data.source: synthetic,"
+        data += f" fraction {cfg.data.fraction:g})" if "(" in data else f" (fraction {cfg.data.fraction:g})"
+        for note in filter(None, [window_note(cfg.profiler, plan.stop_at - self.state.step)]):
+            self.log(note)
         self.log(
-            f"training {cfg.model.arch} ({cfg.model.stem} stem) on {len(self.data.subset)} images "
-            f"(fraction {cfg.data.fraction:g}), {dist.world_size} rank(s) [{dist.launcher}], {self.backend} on "
-            f"{self.device.type}, batch {plan.per_gpu}/GPU = {plan.global_batch} global, lr "
+            f"training {cfg.model.arch} ({cfg.model.stem} stem) on {len(self.data.subset)} {data}, "
+            f"{dist.world_size} rank(s) [{dist.launcher}], {self.backend} on {self.device.type}, batch "
+            f"{plan.per_gpu}/{'GPU' if self.use_cuda else 'rank'} = {plan.global_batch} global, lr "
             f"{self.net.base_lr:g}, {plan.steps_per_epoch} steps/epoch, steps {self.state.step} -> {plan.stop_at}"
         )
 

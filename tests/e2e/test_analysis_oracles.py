@@ -71,7 +71,7 @@ def test_kernels_and_peak_memory_match_torch_tb_profiler(rel):
 
 
 # Where HTA's temporal or idle breakdown differs from ours by more than 1 percentage point, and why
-# (README, "Analysis: why a run does not scale"). The bound is what was measured, rounded up.
+# (analysis/README.md, "The analysis, checked" in tests/README.md). The bound is what was measured, rounded up.
 NS_ROUNDING = "HTA rounds ns-resolution events onto whole µs (start up, end down)"
 HTA_TRIMS = "HTA drops device events that start after the last ProfilerStep's CPU end"
 BREAKDOWN_DIFFERENCES = {

@@ -130,8 +130,8 @@ def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
     assert all(float(r["cpu_time_us_per_epoch_mean"]) > float(r["cpu_time_us_per_step_mean"]) for r in rows)
     assert "| arch | data_fraction |" in r.stdout  # --wait prints the sweep table, then each point's verdict
     said = r.stdout.split("## Verdict", 1)[1]
-    assert "- **fraction 0.5, batch 16, 2 GPUs, eager steps**: unknown: no device activity" in said  # CPU ranks: undecided
-    assert "- **fraction 1, batch 8, 2 GPUs, eager steps, scaling**: efficiency " in said
+    assert "- **fraction 0.5, batch 16, 2 CPU ranks, eager steps**: unknown: no device activity" in said  # undecided
+    assert "- **fraction 1, batch 8, 2 CPU ranks, eager steps, scaling**: efficiency " in said
     figures = {p.name for p in (out / "figures").glob("*.png")}
     # the study's figures this CPU sweep has data for (Figures 3, 5, 12, 14), the per-step ones beside them;
     # CUDA time and kernel calls are left out, not drawn as 0

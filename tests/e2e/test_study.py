@@ -23,6 +23,7 @@ SWEEP = """sweep:
   gpus: [2]
   nodes: [1, 2]
 data:
+  source: synthetic
   synth_train: 256
   synth_test: 64
 model:

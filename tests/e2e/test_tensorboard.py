@@ -84,26 +84,8 @@ def test_profiler_tab_in_headless_chromium(server):
     with headless_chromium() as browser:
         from selenium.webdriver.common.by import By
 
-        browser.get(f"http://127.0.0.1:{server}/#pytorch_profiler")
+        choose = _open_profiler(browser, server)
         deadline = time.time() + 60
-        while time.time() < deadline and not browser.find_elements(By.TAG_NAME, "iframe"):
-            time.sleep(0.5)
-        browser.switch_to.frame(browser.find_elements(By.TAG_NAME, "iframe")[0])
-
-        def selects():
-            return browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")
-
-        def choose(select_index, text):
-            selects()[select_index].click()
-            time.sleep(0.5)
-            options_ = browser.find_elements(By.CSS_SELECTOR, "[role=option]")
-            labels = [o.text for o in options_]
-            next(o for o in options_ if o.text == text).click()
-            time.sleep(0.5)
-            return labels
-
-        while time.time() < deadline and len(selects()) < 3:
-            time.sleep(0.5)
         assert "smoke/traces" in choose(0, "smoke/traces")
         assert choose(2, "rank0") == ["rank0", "rank1"]  # the Workers list shows every rank
         body = ""
@@ -119,3 +101,77 @@ def test_profiler_tab_in_headless_chromium(server):
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
         print(f"screenshot: {shot}")
+
+
+def _open_profiler(browser, port: int):
+    """The plugin's page in its iframe, and its select(index, label) -> the labels it offered."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"http://127.0.0.1:{port}/#pytorch_profiler")
+    deadline = time.time() + 60
+    while time.time() < deadline and not browser.find_elements(By.TAG_NAME, "iframe"):
+        time.sleep(0.5)
+    browser.switch_to.frame(browser.find_elements(By.TAG_NAME, "iframe")[0])
+    while time.time() < deadline and len(browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")) < 3:
+        time.sleep(0.5)
+
+    def choose(index: int, label: str) -> list[str]:
+        browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")[index].click()
+        time.sleep(0.5)
+        options = browser.find_elements(By.CSS_SELECTOR, "[role=option]")
+        labels = [o.text for o in options]
+        next(o for o in options if o.text == label).click()
+        time.sleep(0.5)
+        return labels
+
+    return choose
+
+
+# Counted in the trace view's own model: slices on every thread it drew.
+COUNT_SLICES = """const v = document.getElementById('trace-viewer');
+if (!v || !v.model) { return -1; }
+let n = 0; for (const t of v.model.getAllThreads()) { n += t.sliceGroup.slices.length; } return n;"""
+
+
+@pytest.mark.parametrize("run", ["smoke/traces", "h100"])
+def test_the_trace_tab_draws_without_a_network(server, run):
+    """torch-tb-profiler's trace view asks a CDN for the Web Components polyfill; offline its timeline
+    stays blank (plain TensorBoard: no viewer at all). Served from analysis/static, it draws: a CPU run of
+    this toolkit and the committed H100 trace, in a browser that can resolve no host but this one."""
+    from selenium.webdriver.common.by import By
+
+    with headless_chromium(offline=True) as browser:
+        choose = _open_profiler(browser, server)
+        choose(0, run)
+        assert "Trace" in choose(1, "Trace")
+        deadline, slices = time.time() + 90, -1
+        while time.time() < deadline and slices <= 0:
+            for frame in browser.find_elements(By.TAG_NAME, "iframe"):
+                browser.switch_to.frame(frame)
+                slices = max(slices, browser.execute_script(COUNT_SLICES))
+                browser.switch_to.parent_frame()
+            time.sleep(1)
+        assert slices > (50_000 if run == "h100" else 1_000), slices  # every operator and kernel of the window
+        browser.switch_to.default_content()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / f"tensorboard-trace-{run.split('/')[0]}.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 20_000
+
+
+def test_the_console_keeps_errors_only(logdir):
+    """The plugin's per-operator "Tensor Cores eligible" warnings (40 for the H100 trace), TensorBoard's
+    CSP notice on every page, and its fast-loader note are gone; the address line stays."""
+    port = free_port()
+    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port)
+    try:
+        for _ in range(3):
+            http_get(port, f"{TB_PLUGIN}/index.html")
+        http_get(port, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1")
+        http_get(port, f"{TB_PLUGIN}/operation/table?run=h100&worker=rank0&span=1&group_by=Operation")
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "TensorBoard on http://127.0.0.1:" in out
+    for noise in ("Tensor Cores eligible", "In 3.0, this warning", "fast data loading", "INFO:pytorch_profiler"):
+        assert noise not in out, out[-2000:]

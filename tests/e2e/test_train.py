@@ -147,7 +147,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, data_root):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(run_module("hpc.train", "--config", SMOKE, "--data-root", str(empty), "--run-dir",
-                                     str(tmp_path / "r1"), "--set", "data.synthesize_if_missing=false"),
+                                     str(tmp_path / "r1"), "--set", "data.source=cifar100"),
                           str(empty), "no cifar-100-python/")
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -91,10 +91,21 @@ def seed_row(args: argparse.Namespace, work: Path, batch: int, workers: int) -> 
             "workers": workers, "whole_s": whole_s, "epoch_s": epochs, "rc": rc}
 
 
+def data_source(root: Path) -> str:
+    """What the root holds, as data.source says it: the real CIFAR-100, or the synthetic set a GPU machine
+    without internet gets (tests/gpu/run.sh writes one)."""
+    import pickle
+
+    with open(root / "cifar-100-python" / "meta", "rb") as f:
+        names = pickle.load(f, encoding="latin1").get("fine_label_names", [])  # our own files here
+    return "synthetic" if names and str(names[0]) in ("class_000", "b'class_000'") else "cifar100"
+
+
 def toolkit_config(args: argparse.Namespace, batch: int, mode: str) -> dict[str, Any]:
     """profiles/study.yaml's run sections for this point (its sweep section is the grid, not a run)."""
     cfg = {k: v for k, v in yaml.safe_load(STUDY.read_text()).items() if k != "sweep"}
     cfg.setdefault("data", {})["fraction"] = args.fraction
+    cfg["data"]["source"] = data_source(Path(args.data_root))  # the same files the seed script reads
     cfg["model"]["arch"] = args.arch
     cfg["train"].update({"batch_size": batch, "epochs": args.epochs, "cuda_graph": mode == "graph"})
     return cfg

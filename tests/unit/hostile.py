@@ -95,6 +95,9 @@ def data_roots(h: Path) -> None:
         "cifar_code": {"train": _pickle(Evil())},
         "cifar_top_list": {"test": _pickle([1, 2, 3])},
         "cifar_no_labels": {"train": _pickle({"data": np.zeros((2, 3072), np.uint8)})},
+        # the real set's layout and class names (words, not class_000): what a download writes
+        "real_like": {"meta": _pickle({"fine_label_names": [f"word{i}" for i in range(100)],
+                                       "coarse_label_names": [f"group{i}" for i in range(20)]})},
     }
     for name, replaced in variants.items():
         base = h / name / data.DIRNAME

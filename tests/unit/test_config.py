@@ -18,7 +18,7 @@ def test_shipped_profiles_load():
     assert "NCCL_NET_GDR_LEVEL" in pm.env
     assert load_cluster("local").scheduler == "local"
     smoke = load_run_config(str(PROFILES / "smoke.yaml"))
-    assert smoke.model.arch == "tiny" and smoke.data.synthesize_if_missing
+    assert smoke.model.arch == "tiny" and smoke.data.source == "synthetic"
     sweep = Layers().add_file(PROFILES / "study.yaml").build("sweep")
     assert sweep.data_fractions == (1.0, 0.5, 0.1)
     assert sweep.batch_sizes == (128, 512, 1024, 2048) and sweep.gpus == (1, 2, 4)
