@@ -1,4 +1,5 @@
 """python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots] [--report]
+   python -m analysis compare A B            (why two runs differ: analysis/compare.py)
 
 PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
 Prints the most aggregated table for PATH (json: the per-trace records), then where the time went
@@ -14,11 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from analysis import compare
 from analysis.discover import Warnings, analyze_files, print_warnings
 from analysis.figures import plot_sweep
 from analysis.fold import analyze_run
-from analysis.html import render_report
+from analysis.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.records import RunRecord, TraceRecord
+from analysis.series import sweeps_side_by_side
 from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
@@ -35,6 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         needs_args=True,
     )
     parser.add_argument("path", help="trace file (.json/.json.gz), run directory or sweep directory")
+    parser.add_argument(
+        "other", nargs="?", help="a second sweep of the same grid (graphed against eager, say): compared point by point"
+    )
     parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
     parser.add_argument(
@@ -50,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:  # python -m analysis compare A B (analysis/compare.py)
+        return compare.main(argv[1:])
     args = parse_args(argv)
     path = Path(args.path)
     if inspect_path(path, "path") is None:
@@ -62,16 +71,29 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
     traces, runs, sweep_rows = analyze_path(path)
     print_tables(traces, runs, sweep_rows, args.format)
+    extra = second_sweep(path, Path(args.other), traces, args.format) if args.other else []
     if out is None:
         return 0
     try:  # each file is written whole (write_atomic); a folder that cannot be made is one line too
         figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
         if args.report:
-            write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures))
+            write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures, extra))
             print(f"report: {out / REPORT}", file=sys.stderr)
     except OSError as e:
         raise e if isinstance(e, WriteError) else write_failure(e.filename or out, e, False) from None
     return 0
+
+
+def second_sweep(path: Path, other: Path, traces: list[TraceRecord], fmt: str) -> list[str]:
+    """A second sweep against the first, point by point: printed, and the report's section (HTML)."""
+    for p in (path, other):
+        if not SweepPaths(p).index.is_file():
+            raise UsageError(f"{p}: two paths are two sweeps of one grid, and this is not a sweep directory")
+    other_traces, _, _ = analyze_path(other)
+    rows = sweeps_side_by_side(traces, other_traces, path.name, other.name)
+    print(f"\n{path.name} (a) against {other.name} (b), point by point:")
+    sys.stdout.write(render(rows, SWEEPS_COLUMNS, "md" if fmt == "md" else "table" if fmt == "table" else fmt))
+    return [sweeps_section(rows, path.name, other.name)]
 
 
 def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[RunRecord] | None]:

@@ -3,6 +3,7 @@ files: wall seconds and peak memory, each tool in a fresh process (a benchmark, 
 
     python -m analysis.bench [TRACE ...]        # default: every trace in ../shared/traces
     python -m analysis.bench --repeat 3 --json out.json
+    python -m analysis.bench --big /tmp/big   # the million-event traces (built there, ~1.6 GB of disk)
 
 What each tool does: ours, the whole per-trace record (every number `python -m analysis` shows,
 breakdowns, collectives, top kernels and operators included); torch-tb-profiler, its loader
@@ -74,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("traces", nargs="*", help="trace files (default: ../shared/traces)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and file; the median is shown")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--big", metavar="DIR", help="instead: build the million-event traces in DIR and print the ratios"
+    )
     args = parser.parse_args(argv)
+    if args.big:
+        return big(Path(args.big), args.json)
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_DIR.rglob("*.json.gz"))
     if not files:
         raise UsageError(f"no trace files (looked in {DEFAULT_DIR})")
@@ -106,6 +112,74 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_atomic(args.json, json.dumps(results, indent=2))
     return 0
+
+
+BIG_SOURCE = DEFAULT_DIR / "hta_single" / "df_index_resolver.json.gz"
+ANALYSIS = "import runpy\nrunpy.run_module('analysis', run_name='__main__')"  # python -m analysis ARGS
+HTA_BREAKDOWN = (
+    "import logging, sys\nlogging.disable(logging.WARNING)\nfrom hta.trace_analysis import TraceAnalysis\n"
+    "TraceAnalysis(trace_dir=sys.argv[1]).get_gpu_kernel_breakdown(visualize=False)"
+)
+
+
+def big(folder: Path, json_out: str | None) -> int:
+    """Ten copies of HTA's df_index_resolver trace end to end (2.2 million events): the whole analysis
+    against traceinsight's kernel breakdown, each a whole process; then twenty copies (1 GB of JSON):
+    the analysis's peak memory per event and per byte of trace."""
+    from analysis.bigtrace import whole_process
+
+    if not BIG_SOURCE.is_file():
+        raise UsageError(f"--big needs {BIG_SOURCE} (the shared traces)")
+    check_output_file(str(folder / "x"), "--big")
+    results: dict[str, Any] = {}
+    copies, per_copy = 10, 0
+    for name, with_hta in (("2.2M events", True), ("1 GB", False)):
+        if per_copy:  # enough copies for a gigabyte (10^9 bytes) of JSON
+            copies = -(-1_000_000_000 // per_copy)
+        where = folder / f"x{copies}"
+        where.mkdir(parents=True, exist_ok=True)
+        size = built(copies, where / "rank1.trace.json")
+        per_copy = size["bytes"] // copies
+        ours = whole_process(ANALYSIS, [str(where / "rank1.trace.json"), "--format", "json"])
+        theirs = whole_process(HTA_BREAKDOWN, [str(where)]) if with_hta else None
+        results[name] = {**size, "copies": copies, "analysis": ours, "traceinsight_kernel_breakdown": theirs}
+        print(big_line(name, copies, size, ours, theirs), flush=True)
+        (where / "rank1.trace.json").unlink()
+    if json_out:
+        write_atomic(json_out, json.dumps(results, indent=2))
+    return 0
+
+
+def built(copies: int, out: Path) -> dict[str, int]:
+    """bigtrace.build in a process of its own, so that this one stays small while the others run."""
+    code = (
+        "import json, sys\nfrom pathlib import Path\nfrom analysis.bigtrace import build\n"
+        "print(json.dumps(build(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(BIG_SOURCE), str(copies), str(out)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise UsageError(f"--big: could not write {out} ({(proc.stderr.strip().splitlines() or ['?'])[-1]})")
+    return json.loads(proc.stdout)
+
+
+def big_line(name: str, copies: int, size: dict, ours: Any, theirs: Any) -> str:
+    head = f"{name} ({copies} x df_index_resolver, {size['events']:,} events, {size['bytes'] / 1e6:,.0f} MB):"
+    if not isinstance(ours, tuple):
+        return f"{head} analysis failed: {ours}"
+    line = (
+        f"{head} analysis {ours[0]:.1f} s, peak {ours[1] / 2**20:,.0f} MiB "
+        f"({ours[1] / size['events']:.0f} bytes per event, {ours[1] / size['bytes']:.2f} of the file)"
+    )
+    if isinstance(theirs, tuple):
+        line += (
+            f"; traceinsight get_gpu_kernel_breakdown {theirs[0]:.1f} s, peak {theirs[1] / 2**20:,.0f} MiB: "
+            f"{theirs[0] / ours[0]:.0f}x faster, 1/{theirs[1] / ours[1]:.0f} of its memory"
+        )
+    elif theirs is not None:
+        line += f"; traceinsight failed: {theirs}"
+    return line
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ class CpuOps:
         self._is_dataloader: list[bool] = [False]  # by name id: an `enumerate(DataLoader)...` range
         self._dataloader: list[tuple[np.ndarray, np.ndarray]] = []  # those ranges' starts and ends
         self._span = [np.inf, -np.inf]  # the CPU events' first start and last end
+        self.runtime_us: float | None = None  # the runtime calls' time on the CPU (None: the trace has none)
 
     def _name_id(self, name: str) -> int:
         self.name_ids[name] = len(self.name_ids) + 1
@@ -85,6 +86,7 @@ class CpuOps:
         corr = np.full(len(events), -1, dtype=np.int64)
         runtime = np.flatnonzero(kind == _RUNTIME)
         if runtime.size:
+            self.runtime_us = (self.runtime_us or 0.0) + float(dur[runtime].sum())
             corr[runtime] = int_args([(events[i].args or NO_ARGS).correlation for i in runtime.tolist()])
             self.launches.add(corr[runtime], ts[runtime])
         self._columns.append((ts, end, np.where(is_op, -names, names), threads, corr))
@@ -92,8 +94,9 @@ class CpuOps:
     def step_ranges(self) -> list[tuple[float, float]]:
         return [(s, e) for s, e, _ in sorted(self.steps)]
 
-    def result(self, device_us: tuple[np.ndarray, np.ndarray] | None) -> CpuTotals:
-        """`device_us`: device time per correlation id (sorted ids, their µs), None for a trace with no device."""
+    def result(self, device_us: tuple[np.ndarray, np.ndarray] | None, top_n: int | None = TOP_N) -> CpuTotals:
+        """`device_us`: device time per correlation id (sorted ids, their µs), None for a trace with no device;
+        `top_n`: how many operators top_ops lists (None: all)."""
         threads = self._by_thread()
         cpu_time = sum(union_us(s, e) for t, (s, e, _, _) in threads.items() if t in self.op_threads)
         per_op = [_thread_operators(*columns, device_us) for columns in threads.values()]
@@ -106,7 +109,8 @@ class CpuOps:
             step_time_us_mean=in_file_order / len(steps) if steps else None,
             cpu_time_us=cpu_time,
             op_calls={k: v[0] for k, v in ops.items()},
-            top_ops=top_operators(ops, by_device=device_us is not None),
+            top_ops=top_operators(ops, by_device=device_us is not None, n=top_n),
+            runtime_us=self.runtime_us,
             step_time_us=durations,
             step_numbers=[n for _, _, n in steps],
             dataloader_us=self._dataloader_in_steps(steps),
@@ -151,7 +155,7 @@ def _operator_totals(per_thread: list[tuple[np.ndarray, ...]], names_by_id: dict
     }
 
 
-def top_operators(ops: dict[str, list], by_device: bool, n: int = TOP_N) -> list[dict]:
+def top_operators(ops: dict[str, list], by_device: bool, n: int | None = TOP_N) -> list[dict]:
     """The n operators with the most self device time (self CPU time on a trace with no device)."""
     key = 2 if by_device else 1
     top = sorted(ops.items(), key=lambda kv: (-kv[1][key], kv[0]))[:n]

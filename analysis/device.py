@@ -133,9 +133,14 @@ class DeviceActivity:
         return keys, np.bincount(inverse, weights=(end - start)[keep], minlength=keys.size)
 
     def result(
-        self, launches: Launches, step_ranges: list[tuple[float, float]], world_size: int | None
+        self,
+        launches: Launches,
+        step_ranges: list[tuple[float, float]],
+        world_size: int | None,
+        top_n: int | None = TOP_N,
     ) -> DeviceTotals:
-        """The device figures (all None for a trace with no device activity: a CPU run)."""
+        """The device figures (all None for a trace with no device activity: a CPU run); `top_n` kernels
+        in top_kernels (None: all)."""
         if not self._columns:
             return DeviceTotals()
         start, end, dur, source, kind, cls, stream, corr, names, graph = self._arrays()
@@ -144,7 +149,9 @@ class DeviceActivity:
         compute = (start[kind == COMPUTE], end[kind == COMPUTE])
         comm_us = union_us(*comm)
         kernel_us, memcpy_us, memset_us = (_sum_in_order(dur[source == s]) for s in (_KERNEL, _MEMCPY, _MEMSET))
-        by_class = np.bincount(cls[source == _KERNEL], minlength=len(KERNEL_CLASSES))
+        is_kernel = source == _KERNEL
+        by_class = np.bincount(cls[is_kernel], minlength=len(KERNEL_CLASSES))
+        time_by_class = np.bincount(cls[is_kernel], weights=dur[is_kernel], minlength=len(KERNEL_CLASSES))
         return DeviceTotals(
             cuda_time_us=kernel_us + memcpy_us + memset_us,
             kernel_time_us=kernel_us,
@@ -154,6 +161,7 @@ class DeviceActivity:
             kernel_calls=int((source == _KERNEL).sum()),
             graph_kernel_calls=int(((source == _KERNEL) & (graph > 0)).sum()),
             kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist(), strict=False)),
+            kernel_time_by_class_us=dict(zip(KERNEL_CLASSES, time_by_class.tolist(), strict=False)),
             comm_time_us=comm_us,
             comm_overlap_pct=100.0 * overlap_us(comm, compute) / comm_us if comm_us else None,
             temporal_breakdown_us=temporal_breakdown(start, end, kind),
@@ -161,7 +169,7 @@ class DeviceActivity:
             steps_breakdown_us=self.per_step(start, end, kind, launch, step_ranges),
             collectives=self.collectives.result(compute, world_size),
             collective_launch_us=self.collectives.launch_offsets(launches, step_ranges),
-            top_kernels=self.top_kernels(start, end, names),
+            top_kernels=self.top_kernels(start, end, names, top_n),
         )
 
     def per_step(
@@ -184,7 +192,7 @@ class DeviceActivity:
         return rows
 
     def top_kernels(
-        self, start: np.ndarray, end: np.ndarray, names: np.ndarray, n: int = TOP_N
+        self, start: np.ndarray, end: np.ndarray, names: np.ndarray, n: int | None = TOP_N
     ) -> list[dict[str, Any]]:
         """The n kernels (by name) with the most device time: calls, total time, share, class."""
         is_kernel = names > 0

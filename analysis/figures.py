@@ -304,10 +304,43 @@ def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "efficiency_loss.png")
 
 
+MEMORY_CATEGORIES = [
+    ("parameters", "darkgreen"),
+    ("gradients", "mediumblue"),
+    ("optimizer_state", "goldenrod"),
+    ("activations", "red"),
+    ("other", "grey"),
+]  # torch's memory timeline's colours
+
+
+def memory_category_figure(rows: list[RunRecord], fraction: float, out_dir: Path) -> Path | None:
+    """Peak memory stacked by category (torch's memory profiler) against batch size, a bar per GPU count."""
+    sel = sorted(
+        (r for r in rows if r.peak_mem_by_category and r.data_fraction == fraction),
+        key=lambda r: (r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0),
+    )
+    if not sel:
+        return None
+    fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
+    labels = [f"{r.batch_size_per_gpu}/{_shape_label((r.nodes or 1, r.gpus or 1), r.on_cpu)}" for r in sel]
+    bottom = [0.0] * len(sel)
+    for name, color in MEMORY_CATEGORIES:
+        values = [(r.peak_mem_by_category or {}).get(name, 0) / 2**30 for r in sel]
+        ax.bar(labels, values, bottom=bottom, color=color, label=name.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xlabel("batch per GPU / ranks")
+    ax.set_ylabel("memory at the peak (GiB)")
+    ax.set_title(f"Peak memory by category, {_data_title(sel, fraction)}{_modes_title(sel)}", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir / f"peak_memory_by_category_fraction{fraction:g}.png")
+
+
 def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
     """Every figure the rows have data for (see the module doc); the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
     written = [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
     written += [efficiency_figure(rows, out_dir), loss_figure(rows, out_dir)]
+    written += [memory_category_figure(rows, f, out_dir) for f in fractions]
     return [p for p in written if p is not None]

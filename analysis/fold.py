@@ -196,6 +196,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
         **run_facts(first),
+        **memory_by_category(summary),
         **spreads,
     )
     verdict = judge(run_evidence(records, run, model_facts(summary)))
@@ -211,7 +212,27 @@ def run_facts(first: dict[str, Any]) -> dict[str, Any]:
         "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
         "data_source": source if source in ("cifar100", "synthetic") else None,
         "train_images": images if is_count(images) else None,
+        "wall_time_s": number_or_none(first.get("wall_time_s")),
     }
+
+
+def memory_by_category(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The categories at the largest peak torch's memory profiler saw, over every rank and cycle
+    (hpc/training/memcat.py); nothing where no cycle recorded them."""
+    best: dict[str, Any] | None = None
+    for rank in (summary or {}).get("ranks", []):
+        cycles = _of_type(_of_type(rank, dict, {}).get("profiler"), dict, {}).get("cycles")
+        for cycle in _of_type(cycles, list, []):
+            found = _of_type(_of_type(cycle, dict, {}).get("memory_categories"), dict, {})
+            peak, cats = found.get("peak_bytes"), found.get("categories")
+            if _bytes(peak) and isinstance(cats, dict) and all(_bytes(v) for v in cats.values()):
+                if best is None or peak > best["peak_mem_categorised_bytes"]:
+                    best = {"peak_mem_categorised_bytes": peak, "peak_mem_by_category": dict(cats)}
+    return best or {}
+
+
+def _bytes(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 50
 
 
 def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:

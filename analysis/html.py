@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
+from analysis.series import gpu_series
 from analysis.tables import LOSS_COLUMNS, RUN_COLUMNS, human_cells, loss_rows, mode_words, run_tables, verdict_lines
 
 STYLE = """
@@ -24,6 +25,9 @@ details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; } code
 """
 
 
+TEXT_COLUMNS = ("file", "name", "kind", "class", "arch", "outcome", "largest_term", "why")  # left-aligned
+
+
 def table(records: list, columns: list[str]) -> str:
     """A table in human units (the unit in each header; the raw numbers are in the JSON and CSV files)."""
     headers, rows = human_cells(records, columns)
@@ -32,8 +36,7 @@ def table(records: list, columns: list[str]) -> str:
     for r, shown in zip(map(as_row, records), rows, strict=True):
         cls = ' class="oom"' if r.get("outcome") == "oom" else ""
         cells = "".join(
-            f"<td{' class=text' if c in ('file', 'name', 'kind', 'class', 'arch', 'outcome') else ''}>"
-            f"{html.escape(cell)}</td>"
+            f"<td{' class=text' if c in TEXT_COLUMNS else ''}>{html.escape(cell)}</td>"
             for c, cell in zip(columns, shown, strict=True)
         )
         body.append(f"<tr{cls}>{cells}</tr>")
@@ -82,9 +85,16 @@ def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Pa
 
 
 def render_report(
-    path: Path, source: Path, traces: list[TraceRecord], runs: list[RunRecord], figures: list[Path]
+    path: Path,
+    source: Path,
+    traces: list[TraceRecord],
+    runs: list[RunRecord],
+    figures: list[Path],
+    extra: list[str] | None = None,
 ) -> str:
-    """The page's text (the caller writes it atomically to `path`)."""
+    """The page's text (the caller writes it atomically to `path`); `extra`: sections of HTML placed
+    before the figures (a second sweep compared with this one)."""
+    extra = extra or []
     report_dir = path.parent
     by_run: dict[str, list[TraceRecord]] = {}
     for t in traces:
@@ -103,6 +113,15 @@ def render_report(
             "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
             + table(loss_rows(runs), LOSS_COLUMNS)
         )
+    series = gpu_series(traces)
+    if series:
+        items = "".join(f"<li><b>{html.escape(what)}</b>: {html.escape(why)}</li>" for what, why in series)
+        sections.append(
+            "<h2>Why the step changes with the GPU count</h2><p>Each step up in GPUs against the one before it "
+            "(rank 0's traces; <code>python -m analysis compare</code> gives every figure):</p>"
+            f"<ul>{items}</ul>"
+        )
+    sections += extra
     if figures:
         sections.append("<h2>Figures</h2>" + figure_tags(figures))
     sections.append("<h2>Each run</h2>")
@@ -113,4 +132,16 @@ def render_report(
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
         f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n"
+    )
+
+
+SWEEPS_COLUMNS = ["name", "step_time_us_a", "step_time_us_b", "largest_term", "why"]
+
+
+def sweeps_section(rows: list[dict], label_a: str, label_b: str) -> str:
+    """Two sweeps of one grid, point by point (analysis/series.py)."""
+    if not rows:
+        return f"<h2>{html.escape(label_a)} against {html.escape(label_b)}</h2><p>No point is in both sweeps.</p>"
+    return f"<h2>{html.escape(label_a)} (a) against {html.escape(label_b)} (b), point by point</h2>" + table(
+        rows, SWEEPS_COLUMNS
     )

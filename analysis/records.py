@@ -32,6 +32,7 @@ class CpuTotals:
     # in the trace (data.loader: device feeds batches without one)
     dataloader_us: float | None = None
     cpu_span_us: float | None = None  # the CPU events' first start to last end
+    runtime_us: float | None = None  # host time in runtime calls (cudaLaunchKernel, cudaMemcpyAsync ...)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -47,6 +48,7 @@ class DeviceTotals:
     kernel_calls: int | None = None
     graph_kernel_calls: int | None = None  # of kernel_calls, those replayed from a CUDA graph (args "graph id")
     kernel_calls_by_class: dict[str, int] | None = None
+    kernel_time_by_class_us: dict[str, float] | None = None  # kernels' summed durations by class
     comm_time_us: float | None = None
     comm_overlap_pct: float | None = None
     temporal_breakdown_us: dict[str, float] | None = None  # computation, communication, memory, idle, span
@@ -206,6 +208,13 @@ class RunRecord:
     device_kind: str | None = None  # cpu | cuda: what its ranks trained on (summary.json), for the words
     data_source: str | None = None  # cifar100 | synthetic (summary.json's data_source)
     train_images: int | None = None  # the training images of its data fraction
+    wall_time_s: float | None = None  # rank 0's training loop, from summary.json
+    qos: str | None = None  # the QOS a sweep point ran in (index.json)
+    node_hours: float | None = None  # wall time x the nodes it was charged for (a shared node: its share)
+    # torch's memory profiler at the largest categorised peak of any rank and cycle (profiler.memory_categories):
+    # parameters, gradients, optimizer_state, activations, other (bytes); and that peak
+    peak_mem_by_category: dict[str, int] | None = None
+    peak_mem_categorised_bytes: int | None = None
     cpu_time_us: Spread = field(default_factory=Spread)
     cuda_time_us: Spread = field(default_factory=Spread)
     gpu_busy_us: Spread = field(default_factory=Spread)

@@ -50,11 +50,23 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
                 gpus=point["gpus"],
                 nodes=point["nodes"] if is_count(point.get("nodes")) and point["nodes"] > 0 else None,
                 job_id=str(job_id) if type(job_id) in (str, int) else None,
+                **charged(point, run.wall_time_s),
             )
         )
     rows = with_scaling(rows)
     rows.sort(key=lambda r: (-(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0))
     return traces, rows
+
+
+def charged(point: dict, wall_time_s: float | None) -> dict:
+    """The QOS a point ran in and the node-hours it used: its wall time x the nodes it was charged for
+    (index.json's node_share: whole nodes, or a shared node's share of its GPUs)."""
+    qos, share = point.get("qos"), point.get("node_share")
+    share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and share > 0 else None
+    return {
+        "qos": qos if isinstance(qos, str) else None,
+        "node_hours": wall_time_s / 3600 * share if wall_time_s is not None and share is not None else None,
+    }
 
 
 def with_scaling(rows: list[RunRecord]) -> list[RunRecord]:

@@ -54,6 +54,8 @@ RUN_COLUMNS = [
     "straggler_rank",
     "idle_share_mean",
     "predicted_efficiency",
+    "qos",
+    "node_hours",
 ]
 
 

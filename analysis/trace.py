@@ -42,7 +42,7 @@ import numpy as np
 
 from analysis import cpu, device
 from analysis.cpu import CpuOps
-from analysis.device import DeviceActivity
+from analysis.device import TOP_N, DeviceActivity
 from analysis.events import Batch, Reader, TraceError, out_of_range, read_batches
 from analysis.memory import DeviceMemory
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
@@ -98,8 +98,9 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
     return bad, taken
 
 
-def analyze_trace(path: str | Path) -> TraceRecord:
-    """The per-trace record (see the module doc). Raises TraceError when the file is unusable."""
+def analyze_trace(path: str | Path, top_n: int | None = TOP_N) -> TraceRecord:
+    """The per-trace record (see the module doc), with `top_n` kernels and operators in its top lists
+    (None: every one, for a comparison). Raises TraceError when the file is unusable."""
     path = Path(path)
     cpu_ops, device_activity, memory = CpuOps(), DeviceActivity(), DeviceMemory()
     n_events = bad_events = taken = 0
@@ -117,8 +118,9 @@ def analyze_trace(path: str | Path) -> TraceRecord:
             )
         info = reader.meta.get("distributedInfo")
         info = info if isinstance(info, dict) else {}
-        device_totals = device_activity.result(cpu_ops.launches, cpu_ops.step_ranges(), _count(info.get("world_size")))
-        cpu_totals = cpu_ops.result(device_activity.time_by_correlation())
+        steps, world_size = cpu_ops.step_ranges(), _count(info.get("world_size"))
+        device_totals = device_activity.result(cpu_ops.launches, steps, world_size, top_n)
+        cpu_totals = cpu_ops.result(device_activity.time_by_correlation(), top_n)
     return trace_record(path, reader.meta, n_events, bad_events, cpu_totals, device_totals, memory.result())
 
 

@@ -28,6 +28,7 @@ from hpc.core.cli import Parser, inspect_path, run, shown, suggestion
 from hpc.core.errors import ConfigError
 from hpc.core.files import dump_yaml, load_yaml_text
 from hpc.launch.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
+from hpc.launch.site import job_env, shell_words, srun_words
 
 # Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
 # from a source tree (or an editable install): the repository's profiles/.
@@ -321,6 +322,20 @@ def check_request(
             )
 
 
+def print_profile_lines(args: Any) -> int:
+    """--exports / --srun-args: what jobs/resnet152.sbatch takes from the profile (hpc/launch/site.py)."""
+    if not args.profile:
+        raise ConfigError(f"command line: {'--exports' if args.exports else '--srun-args'} needs --profile")
+    cluster = load_cluster(args.profile)
+    if args.srun_args:
+        print(shell_words(srun_words(cluster)), end="")
+        return 0
+    gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+    for key, value in job_env(cluster, args.nodes, gpus).items():
+        print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(
         prog="python -m hpc.config",
@@ -335,17 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exports",
         action="store_true",
-        help="with --profile: print the profile's environment as shell lines that keep any value "
-        'already set (for sbatch scripts: eval "$(python -m hpc.config --profile P --exports)")',
+        help="with --profile: print the profile's environment for a job of --nodes x --gpus as shell lines that "
+        'keep any value already set (for sbatch scripts: eval "$(python -m hpc.config --profile P --exports)")',
     )
+    parser.add_argument("--srun-args", action="store_true", help="with --profile: srun's extra words, one a line")
+    parser.add_argument("--nodes", type=int, default=1, help="with --exports: the job's nodes (default 1)")
+    parser.add_argument("--gpus", type=int, help="with --exports: its GPUs per node (default: a whole node)")
     args = parser.parse_args(argv)
-    if args.exports:
-        if not args.profile:
-            raise ConfigError("command line: --exports needs --profile")
-        cluster = load_cluster(args.profile)
-        for key, value in cluster.env.items():
-            print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
-        return 0
+    if args.exports or args.srun_args:
+        return print_profile_lines(args)
     overrides = [(*parse_override(s), set_source(s)) for s in args.set]
     for dotted, _, source in overrides:
         require_section(

@@ -14,65 +14,16 @@ attributes below keep their names.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hpc.core.errors import EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
 from hpc.core.rundir import RunPaths, read_summary, write_yaml
-
-
-def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
-    """A stop a person asked for, not the scheduler: Ctrl-C (SIGINT) anywhere; SIGTERM on this machine
-    (submitit's local controller forwards the user's; on Slurm SIGTERM is a preemption). Not requeued."""
-    return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
-
-
-@contextlib.contextmanager
-def stderr_kept(kept: list[str]) -> Iterator[None]:
-    """What child processes write to our stderr (fd 2) goes into `kept`, and is written out after."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as buffer:
-        os.dup2(buffer.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            buffer.seek(0)
-            kept.append(buffer.read().decode(errors="replace"))
-
-
-def requeue(submitit_handler: Any, job_id: str) -> None:
-    """submitit's requeue (it pickles the job again, runs `scontrol requeue` and exits). A requeue that
-    fails (the controller does not answer, no scontrol in a container) is one line in the job's log, with
-    scontrol's own words: the checkpoint stays, and resubmitting the point resumes it."""
-    said: list[str] = []
-    try:
-        with stderr_kept(said):
-            submitit_handler(signal.SIGUSR2, None)
-    except (subprocess.SubprocessError, OSError) as e:
-        lines = "".join(said).splitlines()
-        sys.stderr.write("".join(f"{line}\n" for line in lines if line.startswith("submitit ")))
-        words = " ".join(" ".join(line for line in lines if not line.startswith("submitit ")).split())
-        print(
-            f"hpc.submit: job {job_id} could not requeue itself ({(words or ' '.join(str(e).split()))[:200]}); "
-            "its checkpoint stays in the run directory: resubmit the point to resume it",
-            file=sys.stderr,
-            flush=True,
-        )
-    except BaseException:
-        sys.stderr.write("".join(said))  # submitit exits after a requeue: what it said still reaches the log
-        raise
-    else:
-        sys.stderr.write("".join(said))
+from hpc.launch.requeue import requeue, stopped_by_user
 
 
 class TrainJob:
@@ -120,7 +71,7 @@ class TrainJob:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         by_user = stopped_by_user(stop.signum, os.environ)
         if not by_user and job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
-            requeue(submitit_on_usr2, job.job_id)  # checkpoint() below, scontrol requeue, exit
+            requeue(submitit_on_usr2, job.job_id, run_dir)  # checkpoint() below, scontrol requeue, exit
         return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, run_dir: Path, job_id: str, stop: Any = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpc.core.errors import UsageError
 from hpc.launch.config import Layers, check_request, load_cluster, require_section
 from hpc.launch.flags import overrides_from_args
 from hpc.launch.schema import RUN_SECTIONS, ClusterConfig, RunConfig, SweepConfig
+from hpc.launch.site import accounts
 from hpc.launch.slurm import JobRequest, local_parameters, parse_exports, slurm_parameters
 
 Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
@@ -49,7 +51,7 @@ class Plan:
         """submitit's executor parameters for a spec: Slurm's, or the local executor's with --local."""
         if self.local:
             return local_parameters(self.cluster, spec.request)
-        return slurm_parameters(self.cluster, spec.request, self.max_parallel)
+        return slurm_parameters(self.cluster, spec.request, self.max_parallel, spec.folder)
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
@@ -94,13 +96,14 @@ def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
     if args.name is not None:
         check_name(args.name, "command line: --name")
     name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
-    exports = parse_exports(args.export)
-    runs_dir = Path(args.runs_dir).absolute()
+    exports, sbatch = parse_exports(args.export), parse_exports(args.sbatch, "--sbatch")
+    account = check_account(cluster, args.account, needed=not (args.dry_run or args.local))
+    runs_dir = runs_dir_for(args.runs_dir, cluster).absolute()
     check_output_dir(runs_dir, "command line: --runs-dir")
 
     def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
         check_request(cluster, nodes, gpus, time_min, source=source)
-        return JobRequest(nodes, gpus, time_min, job_name, args.account, args.qos, args.partition, exports)
+        return JobRequest(nodes, gpus, time_min, job_name, account, args.qos, args.partition, exports, sbatch)
 
     if sweep is None:
         gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
@@ -109,6 +112,30 @@ def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
     sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
     specs = sweep_specs(sweep_points(sweep, layers), request, name, sweep_dir, args.sweep)
     return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
+
+
+def check_account(cluster: ClusterConfig, account: str | None, needed: bool) -> str | None:
+    """The GPU jobs' account, checked against the profile's rule (hpc/launch/site.py) before anything is
+    submitted; a profile with a rule needs one to submit (a dry run does not)."""
+    account, _ = accounts(cluster, account, None)
+    if needed and account is None and cluster.account_suffix:
+        raise UsageError(
+            f"command line: --account: profile {cluster.name!r} needs one, a GPU allocation's (it ends with "
+            f"{cluster.account_suffix!r})"
+        )
+    return account
+
+
+def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
+    """--runs-dir, else the profile's runs_dir (Perlmutter: on $SCRATCH), else ./runs. A profile path whose
+    variable is not set here (no $SCRATCH on a laptop) falls back to ./runs."""
+    if flag is not None:
+        return Path(flag)
+    if cluster.runs_dir:
+        expanded = os.path.expanduser(os.path.expandvars(cluster.runs_dir))
+        if "$" not in expanded:
+            return Path(expanded)
+    return Path("runs")
 
 
 def sweep_specs(

@@ -13,47 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import name_problem
-from hpc.core.errors import ConfigError
 from hpc.core.files import plain
+from hpc.launch.cluster import ClusterConfig
+from hpc.launch.fields import Invalid as _Invalid
+from hpc.launch.fields import at_most as _at_most
+from hpc.launch.fields import check as _check
+from hpc.launch.fields import non_negative as _non_negative
+from hpc.launch.fields import one_of as _one_of
+from hpc.launch.fields import positive as _positive
+from hpc.launch.fields import resumable
+
+__all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
-
-
-class _Invalid(ConfigError):
-    """Raised by __post_init__ checks; the loader adds the source and raises a ConfigError naming it.
-    `other`: the key a value was checked against, named with its own source (either may be the one given)."""
-
-    def __init__(self, key: str, reason: str, other: str | None = None):
-        super().__init__(reason)
-        self.key = key
-        self.reason = reason
-        self.other = other
-
-
-def _check(ok: bool, key: str, reason: str, other: str | None = None) -> None:
-    if not ok:
-        raise _Invalid(key, reason, other)
-
-
-def _positive(obj: Any, *keys: str) -> None:
-    for key in keys:
-        value = getattr(obj, key)
-        _check(value is None or value > 0, key, "must be > 0")
-
-
-def _non_negative(obj: Any, *keys: str) -> None:
-    for key in keys:
-        value = getattr(obj, key)
-        _check(value is None or value >= 0, key, "must be >= 0")
-
-
-def _at_most(obj: Any, key: str, limit: int, why: str) -> None:
-    value = getattr(obj, key)
-    _check(value is None or value <= limit, key, f"must be <= {limit} ({why})")
-
-
-def _one_of(obj: Any, key: str, choices: tuple) -> None:
-    _check(getattr(obj, key) in choices, key, f"must be one of {', '.join(map(str, choices))}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,79 +33,10 @@ def _one_of(obj: Any, key: str, choices: tuple) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def resumable(default: Any) -> Any:
-    """A field that may change when a run is resumed: it does not change the result (where data lives,
-    how often to log or save, when to stop, what to profile). Every other field must match config.yaml."""
-    return dataclasses.field(default=default, metadata={"resumable": True})
-
-
 def may_change_on_resume(section: str, key: str) -> bool:
     cls = SECTIONS.get(section)
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
     return key in fields and fields[key].metadata.get("resumable", False)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterConfig:
-    """Where jobs run. `scheduler: local` runs on this machine (submitit's local executor)."""
-
-    name: str = "local"
-    scheduler: str = "local"  # slurm | local
-    gpus_per_node: int = 2  # on a CPU-only machine: ranks per node
-    max_nodes: int = 1
-    cpus_per_task: int = 1
-    mem_gb: int | None = None
-    constraint: str | None = None  # Slurm -C
-    qos: str | None = None  # Slurm -q
-    account: str | None = None  # Slurm -A
-    partition: str | None = None
-    time_limit_min: int = 30
-    max_time_limit_min: int | None = None
-    setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    signal_delay_s: int = 120  # USR2 this long before the time limit
-    max_requeues: int = 3
-    # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
-    # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
-    launcher: str = "srun"
-    max_restarts: int = 3
-    # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
-    analysis_qos: str | None = None
-    analysis_constraint: str | None = None
-    analysis_partition: str | None = None
-    analysis_cpus: int = 2
-    analysis_time_min: int = 30
-
-    def __post_init__(self) -> None:
-        _one_of(self, "scheduler", ("slurm", "local"))
-        _one_of(self, "launcher", ("srun", "torchrun"))
-        _positive(
-            self,
-            "gpus_per_node",
-            "max_nodes",
-            "cpus_per_task",
-            "mem_gb",
-            "time_limit_min",
-            "max_time_limit_min",
-            "analysis_cpus",
-            "analysis_time_min",
-        )
-        _non_negative(self, "signal_delay_s", "max_requeues", "max_restarts")
-        if self.max_time_limit_min is not None:
-            _check(
-                self.time_limit_min <= self.max_time_limit_min,
-                "time_limit_min",
-                f"exceeds max_time_limit_min={self.max_time_limit_min}",
-                other="max_time_limit_min",
-            )
-        _check(
-            self.signal_delay_s < self.time_limit_min * 60,
-            "signal_delay_s",
-            f"must be shorter than the time limit ({self.time_limit_min} min)",
-            other="time_limit_min",
-        )
-        for key in self.env:
-            _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
 
 
 DATA_SOURCES = ("cifar100", "synthetic")
@@ -293,6 +196,10 @@ class ProfilerConfig:
     # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/oom.py), for
     # PyTorch's memory_viz. Costs a little host time per allocation.
     memory_snapshot: bool = resumable(False)
+    # Peak memory by category (parameters, gradients, optimizer state, activations, other) per cycle in
+    # summary.json, from torch's memory profiler (hpc/training/memcat.py). It turns on record_shapes,
+    # profile_memory and with_stack for the cycle and builds its graph when the cycle ends.
+    memory_categories: bool = resumable(False)
     # Detach CUPTI when a cycle ends (kineto's TEARDOWN_CUPTI=1, on CUDA >= 12.6 where PyTorch deems it
     # safe with CUDA graphs). Kineto leaves CUPTI attached by default, and every later kernel launch then
     # still pays for its callbacks: 10-20% slower steps after the window (pytorch/pytorch#144455).

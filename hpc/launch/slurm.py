@@ -18,7 +18,9 @@ from hpc.core.cli import check_name, shown
 from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
+from hpc.launch.requeue import teardown_lines
 from hpc.launch.schema import ClusterConfig
+from hpc.launch.site import check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
 
 
 def _check_text(flag: str, value: str | None) -> None:
@@ -43,11 +45,13 @@ class JobRequest:
     qos: str | None = None
     partition: str | None = None
     exports: dict[str, str] = dataclasses.field(default_factory=dict)
+    sbatch: dict[str, str] = dataclasses.field(default_factory=dict)  # --sbatch KEY=VALUE: other options
 
     def __post_init__(self) -> None:
         check_name(self.name, "command line: --name")
         for flag, value in (("--account", self.account), ("--qos", self.qos), ("--partition", self.partition)):
             _check_text(flag, value)
+        check_sbatch_options(self.sbatch, "command line: --sbatch")
         for key, value in self.exports.items():
             if not key.replace("_", "").isalnum() or key[0].isdigit():
                 raise UsageError(f"command line: --export {shown(key)[1:-1]}=...: {shown(key)} is not a variable name")
@@ -57,43 +61,54 @@ class JobRequest:
             parse_faults(self.exports[FAULT_VARIABLE], f"command line: --export {FAULT_VARIABLE}")
 
 
-def parse_exports(items: list[str]) -> dict[str, str]:
-    """--export KEY=VALUE flags as a mapping (checked by JobRequest)."""
+def parse_exports(items: list[str], flag: str = "--export") -> dict[str, str]:
+    """--export (or --sbatch) KEY=VALUE flags as a mapping (checked by JobRequest)."""
     out = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq:
-            raise UsageError(f"command line: --export {shown(item)}: expected KEY=VALUE")
+            raise UsageError(f"command line: {flag} {shown(item)}: expected KEY=VALUE")
         out[key] = value
     return out
 
 
 def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
-    """The profile's setup lines, then its environment and the user's --export values, quoted."""
-    env = {**cluster.env, **req.exports}
+    """The profile's setup lines, then its environment for this shape (hpc/launch/site.py) and the user's
+    --export values, quoted."""
+    env = {**job_env(cluster, req.nodes, req.gpus), **req.exports}
     return list(cluster.setup) + [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
 
-def slurm_parameters(cluster: ClusterConfig, req: JobRequest, max_parallel: int | None = None) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these."""
+def slurm_parameters(
+    cluster: ClusterConfig, req: JobRequest, max_parallel: int | None = None, folder: Path | None = None
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these. A
+    partial node goes to the profile's shared QOS with a GPU per task, as NERSC's examples do. With the
+    job's `folder`, the batch shell requeues a job that could not requeue itself (hpc/launch/requeue.py)."""
     torchrun = cluster.launcher == "torchrun"  # one task per node: torchrun starts the per-GPU workers
+    partial = is_partial(cluster, req.nodes, req.gpus)
+    per_task = partial and not torchrun
     params = {
         "job_name": req.name,
         "nodes": req.nodes,
         "ntasks_per_node": 1 if torchrun else req.gpus,
-        "gpus_per_node": req.gpus,
+        "gpus_per_node": None if per_task else req.gpus,
+        "gpus_per_task": 1 if per_task else None,
         "cpus_per_task": cluster.cpus_per_task * (req.gpus if torchrun else 1),
         "time": req.time_min,
         "constraint": cluster.constraint,
-        "qos": req.qos or cluster.qos,
+        "qos": req.qos or (cluster.shared_qos if partial else cluster.qos),
         "account": req.account or cluster.account,
-        "partition": req.partition or cluster.partition,
+        "partition": req.partition or (cluster.shared_partition if partial else None) or cluster.partition,
         "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
         "signal_delay_s": cluster.signal_delay_s,
         "setup": setup_lines(cluster, req),
-        # One dead rank ends the step at once instead of leaving the others in a collective.
-        "srun_args": ["--kill-on-bad-exit=1"],
+        # One dead rank ends the step at once instead of leaving the others in a collective; then the
+        # CPU binding and the container the command runs in.
+        "srun_args": ["--kill-on-bad-exit=1", *srun_words(cluster)],
         "array_parallelism": max_parallel,
+        "additional_parameters": extra_sbatch(cluster, req.sbatch) or None,
+        "teardown": teardown_lines(folder) if folder is not None else None,
     }
     return {k: v for k, v in params.items() if v is not None}
 
@@ -143,7 +158,14 @@ def sbatch_text(params: dict[str, Any], folder: Path, python: str | None = None,
     return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params, **extra)
 
 
-def make_executor(params: dict[str, Any], folder: Path, max_requeues: int, local: bool) -> Any:
+def job_python(cluster: ClusterConfig) -> str | None:
+    """The python each task runs: this one, or inside a container image the image's own `python`."""
+    return "python" if cluster.image else None
+
+
+def make_executor(
+    params: dict[str, Any], folder: Path, max_requeues: int, local: bool, python: str | None = None
+) -> Any:
     """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor)."""
     import submitit
 
@@ -151,6 +173,6 @@ def make_executor(params: dict[str, Any], folder: Path, max_requeues: int, local
     if local:
         executor = submitit.LocalExecutor(folder=folder, max_num_timeout=max_requeues)
     else:
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=python)
     executor.update_parameters(**params)
     return executor

@@ -27,6 +27,7 @@ from hpc.launch.follow import Interrupts
 from hpc.launch.plan import Plan, make_plan
 from hpc.launch.queue import QueueWatch
 from hpc.launch.schema import ClusterConfig
+from hpc.launch.site import accounts, charge_lines
 from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
 from hpc.launch.submit import STUDY_RUN, build_parser, execute, print_plan, submission
@@ -120,15 +121,27 @@ def run_command(argv: list[str]) -> int:
     report exists"."""
     args = build_parser(STUDY_RUN).parse_args(argv)
     plan = make_plan(args)
+    analysis_account = accounts(plan.cluster, args.account, args.analysis_account)[1]
     if args.dry_run:
         print_plan(plan)
         print(
             f"# then the analysis job, after the arrays (job ids known once they are submitted)\n"
-            f"{analysis_sbatch_text(plan, args.account)}",
+            f"{analysis_sbatch_text(plan, analysis_account)}",
             end="",
         )
+        print("\n".join(["# what the points can be charged:", *plan_charges(plan)]))
         return 0
-    return submit_and_analyse(plan, args.account, args.wait)
+    return submit_and_analyse(plan, analysis_account, args.wait)
+
+
+def plan_charges(plan: Plan) -> list[str]:
+    """Per QOS: the points and the most node-hours they can be charged (hpc/launch/site.py)."""
+    shapes = [
+        (str(plan.parameters(spec).get("qos", "-")), len(spec.points), spec.request.nodes, spec.request.gpus,
+         spec.request.time_min)
+        for spec in plan.specs
+    ]  # fmt: skip
+    return charge_lines(plan.cluster, shapes)
 
 
 def analysis_sbatch_text(plan: Plan, account: str | None) -> str:
@@ -175,7 +188,8 @@ def resubmit_command(argv: list[str]) -> int:
     )
     print(f"resubmitting {sum(len(s.points) for s in specs)} point(s) into {sweep_dir}")
     plan = dataclasses.replace(plan, specs=specs, sweep_dir=sweep_dir)
-    return submit_and_analyse(plan, submit_args.account, args.wait)
+    analysis_account = accounts(plan.cluster, submit_args.account, submit_args.analysis_account)[1]
+    return submit_and_analyse(plan, analysis_account, args.wait)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ from hpc.launch.follow import Submitted, interrupts_ignored, wait_for
 from hpc.launch.job import TrainJob
 from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.queue import first_line
-from hpc.launch.slurm import make_executor, sbatch_text
+from hpc.launch.site import node_share
+from hpc.launch.slurm import job_python, make_executor, sbatch_text
 
 STUDY_RUN = "python -m hpc.study run"
 
@@ -62,7 +63,7 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     g.add_argument("--qos", help="Slurm QOS (-q), default: the profile's")
     g.add_argument("--partition", help="Slurm partition")
     g.add_argument("--name", help="job name; runs go to RUNS/<name>/<job id>/ (default: the arch)")
-    g.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
+    g.add_argument("--runs-dir", help="where run directories go (default: the profile's runs_dir, else ./runs)")
     g.add_argument(
         "--export",
         action="append",
@@ -70,6 +71,15 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         metavar="KEY=VALUE",
         help="extra environment for the job (repeatable; overrides the profile's env)",
     )
+    g.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another sbatch option, as --KEY=VALUE in the script (repeatable; e.g. mail-type=END)",
+    )
+    if study:
+        g.add_argument("--analysis-account", help="the analysis job's account (default: --account's CPU allocation)")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
     g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
     if not study:
@@ -104,7 +114,12 @@ def print_plan(plan: Plan) -> None:
         if spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
         print(
-            sbatch_text(plan.parameters(spec), spec.folder, map_count=len(spec.points) if spec.array else None),
+            sbatch_text(
+                plan.parameters(spec),
+                spec.folder,
+                job_python(plan.cluster),
+                map_count=len(spec.points) if spec.array else None,
+            ),
             end="" if not spec.array else "\n",
         )
 
@@ -168,7 +183,9 @@ def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
         with submission(spec.folder, what) if not plan.local else contextlib.nullcontext():
-            executor = make_executor(plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local)
+            executor = make_executor(
+                plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local, job_python(plan.cluster)
+            )
             if not plan.local:
                 subs.extend(submit_points(plan, executor, spec.points, spec))
         if plan.local:  # this machine: one point at a time, followed as it runs
@@ -201,8 +218,14 @@ def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobS
             )
             for _, cfg in points
         ]
-    ranks = spec.request.nodes * spec.request.gpus
-    subs = [Submitted.of(job, point, ranks) for job, (point, _) in zip(jobs, points, strict=False)]
+    req = spec.request
+    ranks = req.nodes * req.gpus
+    # what index.json says each point ran in, for the report's node-hours (hpc/launch/site.py)
+    charge = {"qos": plan.parameters(spec).get("qos"), "node_share": node_share(plan.cluster, req.nodes, req.gpus)}
+    subs = [
+        Submitted.of(job, {**point, **charge} if point else None, ranks)
+        for job, (point, _) in zip(jobs, points, strict=False)
+    ]
     for sub in subs:
         print(sub.describe(), flush=True)
     return subs

@@ -22,12 +22,15 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
 from hpc.launch.schema import ProfilerConfig
 from hpc.training.inject import NO_FAULTS, Injector
+
+if TYPE_CHECKING:
+    import torch
 
 LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was the disk that was full
 
@@ -191,6 +194,13 @@ def detach_cupti_after_cycles() -> None:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
+def memory_device(cuda: bool) -> torch.device:
+    """The device whose memory the categories describe: this rank's GPU, else the CPU."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
 @contextlib.contextmanager
 def maybe_profile(
     cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool, inject: Injector = NO_FAULTS
@@ -209,10 +219,17 @@ def maybe_profile(
     def on_trace_ready(prof: Any) -> None:
         start = time.perf_counter()
         totals = key_average_totals(prof) if cfg.key_averages else {}
-        averaged = time.perf_counter()
+        totals["key_averages_s"] = round(time.perf_counter() - start, 4)
         totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
+        if cfg.memory_categories:
+            from hpc.training import memcat  # torch's memory profiler, only when asked for
+
+            began = time.perf_counter()
+            totals["memory_categories"] = memcat.at_peak(prof, memory_device(cuda))
+            totals["memory_categories_s"] = round(time.perf_counter() - began, 4)
+        began = time.perf_counter()
         name, failure = publish_trace(prof, trace_dir, trace_worker(rank), inject)
-        totals.update(key_averages_s=round(averaged - start, 4), export_s=round(time.perf_counter() - averaged, 4))
+        totals["export_s"] = round(time.perf_counter() - began, 4)
         totals.update(cupti_detached=os.environ.get("TEARDOWN_CUPTI") == "1", trace=None if failure else name)
         cycles.append(totals)
         if failure and profiling is not None:
@@ -227,9 +244,9 @@ def maybe_profile(
         activities=activities,
         schedule=sched,
         on_trace_ready=on_trace_ready,
-        record_shapes=cfg.record_shapes,
-        profile_memory=cfg.profile_memory,
-        with_stack=cfg.with_stack,
+        record_shapes=cfg.record_shapes or cfg.memory_categories,  # the memory profiler needs all three
+        profile_memory=cfg.profile_memory or cfg.memory_categories,
+        with_stack=cfg.with_stack or cfg.memory_categories,
     ) as prof:
         profiling = Profiling(prof, cycles, sched, cuda)
         if cuda and profiling._recording(0):  # wait = warmup = 0: the first step is recorded

@@ -10,13 +10,19 @@ import dataclasses
 import datetime as dt
 import math
 import os
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc.core.errors import UsageError
+from hpc.launch.affinity import cores_text, gpu_index
 from hpc.launch.distenv import DistEnv
+from hpc.launch.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
 from hpc.launch.schema import DataConfig, ModelConfig, TrainConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -83,8 +89,8 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
     use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise UsageError("train.device = 'cuda' but no CUDA device is visible")
-    if use_cuda:
-        device = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+    if use_cuda:  # the GPU next to this rank's cores, where the profile says which (hpc/launch/affinity.py)
+        device = torch.device("cuda", gpu_index(os.environ, dist.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         if tc.cuda_memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(tc.cuda_memory_fraction, device)
@@ -102,6 +108,60 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
         # warn_only: ops without a deterministic kernel warn rather than stop the run
         torch.use_deterministic_algorithms(True, warn_only=True)
     return device, use_cuda
+
+
+def nodes_of(dist: DistEnv) -> int:
+    return max(1, dist.world_size // max(dist.local_world_size, 1))
+
+
+def before_process_group(graphed: bool, dist: DistEnv, log_dir: Path) -> bool:
+    """The environment NCCL must see before the process group is made: for a graphed run PyTorch's
+    recipe for capturing DDP (replayed collectives are never the watchdog's anyway; a dead peer still
+    ends the run through the control group), and NCCL's choice of network written to log_dir where
+    the run checks it (a run across nodes where the profile says the fabric is there). Returns
+    whether it does (check_fabric, after DDP's first broadcast)."""
+    if graphed:
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    if not wants_check(os.environ, nodes_of(dist)):
+        return False
+    log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.update(debug_env(os.environ, log_dir, dist.rank))
+    return True
+
+
+def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], log: Callable[[str], None]) -> str | None:
+    """After the first communicator is up: the network NCCL chose (hpc/launch/netcheck.py); a run across
+    nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
+    together, or warns. Returns the network, for summary.json."""
+    network = read_network(os.environ, log_dir, dist.rank)
+    said = verdict(network, os.environ.get(FABRIC, "off"), nodes_of(dist))
+    if agree(said is not None and said[0] == "stop"):
+        raise UsageError(said[1] if said else f"rank {dist.rank}: stopping: rank 0's NCCL uses TCP sockets")
+    if said:
+        log(f"warning: {said[1]}")
+    return network
+
+
+def placement_line(rank: int, where: Mapping[str, object]) -> str:
+    """What each rank says of where it runs, at the start of training."""
+    gpu = (
+        f"GPU {where['gpu']} of CUDA_VISIBLE_DEVICES={where['cuda_visible_devices']}"
+        if where["gpu"] is not None
+        else "no GPU"
+    )
+    return f"rank {rank} on {where['host']}: cores {where['cores']} ({where['ncores']}), {gpu}"
+
+
+def placement(device: torch.device) -> dict[str, object]:
+    """Where this rank runs (summary.json's `affinity`): its host, the cores the OS lets it use, its GPU."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return {
+        "host": socket.gethostname(),
+        "cores": cores_text(cpus),
+        "ncores": len(cpus),
+        "gpu": device.index if device.type == "cuda" else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "all"),
+    }
 
 
 @contextlib.contextmanager

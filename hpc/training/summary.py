@@ -16,7 +16,7 @@ from typing import Any
 from hpc.core.rundir import RunPaths, write_summary
 from hpc.launch.distenv import DistEnv
 from hpc.launch.schema import RunConfig
-from hpc.training.setup import StepPlan
+from hpc.training.setup import StepPlan, placement
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -77,6 +77,7 @@ class RunSummary:
     ):
         self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
         self.use_cuda = device.type == "cuda"
+        self.where = placement(device)  # its cores and GPU (hpc/launch/affinity.py)
         self.facts = {
             "rank": dist.rank,
             "world_size": dist.world_size,
@@ -99,6 +100,8 @@ class RunSummary:
             "steps_per_epoch": plan.steps_per_epoch,
             # forward FLOPs per image (conv and linear layers): the analysis's share of the device's peak
             "model_flops_per_image": flops_per_image,
+            "affinity": self.where,
+            "slurm": {k: os.environ.get(f"SLURM_{k.upper()}") for k in ("job_id", "job_qos", "job_partition")},
         }
 
     def rank_record(

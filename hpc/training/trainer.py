@@ -44,8 +44,11 @@ from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainStat
 from hpc.training.profiling import Profiling, maybe_profile, window_note
 from hpc.training.setup import (
     batch_plan,
+    before_process_group,
+    check_fabric,
     cudnn_heuristics,
     init_process_group,
+    placement_line,
     setup_data,
     setup_device,
     setup_model,
@@ -72,10 +75,7 @@ class Trainer:
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
         self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda))
-        if self.graph_mode.on:
-            # PyTorch's recipe for capturing DDP: before the process group is made. Replayed collectives
-            # are never the watchdog's anyway; a dead peer still ends the run through the control group.
-            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
         self.backend, control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
         self.group = RankGroup(dist, control)
         self.checkpointer = Checkpointer(
@@ -91,6 +91,7 @@ class Trainer:
         )
         self.plan = step_plan(cfg.train, dist.world_size, len(self.data.subset))
         self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, self.graph_mode.on)
+        network = check_fabric(dist, self.paths.rank_log(0).parent, self.group.agree, self.log) if fabric else None
         self.state.use_cuda = self.use_cuda
         resumed_from = self._resume()
         self.graphed = self._graph()
@@ -100,6 +101,7 @@ class Trainer:
         self.summary = RunSummary(
             cfg, run_dir, dist, self.device, self.backend, self.plan, len(self.data.subset), flops, self.graph_mode.on
         )
+        self.summary.facts["nccl_network"] = network  # the fabric NCCL chose across nodes (None: not asked)
         self.timer = StepTimer(self.use_cuda)
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None
@@ -199,6 +201,7 @@ class Trainer:
         cfg, dist, plan = self.cfg, self.dist, self.plan
         data = "images" if cfg.data.source == "cifar100" else "SYNTHETIC images (data.source: synthetic,"
         data += f" fraction {cfg.data.fraction:g})" if "(" in data else f" (fraction {cfg.data.fraction:g})"
+        print(placement_line(dist.rank, self.summary.where), flush=True)  # every rank: where it runs
         for note in filter(None, [window_note(cfg.profiler, plan.stop_at - self.state.step)]):
             self.log(note)
         self.log(

@@ -37,7 +37,7 @@ def test_installed_package_finds_profiles_by_name_from_another_directory(install
     module_file, profiles_dir = where.stdout.split()
     assert module_file.startswith(str(site)) and profiles_dir == str(site / "hpc" / "profiles"), where.stdout
     proc = run_installed(site, elsewhere, sys.executable, "-m", "hpc.submit", "--profile", "perlmutter", "--dry-run",
-                         "--account", "m1234", "--nodes", "2", "--gpus", "4", "--config", str(site / "hpc" / "profiles" / "smoke.yaml"))
+                         "--account", "m1234_g", "--nodes", "2", "--gpus", "4", "--config", str(site / "hpc" / "profiles" / "smoke.yaml"))
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --constraint=gpu" in proc.stdout and "#SBATCH --nodes=2" in proc.stdout
     assert sorted(p.name for p in (site / "hpc" / "profiles").glob("*.yaml")) == sorted(

@@ -74,8 +74,10 @@ def test_report_in_headless_chromium(sweep):
 
         browser.get((sweep / "analysis" / "report.html").as_uri())
         headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
-        assert headings[:5] == ["Verdict", "Runs", "Where the step time went, against the 1-GPU point (ms per step)",
-                                "Figures", "Each run"]  # the verdict first, before the numbers and figures
+        assert headings[:6] == ["Verdict", "Runs", "Where the step time went, against the 1-GPU point (ms per step)",
+                                "Why the step changes with the GPU count", "Figures", "Each run"]  # the verdict first
+        series = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "h2 + p + ul li")]
+        assert series and all(" -> " in s and "most of it is " in s for s in series), series
         verdicts = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "ul.verdict li")]
         assert verdicts[1].startswith("fraction 1, batch 128, 2 GPUs: compute (then communication)")
         assert "most of it exposed communication (0.18 ms)" in verdicts[2]  # EXPOSED_COMM_US + SLOW_US / 2

@@ -60,7 +60,7 @@ def test_a_silent_controller_makes_status_unknown_and_resubmit_refuse(tmp_path):
     assert rows == {"41_0": "done", "41_1": "unknown", "41_2": "unknown"}, status.stdout  # never "failed"
     (line,) = status.stderr.strip().splitlines()
     assert "squeue failed (exit 1: " + DOWN in line and "2 point(s) shown as unknown" in line
-    again = hpc(env, "hpc.study", "resubmit", str(sweep), "--failed", "--missing", "--account", "m1")
+    again = hpc(env, "hpc.study", "resubmit", str(sweep), "--failed", "--missing", "--account", "m1_g")
     assert again.returncode == 1
     (line,) = again.stderr.strip().splitlines()
     assert "not resubmitting while the queue cannot be read" in line and "Traceback" not in again.stderr
@@ -72,7 +72,7 @@ def test_an_sbatch_that_cannot_reach_the_controller_is_one_line_and_leaves_nothi
                                              'slurm controller (connect failure)" >&2; exit 1')
     runs = tmp_path / "runs"
     for args in (["hpc.study", "run", "profiles/study-smoke.yaml"], ["hpc.submit", "--config", SMOKE]):
-        r = hpc(env, *args, "--account", "m1", "--runs-dir", str(runs))
+        r = hpc(env, *args, "--account", "m1_g", "--runs-dir", str(runs))
         assert r.returncode == 1, r.stdout + r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert "sbatch could not submit" in line and "Unable to contact slurm controller" in line
@@ -127,7 +127,7 @@ def test_a_requeue_that_fails_inside_the_job_is_one_line_and_keeps_the_checkpoin
         job = r.stdout.strip()
         log = tmp_path / f"out-{job}.txt"
     else:
-        r = hpc(env, "hpc.submit", "--nodes", "1", "--gpus", "2", "--account", "m1", "--runs-dir", str(tmp_path),
+        r = hpc(env, "hpc.submit", "--nodes", "1", "--gpus", "2", "--account", "m1_g", "--runs-dir", str(tmp_path),
                 "--export", f"PATH={env['PATH']}", *train)
         (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
         run_dir = tmp_path / "tiny" / job

@@ -85,7 +85,7 @@ def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp
 
 
 def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
-    r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234", "--config", SMOKE, "--data-root",
+    r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--config", SMOKE, "--data-root",
                str(data_root), "--runs-dir", str(tmp_path), "--export", "OMP_NUM_THREADS=1", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
@@ -94,13 +94,13 @@ def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
     assert summary["ranks"][3]["node_rank"] == 1
     assert (run_dir / f"{job}_0_log.out").exists() and (run_dir / "config.yaml").exists()
     state = job_state(job)
-    assert state["Account"] == "m1234" and state["QOS"] in ("regular", "(null)")
+    assert state["Account"] == "m1234_g" and state["QOS"] in ("regular", "(null)")
 
 
 def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
     """hpc.study run profiles/study-smoke.yaml: job arrays, then the dependent analysis job; --wait
     returns with the report written and prints the sweep table."""
-    r = subprocess.run([PY, "-m", "hpc.study", "run", "profiles/study-smoke.yaml", "--account", "m1", "--data-root",
+    r = subprocess.run([PY, "-m", "hpc.study", "run", "profiles/study-smoke.yaml", "--account", "m1_g", "--data-root",
                         str(data_root), "--runs-dir", str(tmp_path), "--max-parallel", "4", "--export",
                         "OMP_NUM_THREADS=1", "--wait"], capture_output=True, text=True, cwd=REPO, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -164,7 +164,7 @@ def preempt_and_compare(common: list[str], tmp_path: Path) -> str:
 
 
 def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
-    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root",
+    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
                                str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set",
                                "train.log_every_steps=1"], tmp_path)
     assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
@@ -199,14 +199,14 @@ def test_hostile_names_and_paths_arrive_verbatim(slurm_cluster, data_root, tmp_p
     cwd.mkdir()
     runs = tmp_path / f"runs {hostile}"
     data_dir = tmp_path / f"data {hostile}"
-    r = submit("--nodes", "1", "--gpus", "1", "--account", f"acct {hostile}", "--name", hostile, "--runs-dir",
+    r = submit("--nodes", "1", "--gpus", "1", "--account", f"acct {hostile}_g", "--name", hostile, "--runs-dir",
                str(runs), "--config", SMOKE, "--data-root", str(data_dir), "--export", f"HPC_TAG={hostile}",
                "--export", "OMP_NUM_THREADS=1", "--max-steps", "2", "--wait", cwd=cwd)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
     run_dir = runs / hostile / job
     name_line = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    assert f"JobName={hostile}" in name_line and f"Account=acct {hostile}" in name_line, name_line
+    assert f"JobName={hostile}" in name_line and f"Account=acct {hostile}_g" in name_line, name_line
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"][0]["env"]["HPC_TAG"] == hostile
     assert summary["config"]["data"]["root"] == str(data_dir)
@@ -253,7 +253,7 @@ def _workers(run_dir: Path) -> list[int]:
 
 
 def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path):
-    common = ["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root", str(data_root),
+    common = ["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root", str(data_root),
               "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1",
               "--set", "train.checkpoint_every_steps=2", "--set", "cluster.launcher=torchrun",
               "--set", "cluster.max_restarts=2"]
@@ -288,7 +288,7 @@ def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_
 
     if not torchrun_forwards_signals():
         pytest.skip("this torch's torchrun has no --signals-to-handle: it cannot pass SIGUSR2 to the workers")
-    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1", "--config", SMOKE, "--data-root",
+    log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
                                str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "8", "--set",
                                "train.log_every_steps=1", "--set", "cluster.launcher=torchrun"], tmp_path)
     assert "checkpoint (signal SIG" in log and "resuming from" in log

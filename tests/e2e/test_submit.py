@@ -13,15 +13,31 @@ from hpc.submit import TrainJob
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
-def golden_text() -> str:
-    cluster = load_cluster("perlmutter")
-    req = JobRequest(nodes=2, gpus=4, time_min=120, name="resnet152", account="m1234")
-    return sbatch_text(slurm_parameters(cluster, req), Path("/scratch/runs/resnet152/%j"), python="python")
+# Perlmutter's three kinds of job, each pinned: 2 whole nodes (the fabric's settings, the GPU order, the
+# CPU binding), one GPU of a shared node, and a preemptible variable-time job in NERSC's container.
+GOLDENS = {
+    "perlmutter_2x4.sbatch": ({}, dict(nodes=2, gpus=4)),
+    "perlmutter_shared_1gpu.sbatch": ({}, dict(nodes=1, gpus=1)),
+    "perlmutter_container_preempt.sbatch": (
+        {"cluster.image": "nersc/pytorch:24.08.01", "cluster.qos": "preempt", "cluster.time_min_min": 30,
+         "cluster.comment": "resnet152 study"},
+        dict(nodes=1, gpus=4, sbatch={"mail-type": "END"}),
+    ),
+}
 
 
-def test_sbatch_text_is_pinned_by_golden_file():
-    path = GOLDEN / "perlmutter_2x4.sbatch"
-    text = golden_text()
+def golden_text(name: str = "perlmutter_2x4.sbatch") -> str:
+    profile, shape = GOLDENS[name]
+    cluster = load_cluster("perlmutter", [(k, v, "test") for k, v in profile.items()])
+    req = JobRequest(time_min=120, name="resnet152", account="m1234_g", **shape)
+    folder = Path("/scratch/runs/resnet152/%j")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
+
+
+@pytest.mark.parametrize("name", list(GOLDENS))
+def test_sbatch_text_is_pinned_by_golden_file(name):
+    path = GOLDEN / name
+    text = golden_text(name)
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text(), "sbatch text changed; rerun with UPDATE_GOLDEN=1 if intended"
@@ -29,15 +45,34 @@ def test_sbatch_text_is_pinned_by_golden_file():
 
 def test_golden_has_the_perlmutter_shape():
     text = (GOLDEN / "perlmutter_2x4.sbatch").read_text()
-    for line in ["#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234",
+    for line in ["#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234_g",
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
                  "#SBATCH --cpus-per-task=32", "#SBATCH --signal=USR2@180", "#SBATCH --time=120",
-                 "module load pytorch", "export NCCL_NET_GDR_LEVEL=PHB", "--kill-on-bad-exit=1"]:
+                 "module load pytorch", "export NCCL_NET_GDR_LEVEL=PHB", "export NCCL_NET='AWS Libfabric'",
+                 "export HPC_NCCL_FABRIC=stop", "export HPC_GPU_ORDER=3,2,1,0", "--kill-on-bad-exit=1 --cpu-bind=cores"]:
+        assert line in text, line
+
+
+def test_a_partial_node_goes_to_the_shared_qos_with_a_gpu_per_task():
+    """NERSC's shared GPU jobs: -q shared, --gpus-per-task 1, 32 cores a task; no fabric settings, no GPU order
+    (inside one node, and Slurm hands the task its own GPU)."""
+    text = (GOLDEN / "perlmutter_shared_1gpu.sbatch").read_text()
+    for line in ["#SBATCH --qos=shared", "#SBATCH --gpus-per-task=1", "#SBATCH --cpus-per-task=32",
+                 "#SBATCH --ntasks-per-node=1"]:
+        assert line in text, line
+    assert "gpus-per-node" not in text and "NCCL_NET" not in text and "HPC_GPU_ORDER" not in text
+
+
+def test_a_container_job_runs_its_command_in_shifter():
+    text = (GOLDEN / "perlmutter_container_preempt.sbatch").read_text()
+    for line in ["#SBATCH --image=nersc/pytorch:24.08.01", "#SBATCH --qos=preempt", "#SBATCH --time-min=30",
+                 "#SBATCH --comment='resnet152 study'", "#SBATCH --mail-type=END",
+                 "--cpu-bind=cores shifter --image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -u -m"]:
         assert line in text, line
 
 
 def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
-    proc = run_module("hpc.submit", "--nodes", "2", "--gpus", "4", "--time", "120", "--account", "m1234",
+    proc = run_module("hpc.submit", "--nodes", "2", "--gpus", "4", "--time", "120", "--account", "m1234_g",
                       "--name", "resnet152", "--runs-dir", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     expected = golden_text().replace("/scratch/runs", str(tmp_path))
@@ -47,17 +82,17 @@ def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
 
 
 def test_sweep_dry_run_makes_one_array_per_shape(tmp_path):
-    proc = run_module("hpc.submit", "--sweep", "profiles/study.yaml", "--account", "m1", "--max-parallel", "3",
+    proc = run_module("hpc.submit", "--sweep", "profiles/study.yaml", "--account", "m1_g", "--max-parallel", "3",
                       "--runs-dir", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("#!/bin/bash") == 3  # 1, 2 and 4 GPUs
     assert proc.stdout.count("#SBATCH --array=0-11%3") == 3  # 3 fractions x 4 batch sizes each
-    for gpus in (1, 2, 4):
-        assert f"#SBATCH --gpus-per-node={gpus}" in proc.stdout
+    assert "#SBATCH --gpus-per-node=4" in proc.stdout and proc.stdout.count("#SBATCH --qos=shared") == 2
+    assert proc.stdout.count("#SBATCH --gpus-per-task=1") == 2  # 1 and 2 GPUs: the shared QOS, a GPU a task
 
 
 def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):
-    proc = run_module("hpc.study", "run", "profiles/study.yaml", "--account", "m1", "--runs-dir", str(tmp_path),
+    proc = run_module("hpc.study", "run", "profiles/study.yaml", "--account", "m1_g", "--runs-dir", str(tmp_path),
                       "--set", "sweep.nodes=[1, 2]", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     scripts = proc.stdout.split("#!/bin/bash")[1:]
@@ -119,9 +154,9 @@ def test_slurm_parameters_quote_environment():
 
 
 @pytest.mark.parametrize("command", [
-    ["hpc.submit", "--dry-run", "--account", "m1", "--nodes", "2", "--gpus", "4"],
-    ["hpc.submit", "--dry-run", "--account", "m1", "--sweep", "profiles/study.yaml"],
-    ["hpc.study", "run", "profiles/study.yaml", "--account", "m1", "--dry-run"],
+    ["hpc.submit", "--dry-run", "--account", "m1_g", "--nodes", "2", "--gpus", "4"],
+    ["hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", "profiles/study.yaml"],
+    ["hpc.study", "run", "profiles/study.yaml", "--account", "m1_g", "--dry-run"],
 ])
 def test_a_dry_run_needs_no_scheduler(command, tmp_path):
     """On a laptop (no srun, no sbatch on PATH) a dry run prints the scripts (it used to end in submitit's

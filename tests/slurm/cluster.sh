@@ -103,6 +103,8 @@ NodeName=nid001 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=128 Boards
 NodeName=nid002 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN
 NodeName=nid200 NodeHostname=$host NodeAddr=127.0.0.1 Port=17003 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Feature=cpu State=UNKNOWN
 PartitionName=gpu Nodes=nid001,nid002,nid200 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+# Stands in for Perlmutter's shared QOS (QOS are not enforced without slurmdbd): jobs of part of a node.
+PartitionName=shared Nodes=nid001,nid002 MaxTime=INFINITE State=UP OverSubscribe=YES
 CONFEOF
 
 cat >"$CONF/gres.conf" <<GRESEOF

@@ -24,7 +24,7 @@ SMOKE = str(hostile.REPO / "profiles" / "smoke.yaml")
 TRAIN = ("hpc.train", "--config", SMOKE, "--data-root", "{H}/data", "--run-dir", "{T}/run", "--no-profile")
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
          "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_TASKS_PER_NODE": "1(x2)"}
-DRY = ("hpc.submit", "--dry-run", "--account", "m1", "--config", SMOKE)
+DRY = ("hpc.submit", "--dry-run", "--account", "m1_g", "--config", SMOKE)
 
 
 def resume(run: str, *needles: str):
@@ -211,11 +211,11 @@ CASES = {
     "submit: --runs-dir is a file": ((*DRY, "--runs-dir", "{H}/data_file"), None, ("--runs-dir", "data_file", "is a file")),
     "submit: --runs-dir under a file": ((*DRY, "--runs-dir", "{H}/data_file/sub"), None, ("--runs-dir", "data_file", "is a file")),
     "submit: --profile missing": ((*DRY, "--profile", "{T}/none.yaml"), None, ("none.yaml", "cannot read")),
-    "submit: --profile with a bad scheduler": (("hpc.submit", "--account", "m1", "--profile", "{H}/profile_bad_scheduler.yaml"), None, ("cluster.scheduler = 'pbs'",)),
-    "submit: --sweep random": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/random.bin"), None, ("random.bin", "UTF-8")),
-    "submit: sweep name escapes": (("hpc.submit", "--account", "m1", "--local", "--sweep", "{H}/sweep_escape.yaml", "--runs-dir", "{T}/runs"), None, ("sweep_escape.yaml", "sweep.name", "'../../escape'")),
-    "submit: sweep needs 16 GPUs": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/sweep_gpus16.yaml"), None, ("sweep_gpus16.yaml", "sweep.gpus", "--gpus 16")),
-    "submit: sweep needs 2000 nodes": (("hpc.submit", "--dry-run", "--account", "m1", "--sweep", "{H}/sweep_nodes2000.yaml"), None, ("sweep_nodes2000.yaml", "sweep.nodes=2000", "at most 1536")),
+    "submit: --profile with a bad scheduler": (("hpc.submit", "--account", "m1_g", "--profile", "{H}/profile_bad_scheduler.yaml"), None, ("cluster.scheduler = 'pbs'",)),
+    "submit: --sweep random": (("hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", "{H}/random.bin"), None, ("random.bin", "UTF-8")),
+    "submit: sweep name escapes": (("hpc.submit", "--account", "m1_g", "--local", "--sweep", "{H}/sweep_escape.yaml", "--runs-dir", "{T}/runs"), None, ("sweep_escape.yaml", "sweep.name", "'../../escape'")),
+    "submit: sweep needs 16 GPUs": (("hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", "{H}/sweep_gpus16.yaml"), None, ("sweep_gpus16.yaml", "sweep.gpus", "--gpus 16")),
+    "submit: sweep needs 2000 nodes": (("hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", "{H}/sweep_nodes2000.yaml"), None, ("sweep_nodes2000.yaml", "sweep.nodes=2000", "at most 1536")),
     "submit: --set cluster value": ((*DRY, "--set", "cluster.gpus_per_node=0"), None, ("--set cluster.gpus_per_node=0", "must be > 0")),
     "submit: unknown launcher": ((*DRY, "--set", "cluster.launcher=mpirun"), None, ("--set cluster.launcher=mpirun", "'mpirun'", "srun")),
     "study: unknown command": (("hpc.study", "launch", "x.yaml"), None, ("'launch'", "run, status, resubmit")),
@@ -226,7 +226,7 @@ CASES = {
     "submit: --batch-size x": ((*DRY, "--batch-size", "x"), None, ("command line", "--batch-size", "'x'")),
     "submit: --local on 2 nodes": (("hpc.submit", "--local", "--nodes", "2", "--config", SMOKE), None, ("--nodes 2", "--local")),
     "submit: --set train.batch_size=0": ((*DRY, "--set", "train.batch_size=0"), None, ("--set train.batch_size=0", "must be > 0")),
-    "submit: --config a list": (("hpc.submit", "--dry-run", "--account", "m1", "--config", "{H}/list.yaml"), None, ("list.yaml", "got list")),
+    "submit: --config a list": (("hpc.submit", "--dry-run", "--account", "m1_g", "--config", "{H}/list.yaml"), None, ("list.yaml", "got list")),
     # --- empty values, which argparse takes as given and the code would read as "not given" ------------
     **{f"empty {m} {flag}": ((m, *pre, flag, ""), None, (f"{flag} ''", "must not be empty")) for m, pre, flag in [
         ("hpc.config", (), "--config"), ("hpc.config", (), "--profile"), ("hpc.config", (), "--sweep"),
@@ -371,9 +371,9 @@ NEIGHBOURS = {
     "cuda_memory_fraction 1": ("hpc.config", "--set", "train.cuda_memory_fraction=1"),
     "a cluster value with its profile": ("hpc.config", "--profile", "local", "--set", "cluster.max_nodes=1"),
     "a sweep value with its sweep": ("hpc.config", "--sweep", "{H}/study_like.yaml", "--set", "sweep.name=ok"),
-    "a 200-byte name": ("hpc.submit", "--dry-run", "--account", "m1", "--config", SMOKE, "--name", "n" * 200),
-    "a dotted name": ("hpc.submit", "--dry-run", "--account", "m1", "--config", SMOKE, "--name", "a..b"),
-    "a cluster value on submit": ("hpc.submit", "--dry-run", "--account", "m1", "--config", SMOKE, "--set",
+    "a 200-byte name": ("hpc.submit", "--dry-run", "--account", "m1_g", "--config", SMOKE, "--name", "n" * 200),
+    "a dotted name": ("hpc.submit", "--dry-run", "--account", "m1_g", "--config", SMOKE, "--name", "a..b"),
+    "a cluster value on submit": ("hpc.submit", "--dry-run", "--account", "m1_g", "--config", SMOKE, "--set",
                                   "cluster.qos=debug"),
     "a hostlist": ("hpc.distenv", "--hostlist", "n[1-2]"),
     "the data root the checkpoints were made on": ("hpc.data", "check", "--root", "{H}/data"),

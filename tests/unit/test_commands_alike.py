@@ -26,6 +26,7 @@ HELPS = [
     ("hpc.distenv", [], "python -m hpc.distenv"),
     ("hpc.bench", [], "python -m hpc.bench"),
     ("analysis", [], "python -m analysis"),
+    ("analysis", ["compare"], "python -m analysis compare"),
     ("analysis.bench", [], "python -m analysis.bench"),
     ("analysis.tensorboard", [], "python -m analysis.tensorboard"),
 ]
@@ -71,6 +72,8 @@ def test_subcommands_given_nothing_print_their_usage_too():
     outcome = call("hpc.study", [])
     assert outcome.code == 2 and outcome.lines[0].startswith("usage: python -m hpc.study {run,status,resubmit}")
     assert call("hpc.study", ["status"]).lines[0].startswith("usage: python -m hpc.study status ")
+    compare = call("analysis", ["compare"])
+    assert compare.code == 2 and compare.lines[0].startswith("usage: python -m analysis compare ")
 
 
 def test_flags_are_never_abbreviated_and_a_mistyped_one_gets_a_suggestion():

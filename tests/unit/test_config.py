@@ -15,7 +15,8 @@ def test_shipped_profiles_load():
     pm = load_cluster("perlmutter")
     assert (pm.gpus_per_node, pm.constraint, pm.qos, pm.cpus_per_task, pm.account) == (4, "gpu", "regular", 32, None)
     assert any("module load pytorch" in line for line in pm.setup)
-    assert "NCCL_NET_GDR_LEVEL" in pm.env
+    assert "NCCL_NET_GDR_LEVEL" in pm.multinode_env and pm.multinode_env["NCCL_NET"] == "AWS Libfabric"
+    assert (pm.account_suffix, pm.shared_qos, pm.gpu_order, pm.cpu_bind) == ("_g", "shared", (3, 2, 1, 0), "cores")
     assert load_cluster("local").scheduler == "local"
     smoke = load_run_config(str(PROFILES / "smoke.yaml"))
     assert smoke.model.arch == "tiny" and smoke.data.source == "synthetic"

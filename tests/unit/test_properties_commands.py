@@ -172,7 +172,7 @@ def _sources(flags: list[tuple[str, str]]) -> list[str]:
 @examples(150)
 def test_submit_dry_run_any_flags(flags):
     with workspace() as work:
-        argv = ["--dry-run", "--account", "m1", "--config", SMOKE, "--runs-dir", f"{work}/runs"]
+        argv = ["--dry-run", "--account", "m1_g", "--config", SMOKE, "--runs-dir", f"{work}/runs"]
         for flag, value in flags:
             argv += [f"{flag}={fill(value, work)}"]
         outcome = check("hpc.submit", argv, work, flags[0][0])
@@ -183,7 +183,7 @@ def test_submit_dry_run_any_flags(flags):
 @examples(30)
 def test_study_dry_run_any_flags(flags):
     with workspace() as work:
-        argv = ["run", STUDY, "--account", "m1", "--dry-run", "--runs-dir", f"{work}/runs"]
+        argv = ["run", STUDY, "--account", "m1_g", "--dry-run", "--runs-dir", f"{work}/runs"]
         for flag, value in flags:
             argv += [f"{flag}={fill(value, work)}"]
         outcome = check("hpc.study", argv, work, flags[0][0])
@@ -339,12 +339,13 @@ def _numeric(text: str, kind: type) -> bool:
 
 
 BASES = {
-    "hpc.submit": ["--dry-run", "--account", "m1", "--config", SMOKE, "--runs-dir", "{T}/runs"],
+    "hpc.submit": ["--dry-run", "--account", "m1_g", "--config", SMOKE, "--runs-dir", "{T}/runs"],
     "hpc.distenv": ["--hostlist", "n1"],
     "hpc.data": ["synth", "--root", "/proc/none"],  # every size lands on the refused root, or on its own check
     "hpc.bench": ["--arch", "tiny", "--only", "none-such"],
     "analysis.bench": ["{T}/file", "--json", "/proc/none.json"],
     "analysis.tensorboard": ["{T}/dir", "--host", "192.0.2.1"],
+    "analysis": ["compare", "{T}/a", "{T}/b"],
 }
 NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as the completeness test checks
     *[("hpc.submit", f, int) for f in ("--nodes", "--gpus", "--time", "--max-parallel", "--batch-size", "--epochs",
@@ -353,7 +354,7 @@ NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as 
     ("hpc.distenv", "--torchrun-args", int), ("hpc.distenv", "--max-restarts", int),
     ("hpc.data", "--train", int), ("hpc.data", "--test", int), ("hpc.data", "--seed", int),
     ("hpc.bench", "--steps", int), ("hpc.bench", "--warmup", int), ("hpc.bench", "--scaling-step-ms", float),
-    ("analysis.bench", "--repeat", int), ("analysis.tensorboard", "--port", int),
+    ("analysis.bench", "--repeat", int), ("analysis.tensorboard", "--port", int), ("analysis", "--rank", int),
 ]
 
 

@@ -1,0 +1,44 @@
+"""Where a rank sits: the GPU it takes and the cores it may run on. Pure functions over the environment
+(HPC_GPU_ORDER, which a cluster profile's `gpu_order` sets for whole-node jobs: hpc/launch/site.py) and
+the CPU set the OS reports; the training half calls them, and records what they say. No torch import.
+
+On Perlmutter Slurm binds local rank i to the cores next to GPU 3-i (`--cpu-bind=cores`), so the
+profile's order 3,2,1,0 gives each rank the GPU on its own side of the node, as NERSC's tutorials do
+by reversing CUDA_VISIBLE_DEVICES. A job of fewer GPUs (the shared QOS) sees only its own GPUs: there
+the order does not apply and rank i takes visible GPU i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from hpc.core.errors import DistEnvError
+
+GPU_ORDER = "HPC_GPU_ORDER"
+
+
+def gpu_index(env: Mapping[str, str], local_rank: int, device_count: int) -> int:
+    """The visible GPU local rank `local_rank` takes: HPC_GPU_ORDER's entry when it names every visible
+    GPU once, else local_rank modulo the count."""
+    text = env.get(GPU_ORDER, "").strip()
+    if not text or device_count < 1:
+        return local_rank % max(device_count, 1)
+    try:
+        order = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise DistEnvError(f"{GPU_ORDER}={text!r}: expected GPU numbers such as 3,2,1,0") from None
+    if sorted(order) != list(range(device_count)):  # a partial node, or a machine of another size
+        return local_rank % device_count
+    return order[local_rank % device_count]
+
+
+def cores_text(cpus: Iterable[int]) -> str:
+    """CPU numbers as ranges: {0,1,2,3,8} -> '0-3,8'."""
+    ordered = sorted(set(cpus))
+    runs: list[list[int]] = []
+    for cpu in ordered:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)

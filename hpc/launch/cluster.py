@@ -1,0 +1,143 @@
+"""The cluster profile's section: where jobs run, and how (`ClusterConfig`). Read from a profile YAML
+(profiles/perlmutter.yaml, local.yaml) with `--set cluster.KEY=VALUE` on top (hpc/launch/config.py).
+No torch; nothing of the project but core and the field checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from hpc.launch.fields import check, non_negative, one_of, positive
+
+SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]{0,40}")
+# sbatch options the toolkit writes itself, from its own flags and keys: not to be given twice.
+MANAGED_SBATCH = frozenset(
+    {
+        "nodes",
+        "ntasks-per-node",
+        "ntasks",
+        "gpus-per-node",
+        "gpus-per-task",
+        "cpus-per-task",
+        "time",
+        "qos",
+        "account",
+        "partition",
+        "constraint",
+        "job-name",
+        "output",
+        "error",
+        "signal",
+        "array",
+        "dependency",
+        "open-mode",
+        "comment",
+        "time-min",
+        "image",
+        "mem",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """Where jobs run. `scheduler: local` runs on this machine (submitit's local executor)."""
+
+    name: str = "local"
+    scheduler: str = "local"  # slurm | local
+    gpus_per_node: int = 2  # on a CPU-only machine: ranks per node
+    max_nodes: int = 1
+    cpus_per_task: int = 1
+    mem_gb: int | None = None
+    constraint: str | None = None  # Slurm -C
+    qos: str | None = None  # Slurm -q
+    account: str | None = None  # Slurm -A
+    partition: str | None = None
+    time_limit_min: int = 30
+    max_time_limit_min: int | None = None
+    setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    signal_delay_s: int = 120  # USR2 this long before the time limit
+    max_requeues: int = 3
+    # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
+    # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
+    launcher: str = "srun"
+    max_restarts: int = 3
+    # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
+    analysis_qos: str | None = None
+    analysis_constraint: str | None = None
+    analysis_partition: str | None = None
+    analysis_cpus: int = 2
+    analysis_time_min: int = 30
+    # Accounts: GPU jobs' account must end with this (Perlmutter: _g, the GPU allocation); the analysis
+    # job's account (a CPU job) is analysis_account, else --analysis-account, else the GPU account
+    # without the suffix.
+    account_suffix: str | None = None
+    analysis_account: str | None = None
+    # A job of fewer GPUs than a node (one node) goes to this QOS (Perlmutter: shared) with a GPU and
+    # cpus_per_task cores per task, charged by its share of the node; None: whole nodes.
+    shared_qos: str | None = None
+    shared_partition: str | None = None  # where the site (or a test cluster) puts such jobs
+    charge_factor: float = 1.0  # allocation hours charged per node-hour (a share of a node: a share)
+    # Affinity on a whole node: the GPU each local rank takes (Perlmutter: 3,2,1,0: rank 0's cores sit
+    # next to GPU 3) and srun's CPU binding (Perlmutter: cores).
+    gpu_order: tuple[int, ...] = ()
+    cpu_bind: str | None = None
+    # Preemptible and variable-time jobs: sbatch --time-min and --comment (qos: preempt goes in qos).
+    time_min_min: int | None = None
+    comment: str | None = None
+    # A container image the training runs in: shifter (with container_modules) or podman-hpc.
+    image: str | None = None
+    container: str = "shifter"
+    container_modules: tuple[str, ...] = ()
+    # Multi-node jobs only: the fabric's settings (HPE's libfabric/CXI ones on Slingshot) and what a
+    # run does when NCCL would fall back to TCP sockets: off | warn | stop.
+    multinode_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    nccl_fabric: str = "off"
+    runs_dir: str | None = None  # where run directories go (Perlmutter: under $SCRATCH); --runs-dir wins
+    sbatch_options: dict[str, str] = dataclasses.field(default_factory=dict)  # sbatch's other options
+
+    def __post_init__(self) -> None:
+        one_of(self, "scheduler", ("slurm", "local"))
+        one_of(self, "launcher", ("srun", "torchrun"))
+        positive(
+            self,
+            "gpus_per_node",
+            "max_nodes",
+            "cpus_per_task",
+            "mem_gb",
+            "time_limit_min",
+            "max_time_limit_min",
+            "analysis_cpus",
+            "analysis_time_min",
+            "time_min_min",
+        )
+        non_negative(self, "signal_delay_s", "max_requeues", "max_restarts")
+        if self.max_time_limit_min is not None:
+            check(
+                self.time_limit_min <= self.max_time_limit_min,
+                "time_limit_min",
+                f"exceeds max_time_limit_min={self.max_time_limit_min}",
+                other="max_time_limit_min",
+            )
+        check(
+            self.signal_delay_s < self.time_limit_min * 60,
+            "signal_delay_s",
+            f"must be shorter than the time limit ({self.time_limit_min} min)",
+            other="time_limit_min",
+        )
+        for name in ("env", "multinode_env"):
+            for key in getattr(self, name):
+                check(key.replace("_", "").isalnum() and not key[0].isdigit(), name, f"bad variable name {key!r}")
+        one_of(self, "container", ("shifter", "podman-hpc"))
+        one_of(self, "nccl_fabric", ("off", "warn", "stop"))
+        check(self.charge_factor > 0, "charge_factor", "must be > 0")
+        check(
+            not self.gpu_order or sorted(self.gpu_order) == list(range(self.gpus_per_node)),
+            "gpu_order",
+            f"must order the node's GPUs 0..{self.gpus_per_node - 1}, each once",
+            other="gpus_per_node",
+        )
+        for key in self.sbatch_options:
+            check(SBATCH_KEY.fullmatch(key) is not None, "sbatch_options", f"{key!r} is not an sbatch option name")
+            check(key not in MANAGED_SBATCH, "sbatch_options", f"--{key} is the toolkit's own (a flag or key sets it)")

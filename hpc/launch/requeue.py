@@ -1,0 +1,95 @@
+"""Requeueing a job that stopped with a checkpoint (Slurm's warning before the time limit, a preemption,
+a lost peer): from inside the job through submitit's handler, and where that cannot (no `scontrol` inside
+a container, a controller that does not answer), from the batch shell after the step, which runs
+outside any container (`teardown_lines`, added to every Slurm job's script). A requeue that fails there
+too is one line in the job's log; the checkpoint stays, and resubmitting the point resumes it. A stop a
+person asked for (Ctrl-C, a local SIGTERM) is not requeued. No torch import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REQUEST = ".hpc-requeue"  # in the run directory: the job asks its batch shell to requeue it
+
+
+def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
+    """A stop a person asked for, not the scheduler: Ctrl-C (SIGINT) anywhere; SIGTERM on this machine
+    (submitit's local controller forwards the user's; on Slurm SIGTERM is a preemption). Not requeued."""
+    return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
+
+
+@contextlib.contextmanager
+def stderr_kept(kept: list[str]) -> Iterator[None]:
+    """What child processes write to our stderr (fd 2) goes into `kept`, and is written out after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as buffer:
+        os.dup2(buffer.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            buffer.seek(0)
+            kept.append(buffer.read().decode(errors="replace"))
+
+
+def requeue(submitit_handler: Any, job_id: str, run_dir: Path) -> None:
+    """submitit's requeue (it pickles the job again, runs `scontrol requeue` and exits). One that fails
+    inside the job (no scontrol in a container, a controller that does not answer) leaves REQUEST in the
+    run directory for the batch shell (teardown_lines), and says so in one line with scontrol's words."""
+    said: list[str] = []
+    try:
+        with stderr_kept(said):
+            submitit_handler(signal.SIGUSR2, None)
+    except (subprocess.SubprocessError, OSError) as e:
+        lines = "".join(said).splitlines()
+        sys.stderr.write("".join(f"{line}\n" for line in lines if line.startswith("submitit ")))
+        words = " ".join(" ".join(line for line in lines if not line.startswith("submitit ")).split())
+        with contextlib.suppress(OSError):
+            (run_dir / REQUEST).write_text(job_id)
+        print(
+            f"hpc.submit: job {job_id}: scontrol requeue failed inside the job "
+            f"({(words or ' '.join(str(e).split()))[:200]}); the batch shell tries after the step",
+            file=sys.stderr,
+            flush=True,
+        )
+    except BaseException:
+        sys.stderr.write("".join(said))  # submitit exits after a requeue: what it said still reaches the log
+        raise
+    else:
+        sys.stderr.write("".join(said))
+
+
+def teardown_lines(folder: Path) -> list[str]:
+    """The batch shell's lines after the step: requeue the job when its run directory (submitit's folder,
+    %j being this job's id, or its array job id and task) holds REQUEST."""
+    before, has_id, after = str(folder).partition("%j")
+    mark = (
+        f'{shlex.quote(before)}"$hpc_jid"{shlex.quote(after + "/" + REQUEST)}'
+        if has_id
+        else shlex.quote(str(folder / REQUEST))
+    )
+    said_ok = 'echo "hpc.submit: job $hpc_jid requeued from the batch shell"'
+    said_not = (
+        "echo \"hpc.submit: job $hpc_jid could not requeue itself (scontrol: ${hpc_out//$'\\n'/ }); its checkpoint "
+        'stays in the run directory: resubmit the point to resume it" >&2'
+    )
+    return [
+        "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
+        "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
+        f"if [ -e {mark} ]; then",
+        f"    rm -f {mark}",
+        f'    if hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
+        "fi",
+    ]

@@ -1,0 +1,128 @@
+"""Perlmutter's practices as the profile states them (issue 29), each a pure function tested on literal
+values: accounts and their rule, the shared QOS and what a point can be charged, where a rank sits,
+the fabric's environment for multi-node jobs only, the container prefix, extra sbatch options, the
+NCCL network check on NCCL's own INFO lines, and the batch shell's requeue lines."""
+
+import subprocess
+
+import pytest
+
+from hpc.core.errors import ConfigError, DistEnvError, UsageError
+from hpc.launch.affinity import cores_text, gpu_index
+from hpc.launch.config import load_cluster
+from hpc.launch.netcheck import debug_env, network_of, verdict, wants_check
+from hpc.launch.requeue import teardown_lines
+from hpc.launch.site import accounts, charge_lines, check_sbatch_options, container_prefix, job_env, node_share
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return load_cluster("perlmutter")
+
+
+def test_gpu_jobs_are_charged_to_the_gpu_allocation_and_the_analysis_to_the_cpu_one(pm):
+    assert accounts(pm, "m1234_g", None) == ("m1234_g", "m1234")
+    assert accounts(pm, "m1234_g", "m9999") == ("m1234_g", "m9999")
+    with pytest.raises(UsageError, match=r"--account 'm1234': profile 'perlmutter' charges GPU jobs to a GPU "
+                                         r"allocation, whose account ends with '_g'.*did you mean m1234_g\?"):
+        accounts(pm, "m1234", None)
+    with pytest.raises(UsageError, match=r"--analysis-account 'm1234_g': the analysis job runs on a CPU node"):
+        accounts(pm, "m1234_g", "m1234_g")
+    assert accounts(load_cluster("local"), "anything", None) == ("anything", "anything")  # no rule, no change
+
+
+def test_partial_nodes_are_shared_and_charged_by_their_share(pm):
+    assert [node_share(pm, 1, g) for g in (1, 2, 4)] == [0.25, 0.5, 1.0] and node_share(pm, 2, 4) == 2.0
+    # the study: 12 points at each of 1, 2, 4 GPUs, 60 min each at most
+    lines = charge_lines(pm, [("shared", 12, 1, 1, 60), ("shared", 12, 1, 2, 60), ("regular", 12, 1, 4, 60)])
+    assert lines == ["# qos shared: 24 point(s), at most 9 node-hours at the time limit",
+                     "# qos regular: 12 point(s), at most 12 node-hours at the time limit"]
+
+
+def test_the_fabric_settings_are_for_jobs_that_span_nodes_and_the_gpu_order_for_whole_nodes(pm):
+    one = job_env(pm, 1, 4)
+    assert one == {"OMP_NUM_THREADS": "8", "HPC_GPU_ORDER": "3,2,1,0"}
+    two = job_env(pm, 2, 4)
+    assert two["NCCL_NET"] == "AWS Libfabric" and two["FI_CXI_DISABLE_HOST_REGISTER"] == "1"
+    assert two["HPC_NCCL_FABRIC"] == "stop" and two["NCCL_SOCKET_IFNAME"] == "hsn"
+    assert "HPC_GPU_ORDER" not in job_env(pm, 1, 2)  # a partial node sees only its own GPUs
+
+
+def test_a_rank_takes_the_gpu_next_to_its_cores():
+    env = {"HPC_GPU_ORDER": "3,2,1,0"}
+    assert [gpu_index(env, r, 4) for r in range(4)] == [3, 2, 1, 0]
+    assert [gpu_index(env, r, 1) for r in range(1)] == [0]  # a shared job's one visible GPU
+    assert [gpu_index({}, r, 4) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(DistEnvError, match="HPC_GPU_ORDER='3,x'"):
+        gpu_index({"HPC_GPU_ORDER": "3,x"}, 0, 4)
+    assert cores_text({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11" and cores_text([5]) == "5"
+
+
+def test_the_container_prefix_is_shifter_with_nersc_modules_or_podman_hpc(pm):
+    assert container_prefix(pm) == []  # no image: module load pytorch
+    with_image = load_cluster("perlmutter", [("cluster.image", "nersc/pytorch:24.08.01", "t")])
+    assert container_prefix(with_image) == ["shifter", "--image=nersc/pytorch:24.08.01", "--module=gpu,nccl-plugin"]
+    podman = load_cluster("perlmutter", [("cluster.image", "x:1", "t"), ("cluster.container", "podman-hpc", "t")])
+    assert container_prefix(podman)[:2] == ["podman-hpc", "run"] and container_prefix(podman)[-1] == "x:1"
+
+
+def test_extra_sbatch_options_are_checked_like_every_option():
+    check_sbatch_options({"mail-type": "END", "reservation": "sc23"}, "--sbatch")
+    for bad, needle in [({"Mail_Type": "END"}, "not an sbatch option name"), ({"nodes": "3"}, "set by the toolkit"),
+                        ({"mail-type": "a\nb"}, "one non-empty line")]:
+        with pytest.raises(UsageError, match=needle):
+            check_sbatch_options(bad, "--sbatch")
+    with pytest.raises(ConfigError, match="sbatch_options.*time-min.*the toolkit's own"):
+        load_cluster("perlmutter", [("cluster.sbatch_options", {"time-min": "5"}, "t")])
+
+
+# NCCL's INIT/NET lines as NCCL 2.18-2.21 write them (format from NCCL's own sources: host:pid:tid [device]
+# NCCL INFO ...); made here, not captured on Perlmutter, since no GPU node runs these tests.
+FABRIC_LINES = """nid001433:811:811 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to hsn
+nid001433:811:811 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.6.0
+nid001433:811:811 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 4 nics)
+nid001433:811:811 [0] NCCL INFO Using network AWS Libfabric
+nid001433:811:811 [0] NCCL INFO comm 0x55a8 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0
+"""
+SOCKET_LINES = """nid001433:811:811 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
+nid001433:811:811 [0] NCCL INFO NET/Socket : Using [0]hsn0:10.249.16.39<0> [1]hsn1:10.249.16.40<0>
+nid001433:811:811 [0] NCCL INFO Using network Socket
+"""
+
+
+def test_the_network_nccl_chose_is_read_from_its_own_lines():
+    assert network_of(FABRIC_LINES.splitlines()) == "AWS Libfabric"
+    assert network_of(SOCKET_LINES.splitlines()) == "Socket"
+    assert network_of(["nothing here"]) is None
+
+
+def test_sockets_across_nodes_stop_or_warn_as_the_profile_says():
+    assert verdict("AWS Libfabric", "stop", 2) is None and verdict("Socket", "stop", 1) is None
+    assert verdict("Socket", "off", 2) is None and verdict(None, "stop", 2) is None
+    kind, line = verdict("Socket", "stop", 2)
+    assert kind == "stop" and "NCCL uses TCP sockets between the 2 nodes" in line and "nccl-plugin" in line
+    assert verdict("Socket", "warn", 4)[0] == "warn"
+    assert wants_check({"HPC_NCCL_FABRIC": "stop"}, 2) and not wants_check({"HPC_NCCL_FABRIC": "stop"}, 1)
+    assert debug_env({"NCCL_DEBUG": "WARN"}, __import__("pathlib").Path("/x"), 0) == {}  # the user's own kept
+
+
+def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
+    """The teardown lines run in bash with a stand-in scontrol: they requeue once, remove the request, and a
+    refusal is one line with scontrol's words."""
+    (tmp_path / "7").mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    script = "\n".join(teardown_lines(tmp_path / "%j"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    (tmp_path / "7" / ".hpc-requeue").write_text("7")
+    ok = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert ok.stdout.strip() == "hpc.submit: job 7 requeued from the batch shell"
+    assert (tmp_path / "calls").read_text() == "requeue 7\n" and not (tmp_path / "7" / ".hpc-requeue").exists()
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)  # nothing asked: nothing done
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"
+    (tmp_path / "7" / ".hpc-requeue").write_text("7")
+    failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
+    assert failed.stderr.strip() == ("hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
+                                     "its checkpoint stays in the run directory: resubmit the point to resume it")
