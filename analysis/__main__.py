@@ -12,6 +12,7 @@ Unusable files are warned about and skipped; exit 2 when nothing was usable. No 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -25,9 +26,23 @@ from analysis.series import sweeps_side_by_side
 from analysis.sweep import analyze_sweep
 from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
-from hpc.core.errors import UsageError, WriteError
+from hpc.core.errors import EXIT_OK, UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
-from hpc.core.rundir import REPORT, RUNS_JSON, SWEEP_TABLE, WHY_TABLE, RunPaths, SweepPaths
+from hpc.core.logs import TO_STDERR
+from hpc.core.rundir import (
+    REPORT,
+    RUNS_CSV,
+    RUNS_JSON,
+    RUNS_MD,
+    SWEEP_CSV,
+    SWEEP_TABLE,
+    TRACES_JSON,
+    WHY_TABLE,
+    RunPaths,
+    SweepPaths,
+)
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,20 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
     traces, runs, sweep_rows = analyze_path(path)
     print_tables(traces, runs, sweep_rows, args.format)
-    extra = second_sweep(path, Path(args.other), traces, args.format) if args.other else []
+    extra = print_second_sweep(path, Path(args.other), traces, args.format) if args.other else []
     if out is None:
-        return 0
+        return EXIT_OK
     try:  # each file is written whole (write_atomic); a folder that cannot be made is one line too
         figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
         if args.report:
             write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures, extra))
-            print(f"report: {out / REPORT}", file=sys.stderr)
+            log.info(f"report: {out / REPORT}", extra=TO_STDERR)
     except OSError as e:
         raise e if isinstance(e, WriteError) else write_failure(e.filename or out, e, False) from None
-    return 0
+    return EXIT_OK
 
 
-def second_sweep(path: Path, other: Path, traces: list[TraceRecord], fmt: str) -> list[str]:
+def print_second_sweep(path: Path, other: Path, traces: list[TraceRecord], fmt: str) -> list[str]:
     """A second sweep against the first, point by point: printed, and the report's section (HTML)."""
     for p in (path, other):
         if not SweepPaths(p).index.is_file():
@@ -113,7 +128,7 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
             some, one = analyze_run(run_dir, warnings)
             traces, runs = traces + some, runs + ([one] if one else [])
         names = ", ".join(d.name for d in several[:6]) + (", ..." if len(several) > 6 else "")
-        print(f"analysis: {path} holds {len(several)} runs, each analysed on its own: {names}", file=sys.stderr)
+        log.info(f"analysis: {path} holds {len(several)} runs, each analysed on its own: {names}", extra=TO_STDERR)
     else:
         traces, one = analyze_run(path, warnings)
         runs = [one] if one else []
@@ -167,19 +182,19 @@ def write_outputs(
 ) -> list[Path]:
     """The tables and JSON records (and with plots, the figures) under out; the figures written."""
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "traces.json", to_json(traces))
+    write_atomic(out / TRACES_JSON, to_json(traces))
     if runs:
         write_atomic(out / RUNS_JSON, to_json(runs))
-        write_atomic(out / "runs.csv", rows_to_csv(runs, RUN_COLUMNS))
-        write_atomic(out / "runs.md", rows_to_markdown(runs, RUN_COLUMNS))
+        write_atomic(out / RUNS_CSV, rows_to_csv(runs, RUN_COLUMNS))
+        write_atomic(out / RUNS_MD, rows_to_markdown(runs, RUN_COLUMNS))
     if sweep_rows is not None:
-        write_atomic(out / "sweep.csv", rows_to_csv(sweep_rows, RUN_COLUMNS))
+        write_atomic(out / SWEEP_CSV, rows_to_csv(sweep_rows, RUN_COLUMNS))
         write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, RUN_COLUMNS))
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / WHY_TABLE, why)
     written = plot_sweep(runs, out / "figures") if plots and runs else []
-    print(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), file=sys.stderr)
+    log.info(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), extra=TO_STDERR)
     return written
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_output_file, inspect_path, run
-from hpc.core.errors import UsageError
+from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.files import write_atomic
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.big:
-        return big(Path(args.big), args.json)
+        return print_big(Path(args.big), args.json)
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_DIR.rglob("*.json.gz"))
     if not files:
         raise UsageError(f"no trace files (looked in {DEFAULT_DIR})")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path.name[:42]:42} {row['bytes'] / 2**20:6.1f}  " + "  ".join(cells), flush=True)
     if args.json:
         write_atomic(args.json, json.dumps(results, indent=2))
-    return 0
+    return EXIT_OK
 
 
 BIG_SOURCE = DEFAULT_DIR / "hta_single" / "df_index_resolver.json.gz"
@@ -122,7 +122,7 @@ HTA_BREAKDOWN = (
 )
 
 
-def big(folder: Path, json_out: str | None) -> int:
+def print_big(folder: Path, json_out: str | None) -> int:
     """Ten copies of HTA's df_index_resolver trace end to end (2.2 million events): the whole analysis
     against traceinsight's kernel breakdown, each a whole process; then twenty copies (1 GB of JSON):
     the analysis's peak memory per event and per byte of trace."""
@@ -147,7 +147,7 @@ def big(folder: Path, json_out: str | None) -> int:
         (where / "rank1.trace.json").unlink()
     if json_out:
         write_atomic(json_out, json.dumps(results, indent=2))
-    return 0
+    return EXIT_OK
 
 
 def built(copies: int, out: Path) -> dict[str, int]:

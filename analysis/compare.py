@@ -24,7 +24,7 @@ from analysis.records import TraceRecord
 from analysis.trace import analyze_trace
 from analysis.units import number
 from hpc.core.cli import Parser, inspect_path, run
-from hpc.core.errors import TraceError, UsageError
+from hpc.core.errors import EXIT_OK, TraceError, UsageError
 from hpc.core.rundir import SweepPaths, read_index
 
 AXES = {
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print_warnings(warnings)
     result = compare(a, b)
     sys.stdout.write(json.dumps(result, indent=2) + "\n" if args.format == "json" else render(result, args.format))
-    return 0
+    return EXIT_OK
 
 
 def render(result: dict[str, Any], fmt: str) -> str:

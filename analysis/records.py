@@ -193,7 +193,7 @@ class RunRecord:
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's
     speedup: float | None = None  # against the 1-GPU point of the same fraction and batch
     scaling_efficiency: float | None = None
-    oom: dict[str, Any] | None = None  # hpc/oom.py's record, for outcome "oom"
+    oom: dict[str, Any] | None = None  # hpc/training/oom.py's record, for outcome "oom"
     nodes: int | None = None
     epoch_time_s: float | None = None  # measured: the mean of metrics.jsonl's epoch records
     step_skew_us: float | None = None  # mean over profiled steps of (slowest rank's step - fastest rank's)

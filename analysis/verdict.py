@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from analysis.records import RunRecord, TraceRecord
-from analysis.scaling import PERLMUTTER_BUSBW_GBS
+from hpc.spec.scaling import PERLMUTTER_BUSBW_GBS
 
 HOST_LAUNCH, COMMUNICATION, DATA, MEMORY, IMBALANCE, COMPUTE, UNKNOWN = (
     "host-launch",

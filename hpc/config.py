@@ -1,6 +1,6 @@
-"""`python -m hpc.config` and `hpc-config`: the door to hpc/launch/config.py, where the command lives."""
+"""`python -m hpc.config` and `hpc-config`: the door to hpc/launch/configcmd.py, where the command lives."""
 
-from hpc.launch.config import cli, main
+from hpc.launch.configcmd import cli, main
 
 __all__ = ["cli", "main"]
 

@@ -41,6 +41,15 @@ def slurm_up() -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def command_logging():
+    """Code called in-process logs as a command does (hpc/core/logs.py: INFO on stdout, warnings on
+    stderr), not into pytest's own log capture, so tests read what a user would see."""
+    from hpc.core.logs import configure
+
+    configure()
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     reason = slurm_up()

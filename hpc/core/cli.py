@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpc.core.errors import EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
+from hpc.core.logs import LEVELS, LOG_LEVEL_ENV, configure
 
 MAX_MESSAGE = 600
 MAX_VALUE = 120
@@ -56,6 +57,13 @@ class Parser(argparse.ArgumentParser):
             kwargs["prog"] = command_name(kwargs["prog"])
         super().__init__(*args, **kwargs)
         self.needs_args = needs_args
+        self.add_argument(
+            "--log-level",
+            choices=LEVELS,
+            default=argparse.SUPPRESS,  # a subcommand's parser must not reset its parent's value
+            help=f"how much the toolkit says: debug adds detail, warning drops the progress lines (default: "
+            f"${LOG_LEVEL_ENV}, else info)",
+        )
 
     def error(self, message: str) -> NoReturn:  # argparse's hook: it would print the usage block and exit 2
         if message.startswith("unrecognized arguments: "):
@@ -86,6 +94,7 @@ class Parser(argparse.ArgumentParser):
         self._no_arguments(args)
         parsed = super().parse_args(args, namespace)
         refuse_empty(self, parsed)
+        configure(getattr(parsed, "log_level", None))
         return parsed
 
     def parse_known_args(  # type: ignore[override]
@@ -94,6 +103,7 @@ class Parser(argparse.ArgumentParser):
         self._no_arguments(args)
         parsed, rest = super().parse_known_args(args, namespace)
         refuse_empty(self, parsed)
+        configure(getattr(parsed, "log_level", None))
         return parsed, rest
 
 
@@ -254,6 +264,7 @@ def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | No
     if reconfigure is not None:
         reconfigure(errors="surrogateescape")
     try:
+        configure()  # from HPC_LOG_LEVEL until the command line is read
         return main(argv)
     except NoArguments as e:  # the usage block, as it is
         print(str(e), file=sys.stderr, flush=True)

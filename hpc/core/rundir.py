@@ -64,10 +64,14 @@ ANALYSIS_JOBS = "analysis-jobs"
 REPORT = "report.html"
 SWEEP_TABLE = "sweep.md"
 RUNS_JSON = "runs.json"  # every point's record, its verdict among them
+RUNS_CSV = "runs.csv"
+RUNS_MD = "runs.md"
+SWEEP_CSV = "sweep.csv"
+TRACES_JSON = "traces.json"  # every trace's record
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
-# JSON files of ours that a search for traces must skip.
-SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, "metrics.json", "records.json", "traces.json", RUNS_JSON})
+# JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
+SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, Path(CHECKPOINT_INFO).name})
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
 
@@ -158,7 +162,7 @@ class SweepPaths:
 
 
 # ----------------------------------------------------------------------------------------------
-# config.yaml, sweep.yaml (read back through hpc.launch.config, which checks them against the schema)
+# config.yaml, sweep.yaml (read back through hpc.spec.config, which checks them against the schema)
 # ----------------------------------------------------------------------------------------------
 
 

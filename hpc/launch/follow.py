@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import shlex
 import signal
@@ -23,10 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED
+from analysis.api import render, run_numbers
+from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
 from hpc.launch.plan import Point
 from hpc.launch.queue import QueueWatch
+
+log = logging.getLogger(__name__)
 
 RESEND_S = 2.0  # a rank still setting up ignores SIGINT (inherited); it is told again until it listens
 
@@ -96,7 +100,7 @@ def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
         return
     if time.monotonic() - interrupts.sent_at >= RESEND_S:
         if not interrupts.sent_at:
-            print(f"hpc: {interrupts.name}: every rank checkpoints at its step's end (again to kill them)", flush=True)
+            log.info(f"hpc: {interrupts.name}: every rank checkpoints at its step's end (again to kill them)")
         _signal_all(ranks, signal.SIGINT)
         interrupts.sent_at = time.monotonic()
 
@@ -114,16 +118,14 @@ def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
     for sub in subs:
         info = read_checkpoint_info(RunPaths(sub.run_dir))
         if info is None:
-            print(
+            log.warning(
                 f"hpc: stopped ({interrupts.name}) before a checkpoint of {sub.run_dir}: nothing to resume; "
-                "run the same command again to start afresh",
-                file=sys.stderr,
+                "run the same command again to start afresh"
             )
             continue
-        print(
+        log.warning(
             f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
-            f"{info['stop_at']}; resume with: {resume_command(sub.run_dir, sub.ranks)}",
-            file=sys.stderr,
+            f"{info['stop_at']}; resume with: {resume_command(sub.run_dir, sub.ranks)}"
         )
     return EXIT_PREEMPTED
 
@@ -172,13 +174,7 @@ RUN_NUMBERS = [
 
 def print_run_numbers(run_dir: Path) -> None:
     """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
-    from analysis.discover import print_warnings
-    from analysis.fold import analyze_run
-    from analysis.tables import render
-
-    warnings: list[str] = []
-    traces, run = analyze_run(run_dir, warnings)
-    print_warnings(warnings)
+    traces, run = run_numbers(run_dir)
     if traces:
         print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
         print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
@@ -222,20 +218,19 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
                 follower.echo()
             elif interrupts.signum is not None:
                 ids = " ".join(sub.job_id for sub in pending)
-                print(
+                log.warning(
                     f"hpc: stopped waiting ({interrupts.name}); still on Slurm: squeue -j {ids}; scancel {ids} ends "
-                    "them",
-                    file=sys.stderr,
+                    "them"
                 )
                 return EXIT_INTERRUPTED
             if pending:
                 time.sleep(poll_s if not follow else 0.5)
     if follow and interrupts.signum is not None:
         return said_stopped(subs, interrupts)
-    return 1 if sum(not report_result(sub, poll_s, follow) for sub in subs) else 0
+    return EXIT_FAILED if sum(not print_result(sub, poll_s, follow) for sub in subs) else EXIT_OK
 
 
-def report_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
+def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
     """Print how an ended job ended; False when it failed."""
     try:
         if not sub.job.paths.result_pickle.exists():

@@ -14,6 +14,7 @@ attributes below keep their names.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -21,9 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
+from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
+from hpc.core.logs import configure
 from hpc.core.rundir import RunPaths, read_summary, write_yaml
 from hpc.launch.requeue import requeue, stopped_by_user
+
+log = logging.getLogger(__name__)
 
 
 class TrainJob:
@@ -45,11 +49,12 @@ class TrainJob:
     def __call__(self) -> dict[str, Any]:
         import submitit
 
-        from hpc.launch.config import run_config_from_dict
-        from hpc.launch.distenv import from_environ
+        from hpc.spec.config import run_config_from_dict
+        from hpc.spec.distenv import from_environ
         from hpc.training.command import check_resumable, prepare_run_dir, train_or_oom
         from hpc.training.parts import StopSignal
 
+        configure()  # HPC_LOG_LEVEL, exported with the job, as hpc.train's --log-level would
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
         run_dir = prepare_run_dir(Path(job.paths.folder))
@@ -62,7 +67,7 @@ class TrainJob:
             try:
                 code = train_or_oom(cfg, run_dir, from_environ(os.environ), stop=stop)
             except PeerLostError as e:  # a dead peer, said in one line: requeued like a preemption
-                print(f"hpc.train: error: {e}", file=sys.stderr, flush=True)
+                log.error(f"hpc.train: error: {e}")
                 code = EXIT_PEER_LOST
         if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
             return {"status": "oom", "run_dir": str(run_dir)}
@@ -112,15 +117,15 @@ class TrainJob:
         if (read_summary(paths.summary) or {}).get("outcome") == "oom":
             return EXIT_OOM
         if rc == 0:
-            return 0
+            return EXIT_OK
         if stopped and paths.checkpoint.exists():
             return EXIT_PREEMPTED
         raise RuntimeError(f"torchrun exited {rc} after {self.max_restarts} restart(s) at most; see the log above")
 
     def torchrun_args(self, job_id: str) -> list[str]:
         """The job's own rendezvous on Slurm; on this machine (--local), one node at 127.0.0.1."""
-        from hpc.launch.distenv import master_port_for_job, slurm_torchrun_args
-        from hpc.launch.torchrun import torchrun_args, torchrun_forwards_signals
+        from hpc.spec.distenv import master_port_for_job, slurm_torchrun_args
+        from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
 
         if os.environ.get("SLURM_JOB_ID"):
             return slurm_torchrun_args(os.environ, self.nproc_per_node, self.max_restarts)

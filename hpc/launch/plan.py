@@ -16,11 +16,11 @@ from typing import Any
 
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
-from hpc.launch.config import Layers, check_request, load_cluster, require_section
-from hpc.launch.flags import overrides_from_args
-from hpc.launch.schema import RUN_SECTIONS, ClusterConfig, RunConfig, SweepConfig
 from hpc.launch.site import accounts
 from hpc.launch.slurm import JobRequest, local_parameters, parse_exports, slurm_parameters
+from hpc.spec.config import Layers, check_request, load_cluster, require_section
+from hpc.spec.flags import overrides_from_args
+from hpc.spec.schema import RUN_SECTIONS, ClusterConfig, RunConfig, SweepConfig
 
 Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
 

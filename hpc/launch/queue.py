@@ -12,12 +12,14 @@ all (a laptop, local runs) has nothing queued.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
-import sys
 import time
 
 from hpc.core.errors import QueueError
+
+log = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_S = 60  # squeue retries a silent controller for a while itself; past this, it is down
 
@@ -101,11 +103,11 @@ class QueueWatch:
             listed = queued(job_ids)
         except QueueError as e:
             if self.silent_since is None:
-                print(f"hpc: {e}; still waiting", file=sys.stderr, flush=True)
+                log.warning(f"hpc: {e}; still waiting")
                 self.silent_since = time.monotonic()
             return None
         if self.silent_since is not None:
-            print(f"hpc: the queue answers again after {time.monotonic() - self.silent_since:.0f} s", file=sys.stderr)
+            log.warning(f"hpc: the queue answers again after {time.monotonic() - self.silent_since:.0f} s")
             self.silent_since = None
         return listed
 

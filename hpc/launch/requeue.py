@@ -9,6 +9,7 @@ person asked for (Ctrl-C, a local SIGTERM) is not requeued. No torch import.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -18,6 +19,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 REQUEST = ".hpc-requeue"  # in the run directory: the job asks its batch shell to requeue it
 
@@ -58,11 +61,9 @@ def requeue(submitit_handler: Any, job_id: str, run_dir: Path) -> None:
         words = " ".join(" ".join(line for line in lines if not line.startswith("submitit ")).split())
         with contextlib.suppress(OSError):
             (run_dir / REQUEST).write_text(job_id)
-        print(
+        log.warning(
             f"hpc.submit: job {job_id}: scontrol requeue failed inside the job "
-            f"({(words or ' '.join(str(e).split()))[:200]}); the batch shell tries after the step",
-            file=sys.stderr,
-            flush=True,
+            f"({(words or ' '.join(str(e).split()))[:200]}); the batch shell tries after the step"
         )
     except BaseException:
         sys.stderr.write("".join(said))  # submitit exits after a requeue: what it said still reaches the log

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from hpc.core.cli import shown
 from hpc.core.errors import UsageError
-from hpc.launch.affinity import GPU_ORDER
-from hpc.launch.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
+from hpc.spec.affinity import GPU_ORDER
+from hpc.spec.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
 
 NCCL_FABRIC = "HPC_NCCL_FABRIC"  # off | warn | stop: what a multi-node run does when NCCL would use sockets
 

@@ -19,8 +19,8 @@ from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
 from hpc.launch.requeue import teardown_lines
-from hpc.launch.schema import ClusterConfig
 from hpc.launch.site import check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
+from hpc.spec.schema import ClusterConfig
 
 
 def _check_text(flag: str, value: str | None) -> None:

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from analysis.api import render, run_verdict, verdict_headline
 from hpc.core.cli import Parser, inspect_path
-from hpc.core.errors import EXIT_FAILED, QueueError, UsageError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
 from hpc.core.runstate import run_state
@@ -128,22 +129,14 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     return rows, problem
 
 
-def _short(verdict: Any) -> str | None:
-    """`bound (then secondary)` of a verdict record, None for anything else."""
-    from analysis.verdict import headline
-
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("bound"), str):
-        return None
-    secondary = verdict.get("secondary")
-    return headline(verdict["bound"], secondary if isinstance(secondary, str) else None)
-
-
 def reported_verdicts(sweep: SweepPaths) -> dict[str, str]:
     """Each point's verdict as the analysis job wrote it (analysis/runs.json), by run directory name."""
     records = read_json(sweep.runs_json) if sweep.runs_json.is_file() else None
     out = {}
     for r in records if isinstance(records, list) else []:
-        short = _short(r.get("verdict")) if isinstance(r, dict) and isinstance(r.get("run_dir"), str) else None
+        short = (
+            verdict_headline(r.get("verdict")) if isinstance(r, dict) and isinstance(r.get("run_dir"), str) else None
+        )
         if short:
             out[Path(r["run_dir"]).name] = short
     return out
@@ -155,15 +148,10 @@ def verdict_of(run_dir: Path, reported: dict[str, str]) -> str | None:
     study), else from the point's own traces."""
     if run_dir.name in reported:
         return reported[run_dir.name]
-    from analysis.fold import analyze_run
-
-    _, run = analyze_run(run_dir, [])
-    return _short(run.verdict) if run is not None else None
+    return run_verdict(run_dir)
 
 
 def status_command(argv: list[str]) -> int:
-    from analysis.tables import render
-
     p = Parser(
         prog="python -m hpc.study status", description="Every point of a sweep and how it stands.", needs_args=True
     )
@@ -191,4 +179,4 @@ def status_command(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    return 0
+    return EXIT_OK

@@ -16,21 +16,25 @@ report. No torch import here (fast CLI).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 from pathlib import Path
 
+from analysis.api import report
 from hpc.core.cli import Parser, command_name, run, suggestion
-from hpc.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
+from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
 from hpc.launch.follow import Interrupts
 from hpc.launch.plan import Plan, make_plan
 from hpc.launch.queue import QueueWatch
-from hpc.launch.schema import ClusterConfig
 from hpc.launch.site import accounts, charge_lines
 from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
 from hpc.launch.submit import STUDY_RUN, build_parser, execute, print_plan, submission
+from hpc.spec.schema import ClusterConfig
+
+log = logging.getLogger(__name__)
 
 COMMANDS = ("run", "status", "resubmit")
 
@@ -43,9 +47,7 @@ class AnalysisJob:
         self.sweep_dir = sweep_dir
 
     def __call__(self) -> str:
-        from analysis.__main__ import main
-
-        main([self.sweep_dir, "--report", "--format", "md"])
+        report(Path(self.sweep_dir), ["--format", "md"])
         return str(SweepPaths(Path(self.sweep_dir)).report)
 
 
@@ -66,11 +68,9 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
     if plan.local and local_failures == EXIT_PREEMPTED:  # stopped by Ctrl-C: its line says how to go on
         return local_failures
     if plan.local:
-        from analysis.__main__ import main as analyse
-
-        analyse([str(plan.sweep_dir), "--report"])
-        print(f"sweep:  {plan.sweep_dir}\nreport: {sweep.report}")
-        return 1 if local_failures else 0
+        report(plan.sweep_dir)
+        log.info(f"sweep:  {plan.sweep_dir}\nreport: {sweep.report}")
+        return EXIT_FAILED if local_failures else EXIT_OK
     submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
     arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
     try:
@@ -81,7 +81,7 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
             f"{e}; the arrays {' '.join(arrays)} are submitted (index.json): once they end, "
             f"python -m analysis {plan.sweep_dir} --report writes the report"
         ) from None
-    print(
+    log.info(
         f"sweep:    {plan.sweep_dir}\narrays:   {' '.join(arrays)}\nanalysis: job {analysis_id} "
         f"(after the arrays)\nreport:   {sweep.report} (when job {analysis_id} has run)\n"
         f"status:   python -m hpc.study status {plan.sweep_dir}"
@@ -96,24 +96,25 @@ def wait_for_report(sweep: SweepPaths, analysis_id: str, poll_s: float = 3.0) ->
     with Interrupts() as interrupts:  # Ctrl-C stops the waiting, not the sweep: say so, in one line
         while not watch.left(analysis_id):
             if interrupts.signum is not None:
-                print(
+                log.warning(
                     f"hpc: stopped waiting ({interrupts.name}); the sweep runs on in Slurm: "
-                    f"python -m hpc.study status {sweep.root}",
-                    file=sys.stderr,
+                    f"python -m hpc.study status {sweep.root}"
                 )
                 return EXIT_INTERRUPTED
             time.sleep(poll_s)
     if not sweep.report.exists():
-        print(
-            f"hpc.study: the analysis job {analysis_id} ended without {sweep.report}; see {sweep.analysis_jobs}",
-            file=sys.stderr,
-        )
-        return 1
+        log.error(f"hpc.study: the analysis job {analysis_id} ended without {sweep.report}; see {sweep.analysis_jobs}")
+        return EXIT_FAILED
+    print_report_tables(sweep)
+    return EXIT_OK
+
+
+def print_report_tables(sweep: SweepPaths) -> None:
+    """The sweep table, each point's verdict in words (why.md's first section) and where the report is."""
     print(sweep.sweep_table.read_text(), end="")
-    if sweep.why_table.is_file():  # its first section: what bounds each point, in words
+    if sweep.why_table.is_file():
         print("\n" + sweep.why_table.read_text().split("\n## ", 1)[0].strip())
     print(f"report: {sweep.report}")
-    return 0
 
 
 def run_command(argv: list[str]) -> int:
@@ -130,7 +131,7 @@ def run_command(argv: list[str]) -> int:
             end="",
         )
         print("\n".join(["# what the points can be charged:", *plan_charges(plan)]))
-        return 0
+        return EXIT_OK
     return submit_and_analyse(plan, analysis_account, args.wait)
 
 
@@ -178,7 +179,7 @@ def resubmit_command(argv: list[str]) -> int:
     keys = {point_key(r) for r in points if r["state"] in wanted}
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
-        return 0
+        return EXIT_OK
     submit_args = build_parser(STUDY_RUN).parse_args([str(SweepPaths(sweep_dir).sweep_file), *rest])
     plan = make_plan(submit_args)
     specs = tuple(
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.replace("python -m hpc.study", command_name("python -m hpc.study")))
-        return 0
+        return EXIT_OK
     if not argv:
         usage = command_name(f"python -m hpc.study {{{','.join(COMMANDS)}}} ...")
         raise NoArguments(f"usage: {usage}\n{usage.split()[0]}: no command given (see --help)")

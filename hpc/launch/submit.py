@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -22,15 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, first_missing, run
-from hpc.core.errors import EXIT_PREEMPTED, QueueError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
-from hpc.launch.flags import add_training_flags
 from hpc.launch.follow import Submitted, interrupts_ignored, wait_for
 from hpc.launch.job import TrainJob
 from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.queue import first_line
 from hpc.launch.site import node_share
 from hpc.launch.slurm import job_python, make_executor, sbatch_text
+from hpc.spec.flags import add_training_flags
+
+log = logging.getLogger(__name__)
 
 STUDY_RUN = "python -m hpc.study run"
 
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(args)
     if args.dry_run:
         print_plan(plan)
-        return 0
+        return EXIT_OK
     return execute(plan, wait=args.wait)
 
 
@@ -168,7 +171,7 @@ def execute(plan: Plan, wait: bool) -> int:
         done = f"; before it: job(s) {' '.join(s.job_id for s in subs)}" if subs else "; nothing was submitted"
         raise QueueError(f"{e}{done}") from None
     if plan.sweep_dir is not None:
-        print(f"sweep: {len(subs)} points, index {SweepPaths(plan.sweep_dir).index}")
+        log.info(f"sweep: {len(subs)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
         code = wait_for(subs)
         for spec in plan.specs:
@@ -200,7 +203,7 @@ def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
                 failures += code
         else:
             record_index(plan, subs)
-    return 1 if failures else 0
+    return EXIT_FAILED if failures else EXIT_OK
 
 
 def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobSpec) -> list[Submitted]:
@@ -227,7 +230,7 @@ def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobS
         for job, (point, _) in zip(jobs, points, strict=False)
     ]
     for sub in subs:
-        print(sub.describe(), flush=True)
+        log.info(sub.describe())
     return subs
 
 

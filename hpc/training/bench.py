@@ -33,11 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis.scaling import PERLMUTTER_BUSBW_GBS, scaling_prediction
+import torch
+import torch.distributed as tdist
+
 from hpc.core.cli import Parser, check_output_file, run
-from hpc.core.errors import UsageError
+from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.files import write_atomic
-from hpc.launch.schema import ARCHS, ModelConfig, TrainConfig
+from hpc.spec.scaling import PERLMUTTER_BUSBW_GBS, scaling_prediction
+from hpc.spec.schema import ARCHS, ModelConfig, TrainConfig
 from hpc.training.benchsteps import (
     MEMORY_VARIANTS,
     PROFILED,
@@ -48,6 +51,7 @@ from hpc.training.benchsteps import (
     run_variant,
     variants_for,
 )
+from hpc.training.data import Split
 
 Keep = Callable[[dict[str, Any]], None]  # receives each result as it comes
 CIFAR100_TRAIN_IMAGES = 50_000  # one epoch of the study's full data fraction, for the whole-run figure
@@ -70,7 +74,13 @@ def profiler_overhead(plain: dict, profiled: dict) -> dict:
 
 
 def time_batch(
-    batch: int, variants: list[Variant], args: argparse.Namespace, split: Any, device: Any, trace_root: Path, keep: Keep
+    batch: int,
+    variants: list[Variant],
+    args: argparse.Namespace,
+    split: Split,
+    device: torch.device,
+    trace_root: Path,
+    keep: Keep,
 ) -> None:
     """Every configuration at one batch size, then the toolkit again plain and profiled; keep(result)
     receives each result as it comes (the caller saves them, so a run cut short keeps what it did)."""
@@ -108,16 +118,12 @@ def time_batch(
         print_result(r)
     if "error" not in again and "error" not in prof:
         prof.update(profiler_overhead(again, prof))
-        print(
-            f"{'profiler overhead':28} batch {batch:5}: {prof['profiler_overhead_pct']:+.1f}% median step, "
-            f"+{prof['profiler_extra_s']:.2f} s whole run = {prof['profiler_overhead_epoch_pct']:.2f}% of an epoch",
-            flush=True,
-        )
+        print_overhead(prof, batch)
     keep(again)
     keep(prof)
 
 
-def memory_grid(batches: list[int], args: argparse.Namespace, split: Any, device: Any, keep: Keep) -> None:
+def memory_grid(batches: list[int], args: argparse.Namespace, split: Split, device: torch.device, keep: Keep) -> None:
     """Peak allocated memory of training steps per batch size: first step (with cuDNN's autotuning
     workspaces) and steady state, for the toolkit (bf16) and the same path in fp32."""
     for batch in batches:
@@ -127,11 +133,23 @@ def memory_grid(batches: list[int], args: argparse.Namespace, split: Any, device
             )
             keep({k: r.get(k) for k in ("config", "batch", "error", "peak_memory_bytes", "steady_peak_memory_bytes")})
             if "error" not in r and r["peak_memory_bytes"] is not None:
-                print(
-                    f"memory {v.name:20} batch {batch:5}: peak {r['peak_memory_bytes'] / 2**30:6.2f} GiB, "
-                    f"steady {r['steady_peak_memory_bytes'] / 2**30:6.2f} GiB",
-                    flush=True,
-                )
+                print_memory(v.name, batch, r)
+
+
+def print_overhead(prof: dict[str, Any], batch: int) -> None:
+    print(
+        f"{'profiler overhead':28} batch {batch:5}: {prof['profiler_overhead_pct']:+.1f}% median step, "
+        f"+{prof['profiler_extra_s']:.2f} s whole run = {prof['profiler_overhead_epoch_pct']:.2f}% of an epoch",
+        flush=True,
+    )
+
+
+def print_memory(name: str, batch: int, r: dict[str, Any]) -> None:
+    print(
+        f"memory {name:20} batch {batch:5}: peak {r['peak_memory_bytes'] / 2**30:6.2f} GiB, "
+        f"steady {r['steady_peak_memory_bytes'] / 2**30:6.2f} GiB",
+        flush=True,
+    )
 
 
 def print_result(r: dict) -> None:
@@ -146,8 +164,7 @@ def print_result(r: dict) -> None:
     )
 
 
-def environment(device: Any) -> dict[str, Any]:
-    import torch
+def environment(device: torch.device) -> dict[str, Any]:
 
     cuda = device.type == "cuda"
     env = {
@@ -211,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return print_scaling(args.arch, args.stem, args.scaling_step_ms / 1000)
     batches = parse_batches(args.memory_grid or args.batch, "--memory-grid" if args.memory_grid else "--batch")
 
-    import torch
-    import torch.distributed as tdist
-
-    from hpc.launch.distenv import from_environ
+    from hpc.spec.distenv import from_environ
     from hpc.training import data as data_mod
     from hpc.training.setup import init_process_group, setup_device
 
@@ -251,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + markdown(report))
     if args.out:
         print(f"wrote {args.out}")
-    return 0
+    return EXIT_OK
 
 
 def print_scaling(arch: str, stem: str, step_time_s: float) -> int:
@@ -272,7 +286,7 @@ def print_scaling(arch: str, stem: str, step_time_s: float) -> int:
             f"| {p['gpus']} | {nodes} | {p['allreduce_s'] * 1e3:.2f} | {p['exposed_s'] * 1e3:.2f} | "
             f"{p['step_s'] * 1e3:.2f} | {p['efficiency']:.3f} |"
         )
-    return 0
+    return EXIT_OK
 
 
 def _gib(value: float | None) -> str:

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import functools
 import gc
+import logging
 import platform
 import statistics
 import tempfile
@@ -20,10 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.launch.schema import ModelConfig, ProfilerConfig
+from hpc.spec.schema import ModelConfig, ProfilerConfig
+from hpc.training.cudagraph import GraphedStep, Step, lr_on_device, whole_step
+from hpc.training.data import Split
+from hpc.training.profiling import Profiling
 from hpc.training.summary import percentile
+
+log = logging.getLogger(__name__)
 
 # Dense (no sparsity) peak TFLOP/s from NVIDIA's data sheets, by device-name substring.
 DEVICE_PEAKS = {
@@ -90,10 +98,9 @@ def variants_for(cuda: bool, with_compile: bool, only: str | None) -> list[Varia
 
 
 @functools.lru_cache(maxsize=2)
-def initial_model(arch: str, stem: str) -> tuple[Any, int]:
+def initial_model(arch: str, stem: str) -> tuple[torch.nn.Module, int]:
     """(model on the CPU, forward FLOPs per image), built once: every configuration starts from a copy
     (building ResNet152 takes seconds of CPU time, more than timing it)."""
-    import torch
 
     from hpc.training.model import build_model, count_flops_per_image
 
@@ -102,17 +109,19 @@ def initial_model(arch: str, stem: str) -> tuple[Any, int]:
     return model, count_flops_per_image(model)
 
 
-def build_training(variant: Variant, arch: str, stem: str, device: Any) -> tuple[Any, Any, Any, int]:
+def build_training(
+    variant: Variant, arch: str, stem: str, device: torch.device
+) -> tuple[torch.nn.Module, Callable[..., torch.Tensor], torch.optim.Optimizer, int]:
     """(model, the callable a step runs forward through, optimizer, forward FLOPs per image)."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     cuda = device.type == "cuda"
     cpu_model, flops_per_image = initial_model(arch, stem)
     model = copy.deepcopy(cpu_model).to(device)
     if variant.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    forward = DDP(model, device_ids=[device.index] if cuda else None) if variant.ddp else model
+    forward: Callable[..., torch.Tensor] = (
+        DDP(model, device_ids=[device.index] if cuda else None) if variant.ddp else model
+    )
     if variant.compile:
         forward = torch.compile(forward)
     kwargs = {"fused": True} if (variant.fused_sgd and cuda) else ({"foreach": True} if variant.fused_sgd else {})
@@ -120,9 +129,10 @@ def build_training(variant: Variant, arch: str, stem: str, device: Any) -> tuple
     return model, forward, optimizer, flops_per_image
 
 
-def batch_source(variant: Variant, split: Any, batch: int, n_steps: int, device: Any) -> Callable[[int], Any]:
+def batch_source(
+    variant: Variant, split: Split, batch: int, n_steps: int, device: torch.device
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     """next_batch(i) -> (x, y) on the device: the device path, or the seed scripts' DataLoader."""
-    import torch
 
     from hpc.training import data as data_mod
 
@@ -133,18 +143,21 @@ def batch_source(variant: Variant, split: Any, batch: int, n_steps: int, device:
     order = np.arange((n_steps + 2) * batch) % n
     loader = data_mod.loader_batches(split, order, batch, True, num_workers=2, pin_memory=True, device=device)
 
-    def next_batch(i: int) -> tuple[Any, Any]:
+    def next_batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = next(loader)
         return (x.contiguous(memory_format=torch.channels_last) if variant.channels_last else x), y
 
     return next_batch
 
 
-def make_step(variant: Variant, model: Any, forward: Any, optimizer: Any, device: Any) -> Callable[[Any, Any], Any]:
+def make_step(
+    variant: Variant,
+    model: torch.nn.Module,
+    forward: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+) -> Step:
     """step(x, y) -> loss: forward, backward, optimizer step, gradients cleared."""
-    import torch
-
-    from hpc.training.cudagraph import GraphedStep, lr_on_device, whole_step
 
     # Autocast's weight cast cache must be off while a CUDA graph is captured.
     autocast = (
@@ -157,7 +170,7 @@ def make_step(variant: Variant, model: Any, forward: Any, optimizer: Any, device
         lr_on_device(optimizer, device)
         return GraphedStep(core, model, optimizer)
 
-    def step(x, y):
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = core(x, y)
         optimizer.zero_grad(set_to_none=True)
         return loss
@@ -165,7 +178,7 @@ def make_step(variant: Variant, model: Any, forward: Any, optimizer: Any, device
     return step
 
 
-def _stamp(clock: list[Any], k: int, cuda: bool) -> None:
+def _stamp(clock: list[Any], k: int, cuda: bool) -> None:  # CUDA events, or host times filled in
     """Mark time k of a step: a CUDA event on the device's clock, else the host's."""
     if cuda:
         clock[k].record()
@@ -174,16 +187,15 @@ def _stamp(clock: list[Any], k: int, cuda: bool) -> None:
 
 
 def time_steps(
-    step: Callable[[Any, Any], Any],
-    next_batch: Callable[[int], Any],
+    step: Step,
+    next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     n_steps: int,
     warmup: int,
-    device: Any,
+    device: torch.device,
     host_sync: bool,
-    profiling: Any,
+    profiling: Profiling | None,
 ) -> dict[str, Any]:
     """Run n_steps; per timed step its length and the data's part, on the GPU's clock where there is one."""
-    import torch
 
     cuda = device.type == "cuda"
     marks = []
@@ -229,12 +241,11 @@ def run_variant(
     batch: int,
     steps: int,
     warmup: int,
-    split: Any,
-    device: Any,
+    split: Split,
+    device: torch.device,
     profile: bool = False,
     trace_dir: Path | None = None,
 ) -> dict[str, Any]:
-    import torch
 
     from hpc.training.profiling import maybe_profile
 
@@ -282,12 +293,10 @@ def guarded(label: str, batch: int, fn: Callable[[], dict[str, Any]]) -> dict[st
         return fn()
     except Exception as e:  # CUDA OOM, capture and compile errors all end one configuration only
         message = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        print(f"{label:28} batch {batch:5}: failed: {type(e).__name__}: {message[:300]}", flush=True)
+        log.info(f"{label:28} batch {batch:5}: failed: {type(e).__name__}: {message[:300]}")
         return {"config": label, "batch": batch, "error": f"{type(e).__name__}: {message[:300]}"}
     finally:
         gc.collect()
         with contextlib.suppress(Exception):
-            import torch
-
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -25,7 +25,9 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.files import temp_name, write_atomic
@@ -41,17 +43,22 @@ CHECKPOINT_KEYS = {
     "step": int,
     "rng": dict,
 }
+
+
+class Stateful(Protocol):
+    def load_state_dict(self, state: dict[str, Any], /) -> None: ...
+
+
 DIGEST = "sha256"  # the checkpoint's own entry: state_digest of every other entry
 DAMAGED = "damaged.pt"  # where --resume-from previous moves a damaged last.pt, for a look at it
 
 
-def _feed(h: Any, value: Any) -> None:
-    import torch
+def _feed(h: hashlib._Hash, value: Any) -> None:  # value: a checkpoint's nested state, of any JSON-like shape
 
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # its bytes, as a memoryview (no copy)
     elif isinstance(value, Mapping):
         h.update(b"{%d" % len(value))
         for key in sorted(value, key=repr):
@@ -73,9 +80,8 @@ def state_digest(state: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def to_host(value: Any) -> Any:
+def to_host(value: Any) -> Any:  # a checkpoint's nested state, of any shape: returned with the same
     """The state with every tensor on the CPU: one copy off the device, shared by the checksum and the file."""
-    import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -113,7 +119,6 @@ def _write_half_then_signal(path: Path, data: bytes, inject: Injector) -> None:
 
 def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any], inject: Injector = NO_FAULTS) -> None:
     """last.pt with its checksum (atomic), previous.pt kept, then last.json. WriteError on failure."""
-    import torch
 
     host = to_host(state)
     host[DIGEST] = state_digest(host)
@@ -129,7 +134,6 @@ def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any]
 def load_checkpoint(path: Path) -> dict | None:
     """The checkpoint at `path`, checked for what resuming needs and against its checksum; None if there is
     none. A file that is damaged, foreign or incomplete is an input error naming it, and is left as it is."""
-    import torch
 
     if not path.exists():
         return None
@@ -157,7 +161,6 @@ def load_checkpoint(path: Path) -> dict | None:
 
 
 def rng_state(use_cuda: bool) -> dict:
-    import torch
 
     return {
         "torch": torch.get_rng_state(),
@@ -167,7 +170,6 @@ def rng_state(use_cuda: bool) -> dict:
 
 
 def set_rng_state(rng: dict, use_cuda: bool) -> None:
-    import torch
 
     torch.set_rng_state(rng["torch"])
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in rng["python"]))
@@ -175,7 +177,14 @@ def set_rng_state(rng: dict, use_cuda: bool) -> None:
         torch.cuda.set_rng_state(rng["cuda"])
 
 
-def restore(path: Path, ckpt: dict[str, Any], model: Any, optimizer: Any, scheduler: Any, state: Any) -> None:
+def restore(
+    path: Path,
+    ckpt: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: Stateful,
+) -> None:
     """Load the checkpoint into the run's objects: weights, optimizer, schedule, and the train state
     (position and RNG: anything with load_state_dict). A mismatch (another architecture, a tensor of
     another shape, junk RNG state) names the file, not a traceback."""

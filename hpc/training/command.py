@@ -1,10 +1,10 @@
 """DDP training of ResNet on CIFAR-100 under torch.profiler: `python -m hpc.train --config FILE ...`.
 
-This module owns the command: its parser (the training flags are the launcher's, hpc/launch/flags.py),
+This module owns the command: its parser (the training flags are the launcher's, hpc/spec/flags.py),
 the run directory's policy (which directory, whether it may be resumed, removing one a failed start
 created), the stop signals, and CUDA out of memory as an outcome. The run itself is
 hpc/training/trainer.py's Trainer. One process per rank, started by srun, torchrun, submitit or plain
-python; the rank comes from hpc.launch.distenv. The run directory's files: hpc/core/rundir.py.
+python; the rank comes from hpc.spec.distenv. The run directory's files: hpc/core/rundir.py.
 
 Exit codes (hpc/core/errors.py): 0 done, 1 failed (e.g. non-finite loss, a file that could not be
 written), 2 bad input, 3 stopped by SIGTERM/SIGUSR2 after writing a checkpoint (run the same command
@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import logging
 import os
 import shutil
-import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
+
+import torch
+import torch.distributed as tdist
 
 from hpc.core.cli import Parser, check_output_dir, first_missing, run, shown
 from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, PeerLostError, UsageError
@@ -30,11 +33,13 @@ from hpc.core.faults import faults_from_env
 from hpc.core.files import temp_name
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
-from hpc.launch.config import load_run_config, read_yaml
-from hpc.launch.distenv import DistEnv, from_environ
-from hpc.launch.flags import add_training_flags, overrides_from_args
-from hpc.launch.schema import RunConfig, may_change_on_resume
+from hpc.spec.config import load_run_config, read_yaml
+from hpc.spec.distenv import DistEnv, from_environ
+from hpc.spec.flags import add_training_flags, overrides_from_args
+from hpc.spec.schema import RunConfig, may_change_on_resume
 from hpc.training.parts import StopSignal
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -142,8 +147,6 @@ def train_or_oom(
     (summary.json) and exit code 4; a peer lost in a collective is one line and exit 5 (the traceback in
     the run's logs/). The stop signals (`stop`: the caller's, to see which one came) are handed back and
     the process group torn down whatever happens (a failed run must not leave them to the next)."""
-    import torch
-    import torch.distributed as tdist
 
     from hpc.training.group import is_peer_failure
     from hpc.training.oom import describe, record_oom
@@ -158,18 +161,18 @@ def train_or_oom(
     except torch.cuda.OutOfMemoryError as e:
         cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
         oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda)
-        print(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}", file=sys.stderr, flush=True)
+        log.warning(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}")
         return EXIT_OOM
     except Exception as e:
         if isinstance(e, HpcError) or not is_peer_failure(e):
             raise
-        log = keep_traceback(RunPaths(run_dir), dist.rank)
+        kept = keep_traceback(RunPaths(run_dir), dist.rank)
         lost = (
             trainer.peer_lost(e)
             if trainer is not None
             else PeerLostError(f"rank {dist.rank} lost a peer during set-up ({' '.join(str(e).split())[:160]})")
         )
-        raise PeerLostError(f"{lost}; traceback in {log}") from None
+        raise PeerLostError(f"{lost}; traceback in {kept}") from None
     finally:
         stop.restore()
         if trainer is not None:

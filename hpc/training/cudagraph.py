@@ -18,8 +18,13 @@ a collective of the ranks that captured it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (images, labels) -> the loss
 
 
 class GraphedStep:
@@ -30,24 +35,30 @@ class GraphedStep:
     """
 
     def __init__(
-        self, core: Callable[[Any, Any], Any], model: Any, optimizer: Any, warmup_iters: int = 3, stream: Any = None
+        self,
+        core: Step,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        warmup_iters: int = 3,
+        stream: torch.cuda.Stream | None = None,
     ):
         self.core, self.model, self.optimizer, self.warmup_iters = core, model, optimizer, warmup_iters
         self.stream = stream  # the side stream to warm up and capture on (DDP's); None: a new one
-        self.graph: Any = None
-        self.x: Any = None
-        self.y: Any = None
-        self.loss: Any = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.x: torch.Tensor | None = None  # the graph's static inputs and output
+        self.y: torch.Tensor | None = None
+        self.loss: torch.Tensor | None = None
 
-    def __call__(self, x, y):
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.graph is None:
             self._capture(x, y)
+        assert self.graph is not None and self.x is not None and self.y is not None and self.loss is not None
         self.x.copy_(x)
         self.y.copy_(y)
         self.graph.replay()
         return self.loss
 
-    def _snapshot(self) -> tuple[dict, list]:
+    def _snapshot(self) -> tuple[dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor | None]]]:
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         momentum = [
             (p, self.optimizer.state.get(p, {}).get("momentum_buffer"))
@@ -56,9 +67,9 @@ class GraphedStep:
         ]
         return model_state, [(p, None if buf is None else buf.clone()) for p, buf in momentum]
 
-    def _restore(self, model_state: dict, momentum: list) -> None:
-        import torch
-
+    def _restore(
+        self, model_state: dict[str, torch.Tensor], momentum: list[tuple[torch.Tensor, torch.Tensor | None]]
+    ) -> None:
         with torch.no_grad():
             for k, v in self.model.state_dict().items():
                 v.copy_(model_state[k])
@@ -68,7 +79,7 @@ class GraphedStep:
                     # A zero buffer makes the next step exactly a first step (buf = grad) when dampening is 0.
                     buf.copy_(saved) if saved is not None else buf.zero_()
 
-    def warm_up(self, x: Any, y: Any) -> None:
+    def warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """The eager steps capture needs (cuDNN autotuning, momentum buffers, lazy allocations, DDP's bucket
         rebuild), on (x, y), then undone: the model, its buffers and the momentum are as they were. Runs on
         the current stream; no CUDA needed (tests run it on the CPU with DDP over gloo)."""
@@ -79,9 +90,7 @@ class GraphedStep:
         self._restore(model_state, momentum)
         self.optimizer.zero_grad(set_to_none=True)  # backward in the graph allocates .grad from its pool
 
-    def _capture(self, x: Any, y: Any) -> None:
-        import torch
-
+    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.x, self.y = x.clone(), y.clone()
         side = self.stream if self.stream is not None else torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -96,18 +105,19 @@ class GraphedStep:
         """Wait for the last replay and drop the graph (and with it its hold on NCCL's communicator):
         before the process group goes, at the end of a run that finished its steps."""
         if self.graph is not None:
-            import torch
-
             torch.cuda.synchronize()
             self.graph = None
 
 
-def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Callable[[Any, Any], Any]:
+def whole_step(
+    forward: Callable[..., torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    autocast: Callable[[], contextlib.AbstractContextManager[object]],
+) -> Step:
     """core(x, y) -> loss: forward under autocast, cross-entropy, backward, optimizer step; the step
     hpc.train and hpc.bench capture (gradients are neither scaled nor cleared: one micro-batch)."""
-    import torch.nn.functional as F
 
-    def core(x, y):
+    def core(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast():
             loss = F.cross_entropy(forward(x), y)
         loss.backward()
@@ -120,7 +130,6 @@ def whole_step(forward: Any, optimizer: Any, autocast: Callable[[], Any]) -> Cal
 def nccl_version(use_cuda: bool = True) -> tuple[int, ...] | None:
     """This torch's NCCL as (major, minor, patch), or None where it has none (or where CUDA is not in
     use). Older torch returns one integer (2708 for 2.7.8; from 2.9 on major*10000 + minor*100 + patch)."""
-    import torch
 
     if not use_cuda:
         return None
@@ -138,9 +147,8 @@ def nccl_version(use_cuda: bool = True) -> tuple[int, ...] | None:
     )
 
 
-def lr_on_device(optimizer: Any, device: Any) -> None:
+def lr_on_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Hold each group's learning rate in a device tensor, which a captured step reads at replay."""
-    import torch
 
     for group in optimizer.param_groups:
         group["lr"] = torch.as_tensor(float(group["lr"]), dtype=torch.float32, device=device)

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run, shown
-from hpc.core.errors import UsageError
+from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.files import write_atomic
 
 DIRNAME = "cifar-100-python"
@@ -108,7 +109,7 @@ def has_dataset(root: Path) -> bool:
     return all((Path(root) / DIRNAME / name).is_file() for name in FILES)
 
 
-def is_synthetic(class_names: list[Any]) -> bool:
+def is_synthetic(class_names: list[Any]) -> bool:  # read from a file: names of any type, checked
     return bool(class_names) and class_names[0] in (SYNTH_FIRST_CLASS, SYNTH_FIRST_CLASS.encode())
 
 
@@ -241,7 +242,6 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int, shu
     Shuffle with a generator seeded by seed + epoch (DistributedSampler.set_epoch), pad by repeating
     from the start so every rank gets the same count, then take every world_size-th index.
     """
-    import torch
 
     if shuffle:
         g = torch.Generator()
@@ -273,9 +273,7 @@ class DeviceBatches:
     (seed, epoch, batch index, rank), so a resumed run draws exactly what an uninterrupted one would.
     """
 
-    def __init__(self, split: Split, device: Any, channels_last: bool = False):
-        import torch
-
+    def __init__(self, split: Split, device: torch.device, channels_last: bool = False):
         self.device = torch.device(device)
         self.images = torch.from_numpy(split.images).to(self.device).permute(0, 3, 1, 2).contiguous()  # N,3,32,32
         self.labels = torch.from_numpy(split.labels).to(self.device)
@@ -287,9 +285,7 @@ class DeviceBatches:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batch(self, indices: np.ndarray, augment: bool, seed: int | None = None) -> tuple[Any, Any]:
-        import torch
-
+    def batch(self, indices: np.ndarray, augment: bool, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(np.ascontiguousarray(indices)).to(self.device, non_blocking=True)
         x = self.images.index_select(0, idx)
         if augment:
@@ -317,10 +313,15 @@ def batch_seed(seed: int, epoch: int, batch_index: int, rank: int) -> int:
 
 
 def loader_batches(
-    split: Split, indices: np.ndarray, batch_size: int, augment: bool, num_workers: int, pin_memory: bool, device: Any
-) -> Iterator[tuple[Any, Any]]:
+    split: Split,
+    indices: np.ndarray,
+    batch_size: int,
+    augment: bool,
+    num_workers: int,
+    pin_memory: bool,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The seed scripts' way: torchvision transforms on PIL images in DataLoader workers."""
-    import torch
     import torchvision.transforms as T
     from PIL import Image
 
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         train_split, test_split, names = load_cifar100(args.root)
         print(f"{args.root}: {len(train_split.labels)} train, {len(test_split.labels)} test, {len(names)} classes")
-    return 0
+    return EXIT_OK
 
 
 def cli(argv: list[str] | None = None) -> int:

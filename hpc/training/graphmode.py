@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from hpc.core.errors import UsageError
-from hpc.launch.schema import RunConfig
+from hpc.spec.schema import RunConfig
 
 MIN_NCCL = (2, 9, 6)  # NCCL's first release whose collectives can be captured in a CUDA graph
 # DDP's eager iterations before capture, from PyTorch's recipe for capturing DDP (CUDA semantics notes,

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+
+import torch
+import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
-from hpc.launch.distenv import DistEnv
+from hpc.spec.distenv import DistEnv
 
 # What a collective's failure says when its peer is gone: a transport error or a timeout, from gloo,
 # NCCL or the store. Anything else is the program's own error and is reported as it is.
@@ -36,7 +38,6 @@ PEER_SIGNS = (
 
 def is_peer_failure(error: BaseException) -> bool:
     """A failed collective whose cause is another rank (dead, or not answering), by its type or message."""
-    import torch.distributed as tdist
 
     kinds = tuple(k for k in (getattr(tdist, "DistNetworkError", None), getattr(tdist, "DistStoreError", None)) if k)
     if kinds and isinstance(error, kinds):
@@ -71,30 +72,23 @@ def cause_of(error: BaseException) -> str:
 class RankGroup:
     """The ranks of one run (see the module doc). `control` None: the default group (gloo on a CPU)."""
 
-    def __init__(self, dist: DistEnv, control: Any):
+    def __init__(self, dist: DistEnv, control: tdist.ProcessGroup | None):
         self.dist, self.control = dist, control
         self.roster: list[tuple[str, int]] = [(socket.gethostname(), os.getpid())]
 
     def gather_roster(self) -> None:
         """Every rank's (host, pid), once, at set-up."""
-        import torch.distributed as tdist
-
         me = (socket.gethostname(), os.getpid())
         if self.dist.world_size == 1:
             return
-        everyone: list[Any] = [None] * self.dist.world_size
+        everyone: list[tuple[str, int] | None] = [None] * self.dist.world_size
         tdist.all_gather_object(everyone, me, group=self.control)
-        self.roster = [tuple(r) for r in everyone]
+        self.roster = [(str(r[0]), int(r[1])) for r in everyone if r is not None]  # every slot is filled
 
     def barrier(self) -> None:
-        import torch.distributed as tdist
-
         tdist.barrier(group=self.control)
 
     def all_max(self, values: list[int]) -> list[int]:
-        import torch
-        import torch.distributed as tdist
-
         t = torch.tensor(values, dtype=torch.int64)
         if self.dist.world_size > 1:
             tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=self.control)
@@ -104,11 +98,10 @@ class RankGroup:
         """True when any rank failed here; every rank learns it at the same point."""
         return bool(self.all_max([int(failed)])[0])
 
-    def sync_buffers(self, model: Any) -> None:
+    def sync_buffers(self, model: torch.nn.Module) -> None:
         # DDP broadcasts buffers (BatchNorm running stats) from rank 0 at the *start* of each forward,
         # so after the last step every rank holds its own. Do that broadcast now, so evaluation and the
         # final weights are rank 0's everywhere.
-        import torch.distributed as tdist
 
         if self.dist.world_size > 1:
             for buf in model.buffers():

@@ -14,6 +14,8 @@ import os
 import signal
 from collections.abc import Callable
 
+import torch
+
 from hpc.core.faults import VARIABLE, Fault
 
 
@@ -26,7 +28,6 @@ def raise_at_step(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int,
         spec = os.environ.get(VARIABLE, "")
         if fault.kind == "fail":
             raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
-        import torch
 
         raise torch.cuda.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT={spec})"

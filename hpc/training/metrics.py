@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
 from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths, append_metrics
 
@@ -26,11 +29,11 @@ class Throughput:
     """Throughput, ETA and the epoch's sums. `start()` when the loop starts, `start_epoch()` at each
     epoch, `add()` after each micro-batch; `interval()` and `epoch()` give what to log."""
 
-    def __init__(self, stop_at: int, resumed_from_step: int, device: Any):
+    def __init__(self, stop_at: int, resumed_from_step: int, device: torch.device):
         self.stop_at, self.resumed_from_step, self.device = stop_at, resumed_from_step, device
         self.t_start = self.t_log = self.t_epoch = time.perf_counter()
         self.images_since_log = 0
-        self.loss_sum: Any = 0.0
+        self.loss_sum = torch.zeros(())
         self.batches = self.images = 0
 
     def start(self) -> None:
@@ -38,13 +41,11 @@ class Throughput:
         self.images_since_log = 0
 
     def start_epoch(self) -> None:
-        import torch
-
         self.t_epoch = time.perf_counter()
         self.loss_sum = torch.zeros((), device=self.device)  # summed on the device: no per-step sync
         self.batches = self.images = 0
 
-    def add(self, loss: Any, images: int) -> None:
+    def add(self, loss: torch.Tensor, images: int) -> None:
         """A micro-batch done: its loss (a device tensor) and the images it took across all ranks."""
         self.loss_sum += loss.detach().float()
         self.batches += 1
@@ -80,11 +81,9 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, enabled: bool, purge_step: int):
         self.paths = RunPaths(run_dir)
-        self.writer: Any = None
+        self.writer: SummaryWriter | None = None
         self.failed: WriteError | None = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.writer = SummaryWriter(str(self.paths.tensorboard), purge_step=purge_step or None)
 
     def record(self, kind: str, values: dict[str, Any], step: int, epoch: int) -> None:

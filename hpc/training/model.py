@@ -10,12 +10,10 @@ Stems for 32x32 CIFAR images:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from hpc.launch.schema import ModelConfig
+from hpc.spec.schema import ModelConfig
 
 
 class TinyNet(nn.Module):
@@ -56,12 +54,12 @@ def count_flops_per_image(model: nn.Module, image_size: int = 32) -> int:
     flops = 0
     hooks = []
 
-    def conv_hook(m: nn.Conv2d, inp: Any, out: Any) -> None:
+    def conv_hook(m: nn.Conv2d, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         nonlocal flops
         kh, kw = m.kernel_size
         flops += 2 * out.shape[1] * out.shape[2] * out.shape[3] * (m.in_channels // m.groups) * kh * kw
 
-    def linear_hook(m: nn.Linear, inp: Any, out: Any) -> None:
+    def linear_hook(m: nn.Linear, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         nonlocal flops
         flops += 2 * m.in_features * m.out_features
 

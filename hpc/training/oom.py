@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
+
 from hpc.core.rundir import RunPaths, write_summary
-from hpc.launch.schema import RunConfig
+from hpc.spec.schema import RunConfig
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -32,15 +34,12 @@ def requested_bytes(message: str) -> int | None:
 def start_memory_history(enabled: bool, cuda: bool) -> None:
     """Record the allocator's history (profiler.memory_snapshot) so an OOM can be replayed in memory_viz."""
     if enabled and cuda:
-        import torch
-
         torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
 
 
 def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
     """What the device had: total, free now, this process's limit (train.cuda_memory_fraction of the
     total, else the total) and the allocator's peak so far."""
-    import torch
 
     if not (cuda and torch.cuda.is_available()):
         return {
@@ -79,8 +78,6 @@ def record_oom(
         "snapshot": None,
     }
     if cfg.profiler.memory_snapshot and cuda:
-        import torch
-
         path = paths.memory_snapshot(rank)
         torch.cuda.memory._dump_snapshot(str(path))
         oom["snapshot"] = path.name

@@ -8,15 +8,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hpc.launch.distenv import DistEnv
-from hpc.launch.schema import DataConfig
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+
+from hpc.spec.distenv import DistEnv
+from hpc.spec.schema import DataConfig
 from hpc.training.checkpoint import rng_state, set_rng_state
+from hpc.training.setup import DataParts
 
 
 class StopSignal:
@@ -28,7 +35,7 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, signal._HANDLER] = {}
 
     def install(self) -> StopSignal:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
@@ -39,7 +46,7 @@ class StopSignal:
             signal.signal(sig, handler)
         self._previous = {}
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         self.signum = signum
 
 
@@ -68,7 +75,7 @@ class StepTimer:
 
     def __init__(self, use_cuda: bool):
         self.use_cuda = use_cuda
-        self.events: list[Any] = []
+        self.events: list[torch.cuda.Event] = []
         self.seconds: list[float] = []
         self.started = 0.0
 
@@ -77,8 +84,6 @@ class StepTimer:
 
     def stop(self) -> None:
         if self.use_cuda:
-            import torch
-
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.events.append(event)
@@ -87,8 +92,6 @@ class StepTimer:
 
     def times(self) -> list[float]:
         if self.use_cuda:
-            import torch
-
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:], strict=False)]
         return self.seconds
@@ -99,18 +102,16 @@ class DivergenceGuard:
 
     def __init__(self, use_cuda: bool):
         self.use_cuda = use_cuda
-        self.losses: list[Any] = []
+        self.losses: list[torch.Tensor] = []
         self.steps: list[int] = []
 
-    def add(self, loss: Any, step: int) -> None:
+    def add(self, loss: torch.Tensor, step: int) -> None:
         self.losses.append(loss.detach())
         self.steps.append(step)
 
     def bad_step(self, at_log: bool, group_size: int) -> int:
         """The optimizer step of the first non-finite loss, or 0. On a GPU only at log steps (a check is
         a sync); on a CPU every step, over that step's micro-batches."""
-        import torch
-
         if self.use_cuda and not at_log:
             return 0
         checked = self.losses if self.use_cuda else self.losses[-group_size:]
@@ -120,8 +121,6 @@ class DivergenceGuard:
         return self.steps[len(self.losses) - len(checked) + int((~finite).nonzero()[0])]
 
     def mean(self) -> float:
-        import torch
-
         return float(torch.stack(self.losses).float().mean())
 
     def reset(self) -> None:
@@ -129,12 +128,15 @@ class DivergenceGuard:
 
 
 def evaluate(
-    model: Any, data: Any, autocast: Callable[[], Any], dc: DataConfig, micro: int, dist: DistEnv, device: Any
+    model: torch.nn.Module,
+    data: DataParts,
+    autocast: Callable[[], contextlib.AbstractContextManager[object]],
+    dc: DataConfig,
+    micro: int,
+    dist: DistEnv,
+    device: torch.device,
 ) -> dict[str, float]:
     """Loss, top-1 and top-5 over every test image exactly once across ranks (`data`: setup.DataParts)."""
-    import torch
-    import torch.distributed as tdist
-    import torch.nn.functional as F
 
     from hpc.training import data as data_mod
 
@@ -143,7 +145,7 @@ def evaluate(
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
     with torch.no_grad(), autocast():
         chunks = (idx[i : i + 2 * micro] for i in range(0, len(idx), 2 * micro))
-        batches: Iterator[tuple[Any, Any]]
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
         if data.test_data is not None:
             batches = (data.test_data.batch(c, augment=False) for c in chunks)
         else:

@@ -1,7 +1,7 @@
 """torch.profiler around the training loop: one trace per rank per cycle, plus key_averages() totals.
 
 `maybe_profile(cfg, trace_dir, rank, cuda)` yields a `Profiling` (call `.step()` after every
-optimizer step) or None when profiling is off, in which case nothing is imported or recorded.
+optimizer step) or None when profiling is off, in which case nothing is recorded.
 
 What the profiler costs is measured, not guessed: each cycle's record says how long the host spent
 inside the profiler's own calls (starting, stopping, exporting: `profiler_host_s`), and how long the
@@ -20,24 +20,26 @@ import contextlib
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+from torch.torch_version import TorchVersion
 
 from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
-from hpc.launch.schema import ProfilerConfig
+from hpc.spec.schema import ProfilerConfig
 from hpc.training.inject import NO_FAULTS, Injector
-
-if TYPE_CHECKING:
-    import torch
 
 LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was the disk that was full
 
 DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
 
 
-def key_average_totals(prof: Any) -> dict[str, Any]:
+def key_average_totals(prof: profile) -> dict[str, Any]:
     """The profiler's own totals for one cycle, kept to cross-check the trace analysis.
 
     key_averages() holds CPU operators and device events (kernels, memcpys, memsets) side by side. A
@@ -47,7 +49,6 @@ def key_average_totals(prof: Any) -> dict[str, Any]:
     DistributedDataParallel.forward, Optimizer.step, each spanning whole steps), which are no device
     work and are left out.
     """
-    from torch.autograd import DeviceType
 
     events = prof.key_averages()
     self_cpu_us = sum(e.self_cpu_time_total for e in events)
@@ -79,7 +80,9 @@ class Profiling:
     see only that window. The run's overall peak is kept across those resets in `run_peak_bytes`.
     """
 
-    def __init__(self, prof: Any, cycles: list[dict[str, Any]], schedule: Any, cuda: bool):
+    def __init__(
+        self, prof: profile, cycles: list[dict[str, Any]], schedule: Callable[[int], ProfilerAction], cuda: bool
+    ):
         self._prof = prof
         self._schedule = schedule
         self._cuda = cuda
@@ -90,8 +93,6 @@ class Profiling:
         self.failed: list[dict[str, Any]] = []  # exports that could not be written: file, error, step
 
     def _recording(self, step: int) -> bool:
-        from torch.profiler import ProfilerAction
-
         return self._schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
     def step(self) -> None:
@@ -105,8 +106,6 @@ class Profiling:
             self.cycles[-1].update(profiler_host_s=round(self._host_s, 4), end_step=self._steps)
             self._host_s = 0.0
         if self._cuda and self._recording(self._steps) and not self._recording(self._steps - 1):
-            import torch
-
             self.run_peak_bytes = {
                 "allocated": max(self.run_peak_bytes["allocated"], torch.cuda.max_memory_allocated()),
                 "reserved": max(self.run_peak_bytes["reserved"], torch.cuda.max_memory_reserved()),
@@ -116,7 +115,6 @@ class Profiling:
     def window_peak_bytes(self) -> int | None:
         if not self._cuda:
             return None
-        import torch
 
         return int(torch.cuda.max_memory_allocated())
 
@@ -145,7 +143,7 @@ def _why_not_written(folder: Path) -> str:
     return "the profiler could not write it whole (its log line above says more)"
 
 
-def publish_trace(prof: Any, folder: Path, worker: str, inject: Injector = NO_FAULTS) -> tuple[str, str | None]:
+def publish_trace(prof: profile, folder: Path, worker: str, inject: Injector = NO_FAULTS) -> tuple[str, str | None]:
     """Export the cycle's trace as folder/<worker>.<ns>.pt.trace.json, whole or not at all: (its name,
     None), or (the name it would have had, why it was not written)."""
     name = f"{worker}.{time.time_ns()}.pt.trace.json"
@@ -186,8 +184,6 @@ def window_note(cfg: ProfilerConfig, steps: int) -> str | None:
 def detach_cupti_after_cycles() -> None:
     """TEARDOWN_CUPTI=1, which kineto reads as each cycle stops, unless the user set it: on CUDA >= 12.6
     only, as PyTorch's profiler itself decides (before 12.6, teardown and CUDA graphs crash)."""
-    import torch
-    from torch.torch_version import TorchVersion
 
     cuda_version = getattr(torch.version, "cuda", None)
     if cuda_version and TorchVersion(cuda_version) >= "12.6":
@@ -196,7 +192,6 @@ def detach_cupti_after_cycles() -> None:
 
 def memory_device(cuda: bool) -> torch.device:
     """The device whose memory the categories describe: this rank's GPU, else the CPU."""
-    import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
@@ -208,7 +203,6 @@ def maybe_profile(
     if not cfg.enabled:
         yield None
         return
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -216,7 +210,7 @@ def maybe_profile(
     sched = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
     profiling: Profiling | None = None
 
-    def on_trace_ready(prof: Any) -> None:
+    def on_trace_ready(prof: profile) -> None:
         start = time.perf_counter()
         totals = key_average_totals(prof) if cfg.key_averages else {}
         totals["key_averages_s"] = round(time.perf_counter() - start, 4)
@@ -250,7 +244,5 @@ def maybe_profile(
     ) as prof:
         profiling = Profiling(prof, cycles, sched, cuda)
         if cuda and profiling._recording(0):  # wait = warmup = 0: the first step is recorded
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
         yield profiling

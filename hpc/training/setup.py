@@ -13,16 +13,19 @@ import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.launch.affinity import cores_text, gpu_index
-from hpc.launch.distenv import DistEnv
-from hpc.launch.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
-from hpc.launch.schema import DataConfig, ModelConfig, TrainConfig
-
-if TYPE_CHECKING:
-    import torch
+from hpc.spec.affinity import cores_text, gpu_index
+from hpc.spec.distenv import DistEnv
+from hpc.spec.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
+from hpc.spec.schema import DataConfig, ModelConfig, TrainConfig
+from hpc.training.data import DeviceBatches, Split
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -82,14 +85,13 @@ def step_plan(tc: TrainConfig, world: int, images: int) -> StepPlan:
     )
 
 
-def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[Any, bool]:
+def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[torch.device, bool]:
     """(device, use_cuda), with the backend flags the run asks for."""
-    import torch
 
     use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise UsageError("train.device = 'cuda' but no CUDA device is visible")
-    if use_cuda:  # the GPU next to this rank's cores, where the profile says which (hpc/launch/affinity.py)
+    if use_cuda:  # the GPU next to this rank's cores, where the profile says which (hpc/spec/affinity.py)
         device = torch.device("cuda", gpu_index(os.environ, dist.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         if tc.cuda_memory_fraction is not None:
@@ -130,7 +132,7 @@ def before_process_group(graphed: bool, dist: DistEnv, log_dir: Path) -> bool:
 
 
 def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], log: Callable[[str], None]) -> str | None:
-    """After the first communicator is up: the network NCCL chose (hpc/launch/netcheck.py); a run across
+    """After the first communicator is up: the network NCCL chose (hpc/spec/netcheck.py); a run across
     nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
     together, or warns. Returns the network, for summary.json."""
     network = read_network(os.environ, log_dir, dist.rank)
@@ -171,7 +173,6 @@ def cudnn_heuristics(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    import torch
 
     saved = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
@@ -181,10 +182,9 @@ def cudnn_heuristics(active: bool) -> Iterator[None]:
         torch.backends.cudnn.benchmark = saved
 
 
-def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[str, Any]:
+def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[str, tdist.ProcessGroup | None]:
     """(backend, control group): NCCL or gloo for the model; stop and divergence flags travel on a CPU
     (gloo) group, so checking them costs no GPU synchronisation."""
-    import torch.distributed as tdist
 
     backend = "nccl" if use_cuda else "gloo"
     timeout = dt.timedelta(seconds=timeout_s)
@@ -211,7 +211,8 @@ def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[s
         )
     else:  # DDP over one process, as the study's 1-GPU runs; a private store needs no port
         tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return backend, (tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None)
+    control = tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None
+    return backend, control if isinstance(control, tdist.ProcessGroup) else None  # None: the default group
 
 
 @dataclasses.dataclass
@@ -219,11 +220,11 @@ class DataParts:
     """The data a rank trains and evaluates on: both splits, the fraction's indices, and with
     `data.loader: device` the whole uint8 sets on the device."""
 
-    train_split: Any
-    test_split: Any
-    subset: Any  # sorted indices of the training images of this data fraction
-    train_data: Any = None  # DeviceBatches, or None: the DataLoader path
-    test_data: Any = None
+    train_split: Split
+    test_split: Split
+    subset: np.ndarray  # sorted indices of the training images of this data fraction
+    train_data: DeviceBatches | None = None  # None: the DataLoader path
+    test_data: DeviceBatches | None = None
     source: str = "cifar100"  # what the root holds: cifar100 or synthetic (data.source, checked)
 
 
@@ -232,7 +233,7 @@ def setup_data(
     num_classes: int,
     seed: int,
     dist: DistEnv,
-    device: Any,
+    device: torch.device,
     channels_last: bool,
     barrier: Callable[[], None],
     log: Callable[[str], None],
@@ -286,20 +287,18 @@ class ModelParts:
     optimizer, the schedule, the autocast dtype (None: fp32), and for a graphed run the side stream DDP
     was built on, which the capture runs on too (None: eager)."""
 
-    model: Any
-    ddp: Any
-    forward: Any
-    optimizer: Any
-    scheduler: Any
+    model: torch.nn.Module
+    ddp: DDP
+    forward: Callable[..., torch.Tensor]  # DDP, or torch.compile's wrapper of it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     base_lr: float
-    amp_dtype: Any
+    amp_dtype: torch.dtype | None
     device_type: str
-    capture_stream: Any = None
+    capture_stream: torch.cuda.Stream | None = None
 
-    def autocast(self) -> Any:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """bf16 autocast where asked, its cast cache off when a CUDA graph is captured."""
-        import torch
-
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         graphed = self.capture_stream is not None
@@ -307,12 +306,16 @@ class ModelParts:
 
 
 def setup_model(
-    mc: ModelConfig, tc: TrainConfig, plan: StepPlan, device: Any, use_cuda: bool, channels_last: bool, graphed: bool
+    mc: ModelConfig,
+    tc: TrainConfig,
+    plan: StepPlan,
+    device: torch.device,
+    use_cuda: bool,
+    channels_last: bool,
+    graphed: bool,
 ) -> ModelParts:
     """The model (seeded) in DDP, fused SGD where there is one, the schedule. A graphed run builds DDP on
     a side stream, as PyTorch's recipe for capturing DDP asks, and hands that stream to the capture."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hpc.training.model import build_model
 
@@ -342,8 +345,7 @@ def setup_model(
     return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, device.type, side)
 
 
-def build_optimizer(model: Any, tc: TrainConfig, base_lr: float, use_cuda: bool) -> Any:
-    import torch
+def build_optimizer(model: torch.nn.Module, tc: TrainConfig, base_lr: float, use_cuda: bool) -> torch.optim.Optimizer:
 
     nesterov = tc.nesterov and tc.momentum > 0
     kwargs: dict[str, Any] = {

@@ -13,9 +13,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpc.core.rundir import RunPaths, write_summary
-from hpc.launch.distenv import DistEnv
-from hpc.launch.schema import RunConfig
+from hpc.spec.distenv import DistEnv
+from hpc.spec.schema import RunConfig
+from hpc.training.profiling import Profiling
 from hpc.training.setup import StepPlan, placement
 
 
@@ -40,9 +43,8 @@ def step_time_stats(timed: list[float]) -> dict[str, Any]:
     }
 
 
-def weights_digest(model: Any) -> str:
+def weights_digest(model: torch.nn.Module) -> str:
     """sha256 of every tensor of the state: anyone can check that every rank ends with the same weights."""
-    import torch
 
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
@@ -68,7 +70,7 @@ class RunSummary:
         cfg: RunConfig,
         run_dir: Path,
         dist: DistEnv,
-        device: Any,
+        device: torch.device,
         backend: str,
         plan: StepPlan,
         train_images: int,
@@ -77,7 +79,7 @@ class RunSummary:
     ):
         self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
         self.use_cuda = device.type == "cuda"
-        self.where = placement(device)  # its cores and GPU (hpc/launch/affinity.py)
+        self.where = placement(device)  # its cores and GPU (hpc/spec/affinity.py)
         self.facts = {
             "rank": dist.rank,
             "world_size": dist.world_size,
@@ -105,14 +107,18 @@ class RunSummary:
         }
 
     def rank_record(
-        self, step: int, epoch: int, step_times: list[float], exit_code: int, profiling: Any, wall_s: float
+        self,
+        step: int,
+        epoch: int,
+        step_times: list[float],
+        exit_code: int,
+        profiling: Profiling | None,
+        wall_s: float,
     ) -> dict[str, Any]:
         """This rank's entry: the facts, where it stopped, its step times (the first step, which warms
         caches, left out), throughput, memory peaks, the environment, the profiler's cycles and the traces
         it wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's
         Profiling, or None."""
-        import torch
-
         cycles = profiling.cycles if profiling is not None else []
         peaks = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
         failed = profiling.failed if profiling is not None else []

@@ -17,23 +17,28 @@ policy and state and get only their config section:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, PeerLostError, TrainingError, WriteError
 from hpc.core.faults import faults_from_env
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
-from hpc.launch.distenv import DistEnv
-from hpc.launch.schema import RunConfig
+from hpc.spec.distenv import DistEnv
+from hpc.spec.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
 from hpc.training.claim import claim_run_dir, note_start
-from hpc.training.cudagraph import nccl_version
+from hpc.training.cudagraph import GraphedStep, lr_on_device, nccl_version, whole_step
 from hpc.training.graphmode import DDP_WARMUP_ITERS, decide_graph_mode
 from hpc.training.group import RankGroup
 from hpc.training.inject import Injector, raise_at_step
@@ -56,6 +61,8 @@ from hpc.training.setup import (
 )
 from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
 
+log = logging.getLogger(__name__)
+
 
 class Trainer:
     """One rank's run. Build it, call train(), then close() (in a finally)."""
@@ -67,7 +74,7 @@ class Trainer:
         self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
-        self.graphed: Any = None
+        self.graphed: GraphedStep | None = None
         self.lock = lock
         self.state = TrainState()
         self.faults = faults_from_env(os.environ)
@@ -108,9 +115,9 @@ class Trainer:
         self.stopped = False  # a stop signal reached every rank: checkpoint and leave the loop
 
     # --- set-up ----------------------------------------------------------------------------------
-    def log(self, msg: str) -> None:
-        if self.is_main:
-            print(msg, flush=True)
+    def log(self, msg: str) -> None:  # rank 0's lines; the others' at DEBUG, named (HPC_LOG_LEVEL=debug)
+        level, name = (logging.INFO, "") if self.is_main else (logging.DEBUG, f"[rank {self.dist.rank}] ")
+        log.log(level, "%s%s", name, msg)
 
     def _resume(self) -> int:
         """Load the checkpoint if there is one (the step it was at); rank 0 then sets the directory's books
@@ -132,20 +139,18 @@ class Trainer:
         if self.group.agree(error is not None):
             raise error or WriteError(f"{self.paths.root}: rank 0 could not write {what}; stopping with it")
 
-    def _graph(self) -> Any:
+    def _graph(self) -> GraphedStep | None:
         """The whole step, DDP's all-reduce included, as a CUDA graph captured at its first call (the
         graph mode decided at set-up), else None."""
         self.log(self.graph_mode.line)
         if not self.graph_mode.on:
             return None
-        from hpc.training.cudagraph import GraphedStep, lr_on_device, whole_step
-
         net = self.net
         lr_on_device(net.optimizer, self.device)  # after any checkpoint load, which brings the rate to the CPU
         core = whole_step(net.forward, net.optimizer, net.autocast)
         return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
 
-    def untuned(self, other_shape: bool) -> Any:
+    def untuned(self, other_shape: bool) -> contextlib.AbstractContextManager[None]:
         """cuDNN's heuristics for a batch of another shape than the step's (train.cudnn_autotune: step)."""
         return cudnn_heuristics(other_shape and self.use_cuda and self.cfg.train.cudnn_autotune == "step")
 
@@ -201,7 +206,7 @@ class Trainer:
         cfg, dist, plan = self.cfg, self.dist, self.plan
         data = "images" if cfg.data.source == "cifar100" else "SYNTHETIC images (data.source: synthetic,"
         data += f" fraction {cfg.data.fraction:g})" if "(" in data else f" (fraction {cfg.data.fraction:g})"
-        print(placement_line(dist.rank, self.summary.where), flush=True)  # every rank: where it runs
+        log.info(placement_line(dist.rank, self.summary.where))  # every rank: where it runs
         for note in filter(None, [window_note(cfg.profiler, plan.stop_at - self.state.step)]):
             self.log(note)
         self.log(
@@ -211,7 +216,7 @@ class Trainer:
             f"{self.net.base_lr:g}, {plan.steps_per_epoch} steps/epoch, steps {self.state.step} -> {plan.stop_at}"
         )
 
-    def epoch_batches(self, order: Any) -> Iterator[tuple[Any, Any]]:
+    def epoch_batches(self, order: np.ndarray) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches of the epoch from the current position on."""
         from hpc.training import data as data_mod
 
@@ -254,15 +259,13 @@ class Trainer:
         elif not self.stopped and st.step >= plan.stop_at:
             self.checkpoint("max steps")
 
-    def micro_step(self, x: Any, y: Any) -> bool:
+    def micro_step(self, x: torch.Tensor, y: torch.Tensor) -> bool:
         """One micro-batch; after the last of an optimizer step, the step's end. True: leave the epoch."""
-        import torch.nn.functional as F
-
         st, net = self.state, self.net
         group_size, last_micro = self.plan.group(st.position)
         full = y.numel() == self.plan.micro
         graphed = self.graphed is not None and full  # a smaller last batch runs eagerly
-        if graphed:
+        if self.graphed is not None and graphed:
             loss = self.graphed(x, y).clone()  # forward, backward and optimizer step in one replay
         else:
             if self.graphed is not None:  # .grad holds the graph's last gradients: do not add to them
@@ -323,8 +326,7 @@ class Trainer:
                 f"step {st.step}/{self.plan.stop_at} epoch {st.epoch + 1}/{self.cfg.train.epochs} loss "
                 f"{mean_loss:.4f} lr {lr:.4g} img/s {pace['images_per_s']:.0f} eta {format_duration(pace['eta_s'])}"
             )
-            tty = sys.stdout.isatty()
-            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+            log.info(line)
             self.metrics.record(
                 "train", {"loss": mean_loss, "lr": lr, "images_per_s": pace["images_per_s"]}, st.step, st.epoch
             )
@@ -333,8 +335,6 @@ class Trainer:
     def end_epoch(self) -> None:
         st = self.state
         st.epoch, st.position = st.epoch + 1, 0
-        if sys.stdout.isatty() and self.is_main:
-            print()
         metrics: dict[str, Any] = self.progress.epoch()
         if self.cfg.train.eval:
             self.group.sync_buffers(self.net.model)
@@ -356,8 +356,6 @@ class Trainer:
     def finish(self, exit_code: int, profiling: Profiling | None, recovered: bool = False) -> int:
         """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown. A
         trace that could not be written fails the run once its summary is written."""
-        import torch.distributed as tdist
-
         if self.graphed is not None:
             # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which
             # holds NCCL's communicator, before the process group goes. Not in close(): after a failure a
@@ -369,8 +367,9 @@ class Trainer:
         record = recovered_record(record) if recovered else record
         self.group.sync_buffers(self.net.model)
         record["weights_sha256"] = weights_digest(self.net.model)
-        records: list[Any] = [None] * self.dist.world_size
-        tdist.all_gather_object(records, record, group=self.group.control)
+        gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size
+        tdist.all_gather_object(gathered, record, group=self.group.control)
+        records = [r for r in gathered if r is not None]  # every rank's: all_gather_object fills each slot
         self.inject.fire("summary")
         error = self.metrics.failed if self.metrics is not None else None
         if self.is_main:
@@ -392,8 +391,6 @@ class Trainer:
 
     def close(self) -> None:
         """Teardown, whatever happened: the TensorBoard writer and the process group."""
-        import torch.distributed as tdist
-
         if self.metrics is not None:
             self.metrics.close()
         if tdist.is_available() and tdist.is_initialized():

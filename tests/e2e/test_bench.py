@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import assert_one_line_error, run_module
-from analysis.scaling import scaling_prediction
+from hpc.spec.scaling import scaling_prediction
 
 
 def test_bench_runs_every_configuration_on_cpu(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.launch.distenv import master_port_for_job
+from hpc.spec.distenv import master_port_for_job
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """python -m hpc.study on the real (local, Perlmutter-shaped) Slurm cluster: the study in one command,
 its status, a failed point resubmitted, an out-of-memory point, and a 2-node point. CPU ranks with gloo;
-the failure and the OOM are injected (HPC_FAULT_INJECT, hpc/oom.py): no GPU here."""
+the failure and the OOM are injected (HPC_FAULT_INJECT, hpc/training/oom.py): no GPU here."""
 
 import json
 import os

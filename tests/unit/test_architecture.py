@@ -1,5 +1,5 @@
-"""The shape of the code, checked: a leaf core, a torch-free launcher, analysis that sees hpc only through
-the core, no import cycle (function-level imports counted), small modules and functions, errors and
+"""The shape of the code, checked: a leaf core, every import pointing down a floor (core, a run's
+description, training and analysis, the launcher, the doors), a torch-free launcher, no import cycle (function-level imports counted), small modules and functions, errors and
 exit codes in one place, the README's map of the tree, and jobs pickled by earlier releases still
 loading. Read from the source with `ast`: nothing here runs the code it checks."""
 
@@ -47,11 +47,50 @@ def test_the_core_is_a_leaf():
             assert all(dep.startswith("hpc.core") for dep in imports(path)), (name, imports(path))
 
 
-def test_analysis_sees_hpc_only_through_the_core():
+# The floors, bottom up (the README's map, tests/README.md): the core; a run's description; the training
+# half and the analysis side by side; the launcher; the commands' doors (hpc/<door>.py).
+FLOORS = {"hpc.core": 0, "hpc.spec": 1, "hpc.training": 2, "analysis": 2, "hpc.launch": 3}
+
+
+def floor(name: str) -> tuple[int, str]:
+    """(floor, package) of a module: hpc.<door> and the hpc package itself are the top floor."""
+    for prefix, level in FLOORS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return level, prefix
+    return len(set(FLOORS.values())), "hpc"
+
+
+def upward_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports (function-local ones too) that do not point down a floor, other than within a package."""
+    found = []
+    for name, path in modules.items():
+        level, package = floor(name)
+        for dep in sorted(imports(path)):
+            dep_level, dep_package = floor(dep)
+            if dep_package != package and dep_level >= level:
+                found.append(f"{name} -> {dep}")
+    return found
+
+
+def test_every_import_points_down_a_floor():
+    assert not upward_imports(MODULES), upward_imports(MODULES)
+
+
+def test_the_launcher_reaches_the_analysis_through_its_one_entry():
     for name, path in MODULES.items():
-        if name.startswith("analysis"):
-            outside = {dep for dep in imports(path) if dep.startswith("hpc") and not dep.startswith("hpc.core")}
-            assert not outside, (name, outside)
+        if floor(name)[0] > FLOORS["analysis"]:
+            seen = {dep for dep in imports(path) if dep.startswith("analysis")}
+            assert seen <= {"analysis.api"}, (name, seen)
+
+
+def test_the_floor_check_sees_a_function_local_import_up(tmp_path):
+    up = tmp_path / "up.py"
+    up.write_text("def f():\n    from hpc.launch.plan import plan_points\n")
+    side = tmp_path / "side.py"
+    side.write_text("import analysis.trace\n")
+    assert upward_imports({"hpc.training.up": up}) == ["hpc.training.up -> hpc.launch.plan"]
+    assert upward_imports({"hpc.training.side": side}) == ["hpc.training.side -> analysis.trace"]
+    assert upward_imports({"hpc.launch.down": side}) == []
 
 
 def test_the_launcher_never_imports_the_torch_half_at_module_level():
@@ -117,7 +156,7 @@ def test_the_doors_only_hand_over():
         path = REPO / "hpc" / f"{door}.py"
         assert path.read_text().count("\n") <= 25, door
         deps = imports(path)
-        assert deps and all(d.startswith(("hpc.launch", "hpc.training")) for d in deps), (door, deps)
+        assert deps and all(d.startswith(("hpc.launch", "hpc.training", "hpc.spec")) for d in deps), (door, deps)
 
 
 def test_errors_are_one_family_defined_in_the_core():
@@ -184,7 +223,7 @@ def test_jobs_pickled_by_the_earlier_layout_still_load(golden, kind, attrs):
     assert type(job).__name__ == kind and callable(job)
     assert {k: getattr(job, k) for k in attrs} == attrs
     if kind == "TrainJob":
-        from hpc.launch.config import run_config_from_dict
+        from hpc.spec.config import run_config_from_dict
 
         assert job.run_config["model"]["arch"] == "resnet152"
         assert job.checkpoint().function is job  # requeueing it again works
@@ -218,3 +257,58 @@ def test_no_attribute_is_first_set_outside_init():
             if isinstance(node, ast.ClassDef) and (found := attributes_set_outside_init(node)):
                 late[f"{name}.{node.name}"] = sorted(found)
     assert not late, late
+
+
+OUTPUT_FUNCTIONS = re.compile(r"^(main|cli|run|fail|echo|print_\w+|\w+_command)$")  # what a command prints
+
+
+def prints_outside_output_functions(path: Path) -> list[str]:
+    """`print(` calls not inside a function whose job is the command's output (its name says so)."""
+    found = []
+
+    def visit(node: ast.AST, owner: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else owner
+            if isinstance(child, ast.Call) and getattr(child.func, "id", "") == "print":
+                if owner is None or not OUTPUT_FUNCTIONS.match(owner):
+                    found.append(f"{path.relative_to(REPO)}:{child.lineno} in {owner}")
+            visit(child, name)
+
+    visit(ast.parse(path.read_text()), None)
+    return found
+
+
+def test_print_only_in_the_commands_output_functions():
+    """Everything else a command says goes through logging, so --log-level turns it up or down."""
+    found = [line for path in MODULES.values() for line in prints_outside_output_functions(path)]
+    assert not found, found
+
+
+def test_one_logger_per_module_named_after_it():
+    for name, path in MODULES.items():
+        if name == "hpc.core.logs":  # the set-up, which configures the roots
+            continue
+        calls = [n for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "getLogger"
+                 and not (n.args and isinstance(n.args[0], ast.Constant)  # another library's, set up here
+                          and not str(n.args[0].value).startswith(PACKAGES))]
+        assert len(calls) <= 1, name
+        assert all(len(c.args) == 1 and getattr(c.args[0], "id", "") == "__name__" for c in calls), name
+
+
+def test_the_torch_half_is_typed_with_torchs_types():
+    """`Any` in hpc/training only where a value is truly open (JSON payloads' dict[str, Any] aside), each
+    with its reason on the line; torch imported at the top, not inside functions (lazy imports stay for
+    torchvision, TensorBoard and torch's private memory profiler, each heavy or optional)."""
+    open_any, local_torch = [], []
+    for path in sorted((REPO / "hpc" / "training").glob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            bare = re.sub(r"(dict|Mapping)\[str, Any\]", "", line)
+            if re.search(r"\bAny\b", bare) and not bare.lstrip().startswith(("from typing", "#")):
+                open_any.append(f"{path.name}:{n}")
+                assert "#" in line, f"{path.name}:{n}: an open value says why: {line.strip()}"
+            if re.match(r"\s+(import torch\b|from torch\b)", line) and "_memory_profiler" not in line \
+                    and "tensorboard" not in line:
+                local_torch.append(f"{path.name}:{n}")
+    assert len(open_any) < 15, open_any
+    assert not local_torch, local_torch

@@ -21,7 +21,7 @@ from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.rundir import read_index, read_summary
 from hpc.launch.plan import make_plan
-from hpc.launch.schema import TrainConfig
+from hpc.spec.schema import TrainConfig
 from hpc.launch.status import point_state
 from hpc.launch.submit import build_parser, print_plan
 from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
@@ -299,7 +299,7 @@ def test_check_name_accepts_a_hostile_but_valid_name():
 
 
 def test_which_keys_may_change_on_resume_is_marked_on_the_fields():
-    from hpc.launch.schema import may_change_on_resume
+    from hpc.spec.schema import may_change_on_resume
 
     assert all(may_change_on_resume(*k.split(".")) for k in (
         "data.root", "data.num_workers", "train.max_steps", "train.eval", "train.cuda_memory_fraction",

@@ -383,7 +383,7 @@ def test_the_numeric_flags_table_is_complete():
                 flags = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
                 if kinds and kinds[0] in ("int", "float"):
                     declared.update(flags)
-    from hpc.launch.flags import FLAGS
+    from hpc.spec.flags import FLAGS
 
     declared |= {"--" + name.replace("_", "-") for name, (_, kind, _) in FLAGS.items() if kind in (int, float)}
     assert declared == {flag for _, flag, _ in NUMERIC_FLAGS}

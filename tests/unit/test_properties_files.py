@@ -25,9 +25,9 @@ from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
 from hpc.core.rundir import RunPaths, read_index, read_metrics, read_summary, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.launch.config import Layers, read_yaml
-from hpc.launch.hostlist import expand_hostlist, expand_tasks_per_node
-from hpc.launch.schema import RUN_SECTIONS, SECTIONS
+from hpc.spec.config import Layers, read_yaml
+from hpc.spec.hostlist import expand_hostlist, expand_tasks_per_node
+from hpc.spec.schema import RUN_SECTIONS, SECTIONS
 
 SCALE = int(os.environ.get("HPC_FUZZ_SCALE", "1"))
 

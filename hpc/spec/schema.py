@@ -1,7 +1,7 @@
 """The configuration schema: one frozen dataclass per section (cluster, data, model, train,
 profiler, sweep), the checks on their values, which keys may change on resume (marked on the fields),
 and the section lists, derived here once. Loading (YAML, layers, provenance, messages) is
-hpc/launch/config.py; nothing here reads a file.
+hpc/spec/config.py; nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 from hpc.core.cli import name_problem
 from hpc.core.files import plain
-from hpc.launch.cluster import ClusterConfig
-from hpc.launch.fields import Invalid as _Invalid
-from hpc.launch.fields import at_most as _at_most
-from hpc.launch.fields import check as _check
-from hpc.launch.fields import non_negative as _non_negative
-from hpc.launch.fields import one_of as _one_of
-from hpc.launch.fields import positive as _positive
-from hpc.launch.fields import resumable
+from hpc.spec.cluster import ClusterConfig
+from hpc.spec.fields import Invalid as _Invalid
+from hpc.spec.fields import at_most as _at_most
+from hpc.spec.fields import check as _check
+from hpc.spec.fields import non_negative as _non_negative
+from hpc.spec.fields import one_of as _one_of
+from hpc.spec.fields import positive as _positive
+from hpc.spec.fields import resumable
 
 __all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
 
@@ -193,7 +193,7 @@ class ProfilerConfig:
     # analysis. Off by default: building them takes seconds per cycle (~8 s for two ResNet152 steps
     # on an H100 host), more than the rest of the profiler's cost over a whole run.
     key_averages: bool = resumable(False)
-    # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/oom.py), for
+    # Record the CUDA allocator's history and dump it on an out-of-memory error (hpc/training/oom.py), for
     # PyTorch's memory_viz. Costs a little host time per allocation.
     memory_snapshot: bool = resumable(False)
     # Peak memory by category (parameters, gradients, optimizer state, activations, other) per cycle in

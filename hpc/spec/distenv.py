@@ -11,7 +11,7 @@ Why not submitit's helpers: `submitit.helpers.TorchDistributedEnvironment` reads
 inside `JobEnvironment`, works only inside a submitit job, takes MASTER_ADDR from the *job* node list
 rather than the step's, assumes the same number of tasks on every node
 (`local_world_size = ntasks // nnodes`, wrong for `SLURM_TASKS_PER_NODE=2(x3),1`), and its node-list
-parser disagrees with Slurm's (hpc/launch/hostlist.py follows Slurm's own and is tested against
+parser disagrees with Slurm's (hpc/spec/hostlist.py follows Slurm's own and is tested against
 `scontrol show hostnames`).
 """
 
@@ -25,9 +25,9 @@ import shlex
 from collections.abc import Mapping
 
 from hpc.core.cli import Parser, run
-from hpc.core.errors import DistEnvError, HostlistError
-from hpc.launch.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
-from hpc.launch.torchrun import torchrun_args, torchrun_forwards_signals
+from hpc.core.errors import EXIT_OK, DistEnvError, HostlistError
+from hpc.spec.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
+from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
 
 # ----------------------------------------------------------------------------------------------
 # Distributed environment
@@ -310,13 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.hostlist is not None:
         print("\n".join(expand_hostlist(args.hostlist)))
-        return 0
+        return EXIT_OK
     if args.torchrun_args is not None:
         print(" ".join(shlex.quote(a) for a in slurm_torchrun_args(os.environ, args.torchrun_args, args.max_restarts)))
-        return 0
+        return EXIT_OK
     dist = from_environ(os.environ)
     print(json.dumps(dataclasses.asdict(dist), sort_keys=True) if args.json else "\n".join(export_lines(dist)))
-    return 0
+    return EXIT_OK
 
 
 def cli(argv: list[str] | None = None) -> int:

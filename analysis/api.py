@@ -1,0 +1,48 @@
+"""The analysis's one entry for the rest of the toolkit (the launcher's status, a local run's closing
+numbers, the study's report job): what they ask of it, so that none assembles it from its pieces. No
+torch import; every function takes and returns plain paths, records and text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis.discover import print_warnings
+from analysis.fold import analyze_run
+from analysis.records import RunRecord, TraceRecord
+from analysis.tables import render
+from analysis.verdict import headline
+
+__all__ = ["render", "report", "run_numbers", "run_verdict", "verdict_headline"]
+
+
+def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
+    """A run's per-trace records and its run record, from its own files; what was skipped is printed as
+    warnings (one line each)."""
+    warnings: list[str] = []
+    traces, run = analyze_run(run_dir, warnings)
+    print_warnings(warnings)
+    return traces, run
+
+
+def verdict_headline(verdict: Any) -> str | None:
+    """`bound (then secondary)` of a verdict record (as runs.json holds it), None for anything else."""
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("bound"), str):
+        return None
+    secondary = verdict.get("secondary")
+    return headline(verdict["bound"], secondary if isinstance(secondary, str) else None)
+
+
+def run_verdict(run_dir: Path) -> str | None:
+    """What bounds a finished run, from its own traces (quietly: a status line, not a report)."""
+    _, run = analyze_run(run_dir, [])
+    return verdict_headline(run.verdict) if run is not None else None
+
+
+def report(path: Path, extra_args: Sequence[str] = ()) -> int:
+    """`python -m analysis PATH --report ...`: the tables, figures and report.html; its exit code."""
+    from analysis.__main__ import main
+
+    return main([str(path), "--report", *extra_args])
