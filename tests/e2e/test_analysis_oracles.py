@@ -94,13 +94,16 @@ def _hta_breakdowns(path: Path, tmp_path: Path):
 
     hta = pytest.importorskip("hta.trace_analysis", reason=NO_HTA)
     shutil.copy(path, tmp_path / path.name)
-    logging.disable(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t = hta.TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=True)
-        rank = t.t.get_ranks()[0]
-        temporal = t.get_temporal_breakdown(visualize=False).iloc[0]
-        idle, _ = t.get_idle_time_breakdown(ranks=[rank], visualize=False)
+    logging.disable(logging.WARNING)  # HTA's own chatter; undone after, or later tests would lose warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = hta.TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=True)
+            rank = t.t.get_ranks()[0]
+            temporal = t.get_temporal_breakdown(visualize=False).iloc[0]
+            idle, _ = t.get_idle_time_breakdown(ranks=[rank], visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
     return temporal, idle
 
 
