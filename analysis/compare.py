@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis.diff import Profile, compare, profile
-from analysis.discover import Warnings, print_warnings, run_traces
+from analysis.discover import Warnings, analyze_files, print_warnings, run_traces
 from analysis.records import TraceRecord
-from analysis.trace import analyze_trace
 from analysis.units import number
 from hpc.core.cli import Parser, inspect_path, run
-from hpc.core.errors import EXIT_OK, TraceError, UsageError
+from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.rundir import SweepPaths, read_index
 
 AXES = {
@@ -97,12 +96,7 @@ def records_of(label: str, path: Path, rank: int, warnings: Warnings) -> list[Tr
     if inspect_path(path, label) is None:
         raise UsageError(f"{label}: no such file or directory")
     files = [path] if path.is_file() else run_traces(path, warnings)
-    records = []
-    for f in files:
-        try:
-            records.append(analyze_trace(f, top_n=None))
-        except TraceError as e:
-            warnings.append(f"{f}: skipped: {e}")
+    records = analyze_files(files, warnings, top_n=None)
     ranked = [r for r in records if r.rank == rank]
     chosen = ranked if ranked else records if len({r.rank for r in records}) <= 1 else []
     if not chosen:

@@ -7,11 +7,13 @@ or field, and the command prints them once it knows whether it has a result.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from analysis.device import TOP_N
 from analysis.records import TraceRecord
 from analysis.trace import analyze_trace
 from hpc.core.errors import TraceError
@@ -56,26 +58,29 @@ def run_traces(run_dir: Path, warnings: Warnings | None = None) -> list[Path]:
     return find_traces(traces if traces.is_dir() else run_dir, warnings)
 
 
-def _analyze_one(path: Path) -> tuple[TraceRecord | None, str | None]:
+def _analyze_one(path: Path, top_n: int | None = TOP_N) -> tuple[TraceRecord | None, str | None]:
     """(record, warning) of one file; runs in a worker process, so the warning travels back."""
     try:
-        rec = analyze_trace(path)
+        rec = analyze_trace(path, top_n)
     except TraceError as e:
         return None, f"{path}: skipped: {e}"
     return rec, (f"{path}: {rec.bad_events} event(s) with mistyped fields skipped" if rec.bad_events else None)
 
 
-def analyze_files(paths: Iterable[Path], warnings: Warnings, workers: int | None = None) -> list[TraceRecord]:
+def analyze_files(
+    paths: Iterable[Path], warnings: Warnings, workers: int | None = None, top_n: int | None = TOP_N
+) -> list[TraceRecord]:
     """The records of the usable files, in order, analysed in parallel over the machine's cores
-    (`workers`, default: one per core, at most one per file); unusable files go to `warnings`."""
+    (`workers`, default: one per core, at most one per file), with `top_n` kernels and operators listed
+    (None: all); unusable files go to `warnings`."""
     paths = list(paths)
     workers = min(len(paths), workers or os.cpu_count() or 1)
     if workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(_analyze_one, paths))
+            results = list(pool.map(_analyze_one, paths, itertools.repeat(top_n)))
     else:
-        results = [_analyze_one(p) for p in paths]
+        results = [_analyze_one(p, top_n) for p in paths]
     warnings.extend(message for _, message in results if message)
     return [rec for rec, _ in results if rec is not None]
