@@ -5,5 +5,6 @@ project.
 - cli.py: the one error path of every command (`run`), the parser, the checks made before any work;
 - files.py: atomic writes, JSON and strict YAML;
 - rundir.py: the run and sweep directories, every file's name and its reader and writer;
+- stop.py: the stop signals (SIGTERM, SIGUSR2, SIGINT), caught before torch is imported;
 - faults.py: HPC_FAULT_INJECT's grammar.
 """

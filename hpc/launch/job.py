@@ -49,10 +49,10 @@ class TrainJob:
     def __call__(self) -> dict[str, Any]:
         import submitit
 
+        from hpc.core.stop import StopSignal
         from hpc.spec.config import run_config_from_dict
         from hpc.spec.distenv import from_environ
         from hpc.training.command import check_resumable, prepare_run_dir, train_or_oom
-        from hpc.training.parts import StopSignal
 
         configure()  # HPC_LOG_LEVEL, exported with the job, as hpc.train's --log-level would
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler

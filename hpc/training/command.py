@@ -33,11 +33,11 @@ from hpc.core.faults import faults_from_env
 from hpc.core.files import temp_name
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
+from hpc.core.stop import StopSignal
 from hpc.spec.config import load_run_config, read_yaml
 from hpc.spec.distenv import DistEnv, from_environ
 from hpc.spec.flags import add_training_flags, overrides_from_args
 from hpc.spec.schema import RunConfig, may_change_on_resume
-from hpc.training.parts import StopSignal
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def train_or_oom(
     from hpc.training.oom import describe, record_oom
     from hpc.training.trainer import Trainer
 
-    stop = (stop or StopSignal()).install()
+    stop = StopSignal.take(stop)  # the door's, installed before torch was imported
     lock = RunLock(RunPaths(run_dir).lock)  # rank 0 takes it in the Trainer's set-up
     trainer = None
     try:

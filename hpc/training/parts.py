@@ -1,5 +1,4 @@
 """The trainer's small parts, each owning one job and its state:
-- StopSignal: SIGTERM/SIGUSR2/SIGINT ask for a checkpoint at the next step boundary;
 - TrainState: where the run is (epoch, micro-batch position, optimizer step) and its RNG state;
 - StepTimer: optimizer-step times, CUDA events on a GPU (no per-step sync), perf_counter on a CPU;
 - DivergenceGuard: the first non-finite loss, checked every step on a CPU, at log steps on a GPU;
@@ -10,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 import time
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,30 +21,6 @@ from hpc.spec.distenv import DistEnv
 from hpc.spec.schema import DataConfig
 from hpc.training.checkpoint import rng_state, set_rng_state
 from hpc.training.setup import DataParts
-
-
-class StopSignal:
-    """SIGTERM/SIGUSR2 (Slurm preemption, time limit) and SIGINT (Ctrl-C) ask for a checkpoint at the
-    next step boundary; the same command then resumes. Installed by whoever runs the training and
-    handed in, so the handlers are given back afterwards."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, signal._HANDLER] = {}
-
-    def install(self) -> StopSignal:
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
-        self.signum = signum
 
 
 @dataclasses.dataclass

@@ -34,6 +34,7 @@ from hpc.core.faults import faults_from_env
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
+from hpc.core.stop import StopSignal
 from hpc.spec.distenv import DistEnv
 from hpc.spec.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
@@ -45,7 +46,7 @@ from hpc.training.inject import Injector, raise_at_step
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
-from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState, evaluate
+from hpc.training.parts import DivergenceGuard, StepTimer, TrainState, evaluate
 from hpc.training.profiling import Profiling, maybe_profile, window_note
 from hpc.training.setup import (
     batch_plan,

@@ -115,6 +115,47 @@ def test_a_signal_at_any_moment_loses_nothing(data_root, tmp_path, straight, sig
         assert "already complete at step 32 of 32; nothing to do" in out
 
 
+def caught_signals(pid: int) -> int:
+    """The process's caught-signal mask (/proc/PID/status SigCgt), 0 once it is gone."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1], 16)
+
+
+def torch_mapped(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["USR2", "TERM"])
+def test_a_signal_during_start_up_is_a_clean_stop(data_root, tmp_path, straight, sig):
+    """A time limit's SIGUSR2 (or a preemption's SIGTERM) while the process still imports torch (seconds
+    on a loaded node): caught by the door before that import (hpc/core/stop.py), so the run stops after
+    its first step with a checkpoint, exit 3, and the same command finishes it. The signal is sent the
+    moment the handler is in place, and the test checks torch was not loaded yet: without the early
+    handler the default action killed the process (seen in CI: exit 140 under Slurm)."""
+    run_dir = tmp_path / "run"
+    proc, = start_ranks(1, command(data_root, run_dir))
+    bit = 1 << (getattr(signal, f"SIG{sig}") - 1)
+    deadline = time.monotonic() + 60
+    while not caught_signals(proc.pid) & bit and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    early = not torch_mapped(proc.pid)
+    proc.send_signal(getattr(signal, f"SIG{sig}"))
+    (code, out, err), = wait_all([proc])
+    assert early, "the stop handler was installed only after torch was loaded"
+    assert code == 3 and "Traceback" not in err, (out[-800:], err[-800:])
+    assert "stopped by signal, checkpoint written" in out
+    assert check_on_disk(run_dir)["step"] == 1
+    (code, out, err), = run(data_root, run_dir)
+    assert code == 0, (out[-800:], err[-800:])
+    check_finished(run_dir, straight)
+
+
 def test_a_rerun_finishes_what_a_kill_after_the_last_checkpoint_left_and_status_agrees(data_root, tmp_path):
     """SIGKILL between the last checkpoint and summary.json: the directory says "done, summary missing"
     (hpc/core/runstate.py, which hpc.study status reads); the rerun writes the summary and exits 0."""

@@ -26,7 +26,8 @@ from hpc.launch.status import point_state
 from hpc.launch.submit import build_parser, print_plan
 from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
 from hpc.training.metrics import MetricsLog
-from hpc.training.parts import DivergenceGuard, StepTimer, StopSignal, TrainState
+from hpc.core.stop import StopSignal
+from hpc.training.parts import DivergenceGuard, StepTimer, TrainState
 from hpc.training.setup import batch_plan, lr_factor
 from hpc.training.summary import percentile
 
@@ -106,6 +107,18 @@ def test_stop_signal_is_handed_back():
     assert stop.signum == signal.SIGUSR2
     stop.restore()
     assert signal.getsignal(signal.SIGUSR2) == before
+
+
+def test_a_signal_caught_early_is_the_runs():
+    """A door installs the handlers before its heavy imports; the run takes them over with what they caught."""
+    before = signal.getsignal(signal.SIGTERM)
+    early = StopSignal.early()
+    os.kill(os.getpid(), signal.SIGTERM)
+    stop = StopSignal.take(None)
+    assert stop is early and stop.signum == signal.SIGTERM
+    stop.restore()
+    assert signal.getsignal(signal.SIGTERM) == before and StopSignal.take(None) is not early
+    StopSignal.take(None).restore()
 
 
 def test_metrics_log_off_rank_writes_nothing(tmp_path):

@@ -1,0 +1,56 @@
+"""The stop signals of a training process: SIGTERM/SIGUSR2 (Slurm preemption, a time limit's warning) and
+SIGINT (Ctrl-C) ask for a checkpoint at the next step boundary; the same command then resumes.
+
+Torch-free, so a command's door installs it before importing torch: that import takes seconds on a
+loaded node, and a SIGUSR2 or SIGTERM arriving in it would otherwise kill the process outright (the
+default action), with no checkpoint and no line saying so (seen: a job's time-limit warning during
+start-up, both tasks ended by the signal, exit 140). Caught early, the signal is kept and the run stops
+cleanly after its first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import types
+
+log = logging.getLogger(__name__)
+
+
+class StopSignal:
+    """Records the last stop signal (`signum`); installed by whoever runs the training and handed in, so
+    the handlers are given back afterwards (`restore`)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+    _early: StopSignal | None = None  # installed by a door before its heavy imports (see `early`)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, signal._HANDLER] = {}
+
+    def install(self) -> StopSignal:
+        if not self._previous:  # installed once: a second install would save our own handler as "previous"
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        if StopSignal._early is self:
+            StopSignal._early = None
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        self.signum = signum
+
+    @classmethod
+    def early(cls) -> StopSignal:
+        """Install one now, to be taken over by the run (`take`): for a command's first lines."""
+        cls._early = cls._early or cls().install()
+        return cls._early
+
+    @classmethod
+    def take(cls, given: StopSignal | None = None) -> StopSignal:
+        """The run's StopSignal, installed: `given`, else the one a door installed early (with any signal
+        it already caught), else a new one."""
+        return (given or cls._early or cls()).install()
