@@ -213,7 +213,17 @@ def run_facts(first: dict[str, Any]) -> dict[str, Any]:
         "data_source": source if source in ("cifar100", "synthetic") else None,
         "train_images": images if is_count(images) else None,
         "wall_time_s": number_or_none(first.get("wall_time_s")),
+        **graph_check(first.get("graph_check")),
     }
+
+
+def graph_check(said: object) -> dict[str, str]:
+    """summary.json's graph_check ("passed", or "failed on rank R: cause") as the short word for tables
+    and the cause for JSON; nothing for a run that was not graphed (or was written before the check)."""
+    if not isinstance(said, str) or not said:
+        return {}
+    short, _, cause = said.partition(": ")
+    return {"graph_check": short[:40], "graph_check_cause": cause} if cause else {"graph_check": short[:40]}
 
 
 def memory_by_category(summary: dict[str, Any] | None) -> dict[str, Any]:

@@ -185,6 +185,8 @@ class RunRecord:
     outcome: str | None = None  # done | stopped | oom
     arch: str | None = None
     step_mode: str | None = None  # eager | graph (train.cuda_graph): graphed and eager sweeps side by side
+    graph_check: str | None = None  # passed | failed on rank R: a graphed run's check before its first step
+    graph_check_cause: str | None = None  # what failed (then the run went eager), in the trainer's words
     data_fraction: float | None = None
     batch_size_per_gpu: int | None = None
     gpus: int | None = None

@@ -34,6 +34,7 @@ RUN_COLUMNS = [
     "gpus",
     "nodes",
     "step_mode",
+    "graph_check",
     "outcome",
     "ranks",
     "step_time_us_mean_max",
@@ -239,7 +240,8 @@ def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[st
 
 def mode_words(run: RunRecord) -> str:
     """ ", eager steps" or ", graph steps" where the run's summary says how its steps ran, else ""."""
-    return f", {run.step_mode} steps" if run.step_mode else ""
+    check = f" (graph check {run.graph_check})" if run.graph_check and run.graph_check != "passed" else ""
+    return f", {run.step_mode} steps{check}" if run.step_mode else ""
 
 
 def run_label(run: RunRecord) -> str:

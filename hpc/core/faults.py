@@ -9,6 +9,12 @@ process: hpc/training/inject.py).
                                                 MOMENT of optimizer step N (every time it comes without
                                                 N), on rank R only (every rank without it)
            kill-during-checkpoint               = signal:KILL@checkpoint once a checkpoint exists
+           graph-capture-fail[@rank=R]          the graph check's capture raises (on rank R only)
+           graph-mismatch[@rank=R]              the graph check's replay leaves wrong weights (rank R)
+           graph-slow[@rank=R]                  the graph check outlasts train.graph_check_timeout_s
+           graph-standin                        graph mode on a machine without CUDA: the warm-up and
+                                                the graph check run for real, a stand-in replays the
+                                                step eagerly in place of a captured graph (CPU tests)
 
     MOMENT  start       set-up done, before the first step
             step        inside step N, after its forward pass
@@ -36,17 +42,20 @@ SIGNALS = ("KILL", "TERM", "INT", "USR2", "STOP")  # STOP: a rank that hangs, al
 MOMENTS = ("start", "step", "checkpoint", "trace", "eval", "summary")
 _SIGNAL = re.compile(rf"signal:({'|'.join(SIGNALS)})@({'|'.join(MOMENTS)})(?::(\d{{1,9}}))?(?:@rank=(\d{{1,6}}))?")
 KILL_DURING_CHECKPOINT = "kill-during-checkpoint"
+GRAPH_FAULTS = ("capture-fail", "mismatch", "slow")  # what the graph check (hpc/training/graphcheck.py) meets
+GRAPH_STANDIN = "graph-standin"
+_GRAPH = re.compile(rf"graph-({'|'.join(GRAPH_FAULTS)})(?:@rank=(\d{{1,6}}))?")
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # oom | fail | signal
+    kind: str  # oom | fail | signal | graph | graph-standin
     step: int | None = None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each)
     batch: int | None = None  # only runs of this per-GPU batch
     world: int | None = None  # only runs of this many ranks
     signal: str | None = None  # signal: KILL, TERM, INT or USR2
-    moment: str | None = None  # signal: one of MOMENTS
-    rank: int | None = None  # signal: only this rank
+    moment: str | None = None  # signal: one of MOMENTS; graph: one of GRAPH_FAULTS
+    rank: int | None = None  # signal, graph: only this rank
     once_saved: bool = False  # kill-during-checkpoint: only once a checkpoint exists
 
     def hits(self, next_step: int, batch_per_gpu: int, world: int) -> bool:
@@ -62,6 +71,10 @@ class Fault:
 def _entry(entry: str, text: str, source: str) -> Fault:
     if entry == KILL_DURING_CHECKPOINT:
         return Fault("signal", signal="KILL", moment="checkpoint", once_saved=True)
+    if entry == GRAPH_STANDIN:
+        return Fault(GRAPH_STANDIN)
+    if m := _GRAPH.fullmatch(entry):
+        return Fault("graph", moment=m.group(1), rank=int(m.group(2)) if m.group(2) else None)
     if m := _SIGNAL.fullmatch(entry):
         step = int(m.group(3)) if m.group(3) else None
         return Fault("signal", step, signal=m.group(1), moment=m.group(2), rank=int(m.group(4)) if m.group(4) else None)
@@ -71,13 +84,23 @@ def _entry(entry: str, text: str, source: str) -> Fault:
     raise UsageError(
         f"{source}={text[:200]!r}: entry {entry[:80]!r} is not oom-at-step:N, fail-at-step:N (each with optional "
         f"@batch=B@world=W), signal:SIG@MOMENT[:N][@rank=R] (SIG {'|'.join(SIGNALS)}, MOMENT "
-        f"{'|'.join(MOMENTS)}) or {KILL_DURING_CHECKPOINT}"
+        f"{'|'.join(MOMENTS)}), {KILL_DURING_CHECKPOINT}, graph-{{{','.join(GRAPH_FAULTS)}}}[@rank=R] "
+        f"or {GRAPH_STANDIN}"
     )
 
 
 def parse_faults(text: str, source: str = VARIABLE) -> tuple[Fault, ...]:
     """The entries of a HPC_FAULT_INJECT value; UsageError naming the first entry not in the grammar."""
     return tuple(_entry(entry, text, source) for entry in (text.split(",") if text else ()))
+
+
+def graph_fault(faults: tuple[Fault, ...], what: str, rank: int) -> bool:
+    """Whether a graph-`what` entry applies to `rank`."""
+    return any(f.kind == "graph" and f.moment == what and f.rank in (None, rank) for f in faults)
+
+
+def graph_standin(faults: tuple[Fault, ...]) -> bool:
+    return any(f.kind == GRAPH_STANDIN for f in faults)
 
 
 def faults_from_env(env: Mapping[str, str]) -> tuple[Fault, ...]:

@@ -130,6 +130,10 @@ class TrainConfig:
     # times faster. auto: on where it can run (CUDA, NCCL >= 2.9.6, whole steps, static shapes), else
     # eager with a line saying why; true: on, or stop naming what prevents it; false: eager.
     cuda_graph: bool | str = "auto"
+    # Before the first counted step a graphed run checks its graph against an eager step from the same
+    # state (hpc/training/graphcheck.py); a check that takes longer than this on any rank is a failed
+    # one (auto: every rank runs eager; true: the run stops).
+    graph_check_timeout_s: int = resumable(300)
     # cuDNN autotuning (cudnn.benchmark) times every algorithm for each new input shape, seconds per
     # shape for ResNet152's convolutions. step: tune the step's own batch shape only; a smaller last
     # batch and evaluation's batches take cuDNN's heuristics (one epoch meets each once, so tuning them
@@ -158,6 +162,7 @@ class TrainConfig:
             "grad_accum_steps",
             "log_every_steps",
             "collective_timeout_s",
+            "graph_check_timeout_s",
             "ddp_bucket_cap_mb",
         )
         _non_negative(self, "momentum", "weight_decay", "warmup_epochs", "checkpoint_every_steps", "seed")
@@ -165,6 +170,7 @@ class TrainConfig:
         _at_most(self, "grad_accum_steps", 2**20, "more micro-batches than any batch holds")
         _at_most(self, "seed", 2**32 - 1, "seeds are 32-bit")
         _at_most(self, "collective_timeout_s", 7 * 24 * 3600, "a week")
+        _at_most(self, "graph_check_timeout_s", 24 * 3600, "a day")
         _one_of(self, "batch_scope", ("per_gpu", "global"))
         _one_of(self, "schedule", ("cosine", "multistep", "constant"))
         _one_of(self, "amp", ("auto", "bf16", "off"))

@@ -8,8 +8,9 @@ with CUDA events after a synchronize:
 - toolkit: the training path's defaults: the uint8 set on the device with augmentation there, bf16
   autocast, channels_last, fused SGD, no per-step host sync;
 - baseline plus each of those switched on alone; the toolkit without DDP (the bare model: what DDP
-  costs at world size 1); the toolkit with its whole step captured in a CUDA graph (world size 1,
-  CUDA only); and with torch.compile (--compile).
+  costs at world size 1); the toolkit with the trainer's graphed step (DDP built on the capture's side
+  stream, its warm-up, the capture and the graph check; world size 1, CUDA only); and with
+  torch.compile (--compile).
 Per configuration: images/s, step time (median, p90), the data's share of the step, peak memory,
 achieved TFLOP/s (model FLOPs counted from its conv and linear layers: forward x 3 for forward +
 backward) and the share of the device's dense peak. Then the profiler's cost with the default
@@ -26,6 +27,7 @@ import datetime as dt
 import functools
 import json
 import math
+import os
 import platform
 import sys
 import tempfile
@@ -228,14 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         return print_scaling(args.arch, args.stem, args.scaling_step_ms / 1000)
     batches = parse_batches(args.memory_grid or args.batch, "--memory-grid" if args.memory_grid else "--batch")
 
+    from hpc.core.faults import faults_from_env, graph_standin
     from hpc.spec.distenv import from_environ
     from hpc.training import data as data_mod
-    from hpc.training.setup import init_process_group, setup_device
+    from hpc.training.setup import before_process_group, init_process_group, setup_device
 
-    variants = variants_for(torch.cuda.is_available(), args.compile, args.only)
-    # The training's own set-up: the same backend flags (cuDNN autotuning, TF32) and process group.
+    cuda = torch.cuda.is_available()
+    variants = variants_for(cuda or graph_standin(faults_from_env(os.environ)), args.compile, args.only)
+    # The training's own set-up: the same backend flags (cuDNN autotuning, TF32) and process group,
+    # made as a graphed run makes it when a configuration captures DDP.
     single = from_environ({})
     device, cuda = setup_device(TrainConfig(), single)
+    before_process_group(cuda and any(v.cuda_graph for v in variants), single, Path(tempfile.gettempdir()))
     init_process_group(single, cuda, TrainConfig().collective_timeout_s)
     report = {
         **environment(device),

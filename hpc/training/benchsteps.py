@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import platform
 import statistics
 import tempfile
@@ -25,10 +26,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.spec.schema import ModelConfig, ProfilerConfig
-from hpc.training.cudagraph import GraphedStep, Step, lr_on_device, whole_step
+from hpc.core.faults import faults_from_env
+from hpc.spec.schema import ModelConfig, ProfilerConfig, TrainConfig
+from hpc.training.cudagraph import Step, whole_step
 from hpc.training.data import Split
+from hpc.training.graphcheck import GraphRun
+from hpc.training.graphmode import GraphMode
 from hpc.training.profiling import Profiling
+from hpc.training.setup import ModelParts, graph_step, wrap_ddp
 from hpc.training.summary import percentile
 
 log = logging.getLogger(__name__)
@@ -52,7 +57,7 @@ class Variant:
     host_sync_every_step: bool = True
     compile: bool = False
     ddp: bool = True
-    cuda_graph: bool = False  # capture forward + backward + optimizer step once, replay it (bare model)
+    cuda_graph: bool = False  # the trainer's graphed step: DDP on a side stream, warm-up, capture, check
 
 
 BASELINE = Variant("baseline")
@@ -67,7 +72,7 @@ SINGLE_CHANGES = [
     dataclasses.replace(BASELINE, name="baseline + no host sync", host_sync_every_step=False),
 ]
 TOOLKIT_NO_DDP = dataclasses.replace(TOOLKIT, name="toolkit without DDP", ddp=False)
-TOOLKIT_GRAPH = dataclasses.replace(TOOLKIT, name="toolkit + CUDA graph", ddp=False, cuda_graph=True)
+TOOLKIT_GRAPH = dataclasses.replace(TOOLKIT, name="toolkit + CUDA graph", cuda_graph=True)
 TOOLKIT_COMPILE = dataclasses.replace(TOOLKIT, name="toolkit + compile", compile=True)
 PROFILED = "toolkit, profiled"  # the toolkit again, under the profiler's default schedule
 REPEAT = "toolkit, again"  # the toolkit again: the run-to-run noise every other difference sits in
@@ -82,7 +87,8 @@ def device_peak_tflops(device_name: str, bf16: bool) -> float | None:
 
 
 def variants_for(cuda: bool, with_compile: bool, only: str | None) -> list[Variant]:
-    """The configurations to time, in order; --only picks some by name (unknown names are an error)."""
+    """The configurations to time, in order; --only picks some by name (unknown names are an error).
+    `cuda`: whether graphed configurations can run (a GPU, or the CPU stand-in of HPC_FAULT_INJECT)."""
     known = [BASELINE, TOOLKIT, *SINGLE_CHANGES, TOOLKIT_NO_DDP, TOOLKIT_GRAPH, TOOLKIT_COMPILE]
     chosen = [v for v in known if (v is not TOOLKIT_COMPILE or with_compile) and (cuda or not v.cuda_graph)]
     if only:
@@ -109,24 +115,40 @@ def initial_model(arch: str, stem: str) -> tuple[torch.nn.Module, int]:
     return model, count_flops_per_image(model)
 
 
-def build_training(
-    variant: Variant, arch: str, stem: str, device: torch.device
-) -> tuple[torch.nn.Module, Callable[..., torch.Tensor], torch.optim.Optimizer, int]:
-    """(model, the callable a step runs forward through, optimizer, forward FLOPs per image)."""
+@dataclasses.dataclass
+class Built:
+    """A configuration's model, the callable a step runs forward through (DDP, compiled or the bare
+    model), its optimizer, forward FLOPs per image, and for a graphed one the trainer's ModelParts."""
+
+    model: torch.nn.Module
+    forward: Callable[..., torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    flops_per_image: int
+    parts: ModelParts | None = None
+
+
+def build_training(variant: Variant, arch: str, stem: str, device: torch.device) -> Built:
 
     cuda = device.type == "cuda"
     cpu_model, flops_per_image = initial_model(arch, stem)
     model = copy.deepcopy(cpu_model).to(device)
     if variant.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    kwargs = {"fused": True} if (variant.fused_sgd and cuda) else ({"foreach": True} if variant.fused_sgd else {})
+    if variant.cuda_graph:  # the trainer's own pieces: DDP on the capture's side stream
+        ddp, side = wrap_ddp(model, TrainConfig(), device, cuda, graphed=cuda)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
+        amp = torch.bfloat16 if variant.bf16 else None
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        parts = ModelParts(model, ddp, ddp, optimizer, schedule, 0.01, amp, device.type, side)
+        return Built(model, ddp, optimizer, flops_per_image, parts)
     forward: Callable[..., torch.Tensor] = (
         DDP(model, device_ids=[device.index] if cuda else None) if variant.ddp else model
     )
     if variant.compile:
         forward = torch.compile(forward)
-    kwargs = {"fused": True} if (variant.fused_sgd and cuda) else ({"foreach": True} if variant.fused_sgd else {})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
-    return model, forward, optimizer, flops_per_image
+    return Built(model, forward, optimizer, flops_per_image)
 
 
 def batch_source(
@@ -150,25 +172,29 @@ def batch_source(
     return next_batch
 
 
-def make_step(
-    variant: Variant,
-    model: torch.nn.Module,
-    forward: Callable[..., torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    device: torch.device,
-) -> Step:
-    """step(x, y) -> loss: forward, backward, optimizer step, gradients cleared."""
+def make_step(variant: Variant, built: Built, device: torch.device) -> Step:
+    """step(x, y) -> loss: forward, backward, optimizer step, gradients cleared; for a graphed
+    configuration the trainer's step: captured at the first call after its warm-up, checked against an
+    eager step (a failed check ends this configuration, as train.cuda_graph = true would), replayed."""
 
-    # Autocast's weight cast cache must be off while a CUDA graph is captured.
+    if built.parts is not None:
+        mode = GraphMode(True, "hpc.bench", stand_in=device.type != "cuda")
+        graph = GraphRun(graph_step(built.parts, mode, device), timeout_s=TrainConfig().graph_check_timeout_s)
+        faults = faults_from_env(os.environ)  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
+
+        def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = graph(x, y, True, faults)
+            assert loss is not None  # a failed check raised
+            return loss
+
+        return replay
     autocast = (
-        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=not variant.cuda_graph))
+        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))
         if variant.bf16
         else contextlib.nullcontext
     )
-    core = whole_step(forward, optimizer, autocast)
-    if variant.cuda_graph:
-        lr_on_device(optimizer, device)
-        return GraphedStep(core, model, optimizer)
+    core = whole_step(built.forward, built.optimizer, autocast)
+    optimizer = built.optimizer
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = core(x, y)
@@ -252,15 +278,15 @@ def run_variant(
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    model, forward, optimizer, flops_per_image = build_training(variant, arch, stem, device)
-    flops_per_image *= 3  # forward + backward (~2x forward)
+    built = build_training(variant, arch, stem, device)
+    flops_per_image = built.flops_per_image * 3  # forward + backward (~2x forward)
     next_batch = batch_source(variant, split, batch, warmup + steps, device)
-    step = make_step(variant, model, forward, optimizer, device)
+    step = make_step(variant, built, device)
     # the trace directory is created only when profiling (mkdtemp here left an empty one per configuration)
     trace_dir = trace_dir or Path(tempfile.gettempdir()) / "hpc-bench-traces"
     with maybe_profile(ProfilerConfig(enabled=profile), trace_dir, 0, cuda) as profiling:
         timing = time_steps(step, next_batch, warmup + steps, warmup, device, variant.host_sync_every_step, profiling)
-    del step, forward, model, optimizer, next_batch
+    del step, built, next_batch
     timed = timing["step_s"]
     mean = sum(timed) / len(timed)
     tflops = flops_per_image * batch / mean / 1e12

@@ -27,8 +27,12 @@ import torch.nn.functional as F
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (images, labels) -> the loss
 
 
+Snapshot = tuple[dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor | None]]]
+
+
 class GraphedStep:
-    """step(x, y) -> loss tensor (overwritten by the next replay: clone it to keep it).
+    """step(x, y) -> loss tensor (overwritten by the next replay: clone it to keep it): captured at the
+    first call (`capture`), replayed at every call (`replay`).
 
     `core(x, y)` must run forward, backward and `optimizer.step()` and return the loss; gradients
     must be None before the first call.
@@ -45,20 +49,25 @@ class GraphedStep:
         self.core, self.model, self.optimizer, self.warmup_iters = core, model, optimizer, warmup_iters
         self.stream = stream  # the side stream to warm up and capture on (DDP's); None: a new one
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.captured = False
         self.x: torch.Tensor | None = None  # the graph's static inputs and output
         self.y: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.graph is None:
-            self._capture(x, y)
+        if not self.captured:
+            self.capture(x, y)
+        return self.replay(x, y)
+
+    def replay(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         assert self.graph is not None and self.x is not None and self.y is not None and self.loss is not None
         self.x.copy_(x)
         self.y.copy_(y)
         self.graph.replay()
         return self.loss
 
-    def _snapshot(self) -> tuple[dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor | None]]]:
+    def snapshot(self) -> Snapshot:
+        """The model's state and the momentum, copied: what `restore` puts back."""
         model_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         momentum = [
             (p, self.optimizer.state.get(p, {}).get("momentum_buffer"))
@@ -67,46 +76,75 @@ class GraphedStep:
         ]
         return model_state, [(p, None if buf is None else buf.clone()) for p, buf in momentum]
 
-    def _restore(
-        self, model_state: dict[str, torch.Tensor], momentum: list[tuple[torch.Tensor, torch.Tensor | None]]
-    ) -> None:
+    def restore(self, saved: Snapshot) -> None:
+        """Back to a snapshot, in place (the graph keeps reading the same tensors)."""
+        model_state, momentum = saved
         with torch.no_grad():
             for k, v in self.model.state_dict().items():
                 v.copy_(model_state[k])
-            for p, saved in momentum:
+            for p, kept in momentum:
                 buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
                 if buf is not None:
                     # A zero buffer makes the next step exactly a first step (buf = grad) when dampening is 0.
-                    buf.copy_(saved) if saved is not None else buf.zero_()
+                    buf.copy_(kept) if kept is not None else buf.zero_()
 
     def warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """The eager steps capture needs (cuDNN autotuning, momentum buffers, lazy allocations, DDP's bucket
         rebuild), on (x, y), then undone: the model, its buffers and the momentum are as they were. Runs on
         the current stream; no CUDA needed (tests run it on the CPU with DDP over gloo)."""
-        model_state, momentum = self._snapshot()
+        saved = self.snapshot()
         for _ in range(self.warmup_iters):
             self.optimizer.zero_grad(set_to_none=True)
             self.core(x, y)
-        self._restore(model_state, momentum)
+        self.restore(saved)
         self.optimizer.zero_grad(set_to_none=True)  # backward in the graph allocates .grad from its pool
 
-    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def hold(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The static inputs, copies of the first batch."""
         self.x, self.y = x.clone(), y.clone()
+        return self.x, self.y
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The warm-up, then the step recorded (it runs nothing): the state is as before."""
+        self.loss = self.record(*self.hold(x, y))
+        self.captured = True
+
+    def record(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The warm-up and the recording, on the side stream; the graph's loss tensor."""
         side = self.stream if self.stream is not None else torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.warm_up(self.x, self.y)
+            self.warm_up(x, y)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=side):  # records the step; runs nothing
-            self.loss = self.core(self.x, self.y)
+        with torch.cuda.graph(self.graph, stream=side):
+            return self.core(x, y)
 
-    def release(self) -> None:
-        """Wait for the last replay and drop the graph (and with it its hold on NCCL's communicator):
-        before the process group goes, at the end of a run that finished its steps."""
-        if self.graph is not None:
+    def release(self, wait: bool = True) -> None:
+        """Wait for the last replay (`wait`) and drop the graph (and with it its hold on NCCL's
+        communicator): before the process group goes, at the end of a run that finished its steps, or
+        after a failed graph check (nothing to wait for; a failed capture may leave an error to raise)."""
+        if self.graph is not None and wait:
             torch.cuda.synchronize()
-            self.graph = None
+        self.graph, self.captured = None, False
+
+
+class StandInStep(GraphedStep):
+    """GraphedStep's stand-in on a machine without CUDA, for tests only (HPC_FAULT_INJECT=graph-standin):
+    the warm-up runs as it does before a capture; nothing is captured, and a "replay" runs the step
+    eagerly, with a replay's semantics (gradients overwritten, not added to). Everything around the
+    graph (the check, the ranks' agreement, the fallback to eager) then runs for real on the CPU."""
+
+    def record(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.warm_up(x, y)
+        return torch.zeros(())  # no graph, no static loss: each "replay" returns its own
+
+    def replay(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        assert self.x is not None and self.y is not None
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.core(self.x, self.y)
 
 
 def whole_step(

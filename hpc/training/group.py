@@ -85,6 +85,14 @@ class RankGroup:
         tdist.all_gather_object(everyone, me, group=self.control)
         self.roster = [(str(r[0]), int(r[1])) for r in everyone if r is not None]  # every slot is filled
 
+    def gather(self, value: object) -> list[object]:
+        """Every rank's `value`, in rank order, on every rank (pickled: small values only)."""
+        if self.dist.world_size == 1:
+            return [value]
+        everyone: list[object] = [None] * self.dist.world_size
+        tdist.all_gather_object(everyone, value, group=self.control)
+        return everyone
+
     def barrier(self) -> None:
         tdist.barrier(group=self.control)
 

@@ -25,7 +25,9 @@ from hpc.spec.affinity import cores_text, gpu_index
 from hpc.spec.distenv import DistEnv
 from hpc.spec.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
 from hpc.spec.schema import DataConfig, ModelConfig, TrainConfig
+from hpc.training.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
 from hpc.training.data import DeviceBatches, Split
+from hpc.training.graphmode import DDP_WARMUP_ITERS, GraphMode
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -323,6 +325,22 @@ def setup_model(
     model = build_model(mc).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    ddp, side = wrap_ddp(model, tc, device, use_cuda, graphed)
+    forward = torch.compile(ddp) if mc.compile else ddp
+    base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * plan.global_batch / 256
+    optimizer = build_optimizer(model, tc, base_lr, use_cuda)
+    warmup_steps = int(round(tc.warmup_epochs * plan.steps_per_epoch))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, plan.total_steps, warmup_steps, tc))
+    amp = torch.bfloat16 if (tc.amp == "bf16" or (tc.amp == "auto" and use_cuda)) else None
+    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, device.type, side)
+
+
+def wrap_ddp(
+    model: torch.nn.Module, tc: TrainConfig, device: torch.device, use_cuda: bool, graphed: bool
+) -> tuple[DDP, torch.cuda.Stream | None]:
+    """DDP around the model; for a graphed run built on a side stream, as PyTorch's recipe for capturing
+    DDP asks, and that stream (the capture runs on it too; None: eager). hpc.bench builds its graphed
+    configuration here as well, so it times the step the trainer runs."""
     side = torch.cuda.Stream(device) if graphed else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(device))
@@ -336,13 +354,19 @@ def setup_model(
         )
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)  # DDP's broadcast of the weights, done
-    forward = torch.compile(ddp) if mc.compile else ddp
-    base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * plan.global_batch / 256
-    optimizer = build_optimizer(model, tc, base_lr, use_cuda)
-    warmup_steps = int(round(tc.warmup_epochs * plan.steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, plan.total_steps, warmup_steps, tc))
-    amp = torch.bfloat16 if (tc.amp == "bf16" or (tc.amp == "auto" and use_cuda)) else None
-    return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, device.type, side)
+    return ddp, side
+
+
+def graph_step(net: ModelParts, mode: GraphMode, device: torch.device) -> GraphedStep | None:
+    """The whole step, DDP's all-reduce included, to capture at its first call (None: eager); on a
+    machine without CUDA under HPC_FAULT_INJECT=graph-standin, the stand-in that replays eagerly."""
+    if not mode.on:
+        return None
+    core = whole_step(net.forward, net.optimizer, net.autocast)
+    if mode.stand_in:  # no capture: nothing reads the rate at a replay
+        return StandInStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS)
+    lr_on_device(net.optimizer, device)  # after any checkpoint load, which brings the rate to the CPU
+    return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
 
 
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, base_lr: float, use_cuda: bool) -> torch.optim.Optimizer:

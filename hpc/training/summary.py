@@ -97,6 +97,9 @@ class RunSummary:
             "data_source": cfg.data.source,  # cifar100, or synthetic (checked against the root at set-up)
             # how a step ran: a replayed CUDA graph (train.cuda_graph) or eager
             "step_mode": "graph" if graphed else "eager",
+            # a graphed run's check before its first step: "passed", or what failed where (then eager)
+            "graph_check": None,
+            "graph_check_detail": None,
             "ddp": True,  # at every rank count, graphed or eager (DDP's all-reduce is captured with the step)
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,

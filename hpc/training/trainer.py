@@ -11,6 +11,7 @@ policy and state and get only their config section:
 - claim_run_dir (hpc/training/claim.py): the run directory's lock, its debris, where it left off;
 - Throughput and MetricsLog (hpc/training/metrics.py): images/s, ETA, epoch sums; metrics.jsonl;
 - RunSummary (hpc/training/summary.py): summary.json's records;
+- GraphRun (hpc/training/graphcheck.py): the graphed step, checked before its first replay;
 - maybe_profile (hpc/training/profiling.py): torch.profiler with its schedule.
 """
 
@@ -30,7 +31,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, PeerLostError, TrainingError, WriteError
-from hpc.core.faults import faults_from_env
+from hpc.core.faults import faults_from_env, graph_standin
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
@@ -39,8 +40,9 @@ from hpc.spec.distenv import DistEnv
 from hpc.spec.schema import RunConfig
 from hpc.training.checkpoint import Checkpointer, restore
 from hpc.training.claim import claim_run_dir, note_start
-from hpc.training.cudagraph import GraphedStep, lr_on_device, nccl_version, whole_step
-from hpc.training.graphmode import DDP_WARMUP_ITERS, decide_graph_mode
+from hpc.training.cudagraph import nccl_version
+from hpc.training.graphcheck import GraphRun
+from hpc.training.graphmode import decide_graph_mode
 from hpc.training.group import RankGroup
 from hpc.training.inject import Injector, raise_at_step
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
@@ -53,6 +55,7 @@ from hpc.training.setup import (
     before_process_group,
     check_fabric,
     cudnn_heuristics,
+    graph_step,
     init_process_group,
     placement_line,
     setup_data,
@@ -75,14 +78,14 @@ class Trainer:
         self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
-        self.graphed: GraphedStep | None = None
+        self.graph = GraphRun(None)  # eager until set-up says otherwise
         self.lock = lock
         self.state = TrainState()
         self.faults = faults_from_env(os.environ)
         self.inject = Injector(self.faults, dist.rank, lambda: self.state.step)
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
-        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda))
+        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), graph_standin(self.faults))
         fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
         self.backend, control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
         self.group = RankGroup(dist, control)
@@ -98,11 +101,14 @@ class Trainer:
             cfg.data, mc.num_classes, cfg.train.seed, dist, self.device, channels_last, self.group.barrier, self.log
         )
         self.plan = step_plan(cfg.train, dist.world_size, len(self.data.subset))
-        self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, self.graph_mode.on)
+        graph = self.graph_mode
+        self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, graph.captures)
         network = check_fabric(dist, self.paths.rank_log(0).parent, self.group.agree, self.log) if fabric else None
         self.state.use_cuda = self.use_cuda
         resumed_from = self._resume()
-        self.graphed = self._graph()
+        self.log(graph.line)
+        tc, step = cfg.train, graph_step(self.net, graph, self.device)  # captured at its first call, then checked
+        self.graph = GraphRun(step, dist.rank, self.group.gather, tc.deterministic, tc.graph_check_timeout_s, self.log)
         self.metrics = MetricsLog(run_dir, self.is_main, self.state.step)
         self.progress = Throughput(self.plan.stop_at, resumed_from, self.device)
         flops = count_flops_per_image(self.net.model)
@@ -139,17 +145,6 @@ class Trainer:
         """Every rank learns whether rank 0's write failed; then all stop, rank 0 with its own line."""
         if self.group.agree(error is not None):
             raise error or WriteError(f"{self.paths.root}: rank 0 could not write {what}; stopping with it")
-
-    def _graph(self) -> GraphedStep | None:
-        """The whole step, DDP's all-reduce included, as a CUDA graph captured at its first call (the
-        graph mode decided at set-up), else None."""
-        self.log(self.graph_mode.line)
-        if not self.graph_mode.on:
-            return None
-        net = self.net
-        lr_on_device(net.optimizer, self.device)  # after any checkpoint load, which brings the rate to the CPU
-        core = whole_step(net.forward, net.optimizer, net.autocast)
-        return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
 
     def untuned(self, other_shape: bool) -> contextlib.AbstractContextManager[None]:
         """cuDNN's heuristics for a batch of another shape than the step's (train.cudnn_autotune: step)."""
@@ -265,11 +260,13 @@ class Trainer:
         st, net = self.state, self.net
         group_size, last_micro = self.plan.group(st.position)
         full = y.numel() == self.plan.micro
-        graphed = self.graphed is not None and full  # a smaller last batch runs eagerly
-        if self.graphed is not None and graphed:
-            loss = self.graphed(x, y).clone()  # forward, backward and optimizer step in one replay
+        # forward, backward and optimizer step in one replay; None: eager (a smaller last batch, no graph)
+        replayed = self.graph(x, y, self.cfg.train.cuda_graph, self.faults) if full else None
+        graphed = replayed is not None
+        if replayed is not None:
+            loss = replayed
         else:
-            if self.graphed is not None:  # .grad holds the graph's last gradients: do not add to them
+            if self.graph.on:  # .grad holds the graph's last gradients: do not add to them
                 net.optimizer.zero_grad(set_to_none=True)
             with net.ddp.no_sync() if not last_micro else contextlib.nullcontext(), self.untuned(not full):
                 with net.autocast():
@@ -357,12 +354,11 @@ class Trainer:
     def finish(self, exit_code: int, profiling: Profiling | None, recovered: bool = False) -> int:
         """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown. A
         trace that could not be written fails the run once its summary is written."""
-        if self.graphed is not None:
-            # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which
-            # holds NCCL's communicator, before the process group goes. Not in close(): after a failure a
-            # replay may still wait on a dead peer, and waiting for it would hang the teardown.
-            self.graphed.release()
-            self.graphed = None
+        # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which holds
+        # NCCL's communicator, before the process group goes. Not in close(): after a failure a replay may
+        # still wait on a dead peer, and waiting for it would hang the teardown.
+        self.graph.release()
+        self.summary.facts.update(self.graph.facts())
         st, times = self.state, self.timer.times()
         record = self.summary.rank_record(st.step, st.epoch, times, exit_code, profiling, self.progress.wall_s())
         record = recovered_record(record) if recovered else record

@@ -182,9 +182,31 @@ def test_cuda_graph_run_resumes_and_matches_eager(data_root, deterministic_strai
                                        "step_time_median_s": {"eager": summary(deterministic_straight)["ranks"][0]["step_time_s"]["median"],
                                                               "graph": summary(run)["ranks"][0]["step_time_s"]["median"]}}
     rank = summary(run)["ranks"][0]
+    MEASURED["cuda_graph_vs_eager"]["graph_check"] = rank["graph_check_detail"]
     assert (rank["step_mode"], rank["ddp"], rank["env"].get("TORCH_NCCL_ASYNC_ERROR_HANDLING")) == ("graph", True, "0")
+    assert rank["graph_check"] == "passed" and rank["graph_check_detail"]["exact"]  # bit-identical under --deterministic
     assert losses["graph"][4] == losses["eager"][4]
     assert same_weights(eager, graphed), worst
+
+
+def test_the_graph_check_passes_on_a_gpu_and_a_forced_failure_falls_back_or_stops(data_root, tmp_path):
+    """train.cuda_graph = auto, not deterministic: the real capture's first replay against an eager step,
+    within the tolerances (the differences seen are kept: the margin on a real GPU); then the check made to
+    fail (HPC_FAULT_INJECT): auto runs eager to the end, true stops with exit 2 and leaves nothing."""
+    common = ("--arch", "resnet18", "--batch-size", "256", "--max-steps", "8", "--no-profile")
+    out = train(1, run_args(data_root, tmp_path / "auto", *common))[0][1]
+    rank = summary(tmp_path / "auto")["ranks"][0]
+    MEASURED["graph_check"] = rank["graph_check_detail"]
+    assert rank["graph_check"] == "passed" and rank["step_mode"] == "graph", out
+    assert "graph check passed on 1 rank(s)" in out
+    out = train(1, run_args(data_root, tmp_path / "mismatch", *common), {"HPC_FAULT_INJECT": "graph-mismatch"})[0][1]
+    rank = summary(tmp_path / "mismatch")["ranks"][0]
+    assert rank["step_mode"] == "eager" and rank["steps"] == 8, out
+    assert "graph check failed on rank 0: the replay's update differs" in out
+    (code, _, err), = train(1, run_args(data_root, tmp_path / "true", *common, *GRAPH),
+                            {"HPC_FAULT_INJECT": "graph-capture-fail"}, expect=2)
+    assert "train.cuda_graph = true, and the graph check failed on rank 0: capture raised" in err
+    assert not (tmp_path / "true").exists()
 
 
 def test_compile_runs(data_root, tmp_path):

@@ -85,3 +85,14 @@ def test_the_flag_reads_true_false_and_auto(tmp_path):
     assert "\n" not in line and all(
         part in line for part in (str(path), "train.cuda_graph", "sometimes", "must be one of auto, true, false")
     )
+
+
+def test_the_cpu_stand_in_takes_the_graph_path_only_without_cuda_and_only_where_a_graph_could_run():
+    """HPC_FAULT_INJECT=graph-standin: the graph check's CPU tests take the graph path with no GPU; on a GPU
+    the real capture runs whatever the hook says, and every other obstacle still stands."""
+    stand_in = decide_graph_mode(config(), use_cuda=False, nccl=None, stand_in=True)
+    assert stand_in.on and stand_in.stand_in and not stand_in.captures and "graph stand-in" in stand_in.line
+    real = decide_graph_mode(config(), use_cuda=True, nccl=NCCL, stand_in=True)
+    assert real.on and real.captures and not real.stand_in
+    assert not decide_graph_mode(config(("train.grad_accum_steps", 2)), False, None, stand_in=True).on
+    assert not decide_graph_mode(config(("train.cuda_graph", False)), False, None, stand_in=True).on
