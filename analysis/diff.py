@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.kernels import KERNEL_CLASSES
-from analysis.records import TraceRecord
+from analysis.records import TraceRecord, max_present
 
 COMPUTE_CLASSES = [c for c in KERNEL_CLASSES if c != "communication"]
 TOP_CHANGES = 10  # operators and kernels listed by change
@@ -106,14 +106,9 @@ def profile(label: str, records: list[TraceRecord]) -> Profile:
         ops=out["ops"],
         kernels=out["kernels"],
         collectives=colls,
-        peak_gpu_mem_bytes=_max(r.peak_gpu_mem_bytes for r in records),
-        peak_cpu_mem_bytes=_max(r.peak_cpu_mem_bytes for r in records),
+        peak_gpu_mem_bytes=max_present(r.peak_gpu_mem_bytes for r in records),
+        peak_cpu_mem_bytes=max_present(r.peak_cpu_mem_bytes for r in records),
     )
-
-
-def _max(values: Iterable[int | None]) -> int | None:
-    known = [v for v in values if v is not None]
-    return max(known) if known else None
 
 
 def step_terms(r: TraceRecord) -> dict[str, float]:

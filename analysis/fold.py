@@ -15,7 +15,7 @@ from typing import Any
 
 from analysis.discover import Warnings, analyze_files, run_traces
 from analysis.ranks import step_skew_us, straggler
-from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord
+from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord, max_present, mean_present
 from analysis.verdict import judge, run_evidence
 from hpc.core.rundir import RunPaths, is_count, read_metrics, read_summary
 
@@ -29,16 +29,6 @@ def number_or_none(value: Any) -> Any:
 def _sum_or_none(values: list[Any]) -> Any:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
-
-
-def _max_or_none(values: list[Any]) -> Any:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-def _mean_or_none(values: list[Any]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
 
 
 def analyze_run(
@@ -146,9 +136,9 @@ def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) 
         kernel_calls=_sum_or_none([r.kernel_calls for r in recs]),
         comm_time_us=_sum_or_none([r.comm_time_us for r in recs]),
         step_time_us_mean=sum(step_means) / len(step_means) if step_means else None,
-        peak_gpu_mem_bytes=_max_or_none([r.peak_gpu_mem_bytes for r in recs]),
-        peak_gpu_reserved_bytes=_max_or_none([r.peak_gpu_reserved_bytes for r in recs]),
-        peak_cpu_mem_bytes=_max_or_none([r.peak_cpu_mem_bytes for r in recs]),
+        peak_gpu_mem_bytes=max_present([r.peak_gpu_mem_bytes for r in recs]),
+        peak_gpu_reserved_bytes=max_present([r.peak_gpu_reserved_bytes for r in recs]),
+        peak_cpu_mem_bytes=max_present([r.peak_cpu_mem_bytes for r in recs]),
         **breakdown,
     )
 
@@ -190,8 +180,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         outcome="done" if first.get("complete") else ("stopped" if summary else "unfinished"),
         epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
         step_skew_us=step_skew_us(records),
-        allreduce_busbw_GBps=_mean_or_none([_all_reduce(r, "busbw_GBps") for r in records]),
-        allreduce_bytes_per_step=_mean_or_none([_all_reduce_bytes_per_step(r) for r in records]),
+        allreduce_busbw_GBps=mean_present([_all_reduce(r, "busbw_GBps") for r in records]),
+        allreduce_bytes_per_step=mean_present([_all_reduce_bytes_per_step(r) for r in records]),
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
@@ -272,6 +262,6 @@ def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
 
 def epoch_time_s(metrics: Path) -> float | None:
     """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
-    return _mean_or_none(
+    return mean_present(
         [number_or_none(r.get("epoch_time_s")) for r in read_metrics(metrics) if r.get("kind") == "epoch"]
     )

@@ -12,6 +12,7 @@ rank's mean step time), the column names the README documents.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,18 @@ class RankTotals:
     )
 
 
+def max_present(values: Iterable[Any]) -> Any:
+    """The largest of the values that are there (None: none is)."""
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def mean_present(values: Iterable[Any]) -> float | None:
+    """The mean of the values that are there (None: none is)."""
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
 @dataclass(frozen=True)
 class Spread:
     """A per-rank quantity across a run's ranks: its mean and its largest value (None: no rank has it)."""
@@ -147,8 +160,7 @@ class Spread:
 
     @classmethod
     def of(cls, values: list) -> Spread:
-        values = [v for v in values if v is not None]
-        return cls(sum(values) / len(values), max(values)) if values else cls()
+        return cls(mean_present(values), max_present(values))
 
 
 # RankTotals fields (and properties) a RunRecord spreads over ranks, in its column order.

@@ -135,9 +135,9 @@ def build_training(variant: Variant, arch: str, stem: str, device: torch.device)
     if variant.channels_last:
         model = model.to(memory_format=torch.channels_last)
     kwargs = {"fused": True} if (variant.fused_sgd and cuda) else ({"foreach": True} if variant.fused_sgd else {})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
     if variant.cuda_graph:  # the trainer's own pieces: DDP on the capture's side stream
         ddp, side = wrap_ddp(model, TrainConfig(), device, cuda, graphed=cuda)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
         amp = torch.bfloat16 if variant.bf16 else None
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         parts = ModelParts(model, ddp, ddp, optimizer, schedule, 0.01, amp, device.type, side)
@@ -147,7 +147,6 @@ def build_training(variant: Variant, arch: str, stem: str, device: torch.device)
     )
     if variant.compile:
         forward = torch.compile(forward)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **kwargs)
     return Built(model, forward, optimizer, flops_per_image)
 
 
@@ -179,11 +178,14 @@ def make_step(variant: Variant, built: Built, device: torch.device) -> Step:
 
     if built.parts is not None:
         mode = GraphMode(True, "hpc.bench", stand_in=device.type != "cuda")
-        graph = GraphRun(graph_step(built.parts, mode, device), timeout_s=TrainConfig().graph_check_timeout_s)
-        faults = faults_from_env(os.environ)  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
+        graph = GraphRun(
+            graph_step(built.parts, mode, device),
+            TrainConfig(cuda_graph=True),  # a failed check ends this configuration
+            faults=faults_from_env(os.environ),  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
+        )
 
         def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            loss = graph(x, y, True, faults)
+            loss = graph(x, y)
             assert loss is not None  # a failed check raised
             return loss
 

@@ -40,6 +40,7 @@ import torch
 
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, graph_fault
+from hpc.spec.schema import TrainConfig
 from hpc.training.cudagraph import GraphedStep, Snapshot
 
 log = logging.getLogger(__name__)
@@ -126,19 +127,25 @@ def mismatch(loss_rel: float, update_rel: float, identical: bool, exact: bool) -
 
 class GraphCheck:
     """The check of one rank's GraphedStep (see the module doc): its core run eagerly is the reference;
-    `gather` collects a value from every rank; `exact`: bit-identical (train.deterministic)."""
+    `gather` collects a value from every rank; `exact`: bit-identical (train.deterministic); `faults` may
+    fail it on purpose (HPC_FAULT_INJECT's graph-* entries)."""
 
-    def __init__(self, step: GraphedStep, rank: int, gather: Gather, exact: bool, timeout_s: float):
+    def __init__(
+        self,
+        step: GraphedStep,
+        rank: int,
+        gather: Gather,
+        exact: bool,
+        timeout_s: float,
+        faults: tuple[Fault, ...] = (),
+    ):
         self.step, self.eager, self.rank, self.gather = step, step.core, rank, gather
-        self.exact, self.timeout_s = exact, timeout_s
+        self.exact, self.timeout_s, self.faults = exact, timeout_s, faults
         named = list(step.model.named_parameters())
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
-        self.faults: tuple[Fault, ...] = ()
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, faults: tuple[Fault, ...] = ()) -> CheckResult:
-        """Check, agree, and leave the state as it was; after a failure the graph is released. `faults`
-        may fail it on purpose (HPC_FAULT_INJECT's graph-* entries)."""
-        self.faults = faults
+    def run(self, x: torch.Tensor, y: torch.Tensor) -> CheckResult:
+        """Check, agree, and leave the state as it was; after a failure the graph is released."""
         start = time.monotonic()
         saved = self.step.snapshot()
         before = [saved[0][name] for name in self.names]  # the snapshot's copies of the parameters
@@ -235,33 +242,33 @@ def agree(outcomes: list[Outcome], exact: bool, timeout_s: float) -> CheckResult
 
 class GraphRun:
     """A run's graphed step through its life (None: an eager run): checked before its first replay on
-    every rank together, then replayed; dropped on every rank after a failed check (auto) or the run
-    stopped (true); released at the run's end. `say`: rank 0's lines."""
+    every rank together, then replayed; dropped on every rank after a failed check (`setting` auto) or the
+    run stopped (true); released at the run's end. Of the train section it reads cuda_graph,
+    deterministic and graph_check_timeout_s; `say`: rank 0's lines."""
 
     def __init__(
         self,
         step: GraphedStep | None,
+        tc: TrainConfig,
         rank: int = 0,
         gather: Gather | None = None,
-        exact: bool = False,
-        timeout_s: float = 0.0,
+        faults: tuple[Fault, ...] = (),
         say: Callable[[str], None] = log.info,
     ):
-        self.step, self.say = step, say
-        self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s) if step else None
+        self.step, self.setting, self.say = step, tc.cuda_graph, say
+        exact, timeout_s = tc.deterministic, tc.graph_check_timeout_s
+        self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s, faults) if step else None
         self.result: CheckResult | None = None
 
     @property
     def on(self) -> bool:
         return self.step is not None
 
-    def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, setting: bool | str, faults: tuple[Fault, ...] = ()
-    ) -> torch.Tensor | None:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """The loss of a replayed step (a copy), or None: run this batch eagerly."""
         if self.check is not None and self.result is None:
-            self.result = self.check.run(x, y, faults)
-            self.say(settle(self.result, setting))  # true and failed: UsageError, on every rank
+            self.result = self.check.run(x, y)
+            self.say(settle(self.result, self.setting))  # true and failed: UsageError, on every rank
             self.step = self.step if self.result.passed else None
         return None if self.step is None else self.step(x, y).clone()
 

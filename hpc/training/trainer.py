@@ -78,7 +78,6 @@ class Trainer:
         self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
-        self.graph = GraphRun(None)  # eager until set-up says otherwise
         self.lock = lock
         self.state = TrainState()
         self.faults = faults_from_env(os.environ)
@@ -107,8 +106,8 @@ class Trainer:
         self.state.use_cuda = self.use_cuda
         resumed_from = self._resume()
         self.log(graph.line)
-        tc, step = cfg.train, graph_step(self.net, graph, self.device)  # captured at its first call, then checked
-        self.graph = GraphRun(step, dist.rank, self.group.gather, tc.deterministic, tc.graph_check_timeout_s, self.log)
+        step = graph_step(self.net, graph, self.device)  # captured at its first call, then checked
+        self.graph = GraphRun(step, cfg.train, dist.rank, self.group.gather, self.faults, self.log)
         self.metrics = MetricsLog(run_dir, self.is_main, self.state.step)
         self.progress = Throughput(self.plan.stop_at, resumed_from, self.device)
         flops = count_flops_per_image(self.net.model)
@@ -261,7 +260,7 @@ class Trainer:
         group_size, last_micro = self.plan.group(st.position)
         full = y.numel() == self.plan.micro
         # forward, backward and optimizer step in one replay; None: eager (a smaller last batch, no graph)
-        replayed = self.graph(x, y, self.cfg.train.cuda_graph, self.faults) if full else None
+        replayed = self.graph(x, y) if full else None
         graphed = replayed is not None
         if replayed is not None:
             loss = replayed

@@ -14,6 +14,7 @@ from torch import nn
 
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, parse_faults
+from hpc.spec.schema import TrainConfig
 from hpc.training.cudagraph import StandInStep, whole_step
 from hpc.training.graphcheck import (
     LOSS_RTOL,
@@ -113,7 +114,7 @@ def same_state(a, b) -> bool:
 
 def check(trained, faults="", exact=False, timeout_s=60.0):
     _, _, step, x, y = trained
-    return GraphCheck(step, 0, lambda v: [v], exact, timeout_s).run(x, y, parse_faults(faults))
+    return GraphCheck(step, 0, lambda v: [v], exact, timeout_s, parse_faults(faults)).run(x, y)
 
 
 @pytest.fixture
@@ -153,15 +154,16 @@ def test_a_check_over_its_time_is_a_failure(trained):
 
 def test_graph_run_is_eager_after_a_failed_check_and_replays_after_a_passed_one(trained):
     _, _, step, x, y = trained
-    run = GraphRun(step, exact=True, timeout_s=60, say=lambda line: None)
+    quiet = {"say": lambda line: None}
+    run = GraphRun(step, TrainConfig(deterministic=True, graph_check_timeout_s=60), **quiet)
     assert run.on and run.facts() == {}
-    loss = run(x, y, "auto")
+    loss = run(x, y)
     assert loss is not None and run.facts()["graph_check"] == "passed"
-    failing = GraphRun(small_training(1)[2], timeout_s=60, say=lambda line: None)
-    assert failing(x, y, "auto", parse_faults("graph-mismatch")) is None and not failing.on
-    assert failing(x, y, "auto") is None  # checked once: eager from then on
+    failing = GraphRun(small_training(1)[2], TrainConfig(), faults=parse_faults("graph-mismatch"), **quiet)
+    assert failing(x, y) is None and not failing.on
+    assert failing(x, y) is None  # checked once: eager from then on
     with pytest.raises(UsageError, match="train.cuda_graph = true, and the graph check failed on rank 0"):
-        GraphRun(small_training(2)[2], timeout_s=60, say=lambda line: None)(x, y, True, parse_faults("graph-mismatch"))
+        GraphRun(small_training(2)[2], TrainConfig(cuda_graph=True), faults=parse_faults("graph-mismatch"), **quiet)(x, y)
 
 
 @settings(max_examples=12)
@@ -172,6 +174,6 @@ def test_whatever_the_check_meets_it_leaves_the_state_as_it_found_it(faults, exa
     whole_step(model, opt, lambda: torch.autocast("cpu", enabled=False))(x, y)  # momentum exists
     opt.zero_grad(set_to_none=True)
     before = state_of(model, opt)
-    result = GraphCheck(step, 0, lambda v: [v], exact, 60.0).run(x, y, parse_faults(",".join(sorted(faults))))
+    result = GraphCheck(step, 0, lambda v: [v], exact, 60.0, parse_faults(",".join(sorted(faults)))).run(x, y)
     assert result.passed is (not faults)
     assert same_state(before, state_of(model, opt))
