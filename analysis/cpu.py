@@ -13,12 +13,14 @@ the profiler writes; a thread whose events overlap without nesting takes torch's
 
 from __future__ import annotations
 
+import itertools
 import re
+from operator import attrgetter
 
 import numpy as np
 
 from analysis.device import TOP_N, Launches
-from analysis.events import NO_ARGS, int_args
+from analysis.events import all_args, field, int_args, interned, pick
 from analysis.intervals import overlap_us, union_us
 from analysis.records import CpuTotals
 
@@ -27,6 +29,7 @@ ANNOTATION_CATS = {"user_annotation"}
 RUNTIME_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 STEP_RE = re.compile(r"^ProfilerStep#\d+$")
 DATALOADER_PREFIX = "enumerate(DataLoader)"  # the profiler's range around each DataLoader __next__
+_NAME, _THREAD = attrgetter("name"), attrgetter("pid", "tid")
 
 _OP, _ANNOTATION, _RUNTIME, _OTHER = 0, 1, 2, 3
 CATEGORIES = {
@@ -47,6 +50,7 @@ class CpuOps:
         self.thread_ids: dict[tuple, int] = {}  # (pid, tid) -> id from 1, in order of appearance
         self._step_number: list[int] = [-1]  # by name id: N of ProfilerStep#N, -1 for other names
         self._columns: list[tuple[np.ndarray, ...]] = []
+        self._thread_sorted = False  # the columns joined into one, sorted by thread (`_joined`)
         self.op_threads: set[int] = set()
         self.steps: list[tuple[float, float, int]] = []  # start, end, N of ProfilerStep#N, in file order
         self.launches = Launches()
@@ -68,10 +72,11 @@ class CpuOps:
 
     def add(self, events: list, ts: np.ndarray, dur: np.ndarray, kind: np.ndarray) -> None:
         """A window's CPU events, with their start and duration (checked) and kind (CATEGORIES[cat])."""
-        name_get, new_name = self.name_ids.get, self._name_id  # bound once: these loops run per event
-        names = np.array([name_get(e.name) or new_name(e.name) for e in events], dtype=np.int32)
-        thread_get, new_thread = self.thread_ids.get, self._thread_id
-        threads = np.array([thread_get((e.pid, e.tid)) or new_thread((e.pid, e.tid)) for e in events], dtype=np.int32)
+        name_get, thread_get = self.name_ids.get, self.thread_ids.get  # one lookup per event; new keys after
+        names = interned([name_get(e.name) for e in events], events, _NAME, self.name_ids, self._name_id)
+        threads = interned(
+            [thread_get((e.pid, e.tid)) for e in events], events, _THREAD, self.thread_ids, self._thread_id
+        )
         end = ts + dur
         self._span = [min(self._span[0], float(ts.min())), max(self._span[1], float(end.max()))]
         loading = np.array(self._is_dataloader)[names] & (kind <= _ANNOTATION)
@@ -87,9 +92,10 @@ class CpuOps:
         runtime = np.flatnonzero(kind == _RUNTIME)
         if runtime.size:
             self.runtime_us = (self.runtime_us or 0.0) + float(dur[runtime].sum())
-            corr[runtime] = int_args([(events[i].args or NO_ARGS).correlation for i in runtime.tolist()])
+            corr[runtime] = int_args(field(all_args(pick(events, runtime)), "correlation"))
             self.launches.add(corr[runtime], ts[runtime])
         self._columns.append((ts, end, np.where(is_op, -names, names), threads, corr))
+        self._thread_sorted = False
 
     def step_ranges(self) -> list[tuple[float, float]]:
         return [(s, e) for s, e, _ in sorted(self.steps)]
@@ -129,13 +135,31 @@ class CpuOps:
         return overlap_us((loading[0], loading[1]), in_steps)
 
     def _by_thread(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """(starts, ends, signed name ids, correlation ids) per thread id, each in file order."""
+        """(starts, ends, signed name ids, correlation ids) per thread id, each in file order: views of the
+        columns joined and sorted by thread once (`_joined`)."""
         if not self._columns:
             return {}
-        ts, end, names, threads, corr = (np.concatenate(c) for c in zip(*self._columns, strict=False))
-        order = np.argsort(threads, kind="stable")
-        bounds = np.flatnonzero(np.diff(threads[order])) + 1
-        return {int(threads[idx[0]]): (ts[idx], end[idx], names[idx], corr[idx]) for idx in np.split(order, bounds)}
+        ts, end, names, threads, corr = self._joined()
+        bounds = [0, *(np.flatnonzero(np.diff(threads)) + 1).tolist(), threads.size]
+        return {int(threads[a]): (ts[a:b], end[a:b], names[a:b], corr[a:b]) for a, b in itertools.pairwise(bounds)}
+
+    def _joined(self) -> tuple[np.ndarray, ...]:
+        """The windows' columns (start, end, signed name id, thread, correlation id) joined, sorted by thread
+        (stably: file order within a thread), kept so. Memory: a column's window pieces are let go as soon
+        as it is joined, and each column is reordered alone, so the columns are never held twice."""
+        if not self._thread_sorted:
+            pieces = [list(c) for c in zip(*self._columns, strict=True)]
+            self._columns.clear()
+            joined = []
+            for k in range(len(pieces)):
+                joined.append(np.concatenate(pieces[k]))
+                pieces[k] = []
+            order = np.argsort(joined[3], kind="stable")
+            for k in range(len(joined)):
+                joined[k] = joined[k][order]
+            self._columns.append(tuple(joined))
+            self._thread_sorted = True
+        return self._columns[0]
 
 
 def _operator_totals(per_thread: list[tuple[np.ndarray, ...]], names_by_id: dict[int, str]) -> dict[str, list]:
@@ -179,20 +203,26 @@ def _thread_operators(
     if not (ids < 0).any():
         return np.empty(0, np.int32), np.empty(0), np.empty(0)
     order = np.lexsort((-ends, starts))  # torch's order: by start, the longest first
-    s, e, name = starts[order], ends[order], np.abs(ids[order])
+    s, e = starts[order], ends[order]
     parent = _nested_parents(s, e)
     if parent is None:
         parent = _stack_parents(s, e)
-    deleted = _merged_only_children(parent, name)
-    kept_op = (ids[order] < 0) & ~deleted
     dur = e - s
+    del s, e  # each temporary let go when used (a thread may hold a million events)
+    signed, corr = ids[order], corrs[order]
+    del order
+    name = np.abs(signed)
+    deleted = _merged_only_children(parent, name)
+    kept_op = (signed < 0) & ~deleted
+    del signed
     final_parent = _nearest(parent, ~deleted)  # a merged event's children are its parent's
     child = (final_parent >= 0) & ~deleted
-    children_us = np.bincount(final_parent[child], weights=dur[child], minlength=s.size)
-    device = np.zeros(s.size)
-    if device_us is not None:
-        device = _device_by_operator(corrs[order], parent, kept_op, device_us)
-    return name[kept_op], (dur - children_us)[kept_op], device[kept_op]
+    del deleted
+    self_us = dur - np.bincount(final_parent[child], weights=dur[child], minlength=dur.size)
+    del final_parent, child, dur
+    if device_us is None:
+        return name[kept_op], self_us[kept_op], np.zeros(int(kept_op.sum()))
+    return name[kept_op], self_us[kept_op], _device_by_operator(corr, parent, kept_op, device_us)[kept_op]
 
 
 def _device_by_operator(
@@ -242,19 +272,33 @@ def _nested_parents(s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
     n = s.size
     if n == 0 or (e < s).any():
         return None if n else np.empty(0, np.int64)
-    idx = np.arange(n)
-    closed = np.searchsorted(np.sort(e), s, side="right")  # events with end <= this start
-    # of those, the ones not earlier than this event: zero-length events at this same start, sorted last
-    zero_from = np.concatenate([np.cumsum((e == s)[::-1])[::-1], [0]])
-    group_end = np.searchsorted(s, s, side="right")
-    depth = idx - (closed - (zero_from[idx] - zero_from[group_end]))
-    key = depth * (n + 1) + idx
+    # Written for memory, a trace's main thread being a million events: each temporary let go when used.
+    # zero_from[i]: the zero-length events from i on; those at an event's own start, sorted after it, are
+    # not earlier than it, so they do not close before it.
+    zero_from = np.zeros(n + 1, np.int64)
+    zero_from[:n] = np.cumsum((e == s)[::-1])[::-1]
+    run_end = np.append(np.flatnonzero(np.diff(s)) + 1, n)  # s is sorted: where each run of equal starts ends
+    depth = np.searchsorted(np.sort(e), s, side="right")  # the events that end at or before this start ...
+    depth -= zero_from[:n]
+    depth += np.repeat(zero_from[run_end], np.diff(run_end, prepend=0))  # ... less those not earlier
+    del zero_from, run_end
+    np.subtract(np.arange(n), depth, out=depth)  # the earlier events still open: the depth
+    key = depth * (n + 1)
+    key += np.arange(n)
     key_sorted = np.sort(key)
-    pos = np.searchsorted(key_sorted, key - (n + 1)) - 1  # the latest event one level up, before this one
-    inner = depth > 0
+    key -= n + 1
+    pos = np.searchsorted(key_sorted, key)  # the latest event one level up, before this one
+    del key
+    pos -= 1
     found = key_sorted[np.maximum(pos, 0)]
-    parent = np.where(inner, found % (n + 1), -1)
-    ok = (pos >= 0) & (found // (n + 1) == depth - 1)
+    del key_sorted
+    ok = pos >= 0
+    del pos
+    ok &= found // (n + 1) == depth - 1
+    parent = found % (n + 1)
+    del found
+    inner = depth > 0
+    parent[~inner] = -1
     p = np.maximum(parent, 0)
     if not np.all(~inner | (ok & (e[p] > s) & (e <= e[p]))):
         return None

@@ -19,17 +19,19 @@ a few numbers, not the event) and, once the file is read, computes from those ar
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from analysis.collective import Collectives
-from analysis.events import NO_ARGS, int_args
+from analysis.events import all_args, field, int_args, interned, pick
 from analysis.intervals import overlap_us, union_us
 from analysis.kernels import KERNEL_CLASSES, classify_kernel
 from analysis.records import DeviceTotals
 
 COMPUTE, COMMUNICATION, MEMORY = 0, 1, 2
+_NAME = attrgetter("name")
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay default (30, in the trace's µs)
 TOP_N = 10
 KERNEL_CATS = {"kernel", "Kernel"}
@@ -96,21 +98,21 @@ class DeviceActivity:
 
     def add(self, events: list, ts: np.ndarray, dur: np.ndarray, source: np.ndarray) -> None:
         """A window's device events, with their start and duration (checked) and source (CATEGORIES[cat])."""
-        get, new = self.name_ids.get, self._name_id
         kernels = np.flatnonzero(source == _KERNEL)
         names = np.zeros(len(events), dtype=np.int32)
-        names[kernels] = [get(e.name) or new(e.name) for e in (events[i] for i in kernels.tolist())]
+        kernel_events, get = pick(events, kernels), self.name_ids.get
+        names[kernels] = interned(
+            [get(e.name) for e in kernel_events], kernel_events, _NAME, self.name_ids, self._name_id
+        )
         cls = np.array(self._class_of, dtype=np.int8)[names]
         communication = (source == _KERNEL) & (cls == KERNEL_CLASSES.index("communication"))
         kind = np.where(source != _KERNEL, MEMORY, np.where(communication, COMMUNICATION, COMPUTE)).astype(np.int8)
-        args = [e.args or NO_ARGS for e in events]
+        args = all_args(events)
         stream, corr = int_args([a.stream for a in args]), int_args([a.correlation for a in args])
         graph = int_args([a.graph_id for a in args])
         comm = np.flatnonzero(communication)
         if comm.size:
-            self.collectives.add(
-                [args[i] for i in comm.tolist()], [events[i].name for i in comm.tolist()], ts[comm], dur[comm]
-            )
+            self.collectives.add(pick(args, comm), field(pick(events, comm), "name"), ts[comm], dur[comm])
         self._columns.append((ts, ts + dur, dur, source, kind, cls, stream, corr, names, graph))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:

@@ -7,14 +7,21 @@ from typing import Any
 
 import numpy as np
 
-from analysis.events import NO_ARGS, out_of_range
+from analysis.events import NO_MEMORY_ARGS, all_args, interned, out_of_range
 from analysis.records import MemoryPeaks
 
 CUDA_DEVICE_TYPES = {1, "1", "cuda", "CUDA"}
 
 
+_NOT_CUDA = object()  # the device of an event on no CUDA device
+
+
 def _floats(values: list) -> np.ndarray:
     return np.array(values, dtype=np.float64)  # None -> NaN
+
+
+def _same(key: Any) -> Any:
+    return key
 
 
 class DeviceMemory:
@@ -26,21 +33,28 @@ class DeviceMemory:
         self.alloc: dict[Any, float] = {}
         self.reserved: dict[Any, float] = {}
         self.bytes_only: dict[Any, list[np.ndarray]] = defaultdict(list)  # per device: [ts, bytes] arrays
+        self.devices: dict[Any, int] = {_NOT_CUDA: 0}  # the CUDA devices met, numbered from 1
+
+    def _new_device(self, key: Any) -> int:
+        self.devices[key] = len(self.devices)
+        return self.devices[key]
 
     def add(self, events: list) -> int:
         """A window's `[memory]` events; returns how many carry an out-of-range number (they are skipped)."""
         if not events:
             return 0
-        args = [e.args or NO_ARGS for e in events]  # no args: not on a CUDA device
+        args = all_args(events, NO_MEMORY_ARGS)  # no args: not on a CUDA device
         ts = _floats([e.ts for e in events])
         total, reserved = _floats([a.total_allocated for a in args]), _floats([a.total_reserved for a in args])
         nbytes = _floats([a.nbytes for a in args])
         garbage = out_of_range(ts) | out_of_range(total) | out_of_range(reserved) | out_of_range(nbytes)
-        cuda = np.array([a.device_type in CUDA_DEVICE_TYPES for a in args], dtype=bool) & ~garbage
-        devices = [a.device_id for a in args]
-        for dev in dict.fromkeys(devices[i] for i in np.flatnonzero(cuda).tolist()):
-            on_dev = cuda & np.array([d == dev for d in devices], dtype=bool)
-            self._add_device(dev, ts[on_dev], total[on_dev], reserved[on_dev], nbytes[on_dev])
+        keys = [a.device_id if a.device_type in CUDA_DEVICE_TYPES else _NOT_CUDA for a in args]
+        device = interned(list(map(self.devices.get, keys)), keys, _same, self.devices, self._new_device)
+        device[garbage] = 0
+        for dev, number in self.devices.items():
+            on_dev = device == number
+            if number and on_dev.any():
+                self._add_device(dev, ts[on_dev], total[on_dev], reserved[on_dev], nbytes[on_dev])
         return int(garbage.sum())
 
     def _add_device(

@@ -1,7 +1,7 @@
 """One Chrome/Kineto trace (PyTorch profiler) -> the study's numbers, streaming, no torch import.
 
-Three pieces, as in HolisticTraceAnalysis: reading (events.py: the file's events a window at a time as
-typed structs, the file's problems as TraceError), per-concern accumulators (`cpu.CpuOps`,
+Three pieces, as in HolisticTraceAnalysis: reading (reader.py, events.py: the file's events a window at a
+time as typed structs, the file's problems as TraceError), per-concern accumulators (`cpu.CpuOps`,
 `device.DeviceActivity`, `memory.DeviceMemory`, each fed a window's events it cares about, column-wise),
 and the record (`trace_record`, a `records.TraceRecord`).
 
@@ -43,8 +43,9 @@ import numpy as np
 from analysis import cpu, device
 from analysis.cpu import CpuOps
 from analysis.device import TOP_N, DeviceActivity
-from analysis.events import Batch, Reader, TraceError, out_of_range, read_batches
+from analysis.events import INSTANT, NOT_READ, Batch, out_of_range, pick
 from analysis.memory import DeviceMemory
+from analysis.reader import Reader, TraceError, read_batches
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
 from analysis.verdict import judge, trace_evidence
 
@@ -54,9 +55,11 @@ RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # What becomes of an event: skipped, a memory event, or an X event (>= _OTHER) that is not read, or read
 # by CpuOps or DeviceActivity: their base plus the event's kind there, so that the category is looked up once.
 _SKIP, _MEMORY, _OTHER, _CPU, _DEVICE = 0, 1, 2, 10, 20
-_ROUTE: dict[str | None, int] = {
+_ROUTE: dict[object, int] = {
     **{c: _CPU + k for c, k in cpu.CATEGORIES.items()},
     **{c: _DEVICE + k for c, k in device.CATEGORIES.items()},
+    INSTANT: _MEMORY,
+    NOT_READ: _SKIP,
 }
 
 
@@ -70,31 +73,31 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
     arrays; returns (how many events had an out-of-range time or size: skipped, counted as bad; how many
     an accumulator took)."""
     events, get = batch.events, _ROUTE.get
-    # One pass over every event: the per-event passes are the analysis's main Python cost.
-    code = np.array(
-        [
-            get(e.cat, _OTHER) if e.ph == "X" else _MEMORY if e.name == "[memory]" and e.ph == "i" else _SKIP
-            for e in events
-        ],
-        dtype=np.int8,
-    )
-    memory_events = [events[i] for i in np.flatnonzero(code == _MEMORY).tolist()]
+    # The per-event passes are the analysis's main Python cost: one over every event routes it by
+    # category; each accumulator's events are then picked once, and their times read once.
+    code = np.array([get(e.cat, _OTHER) for e in events], dtype=np.int8)
+    memory_events = [e for e in pick(events, np.flatnonzero(code == _MEMORY)) if e.name == "[memory]"]
     bad = memory.add(memory_events)
     taken = len(memory_events) - bad
-    x = np.flatnonzero(code >= _OTHER)
-    complete = [events[i] for i in x.tolist()]
-    ts = np.array([e.ts for e in complete], dtype=np.float64)  # None -> NaN: no time, not read
-    dur = np.nan_to_num(np.array([e.dur for e in complete], dtype=np.float64), nan=0.0)
-    timed = ~np.isnan(ts)
-    garbage = timed & (out_of_range(ts) | out_of_range(dur))
-    bad += int(garbage.sum())
-    sane = timed & ~garbage
-    code = code[x]
-    for base, accumulator in ((_CPU, cpu_ops), (_DEVICE, device_activity)):
-        idx = np.flatnonzero((code >= base) & (code < base + 10) & sane)
-        if idx.size:
-            accumulator.add([complete[i] for i in idx.tolist()], ts[idx], dur[idx], code[idx] - base)
-            taken += int(idx.size)
+    for low, high, accumulator in (
+        (_CPU, _DEVICE, cpu_ops),
+        (_DEVICE, _DEVICE + 10, device_activity),
+        (_OTHER, _CPU, None),
+    ):
+        idx = np.flatnonzero((code >= low) & (code < high))
+        if not idx.size:
+            continue
+        mine = pick(events, idx)
+        ts = np.fromiter((e.ts for e in mine), np.float64, len(mine))  # NaN: no time, not read
+        dur = np.fromiter((e.dur for e in mine), np.float64, len(mine))
+        garbage = out_of_range(ts) | out_of_range(dur)
+        bad += int(garbage.sum())
+        sane = np.flatnonzero(~np.isnan(ts) & ~garbage)
+        if accumulator is not None and sane.size:
+            if sane.size < len(mine):
+                mine, ts, dur, idx = pick(mine, sane), ts[sane], dur[sane], idx[sane]
+            accumulator.add(mine, ts, dur, code[idx] - low)
+            taken += len(mine)
     return bad, taken
 
 

@@ -12,7 +12,7 @@ import pytest
 from analysis import cpu, device
 from analysis.cpu import CpuOps, _merged_only_children, _nested_parents, _stack_parents
 from analysis.device import DeviceActivity, Launches
-from analysis.events import Args, Event, _LooseEvent, admit, int_args
+from analysis.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
 from analysis.memory import DeviceMemory
 from analysis.records import DeviceTotals, MemoryPeaks
 from analysis.trace import analyze_trace
@@ -20,7 +20,7 @@ from tests.gputrace import rank_trace
 
 
 def _x(cat: str, name: str, ts: float, dur: float, **args) -> Event:
-    return Event(ph="X", cat=cat, name=name, pid=1, tid=1, ts=ts, dur=dur, args=Args(**args) if args else None)
+    return Event(cat=cat, name=name, pid=1, tid=1, ts=ts, dur=dur, args=Args(**args) if args else None)
 
 
 def _add(accumulator, categories: dict, *events: Event) -> None:
@@ -94,7 +94,7 @@ def test_merge_of_same_name_only_children_collapses_chains():
     ({"ph": "i", "name": "[memory]", "args": [1, 2]}, False),
     ({"ph": "i", "name": "[memory]", "args": {"Device Type": 1, "Total Allocated": "lots"}}, False),
     ({"ph": "i", "name": "[memory]", "args": {"Device Type": 1, "Device Id": [0]}}, False),
-    ({"ph": "i", "name": "[memory]", "ts": 3}, Event(ph="i", name="[memory]", ts=3.0)),  # no args: not CUDA
+    ({"ph": "i", "name": "[memory]", "ts": 3}, Instant(name="[memory]", ts=3.0)),  # no args: not CUDA
 ])
 def test_admit_reads_what_it_can_and_counts_the_rest(event, expected):
     assert admit(_LooseEvent(**event)) == expected
@@ -102,7 +102,7 @@ def test_admit_reads_what_it_can_and_counts_the_rest(event, expected):
 
 def test_admit_keeps_an_x_event_whose_unread_args_are_odd():
     e = admit(_LooseEvent(ph="X", cat=7, name="k", ts=1, dur=2, args={"correlation": 5, "Device Id": [0]}))
-    assert e == Event(ph="X", cat=None, name="k", ts=1.0, dur=2.0, args=Args(correlation=5))
+    assert e == Event(cat=None, name="k", ts=1.0, dur=2.0, args=Args(correlation=5))
 
 
 def test_int_args_keep_sane_integers_only():
@@ -129,6 +129,27 @@ def test_a_mistyped_event_costs_only_itself_not_its_window(tmp_path):
     fields = {f.name for f in dataclasses.fields(a)} - {"file", "events", "bad_events"}
     assert {f: getattr(b, f) for f in fields} == {f: getattr(a, f) for f in fields}
     assert a.steps == 2500 and a.kernel_calls == 5000
+
+
+@pytest.mark.parametrize("odd", [
+    {"ph": "Q", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0},  # no such phase
+    {"cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0},  # no phase at all
+    {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": None, "dur": 1.0},  # a null time
+])
+def test_an_event_the_typed_decoder_refuses_sends_only_its_window_to_the_lenient_path(odd, tmp_path):
+    """Events decode by phase (a complete event, an instant, or an empty struct for every other phase of
+    the Chrome format): an event outside those, or with a null time, is read leniently with its window,
+    not counted as bad, and every number stays as without it."""
+    trace = rank_trace(0, 2, steps=1200)
+    clean = tmp_path / "clean.json"
+    clean.write_text(json.dumps(trace))
+    trace["traceEvents"].insert(len(trace["traceEvents"]) // 2, odd)
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(trace))
+    a, b = analyze_trace(clean), analyze_trace(mixed)
+    assert (b.bad_events, b.events - a.events) == (0, 1)
+    fields = {f.name for f in dataclasses.fields(a)} - {"file", "events"}
+    assert {f: getattr(b, f) for f in fields} == {f: getattr(a, f) for f in fields}
 
 
 # --- accumulators --------------------------------------------------------------------------------------
@@ -193,7 +214,7 @@ def test_kernels_replayed_from_a_cuda_graph_count_as_kernels_and_as_graphed():
 
 
 def _memory(ts: float, **args) -> Event:
-    return Event(ph="i", name="[memory]", ts=ts, args=Args(**args))
+    return Instant(name="[memory]", ts=ts, args=MemoryArgs(**args))
 
 
 def test_device_memory_peaks_per_device_and_garbage_numbers():
@@ -202,7 +223,7 @@ def test_device_memory_peaks_per_device_and_garbage_numbers():
                    _memory(2.0, device_type=1, device_id=0, total_allocated=300.0, total_reserved=200.0),
                    _memory(3.0, device_type=0, device_id=-1, total_allocated=1e12),  # CPU: not a GPU peak
                    _memory(4.0, device_type="cuda", device_id=1, total_allocated=1e305),  # garbage: bad
-                   Event(ph="i", name="[memory]", ts=5.0)])  # no args: nothing to read
+                   Instant(name="[memory]", ts=5.0)])  # no args: nothing to read
     assert bad == 1
     assert mem.result() == MemoryPeaks(peak_gpu_mem_bytes=300, peak_gpu_reserved_bytes=200,
                                        gpu_mem_relative_to_window=False)
