@@ -35,6 +35,8 @@ import contextlib
 import dataclasses
 import gc
 import re
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # What becomes of an event: skipped, a memory event, or an X event (>= _OTHER) that is not read, or read
 # by CpuOps or DeviceActivity: their base plus the event's kind there, so that the category is looked up once.
 _SKIP, _MEMORY, _OTHER, _CPU, _DEVICE = 0, 1, 2, 10, 20
+_TIMES = attrgetter("ts", "dur")
 _ROUTE: dict[object, int] = {
     **{c: _CPU + k for c, k in cpu.CATEGORIES.items()},
     **{c: _DEVICE + k for c, k in device.CATEGORIES.items()},
@@ -88,8 +91,8 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
         if not idx.size:
             continue
         mine = pick(events, idx)
-        ts = np.fromiter((e.ts for e in mine), np.float64, len(mine))  # NaN: no time, not read
-        dur = np.fromiter((e.dur for e in mine), np.float64, len(mine))
+        times = np.fromiter(chain.from_iterable(map(_TIMES, mine)), np.float64, 2 * len(mine))  # one pass
+        ts, dur = times[0::2], times[1::2]  # ts NaN: no time, not read
         garbage = out_of_range(ts) | out_of_range(dur)
         bad += int(garbage.sum())
         sane = np.flatnonzero(~np.isnan(ts) & ~garbage)
