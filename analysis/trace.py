@@ -92,7 +92,8 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
             continue
         mine = pick(events, idx)
         times = np.fromiter(chain.from_iterable(map(_TIMES, mine)), np.float64, 2 * len(mine))  # one pass
-        ts, dur = times[0::2], times[1::2]  # ts NaN: no time, not read
+        ts, dur = times[0::2].copy(), times[1::2].copy()  # NaN ts: no time, not read. Copies: a view kept
+        # in an accumulator's columns would keep the whole window's times alive
         garbage = out_of_range(ts) | out_of_range(dur)
         bad += int(garbage.sum())
         sane = np.flatnonzero(~np.isnan(ts) & ~garbage)
