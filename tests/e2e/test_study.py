@@ -83,8 +83,10 @@ def test_status_shows_done_failed_and_oom_points(sweep_dir):
     failed = rows[(16, 1)]
     assert failed["state"] == "failed" and "fault injection" in failed["error"] and failed["steps"] == 1
     assert all(r["requeues"] == 0 for r in rows.values())
-    # a done point says what bounds it, from its traces: CPU ranks leave the GPU classes undecided
-    assert rows[(8, 1)]["verdict"] == rows[(16, 2)]["verdict"] == "unknown"
+    # a done point says what bounds it, from its traces: CPU ranks leave the GPU classes undecided. Two CPU
+    # ranks sharing this machine's two cores with Slurm's daemons can differ by more than the 10% that makes
+    # imbalance the verdict (seen once in a full run): measured, not a GPU class
+    assert rows[(8, 1)]["verdict"] == "unknown" and rows[(16, 2)]["verdict"] in {"unknown", "imbalance"}
     assert rows[(8, 2)]["verdict"] is None and failed["verdict"] is None  # no timings to judge
     table = study("status", str(sweep_dir)).stdout
     assert "2 done, 1 oom, 1 failed" in table, table

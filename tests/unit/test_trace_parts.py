@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from analysis import cpu, device
-from analysis.cpu import CpuOps, _merged_only_children, _nested_parents, _stack_parents
+from analysis import cpu
+from analysis.cpu import CpuOps, _grouped, _merged_only_children, _nested_parents, _stack_parents
 from analysis.device import DeviceActivity, Launches
 from analysis.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
 from analysis.memory import DeviceMemory
@@ -73,6 +74,18 @@ def test_column_wise_tree_declines_overlapping_events(seed):
     assert parents is None or parents.tolist() == _stack_parents(s, e).tolist()
     s, e = _sorted([(0.0, 10.0), (5.0, 15.0)])  # overlap without nesting: the stack walk decides
     assert _nested_parents(s, e) is None and _stack_parents(s, e).tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("compress_up_to", [0, cpu.MAX_COMPRESSED_THREADS])  # the sort, then the compresses
+@pytest.mark.parametrize("seed", range(10))
+def test_columns_grouped_by_thread_keep_file_order_within_a_thread(seed, compress_up_to, monkeypatch):
+    monkeypatch.setattr(cpu, "MAX_COMPRESSED_THREADS", compress_up_to)
+    rng = np.random.default_rng(seed)
+    threads = rng.integers(1, rng.integers(2, 6), size=int(rng.integers(0, 500))).astype(np.int32)
+    columns = [rng.random(threads.size), np.arange(threads.size), rng.integers(-9, 9, threads.size), threads]
+    order = np.argsort(threads, kind="stable")
+    expected = [c[order] for c in columns]
+    assert all(np.array_equal(a, b) for a, b in zip(_grouped([c.copy() for c in columns]), expected, strict=True))
 
 
 def test_merge_of_same_name_only_children_collapses_chains():
