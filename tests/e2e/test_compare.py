@@ -166,3 +166,9 @@ def test_the_benchmarks_big_trace_is_the_same_run_laid_end_to_end(tmp_path):
     kernels = [e["args"]["correlation"] for e in events if e.get("cat") == "kernel"]
     assert len(set(kernels)) == len(kernels) == three.kernel_calls
     assert three.cpu_span_us > 3 * one.cpu_span_us  # one after another, a millisecond apart
+    assert {type(e["ts"]) for e in events if "ts" in e} == {float}  # nccl_data writes its times as decimals
+
+    integer_times = TRACES / "hta/trace_filter_2rank/sampled_rank-0.json.gz"  # a source whose times are integers
+    build(integer_times, 2, tmp_path / "two.json")
+    two = json.loads((tmp_path / "two.json").read_text())["traceEvents"]
+    assert {type(e["ts"]) for e in two if "ts" in e} == {int}  # shifted, still written as integers
