@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import torch
@@ -45,8 +46,15 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(sign in str(error) for sign in PEER_SIGNS)
 
 
+# A killed rank's sockets close before its process has ended (the kernel releases its memory, closes its
+# files, and only then makes it a zombie), so its peer may ask while it is still exiting: ask again for
+# this long before saying that every rank still runs.
+DYING_GRACE_S = 2.0
+
+
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` of this host still runs (a zombie, dead but not yet reaped, does not)."""
+    """Whether process `pid` of this host still runs: not a zombie (dead but not yet reaped), and not
+    exiting (its memory already released: /proc's vsize is 0 once a killed process has let it go)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,7 +62,8 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        fields = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+        return fields[0] not in ("Z", "X") and fields[20] != "0"  # state; vsize, the 23rd field
     except (OSError, IndexError):
         return True
 
@@ -131,7 +140,7 @@ class RankGroup:
         (by pid), else the other hosts of the run, which it cannot check."""
         host = socket.gethostname()
         peers = [(r, h, pid) for r, (h, pid) in enumerate(self.roster) if r != self.dist.rank]
-        dead = [f"rank {r} (pid {pid})" for r, h, pid in peers if h == host and not pid_alive(pid)]
+        dead = _ended([(r, pid) for r, h, pid in peers if h == host])
         if dead:
             return f"{', '.join(dead)} on {host} ended"
         elsewhere = sorted({h for _, h, _ in peers if h != host})
@@ -140,3 +149,13 @@ class RankGroup:
         if len(self.roster) < self.dist.world_size:
             return "a peer died or stopped answering during set-up"
         return "a peer stopped answering (every rank on this host still runs)"
+
+
+def _ended(peers: list[tuple[int, int]], grace_s: float = DYING_GRACE_S) -> list[str]:
+    """Which of these (rank, pid) of this host have ended, asked until one has or `grace_s` is over."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        dead = [f"rank {r} (pid {pid})" for r, pid in peers if not pid_alive(pid)]
+        if dead or not peers or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)

@@ -20,7 +20,7 @@ from hpc.core.files import append_line, write_atomic
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.training.group import cause_of, is_peer_failure, pid_alive
+from hpc.training.group import DYING_GRACE_S, _ended, cause_of, is_peer_failure, pid_alive
 from hpc.training.inject import Injector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,3 +172,17 @@ def test_a_peer_that_has_ended_is_dead_even_before_it_is_reaped():
     assert not pid_alive(child.pid)
     child.wait()
     assert not pid_alive(child.pid) and pid_alive(os.getpid())
+
+
+def test_a_peer_that_ends_while_its_survivor_asks_is_named():
+    """A killed rank's sockets close before it has ended: the survivor asks again for a moment (found in
+    CI: a dead peer reported as 'every rank on this host still runs')."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        assert _ended([(1, child.pid)], grace_s=0.0) == []  # still running: no grace, not named
+        start = time.monotonic()
+        assert _ended([(1, child.pid)]) == [f"rank 1 (pid {child.pid})"]  # ends within the grace
+        assert time.monotonic() - start < DYING_GRACE_S
+        assert _ended([(0, os.getpid())], grace_s=0.2) == []  # alive throughout: the grace is spent
+    finally:
+        child.wait()
