@@ -130,7 +130,9 @@ def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
     assert all(float(r["cpu_time_us_per_epoch_mean"]) > float(r["cpu_time_us_per_step_mean"]) for r in rows)
     assert "| arch | data_fraction |" in r.stdout  # --wait prints the sweep table, then each point's verdict
     said = r.stdout.split("## Verdict", 1)[1]
-    assert "- **fraction 0.5, batch 16, 2 CPU ranks, eager steps**: unknown: no device activity" in said  # undecided
+    # undecided; two CPU ranks sharing two cores may measure an imbalance (seen once in CI): never a GPU class
+    point = said.split("- **fraction 0.5, batch 16, 2 CPU ranks, eager steps**: ", 1)[1]
+    assert point.startswith(("unknown: no device activity", "imbalance")), point.splitlines()[0]
     assert "- **fraction 1, batch 8, 2 CPU ranks, eager steps, scaling**: efficiency " in said
     figures = {p.name for p in (out / "figures").glob("*.png")}
     # the study's figures this CPU sweep has data for (Figures 3, 5, 12, 14), the per-step ones beside them;
