@@ -19,7 +19,7 @@ from pathlib import Path
 from analysis import compare
 from analysis.discover import Warnings, analyze_files, print_warnings
 from analysis.figures import plot_sweep
-from analysis.fold import analyze_run
+from analysis.fold import analyze_run, why_no_trace
 from analysis.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.records import RunRecord, TraceRecord
 from analysis.series import sweeps_side_by_side
@@ -133,6 +133,9 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
         traces, one = analyze_run(path, warnings)
         runs = [one] if one else []
     if not traces and not runs:  # the skipped files are the reason: one line, naming the first
+        said = why_no_trace(path) if path.is_dir() else None
+        if said is not None:
+            raise UsageError(f"{path}: the command recorded no trace: {said}")
         why = f" ({len(warnings)} problem(s); first: {warnings[0]})" if warnings else ""
         raise UsageError(f"{path}: no usable trace{why}")
     print_warnings(warnings)

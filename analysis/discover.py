@@ -17,7 +17,7 @@ from analysis.device import TOP_N
 from analysis.records import TraceRecord
 from analysis.trace import analyze_trace
 from hpc.core.errors import TraceError
-from hpc.core.rundir import SIDE_FILES, TRACE_PATTERNS, RunPaths
+from hpc.core.rundir import RANK_SIDE_SUFFIXES, SIDE_FILES, TRACE_PATTERNS, RunPaths
 
 Warnings = list[str]  # messages about what was skipped, in the order met
 
@@ -49,7 +49,11 @@ def find_traces(directory: Path, warnings: Warnings | None = None) -> list[Path]
                 )
             break
         found += [Path(top) / f for f in files if any(fnmatch.fnmatch(f, p) for p in TRACE_PATTERNS)]
-    return sorted(p for p in found if p.name not in SIDE_FILES and not p.name.endswith(".tmp") and p.is_file())
+    return sorted(
+        p
+        for p in found
+        if p.name not in SIDE_FILES and not p.name.endswith((".tmp", *RANK_SIDE_SUFFIXES)) and p.is_file()
+    )
 
 
 def run_traces(run_dir: Path, warnings: Warnings | None = None) -> list[Path]:

@@ -170,14 +170,14 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
-        arch=config_value(cfg, "model", "arch", str),
+        arch=config_value(cfg, "model", "arch", str) or command_name(summary),
         step_mode=step_mode(summary),
         batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
         gpus=(summary or {}).get("world_size") or len(ranks),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
         images_per_s=number_or_none(first.get("global_images_per_s")),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
-        outcome="done" if first.get("complete") else ("stopped" if summary else "unfinished"),
+        outcome=outcome_of(summary, first),
         epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
         step_skew_us=step_skew_us(records),
         allreduce_busbw_GBps=mean_present([_all_reduce(r, "busbw_GBps") for r in records]),
@@ -191,6 +191,45 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     )
     verdict = judge(run_evidence(records, run, model_facts(summary)))
     return dataclasses.replace(run, verdict=verdict.as_dict())
+
+
+def why_no_trace(run_dir: Path) -> str | None:
+    """Why your own command's run left no trace, from its summary.json, or None (not such a run)."""
+    summary = read_summary(RunPaths(run_dir).summary)
+    if (summary or {}).get("kind") != "command":
+        return None
+    assert summary is not None
+    if not summary.get("profiled"):
+        return "the command ran with profiling off (--no-profile, or profiler.enabled: false)"
+    ranks = summary.get("ranks") or []
+    notes = [str(p["note"]) for r in ranks if isinstance(p := r.get("profiler"), dict) and p.get("note")]
+    if notes:
+        return notes[0]
+    steps = [r.get("steps") for r in ranks if is_count(r.get("steps"))]
+    if not steps:
+        return (
+            "no torch.optim optimizer step was seen (the profiler steps on torch's optimizer step hook; a script "
+            "that updates its weights by hand, or only inside torch.compile, is not profiled)"
+        )
+    return f"it made {max(steps)} optimizer step(s), fewer than the profiler's window (wait + warmup + active) needs"
+
+
+def outcome_of(summary: dict[str, Any] | None, first: dict[str, Any]) -> str:
+    """done, stopped, or unfinished (no summary.json: crashed, or still running); a command's run says
+    its own (failed, preempted...: hpc/launch/outcome.py)."""
+    said = (summary or {}).get("outcome")
+    if (summary or {}).get("kind") == "command" and isinstance(said, str):
+        return said[:20]
+    return "done" if first.get("complete") else ("stopped" if summary else "unfinished")
+
+
+def command_name(summary: dict[str, Any] | None) -> str | None:
+    """Your own command's run: the script it ran (`python train.py` -> train.py), else its program."""
+    words = (summary or {}).get("command")
+    if (summary or {}).get("kind") != "command" or not isinstance(words, list) or not words:
+        return None
+    scripts = [w for w in words[1:] if isinstance(w, str) and w.endswith(".py")]
+    return Path(scripts[0] if scripts else str(words[0])).name[:60]
 
 
 def run_facts(first: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +287,7 @@ def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
         "device_name": device,
         "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
         "graphed": step_mode(summary) == "graph",
+        "script": (summary or {}).get("kind") == "command",
     }
 
 

@@ -63,6 +63,16 @@ REMEDIES = {
     DATA: "data.loader: device (the whole uint8 set on the GPU, augmented there), or more data.num_workers",
     MEMORY: "data.loader: device moves no batch over PCIe each step",
 }
+# The same remedies for your own script (hpc.submit -- COMMAND), in terms its author can act on.
+SCRIPT_REMEDIES = {
+    HOST_LAUNCH: "capture the training step as a CUDA graph (torch.cuda.graphs, or torch.compile with "
+    "mode='reduce-overhead'), replayed as one launch; a larger per-GPU batch gives each launch more work",
+    COMMUNICATION: "a larger bucket_cap_mb in DistributedDataParallel(...) (fewer, larger all-reduces that "
+    "overlap backward), or fewer nodes for the same GPUs (the inter-node link is the slow one)",
+    DATA: "more DataLoader num_workers with pin_memory=True and persistent_workers=True, or the whole set on "
+    "the GPU when it fits",
+    MEMORY: "pin_memory=True and .to(device, non_blocking=True), or the whole set on the GPU when it fits",
+}
 # A run whose step is already one CUDA graph waits on the host between replays, not inside them.
 GRAPHED_HOST_REMEDY = (
     "the step is already a CUDA graph: the wait is between replays (the batch's copy, the loop's Python); "
@@ -95,6 +105,7 @@ class Evidence:
     achieved_tflops: float | None = None  # where the model's FLOPs are known
     peak_tflops: float | None = None
     graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
+    script: bool = False  # your own script's run: remedies in its terms, not the toolkit's settings
 
     @property
     def host_gap_share(self) -> float | None:
@@ -168,7 +179,11 @@ def judge(e: Evidence) -> Verdict:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured), None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
-    remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else REMEDIES.get(bound)
+    remedy = (
+        GRAPHED_HOST_REMEDY
+        if bound == HOST_LAUNCH and e.graphed
+        else (SCRIPT_REMEDIES if e.script else REMEDIES).get(bound)
+    )
     return Verdict(bound, secondary, measured, describe(bound, e, measured), remedy)
 
 
@@ -320,6 +335,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
         # the run's summary says so, or its traces do (kernels replayed from a graph)
         graphed=bool(model.get("graphed")) or any(r.graph_kernel_calls for r in records),
+        script=bool(model.get("script")),
     )
 
 

@@ -12,6 +12,10 @@ A run directory (`RunPaths`; hpc.train writes it, the analysis and hpc.study rea
     checkpoints/last.json     what last.pt holds (step, epoch, the run's last step), readable without torch
     tensorboard/         the scalars for TensorBoard
     logs/rank{R}.log     tracebacks of failures reported in one line on the console
+    command.json         a command's run (hpc.submit -- COMMAND): what each rank runs, where, with what
+    logs/rank{R}.out, .err    a command's rank's stdout and stderr
+    ranks/rank{R}.exit.json   how a command's rank ended (hpc/launch/rank.py); .steps.json what its
+                         profiler hook saw (hpc/training/autoprofile.py)
     memory_snapshot.rank{R}.pickle   the allocator's history at an OOM, when recorded
     .lock                held by the run's rank 0 while it runs (hpc/core/lock.py): one writer at a time
 
@@ -54,7 +58,10 @@ CHECKPOINT_INFO = f"{CHECKPOINTS}/last.json"
 TENSORBOARD = "tensorboard"
 LOGS = "logs"
 LOCK = ".lock"
-RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS})  # any of them: a run
+COMMAND = "command.json"
+RANKS = "ranks"
+RANK_SIDE_SUFFIXES = (".exit.json", ".steps.json")  # ranks/: records, not traces
+RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, COMMAND, RANKS})
 
 SWEEP_FILE = "sweep.yaml"
 INDEX = "index.json"
@@ -71,7 +78,7 @@ TRACES_JSON = "traces.json"  # every trace's record
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
-SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, Path(CHECKPOINT_INFO).name})
+SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, COMMAND, Path(CHECKPOINT_INFO).name})
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
 
@@ -97,6 +104,18 @@ class RunPaths:
     checkpoint_info = property(lambda self: self.root / CHECKPOINT_INFO)
     tensorboard = property(lambda self: self.root / TENSORBOARD)
     lock = property(lambda self: self.root / LOCK)
+    command = property(lambda self: self.root / COMMAND)
+    ranks = property(lambda self: self.root / RANKS)
+
+    def rank_stream(self, rank: int, stream: str) -> Path:
+        """A command's rank's `out` or `err` stream."""
+        return self.root / LOGS / f"rank{rank}.{stream}"
+
+    def rank_exit(self, rank: int) -> Path:
+        return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[0]}"
+
+    def rank_steps(self, rank: int) -> Path:
+        return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
 
     def memory_snapshot(self, rank: int) -> Path:
         return self.root / f"memory_snapshot.rank{rank}.pickle"
@@ -226,11 +245,12 @@ def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool 
 
 
 def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
-    """How a run ended, from its summary: oom, done (every rank complete), stopped, or None (no summary)."""
+    """How a run ended, from its summary: oom, failed (a command's rank failed), done (every rank
+    complete), stopped, or None (no summary)."""
     if summary is None:
         return None
-    if summary.get("outcome") == "oom":
-        return "oom"
+    if summary.get("outcome") in ("oom", "failed"):
+        return str(summary["outcome"])
     ranks = summary.get("ranks") or []
     return "done" if ranks and all(r.get("complete") for r in ranks) else "stopped"
 

@@ -27,6 +27,7 @@ from typing import Any
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
+from hpc.launch.outcome import read_records, write_command_summary
 from hpc.launch.plan import Point
 from hpc.launch.queue import QueueWatch
 
@@ -82,6 +83,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -90,13 +98,21 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
     """After an interrupt: SIGINT to every process of the local jobs (again every RESEND_S, for ranks still
-    starting); after a second one, SIGKILL to them and their controllers."""
+    starting); after a second one, SIGKILL to them and their controllers. A command's tasks alone are told
+    (each tells its command to stop: hpc/launch/rank.py), not the command's own processes."""
     if interrupts.signum is None or not pending:
         return
-    controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
-    ranks = [pid for controller in controllers for pid in descendants(controller)]
+    controllers = [
+        (sub.job._process.pid, sub.command) for sub in pending if getattr(sub.job, "_process", None) is not None
+    ]
+    ranks = [
+        pid
+        for controller, command in controllers
+        for pid in (_children(controller) if command and interrupts.count < 2 else descendants(controller))
+    ]
+    controllers_pids = [pid for pid, _ in controllers]
     if interrupts.count >= 2:
-        _signal_all(ranks + controllers, signal.SIGKILL)
+        _signal_all(ranks + controllers_pids, signal.SIGKILL)
         return
     if time.monotonic() - interrupts.sent_at >= RESEND_S:
         if not interrupts.sent_at:
@@ -105,9 +121,12 @@ def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
         interrupts.sent_at = time.monotonic()
 
 
-def resume_command(run_dir: Path, ranks: int) -> str:
-    """What resumes a run here: hpc.train on its own config and directory, under torchrun for several ranks."""
+def resume_command(run_dir: Path, ranks: int, command: bool = False) -> str:
+    """What resumes a run here: hpc.train on its own config and directory (a command: hpc.rank on its
+    command.json), under torchrun for several ranks."""
     train = f"-m hpc.train --config {shlex.quote(str(RunPaths(run_dir).config))} --run-dir {shlex.quote(str(run_dir))}"
+    if command:
+        train = f"-m hpc.rank --run-dir {shlex.quote(str(run_dir))}"
     if ranks == 1:
         return f"python {train}"
     return f"python -m torch.distributed.run --standalone --nproc-per-node {ranks} {train}"
@@ -116,6 +135,12 @@ def resume_command(run_dir: Path, ranks: int) -> str:
 def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
     """One line per stopped local run: what it kept and what resumes it. EXIT_PREEMPTED."""
     for sub in subs:
+        if sub.command:
+            log.warning(
+                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); if it saves its state, "
+                f"run it again to resume, here in {sub.run_dir} with: {resume_command(sub.run_dir, sub.ranks, True)}"
+            )
+            continue
         info = read_checkpoint_info(RunPaths(sub.run_dir))
         if info is None:
             log.warning(
@@ -138,11 +163,13 @@ class Submitted:
     job: Any  # submitit's Job
     point: Point | None = None
     ranks: int = 1  # the run's world size (for the command that resumes it)
+    command: bool = False  # your own command (hpc/launch/cmdjob.py), not the toolkit's training
 
     @classmethod
-    def of(cls, job: Any, point: Point | None, ranks: int = 1) -> Submitted:
+    def of(cls, job: Any, point: Point | None, ranks: int = 1, command: bool = False) -> Submitted:
         paths = job.paths
-        return cls(job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks)
+        logs = (Path(paths.stdout), Path(paths.stderr))
+        return cls(job.job_id, Path(paths.folder), logs, job, point, ranks, command)
 
     def describe(self) -> str:
         return f"job {self.job_id}: run dir {self.run_dir}\n  logs: {', '.join(str(p) for p in self.logs)}"
@@ -183,7 +210,8 @@ def print_run_numbers(run_dir: Path) -> None:
 
 
 class _LogFollower:
-    """Echoes what jobs' rank 0 writes to stdout, as it comes (local runs), without submitit's lines."""
+    """Echoes what jobs' rank 0 writes to stdout, as it comes (local runs), without submitit's lines; of
+    your own command, what it writes to stdout and stderr (logs/rank0.out, .err)."""
 
     def __init__(self, subs: list[Submitted]):
         self.subs = subs
@@ -191,16 +219,21 @@ class _LogFollower:
 
     def echo(self) -> None:
         for sub in self.subs:
-            log = sub.logs[0]
-            if log.exists():
-                with open(log, errors="replace") as f:
-                    f.seek(self.offsets.get(log, 0))
-                    text = f.read()
-                    self.offsets[log] = f.tell()
-                sys.stdout.write(
-                    "".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit "))
-                )
-                sys.stdout.flush()
+            streams = [sub.logs[0]]
+            if sub.command:
+                streams = [RunPaths(sub.run_dir).rank_stream(0, s) for s in ("out", "err")]
+            for log in streams:
+                self.copy(log)
+
+    def copy(self, log: Path) -> None:
+        if not log.exists():
+            return
+        with open(log, errors="replace") as f:
+            f.seek(self.offsets.get(log, 0))
+            text = f.read()
+            self.offsets[log] = f.tell()
+        sys.stdout.write("".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit ")))
+        sys.stdout.flush()
 
 
 def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
@@ -232,6 +265,8 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
 
 def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
     """Print how an ended job ended; False when it failed."""
+    if sub.command and read_records(RunPaths(sub.run_dir)):
+        return print_command_result(sub, follow)
     try:
         if not sub.job.paths.result_pickle.exists():
             time.sleep(poll_s)  # a result written as the job left the queue
@@ -252,3 +287,23 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
         f"  traces:  {paths.traces}\n  summary: {paths.summary}"
     )
     return True
+
+
+def print_command_result(sub: Submitted, follow: bool) -> bool:
+    """How your own command's run ended, from its ranks' records: done (with its numbers), or the first
+    failing rank named with its code and last stderr line; False unless done."""
+    summary = write_command_summary(RunPaths(sub.run_dir)) or {}
+    outcome = summary.get("outcome")
+    if outcome == "done" and follow:
+        print_run_numbers(sub.run_dir)
+    if summary.get("failure"):
+        print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
+    elif outcome != "done":
+        said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
+        print(f"job {sub.job_id}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
+    paths = RunPaths(sub.run_dir)
+    print(
+        f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
+        f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
+    )
+    return outcome == "done"

@@ -123,23 +123,28 @@ class TrainJob:
         raise RuntimeError(f"torchrun exited {rc} after {self.max_restarts} restart(s) at most; see the log above")
 
     def torchrun_args(self, job_id: str) -> list[str]:
-        """The job's own rendezvous on Slurm; on this machine (--local), one node at 127.0.0.1."""
-        from hpc.spec.distenv import master_port_for_job, slurm_torchrun_args
-        from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
-
-        if os.environ.get("SLURM_JOB_ID"):
-            return slurm_torchrun_args(os.environ, self.nproc_per_node, self.max_restarts)
-        return torchrun_args(
-            1,
-            self.nproc_per_node,
-            f"127.0.0.1:{master_port_for_job(job_id)}",
-            job_id,
-            self.max_restarts,
-            torchrun_forwards_signals(),
-        )
+        return torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
 
         # The training state is in the run directory already; resubmitting the same job resumes it.
         return submitit.helpers.DelayedSubmission(self)
+
+
+def torchrun_args_for(job_id: str, nproc_per_node: int, max_restarts: int) -> list[str]:
+    """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm; on this
+    machine (--local), one node at 127.0.0.1."""
+    from hpc.spec.distenv import master_port_for_job, slurm_torchrun_args
+    from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
+
+    if os.environ.get("SLURM_JOB_ID"):
+        return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts)
+    return torchrun_args(
+        1,
+        nproc_per_node,
+        f"127.0.0.1:{master_port_for_job(job_id)}",
+        job_id,
+        max_restarts,
+        torchrun_forwards_signals(),
+    )

@@ -31,7 +31,8 @@ class JobSpec:
 
     request: JobRequest
     folder: Path  # submitit's folder, with %j for the job id: each run directory
-    points: tuple[tuple[Point | None, RunConfig], ...]  # (point, its run config); point None: a single job
+    # (point, what it runs: its run config, or your own command's CommandSpec); point None: a single job
+    points: tuple[tuple[Point | None, Any], ...]
     array: bool  # submitted as a job array (a sweep), or as a plain job
 
 
@@ -46,19 +47,26 @@ class Plan:
     sweep: SweepConfig | None = None
     sweep_dir: Path | None = None
     max_parallel: int | None = None
+    command: dict[str, Any] | None = None  # your own command's sections (command, profiler), as resolved
 
     def parameters(self, spec: JobSpec) -> dict[str, Any]:
         """submitit's executor parameters for a spec: Slurm's, or the local executor's with --local."""
         if self.local:
             return local_parameters(self.cluster, spec.request)
-        return slurm_parameters(self.cluster, spec.request, self.max_parallel, spec.folder)
+        return slurm_parameters(self.cluster, spec.request, self.max_parallel, spec.folder, self.command is not None)
+
+    def sweep_file(self) -> dict[str, Any]:
+        """sweep.yaml: the sweep and what its points run (the run sections, or the command's)."""
+        assert self.sweep is not None
+        return {"sweep": dataclasses.asdict(self.sweep), **(self.command or self.base.to_dict())}
 
 
-def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
-    """The cluster profile (with --set cluster.* values), checked against what the command line asks."""
+def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...] = RUN_SECTIONS) -> ClusterConfig:
+    """The cluster profile (with --set cluster.* values), checked against what the command line asks;
+    --set may name the cluster section and `sections` (and the sweep's, with --sweep)."""
     overrides = overrides_from_args(args)
     for dotted, _, source in overrides:
-        require_section(dotted, RUN_SECTIONS + ("cluster",) + (("sweep",) if args.sweep else ()), source)
+        require_section(dotted, sections + ("cluster",) + (("sweep",) if args.sweep else ()), source)
     cluster = load_cluster(
         args.profile or ("local" if args.local else "perlmutter"), [o for o in overrides if o[0].startswith("cluster.")]
     )
@@ -86,16 +94,15 @@ def run_layers(args: argparse.Namespace) -> Layers:
     return layers
 
 
-def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
-    """The job specs for a command line: every shape and every point validated, nothing written."""
-    cluster = load_cluster_for(args)
+Request = Callable[[int, int, str, str], JobRequest]
+
+
+def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Request, Path]:
+    """What every job of a command line shares: a maker of checked job requests (nodes, GPUs per node,
+    job name, where the shape came from), and the runs directory."""
     time_min = args.time if args.time is not None else cluster.time_limit_min
-    layers = run_layers(args)
-    base = layers.run_config()  # validates the run config before anything is submitted
-    sweep = layers.build("sweep") if args.sweep else None
     if args.name is not None:
         check_name(args.name, "command line: --name")
-    name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
     exports, sbatch = parse_exports(args.export), parse_exports(args.sbatch, "--sbatch")
     account = check_account(cluster, args.account, needed=not (args.dry_run or args.local))
     runs_dir = runs_dir_for(args.runs_dir, cluster).absolute()
@@ -105,13 +112,28 @@ def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
         check_request(cluster, nodes, gpus, time_min, source=source)
         return JobRequest(nodes, gpus, time_min, job_name, account, args.qos, args.partition, exports, sbatch)
 
+    return request, runs_dir
+
+
+def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
+    """The job specs for a command line: every shape and every point validated, nothing written."""
+    cluster = load_cluster_for(args)
+    layers = run_layers(args)
+    base = layers.run_config()  # validates the run config before anything is submitted
+    sweep = layers.build("sweep") if args.sweep else None
+    request, runs_dir = job_basics(args, cluster)
+    name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
     if sweep is None:
         gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
         spec = JobSpec(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", ((None, base),), False)
         return Plan(cluster, (spec,), args.local, base)
-    sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
+    sweep_dir = sweep_dir_for(runs_dir, name, now)
     specs = sweep_specs(sweep_points(sweep, layers), request, name, sweep_dir, args.sweep)
     return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
+
+
+def sweep_dir_for(runs_dir: Path, name: str, now: dt.datetime | None) -> Path:
+    return runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
 
 
 def check_account(cluster: ClusterConfig, account: str | None, needed: bool) -> str | None:
@@ -139,15 +161,15 @@ def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
 
 
 def sweep_specs(
-    points: list[tuple[Point, RunConfig]],
-    request: Callable[[int, int, str, str], JobRequest],
+    points: list[tuple[Point, Any]],
+    request: Request,
     name: str,
     sweep_dir: Path,
     source: str,
 ) -> tuple[JobSpec, ...]:
     """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
     (`request`) before anything is submitted."""
-    by_shape: dict[tuple[int, int], list[tuple[Point | None, RunConfig]]] = {}
+    by_shape: dict[tuple[int, int], list[tuple[Point | None, Any]]] = {}
     for point, cfg in points:
         by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, cfg))
     return tuple(

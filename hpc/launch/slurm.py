@@ -80,14 +80,21 @@ def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
 
 
 def slurm_parameters(
-    cluster: ClusterConfig, req: JobRequest, max_parallel: int | None = None, folder: Path | None = None
+    cluster: ClusterConfig,
+    req: JobRequest,
+    max_parallel: int | None = None,
+    folder: Path | None = None,
+    command: bool = False,
 ) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these. A
     partial node goes to the profile's shared QOS with a GPU per task, as NERSC's examples do. With the
-    job's `folder`, the batch shell requeues a job that could not requeue itself (hpc/launch/requeue.py)."""
+    job's `folder`, the batch shell requeues a job that could not requeue itself (hpc/launch/requeue.py).
+    Your own `command` sees every GPU of the job on its node (a script takes `cuda:LOCAL_RANK`, which one
+    visible GPU per task would break) and gets SIGTERM as the warning, which scripts save on (USR2, the
+    toolkit's own training's, would end a script that does not catch it)."""
     torchrun = cluster.launcher == "torchrun"  # one task per node: torchrun starts the per-GPU workers
     partial = is_partial(cluster, req.nodes, req.gpus)
-    per_task = partial and not torchrun
+    per_task = partial and not torchrun and not command
     params = {
         "job_name": req.name,
         "nodes": req.nodes,
@@ -107,7 +114,11 @@ def slurm_parameters(
         # CPU binding and the container the command runs in.
         "srun_args": ["--kill-on-bad-exit=1", *srun_words(cluster)],
         "array_parallelism": max_parallel,
-        "additional_parameters": extra_sbatch(cluster, req.sbatch) or None,
+        "additional_parameters": {
+            **({"signal": f"TERM@{cluster.signal_delay_s}"} if command else {}),
+            **extra_sbatch(cluster, req.sbatch),
+        }
+        or None,
         "teardown": teardown_lines(folder) if folder is not None else None,
     }
     return {k: v for k, v in params.items() if v is not None}

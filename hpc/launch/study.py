@@ -26,12 +26,12 @@ from hpc.core.cli import Parser, command_name, run, suggestion
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
 from hpc.launch.follow import Interrupts
-from hpc.launch.plan import Plan, make_plan
+from hpc.launch.plan import Plan
 from hpc.launch.queue import QueueWatch
 from hpc.launch.site import accounts, charge_lines
 from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
-from hpc.launch.submit import STUDY_RUN, build_parser, execute, print_plan, submission
+from hpc.launch.submit import STUDY_RUN, execute, plan_for, print_plan, submission
 from hpc.spec.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,7 @@ def print_report_tables(sweep: SweepPaths) -> None:
 def run_command(argv: list[str]) -> int:
     """`run SWEEP.yaml [hpc.submit options]`: hpc.submit's command line, its --wait meaning "until the
     report exists"."""
-    args = build_parser(STUDY_RUN).parse_args(argv)
-    plan = make_plan(args)
+    args, plan = plan_for(argv, STUDY_RUN)
     analysis_account = accounts(plan.cluster, args.account, args.analysis_account)[1]
     if args.dry_run:
         print_plan(plan)
@@ -180,8 +179,7 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return EXIT_OK
-    submit_args = build_parser(STUDY_RUN).parse_args([str(SweepPaths(sweep_dir).sweep_file), *rest])
-    plan = make_plan(submit_args)
+    submit_args, plan = plan_for([str(SweepPaths(sweep_dir).sweep_file), *rest], STUDY_RUN)
     specs = tuple(
         dataclasses.replace(spec, folder=sweep_dir / "%j", points=chosen)
         for spec in plan.specs

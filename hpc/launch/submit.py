@@ -4,10 +4,12 @@
     python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
     python -m hpc.submit --sweep profiles/study.yaml --account m1234 --max-parallel 4
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234 --dry-run      # print the sbatch script
+    python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
 
-The command line becomes a plan (hpc/launch/plan.py), printed (--dry-run), run here (--local) or
-submitted: each point a `TrainJob` (hpc/launch/job.py), a sweep one job array per shape, its points
-recorded in the sweep's index.json. Job handling is submitit's. No torch import here (fast CLI).
+The command line becomes a plan (hpc/launch/plan.py; for your own command after `--`, hpc/launch/
+cmdplan.py), printed (--dry-run), run here (--local) or submitted: each point a `TrainJob` (hpc/launch/
+job.py) or a `CommandJob` (hpc/launch/cmdjob.py), a sweep one job array per shape, its points recorded
+in the sweep's index.json. Job handling is submitit's. No torch import here (fast CLI).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import contextlib
 import dataclasses
 import io
 import logging
+import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +29,15 @@ from typing import Any
 from hpc.core.cli import Parser, first_missing, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
+from hpc.launch.cmdjob import CommandJob
+from hpc.launch.cmdplan import is_command_sweep, make_command_plan, split_command
 from hpc.launch.follow import Submitted, interrupts_ignored, wait_for
 from hpc.launch.job import TrainJob
 from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.queue import first_line
 from hpc.launch.site import node_share
 from hpc.launch.slurm import job_python, make_executor, sbatch_text
+from hpc.spec.command import CommandSpec
 from hpc.spec.flags import add_training_flags
 
 log = logging.getLogger(__name__)
@@ -47,8 +54,10 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         description="Submit the study (a sweep's job arrays, then its analysis job) and say where its report will be."
         if study
         else "Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
-        epilog="Every hpc.train option below is forwarded to the training. Exit codes: 0 submitted (or, with "
-        "--wait, all jobs done), 1 a job failed, 2 bad input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
+        epilog="Every hpc.train option below is forwarded to the training. Your own command instead: everything "
+        "after -- (e.g. -- python train.py --epochs 3), run as given by every rank, profiled (--config's profiler "
+        "section, --no-profile). Exit codes: 0 submitted (or, with --wait, all jobs done), 1 a job failed, 2 bad "
+        "input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
         needs_args=True,
     )
     if study:
@@ -98,9 +107,18 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     return parser
 
 
+def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit") -> tuple[Any, Plan]:
+    """The parsed options and the plan: your own command's (after `--`, or a sweep with a command
+    section) or the toolkit's training."""
+    own, words = split_command(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser(prog).parse_args(own)
+    if words is not None or is_command_sweep(args.sweep):
+        return args, make_command_plan(args, words)
+    return args, make_plan(args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    plan = make_plan(args)
+    args, plan = plan_for(argv)
     if args.dry_run:
         print_plan(plan)
         return EXIT_OK
@@ -108,23 +126,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_plan(plan: Plan) -> None:
-    """--dry-run: the sbatch script of every spec (what submitit would hand to sbatch), submitting nothing."""
+    """--dry-run: the sbatch script of every spec (what submitit would hand to sbatch), submitting nothing;
+    for your own command, what each rank runs."""
     for spec in plan.specs:
         if plan.local:
             what = f"{len(spec.points)} point(s), one at a time" if spec.array else "one job"
             print(f"# --local: {what}, {spec.request.gpus} task(s) each, through submitit's local executor")
-            continue
-        if spec.array:
+        elif spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
-        print(
-            sbatch_text(
+        for point, payload in spec.points if plan.command is not None else ():
+            words = " ".join(shlex.quote(w) for w in payload.words(spec.folder))
+            print(f"# {'each rank runs' if point is None else f'point {point}:'} {words}")
+        if not plan.local:
+            text = sbatch_text(
                 plan.parameters(spec),
                 spec.folder,
                 job_python(plan.cluster),
                 map_count=len(spec.points) if spec.array else None,
-            ),
-            end="" if not spec.array else "\n",
-        )
+            )
+            print(text, end="" if not spec.array else "\n")
 
 
 @contextlib.contextmanager
@@ -159,9 +179,7 @@ def execute(plan: Plan, wait: bool) -> int:
     made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
     if plan.sweep_dir is not None and plan.sweep is not None:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_yaml(
-            SweepPaths(plan.sweep_dir).sweep_file, {"sweep": dataclasses.asdict(plan.sweep), **plan.base.to_dict()}
-        )
+        write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file())
     subs: list[Submitted] = []
     try:
         code = submit_specs(plan, subs)
@@ -209,29 +227,25 @@ def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
 def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobSpec) -> list[Submitted]:
     """Submit the points' TrainJobs (as one array for a sweep's spec) and say where each runs."""
     with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
-        jobs = [
-            executor.submit(
-                TrainJob(
-                    cfg.to_dict(),
-                    plan.cluster.max_requeues,
-                    plan.cluster.launcher,
-                    spec.request.gpus,
-                    plan.cluster.max_restarts,
-                )
-            )
-            for _, cfg in points
-        ]
+        jobs = [executor.submit(job_for(plan, payload, spec)) for _, payload in points]
     req = spec.request
     ranks = req.nodes * req.gpus
     # what index.json says each point ran in, for the report's node-hours (hpc/launch/site.py)
     charge = {"qos": plan.parameters(spec).get("qos"), "node_share": node_share(plan.cluster, req.nodes, req.gpus)}
     subs = [
-        Submitted.of(job, {**point, **charge} if point else None, ranks)
+        Submitted.of(job, {**point, **charge} if point else None, ranks, plan.command is not None)
         for job, (point, _) in zip(jobs, points, strict=False)
     ]
     for sub in subs:
         log.info(sub.describe())
     return subs
+
+
+def job_for(plan: Plan, payload: Any, spec: JobSpec) -> TrainJob | CommandJob:
+    """What each task of a point runs: the toolkit's training (a RunConfig) or your own command."""
+    cluster = plan.cluster
+    kind = CommandJob if isinstance(payload, CommandSpec) else TrainJob
+    return kind(payload.to_dict(), cluster.max_requeues, cluster.launcher, spec.request.gpus, cluster.max_restarts)
 
 
 def record_index(plan: Plan, subs: list[Submitted]) -> None:

@@ -58,6 +58,9 @@ class ClusterConfig:
     setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     signal_delay_s: int = 120  # USR2 this long before the time limit
+    # Your own command (hpc.submit -- COMMAND): after the stop signal (TERM: Slurm's warning, a
+    # preemption) it has this long to save and exit before it is killed and the job ends as preempted.
+    stop_grace_s: int = 60
     max_requeues: int = 3
     # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
     # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
@@ -112,7 +115,7 @@ class ClusterConfig:
             "analysis_time_min",
             "time_min_min",
         )
-        non_negative(self, "signal_delay_s", "max_requeues", "max_restarts")
+        non_negative(self, "signal_delay_s", "max_requeues", "max_restarts", "stop_grace_s")
         if self.max_time_limit_min is not None:
             check(
                 self.time_limit_min <= self.max_time_limit_min,

@@ -238,6 +238,22 @@ class SweepConfig:
         _check(name_problem(self.name) is None, "name", name_problem(self.name) or "")
 
 
+@dataclasses.dataclass(frozen=True)
+class CommandConfig:
+    """A sweep of your own command (hpc/spec/command.py): `run`, the command (or the words after `--`),
+    then `args` and `env` with each point's values filled in: {batch}, {fraction}, {gpus}, {nodes},
+    {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
+
+    run: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    cwd: str | None = None  # where it starts (default: where it is submitted from)
+
+    def __post_init__(self) -> None:
+        for key in self.env:
+            _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
+
+
 SECTIONS: dict[str, type] = {
     "cluster": ClusterConfig,
     "data": DataConfig,
@@ -245,6 +261,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "profiler": ProfilerConfig,
     "sweep": SweepConfig,
+    "command": CommandConfig,
 }
 
 

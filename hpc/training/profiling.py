@@ -95,6 +95,10 @@ class Profiling:
     def _recording(self, step: int) -> bool:
         return self._schedule(step) in (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
+    def recording_now(self) -> bool:
+        """Whether the profiler records now (between the last step() and the next)."""
+        return self._recording(self._steps)
+
     def step(self) -> None:
         done = len(self.cycles)
         start = time.perf_counter()

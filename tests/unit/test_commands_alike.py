@@ -25,6 +25,7 @@ HELPS = [
     ("hpc.data", ["synth"], "python -m hpc.data synth"),
     ("hpc.distenv", [], "python -m hpc.distenv"),
     ("hpc.bench", [], "python -m hpc.bench"),
+    ("hpc.rank", [], "python -m hpc.rank"),
     ("analysis", [], "python -m analysis"),
     ("analysis", ["compare"], "python -m analysis compare"),
     ("analysis.bench", [], "python -m analysis.bench"),
@@ -55,7 +56,7 @@ def test_the_study_command_helps_with_its_subcommands(capsys):
 
 
 ACTING = [("hpc.train", "python -m hpc.train"), ("hpc.submit", "python -m hpc.submit"),
-          ("hpc.data", "python -m hpc.data"), ("analysis", "python -m analysis"),
+          ("hpc.data", "python -m hpc.data"), ("analysis", "python -m analysis"), ("hpc.rank", "python -m hpc.rank"),
           ("analysis.tensorboard", "python -m analysis.tensorboard")]
 
 

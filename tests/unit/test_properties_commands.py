@@ -346,6 +346,7 @@ BASES = {
     "analysis.bench": ["{T}/file", "--json", "/proc/none.json"],
     "analysis.tensorboard": ["{T}/dir", "--host", "192.0.2.1"],
     "analysis": ["compare", "{T}/a", "{T}/b"],
+    "hpc.rank": ["--outcome", "--run-dir", "{T}/none"],
 }
 NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as the completeness test checks
     *[("hpc.submit", f, int) for f in ("--nodes", "--gpus", "--time", "--max-parallel", "--batch-size", "--epochs",
@@ -355,6 +356,7 @@ NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as 
     ("hpc.data", "--train", int), ("hpc.data", "--test", int), ("hpc.data", "--seed", int),
     ("hpc.bench", "--steps", int), ("hpc.bench", "--warmup", int), ("hpc.bench", "--scaling-step-ms", float),
     ("analysis.bench", "--repeat", int), ("analysis.tensorboard", "--port", int), ("analysis", "--rank", int),
+    ("hpc.rank", "--stop-grace-s", int),
 ]
 
 

@@ -1,0 +1,111 @@
+"""`python -m hpc.rank`: one rank of your own command, for a batch script's srun (jobs/run.sbatch) and
+torchrun's workers; what `hpc.submit -- COMMAND` runs in each task, as a command of its own.
+
+    srun python -m hpc.rank --run-dir RUN -- python train.py --epochs 3   # each task: one rank
+    python -m hpc.rank --run-dir RUN                                      # the command in RUN/command.json
+    python -m hpc.rank --run-dir RUN --outcome                            # how the run ended, one line
+
+The rank's environment, logs, stops and exit record: hpc/launch/rank.py. Exits as the command did (3 when
+it saved and stopped, which the batch script requeues); 1 when a stop killed it. No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.files import read_json
+from hpc.core.rundir import RunPaths
+from hpc.launch.outcome import read_records, write_command_summary, write_spec
+from hpc.launch.rank import run_rank
+from hpc.spec.command import CommandSpec, check_command
+from hpc.spec.config import Layers, load_cluster, parse_override, require_section, set_source
+from hpc.spec.schema import RUN_SECTIONS, ClusterConfig
+
+
+def profiler_section(config: str | None, no_profile: bool, sets: list[str]) -> dict[str, Any] | None:
+    """The profiler section a command runs under (--config's, then --set profiler.KEY=VALUE), None when
+    profiling is off. Only that section applies to a command: any other is an error naming it."""
+    overrides = [(*parse_override(s), set_source(s)) for s in sets]
+    for dotted, _, source in overrides:
+        require_section(dotted, ("profiler",), source)
+    layers = Layers()
+    if config:
+        layers.add_file(config, only=RUN_SECTIONS, flag="--config")
+    for dotted, value, source in overrides:
+        layers.set(dotted, value, source)
+    profiler = layers.build("profiler")
+    return None if no_profile or not profiler.enabled else dataclasses.asdict(profiler)
+
+
+def spec_for(args: Any, words: list[str]) -> CommandSpec:
+    """The command to run: the words after --, or the run directory's command.json."""
+    paths = RunPaths(Path(args.run_dir))
+    if words:
+        check_command(words, Path.cwd(), in_image=False)
+        profiler = profiler_section(args.config, args.no_profile, args.set)
+        grace = args.stop_grace_s
+        if grace is None:
+            grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
+        if grace < 0:
+            raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
+        return CommandSpec(tuple(words), os.getcwd(), profiler=profiler, stop_grace_s=grace)
+    saved = read_json(paths.command) if paths.command.is_file() else None
+    if not isinstance(saved, dict) or not saved.get("argv"):
+        raise UsageError(f"--run-dir {args.run_dir}: no command.json with a command in it; give one after --")
+    return CommandSpec.from_dict(saved)
+
+
+def exit_code(record: dict[str, Any]) -> int:
+    """The rank's exit code as the batch script reads it: the command's own, 3 for saved-and-stopped."""
+    kind = record.get("kind")
+    if kind == "ok":
+        return EXIT_OK
+    if kind == "stopped":
+        return EXIT_PREEMPTED
+    code = record.get("exit_code")
+    if isinstance(code, int) and code > 0:
+        return code
+    sig = record.get("signal")
+    return 128 + int(getattr(signal, sig)) if isinstance(sig, str) and hasattr(signal, sig) else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    words = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = Parser(prog="python -m hpc.rank", description=__doc__.split("\n\n")[0], needs_args=True)
+    parser.add_argument("--run-dir", required=True, help="the run directory (each rank writes its files there)")
+    parser.add_argument("--config", help="a config YAML whose profiler section applies (the default schedule else)")
+    parser.add_argument("--no-profile", action="store_true", help="do not profile the command")
+    parser.add_argument("--set", action="append", default=[], metavar="profiler.KEY=VALUE", help="a profiler key")
+    parser.add_argument("--profile", help="cluster profile whose stop_grace_s applies (default: 60 s)")
+    parser.add_argument("--stop-grace-s", type=int, help="seconds from a stop to a kill (default: the profile's)")
+    parser.add_argument("--outcome", action="store_true", help="print how the run ended, in one line, and exit")
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.outcome:
+        return print_outcome(RunPaths(Path(args.run_dir)))
+    check_output_dir(args.run_dir, "--run-dir")
+    spec = spec_for(args, words)
+    if words:
+        write_spec(RunPaths(Path(args.run_dir)), spec.to_dict())
+    return exit_code(run_rank(spec, Path(args.run_dir)))
+
+
+def print_outcome(paths: RunPaths) -> int:
+    """`--outcome`: the run's outcome, and the failing rank when one failed; exit 0 done, 3 stopped, 1 else
+    (2: no command ran there)."""
+    summary = write_command_summary(paths) if read_records(paths) else None
+    if summary is None:
+        raise UsageError(f"--run-dir {paths.root}: no rank of a command has started there (no {paths.ranks})")
+    print(f"hpc.rank: {paths.root}: {summary['outcome']}" + (f": {summary['failure']}" if summary["failure"] else ""))
+    return {"done": EXIT_OK, "stopped": EXIT_PREEMPTED}.get(summary["outcome"], EXIT_FAILED)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    return run("hpc.rank", main, argv)

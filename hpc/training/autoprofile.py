@@ -1,0 +1,231 @@
+"""Profiling a script that has never seen this toolkit, with no change to it: the start-up hook
+(hpc/training/startup/sitecustomize.py, put on PYTHONPATH by the launcher with HPC_PROFILER set) calls
+`arm()`, which waits for torch's optimizer module to be imported and then registers one global
+optimizer step hook (torch.optim.optimizer.register_optimizer_step_post_hook, torch's public hook,
+the one Kineto's own step tracker uses). From the first optimizer step on, the toolkit's profiler
+(hpc/training/profiling.py: its schedule, its whole-or-nothing trace export) runs in the process and
+steps on every step of that first optimizer (a second optimizer would count each step twice), writing
+RUN/traces/rank{R}.*.pt.trace.json, and what the analysis needs beside the traces (steps, step times,
+peak memory, the device) to RUN/ranks/rank{R}.steps.json, at every cycle's end and at exit.
+
+Limits, said in the README: no torch.optim step, no profile (the launcher says so); a step inside a
+torch.compile'd function may not call the hook; a profiler the script runs itself wins: where one is
+seen running (at the first step, or between our windows), ours stands down, says so in one line and
+records nothing more, never two at once (a second torch.profiler silently cancels the first).
+
+Torch is imported only when the script imports it: this module is loaded at start-up in every Python
+process of the command (DataLoader workers started with spawn, helper scripts), most of which never
+train.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import resource
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from hpc.core.files import write_atomic
+from hpc.core.rundir import RunPaths
+
+if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
+    import torch
+
+    from hpc.training.profiling import Profiling
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_MODULE = "torch.optim.optimizer"
+PROFILER_VARIABLE = "HPC_PROFILER"  # hpc/spec/command.py sets it: the profiler section, as JSON
+RUN_DIR_VARIABLE = "HPC_RUN_DIR"
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` right after the module `name` is executed, wherever it is imported from."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]):
+        self.name, self.then = name, then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module, then = loader.exec_module, self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            then(module)
+
+        loader.exec_module = exec_then  # type: ignore[method-assign]  # this spec's own loader instance
+        return spec
+
+
+def _profiler_running() -> bool:
+    """Whether a torch profiler is enabled in this process now (ours or another's)."""
+    import torch
+
+    enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    return bool(enabled()) if callable(enabled) else False
+
+
+class StepHook:
+    """The global optimizer step hook's state: the clock (the first optimizer seen), the profiler once
+    started, the step times, and the facts file written at each cycle's end and at exit."""
+
+    def __init__(self, settings: dict[str, Any], run_dir: Path):
+        self.settings, self.paths = settings, RunPaths(run_dir)
+        self.clock: int | None = None  # id() of the optimizer whose steps count
+        self.steps = 0
+        self.times: list[float] = []  # seconds between consecutive counted steps
+        self.last: float | None = None
+        self.profiling: Profiling | None = None
+        self.context: contextlib.ExitStack | None = None
+        self.note: str | None = None
+        self.active = False  # the profiler runs (started, and not stood down)
+        self.rank, self.world_size, self.cuda = 0, 1, False
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+        if self.clock is None:
+            self.clock = id(optimizer)
+            self.start(optimizer)
+        if id(optimizer) != self.clock:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            self.times.append(now - self.last)
+        self.last, self.steps = now, self.steps + 1
+        if not self.active or self.profiling is None:
+            return
+        if not self.profiling.recording_now() and _profiler_running():
+            self.stand_down("the script started a torch.profiler of its own")
+            return
+        done = len(self.profiling.cycles)
+        self.profiling.step()
+        if len(self.profiling.cycles) > done:
+            self.write()
+
+    def start(self, optimizer: torch.optim.Optimizer) -> None:
+        """At the first step: who this rank is, where it trains, and the profiler, unless another runs."""
+        import torch.distributed as tdist
+
+        grouped = tdist.is_available() and tdist.is_initialized()
+        self.rank = tdist.get_rank() if grouped else int(os.environ.get("RANK") or 0)
+        self.world_size = tdist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE") or 1)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.cuda = bool(params) and params[0].device.type == "cuda"
+        atexit.register(self.finish)
+        if _profiler_running():
+            self.stand_down("the script runs a torch.profiler of its own")
+            return
+        from hpc.spec.schema import ProfilerConfig
+        from hpc.training.profiling import maybe_profile
+
+        fields = {k: v for k, v in self.settings.items() if k in ProfilerConfig.__dataclass_fields__}
+        self.context = contextlib.ExitStack()
+        self.profiling = self.context.enter_context(
+            maybe_profile(ProfilerConfig(**fields), self.paths.traces, self.rank, self.cuda)
+        )
+        self.active = self.profiling is not None
+
+    def stand_down(self, why: str) -> None:
+        self.note = f"{why}: the toolkit's profiler stood down (never two at once) and recorded nothing more"
+        log.warning(f"hpc: rank {self.rank}: {self.note}")
+        self.active = False
+        self.close()
+        self.write()
+
+    def close(self) -> None:
+        """Stop the profiler: a window still open is exported as far as it got."""
+        context, self.context = self.context, None
+        if context is not None:
+            context.close()
+
+    def finish(self) -> None:
+        self.close()
+        self.write()
+
+    def facts(self) -> dict[str, Any]:
+        """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
+        import torch
+
+        from hpc.training.summary import step_time_stats
+
+        timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
+        peak = None
+        if self.cuda:
+            run_peak = self.profiling.run_peak_bytes["allocated"] if self.profiling is not None else 0
+            peak = max(int(torch.cuda.max_memory_allocated()), run_peak)
+        profiling = self.profiling
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": "cuda" if self.cuda else "cpu",
+            "device_name": torch.cuda.get_device_name() if self.cuda else "cpu",
+            "torch": torch.__version__,
+            "steps": self.steps,
+            "step_time_s": step_time_stats(timed),
+            "cuda_max_memory_allocated_bytes": peak,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            "profiler": {
+                "cycles": profiling.cycles if profiling is not None else [],
+                "traces": self.paths.rank_traces(self.rank),
+                "failed": profiling.failed if profiling is not None else [],
+                "note": self.note,
+            },
+        }
+
+    def write(self) -> None:
+        try:
+            self.paths.ranks.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.paths.rank_steps(self.rank), json.dumps(self.facts(), indent=1, default=str))
+        except Exception as e:  # never the user's run's end: a full disk loses this file, not the run
+            log.warning(f"hpc: rank {self.rank}: {self.paths.rank_steps(self.rank)} not written ({e})")
+
+
+def register(module: ModuleType, hook: StepHook) -> None:
+    """The global optimizer step hook, on torch's optimizer module (just imported)."""
+    add = getattr(module, "register_optimizer_step_post_hook", None)
+    if add is None:
+        log.warning("hpc: this torch has no global optimizer step hook (torch >= 2.0 has): not profiled")
+        return
+    add(hook)
+
+
+def arm(env: dict[str, str] | None = None) -> StepHook | None:
+    """Called at start-up (the hook's sitecustomize): the hook, registered as soon as torch's optimizer
+    module exists. None when HPC_PROFILER is not set or not a JSON mapping (said in one line)."""
+    env = dict(os.environ) if env is None else env
+    try:
+        settings = json.loads(env.get(PROFILER_VARIABLE) or "null")
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict):
+        if env.get(PROFILER_VARIABLE):
+            log.warning(f"hpc: {PROFILER_VARIABLE} is not a JSON mapping: not profiled")
+        return None
+    hook = StepHook(settings, Path(env.get(RUN_DIR_VARIABLE) or "."))
+    if OPTIMIZER_MODULE in sys.modules:
+        register(sys.modules[OPTIMIZER_MODULE], hook)
+    else:
+        sys.meta_path.insert(0, _AfterImport(OPTIMIZER_MODULE, lambda module: register(module, hook)))
+    return hook
