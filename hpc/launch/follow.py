@@ -83,11 +83,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _children(pid: int) -> list[int]:
+def _same_group(pid: int, other: int) -> bool:
     try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return os.getpgid(pid) == os.getpgid(other)
     except OSError:
-        return []
+        return False
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -98,8 +98,8 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
     """After an interrupt: SIGINT to every process of the local jobs (again every RESEND_S, for ranks still
-    starting); after a second one, SIGKILL to them and their controllers. A command's tasks alone are told
-    (each tells its command to stop: hpc/launch/rank.py), not the command's own processes."""
+    starting); after a second one, SIGKILL to them and their controllers. Your own command's processes,
+    each in a session of its own, are not told: its rank's task tells it (hpc/launch/rank.py)."""
     if interrupts.signum is None or not pending:
         return
     controllers = [
@@ -108,7 +108,8 @@ def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
     ranks = [
         pid
         for controller, command in controllers
-        for pid in (_children(controller) if command and interrupts.count < 2 else descendants(controller))
+        for pid in descendants(controller)
+        if not command or interrupts.count >= 2 or _same_group(pid, controller)
     ]
     controllers_pids = [pid for pid, _ in controllers]
     if interrupts.count >= 2:

@@ -74,7 +74,8 @@ def requeue(submitit_handler: Any, job_id: str, run_dir: Path) -> None:
 
 def teardown_lines(folder: Path) -> list[str]:
     """The batch shell's lines after the step: requeue the job when its run directory (submitit's folder,
-    %j being this job's id, or its array job id and task) holds REQUEST."""
+    %j being this job's id, or its array job id and task) holds REQUEST; then end with the step's exit code,
+    so that Slurm records a job whose step failed as FAILED (not COMPLETED, which the last line would say)."""
     before, has_id, after = str(folder).partition("%j")
     mark = (
         f'{shlex.quote(before)}"$hpc_jid"{shlex.quote(after + "/" + REQUEST)}'
@@ -87,10 +88,12 @@ def teardown_lines(folder: Path) -> list[str]:
         'stays in the run directory: resubmit the point to resume it" >&2'
     )
     return [
+        "hpc_rc=$?",
         "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
         f"if [ -e {mark} ]; then",
         f"    rm -f {mark}",
         f'    if hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
         "fi",
+        'exit "$hpc_rc"',
     ]

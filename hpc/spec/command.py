@@ -74,12 +74,13 @@ def python_script(argv: Sequence[str]) -> str | None:
     """The script `python [options] SCRIPT ...` runs, or None (`-m`, `-c`, another program)."""
     if not argv or not _PYTHON.fullmatch(Path(argv[0]).name):
         return None
-    for word in argv[1:]:
-        if word in ("-m", "-c") or word.startswith(("-m", "-c")) and len(word) > 2:
+    words = iter(argv[1:])
+    for word in words:
+        if word.startswith(("-m", "-c")):
             return None
         if word in ("-W", "-X", "--check-hash-based-pycs"):  # an option that takes the next word
-            continue
-        if not word.startswith("-"):
+            next(words, None)
+        elif not word.startswith("-"):
             return word
     return None
 

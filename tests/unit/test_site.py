@@ -126,3 +126,6 @@ def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
     assert failed.stderr.strip() == ("hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
                                      "its checkpoint stays in the run directory: resubmit the point to resume it")
+    # the batch shell ends with the step's own exit code: Slurm records a failed step's job as FAILED
+    for step, code in (("true", 0), ("exit_with() { return 5; }; exit_with", 5)):
+        assert subprocess.run(["bash", "-c", f"{step}\n{script}"], env=env).returncode == code

@@ -1,0 +1,146 @@
+"""Your own script on the local Slurm cluster (issue 39): 2 nodes x 2 tasks, gloo on the CPU. Every rank gets
+torchrun's contract, checked against Slurm's own layout; a SIGTERM from Slurm requeues a script that saves,
+and it ends with the weights of an uninterrupted run; a failing rank is named; jobs/run.sbatch runs the
+same script with srun and with torchrun; a sweep of a command reaches its report in one command."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_slurm_jobs import job_state, wait_gone
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts"
+PY = sys.executable
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+TWO_BY_TWO = ["--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--export", "OMP_NUM_THREADS=1"]
+CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+# A probe, not a user's script: prints what its process was given (its stdout is the rank's own log).
+PROBE = ("import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
+         f"{list(CONTRACT)!r} + ['SLURM_JOB_NODELIST', 'SLURM_PROCID', 'SLURM_NODEID']}}}}))")
+
+
+def submit(*args, timeout=600):
+    return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=REPO, env=ENV,
+                          timeout=timeout)
+
+
+def run_dir_of(stdout: str) -> Path:
+    return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
+
+
+def hostnames(expression: str) -> list[str]:
+    return subprocess.run(["scontrol", "show", "hostnames", expression], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_every_rank_gets_torchruns_contract_from_slurm_and_its_words_verbatim(slurm_cluster, tmp_path):
+    words = ["a b", "$HOME", "*", ";", "{batch}", "--"]
+    r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--no-profile", "--wait", "--", PY, "-c", PROBE, *words)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_dir_of(r.stdout)
+    seen = {rank: json.loads((run / "logs" / f"rank{rank}.out").read_text()) for rank in range(4)}
+    hosts = hostnames(seen[0]["env"]["SLURM_JOB_NODELIST"])
+    assert len(hosts) == 2
+    for rank, said in seen.items():
+        env = said["env"]
+        assert said["argv"] == words  # no shell in between: nothing expanded, split or dropped
+        assert env["RANK"] == env["SLURM_PROCID"] == str(rank) and env["WORLD_SIZE"] == "4"
+        # Slurm's block layout: tasks 0-1 on the first node, 2-3 on the second
+        assert env["GROUP_RANK"] == env["SLURM_NODEID"] == str(rank // 2)
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(rank % 2), "2")
+        assert env["MASTER_ADDR"] == hosts[0] and env["MASTER_PORT"] == seen[0]["env"]["MASTER_PORT"]
+
+
+# Two nodes of one task each: bit-identical weights need an all-reduce that sums in the same order after the
+# restart. At 2x2 the resumed run ends within 1.5e-8 of the uninterrupted one, not bit-identical (seen on
+# 2026-11-25, also here with --local at 4 ranks, never at 2): DDP rebuilds its gradient buckets after the
+# first step of every start, and with 3+ ranks a changed place in the bucket changes a sum's order.
+TWO_BY_ONE = ["--nodes", "2", "--gpus", "1", "--account", "m1234_g", "--export", "OMP_NUM_THREADS=1"]
+
+
+def test_a_signal_requeues_the_script_and_it_ends_with_the_uninterrupted_weights(slurm_cluster, tmp_path):
+    script = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "3"]
+    whole = submit(*TWO_BY_ONE, "--runs-dir", str(tmp_path / "a"), "--no-profile", "--wait", "--", *script,
+                   "--ckpt", str(tmp_path / "a.ck"), "--out", str(tmp_path / "a.pt"))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", *TWO_BY_ONE, "--runs-dir", str(tmp_path / "b"), "--wait", "--",
+                             *script, "--ckpt", str(tmp_path / "b.ck"), "--out", str(tmp_path / "b.pt"),
+                             "--step-sleep", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env=ENV)
+    deadline = time.monotonic() + 180
+    while not list((tmp_path / "b").glob("*/*/logs/rank0.out")) or "epoch 0" not in \
+            next((tmp_path / "b").glob("*/*/logs/rank0.out")).read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    run = next((tmp_path / "b").glob("*/*/logs/rank0.out")).parents[1]
+    subprocess.run(["scancel", "--signal=TERM", run.name], check=True)  # as Slurm's warning and a preemption
+    wait_gone(run.name, 300, hurry_requeue=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    said = (run / "logs" / "rank0.out").read_text()
+    assert "SIGTERM: saved epoch" in said and "rank 0: resumed at epoch" in said
+    assert job_state(run.name)["Restarts"] == "1"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0"
+    a, b = torch.load(tmp_path / "a.pt", weights_only=True), torch.load(tmp_path / "b.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_failing_rank_on_the_second_node_is_named_and_ends_the_job(slurm_cluster, tmp_path):
+    r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--no-profile", "--wait", "--",
+               PY, str(SCRIPTS / "crash_ddp.py"), "--crash-rank", "2", "--steps", "100000")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "FAILED" in x]
+    assert re.search(r"FAILED: rank 2 failed first \(on \S+, local rank 0\): exit 1: .*ValueError: bad batch at step 3",
+                     line), line
+    run = run_dir_of(r.stdout)
+    assert job_state(run.name)["JobState"] == "FAILED"
+    outcome = subprocess.run([PY, "-m", "hpc.rank", "--run-dir", str(run), "--outcome"], capture_output=True,
+                             text=True, env=ENV)
+    assert outcome.returncode == 1 and "failed: rank 2 failed first" in outcome.stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_run_sbatch_runs_a_users_script_unchanged(slurm_cluster, tmp_path, launcher):
+    r = subprocess.run(["sbatch", "--parsable", f"--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER={launcher}", "-N", "2",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), str(REPO / "jobs" / "run.sbatch"),
+                        PY, str(SCRIPTS / "torchrun_ddp.py"), "--ckpt", str(tmp_path / "c.pt"), "--out",
+                        str(tmp_path / "w.pt")], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    wait_gone(job, 300)
+    log = (tmp_path / f"out-{job}.txt").read_text()
+    assert job_state(job)["JobState"] == "COMPLETED", log[-3000:]
+    assert f"hpc.rank: runs/torchrun_ddp/{job}: done" in log
+    summary = json.loads((tmp_path / "runs" / "torchrun_ddp" / job / "summary.json").read_text())
+    expected = "torchrun" if launcher == "torchrun" else "slurm"
+    assert [(r["rank"], r["launcher"], r["node_rank"], r["local_rank"]) for r in summary["ranks"]] == [
+        (rank, expected, rank // 2, rank % 2) for rank in range(4)]
+    assert len(list((tmp_path / "runs" / "torchrun_ddp" / job / "traces").glob("rank*.pt.trace.json"))) == 4
+
+
+def test_a_sweep_of_a_command_reaches_its_report_on_slurm_in_one_command(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: paper\n  batch_sizes: [8, 16]\n  gpus: [1, 2]\ncommand:\n"
+                     "  args: [--batch-size, '{batch}']\nprofiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--runs-dir",
+                        str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--wait", "--",
+                        PY, str(SCRIPTS / "paper_ddp.py"), "--data-size-factor", "0.5"],
+                       capture_output=True, text=True, cwd=REPO, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (index,) = (tmp_path / "runs" / "paper").glob("sweep-*/index.json")
+    status = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent), "--format", "json"],
+                            capture_output=True, text=True, env=ENV, timeout=120)
+    rows = json.loads(status.stdout)
+    assert sorted((p["batch_size"], p["gpus"], p["state"]) for p in rows) == [
+        (8, 1, "done"), (8, 2, "done"), (16, 1, "done"), (16, 2, "done")]
+    assert (index.parent / "analysis" / "report.html").is_file() and "| paper_ddp.py |" in r.stdout

@@ -1,0 +1,268 @@
+"""Your own command (issue 39), in-process: its words filled and checked, each rank's environment from
+literal Slurm and submitit environments, the sbatch text of a command job (pinned by a golden file), the
+plan of a command line and of a command sweep, and how a run ended from literal rank records."""
+
+import json
+import os
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpc.core.errors import UsageError
+from hpc.core.rundir import RunPaths
+from hpc.launch.cmdplan import make_command_plan, split_command
+from hpc.launch.outcome import attempt_of, command_summary, failure_line, read_records, root_cause, run_outcome
+from hpc.launch.rankcmd import exit_code
+from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.launch.submit import build_parser
+from hpc.spec.command import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, CommandSpec, check_command, fill, ordered_gpus,
+                              python_script, rank_env)
+from hpc.spec.config import load_cluster
+from hpc.spec.distenv import from_environ
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden" / "perlmutter_command_2x4.sbatch"
+SCRIPT = str(REPO / "tests" / "scripts" / "torchrun_ddp.py")
+
+# What srun gives task 3 of a 2-node x 2-task step (as Slurm 22.05 sets them on the test cluster).
+SRUN_TASK3 = {
+    "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+    "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "nid[001-002]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_NUM_NODES": "2", "SUBMITIT_EXECUTOR": "slurm", "SUBMITIT_FOLDER": "/x", "PATH": "/usr/bin",
+}
+
+
+# --- the words ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, script", [
+    (["python", "train.py", "--lr", "0.1"], "train.py"),
+    (["python3.11", "-u", "-W", "ignore", "a/b.py"], "a/b.py"),
+    (["/usr/bin/python3", "-m", "pkg.train"], None),
+    (["python", "-c", "print(1)"], None),
+    (["torchrun", "train.py"], None),
+    (["python"], None),
+])
+def test_the_script_of_a_python_command(argv, script):
+    assert python_script(argv) == script
+
+
+def test_a_command_that_cannot_start_is_one_line_naming_it(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "data.txt").write_text("")
+    check_command(["python3", "train.py"], tmp_path)
+    for argv, needle in [([], "no command after it"), (["no-such-program-xyz"], "'no-such-program-xyz': not found on PATH"),
+                         (["./data.txt"], "'./data.txt': not an executable file"),
+                         (["python3", "missing.py"], "'missing.py': no such script")]:
+        with pytest.raises(UsageError) as e:
+            check_command(argv, tmp_path)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    check_command(["program-in-the-image", "x"], tmp_path, in_image=True)  # found in the image, not here
+
+
+WORD = st.text(alphabet=string.ascii_letters + string.digits + "-_=/. {}", max_size=24)
+
+
+@given(literal=st.text(alphabet=string.printable.replace("{", "").replace("}", ""), max_size=40))
+def test_a_word_without_fields_is_kept_verbatim(literal):
+    assert fill(literal, {"batch": 8}, "s") == literal
+    assert fill(fill(literal, {"batch": 8}, "s", final=False), {"run_dir": "/r"}, "s") == literal
+
+
+@given(batch=st.integers(1, 10**6), run_dir=st.text(alphabet=string.ascii_letters + "/{}", min_size=1, max_size=20),
+       prefix=st.text(alphabet=string.ascii_letters + "-=", max_size=8))
+def test_a_sweep_word_filled_in_two_stages_is_the_word_filled_at_once(batch, run_dir, prefix):
+    """Planned (the point's values) then started (the run directory): the same as both at once, whatever
+    the run directory holds (braces included)."""
+    word = prefix + "{{x}}{batch}/{run_dir}"
+    planned = fill(word, {"batch": batch}, "s", final=False)
+    assert fill(planned, {"run_dir": run_dir}, "s") == fill(word, {"batch": batch, "run_dir": run_dir}, "s")
+    assert fill(planned, {"run_dir": run_dir}, "s") == f"{prefix}{{x}}{batch}/{run_dir}"
+
+
+@given(word=WORD)
+def test_filling_any_word_either_fills_or_names_the_problem(word):
+    try:
+        out = fill(word, {"batch": 8, "gpus": 2}, "command.args")
+    except UsageError as e:
+        assert str(e).startswith("command.args: ") and "\n" not in str(e)
+    else:
+        assert "{batch}" not in out and "{gpus}" not in out
+
+
+# --- each rank's environment ---------------------------------------------------------------------------
+
+def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
+    spec = CommandSpec(("python", "t.py"), "/work", profiler={"enabled": True, "wait": 1})
+    env = rank_env(from_environ(SRUN_TASK3), tmp_path, spec, SRUN_TASK3, hook_dir=Path("/hook"))
+    # the oracle: the literal values above, as Slurm's documentation defines them
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "MASTER_ADDR": "nid001"}
+    assert 20000 <= int(env["MASTER_PORT"]) < 32000  # below Linux's ephemeral range, from the job id
+    assert env[RUN_DIR_VARIABLE] == str(tmp_path) and env["SLURM_PROCID"] == "3" and env["PATH"] == "/usr/bin"
+    assert not [k for k in env if k.startswith("SUBMITIT_")]  # the command is no submitit job
+    assert json.loads(env[PROFILER_VARIABLE])["wait"] == 1 and env["PYTHONPATH"] == "/hook"
+    off = rank_env(from_environ(SRUN_TASK3), tmp_path, CommandSpec(("x",), "/"), {**SRUN_TASK3, PROFILER_VARIABLE: "{}"})
+    assert PROFILER_VARIABLE not in off and "PYTHONPATH" not in off
+
+
+def test_a_sweeps_environment_gets_the_run_directory(tmp_path):
+    spec = CommandSpec(("x",), "/", env={"OUT": "{run_dir}/out", "B": "8"})
+    env = rank_env(from_environ({}), tmp_path, spec, {"PYTHONPATH": "/mine"})
+    assert env["OUT"] == f"{tmp_path}/out" and env["B"] == "8" and env["RANK"] == "0" and env["WORLD_SIZE"] == "1"
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"HPC_GPU_ORDER": "3,2,1,0", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "3,2,1,0"),
+    ({"HPC_GPU_ORDER": "3,2,1,0", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "7,6,5,4"),
+    ({"HPC_GPU_ORDER": "3,2,1,0", "CUDA_VISIBLE_DEVICES": "2"}, None),  # a shared node's one GPU
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None),
+    ({"HPC_GPU_ORDER": "1,0,x", "CUDA_VISIBLE_DEVICES": "0,1,2"}, None),
+])
+def test_the_gpus_are_ordered_so_cuda_local_rank_is_the_near_one(env, expected):
+    assert ordered_gpus(env) == expected
+
+
+# --- the job's Slurm side ------------------------------------------------------------------------------
+
+def command_sbatch_text() -> str:
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", account="m1234_g")
+    folder = Path("/scratch/runs/train/%j")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder, command=True), folder, python="python")
+
+
+def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
+    text = command_sbatch_text()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "sbatch text changed; rerun with UPDATE_GOLDEN=1 if intended"
+    assert "#SBATCH --signal=TERM@180" in text and "USR2" not in text  # scripts save on SIGTERM
+
+
+def test_a_partial_node_command_sees_every_gpu_of_its_job():
+    """A script's `cuda:LOCAL_RANK` needs the job's GPUs visible to every task: not one per task."""
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", account="m1_g")
+    params = slurm_parameters(cluster, req, command=True)
+    assert params["qos"] == "shared" and params["gpus_per_node"] == 2 and "gpus_per_task" not in params
+    assert slurm_parameters(cluster, req)["gpus_per_task"] == 1  # the toolkit's training: one each
+
+
+# --- the plan of a command line -----------------------------------------------------------------------
+
+def plan_of(tmp_path, argv):
+    own, words = split_command(argv)
+    return make_command_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
+
+
+def test_split_command_keeps_the_words_after_the_first_double_dash():
+    assert split_command(["--nodes", "2", "--", "python", "t.py", "--", "x"]) == (["--nodes", "2"],
+                                                                                  ["python", "t.py", "--", "x"])
+    assert split_command(["--dry-run"]) == (["--dry-run"], None)
+
+
+def test_a_command_plan_keeps_the_words_verbatim(tmp_path):
+    words = ["python", SCRIPT, "--name", "a b; $HOME *", "{batch}"]
+    plan = plan_of(tmp_path, ["--dry-run", "--gpus", "2", "--", *words])
+    (spec,) = plan.specs
+    ((point, command),) = spec.points
+    assert point is None and list(command.argv) == words and command.words(Path("/r")) == words
+    assert spec.folder == tmp_path / "torchrun_ddp" / "%j" and command.cwd == os.getcwd()
+    assert command.profiler["enabled"] and command.stop_grace_s == 120  # perlmutter's
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--batch-size", "8", "--", "python", SCRIPT], "--batch-size: a flag of the toolkit's own training"),
+    (["--set", "train.lr=1", "--", "python", SCRIPT], "section 'train' is not used here"),
+    (["--", "python", "nope.py"], "'nope.py': no such script"),
+    (["--"], "no command"),
+])
+def test_a_bad_command_line_is_one_line(tmp_path, argv, needle):
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", *argv])
+    assert needle in str(e.value)
+
+
+def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1, 2]\n"
+                     "command:\n  args: [--batch-size, '{batch}', --out, '{run_dir}/w.pt']\n  env: {N: '{ranks}'}\n")
+    plan = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    points = [(p, c) for spec in plan.specs for p, c in spec.points]
+    # data_fractions defaults to three values, but no word uses {fraction}: one each, not three copies
+    assert sorted((p["batch_size"], p["gpus"]) for p, _ in points) == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    for p, c in points:
+        assert c.args == ("--batch-size", str(p["batch_size"]), "--out", "{run_dir}/w.pt")
+        assert c.env == {"N": str(p["gpus"])} and c.point == p
+        assert c.words(Path("/r/7"))[-1] == "/r/7/w.pt"
+    sweep.write_text("sweep:\n  data_fractions: [1, 0.5]\ncommand:\n  args: ['{batch}']\n")
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    assert "sweep.data_fractions has 2 values but the command never uses {fraction}" in str(e.value)
+
+
+# --- how a run ended, from literal records --------------------------------------------------------------
+
+def record(rank, kind, ended, **more):
+    return {"rank": rank, "kind": kind, "ended_ns": ended, "attempt": "9.0.0", "hostname": f"nid00{rank // 2 + 1}",
+            "local_rank": rank % 2, "world_size": 4, "message": more.pop("message", f"{kind} {rank}"),
+            "logs": {"err": f"/r/logs/rank{rank}.err"}, **more}
+
+
+def test_the_root_cause_is_the_first_rank_to_fail_on_its_own():
+    records = [record(0, "peer", 50), record(1, "failed", 30, message="exit 1: ValueError: x"),
+               record(2, "failed", 20, message="signal SIGSEGV: "), record(3, "peer", 10)]
+    assert root_cause(records)["rank"] == 2  # the victims ended first, yet are never the cause
+    assert run_outcome(records, 4) == "failed"
+    line = failure_line(records, 4)
+    assert line.startswith("rank 2 failed first (on nid002, local rank 0): signal SIGSEGV")
+    assert "/r/logs/rank2.err" in line and "ranks 0,1,3 ended after it" in line
+    assert "left no record" in failure_line(records[1:3], 4) and "ranks 0,3 left no record" in failure_line(records[1:3], 4)
+    tie = [record(3, "failed", 5), record(1, "failed", 5)]
+    assert root_cause(tie)["rank"] == 1
+
+
+@pytest.mark.parametrize("kinds, outcome", [
+    (["ok"] * 4, "done"), (["ok"] * 3, "running"), (["stopped"] * 4, "stopped"), (["ok", "stopped"] * 2, "stopped"),
+    (["stopped", "killed", "stopped", "stopped"], "preempted"), (["interrupted"] * 4, "preempted"),
+    (["running", "ok", "ok", "ok"], "running"),
+])
+def test_a_runs_outcome_from_its_ranks(kinds, outcome):
+    assert run_outcome([record(r, k, r) for r, k in enumerate(kinds)], 4) == outcome
+    assert failure_line([record(r, k, r) for r, k in enumerate(kinds)], 4) is None
+
+
+def test_only_the_latest_attempt_is_read(tmp_path):
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    old = {**record(0, "failed", 1), "attempt": "9.0.0", "started_ns": 100}
+    new = {**record(0, "ok", 2), "attempt": "9.1.0", "started_ns": 200}
+    paths.rank_exit(0).write_text(json.dumps(new))
+    paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
+    paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
+    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.1.0")]
+    summary = command_summary(paths, read_records(paths), {"argv": ["x"], "profiler": None})
+    assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
+
+
+@pytest.mark.parametrize("env, attempt", [
+    ({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}, "12.2.0"),
+    ({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "1"}, "12_1.0.0"),
+    ({"SUBMITIT_LOCAL_JOB_ID": "777", "TORCHELASTIC_RESTART_COUNT": "1"}, "777.0.1"),
+    ({}, "here.0.0"),
+])
+def test_an_attempt_is_the_job_and_its_restarts(env, attempt):
+    assert attempt_of(env) == attempt
+
+
+@pytest.mark.parametrize("rec, code", [
+    ({"kind": "ok"}, 0), ({"kind": "stopped", "exit_code": 3}, 3), ({"kind": "failed", "exit_code": 7}, 7),
+    ({"kind": "failed", "exit_code": None, "signal": "SIGSEGV"}, 139), ({"kind": "killed", "signal": "SIGKILL"}, 137),
+    ({"kind": "failed", "exit_code": 127}, 127),
+])
+def test_hpc_rank_exits_as_its_command_did(rec, code):
+    assert exit_code(rec) == code
