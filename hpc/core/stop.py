@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import types
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, signal._HANDLER] = {}
+        self.listener: Callable[[int], None] | None = None  # told at once, in the handler (a launcher passes it on)
 
     def install(self) -> StopSignal:
         if not self._previous:  # installed once: a second install would save our own handler as "previous"
@@ -42,6 +44,8 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         self.signum = signum
+        if self.listener is not None:
+            self.listener(signum)
 
     @classmethod
     def early(cls) -> StopSignal:

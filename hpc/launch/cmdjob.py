@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,14 @@ from typing import Any
 from hpc.core.errors import EXIT_OK
 from hpc.core.logs import configure
 from hpc.core.rundir import RunPaths
+from hpc.launch.job import TaskJob, run_forwarding, torchrun_args_for
 from hpc.launch.outcome import write_command_summary, write_spec
 from hpc.launch.requeue import requeue
 
 log = logging.getLogger(__name__)
 
 
-class CommandJob:
+class CommandJob(TaskJob):
     """The submitted callable: one rank of the command in this task (srun), or torchrun in it."""
 
     def __init__(
@@ -47,8 +47,7 @@ class CommandJob:
         max_restarts: int = 0,
     ):
         self.spec = spec
-        self.max_requeues = max_requeues
-        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+        super().__init__(max_requeues, launcher, nproc_per_node, max_restarts)
 
     def __call__(self) -> dict[str, Any]:
         import submitit
@@ -85,31 +84,12 @@ class CommandJob:
     def run_torchrun(self, paths: RunPaths, job_id: str) -> tuple[str, str]:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory; the stop
         signals passed on to it. (kind, line) of the run as its records say once torchrun has ended."""
-        from hpc.launch.job import torchrun_args_for
-
         args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *args, "-m", "hpc.rank", "--run-dir", str(paths.root)]
-        )
-
-        def forward(signum: int, frame: Any) -> None:
-            proc.send_signal(signum)
-
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-        try:
-            rc = proc.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
+        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank])
         summary = write_command_summary(paths) or {}
         outcome = summary.get("outcome")
         if rc == EXIT_OK and outcome == "done":
             return "ok", "done"
         kind = {"failed": "failed", "stopped": "stopped"}.get(str(outcome), "preempted")
         return kind, str(summary.get("failure") or f"torchrun exited {rc} ({outcome})")
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
-
-        # The command saves its own state; resubmitting the same job runs it again, and it resumes.
-        return submitit.helpers.DelayedSubmission(self)

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,26 @@ from hpc.launch.requeue import requeue, stopped_by_user
 log = logging.getLogger(__name__)
 
 
-class TrainJob:
+class TaskJob:
+    """What a submitted callable of every task knows of its job: the requeue budget and the launcher
+    (srun: one task per GPU; torchrun: one task per node, `nproc_per_node` workers, `max_restarts`);
+    checkpointable for submitit's requeue: the state is in the run directory, so resubmitting the same
+    job resumes it."""
+
+    def __init__(self, max_requeues: int, launcher: str = "srun", nproc_per_node: int = 1, max_restarts: int = 0):
+        self.max_requeues = max_requeues
+        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+
+    def __call__(self) -> dict[str, Any]:  # what each task runs: the subclass's
+        raise NotImplementedError
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+class TrainJob(TaskJob):
     """The submitted callable: runs hpc.train in this task (srun: one task per GPU) or torchrun in this
     task (torchrun: one task per node); checkpointable for submitit's requeue."""
 
@@ -43,8 +63,7 @@ class TrainJob:
         max_restarts: int = 0,
     ):
         self.run_config = run_config
-        self.max_requeues = max_requeues
-        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+        super().__init__(max_requeues, launcher, nproc_per_node, max_restarts)
 
     def __call__(self) -> dict[str, Any]:
         import submitit
@@ -86,34 +105,15 @@ class TrainJob:
         Returns hpc.train's exit code for the run."""
         paths = RunPaths(run_dir)
         write_yaml(paths.submitted, self.run_config)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                *self.torchrun_args(job_id),
-                "-m",
-                "hpc.train",
-                "--config",
-                str(paths.submitted),
-                "--run-dir",
-                str(run_dir),
-            ]
-        )
-        stopped = []
+        stopped: list[int] = []
 
-        def forward(signum: int, frame: Any) -> None:
+        def seen(signum: int) -> None:
             stopped.append(signum)
             if stop is not None:
                 stop.signum = signum
-            proc.send_signal(signum)
 
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-        try:
-            rc = proc.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        train = ["-m", "hpc.train", "--config", str(paths.submitted), "--run-dir", str(run_dir)]
+        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *self.torchrun_args(job_id), *train], seen)
         if (read_summary(paths.summary) or {}).get("outcome") == "oom":
             return EXIT_OOM
         if rc == 0:
@@ -125,11 +125,23 @@ class TrainJob:
     def torchrun_args(self, job_id: str) -> list[str]:
         return torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
 
-        # The training state is in the run directory already; resubmitting the same job resumes it.
-        return submitit.helpers.DelayedSubmission(self)
+def run_forwarding(argv: list[str], seen: Callable[[int], None] | None = None) -> int:
+    """Run `argv` (torchrun) to its end with the stop signals passed on to it (and told to `seen`); its
+    exit code. This process's handlers are given back afterwards."""
+    proc = subprocess.Popen(argv)
+
+    def forward(signum: int, frame: Any) -> None:
+        if seen is not None:
+            seen(signum)
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def torchrun_args_for(job_id: str, nproc_per_node: int, max_restarts: int) -> list[str]:

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,29 @@ def read_records(paths: RunPaths) -> list[dict[str, Any]]:
     return sorted((r for r in found if r["attempt"] == newest), key=lambda r: r["rank"])
 
 
+def failed_mark(paths: RunPaths, attempt: str) -> Path:
+    """Made by a rank that failed: one file every other rank can look for with one stat, where reading
+    every rank's record would not scale (a thousand ranks on a parallel file system)."""
+    return paths.ranks / f".failed.{attempt}"
+
+
 def failed_peers(paths: RunPaths, attempt: str, me: int) -> list[int]:
-    """The ranks of `attempt` other than `me` that failed on their own."""
+    """The ranks of `attempt` other than `me` that failed on their own (read only once the mark is there)."""
+    if not failed_mark(paths, attempt).exists():
+        return []
     return [r["rank"] for r in read_records(paths) if r["attempt"] == attempt and r["rank"] != me
             and r.get("kind") == "failed"]  # fmt: skip
+
+
+def wait_for_records(paths: RunPaths, attempt: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:
+    """Until every rank of `attempt` has recorded its end (one listing and a few reads a poll), or timeout_s:
+    rank 0 then writes the run's summary once, whole."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ended = [r for r in read_records(paths) if r["attempt"] == attempt and r.get("ended_ns")]
+        if len(ended) >= world_size:
+            return
+        time.sleep(poll_s)
 
 
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -137,8 +157,9 @@ def command_summary(paths: RunPaths, records: list[dict[str, Any]], spec: Mappin
 
 
 def write_command_summary(paths: RunPaths) -> dict[str, Any] | None:
-    """summary.json made again from the records (each rank does it as it ends: the last one's is whole),
-    under a lock so two ranks ending together do not interleave. Returns it, or None without records."""
+    """summary.json made again from the records, under a lock so that two writers (rank 0 once the others
+    have ended, a rank that failed, a reader such as `--wait`) do not interleave. Returns it, or None
+    without records."""
     records = read_records(paths)
     if not records:
         return None

@@ -12,9 +12,13 @@ the command then has `stop_grace_s` to save and exit; one still running then is 
 the rank ends as `killed`. A command that saved and exited with EXIT_PREEMPTED (3) ends as `stopped`:
 the job requeues it (hpc/launch/cmdjob.py) and the same command, started again, resumes by itself.
 
-A failed peer. Each rank looks for a failed rank of the same attempt among the records (every
-POLL_S): it stops its own command as for a stop, so that the others do not wait in a collective until
-their timeout where srun's --kill-on-bad-exit does not end them (submitit's local executor, torchrun).
+A failed peer. Outside Slurm (submitit's local executor, a plain torchrun), where no srun
+--kill-on-bad-exit ends the others, each rank looks for a failed rank's mark (one stat every POLL_S) and
+stops its own command as for a stop, so that it does not wait in a collective until its timeout.
+
+summary.json: rank 0 writes it once every rank has recorded its end (at most SUMMARY_WAIT_S after its
+own), and a rank that fails writes it at once (rank 0 may be killed next); never every rank, which
+would read every record under one lock (a thousand ranks, a parallel file system).
 """
 
 from __future__ import annotations
@@ -35,14 +39,22 @@ from hpc.core.errors import EXIT_PREEMPTED
 from hpc.core.files import write_atomic
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.launch.outcome import attempt_of, failed_peers, tail_lines, write_command_summary
+from hpc.launch.outcome import (
+    attempt_of,
+    failed_mark,
+    failed_peers,
+    tail_lines,
+    wait_for_records,
+    write_command_summary,
+)
 from hpc.spec.command import CommandSpec, rank_env
 from hpc.spec.distenv import DistEnv, from_environ
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.25
+POLL_S = 0.5
 PEER_GRACE_S = 10  # a rank whose peer failed is stopped as for a signal, but given less time
+SUMMARY_WAIT_S = 30  # rank 0 waits this long after its own end for the others' records
 
 
 def on_slurm(env: Mapping[str, str]) -> bool:
@@ -83,7 +95,13 @@ class RankRun:
             self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
         else:
             self.write(**self.ending(code))
-        write_command_summary(self.paths)
+        if self.record["kind"] == "failed":
+            with contextlib.suppress(OSError):
+                failed_mark(self.paths, self.attempt).touch()
+        elif self.dist.rank == 0:
+            wait_for_records(self.paths, self.attempt, self.dist.world_size, SUMMARY_WAIT_S)
+        if self.record["kind"] == "failed" or self.dist.rank == 0:
+            write_command_summary(self.paths)
         return self.record
 
     def start(self, words: list[str]) -> subprocess.Popen[bytes]:
@@ -107,40 +125,48 @@ class RankRun:
         return proc
 
     def follow(self, proc: subprocess.Popen[bytes]) -> int:
-        """Wait for the command; pass stops on, stop it when a peer failed, kill it after the grace time."""
+        """Wait for the command; pass stops on, stop it when a peer failed, kill it after the grace time. A
+        stop signal is passed on from its handler, at once: a rank that learns of the stop from its peers
+        (an all-reduce of a flag) may otherwise be on its way out when its own signal comes, and a signal
+        during Python's exit, its handlers gone, kills it."""
+        self.stop.listener = lambda signum: self.begin_stop(proc, signal.Signals(signum).name)
+        if self.stop.signum is not None:  # came before the command started
+            self.begin_stop(proc, signal.Signals(self.stop.signum).name)
         while True:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 return proc.wait(timeout=POLL_S)
-            if self.stopping_since is None:
-                self.should_stop(proc)
-            elif time.monotonic() - self.stopping_since > self.grace_s() and not self.killed:
-                log.warning(
-                    f"hpc: rank {self.dist.rank}: the command did not exit within {self.grace_s()} s of the stop "
-                    f"({self.why_stopping}): killed"
-                )
-                self.killed = True
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            if self.stopping_since is None and not on_slurm(self.env):
+                peers = failed_peers(self.paths, self.attempt, self.dist.rank)
+                if peers:
+                    self.begin_stop(proc, f"rank {peers[0]} failed")
+            if self.why_stopping is not None and "stop" not in self.record:
+                self.write(stop=self.why_stopping)
+            if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.grace_s():
+                self.kill(proc)
+
+    def begin_stop(self, proc: subprocess.Popen[bytes], why: str) -> None:
+        """Tell the command to stop (SIGTERM), once: on a stop signal (on Slurm, which sends the command its
+        own, only noted), or when a peer failed. No file is written here: this runs in a signal handler."""
+        if self.stopping_since is not None:
+            return
+        self.why_stopping, self.stopping_since = why, time.monotonic()
+        if why.startswith("rank ") or not on_slurm(self.env):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if self.killed:
+            return
+        log.warning(
+            f"hpc: rank {self.dist.rank}: the command did not exit within {self.grace_s():g} s of the stop "
+            f"({self.why_stopping}): killed"
+        )
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
 
     def grace_s(self) -> float:
         return self.spec.stop_grace_s if self.stop.signum is not None else min(PEER_GRACE_S, self.spec.stop_grace_s)
-
-    def should_stop(self, proc: subprocess.Popen[bytes]) -> None:
-        """Begin stopping: on a stop signal (passed on here, not on Slurm), or when a peer has failed."""
-        if self.stop.signum is not None:
-            self.why_stopping = signal.Signals(self.stop.signum).name
-            if not on_slurm(self.env):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        else:
-            peers = failed_peers(self.paths, self.attempt, self.dist.rank)
-            if not peers:
-                return
-            self.why_stopping = f"rank {peers[0]} failed"
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        self.stopping_since = time.monotonic()
-        self.write(stop=self.why_stopping)
 
     def ending(self, code: int) -> dict[str, Any]:
         """The exit record's end: how the command ended (kind), its code or signal, and a line on why."""
@@ -156,7 +182,8 @@ class RankRun:
         if code == 0:
             return {**end, "kind": "ok", "message": None}
         if code == EXIT_PREEMPTED:
-            return {**end, "kind": "stopped", "message": f"saved and stopped (exit {code}) after {self.why_stopping}"}
+            after = f" after {self.why_stopping}" if self.why_stopping else ""
+            return {**end, "kind": "stopped", "message": f"saved and stopped (exit {code}){after}"}
         if self.killed:
             return {**end, "kind": "killed", "message": f"killed {self.grace_s():g} s after {self.why_stopping}"}
         if self.why_stopping and self.why_stopping.startswith("rank "):

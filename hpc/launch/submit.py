@@ -136,7 +136,7 @@ def print_plan(plan: Plan) -> None:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
         for point, payload in spec.points if plan.command is not None else ():
             words = " ".join(shlex.quote(w) for w in payload.words(spec.folder))
-            print(f"# {'each rank runs' if point is None else f'point {point}:'} {words}")
+            print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
         if not plan.local:
             text = sbatch_text(
                 plan.parameters(spec),

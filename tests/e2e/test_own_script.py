@@ -100,10 +100,11 @@ def test_a_stopped_script_resumes_to_the_weights_of_an_uninterrupted_run(tmp_pat
     assert proc.returncode == 3, said
     assert "SIGTERM: saved epoch" in said and "hpc: stopped (SIGTERM): the command was told to stop" in said
     run = run_dir_of(said)
-    assert [r["kind"] for r in json.loads((run / "summary.json").read_text())["ranks"]] == ["stopped", "stopped"]
+    ranks = json.loads((run / "summary.json").read_text())["ranks"]
+    assert [r["kind"] for r in ranks] == ["stopped", "stopped"], [(r["message"], r["stderr_tail"][-3:]) for r in ranks]
     assert not (tmp_path / "b.pt").exists()
     again = submit(*common, "--", *cut)
-    assert again.returncode == 0 and "rank 0: resumed at epoch" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "rank 0: resumed at epoch" in again.stdout, (again.stdout, again.stderr[-3000:])
     a, b = torch.load(tmp_path / "a.pt", weights_only=True), torch.load(tmp_path / "b.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -205,6 +205,35 @@ def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path)
     assert "sweep.data_fractions has 2 values but the command never uses {fraction}" in str(e.value)
 
 
+def test_a_command_sweep_planned_again_from_its_sweep_file_is_the_same(tmp_path):
+    """`hpc.study resubmit` plans the points again from sweep.yaml alone, from any directory."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1]\ncommand:\n  args: ['{batch}']\n"
+                     "  env: {OUT: '{run_dir}'}\nprofiler: {active: 2}\n")
+    first = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(yaml.safe_dump(first.sweep_file()))
+    cwd = os.getcwd()
+    os.chdir("/")
+    try:
+        again = plan_of(tmp_path, ["--dry-run", "--sweep", str(saved)])
+    finally:
+        os.chdir(cwd)
+    points = lambda plan: [(p, c.to_dict()) for spec in plan.specs for p, c in spec.points]  # noqa: E731
+    assert points(again) == points(first) and points(first)[0][1]["profiler"]["active"] == 2
+
+
+def test_a_dry_run_says_what_each_rank_runs(tmp_path):
+    from commands import call
+
+    out = call("hpc.submit", ["--dry-run", "--nodes", "2", "--runs-dir", str(tmp_path), "--", "python", SCRIPT, "a b"])
+    assert out.code == 0, out.stderr
+    assert f"# each rank runs: python {SCRIPT} 'a b'" in out.stdout and "#SBATCH --signal=TERM@180" in out.stdout
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
 # --- how a run ended, from literal records --------------------------------------------------------------
 
 def record(rank, kind, ended, **more):

@@ -34,6 +34,21 @@ def test_idle_gaps_waiting_for_the_host_are_host_launch_with_graph_mode_as_remed
     assert got.line().startswith("host-launch: the GPU was idle 90.0% of the profiled span, 90.0% of its gaps")
 
 
+@pytest.mark.parametrize("evidence, words", [
+    (dict(compute=0.1, host=0.9, other=0.1), "torch.compile with mode='reduce-overhead'"),
+    (dict(compute=0.3, comm=0.5, host=1.0, ranks=8, nodes=2), "bucket_cap_mb in DistributedDataParallel(...)"),
+    (dict(compute=0.35, memory=0.45, host=1.0), "pin_memory=True and .to(device, non_blocking=True)"),
+])
+def test_your_own_scripts_remedy_names_what_its_author_can_change(evidence, words):
+    """A script run through `hpc.submit -- COMMAND` has no train.* or data.* keys: its remedy says what to
+    change in the script; the class and the evidence are the same as for the toolkit's own run."""
+    own, script = v.judge(gpu(**evidence)), v.judge(gpu(**evidence, script=True))
+    assert (script.bound, script.evidence) == (own.bound, own.evidence)
+    assert words in script.remedy and not any(key in script.remedy for key in ("train.", "data.", "ddp_bucket"))
+    data = v.judge(dataclasses.replace(gpu(compute=0.2, host=1.0, script=True), dataloader_us=40.0, step_us=100.0))
+    assert data.bound == v.DATA and "DataLoader num_workers" in data.remedy
+
+
 def test_a_graphed_run_that_waits_on_the_host_is_not_told_to_use_graph_mode():
     got = v.judge(gpu(compute=0.1, host=1.0, graphed=True))
     assert got.bound == v.HOST_LAUNCH and "cuda_graph" not in got.remedy and "already a CUDA graph" in got.remedy
