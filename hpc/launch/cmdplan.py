@@ -88,7 +88,8 @@ def make_command_plan(args: argparse.Namespace, words: list[str] | None, now: dt
     if not args.sweep:
         check_unfilled(section, args)
         name = args.name if args.name is not None else base.name
-        spec = JobSpec(request(args.nodes, args.gpus or cluster.gpus_per_node, name, "command line"),
+        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        spec = JobSpec(request(args.nodes, gpus, name, "command line"),
                        runs_dir / name / "%j", ((None, _filled(base, section, None)),), False)  # fmt: skip
         return Plan(cluster, (spec,), args.local, RunConfig(), command=resolved)
     sweep = grid_for(layers, section, args.sweep)
@@ -102,7 +103,7 @@ def make_command_plan(args: argparse.Namespace, words: list[str] | None, now: dt
 def check_unfilled(section: CommandConfig, args: argparse.Namespace) -> None:
     """A point's field in a single job's words has no value: say so before anything runs."""
     for word in (*section.args, *section.env.values()):
-        fill(word, {}, f"{args.config}: command", final=False)
+        fill(word, {}, f"--config {args.config}: command", final=False)
 
 
 def _filled(base: CommandSpec, section: CommandConfig, point: Point | None) -> CommandSpec:
@@ -119,7 +120,7 @@ def grid_for(layers: Layers, section: CommandConfig, source: str) -> SweepConfig
     the command's words never use is one point, not several copies of the same run; one given with
     several values in the sweep file but never used is an error naming it."""
     sweep: SweepConfig = layers.build("sweep")
-    used = " ".join((*section.run, *section.args, *section.env.values()))
+    used = " ".join((*section.args, *section.env.values()))  # command.run, as the words after --, is verbatim
     changes: dict[str, Any] = {}
     for axis, field in AXES.items():
         if "{" + field in used or len(getattr(sweep, axis)) == 1:

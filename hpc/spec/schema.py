@@ -240,9 +240,9 @@ class SweepConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CommandConfig:
-    """A sweep of your own command (hpc/spec/command.py): `run`, the command (or the words after `--`),
-    then `args` and `env` with each point's values filled in: {batch}, {fraction}, {gpus}, {nodes},
-    {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
+    """A sweep of your own command (hpc/spec/command.py): `run`, the command as given (or the words after
+    `--`, which win), then `args` and `env` with each point's values filled in: {batch}, {fraction},
+    {gpus}, {nodes}, {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
 
     run: tuple[str, ...] = ()
     args: tuple[str, ...] = ()

@@ -187,6 +187,17 @@ def test_a_bad_command_line_is_one_line(tmp_path, argv, needle):
     assert needle in str(e.value)
 
 
+def test_a_single_jobs_config_may_add_words_but_not_a_points_field(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("command:\n  args: [--out, '{run_dir}/w.pt']\n  env: {SEED: '7'}\nprofiler: {active: 2}\n")
+    ((_, command),) = plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT]).specs[0].points
+    assert command.words(Path("/r")) == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
+    config.write_text("command:\n  args: [--batch-size, '{batch}']\n")
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT])
+    assert str(e.value).startswith(f"--config {config}: command: '{{batch}}': no value for {{batch}}")
+
+
 def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1, 2]\n"
