@@ -2,7 +2,8 @@
    python -m analysis compare A B            (why two runs differ: analysis/compare.py)
 
 PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
-Prints the most aggregated table for PATH (json: the per-trace records), then where the time went
+Prints the most aggregated table for PATH (json: that level's records, with their verdicts, and the
+per-trace records under "traces"), then where the time went
 (breakdowns, collectives, top kernels and operators; for a sweep, each point's efficiency loss);
 --out DIR also writes traces.json, runs.csv/.md/.json, why.md and, for a sweep, sweep.csv/.md;
 --plots draws the study's figures; --report writes them with every table into report.html.
@@ -24,7 +25,16 @@ from analysis.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.records import RunRecord, TraceRecord
 from analysis.series import sweeps_side_by_side
 from analysis.sweep import analyze_sweep
-from analysis.tables import RUN_COLUMNS, TRACE_COLUMNS, render, rows_to_csv, rows_to_markdown, to_json, why_tables
+from analysis.tables import (
+    RUN_COLUMNS,
+    TRACE_COLUMNS,
+    json_document,
+    render,
+    rows_to_csv,
+    rows_to_markdown,
+    to_json,
+    why_tables,
+)
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import EXIT_OK, UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
@@ -157,10 +167,10 @@ def runs_in_folder(path: Path) -> list[Path]:
 def print_tables(
     traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, fmt: str
 ) -> None:
-    if not traces:  # a run that ended out of memory before any trace: its row says so
+    if fmt == "json":  # the same level as the table, the traces under their own key
+        sys.stdout.write(json_document(traces, runs, sweep_rows))
+    elif not traces:  # a run that ended out of memory before any trace: its row says so
         sys.stdout.write(render(runs, RUN_COLUMNS, fmt))
-    elif fmt == "json":
-        sys.stdout.write(to_json(traces))
     elif sweep_rows is not None:
         sys.stdout.write(render(sweep_rows, RUN_COLUMNS, fmt))
     elif len(runs) > 1:  # a folder of runs: one row each, named by its directory

@@ -110,6 +110,22 @@ def to_json(records: list) -> str:
     return json.dumps([as_row(r) for r in records], indent=2) + "\n"
 
 
+def json_document(traces: list, runs: list, sweep_rows: list | None) -> str:
+    """`--format json`: the level the table shows for the path first (a sweep's points, a folder's runs, a
+    run's record: each with its verdict, memory by category and the rest), the per-trace records under
+    `traces`; `level` says which: sweep, runs, run or trace (a trace file: its record, with its verdict)."""
+    if sweep_rows is not None:
+        doc: dict[str, Any] = {"level": "sweep", "points": [as_row(r) for r in sweep_rows]}
+    elif len(runs) > 1:
+        doc = {"level": "runs", "runs": [as_row(r) for r in runs]}
+    elif runs:
+        doc = {"level": "run", "run": as_row(runs[0])}
+    else:
+        doc = {"level": "trace"}
+    doc["traces"] = [as_row(t) for t in traces]
+    return json.dumps(doc, indent=2) + "\n"
+
+
 def render(records: list, columns: list[str], fmt: str) -> str:
     """Records (or plain rows) in a format: json (every field), csv, md or table (the columns)."""
     if fmt == "json":

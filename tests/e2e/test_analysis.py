@@ -46,7 +46,9 @@ def test_both_ranks_of_a_real_two_rank_set(tmp_path):
         shutil.copy(f, tmp_path / f.name)
     proc = run_module("analysis", str(tmp_path), "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    records = json.loads(proc.stdout)
+    doc = json.loads(proc.stdout)
+    records = doc["traces"]
+    assert doc["level"] == "run" and doc["run"]["ranks"] == 2 and doc["run"]["verdict"]["line"]
     assert sorted(r["rank"] for r in records) == [0, 1]
     assert all(r["steps"] == 2 and r["comm_time_us"] > 0 for r in records)
 
@@ -104,7 +106,13 @@ def test_own_h100_trace_agrees_with_the_profilers_totals():
 
 def test_run_level_and_cli_formats(cpu_run, tmp_path):
     proc = run_module("analysis", str(cpu_run), "--format", "json")
-    records = json.loads(proc.stdout)
+    doc = json.loads(proc.stdout)
+    records = doc["traces"]
+    # the table's level (the run, its verdict the table's own line) first, the traces under their own key
+    table = run_module("analysis", str(cpu_run)).stdout
+    said = table.split("Verdict:", 1)[1].split("\n\n", 1)[0]
+    assert doc["level"] == "run" and said.strip().endswith(f": {doc['run']['verdict']['line']}"), said
+    assert doc["run"]["ranks"] == 2 and doc["run"]["traces"] == len(records)
     assert len(records) == 4 and all(r["peak_cpu_mem_bytes"] > 0 for r in records)  # from summary.json
     assert all(r["cuda_time_us"] is None and r["peak_gpu_mem_bytes"] is None for r in records)
     assert all(r["kernel_calls"] is None and r["kernel_calls_by_class"] is None for r in records)  # no device
@@ -128,7 +136,7 @@ def test_bad_inputs_warn_and_the_rest_is_analysed(cpu_run, tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     proc = run_module("analysis", str(tmp_path), "--format", "json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
-    assert [Path(r["file"]).name for r in json.loads(proc.stdout)] == ["good.pt.trace.json"]
+    assert [Path(r["file"]).name for r in json.loads(proc.stdout)["traces"]] == ["good.pt.trace.json"]
     warnings = proc.stderr.strip().splitlines()
     assert len(warnings) == 4 and all(w.startswith("analysis: warning: ") for w in warnings)
     for name, why in (("truncated", "truncated or malformed JSON"), ("corrupt", "corrupt gzip"),

@@ -45,6 +45,19 @@ def test_why_numbers_of_a_sweep_with_a_known_answer(sweep):
     assert "most of it exposed communication" in two["scaling_note"]
 
 
+def test_a_sweeps_json_says_what_its_table_says(sweep):
+    """--format json is the table's level (each point, with its verdict and scaling note), the traces
+    under their own key: the same records the analysis wrote to runs.json and traces.json."""
+    doc = json.loads(run_module("analysis", str(sweep), "--format", "json").stdout)
+    written = json.loads((sweep / "analysis" / "runs.json").read_text())
+    assert doc["level"] == "sweep" and [p["verdict"] for p in doc["points"]] == [r["verdict"] for r in written]
+    assert [p.get("scaling_note") for p in doc["points"]] == [r.get("scaling_note") for r in written]
+    assert len(doc["traces"]) == len(json.loads((sweep / "analysis" / "traces.json").read_text()))
+    table = run_module("analysis", str(sweep)).stdout.split("Verdict:", 1)[1]
+    two = next(p for p in doc["points"] if p["gpus"] == 2)
+    assert f"2 GPUs: {two['verdict']['line']}" in table
+
+
 def test_a_rank_late_by_half_a_kernel_is_named_the_straggler(tmp_path):
     write_sweep(tmp_path / "sweep", slow_us=600.0)
     proc = run_module("analysis", str(tmp_path / "sweep"), "--out", str(tmp_path / "out"))

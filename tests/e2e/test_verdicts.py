@@ -83,7 +83,9 @@ def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph
 
 
 def test_the_verdict_is_in_the_json_and_first_in_the_tables():
-    (record,) = json.loads(run_module("analysis", str(OWN_GPU_TRACE), "--format", "json").stdout)
+    doc = json.loads(run_module("analysis", str(OWN_GPU_TRACE), "--format", "json").stdout)
+    (record,) = doc["traces"]
+    assert doc["level"] == "trace"
     assert record["verdict"]["bound"] == "host-launch" and record["verdict"]["line"].startswith("host-launch: ")
     assert record["cpu_time_us"] > 100_000 and isinstance(record["peak_gpu_mem_bytes"], int)  # raw numbers in JSON
     table = run_module("analysis", str(OWN_GPU_TRACE)).stdout

@@ -404,7 +404,7 @@ def test_bad_events_are_skipped_and_the_rest_analysed(hostile_dir, monkeypatch):
     code, stdout, stderr = call("analysis", [str(h / "mixed"), "--format", "json"], None, monkeypatch)
     assert code == 0, stderr
     import json
-    (rec,) = json.loads(stdout)
+    (rec,) = json.loads(stdout)["traces"]
     assert rec["bad_events"] == 6 and rec["steps"] == 1 and rec["op_calls"] == {"aten::add": 1}
     assert stderr.strip() == f"analysis: warning: {h / 'mixed' / 'rank0.pt.trace.json'}: 6 event(s) with mistyped fields skipped"
 
