@@ -1,8 +1,8 @@
 """The study in one command, its status, and resubmission: `python -m hpc.study run|status|resubmit`.
 
-    python -m hpc.study run profiles/study.yaml --account m1234 [--wait]   # + any hpc.submit option
+    python -m hpc.study run profiles/study.yaml --account m1234_g --wait   # + any hpc.submit option
     python -m hpc.study status runs/study/sweep-<time>
-    python -m hpc.study resubmit runs/study/sweep-<time> --failed --missing --account m1234
+    python -m hpc.study resubmit runs/study/sweep-<time> --failed --missing --account m1234_g
 
 `run` validates every point, submits the sweep's job arrays (hpc.submit's plan), then a small analysis
 job that depends on them (`--dependency=afterany:...`, resources from the cluster profile's

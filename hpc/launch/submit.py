@@ -1,9 +1,9 @@
 """Submit training (one task per GPU) to Slurm, or run it here, through submitit: `python -m hpc.submit`.
 
-    python -m hpc.submit --nodes 1 --gpus 4 --account m1234 --config profiles/smoke.yaml
+    python -m hpc.submit --nodes 1 --gpus 4 --account m1234_g --config profiles/smoke.yaml
     python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
-    python -m hpc.submit --sweep profiles/study.yaml --account m1234 --max-parallel 4
-    python -m hpc.submit --nodes 2 --gpus 4 --account m1234 --dry-run      # print the sbatch script
+    python -m hpc.submit --sweep profiles/study.yaml --account m1234_g --max-parallel 4
+    python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g --dry-run      # print the sbatch script
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
 
 The command line becomes a plan (hpc/launch/plan.py; for your own command after `--`, hpc/launch/
