@@ -1,5 +1,5 @@
-"""Every command a user copies from the documentation runs as written (issue 43): the README's and the
-analysis README's shell blocks, the profiles' "Run it:" lines, the sbatch scripts' headers and the
+"""Every command a user copies from the documentation runs as written (issue 43): the README's, the
+analysis README's and docs/'s shell blocks, the profiles' "Run it:" lines, the sbatch scripts' headers and the
 commands' own --help texts. Submissions run as dry runs (no cluster needed) unless they say --local, in a
 directory holding the `train.py` and `sweep.yaml` the README's "Your own script" names; sbatch lines are
 checked by Slurm itself (`sbatch --test-only`) on the local cluster. What cannot run here is listed with
@@ -60,7 +60,8 @@ def commands(lines: list[str]) -> list[str]:
 def documented() -> list[tuple[str, str]]:
     """(where, command) for every documented command."""
     out = [("README.md", c) for c in commands(blocks((REPO / "README.md").read_text()))]
-    out += [("analysis/README.md", c) for c in commands(blocks((REPO / "analysis" / "README.md").read_text()))]
+    for page in [REPO / "analysis" / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        out += [(str(page.relative_to(REPO)), c) for c in commands(blocks(page.read_text()))]
     for profile in sorted((REPO / "profiles").glob("*.yaml")):
         out += [(profile.name, m) for m in re.findall(r"# Run it: (.+)", profile.read_text())]
     for script in sorted((REPO / "jobs").glob("*.sbatch")):

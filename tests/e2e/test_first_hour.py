@@ -85,3 +85,12 @@ def test_a_folder_of_runs_is_shown_run_by_run_and_cpu_ranks_are_ranks(data_root,
     report = run_module("analysis", str(folder / "b"), "--report")
     html = (folder / "b" / "analysis" / "report.html").read_text()
     assert report.returncode == 0 and "batch 16 per rank, 2 CPU ranks, eager steps" in html
+
+
+def test_the_readme_is_for_the_first_hour_and_links_the_rest():
+    """At most 300 lines; what moved beside it (docs/) is linked from it, and every link is there."""
+    readme = (REPO / "README.md").read_text()
+    assert readme.count("\n") <= 300
+    links = re.findall(r"\]\(((?:docs|analysis|results|tests)/[^)#]+)\)", readme)
+    assert {"docs/perlmutter.md", "docs/faults.md", "docs/own-script.md", "docs/performance.md"} <= set(links)
+    assert all((REPO / link).is_file() for link in links), links
