@@ -130,9 +130,10 @@ def _pyplot():
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
-    """Render to memory, then write whole (a full disk is one error naming the figure, no half PNG)."""
-    fig.tight_layout()
+def _save(fig: Any, path: Path, bottom: float = 0.0) -> Path:
+    """Render to memory, then write whole (a full disk is one error naming the figure, no half PNG);
+    `bottom`: the share of the height kept free under the axes (for a note)."""
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
     _pyplot().close(fig)
@@ -153,6 +154,8 @@ def _all_cpu(rows: list[RunRecord]) -> bool:
 def _data_title(rows: list[RunRecord], fraction: float) -> str:
     """The data the figure's runs trained on: CIFAR-100's fraction, or the synthetic set they used."""
     sources = {r.data_source for r in rows}
+    if sources == {"script"}:
+        return data_words(fraction, "script", None)
     if sources == {"synthetic"}:
         return data_words(fraction, "synthetic", max((r.train_images or 0) for r in rows) or None)
     return data_words(fraction, "cifar100", None)
@@ -217,6 +220,20 @@ def _line_key(r: RunRecord, split_modes: bool) -> tuple[Any, ...]:
     return (r.shape, r.step_mode or "") if split_modes else (r.shape, "")
 
 
+MEMORY_METRICS = ("cpu_memory", "gpu_memory")
+
+
+def memory_note(rows: list[RunRecord]) -> str | None:
+    """On a peak-memory figure whose runs did not record memory by category: how to get it, and its cost
+    (measured: README, "Where the peak memory goes"). None when any run did (its own figure is drawn)."""
+    if any(r.peak_mem_by_category for r in rows):
+        return None
+    return (
+        "By category (parameters, gradients, optimizer state, activations):\n"
+        "--set profiler.memory_categories=true (about 12 s more a profiled cycle)"
+    )
+
+
 def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
     """The metric against batch size for one data fraction, one line per GPU count, and per step mode
     where the rows ran in both (None: no data)."""
@@ -237,9 +254,12 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     _lines_against_batch(ax, lines, metric.ylabel, title)
     if _all_cpu(sel):
         ax.set_xlabel("batch size per rank")
+    note = memory_note(sel) if metric.key in MEMORY_METRICS else None
+    if note:
+        fig.text(0.01, 0.005, note, fontsize=6.5, color="dimgray", va="bottom")
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
-    return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png")
+    return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png", bottom=0.07 if note else 0.0)
 
 
 def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:

@@ -239,7 +239,7 @@ def run_facts(first: dict[str, Any]) -> dict[str, Any]:
     images = first.get("train_images")
     return {
         "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
-        "data_source": source if source in ("cifar100", "synthetic") else None,
+        "data_source": source if source in ("cifar100", "synthetic", "script") else None,
         "train_images": images if is_count(images) else None,
         "wall_time_s": number_or_none(first.get("wall_time_s")),
         **graph_check(first.get("graph_check")),

@@ -266,7 +266,10 @@ def ranks_words(count: int | None, on_cpu: bool) -> str:
 
 
 def data_words(fraction: float | None, source: str | None, images: int | None) -> str:
-    """What a run trained on, as its titles say: `half of CIFAR-100`, or a synthetic set and its size."""
+    """What a run trained on, as its titles say: `half of CIFAR-100`, a synthetic set and its size, or
+    your own script's data (`script`: the toolkit does not know it)."""
+    if source == "script":
+        return "the script's own data" + (f", fraction {fraction:g}" if fraction not in (None, 1) else "")
     if source == "synthetic":
         size = f" ({images:,} images)" if images else ""
         return f"a synthetic CIFAR-100-format set{size}" + (

@@ -130,7 +130,7 @@ def _ranks(ranks: list[int]) -> str:
 def rank_entry(paths: RunPaths, record: dict[str, Any]) -> dict[str, Any]:
     """summary.json's record of a rank: its exit record, what the profiler hook saw, `complete`."""
     facts = read_json(paths.rank_steps(record["rank"])) if paths.rank_steps(record["rank"]).is_file() else None
-    entry = {**record, "complete": record.get("kind") == "ok"}
+    entry = {**record, "complete": record.get("kind") == "ok", "data_source": "script"}  # its own data
     if isinstance(facts, dict):
         entry.update({k: facts[k] for k in FACTS if k in facts})
     else:

@@ -404,3 +404,16 @@ def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):
     for i in range(discover.MAX_ENTRIES + 5):
         (wide / f"f{i}").touch()
     assert discover.find_traces(wide, warnings) == [] and "stopped looking" in warnings[0]
+
+
+def test_a_memory_figure_without_categories_says_how_to_get_them():
+    """The study's profile leaves memory by category off (its cost): its memory figures say how to turn it
+    on, and say nothing once a run has recorded them (their own figure is drawn)."""
+    from analysis.figures import memory_note
+    from analysis.records import RunRecord
+
+    plain = RunRecord(run_dir="a", gpus=1, batch_size_per_gpu=8, data_fraction=1.0)
+    assert "--set profiler.memory_categories=true" in memory_note([plain])
+    recorded = RunRecord(run_dir="b", gpus=2, batch_size_per_gpu=8, data_fraction=1.0,
+                         peak_mem_by_category={"parameters": 1, "activations": 2})
+    assert memory_note([plain, recorded]) is None
