@@ -15,7 +15,9 @@ and a spawned process re-imports the parent's main module, so running this modul
 Offline (compute nodes, air-gapped sites): the Trace tab's page loads the Web Components polyfill
 (webcomponents.js 0.7.24) from a CDN, and without it the timeline stays blank; the same file, from the
 npm registry, ships in analysis/static/ (its licence beside it) and is served in its place. Google
-Charts fall back to tables (static/offline_charts.js). The console keeps errors only: the plugin's
+Charts, which the Overview, Operator, Kernel, Memory and Distributed views draw with, are drawn by
+Chart.js (also from npm, with its licence) through a stand-in for the calls the plugin makes
+(static/offline_charts.js): pies, stacked bars, lines and timelines, the tables as tables. The console keeps errors only: the plugin's
 per-operator "Tensor Cores eligible" lines and TensorBoard's repeated Content-Security-Policy notice go
 (TORCH_PROFILER_LOG_LEVEL, if set, is kept).
 
@@ -40,10 +42,12 @@ from hpc.core.errors import UsageError
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
 IGNORED_CATEGORIES = ("gpu_user_annotation",)
 GCHARTS_TAG = '<script src="https://www.gstatic.com/charts/loader.js"></script>'
-# Loaded only if Google's chart loader did not arrive (a browser without internet): see static/.
+# Loaded only if Google's chart loader did not arrive (a browser without internet): Chart.js (npm's
+# chart.js 4.6.1, MIT, its licence beside it), then the stand-in that draws Google's charts with it.
+CHARTJS = "chart.umd.min.js"
 OFFLINE_FALLBACK = (
     "<script>window.google && window.google.charts || "
-    "document.write('<script src=\"offline_charts.js\"><\\/script>')</script>"
+    f"document.write('<script src=\"{CHARTJS}\"><\\/script><script src=\"offline_charts.js\"><\\/script>')</script>"
 )
 STATIC = Path(__file__).resolve().parent / "static"
 POLYFILL_CDN = "https://cdnjs.cloudflare.com/ajax/libs/webcomponentsjs/0.7.24/webcomponents.min.js"
@@ -96,6 +100,7 @@ def patch_tb_profiler() -> bool:
         apps = original_apps(self)
         apps["/index.html"] = _static_route("index.html", "text/html; charset=utf-8", index)
         apps["/offline_charts.js"] = _static_route("offline_charts.js", "application/javascript")
+        apps[f"/{CHARTJS}"] = _static_route(CHARTJS, "application/javascript")
         apps["/trace_embedding.html"] = _static_route("trace_embedding.html", "text/html; charset=utf-8", embedding)
         apps[f"/{POLYFILL}"] = _static_route(POLYFILL, "application/javascript")
         return apps

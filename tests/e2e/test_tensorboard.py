@@ -133,6 +133,53 @@ if (!v || !v.model) { return -1; }
 let n = 0; for (const t of v.model.getAllThreads()) { n += t.sliceGroup.slices.length; } return n;"""
 
 
+# Every chart the plugin page drew, as Chart.js holds it (the offline stand-in draws with it).
+CHARTS = """if (!window.Chart) { return null; }
+return Object.values(Chart.instances).map(c => ({type: c.config.type, labels: (c.data.labels || []).map(String),
+  drawn: c.data.datasets.map((d, i) => c.getDatasetMeta(i).data.length),
+  stacked: !!(c.options.scales && c.options.scales.x && c.options.scales.x.stacked)}));"""
+
+
+def charts_drawn(browser, timeout_s: float = 60) -> list[dict]:
+    """The charts drawn in the plugin's page once there are any (waiting on them, not on a clock)."""
+    deadline, found = time.time() + timeout_s, None
+    while time.time() < deadline and not found:
+        found = browser.execute_script(CHARTS)
+        time.sleep(0.5)
+    return found or []
+
+
+def test_the_charts_draw_without_a_network(server):
+    """Offline, Google Charts cannot load: the Overview's execution summary and step-time breakdown, the
+    Operator and Kernel pies and the memory curves are drawn by the vendored Chart.js, each a chart and
+    not a table. The Overview's are held to the plugin's own numbers (its overview API)."""
+    from selenium.webdriver.common.by import By
+
+    overview = json.loads(http_get(server, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1"))
+    categories = [c["name"] for c in overview["performance"][0]["children"]]
+    series = [c["name"] for c in overview["steps"]["columns"][1:] if c["type"] == "number" and not c.get("role")]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with headless_chromium(offline=True) as browser:
+        choose = _open_profiler(browser, server)
+        choose(0, "h100")
+        seen = {}
+        for view in ("Overview", "Operator", "GPU Kernel", "Memory"):
+            choose(1, view)
+            seen[view] = charts_drawn(browser)
+            # each chart on the page is a canvas Chart.js drew in the stand-in's box (a table would be no canvas)
+            assert len(browser.find_elements(By.CSS_SELECTOR, "div.offline-chart > canvas")) == len(seen[view])
+            browser.save_screenshot(str(ARTIFACTS / f"tensorboard-offline-{view.split()[-1].lower()}.png"))
+    pie, steps = seen["Overview"]
+    assert pie["type"] == "doughnut" and pie["labels"] == categories and pie["drawn"] == [len(categories)]
+    assert steps["type"] == "bar" and steps["stacked"] and len(steps["drawn"]) == len(series)
+    assert steps["labels"] == [str(r[0]) for r in overview["steps"]["rows"]]
+    assert all(n == len(overview["steps"]["rows"]) for n in steps["drawn"])
+    for view in ("Operator", "GPU Kernel"):
+        assert seen[view] and all(c["type"] == "doughnut" and c["drawn"][0] > 1 for c in seen[view]), seen[view]
+    (curve,) = seen["Memory"]
+    assert curve["type"] == "line" and len(curve["drawn"]) == 2 and min(curve["drawn"]) > 100  # allocated, reserved
+
+
 @pytest.mark.parametrize("run", ["smoke/traces", "h100"])
 def test_the_trace_tab_draws_without_a_network(server, run):
     """torch-tb-profiler's trace view asks a CDN for the Web Components polyfill; offline its timeline
