@@ -17,9 +17,9 @@ Offline (compute nodes, air-gapped sites): the Trace tab's page loads the Web Co
 npm registry, ships in analysis/static/ (its licence beside it) and is served in its place. Google
 Charts, which the Overview, Operator, Kernel, Memory and Distributed views draw with, are drawn by
 Chart.js (also from npm, with its licence) through a stand-in for the calls the plugin makes
-(static/offline_charts.js): pies, stacked bars, lines and timelines, the tables as tables. The console keeps errors only: the plugin's
-per-operator "Tensor Cores eligible" lines and TensorBoard's repeated Content-Security-Policy notice go
-(TORCH_PROFILER_LOG_LEVEL, if set, is kept).
+(static/offline_charts.js): pies, stacked bars, lines and timelines, the tables as tables. The console
+keeps errors only: the plugin's per-operator "Tensor Cores eligible" lines and TensorBoard's repeated
+Content-Security-Policy notice go (TORCH_PROFILER_LOG_LEVEL, if set, is kept).
 
 LOGDIR may be a run directory (traces/ and tensorboard/ scalars side by side), a sweep directory or
 any folder of them: TensorBoard shows the training scalars and the profiler traces together.
@@ -47,7 +47,7 @@ GCHARTS_TAG = '<script src="https://www.gstatic.com/charts/loader.js"></script>'
 CHARTJS = "chart.umd.min.js"
 OFFLINE_FALLBACK = (
     "<script>window.google && window.google.charts || "
-    f"document.write('<script src=\"{CHARTJS}\"><\\/script><script src=\"offline_charts.js\"><\\/script>')</script>"
+    f'document.write(\'<script src="{CHARTJS}"><\\/script><script src="offline_charts.js"><\\/script>\')</script>'
 )
 STATIC = Path(__file__).resolve().parent / "static"
 POLYFILL_CDN = "https://cdnjs.cloudflare.com/ajax/libs/webcomponentsjs/0.7.24/webcomponents.min.js"

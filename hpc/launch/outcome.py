@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,16 @@ def tail_lines(path: Path, count: int = 10) -> list[str]:
     except OSError:
         return []
     return [line.rstrip()[:300] for line in text.splitlines() if line.strip()][-count:]
+
+
+# A Python exception's last line, as a traceback ends (torch's launchers prefix `[rankN]: `).
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def last_said(lines: list[str]) -> str | None:
+    """What a failed rank said last: its last exception line where there is one (a process that raised and
+    then aborted at its exit, as gloo's threads make it, still says why), else its last line."""
+    return next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), lines[-1] if lines else None)
 
 
 def read_records(paths: RunPaths) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from hpc.launch.outcome import (
     attempt_of,
     failed_mark,
     failed_peers,
+    last_said,
     tail_lines,
     wait_for_records,
     write_command_summary,
@@ -190,7 +191,7 @@ class RankRun:
             return {**end, "kind": "peer", "message": f"{what}, stopped because {self.why_stopping}"}
         if self.why_stopping:  # ended by the stop without saying it saved (exit 3 says so)
             return {**end, "kind": "interrupted", "message": f"{what} after {self.why_stopping}"}
-        return {**end, "kind": "failed", "message": f"{what}: {said[-1] if said else 'nothing on stderr'}"}
+        return {**end, "kind": "failed", "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
 
     def write(self, **fields: Any) -> None:
         """The rank's exit record with `fields` added, whole (a failed write is said, not raised: the

@@ -145,8 +145,12 @@ def test_a_real_time_limit_warns_checkpoints_and_stops(data_root, tmp_path):
     final = wait_done(job, 180)
     assert final["JobState"] == "FAILED" and final["ExitCode"] == "3:0", final
     log = (tmp_path / f"out-{job}.txt").read_text()
-    assert "checkpoint (signal SIGUSR2)" in log and "stopped after 0 requeues" in log
-    assert json.loads((tmp_path / "run" / "checkpoints" / "last.json").read_text())["step"] > 0
+    info = json.loads((tmp_path / "run" / "checkpoints" / "last.json").read_text())
+    # A warning that lands on an epoch's end finds that step already saved (seen in CI: epochs of the tiny
+    # model take under a second): the run stops on it without writing it twice.
+    assert "checkpoint (signal SIGUSR2)" in log or (
+        info["reason"] == "epoch end" and "stopped by signal, checkpoint written" in log), log[-2000:]
+    assert "stopped after 0 requeues" in log and info["step"] > 0
 
 
 @pytest.mark.usefixtures("slurm_cluster")

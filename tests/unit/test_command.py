@@ -289,6 +289,22 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
 
 
+@pytest.mark.parametrize("lines, said", [
+    # seen in CI: the script raised, then gloo's threads aborted its exit (SIGABRT)
+    (["[rank1]: Traceback (most recent call last):", '[rank1]:   File "crash_ddp.py", line 24, in main',
+      "[rank1]: ValueError: bad batch at step 3 on rank 1 (pid 9)", "terminate called without an active exception"],
+     "[rank1]: ValueError: bad batch at step 3 on rank 1 (pid 9)"),
+    (["Traceback (most recent call last):", "torch.distributed.DistBackendError: [../gloo] Connection closed"],
+     "torch.distributed.DistBackendError: [../gloo] Connection closed"),
+    (["loading", "Segmentation fault (core dumped)"], "Segmentation fault (core dumped)"),
+    ([], None),
+])
+def test_a_failed_rank_is_said_by_its_exception_where_it_raised_one(lines, said):
+    from hpc.launch.outcome import last_said
+
+    assert last_said(lines) == said
+
+
 @pytest.mark.parametrize("env, attempt", [
     ({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}, "12.2.0"),
     ({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "1"}, "12_1.0.0"),
