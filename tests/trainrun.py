@@ -14,10 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "profiles" / "smoke.yaml")
 
 
-def start_ranks(world: int, args: list[str], extra_env: dict | None = None) -> list[subprocess.Popen]:
+def start_ranks(world: int, args: list[str], extra_env: dict | None = None, only: list[int] | None = None
+                ) -> list[subprocess.Popen]:
+    """The ranks of a `world`-rank run on this machine (`only`: these ranks; the others never come)."""
     port = free_port()
     procs = []
-    for rank in range(world):
+    for rank in range(world) if only is None else only:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", **(extra_env or {}))

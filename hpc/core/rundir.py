@@ -286,17 +286,26 @@ def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
     append_line(path, json.dumps(record))
 
 
-def truncate_metrics(path: Path, step: int) -> int:
-    """Keep the records up to `step` (a resumed run's checkpoint: every record of a step is written
-    before its checkpoint), so the steps redone after a resume are not in the file twice. Returns how
+def truncate_metrics(path: Path, step: int, epoch: int | None = None) -> int:
+    """Keep the records up to a resumed run's checkpoint (every record of a step is written before its
+    checkpoint), so the steps redone after a resume are not in the file twice. `epoch` (the checkpoint's)
+    orders records of the same step: a checkpoint of an epoch's last step taken before the epoch's end
+    drops that end's record (its epoch is the next one), which the resumed run writes again. Returns how
     many records were dropped. This is the rule, in one place: readers may count every record."""
     if not path.is_file():
         return 0
     records = list(read_metrics(path))
-    kept = [r for r in records if not isinstance(r.get("step"), int) or r["step"] <= step]
+    kept = [r for r in records if not _after(r, step, epoch)]
     if len(kept) < len(records) or len(path.read_bytes().splitlines()) != len(records):
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return len(records) - len(kept)
+
+
+def _after(record: Mapping[str, Any], step: int, epoch: int | None) -> bool:
+    r_step, r_epoch = record.get("step"), record.get("epoch")
+    if not isinstance(r_step, int) or r_step != step:
+        return isinstance(r_step, int) and r_step > step
+    return epoch is not None and isinstance(r_epoch, int) and r_epoch > epoch
 
 
 def read_metrics(path: Path) -> Iterator[dict[str, Any]]:

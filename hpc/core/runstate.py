@@ -18,8 +18,9 @@ from hpc.core.rundir import RunPaths, read_checkpoint_info, read_summary, summar
 
 @dataclasses.dataclass(frozen=True)
 class RunState:
-    """outcome: "done" (trained to its last step), "oom", "stopped" (a checkpoint to resume from short of
-    the last step), or None (nothing to resume: never started, or failed before its first checkpoint).
+    """outcome: "done" (trained to its last step, its last epoch's evaluation recorded), "oom", "stopped"
+    (a checkpoint to resume from short of that), or None (nothing to resume: never started, or failed
+    before its first checkpoint).
     step: the last step the run reached and kept (the checkpoint's or the summary's), None if none.
     stop_at: the run's last step, where a checkpoint says it. summary_current: summary.json exists and
     says what the checkpoint says (a run killed between its last checkpoint and its summary has not)."""
@@ -51,5 +52,7 @@ def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
     if info is None:  # no checkpoint to compare with (or one written before last.json existed): the summary says
         return RunState(said if said in ("done", "stopped") else None, step_said, None, summary is not None)
     step_saved, stop_at = int(info["step"]), int(info["stop_at"])
-    current = summary is not None and step_said == step_saved and (said == "done") == (step_saved >= stop_at)
-    return RunState("done" if step_saved >= stop_at else "stopped", step_saved, stop_at, current)
+    # At the last step but its epoch's end (evaluation, record) still owed: not done. Older files lack it.
+    done = info["complete"] if isinstance(info.get("complete"), bool) else step_saved >= stop_at
+    current = summary is not None and step_said == step_saved and (said == "done") == done
+    return RunState("done" if done else "stopped", step_saved, stop_at, current)

@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     from hpc.core.faults import faults_from_env, graph_standin
     from hpc.spec.distenv import from_environ
     from hpc.training import data as data_mod
-    from hpc.training.setup import before_process_group, init_process_group, setup_device
+    from hpc.training.rendezvous import join
+    from hpc.training.setup import before_process_group, setup_device
 
     cuda = torch.cuda.is_available()
     variants = variants_for(cuda or graph_standin(faults_from_env(os.environ)), args.compile, args.only)
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     single = from_environ({})
     device, cuda = setup_device(TrainConfig(), single)
     before_process_group(cuda and any(v.cuda_graph for v in variants), single, Path(tempfile.gettempdir()))
-    init_process_group(single, cuda, TrainConfig().collective_timeout_s)
+    join(single, cuda, TrainConfig().collective_timeout_s)
     report = {
         **environment(device),
         "command": " ".join(["python -m hpc.bench", *(argv if argv is not None else sys.argv[1:])]),

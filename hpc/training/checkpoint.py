@@ -259,11 +259,13 @@ class Checkpointer:
         os.link(previous, self.path)
         self.log(f"resuming from the previous checkpoint: {self.path.with_name(DAMAGED)} kept aside")
 
-    def save(self, state: dict, reason: str, stop_at: int) -> None:
-        """Rank 0 writes; then every rank agrees, and a failure (rank 0's WriteError) stops every rank."""
+    def save(self, state: dict, reason: str, stop_at: int, complete: bool) -> None:
+        """Rank 0 writes; then every rank agrees, and a failure (rank 0's WriteError) stops every rank.
+        `complete`: the run has nothing left to do (last.json says so for readers without torch)."""
         error: WriteError | None = None
         if self.is_main:
-            info = {k: state[k] for k in ("step", "epoch", "position")} | {"stop_at": stop_at, "reason": reason}
+            info = {k: state[k] for k in ("step", "epoch", "position")}
+            info |= {"stop_at": stop_at, "complete": complete, "reason": reason}
             try:
                 save_checkpoint(self.paths, state, info, self.inject)
                 self.log(

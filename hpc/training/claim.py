@@ -77,7 +77,7 @@ def note_start(
         elif (read_checkpoint_info(paths) or {}).get("step") != resumed["step"]:
             write_checkpoint_info(paths, {**resumed, "stop_at": stop_at, "reason": "resumed"})
         step = resumed["step"] if resumed else 0
-        dropped = truncate_metrics(paths.metrics, step)
+        dropped = truncate_metrics(paths.metrics, step, resumed["epoch"] if resumed else None)
     except OSError as e:
         return e if isinstance(e, WriteError) else write_failure(e.filename or paths.root, e, True)
     if dropped:

@@ -5,7 +5,8 @@ trainer's parts: `agree(flag)` (did any rank fail at this point? everyone learns
 waits in a collective for one that gave up), `all_max`, `barrier`, `sync_buffers`. At start it gathers
 every rank's host and pid (`roster`), so that when a collective fails because a peer died or went
 silent, a survivor can say which rank it was and not just "Connection reset by peer": a rank on its
-own host is checked by pid; of a rank elsewhere only its host is known.
+own host is checked by pid; on any host, a rank whose heartbeat stopped (hpc/training/rendezvous.py)
+is frozen or dead, and named with its host.
 """
 
 from __future__ import annotations
@@ -20,31 +21,7 @@ import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
 from hpc.spec.distenv import DistEnv
-
-# What a collective's failure says when its peer is gone: a transport error or a timeout, from gloo,
-# NCCL or the store. Anything else is the program's own error and is reported as it is.
-PEER_SIGNS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Connection refused",
-    "Broken pipe",
-    "Timed out",
-    "timed out",
-    "Socket Timeout",
-    "before timing out",
-    "NCCL communicator was aborted",
-    "remote process exited",
-)
-
-
-def is_peer_failure(error: BaseException) -> bool:
-    """A failed collective whose cause is another rank (dead, or not answering), by its type or message."""
-
-    kinds = tuple(k for k in (getattr(tdist, "DistNetworkError", None), getattr(tdist, "DistStoreError", None)) if k)
-    if kinds and isinstance(error, kinds):
-        return True
-    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in PEER_SIGNS)
-
+from hpc.training.rendezvous import SILENCE_S, cause_of, silent_ranks
 
 # A killed rank's sockets close before its process has ended (the kernel releases its memory, closes its
 # files, and only then makes it a zombie), so its peer may ask while it is still exiting: ask again for
@@ -68,21 +45,12 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def cause_of(error: BaseException) -> str:
-    """The transport's own words, without its paths and advice: 'Connection reset by peer', 'Timed out ...'."""
-    text = " ".join(str(error).split())
-    for sign in PEER_SIGNS:
-        if sign in text:
-            start = text.index(sign)
-            return text[start : start + 120].split(". ")[0].rstrip(".")
-    return text[:120]
-
-
 class RankGroup:
-    """The ranks of one run (see the module doc). `control` None: the default group (gloo on a CPU)."""
+    """The ranks of one run (see the module doc). `control` None: the default group (gloo on a CPU);
+    `store` the run's store (None: one rank), where the heartbeats are read."""
 
-    def __init__(self, dist: DistEnv, control: tdist.ProcessGroup | None):
-        self.dist, self.control = dist, control
+    def __init__(self, dist: DistEnv, control: tdist.ProcessGroup | None, store: tdist.Store | None = None):
+        self.dist, self.control, self.store = dist, control, store
         self.roster: list[tuple[str, int]] = [(socket.gethostname(), os.getpid())]
 
     def gather_roster(self) -> None:
@@ -137,18 +105,46 @@ class RankGroup:
 
     def lost(self) -> str:
         """Which peers are gone, as far as this rank can tell: those on its host whose process has ended
-        (by pid), else the other hosts of the run, which it cannot check."""
+        (by pid); else those whose heartbeat stopped (frozen or dead, on any host; rank 0 when its store
+        does not answer); else the other hosts of the run, which it cannot check."""
         host = socket.gethostname()
         peers = [(r, h, pid) for r, (h, pid) in enumerate(self.roster) if r != self.dist.rank]
         dead = _ended([(r, pid) for r, h, pid in peers if h == host])
         if dead:
             return f"{', '.join(dead)} on {host} ended"
+        silent = silent_ranks(self.store, self.dist.world_size, self.dist.rank) if self.store is not None else []
+        if silent is None and self.dist.elastic_attempt is not None:
+            return f"the run's store (torchrun's agent on {self.dist.master_addr}) stopped answering"
+        if silent is None:
+            return f"{self.who(0)}, which hosts the run's store, stopped answering (frozen, or gone)"
+        if silent:
+            more = f" and {len(silent) - 4} more" if len(silent) > 4 else ""
+            who = ", ".join(self.who(r) for r in silent[:4]) + more
+            return f"{who} stopped answering: no heartbeat for {SILENCE_S:g} s (frozen, or its node is gone)"
         elsewhere = sorted({h for _, h, _ in peers if h != host})
         if elsewhere:
             return f"a rank on {', '.join(elsewhere)} died or stopped answering"
         if len(self.roster) < self.dist.world_size:
             return "a peer died or stopped answering during set-up"
         return "a peer stopped answering (every rank on this host still runs)"
+
+    def who(self, rank: int) -> str:
+        """'rank 1 on nid001 (pid 4242, stopped: SIGSTOP or a debugger)': its host and pid from the roster,
+        and the state of its process where it runs on this host."""
+        if rank >= len(self.roster):
+            return f"rank {rank}"
+        host, pid = self.roster[rank]
+        state = process_state(pid) if host == socket.gethostname() else None
+        said = {"T": ", stopped: SIGSTOP or a debugger", "t": ", stopped by a debugger", "D": ", stuck in I/O"}
+        return f"rank {rank} on {host} (pid {pid}{said.get(state or '', '')})"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process `pid` of this host (R, S, D, T, Z ...), None if it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _ended(peers: list[tuple[int, int]], grace_s: float = DYING_GRACE_S) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import math
 import os
 import socket
@@ -17,14 +16,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
 from hpc.spec.affinity import cores_text, gpu_index
 from hpc.spec.distenv import DistEnv
 from hpc.spec.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
-from hpc.spec.schema import DataConfig, ModelConfig, TrainConfig
+from hpc.spec.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
 from hpc.training.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
 from hpc.training.data import DeviceBatches, Split
 from hpc.training.graphmode import DDP_WARMUP_ITERS, GraphMode
@@ -146,6 +144,21 @@ def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], lo
     return network
 
 
+def start_line(
+    cfg: RunConfig, where: tuple[DistEnv, str, torch.device], plan: StepPlan, images: int, lr: float, step: int
+) -> str:
+    """Rank 0's line at the start of training: model, data, ranks, backend, batch, lr and steps."""
+    dist, backend, device = where
+    data = "images" if cfg.data.source == "cifar100" else "SYNTHETIC images (data.source: synthetic,"
+    data += f" fraction {cfg.data.fraction:g})" if "(" in data else f" (fraction {cfg.data.fraction:g})"
+    return (
+        f"training {cfg.model.arch} ({cfg.model.stem} stem) on {images} {data}, "
+        f"{dist.world_size} rank(s) [{dist.launcher}], {backend} on {device.type}, batch "
+        f"{plan.per_gpu}/{'GPU' if device.type == 'cuda' else 'rank'} = {plan.global_batch} global, lr "
+        f"{lr:g}, {plan.steps_per_epoch} steps/epoch, steps {step} -> {plan.stop_at}"
+    )
+
+
 def placement_line(rank: int, where: Mapping[str, object]) -> str:
     """What each rank says of where it runs, at the start of training."""
     gpu = (
@@ -182,39 +195,6 @@ def cudnn_heuristics(active: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.benchmark = saved
-
-
-def init_process_group(dist: DistEnv, use_cuda: bool, timeout_s: int) -> tuple[str, tdist.ProcessGroup | None]:
-    """(backend, control group): NCCL or gloo for the model; stop and divergence flags travel on a CPU
-    (gloo) group, so checking them costs no GPU synchronisation."""
-
-    backend = "nccl" if use_cuda else "gloo"
-    timeout = dt.timedelta(seconds=timeout_s)
-    if dist.world_size > 1 and dist.elastic_attempt is not None:
-        # torchrun's agent hosts the store and keeps it across restarts of the worker group: a restarted
-        # group must not read the dead group's addresses (it would connect to closed ports, or hang).
-        agent_store = tdist.TCPStore(
-            dist.master_addr, dist.master_port, dist.world_size, is_master=False, timeout=timeout
-        )
-        tdist.init_process_group(
-            backend,
-            store=tdist.PrefixStore(f"hpc/attempt{dist.elastic_attempt}/", agent_store),
-            rank=dist.rank,
-            world_size=dist.world_size,
-            timeout=timeout,
-        )
-    elif dist.world_size > 1:
-        tdist.init_process_group(
-            backend,
-            init_method=f"tcp://{dist.master_addr}:{dist.master_port}",
-            rank=dist.rank,
-            world_size=dist.world_size,
-            timeout=timeout,
-        )
-    else:  # DDP over one process, as the study's 1-GPU runs; a private store needs no port
-        tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    control = tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None
-    return backend, control if isinstance(control, tdist.ProcessGroup) else None  # None: the default group
 
 
 @dataclasses.dataclass

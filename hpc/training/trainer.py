@@ -50,17 +50,18 @@ from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, TrainState, evaluate
 from hpc.training.profiling import Profiling, maybe_profile, window_note
+from hpc.training.rendezvous import Heartbeat, join
 from hpc.training.setup import (
     batch_plan,
     before_process_group,
     check_fabric,
     cudnn_heuristics,
     graph_step,
-    init_process_group,
     placement_line,
     setup_data,
     setup_device,
     setup_model,
+    start_line,
     step_plan,
 )
 from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
@@ -86,8 +87,11 @@ class Trainer:
         self.device, self.use_cuda = setup_device(cfg.train, dist)
         self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), graph_standin(self.faults))
         fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
-        self.backend, control = init_process_group(dist, self.use_cuda, cfg.train.collective_timeout_s)
-        self.group = RankGroup(dist, control)
+        timeout_s = cfg.train.collective_timeout_s
+        self.backend, control, store = join(dist, self.use_cuda, timeout_s, self.paths.rank_log(dist.rank))
+        # several ranks: each one's heartbeat, read when a collective fails (None: close() after a failed set-up)
+        self.heartbeat = Heartbeat(dist, timeout_s) if store is not None else None
+        self.group = RankGroup(dist, control, store)
         self.checkpointer = Checkpointer(
             run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log, self.inject
         )
@@ -133,7 +137,9 @@ class Trainer:
         if ckpt is not None:
             restore(self.checkpointer.path, ckpt, net.model, net.optimizer, net.scheduler, st)
             self.log(f"resuming from {self.checkpointer.path}: epoch {st.epoch}, batch {st.position}, step {st.step}")
-        resumed = {"step": st.step, "epoch": st.epoch, "position": st.position} if ckpt else None
+        resumed = None
+        if ckpt is not None:
+            resumed = {"step": st.step, "epoch": st.epoch, "position": st.position, "complete": self.finished()}
         error = (
             note_start(self.paths, self.cfg.to_dict(), resumed, self.plan.stop_at, self.log) if self.is_main else None
         )
@@ -163,12 +169,18 @@ class Trainer:
             },
             reason,
             self.plan.stop_at,
+            self.finished(),
         )
+
+    def finished(self) -> bool:
+        """The last step taken and, where it ends an epoch, that epoch's end (evaluation, record) done: a
+        run resumed from its last step's periodic checkpoint still owes it."""
+        return self.state.step >= self.plan.stop_at and self.state.position < self.plan.batches_per_epoch
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> int:
-        st, plan = self.state, self.plan
-        if st.step >= plan.stop_at:
+        st = self.state
+        if self.finished():
             return self.complete_summary()
         self.log_start()
         self.inject.fire("start")
@@ -178,14 +190,14 @@ class Trainer:
             self.cfg.profiler, self.paths.traces, self.dist.rank, self.use_cuda, self.inject
         ) as profiling:
             self.profiling = profiling
-            while st.epoch < self.cfg.train.epochs and st.step < plan.stop_at and not self.stopped:
+            while st.epoch < self.cfg.train.epochs and not self.finished() and not self.stopped:
                 self.run_epoch()
                 # a signal during evaluation stops at the epoch's own checkpoint, not a step later
                 self.stopped = self.stopped or self.group.agree(bool(self.stop.signum))
             if self.stopped and self.checkpointer.saved_step != st.step:
                 self.checkpoint(f"signal {signal.Signals(self.stop.signum or signal.SIGTERM).name}")
-        done = st.step >= plan.stop_at  # a stop signal during the last step still ends a complete run
-        return self.finish(EXIT_OK if done else EXIT_PREEMPTED, profiling)
+        # a stop signal during the last step still ends a complete run: the epoch's end runs regardless
+        return self.finish(EXIT_OK if self.finished() else EXIT_PREEMPTED, profiling)
 
     def complete_summary(self) -> int:
         """A run already at its last step has nothing to train; its summary.json is written if missing or
@@ -198,18 +210,11 @@ class Trainer:
         return self.finish(EXIT_OK, None, recovered=True)
 
     def log_start(self) -> None:
-        cfg, dist, plan = self.cfg, self.dist, self.plan
-        data = "images" if cfg.data.source == "cifar100" else "SYNTHETIC images (data.source: synthetic,"
-        data += f" fraction {cfg.data.fraction:g})" if "(" in data else f" (fraction {cfg.data.fraction:g})"
-        log.info(placement_line(dist.rank, self.summary.where))  # every rank: where it runs
-        for note in filter(None, [window_note(cfg.profiler, plan.stop_at - self.state.step)]):
+        log.info(placement_line(self.dist.rank, self.summary.where))  # every rank: where it runs
+        for note in filter(None, [window_note(self.cfg.profiler, self.plan.stop_at - self.state.step)]):
             self.log(note)
-        self.log(
-            f"training {cfg.model.arch} ({cfg.model.stem} stem) on {len(self.data.subset)} {data}, "
-            f"{dist.world_size} rank(s) [{dist.launcher}], {self.backend} on {self.device.type}, batch "
-            f"{plan.per_gpu}/{'GPU' if self.use_cuda else 'rank'} = {plan.global_batch} global, lr "
-            f"{self.net.base_lr:g}, {plan.steps_per_epoch} steps/epoch, steps {self.state.step} -> {plan.stop_at}"
-        )
+        where = (self.dist, self.backend, self.device)
+        self.log(start_line(self.cfg, where, self.plan, len(self.data.subset), self.net.base_lr, self.state.step))
 
     def epoch_batches(self, order: np.ndarray) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches of the epoch from the current position on."""
@@ -389,5 +394,7 @@ class Trainer:
         """Teardown, whatever happened: the TensorBoard writer and the process group."""
         if self.metrics is not None:
             self.metrics.close()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from conftest import REPO, run_module
 from hpc.core.rundir import RunPaths
 from hpc.training.checkpoint import load_checkpoint
-from trainrun import SMOKE, same_weights, start_ranks, train, wait_all, weights
+from trainrun import SMOKE, metrics, same_weights, start_ranks, train, wait_all, weights
 
 pytestmark = pytest.mark.slow
 STEPS = 32  # 2 epochs of 16 steps: 1000 images, batch 64, one rank
@@ -38,11 +39,16 @@ def run(data_root, run_dir, faults="", world=1, *extra, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def straight(data_root, tmp_path_factory):
+def straight_dir(data_root, tmp_path_factory):
     """The uninterrupted run every faulted one must end like."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     assert run(data_root, run_dir)[0][0] == 0
-    return weights(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def straight(straight_dir):
+    return weights(straight_dir)
 
 
 def check_on_disk(run_dir: Path) -> dict:
@@ -168,6 +174,32 @@ def test_a_rerun_finishes_what_a_kill_after_the_last_checkpoint_left_and_status_
     assert run(data_root, run_dir, "", 1, "--no-profile")[0][0] == 0
     state = run_state(RunPaths(run_dir))
     assert (state.outcome, state.step, state.summary_current) == ("done", STEPS, True)
+
+
+def test_a_kill_before_the_last_evaluation_is_recorded_leaves_it_owed_and_a_rerun_does_it(
+    data_root, tmp_path, straight_dir
+):
+    """A checkpoint at the last step (every 8 steps: step 32 is one) is written before the last epoch's
+    evaluation; SIGKILL in that evaluation leaves a run at its last step whose evaluation never happened.
+    The directory must not say done (hpc.study status reads it), and the rerun must evaluate, record the
+    epoch and write the final checkpoint and summary as the uninterrupted run did: the same weights, and
+    the same evaluation numbers as the uninterrupted run's record (the oracle: that run's own metrics)."""
+    from hpc.core.runstate import run_state
+
+    run_dir, every_8 = tmp_path / "run", ("--set", "train.checkpoint_every_steps=8")
+    (code, out, err), = run(data_root, run_dir, f"signal:KILL@eval:{STEPS}", 1, *every_8)
+    assert code == -signal.SIGKILL, (out[-800:], err[-800:])
+    assert check_on_disk(run_dir)["step"] == STEPS and not RunPaths(run_dir).summary.exists()
+    state = run_state(RunPaths(run_dir))
+    assert (state.outcome, state.step, state.stop_at) == ("stopped", STEPS, STEPS)
+    (code, out, err), = run(data_root, run_dir, "", 1, *every_8)
+    assert code == 0 and "nothing to do" not in out, (out[-800:], err[-800:])
+    assert out.count("epoch 2 done in") == 1 and "checkpoint (epoch end): epoch 2, batch 0, step 32" in out
+    check_finished(run_dir, weights(straight_dir))
+    assert run_state(RunPaths(run_dir)) == run_state(RunPaths(straight_dir))
+    ends = [[r for r in metrics(d) if r["kind"] == "epoch"] for d in (run_dir, straight_dir)]
+    evals = [[{k: v for k, v in r.items() if k.startswith("eval_")} for r in e] for e in ends]
+    assert len(ends[0]) == 2 and evals[0] == evals[1] and evals[0][1], evals
 
 
 # --- the disk -------------------------------------------------------------------------------------------
@@ -328,15 +360,56 @@ def test_a_dead_peer_is_one_line_naming_it_and_a_rerun_resumes(data_root, tmp_pa
     assert check_on_disk(run_dir)["step"] == STEPS // 2 and RunPaths(run_dir).debris() == []  # 500 images a rank
 
 
-def test_a_hung_peer_times_out_into_one_line(data_root, tmp_path):
-    """Rank 1 stops itself (SIGSTOP: alive, silent); rank 0 gives up after the collective timeout."""
+TIMEOUT_S = 10  # train.collective_timeout_s in the frozen-rank tests: the bound is it plus SILENCE_S
+
+
+@pytest.mark.parametrize("frozen, moment", [(1, "step:7"), (0, "step:7"), (1, "start")])
+def test_a_frozen_rank_is_named_with_its_host_within_the_timeout(data_root, tmp_path, frozen, moment):
+    """A rank stops itself (SIGSTOP: alive, silent) inside a step (its peer waits in the gradients'
+    all-reduce) or before its first step (its peer waits for it at the first collective); the survivor
+    ends within train.collective_timeout_s + the heartbeat's silence (hpc/training/rendezvous.py) with
+    one line naming the frozen rank, its host and pid, and saying it is stopped (rank 0, which hosts the
+    run's store, too). The oracle for the name: the pid the test itself started, and /proc's state T."""
+    from hpc.training.rendezvous import SILENCE_S
+
     run_dir = tmp_path / "run"
-    procs = start_ranks(2, command(data_root, run_dir, "--no-profile", "--set", "train.collective_timeout_s=10"),
-                        {"HPC_FAULT_INJECT": "signal:STOP@step:7@rank=1"})
+    procs = start_ranks(2, command(data_root, run_dir, "--no-profile", "--set", f"train.collective_timeout_s={TIMEOUT_S}"),
+                        {"HPC_FAULT_INJECT": f"signal:STOP@{moment}@rank={frozen}"})
+    survivor = 1 - frozen
     try:
-        code, _, err = wait_all(procs[:1], timeout=120)[0]
+        deadline = time.monotonic() + 120
+        while (Path(f"/proc/{procs[frozen].pid}/stat").read_text().split(")")[-1].split()[0] != "T"
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        stopped_at = time.monotonic()
+        code, _, err = wait_all(procs[survivor:survivor + 1], timeout=120)[0]
+        took_s = time.monotonic() - stopped_at
     finally:
-        procs[1].kill()
-        procs[1].wait()
-    assert code == 5 and "Traceback" not in err, err
-    assert "rank 0 lost a peer during step 7: a peer stopped answering" in err and "Timed out" in err
+        procs[frozen].kill()
+        procs[frozen].wait()
+    line = [x for x in err.splitlines() if x.strip()]
+    assert code == 5 and len(line) == 1 and "Traceback" not in err, err
+    who = f"rank {frozen} on {socket.gethostname()} (pid {procs[frozen].pid}, stopped: SIGSTOP or a debugger)"
+    assert who in line[0] and ("Timed out" in line[0] or "Application timeout" in line[0]), line[0]
+    assert ("which hosts the run's store" in line[0]) == (frozen == 0), line[0]
+    assert took_s < TIMEOUT_S + SILENCE_S + 30, took_s  # the bound, with room for a loaded 2-core machine
+
+
+@pytest.mark.parametrize("missing", [1, 0])
+def test_a_rank_that_never_joins_is_named_within_the_timeout(data_root, tmp_path, missing):
+    """One rank of two never starts: the other ends within train.collective_timeout_s (plus start-up)
+    with one line naming it (rank 1: the store's sign-in; rank 0: nobody hosts the store)."""
+    run_dir, came = tmp_path / "run", 1 - missing
+    started = time.monotonic()
+    procs = start_ranks(2, command(data_root, run_dir, "--no-profile", "--set", f"train.collective_timeout_s={TIMEOUT_S}"),
+                        only=[came])
+    code, _, err = wait_all(procs, timeout=180)[0]
+    took_s = time.monotonic() - started
+    line = [x for x in err.splitlines() if x.strip()]
+    assert code == 5 and len(line) == 1 and "Traceback" not in err, err
+    if missing == 1:
+        assert f"rank 0: the group did not form within {TIMEOUT_S} s" in line[0] and "rank 1 never joined" in line[0]
+    else:
+        assert "rank 1 could not reach the run's store at 127.0.0.1:" in line[0], line[0]
+        assert "rank 0, which hosts it, never started there or cannot be reached" in line[0], line[0]
+    assert took_s < TIMEOUT_S + 60, took_s  # the timeout, torch's import and the set-up before the group

@@ -139,13 +139,13 @@ def test_checkpointer_policy_save_and_checked_load(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     state = {"model": {"w": torch.ones(2)}, "optimizer": {}, "scheduler": {}, "epoch": 1, "position": 0, "step": 5,
              "rng": {}}
-    ckpt.save(state, "periodic", stop_at=20)
+    ckpt.save(state, "periodic", stop_at=20, complete=False)
     assert said and "checkpoint (periodic): epoch 1, batch 0, step 5" in said[0] and agreed == [False]
     assert torch.equal(load_checkpoint(ckpt.path)["model"]["w"], torch.ones(2)) and ckpt.saved_step == 5
     assert not list((tmp_path / "checkpoints").glob(".*tmp*"))  # the temp file was renamed
     info = json.loads((tmp_path / "checkpoints" / "last.json").read_text())
     assert (info["step"], info["stop_at"], info["reason"]) == (5, 20, "periodic")
-    ckpt.save({**state, "step": 10, "model": {"w": torch.full((2,), 2.0)}}, "periodic", stop_at=20)
+    ckpt.save({**state, "step": 10, "model": {"w": torch.full((2,), 2.0)}}, "periodic", stop_at=20, complete=False)
     assert load_checkpoint(tmp_path / "checkpoints" / "previous.pt")["step"] == 5  # the one before, kept
     assert load_checkpoint(ckpt.path)["step"] == 10
 
@@ -155,8 +155,8 @@ def test_a_flipped_byte_in_a_tensor_is_found_and_the_previous_checkpoint_offered
     (tmp_path / "checkpoints").mkdir()
     state = {"model": {"w": torch.arange(64, dtype=torch.float32)}, "optimizer": {"state": {0: {"m": torch.ones(3)}}},
              "scheduler": {"lr": [0.1]}, "epoch": 0, "position": 3, "step": 3, "rng": {"python": [3, (1, 2), None]}}
-    ckpt.save(state, "periodic", stop_at=9)
-    ckpt.save({**state, "step": 6}, "periodic", stop_at=9)
+    ckpt.save(state, "periodic", stop_at=9, complete=False)
+    ckpt.save({**state, "step": 6}, "periodic", stop_at=9, complete=False)
     data = bytearray(ckpt.path.read_bytes())
     at = bytes(data).index(torch.arange(64, dtype=torch.float32).numpy().tobytes())  # the tensor's own bytes
     data[at + 100] ^= 0x04
@@ -166,7 +166,7 @@ def test_a_flipped_byte_in_a_tensor_is_found_and_the_previous_checkpoint_offered
         ckpt.load()
     ckpt.use_previous()  # what --resume-from previous does on rank 0
     assert ckpt.load()["step"] == 3 and (tmp_path / "checkpoints" / "damaged.pt").exists()
-    ckpt.save({**state, "step": 4}, "periodic", stop_at=9)  # previous.pt is the step-3 one, not the damaged one
+    ckpt.save({**state, "step": 4}, "periodic", stop_at=9, complete=False)  # previous.pt is the step-3 one, not the damaged one
     assert load_checkpoint(tmp_path / "checkpoints" / "previous.pt")["step"] == 3
     assert not [p.name for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
 
@@ -189,10 +189,10 @@ def test_a_failed_write_is_one_error_on_every_rank(tmp_path):
     blocked.mkdir()  # a directory where the file would go: the rename fails
     state = {"model": {}, "optimizer": {}, "scheduler": {}, "epoch": 0, "position": 0, "step": 1, "rng": {}}
     with pytest.raises(WriteError, match="last.pt: could not be written"):
-        Checkpointer(tmp_path, 0, True, lambda failed: failed, print).save(state, "periodic", 5)
+        Checkpointer(tmp_path, 0, True, lambda failed: failed, print).save(state, "periodic", 5, False)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
     with pytest.raises(WriteError, match="rank 0 could not write the checkpoint"):
-        Checkpointer(tmp_path, 0, False, lambda failed: True, print).save(state, "periodic", 5)
+        Checkpointer(tmp_path, 0, False, lambda failed: True, print).save(state, "periodic", 5, False)
 
 
 # --- submission plan ----------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from hpc.core.files import append_line, write_atomic
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.training.group import DYING_GRACE_S, _ended, cause_of, is_peer_failure, pid_alive
+from hpc.training.group import DYING_GRACE_S, _ended, pid_alive
+from hpc.training.rendezvous import cause_of, is_peer_failure
 from hpc.training.inject import Injector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,20 @@ def test_a_resume_drops_the_records_after_its_step(tmp_path):
     assert truncate_metrics(log, 8) == 2
     assert [r["step"] for r in read_metrics(log)] == [4, 8]
     assert truncate_metrics(tmp_path / "none.jsonl", 8) == 0 and not (tmp_path / "none.jsonl").exists()
+
+
+def test_a_resume_from_an_epochs_last_step_drops_that_epochs_end_record(tmp_path):
+    """A checkpoint of step 16 taken before epoch 1's end (epoch 0 in it) must drop the end's record of
+    step 16 (epoch 1 in it), which the resumed run writes again; one taken after the end keeps it."""
+    log = tmp_path / "metrics.jsonl"
+    records = [("train", 12, 0), ("train", 16, 0), ("epoch", 16, 1), ("train", 20, 1)]
+    text = "".join(json.dumps({"kind": k, "step": s, "epoch": e}) + "\n" for k, s, e in records)
+    log.write_text(text)
+    assert truncate_metrics(log, 16, 0) == 2
+    assert [(r["kind"], r["step"]) for r in read_metrics(log)] == [("train", 12), ("train", 16)]
+    log.write_text(text)
+    assert truncate_metrics(log, 16, 1) == 1
+    assert [(r["kind"], r["step"]) for r in read_metrics(log)] == [("train", 12), ("train", 16), ("epoch", 16)]
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nobody(tmp_path):
@@ -148,6 +163,7 @@ PEER_GONE = [
     "network error, NCCL version 2.21.5",
     "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8, OpType=ALLREDUCE) ran for 600044 "
     "milliseconds before timing out.",
+    "Application timeout caused pair closure",  # gloo in torch 2.14, seen with a frozen peer (SIGSTOP)
 ]
 OWN_ERRORS = ["shape '[16, 3, 32, 32]' is invalid for input of size 12", "fault injection: HPC_FAULT_INJECT=fail"]
 
@@ -186,3 +202,53 @@ def test_a_peer_that_ends_while_its_survivor_asks_is_named():
         assert _ended([(0, os.getpid())], grace_s=0.2) == []  # alive throughout: the grace is spent
     finally:
         child.wait()
+
+
+def test_a_silent_rank_is_the_one_whose_heartbeat_stops_and_a_busy_one_is_not(monkeypatch):
+    """The heartbeat read on a real store (torch's HashStore, in-process): rank 2's count stops, ranks 0
+    and 1 go on counting (one of them is 'blocked in a collective': its thread still counts); a store that
+    does not answer within the silence (a request that blocks for ever, as to a frozen host) is None."""
+    import threading
+
+    import torch.distributed as tdist
+
+    from hpc.training import rendezvous
+
+    monkeypatch.setattr(rendezvous, "SILENCE_S", 0.5)
+    store = tdist.HashStore()
+    done = threading.Event()
+
+    def beat(rank: int) -> None:
+        while not done.wait(0.05):
+            store.add(f"{rendezvous.BEAT}{rank}", 1)
+
+    store.add(f"{rendezvous.BEAT}2", 1)  # rank 2 beat once, then froze
+    threads = [threading.Thread(target=beat, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    try:
+        assert rendezvous.silent_ranks(store, 3, me=0) == [2]
+    finally:
+        done.set()
+
+    class Frozen:  # a store whose requests never come back
+        def add(self, key: str, value: int) -> int:
+            threading.Event().wait()
+            return 0
+
+    assert rendezvous.silent_ranks(Frozen(), 3, me=1) is None  # type: ignore[arg-type]
+
+
+def test_a_missing_rank_is_placed_where_slurms_block_layout_puts_it():
+    """srun's default block distribution: 4 tasks a node, ranks 0-3 on the first host, 4-7 on the second;
+    outside Slurm, or with uneven nodes, no host is guessed."""
+    from hpc.spec.distenv import DistEnv
+    from hpc.training.rendezvous import expected_host, named
+
+    dist = DistEnv(0, 8, 0, 4, 0, 2, "nid001", 29500, "slurm")
+    env = {"SLURM_JOB_NODELIST": "nid[001-002]"}
+    assert [expected_host(r, dist, env) for r in (0, 3, 4, 7)] == ["nid001", "nid001", "nid002", "nid002"]
+    assert expected_host(5, dist, {}) is None
+    assert named([5, 6, 7, 1, 2], dist, env) == (
+        "rank 5 (on nid002), rank 6 (on nid002), rank 7 (on nid002), rank 1 (on nid001) and 1 more"
+    )

@@ -1,0 +1,265 @@
+"""Random faults at moments drawn from a run's own progress: the harness of tests/e2e/test_random_faults.py,
+and of its long run by hand:
+
+    .venv/bin/python tests/faultdraw.py --trials 200 --seed 1 [--out trials.jsonl]
+
+A trial draws, from its seed: the world (1 or 2 gloo ranks), a signal (KILL, TERM, INT, USR2), the rank it
+hits, a moment, and whether a second SIGKILL hits the resume. A moment is the k-th event of the run plus a
+delay: an event is a line the run prints or a file appearing in its directory (a checkpoint's temp file,
+a trace, metrics.jsonl ...), counted as they come by two watcher threads; k is drawn over the events the
+uninterrupted run had, so most trials land inside the run (set-up, a step, a checkpoint write, the
+profiler's export, an evaluation, the summary), not after it. The run is then resumed by the same command
+until it ends, and checked against the uninterrupted run (the oracle): the final weights' sha256 (computed
+here from last.pt, not by the toolkit), the step, a complete summary.json, no temp file anywhere, the same
+metrics records (kind, step, epoch), each once, and a stop that says it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainrun import SMOKE, start_ranks  # noqa: E402
+
+# 2 epochs of 500 images (fraction 0.5 of 1000), batch 64 a rank: 16 steps on one rank, 8 on two
+ARGS = ["--epochs", "2", "--batch-size", "64", "--set", "data.fraction=0.5", "--set", "train.checkpoint_every_steps=3",
+        "--set", "train.collective_timeout_s=20", "--set", "train.log_every_steps=2"]
+SIGNALS = ("KILL", "TERM", "INT", "USR2")
+LOST_SAID = ("lost a peer", "the group did not form", "could not reach the run's store")  # exit 5's lines
+
+
+def command(data_root: Path, run_dir: Path) -> list[str]:
+    return ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir), *ARGS]
+
+
+class Watch:
+    """The events of a running run: rank 0's stdout lines and the files appearing under its directory,
+    counted in the order they come; `fire` sends `sig` to `target` `delay_s` after event `at`."""
+
+    def __init__(self, procs: list[subprocess.Popen], run_dir: Path):
+        self.procs, self.run_dir = procs, run_dir
+        self.events = 0
+        self.lock = threading.Condition()
+        self.out = {i: [] for i in range(len(procs))}
+        self.err = {i: [] for i in range(len(procs))}
+        self.readers = [threading.Thread(target=self._read, args=(i, p.stdout, self.out), daemon=True)
+                        for i, p in enumerate(procs)]
+        self.readers += [threading.Thread(target=self._read, args=(i, p.stderr, self.err), daemon=True)
+                         for i, p in enumerate(procs)]
+        self.files = threading.Thread(target=self._scan, daemon=True)
+        for t in [*self.readers, self.files]:
+            t.start()
+
+    def _event(self) -> None:
+        with self.lock:
+            self.events += 1
+            self.lock.notify_all()
+
+    def _read(self, i: int, stream, sink: dict) -> None:
+        for line in stream:
+            sink[i].append(line)
+            if sink is self.out and i == 0:
+                self._event()
+
+    def _scan(self) -> None:
+        seen: set[str] = set()
+        while any(p.poll() is None for p in self.procs):
+            if self.run_dir.exists():
+                for path in self.run_dir.rglob("*"):
+                    if path.name not in seen and "logs" not in path.parts:
+                        seen.add(path.name)
+                        self._event()
+            time.sleep(0.005)
+
+    def fire(self, at: int, delay_s: float, sig: signal.Signals, target: int) -> bool:
+        """Whether the signal was sent (False: the run ended first)."""
+        with self.lock:
+            while self.events < at and any(p.poll() is None for p in self.procs):
+                self.lock.wait(0.05)
+        time.sleep(delay_s)
+        if self.procs[target].poll() is not None:
+            return False
+        self.procs[target].send_signal(sig)
+        return True
+
+    def finish(self, timeout_s: float = 180) -> list[tuple[int, str, str]]:
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in self.readers:
+            t.join(10)
+        return [(p.returncode, "".join(self.out[i]), "".join(self.err[i])) for i, p in enumerate(self.procs)]
+
+
+def launch(world: int, data_root: Path, run_dir: Path) -> Watch:
+    procs = start_ranks(world, command(data_root, run_dir), {"HPC_LOG_LEVEL": "info"})
+    return Watch(procs, run_dir)
+
+
+def weights_sha256(run_dir: Path) -> str:
+    """The model's tensors in last.pt, hashed here: names, dtypes, shapes and bytes in name order."""
+    model = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["model"]
+    h = hashlib.sha256()
+    for name in sorted(model):
+        t = model[name].contiguous()
+        h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def records(run_dir: Path) -> list[tuple]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return sorted((r["kind"], r["step"], r["epoch"]) for r in map(json.loads, lines))
+
+
+def temp_files(run_dir: Path) -> list[str]:
+    return sorted(str(p) for p in run_dir.rglob("*") if ".tmp" in p.name or p.name.startswith(".write-test."))
+
+
+@dataclasses.dataclass
+class Reference:
+    """The uninterrupted run of a world size: what every faulted one must end like."""
+
+    events: int
+    sha256: str
+    records: list[tuple]
+    steps: int
+
+
+def reference(world: int, data_root: Path, run_dir: Path) -> Reference:
+    watch = launch(world, data_root, run_dir)
+    results = watch.finish()
+    assert all(rc == 0 for rc, _, _ in results), results
+    steps = json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"]
+    return Reference(watch.events, weights_sha256(run_dir), records(run_dir), steps)
+
+
+@dataclasses.dataclass
+class Trial:
+    seed: int
+    world: int
+    sig: str
+    target: int
+    at: int
+    delay_s: float
+    second_kill_at: int | None
+    landed: bool = False
+    codes: list[int] = dataclasses.field(default_factory=list)
+    runs: int = 0
+
+
+def draw(seed: int, refs: dict[int, Reference]) -> Trial:
+    rng = random.Random(seed)
+    world = rng.choice(sorted(refs))
+    events = refs[world].events
+    second = rng.randrange(events) if rng.random() < 0.3 else None
+    return Trial(seed, world, rng.choice(SIGNALS), rng.randrange(world), rng.randrange(events + 1),
+                 round(rng.uniform(0, 0.3), 3), second)
+
+
+def said_it_stopped(trial: Trial, sig: str, results: list[tuple[int, str, str]], early: bool) -> str | None:
+    """What is wrong with how the faulted run ended, None if nothing."""
+    for rank, (rc, out, err) in enumerate(results):
+        if rc == 3 and "stopped by signal, checkpoint written" not in out and rank == 0:
+            return f"rank {rank} exit 3 without saying it stopped"
+        if rc == 5 and not any(said in err for said in LOST_SAID):
+            return f"rank {rank} exit 5 without naming the lost peer: {err.strip().splitlines()[-1:]}"
+        # death by the signal itself: SIGKILL always; the others only before the early handler is in
+        # place (`early`: drawn at the very start), else the stop handler must have caught them
+        dies = sig == "KILL" or early
+        if rc < 0 and not (dies and rank == trial.target and -rc == signal.Signals[f"SIG{sig}"]):
+            return f"rank {rank} died of signal {-rc}"
+        if rc not in (0, 3, 5) and rc >= 0:
+            return f"rank {rank} exit {rc}: {err.strip().splitlines()[-1:] if err.strip() else ''}"
+        if "Traceback" in err:
+            return f"rank {rank} printed a traceback"
+    return None
+
+
+def run_trial(trial: Trial, ref: Reference, data_root: Path, run_dir: Path) -> str | None:
+    """The trial, a second SIGKILL during the resume if drawn, then the resume to the end; what is wrong
+    (None: it ended as the reference did)."""
+    watch = launch(trial.world, data_root, run_dir)
+    trial.landed = watch.fire(trial.at, trial.delay_s, signal.Signals[f"SIG{trial.sig}"], trial.target)
+    results = watch.finish()
+    trial.codes, trial.runs = [rc for rc, _, _ in results], 1
+    wrong = said_it_stopped(trial, trial.sig, results, trial.landed and trial.at == 0)
+    if wrong is None and trial.second_kill_at is not None:
+        watch = launch(trial.world, data_root, run_dir)
+        landed = watch.fire(trial.second_kill_at, trial.delay_s, signal.SIGKILL, trial.target)
+        results = watch.finish()
+        trial.runs += 1
+        wrong = said_it_stopped(trial, "KILL", results, landed)  # (a KILL may always kill)
+    if wrong is None:
+        results = launch(trial.world, data_root, run_dir).finish()
+        trial.runs += 1
+        wrong = None if all(rc == 0 for rc, _, _ in results) else f"the resume ended {[r[0] for r in results]}"
+    return wrong or check_end(run_dir, ref)
+
+
+def check_end(run_dir: Path, ref: Reference) -> str | None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not all(r["complete"] and r["steps"] == ref.steps for r in summary["ranks"]):
+        ends = [(r["complete"], r["steps"]) for r in summary["ranks"]]
+        return f"summary.json not complete at step {ref.steps}: {ends}"
+    if weights_sha256(run_dir) != ref.sha256:
+        return "final weights differ from the uninterrupted run's"
+    if temp_files(run_dir):
+        return f"temp files left: {temp_files(run_dir)}"
+    got = records(run_dir)
+    if got != ref.records:
+        return f"metrics records differ: extra {sorted(set(got) - set(ref.records))}, missing " \
+               f"{sorted(set(ref.records) - set(got))}, {len(got)} vs {len(ref.records)}"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="random faults, drawn from a seed, against an uninterrupted run")
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/faultdraw"))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    from hpc.training import data
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    data_root = args.work / "data"
+    if not data_root.exists():
+        data.synthesize(data_root, n_train=1000, n_test=250, seed=0)
+    refs = {w: reference(w, data_root, args.work / f"straight{w}-{os.getpid()}") for w in (1, 2)}
+    failures, landed, tally = 0, 0, {}
+    for i in range(args.trials):
+        trial = draw(args.seed * 100_000 + i, refs)
+        wrong = run_trial(trial, refs[trial.world], data_root, args.work / f"trial{trial.seed}")
+        failures += wrong is not None
+        landed += trial.landed
+        tally[trial.sig] = tally.get(trial.sig, 0) + 1
+        line = {**dataclasses.asdict(trial), "wrong": wrong}
+        print(json.dumps(line), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(line) + "\n")
+    print(f"{args.trials} trials, {landed} landed inside the run, signals {tally}, {failures} ended otherwise than "
+          "the uninterrupted run", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
