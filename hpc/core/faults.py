@@ -9,6 +9,8 @@ process: hpc/training/inject.py).
                                                 MOMENT of optimizer step N (every time it comes without
                                                 N), on rank R only (every rank without it)
            kill-during-checkpoint               = signal:KILL@checkpoint once a checkpoint exists
+           slow-step:MS[@rank=R]                every optimizer step sleeps MS milliseconds first (on rank R
+                                                only): a straggler, or a run made long enough to act on
            graph-capture-fail[@rank=R]          the graph check's capture raises (on rank R only)
            graph-mismatch[@rank=R]              the graph check's replay leaves wrong weights (rank R)
            graph-slow[@rank=R]                  the graph check outlasts train.graph_check_timeout_s
@@ -44,13 +46,16 @@ _SIGNAL = re.compile(rf"signal:({'|'.join(SIGNALS)})@({'|'.join(MOMENTS)})(?::(\
 KILL_DURING_CHECKPOINT = "kill-during-checkpoint"
 GRAPH_FAULTS = ("capture-fail", "mismatch", "slow")  # what the graph check (hpc/training/graphcheck.py) meets
 GRAPH_STANDIN = "graph-standin"
+_SLOW = re.compile(r"slow-step:(\d{1,7})(?:@rank=(\d{1,6}))?")
 _GRAPH = re.compile(rf"graph-({'|'.join(GRAPH_FAULTS)})(?:@rank=(\d{{1,6}}))?")
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # oom | fail | signal | graph | graph-standin
-    step: int | None = None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each)
+    kind: str  # oom | fail | signal | slow | graph | graph-standin
+    step: int | None = (
+        None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each); slow: ms
+    )
     batch: int | None = None  # only runs of this per-GPU batch
     world: int | None = None  # only runs of this many ranks
     signal: str | None = None  # signal: KILL, TERM, INT or USR2
@@ -75,6 +80,8 @@ def _entry(entry: str, text: str, source: str) -> Fault:
         return Fault(GRAPH_STANDIN)
     if m := _GRAPH.fullmatch(entry):
         return Fault("graph", moment=m.group(1), rank=int(m.group(2)) if m.group(2) else None)
+    if m := _SLOW.fullmatch(entry):
+        return Fault("slow", int(m.group(1)), rank=int(m.group(2)) if m.group(2) else None)
     if m := _SIGNAL.fullmatch(entry):
         step = int(m.group(3)) if m.group(3) else None
         return Fault("signal", step, signal=m.group(1), moment=m.group(2), rank=int(m.group(4)) if m.group(4) else None)
@@ -84,8 +91,8 @@ def _entry(entry: str, text: str, source: str) -> Fault:
     raise UsageError(
         f"{source}={text[:200]!r}: entry {entry[:80]!r} is not oom-at-step:N, fail-at-step:N (each with optional "
         f"@batch=B@world=W), signal:SIG@MOMENT[:N][@rank=R] (SIG {'|'.join(SIGNALS)}, MOMENT "
-        f"{'|'.join(MOMENTS)}), {KILL_DURING_CHECKPOINT}, graph-{{{','.join(GRAPH_FAULTS)}}}[@rank=R] "
-        f"or {GRAPH_STANDIN}"
+        f"{'|'.join(MOMENTS)}), slow-step:MS[@rank=R], {KILL_DURING_CHECKPOINT}, "
+        f"graph-{{{','.join(GRAPH_FAULTS)}}}[@rank=R] or {GRAPH_STANDIN}"
     )
 
 

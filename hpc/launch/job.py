@@ -136,6 +136,8 @@ def skip_native_teardown(result_pickle: Path) -> None:
     leaves the normal exit and its exit code alone."""
     import atexit
 
+    from hpc.core.stop import exit_now
+
     def leave() -> None:
         from submitit.core.utils import pickle_load
 
@@ -145,9 +147,7 @@ def skip_native_teardown(result_pickle: Path) -> None:
             return
         if done:
             logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            exit_now(0)
 
     atexit.register(leave)
 

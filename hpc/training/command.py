@@ -174,12 +174,12 @@ def train_or_oom(
         )
         raise PeerLostError(f"{lost}; traceback in {kept}") from None
     finally:
-        stop.restore()
         if trainer is not None:
             trainer.close()
         lock.release()
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()
+        stop.restore()  # last: a stop signal during the teardown is caught, not the process's death (seen)
 
 
 def keep_traceback(paths: RunPaths, rank: int) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import torch
@@ -19,10 +20,12 @@ import torch
 from hpc.core.faults import VARIABLE, Fault
 
 
-def raise_at_step(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int, world: int) -> None:
-    """Before optimizer step `next_step`: raise CUDA's OutOfMemoryError (oom) or a RuntimeError (fail: a
-    crash with an error line, as a bug or a dead node gives) when asked to."""
+def raise_at_step(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int, world: int, rank: int = 0) -> None:
+    """Before optimizer step `next_step`: sleep (slow), or raise CUDA's OutOfMemoryError (oom) or a
+    RuntimeError (fail: a crash with an error line, as a bug or a dead node gives) when asked to."""
     for fault in faults:
+        if fault.kind == "slow" and fault.rank in (None, rank):
+            time.sleep((fault.step or 0) / 1000)
         if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
             continue
         spec = os.environ.get(VARIABLE, "")

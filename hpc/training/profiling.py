@@ -172,6 +172,24 @@ def publish_trace(prof: profile, folder: Path, worker: str, inject: Injector = N
     return name, reason
 
 
+def start_notes(cfg: ProfilerConfig, steps: int, cuda: bool) -> list[str]:
+    """What the profiler's set-up says once at the start of training (see window_note and memory_note)."""
+    return [note for note in (window_note(cfg, steps), memory_note(cfg, cuda)) if note]
+
+
+def memory_note(cfg: ProfilerConfig, cuda: bool) -> str | None:
+    """With memory recorded on the CPU, torch's CPU allocator prints (once a process, from C++, so it
+    cannot be filtered here) 'Memory block of unknown size was allocated before the profiling started':
+    a block made before the window opened was freed inside it. Said once, in our words, beside it."""
+    if not cfg.enabled or cuda or not (cfg.profile_memory or cfg.memory_categories):
+        return None
+    return (
+        "profiler: memory is recorded from the window's start; torch's warning 'Memory block of unknown size "
+        "was allocated before the profiling started' means a block made before it was freed inside it: the "
+        "memory view leaves out that free, and nothing else"
+    )
+
+
 def window_note(cfg: ProfilerConfig, steps: int) -> str | None:
     """Said at start-up when a run of `steps` more steps ends before the profiler's first window closes
     (its trace would be missing, or cut to the steps it reached), else None."""

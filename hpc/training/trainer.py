@@ -49,7 +49,7 @@ from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, TrainState, evaluate
-from hpc.training.profiling import Profiling, maybe_profile, window_note
+from hpc.training.profiling import Profiling, maybe_profile, start_notes
 from hpc.training.rendezvous import Heartbeat, join
 from hpc.training.setup import (
     batch_plan,
@@ -211,7 +211,7 @@ class Trainer:
 
     def log_start(self) -> None:
         log.info(placement_line(self.dist.rank, self.summary.where))  # every rank: where it runs
-        for note in filter(None, [window_note(self.cfg.profiler, self.plan.stop_at - self.state.step)]):
+        for note in start_notes(self.cfg.profiler, self.plan.stop_at - self.state.step, self.use_cuda):
             self.log(note)
         where = (self.dist, self.backend, self.device)
         self.log(start_line(self.cfg, where, self.plan, len(self.data.subset), self.net.base_lr, self.state.step))
@@ -251,7 +251,7 @@ class Trainer:
         while st.position < plan.batches_per_epoch:
             if st.position % plan.grad_accum == 0:  # an optimizer step's first micro-batch, data included
                 self.timer.start()
-                raise_at_step(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size)
+                raise_at_step(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size, self.dist.rank)
             if self.micro_step(*next(batches)):
                 break
         if st.position >= plan.batches_per_epoch:

@@ -413,3 +413,13 @@ def test_a_rank_that_never_joins_is_named_within_the_timeout(data_root, tmp_path
         assert "rank 1 could not reach the run's store at 127.0.0.1:" in line[0], line[0]
         assert "rank 0, which hosts it, never started there or cannot be reached" in line[0], line[0]
     assert took_s < TIMEOUT_S + 60, took_s  # the timeout, torch's import and the set-up before the group
+
+
+def test_torchs_memory_warning_comes_at_most_once_and_is_said_in_our_words(data_root, tmp_path):
+    """A profiled CPU run records memory (profiler.profile_memory): torch's CPU allocator prints, from C++,
+    'Memory block of unknown size was allocated before the profiling started' (a block made before the
+    window, freed inside it). It comes at most once a process, and the run says once what it means."""
+    (code, out, err), = run(data_root, tmp_path / "run")
+    assert code == 0, err[-800:]
+    assert err.count("Memory block of unknown size") <= 1, err[-800:]
+    assert out.count("profiler: memory is recorded from the window's start") == 1, out[-800:]

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from conftest import processes
 from trainrun import same_weights, weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,3 +184,71 @@ def test_a_job_requeued_from_outside_checkpoints_resumes_and_matches(data_root, 
     log = (tmp_path / f"requeued-{jobs['requeued']}.txt").read_text()
     assert "checkpoint (signal SIGTERM)" in log and "resuming from" in log, log[-3000:]
     assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "requeued"))
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("tasks_per_node", [1, 2])
+def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_root, tmp_path, tasks_per_node):
+    """A 2-node job (2 tasks each) loses nid002 mid-run: the node is set DOWN (`scontrol update ... state=down`,
+    as Slurm does when a node stops answering), which kills its tasks; Slurm requeues the job itself (the
+    script's --requeue; the survivors' exit is not what requeues it), the job waits for two nodes, runs
+    again when nid002 is back, and resumes from the last checkpoint to the end. The oracle: the same job
+    run without the fault: with 2 ranks (one task a node) the same weights bit for bit. With 4 ranks they
+    are not: the resumed run's first step reduces the gradients in DDP's initial buckets where the
+    uninterrupted run had rebuilt them, a float32 rounding apart that the steps after it grow (7.9e-4
+    at most after 50 steps, measured here); the test then bounds the difference and says so."""
+    env = stand_ins(tmp_path / "bin")
+    train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "4", "--no-profile",
+             "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=4"]
+    jobs = {}
+    for name in ("straight", "lost"):
+        r = subprocess.run(["sbatch", "--parsable", "--export=ALL", "-N", "2", f"--ntasks-per-node={tasks_per_node}",
+                            "-o", str(tmp_path / f"{name}-%j.txt"), "jobs/resnet152.sbatch", *train, "--run-dir",
+                            str(tmp_path / name)], capture_output=True, text=True, cwd=REPO, env=env)
+        assert r.returncode == 0, r.stderr
+        jobs[name] = r.stdout.strip()
+        if name == "straight":
+            wait_gone(jobs[name], 600)
+            assert job_state(jobs[name])["JobState"] == "COMPLETED", job_state(jobs[name])
+    wait_for_steps(tmp_path / "lost" / "metrics.jsonl", 9)
+    try:
+        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=DOWN", "Reason=test-lost-node"], check=True)
+        deadline = time.time() + 120
+        while "Restarts=0" in subprocess.run(["scontrol", "show", "job", "-o", jobs["lost"]], capture_output=True,
+                                             text=True).stdout and time.time() < deadline:
+            time.sleep(0.5)
+        state = job_state(jobs["lost"])
+        assert int(state["Restarts"]) == 1, state  # requeued by Slurm: completing, then pending for two nodes
+        # The old tasks gone (nothing writes the run directory until the node is back) and the node done
+        # with them: a node resumed while Slurm still kills the job's old step there kills the new one.
+        while time.time() < deadline and (
+            job_state(jobs["lost"])["JobState"] == "COMPLETING"
+            or any(str(tmp_path / "lost") in cmd for cmd in processes().values())
+            or "comp" in subprocess.run(["sinfo", "-h", "-n", "nid002", "-o", "%t"], capture_output=True,
+                                        text=True).stdout):
+            time.sleep(0.5)
+        time.sleep(3)
+        kept = json.loads((tmp_path / "lost" / "checkpoints" / "last.json").read_text())["step"]
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=RESUME"], capture_output=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", jobs["lost"]], capture_output=True,
+                                                    text=True).stdout.strip():
+        if job_state(jobs["lost"]).get("Reason") == "BeginTime":  # Slurm holds a requeued job; cut it short
+            subprocess.run(["scontrol", "update", f"JobId={jobs['lost']}", "StartTime=now"], capture_output=True)
+        time.sleep(1)
+    state = job_state(jobs["lost"])
+    assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
+    log = (tmp_path / f"lost-{jobs['lost']}.txt").read_text()
+    resumed = int(re.match(r".*, step (\d+)$", log.split("resuming from", 1)[1].splitlines()[0])[1])
+    assert resumed == kept, (kept, resumed)  # the checkpoint on disk when the node went (its last, or the stop's)
+    summary = json.loads((tmp_path / "lost" / "summary.json").read_text())
+    assert all(r["complete"] for r in summary["ranks"]) and len(summary["ranks"]) == 2 * tasks_per_node
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "lost")
+    if tasks_per_node == 1:
+        assert same_weights(a, b)  # 2 ranks: bit for bit
+    else:  # 4 ranks: the first resumed step's rounding, grown over the 50 steps after it (measured: 7.9e-4)
+        worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+        assert a.keys() == b.keys() and worst <= 1e-2, worst
