@@ -186,6 +186,8 @@ def said_it_stopped(trial: Trial, sig: str, results: list[tuple[int, str, str]],
         dies = sig == "KILL" or early
         if rc < 0 and not (dies and rank == trial.target and -rc == signal.Signals[f"SIG{sig}"]):
             return f"rank {rank} died of signal {-rc}"
+        if early and sig == "INT" and rank == trial.target and err.rstrip().endswith("KeyboardInterrupt"):
+            continue  # Ctrl-C before the door's handler exists (Python's start-up, ~30-60 ms): Python's own
         if rc not in (0, 3, 5) and rc >= 0:
             return f"rank {rank} exit {rc}: {err.strip().splitlines()[-1:] if err.strip() else ''}"
         if "Traceback" in err:
