@@ -38,11 +38,18 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
-        return fields[0] not in ("Z", "X") and fields[20] != "0"  # state; vsize, the 23rd field
-    except (OSError, IndexError):
+    fields = proc_stat(pid)
+    if fields is None or len(fields) < 21:
         return True
+    return fields[0] not in ("Z", "X") and fields[20] != "0"  # state; vsize, the 23rd field
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), None if they cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+    except OSError:
+        return None
 
 
 class RankGroup:
@@ -141,10 +148,8 @@ class RankGroup:
 
 def process_state(pid: int) -> str | None:
     """The state letter of process `pid` of this host (R, S, D, T, Z ...), None if it cannot be read."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
 
 
 def _ended(peers: list[tuple[int, int]], grace_s: float = DYING_GRACE_S) -> list[str]:
