@@ -53,15 +53,14 @@ _GRAPH = re.compile(rf"graph-({'|'.join(GRAPH_FAULTS)})(?:@rank=(\d{{1,6}}))?")
 @dataclasses.dataclass(frozen=True)
 class Fault:
     kind: str  # oom | fail | signal | slow | graph | graph-standin
-    step: int | None = (
-        None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each); slow: ms
-    )
+    step: int | None = None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each)
     batch: int | None = None  # only runs of this per-GPU batch
     world: int | None = None  # only runs of this many ranks
     signal: str | None = None  # signal: KILL, TERM, INT or USR2
     moment: str | None = None  # signal: one of MOMENTS; graph: one of GRAPH_FAULTS
-    rank: int | None = None  # signal, graph: only this rank
+    rank: int | None = None  # signal, slow, graph: only this rank
     once_saved: bool = False  # kill-during-checkpoint: only once a checkpoint exists
+    ms: int = 0  # slow: how long each optimizer step sleeps first
 
     def hits(self, next_step: int, batch_per_gpu: int, world: int) -> bool:
         return self.step == next_step and self.batch in (None, batch_per_gpu) and self.world in (None, world)
@@ -81,7 +80,7 @@ def _entry(entry: str, text: str, source: str) -> Fault:
     if m := _GRAPH.fullmatch(entry):
         return Fault("graph", moment=m.group(1), rank=int(m.group(2)) if m.group(2) else None)
     if m := _SLOW.fullmatch(entry):
-        return Fault("slow", int(m.group(1)), rank=int(m.group(2)) if m.group(2) else None)
+        return Fault("slow", rank=int(m.group(2)) if m.group(2) else None, ms=int(m.group(1)))
     if m := _SIGNAL.fullmatch(entry):
         step = int(m.group(3)) if m.group(3) else None
         return Fault("signal", step, signal=m.group(1), moment=m.group(2), rank=int(m.group(4)) if m.group(4) else None)

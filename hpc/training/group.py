@@ -21,7 +21,7 @@ import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
 from hpc.spec.distenv import DistEnv
-from hpc.training.rendezvous import SILENCE_S, cause_of, silent_ranks
+from hpc.training.rendezvous import SILENCE_S, cause_of, first_few, silent_ranks
 
 # A killed rank's sockets close before its process has ended (the kernel releases its memory, closes its
 # files, and only then makes it a zombie), so its peer may ask while it is still exiting: ask again for
@@ -125,8 +125,7 @@ class RankGroup:
         if silent is None:
             return f"{self.who(0)}, which hosts the run's store, stopped answering (frozen, or gone)"
         if silent:
-            more = f" and {len(silent) - 4} more" if len(silent) > 4 else ""
-            who = ", ".join(self.who(r) for r in silent[:4]) + more
+            who = first_few([self.who(r) for r in silent])
             return f"{who} stopped answering: no heartbeat for {SILENCE_S:g} s (frozen, or its node is gone)"
         elsewhere = sorted({h for _, h, _ in peers if h != host})
         if elsewhere:

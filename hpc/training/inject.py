@@ -25,7 +25,7 @@ def raise_at_step(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int,
     RuntimeError (fail: a crash with an error line, as a bug or a dead node gives) when asked to."""
     for fault in faults:
         if fault.kind == "slow" and fault.rank in (None, rank):
-            time.sleep((fault.step or 0) / 1000)
+            time.sleep(fault.ms / 1000)
         if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
             continue
         spec = os.environ.get(VARIABLE, "")

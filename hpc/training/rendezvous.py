@@ -115,9 +115,10 @@ def join(
     """(backend, control group, the run's store): NCCL or gloo for the model; stop and divergence flags
     travel on a CPU (gloo) group, so checking them costs no GPU synchronisation. A rank that does not come
     within `timeout_s` is a PeerLostError naming it; c10d's own words while waiting go to `log_path`."""
+    timeout = dt.timedelta(seconds=timeout_s)
     with stderr_to(log_path if dist.world_size > 1 else None):
-        backend, store = _form(dist, use_cuda, dt.timedelta(seconds=timeout_s))
-        control = tdist.new_group(backend="gloo", timeout=dt.timedelta(seconds=timeout_s)) if use_cuda else None
+        backend, store = _form(dist, use_cuda, timeout)
+        control = tdist.new_group(backend="gloo", timeout=timeout) if use_cuda else None
     return backend, control if isinstance(control, tdist.ProcessGroup) else None, store  # None: the default group
 
 
@@ -170,14 +171,16 @@ def expected_host(rank: int, dist: DistEnv, env: Mapping[str, str]) -> str | Non
     return hosts[node] if node < len(hosts) else None
 
 
+def first_few(words: list[str], most: int = 4) -> str:
+    """'a, b, c, d and 2 more': a line names a few ranks, not a thousand."""
+    more = f" and {len(words) - most} more" if len(words) > most else ""
+    return ", ".join(words[:most]) + more
+
+
 def named(ranks: list[int], dist: DistEnv, env: Mapping[str, str], most: int = 4) -> str:
     """'rank 3 (on nid002), rank 7 (on nid002) and 2 more': the first few, with their expected hosts."""
-    words = []
-    for r in ranks[:most]:
-        host = expected_host(r, dist, env)
-        words.append(f"rank {r}" + (f" (on {host})" if host else ""))
-    more = f" and {len(ranks) - most} more" if len(ranks) > most else ""
-    return ", ".join(words) + more
+    hosts = {r: expected_host(r, dist, env) for r in ranks[:most]}
+    return first_few([f"rank {r}" + (f" (on {hosts[r]})" if hosts.get(r) else "") for r in ranks], most)
 
 
 def never_joined(store: tdist.Store, dist: DistEnv) -> str:
