@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from tiers import REPO, SHARED_TRACES, Tiers, browser_missing
 
 # Property-based tests (tests/unit/test_properties_*.py): CI runs a fixed, derandomized sequence of
 # examples within its time budget; `HYPOTHESIS_PROFILE=long HPC_FUZZ_SCALE=20` runs fresh random ones,
@@ -21,8 +22,6 @@ settings.register_profile("ci", derandomize=True, deadline=None, database=None, 
 settings.register_profile("long", parent=settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO.parent / "shared" / "traces"
 GPU_RESULTS = REPO / "results" / "gpu"  # what tests/gpu/run.sh measured on an H100, committed
 OWN_GPU_TRACE = GPU_RESULTS / "resnet152_rank0.pt.trace.json.gz"  # this toolkit's own ResNet152 trace
 TB_PLUGIN = "/data/plugin/pytorch_profiler"  # torch-tb-profiler's HTTP API
@@ -39,6 +38,10 @@ def slurm_up() -> str | None:
     if len(idle) < 2:
         return f"Slurm cluster has fewer than 2 usable nodes: {r.stdout.strip()!r}"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Tiers(slurm_up), "tiers")
 
 
 @pytest.fixture(autouse=True)
@@ -124,10 +127,10 @@ def headless_chromium(width: int = 1400, height: int = 1000, offline: bool = Fal
     """Debian's chromium driven by selenium, headless; skips (saying why) where absent. offline: every host
     name but 127.0.0.1 fails to resolve, as on a compute node (this machine has no internet anyway; the
     rule makes the test not depend on that)."""
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (tests/run.sh installs them as root)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e .[test])")
+    reason = browser_missing()
+    if reason:
+        pytest.skip(reason)
+    from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
@@ -136,8 +139,8 @@ def headless_chromium(width: int = 1400, height: int = 1000, offline: bool = Fal
                 "--disable-dev-shm-usage", f"--window-size={width},{height}", "--allow-file-access-from-files",
                 *(["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"] if offline else [])]:
         options.add_argument(arg)
-    options.binary_location = chromium
-    browser = webdriver.Chrome(options=options, service=Service(driver_path))
+    options.binary_location = shutil.which("chromium")
+    browser = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
     try:
         yield browser
     finally:

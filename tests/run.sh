@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: install the package with its test extras into .venv, start the local
-# Perlmutter-shaped Slurm cluster when we are root (tests marked `slurm` skip, saying why, otherwise),
-# and run the whole suite. Extra arguments go to pytest (e.g. `bash tests/run.sh -k distenv`).
+# Perlmutter-shaped Slurm cluster and install Chromium when we are root, and run the whole suite. Extra
+# arguments go to pytest (e.g. `bash tests/run.sh -k distenv`). As root (CI) every tier but the GPU one
+# must run: a cluster that does not come up, a browser that cannot be installed or a tier whose tests
+# all skip fails the run (HPC_REQUIRE_TIERS=1, tests/tiers.py). Not root, those tests skip, saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +12,8 @@ python3 -m venv .venv
 .venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
 
 if [ "$(id -u)" = 0 ]; then
-    bash tests/slurm/cluster.sh start || echo "tests/run.sh: Slurm cluster did not start; slurm tests will skip" >&2
+    export HPC_REQUIRE_TIERS=1
+    bash tests/slurm/cluster.sh start || { echo "tests/run.sh: the Slurm cluster did not start (above)" >&2; exit 1; }
 else
     echo "tests/run.sh: not root, so no local Slurm cluster; slurm tests will skip" >&2
 fi
@@ -19,7 +22,7 @@ if [ "$(id -u)" = 0 ] && { ! command -v chromium >/dev/null || ! command -v chro
     export DEBIAN_FRONTEND=noninteractive
     (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
         || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }) \
-        || echo "tests/run.sh: could not install chromium; browser tests will skip" >&2
+        || { echo "tests/run.sh: could not install chromium and chromium-driver" >&2; exit 1; }
 fi
 export HPC_ARTIFACTS="${HPC_ARTIFACTS:-$PWD/artifacts}"  # the TensorBoard screenshot lands here
 

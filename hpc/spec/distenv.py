@@ -211,12 +211,9 @@ def _from_srun(env: Mapping[str, str]) -> DistEnv:
 
 def _from_submitit_local(env: Mapping[str, str]) -> DistEnv:
     src = "submitit local"
-    _require(
-        env,
-        ["SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID"],
-        src,
-        "SUBMITIT_EXECUTOR=local",
-    )
+    # what made this submitit's local executor: say that, not what was not set
+    seen = "SUBMITIT_EXECUTOR=local" if env.get("SUBMITIT_EXECUTOR") == "local" else "SUBMITIT_LOCAL_NTASKS is set"
+    _require(env, ["SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID"], src, seen)
     world_size = env_int(env, "SUBMITIT_LOCAL_NTASKS", src, minimum=1)
     rank = env_int(env, "SUBMITIT_LOCAL_GLOBALID", src)
     if not 0 <= rank < world_size:
@@ -309,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=3, help="with --torchrun-args (default 3)")
     args = parser.parse_args(argv)
     if args.hostlist is not None:
-        print("\n".join(expand_hostlist(args.hostlist)))
+        try:
+            hosts = expand_hostlist(args.hostlist)
+        except HostlistError as e:
+            raise DistEnvError(f"--hostlist: {e}") from None
+        for host in hosts:  # none, nothing printed (as scontrol show hostnames)
+            print(host)
         return EXIT_OK
     if args.torchrun_args is not None:
         print(" ".join(shlex.quote(a) for a in slurm_torchrun_args(os.environ, args.torchrun_args, args.max_restarts)))

@@ -11,8 +11,7 @@ import pytest
 from analysis.trace import analyze_trace
 from conftest import SHARED_TRACES
 
-pytestmark = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
-                                reason=f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
+pytestmark = pytest.mark.traces
 NO_HTA = "traceinsight (HolisticTraceAnalysis) not installed: pip install -e .[oracle]"
 SETS = {
     "nccl_data": ["hta_single/nccl_data.json.gz"],

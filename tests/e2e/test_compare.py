@@ -19,7 +19,7 @@ from test_analysis import cpu_run  # noqa: F401  (the fixture: a 2-rank CPU run 
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"{TRACES} is absent (a clone without ../shared)")
+needs_traces = pytest.mark.traces
 
 
 def compare(*args: str) -> subprocess.CompletedProcess:

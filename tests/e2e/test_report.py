@@ -81,6 +81,7 @@ def test_report_is_self_contained(sweep):
     assert 'href="../9_1/traces"' in page  # each run links its traces, relative to the report
 
 
+@pytest.mark.browser
 def test_report_in_headless_chromium(sweep):
     with headless_chromium(width=1500, height=1200) as browser:
         from selenium.webdriver.common.by import By

@@ -2,6 +2,7 @@
 its status, a failed point resubmitted, an out-of-memory point, and a 2-node point. CPU ranks with gloo;
 the failure and the OOM are injected (HPC_FAULT_INJECT, hpc/training/oom.py): no GPU here."""
 
+import html
 import json
 import os
 import re
@@ -104,7 +105,15 @@ def test_two_node_point_ran_two_by_two_ranks(sweep_dir):
 def test_oom_point_is_a_row_of_the_report(sweep_dir):
     sweep_md = (sweep_dir / "analysis" / "sweep.md").read_text()
     assert sum(" oom " in line for line in sweep_md.splitlines()) == 1
-    assert "OOM" in (sweep_dir / "analysis" / "report.html").read_text() or " oom " in sweep_md
+    # report.html: one row marked oom, and it is the point FAULTS ran out of memory (batch 8, 4 ranks)
+    page = (sweep_dir / "analysis" / "report.html").read_text()
+    rows = re.findall(r'<tr class="oom">(.*?)</tr>', page)
+    assert len(rows) == 1, rows
+    table = page[page.rfind("<table>", 0, page.find('<tr class="oom">')):]
+    headers = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("</tr>", 1)[0])]
+    row = dict(zip(headers, (html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[0])), strict=True))
+    assert row["outcome"] == "oom" and row["batch_size_per_gpu"] == "8", row
+    assert int(row["gpus"]) * int(row["nodes"]) == 4, row
 
 
 def test_resubmit_failed_completes_the_point_and_rebuilds_the_report(sweep_dir, data_root):

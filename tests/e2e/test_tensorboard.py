@@ -51,7 +51,7 @@ def test_runs_workers_and_scalars(server):
     assert "train/loss" in tags["smoke/tensorboard"]
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"real GPU traces not found at {SHARED_TRACES}")
+@pytest.mark.traces
 def test_gpu_trace_gets_device_time_per_operator(server, logdir):
     row = tb_operator_row(server, "nccl_data", "aten::cudnn_convolution")
     assert row["device_self_duration"] > 0 and row["calls"] == 159
@@ -67,7 +67,7 @@ def test_own_h100_trace_has_steps_and_device_time(server):
     assert row["calls"] == 2 * 155 and row["device_self_duration"] > 0
 
 
-@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"real GPU traces not found at {SHARED_TRACES}")
+@pytest.mark.traces
 def test_the_unpatched_plugin_shows_zero_device_time(logdir):
     """Why the launcher exists: plain TensorBoard with torch-tb-profiler 0.4.3 reads 0 here. If this
     starts failing, upstream fixed the plugin and the patch can go."""
@@ -80,6 +80,7 @@ def test_the_unpatched_plugin_shows_zero_device_time(logdir):
         proc.wait(timeout=30)
 
 
+@pytest.mark.browser
 def test_profiler_tab_in_headless_chromium(server):
     with headless_chromium() as browser:
         from selenium.webdriver.common.by import By
@@ -149,6 +150,7 @@ def charts_drawn(browser, timeout_s: float = 60) -> list[dict]:
     return found or []
 
 
+@pytest.mark.browser
 def test_the_charts_draw_without_a_network(server):
     """Offline, Google Charts cannot load: the Overview's execution summary and step-time breakdown, the
     Operator and Kernel pies and the memory curves are drawn by the vendored Chart.js, each a chart and
@@ -180,6 +182,7 @@ def test_the_charts_draw_without_a_network(server):
     assert curve["type"] == "line" and len(curve["drawn"]) == 2 and min(curve["drawn"]) > 100  # allocated, reserved
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("run", ["smoke/traces", "h100"])
 def test_the_trace_tab_draws_without_a_network(server, run):
     """torch-tb-profiler's trace view asks a CDN for the Web Components polyfill; offline its timeline

@@ -3,12 +3,14 @@
 import gzip
 import json
 import signal
+import socket
 import time
 
 import pytest
 import torch
 
 from conftest import assert_one_line_error, run_module
+from hpc.core.errors import EXIT_PEER_LOST
 from trainrun import SMOKE, metrics, same_weights, start_ranks, summary, train, wait_all, weights
 
 
@@ -102,14 +104,22 @@ def test_nonfinite_loss_stops_with_step_and_rank(data_root, tmp_path):
 
 
 def test_dead_peer_ends_the_run(data_root, tmp_path):
-    procs = start_ranks(2, common(data_root, tmp_path / "dead", "--epochs", "50", "--no-profile",
-                                  "--set", "train.collective_timeout_s=20"))
-    time.sleep(8)
+    run = tmp_path / "dead"
+    procs = start_ranks(2, common(data_root, run, "--epochs", "50", "--no-profile", "--set",
+                                  "train.collective_timeout_s=20", "--set", "train.log_every_steps=1"))
+    deadline = time.monotonic() + 180  # both ranks train once the first step's record is written
+    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 1):
+        assert time.monotonic() < deadline and procs[0].poll() is None, "no step recorded"
+        time.sleep(0.2)
     procs[1].kill()
     start = time.time()
     rc, _, stderr = wait_all(procs[:1], timeout=120)[0]
     procs[1].wait()
-    assert rc not in (0, None) and time.time() - start < 60, stderr[-500:]
+    # a peer lost is exit 5 (requeue and resume), the line naming the rank, its pid and its host
+    assert rc == EXIT_PEER_LOST and time.time() - start < 60, stderr[-500:]
+    line = stderr.strip().splitlines()[-1]
+    assert "rank 0 lost a peer during step" in line, line
+    assert f"rank 1 (pid {procs[1].pid}) on {socket.gethostname()} ended" in line, line
 
 
 def test_no_profile_writes_no_traces(data_root, tmp_path):

@@ -58,8 +58,7 @@ EXPECTED = {  # trace: (verdict, secondary, why)
         "8 MI300X ranks: RCCL kernels exposed 64% of the span; all-reduce at 2.6 GB/s bus bandwidth"),
 }
 
-pytestmark = pytest.mark.skipif(not SHARED_TRACES.is_dir(),
-                                reason=f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
+pytestmark = pytest.mark.traces
 
 
 def test_every_shared_trace_has_its_expected_verdict():
@@ -95,6 +94,7 @@ def test_the_verdict_is_in_the_json_and_first_in_the_tables():
     assert "## Verdict\n\n- **resnet152_rank0.pt.trace.json.gz**: host-launch: the GPU was idle 89.9%" in md
 
 
+@pytest.mark.browser
 def test_the_report_of_the_own_trace_opens_with_its_verdict(tmp_path):
     """report.html in headless Chromium: the verdict is the first section, above every number."""
     proc = run_module("analysis", str(OWN_GPU_TRACE), "--out", str(tmp_path), "--report")

@@ -11,11 +11,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def leave_group():
-    """Destroy the process group after a pause. With gloo (torch 2.14), a collective's last reference can
-    be dropped on gloo's own thread, which then needs the GIL: if the interpreter is already shutting
-    down, that thread exits inside a C++ destructor and the process aborts at its very end (SIGABRT,
-    'terminate called without an active exception'; pytorch issue 190489; 2 of 15 runs of torchrun_ddp.py
-    here). A pause gives the thread the GIL first (0 of 40 runs then)."""
+    """A pause, then destroy the group: gloo's thread must drop its last tensors before Python shuts down
+    (torchrun_ddp.py's leave_group says why)."""
     time.sleep(0.05)
     dist.destroy_process_group()
 

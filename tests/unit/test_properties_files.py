@@ -181,8 +181,6 @@ def test_a_trace_with_no_event_objects_is_refused(items, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_traces():
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"real traces not found at {SHARED_TRACES} (shared/ beside the checkout)")
     packed = {rel: (SHARED_TRACES / rel).read_bytes() for rel in SMALL_TRACES}
     return {rel: (gzip.decompress(gz), gz, json.loads(gzip.decompress(gz))) for rel, gz in packed.items()}
 
@@ -192,6 +190,7 @@ MUTATIONS = [(t, how) for t in SMALL_TRACES for how in ("cut", "splice", "cut-gz
     (SMALL_TRACES[0], how) for how in ("retype", "drop", "extreme")]
 
 
+@pytest.mark.traces
 @given(mutation=st.sampled_from(MUTATIONS), seed=st.integers(0, 2**32 - 1))
 @examples(50)
 def test_real_traces_mutated_give_a_record_or_a_trace_error(real_traces, mutation, seed, tmp_path_factory):

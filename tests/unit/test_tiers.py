@@ -1,0 +1,77 @@
+"""The suite's own guard (tests/tiers.py): in CI a tier that cannot run, or whose tests all skip, fails the
+run and says which. Checked on small suites run by a real pytest in a subprocess, whose tests pass or
+skip by construction."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from tiers import Tiers
+
+def pytest_configure(config):
+    for name in ("slurm", "browser", "traces", "gpu"):
+        config.addinivalue_line("markers", name + ": a tier")
+    config.pluginmanager.register(Tiers(lambda: {{why!r}}), "tiers")
+"""
+
+SUITE = """
+import pytest
+
+def test_plain():
+    assert True
+
+@pytest.mark.slurm
+def test_on_the_cluster():
+    {slurm_body}
+
+@pytest.mark.gpu
+def test_on_a_gpu():
+    pytest.skip("no CUDA GPU")
+"""
+
+
+def run_suite(tmp_path: Path, *, required: bool, slurm_missing: str | None = None,
+              slurm_body: str = "assert True") -> subprocess.CompletedProcess:
+    folder = tmp_path / "e2e"
+    folder.mkdir()
+    (tmp_path / "conftest.py").write_text(CONFTEST.format(why=slurm_missing))
+    (folder / "test_suite.py").write_text(textwrap.dedent(SUITE.format(slurm_body=slurm_body)))
+    env = {"PATH": "/usr/bin:/bin", "HPC_REQUIRE_TIERS": "1" if required else "0"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+
+
+def test_every_tier_ran_but_the_gpu_one_passes_and_says_the_counts(tmp_path):
+    r = run_suite(tmp_path, required=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tiers (tests ran of selected): e2e 2 of 3, slurm 1 of 1, gpu 0 of 1" in r.stdout
+
+
+@pytest.mark.parametrize("required, code", [(True, 1), (False, 0)])
+def test_a_tier_whose_tests_all_skip_fails_the_run_only_when_required(tmp_path, required, code):
+    r = run_suite(tmp_path, required=required, slurm_body="pytest.skip('no cluster today')")
+    assert r.returncode == code, r.stdout + r.stderr
+    assert "tests: every slurm test skipped" in r.stdout
+    assert ("that fails the run" in r.stdout) is required
+    assert "slurm 0 of 1" in r.stdout
+
+
+def test_a_missing_part_stops_a_required_run_at_once_naming_it(tmp_path):
+    r = run_suite(tmp_path, required=True, slurm_missing="Slurm cluster not running (sinfo: refused)")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tests: the slurm tier cannot run: Slurm cluster not running (sinfo: refused)" in r.stdout + r.stderr
+    assert " passed" not in r.stdout  # stopped before any test ran
+
+
+def test_a_failing_test_counts_as_run(tmp_path):
+    r = run_suite(tmp_path, required=True, slurm_body="assert False, 'broken'")
+    assert r.returncode == 1
+    assert "slurm 1 of 1" in r.stdout and "every slurm test skipped" not in r.stdout
