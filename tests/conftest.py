@@ -1,4 +1,5 @@
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from tiers import REPO, SHARED_TRACES, Tiers, browser_missing
+from tiers import REPO, SHARED_TRACES, Tiers, browser_missing  # noqa: F401  (tests import SHARED_TRACES from here)
 
 # Property-based tests (tests/unit/test_properties_*.py): CI runs a fixed, derandomized sequence of
 # examples within its time budget; `HYPOTHESIS_PROFILE=long HPC_FUZZ_SCALE=20` runs fresh random ones,
@@ -93,15 +94,52 @@ def processes() -> dict[int, str]:
     return found
 
 
+_PORTS = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, below the kernel's ephemeral range: a port the kernel picks (bind to 0)
+    may be handed to another socket's outgoing connection between this check and the server's bind; one
+    below the range is never handed out by the kernel, so only an explicit bind can take it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    span = low - 20000  # 20000 and up, below the range (32768 by default)
+    if span < 1000:  # a range set unusually low: the kernel's pick, as before
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    start = (os.getpid() * 97 + next(_PORTS) * 13) % span
+    for offset in range(span):
+        port = 20000 + (start + offset) % span
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def http_get(port: int, path: str, timeout: float = 30) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
         return r.read().decode()
+
+
+def wait_until(condition, what: str, timeout_s: float = 180, every_s: float = 0.2):
+    """condition()'s first true value, asked every `every_s`; an AssertionError saying what was awaited when
+    none comes within timeout_s. A wait on a condition that can fail, never a clock."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}")
+        time.sleep(every_s)
+
+
+def has_lines(path: Path, lines: int) -> bool:
+    return path.exists() and len(path.read_text().splitlines()) >= lines
 
 
 def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subprocess.Popen:

@@ -26,7 +26,7 @@ from typing import Any
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
 from hpc.core.logs import configure
 from hpc.core.rundir import RunPaths, read_summary, write_yaml
-from hpc.launch.requeue import requeue, stopped_by_user
+from hpc.launch.requeue import clear_request, requeue, requeue_if_rank0_does_not, stopped_by_user
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class TrainJob(TaskJob):
         run_dir = prepare_run_dir(Path(job.paths.folder))
         cfg = run_config_from_dict(self.run_config, "submitted config")
         check_resumable(run_dir, cfg)
+        if job.global_rank == 0:
+            clear_request(run_dir)
         stop = StopSignal()
         if self.launcher == "torchrun":
             code = self.run_torchrun(run_dir, job.job_id, stop)
@@ -95,8 +97,11 @@ class TrainJob(TaskJob):
             return {"status": "done", "run_dir": str(run_dir)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         by_user = stopped_by_user(stop.signum, os.environ)
-        if not by_user and job.global_rank == 0 and restarts < self.max_requeues and callable(submitit_on_usr2):
+        may_requeue = not by_user and restarts < self.max_requeues
+        if may_requeue and job.global_rank == 0 and callable(submitit_on_usr2):
             requeue(submitit_on_usr2, job.job_id, run_dir)  # checkpoint() below, scontrol requeue, exit
+        elif may_requeue and code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+            requeue_if_rank0_does_not(job.job_id, job.global_rank, run_dir)  # rank 0 may be the peer lost
         return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, run_dir: Path, job_id: str, stop: Any = None) -> int:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 REQUEST = ".hpc-requeue"  # in the run directory: the job asks its batch shell to requeue it
+SURVIVOR_GRACE_S = 30  # a rank that lost a peer waits this long for rank 0's requeue before its own
 
 
 def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
@@ -70,6 +72,33 @@ def requeue(submitit_handler: Any, job_id: str, run_dir: Path) -> None:
         raise
     else:
         sys.stderr.write("".join(said))
+
+
+def requeue_if_rank0_does_not(job_id: str, rank: int, run_dir: Path, grace_s: float = SURVIVOR_GRACE_S) -> None:
+    """A rank other than 0 that lost a peer, under Slurm: rank 0 requeues the job, and Slurm then ends
+    every task, this one too. Unless rank 0 is the peer lost (dead, or frozen and holding the step): a
+    rank still here after `grace_s` (plus its rank, so the lowest goes first) requeues it with scontrol.
+    A second requeue of a job already pending is refused by Slurm, which is then all it says."""
+    time.sleep(grace_s + rank)
+    try:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (subprocess.SubprocessError, OSError) as e:
+        log.warning(
+            f"hpc.submit: job {job_id}: rank {rank} could not requeue it ({e}); its checkpoint stays in {run_dir}"
+        )
+        return
+    said = " ".join((out.stdout + out.stderr).split())[:200]
+    if out.returncode == 0:
+        log.warning(f"hpc.submit: job {job_id}: rank 0 did not requeue it within {grace_s + rank:g} s; rank {rank} did")
+    else:
+        log.info(f"hpc.submit: job {job_id}: rank {rank}: scontrol requeue: {said} (already requeued)")
+
+
+def clear_request(run_dir: Path) -> None:
+    """A new attempt starts clean: a REQUEST left by one whose batch shell never ran its teardown (killed
+    by a requeue from inside) must not requeue this one when it ends."""
+    with contextlib.suppress(OSError):
+        (run_dir / REQUEST).unlink(missing_ok=True)
 
 
 def teardown_lines(folder: Path) -> list[str]:

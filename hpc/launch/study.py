@@ -74,10 +74,12 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
     submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
     arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
     try:
-        with submission(sweep.analysis_jobs / "%j", "the analysis job"):
+        with submission(
+            sweep.analysis_jobs / "%j", "the analysis job", analysis_parameters(plan.cluster, account, "", "")
+        ):
             analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
-    except QueueError as e:
-        raise QueueError(
+    except (QueueError, UsageError) as e:
+        raise type(e)(
             f"{e}; the arrays {' '.join(arrays)} are submitted (index.json): once they end, "
             f"python -m analysis {plan.sweep_dir} --report writes the report"
         ) from None

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, first_missing, run
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
+from hpc.core.cli import Parser, first_missing, run, shown
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
 from hpc.launch.cmdjob import CommandJob
 from hpc.launch.cmdplan import is_command_sweep, make_command_plan, split_command
@@ -147,10 +147,24 @@ def print_plan(plan: Plan) -> None:
             print(text, end="" if not spec.array else "\n")
 
 
+# sbatch's words when Slurm itself turns a job down (its accounting enforces accounts, QOS and their limits):
+# the user's input, not a controller that failed.
+REFUSALS = (
+    "Invalid account",
+    "Invalid qos",
+    "violates accounting/QOS policy",
+    "Invalid partition",
+    "Requested time limit is invalid",
+    "Invalid feature specification",
+    "Requested node configuration is not available",
+)
+
+
 @contextlib.contextmanager
-def submission(folder: Path, what: str) -> Iterator[None]:
-    """sbatch through submitit, as one line when it fails: QueueError naming `what` and sbatch's reason,
-    and what submitit wrote for it (its pickle, its script, folders it made) removed again."""
+def submission(folder: Path, what: str, params: dict[str, Any] | None = None) -> Iterator[None]:
+    """sbatch through submitit, as one line when it fails, and what submitit wrote for it (its pickle, its
+    script, folders it made) removed again: a UsageError when Slurm refused the job (REFUSALS), naming the
+    job's account, QOS and partition (`params`) and Slurm's words; else a QueueError with sbatch's reason."""
     import submitit
 
     parent = folder.parent  # submitit writes a job's files beside its "%j" folder until it has an id
@@ -166,8 +180,18 @@ def submission(folder: Path, what: str) -> Iterator[None]:
         else:
             for leftover in set(parent.iterdir()) - before:
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
-        reason = first_line(str(e) or told.getvalue())
-        raise QueueError(f"sbatch could not submit {what} ({reason})") from None
+        text = str(e) or told.getvalue()
+        if any(words in text for words in REFUSALS):
+            raise refused(what, text, params or {}) from None
+        raise QueueError(f"sbatch could not submit {what} ({first_line(text)})") from None
+
+
+def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
+    said = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in sbatch_said.splitlines() if line.strip())
+    given = ", ".join(
+        f"--{key} {shown(str(params[key]))}" for key in ("account", "qos", "partition") if params.get(key)
+    )
+    return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
 
 
 def execute(plan: Plan, wait: bool) -> int:
@@ -183,11 +207,11 @@ def execute(plan: Plan, wait: bool) -> int:
     subs: list[Submitted] = []
     try:
         code = submit_specs(plan, subs)
-    except QueueError as e:
+    except (QueueError, UsageError) as e:  # sbatch failed, or Slurm refused the job
         if made is not None and not subs:
             shutil.rmtree(made, ignore_errors=True)
         done = f"; before it: job(s) {' '.join(s.job_id for s in subs)}" if subs else "; nothing was submitted"
-        raise QueueError(f"{e}{done}") from None
+        raise type(e)(f"{e}{done}") from None
     if plan.sweep_dir is not None:
         log.info(f"sweep: {len(subs)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
@@ -203,7 +227,7 @@ def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
     failures = 0
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
-        with submission(spec.folder, what) if not plan.local else contextlib.nullcontext():
+        with submission(spec.folder, what, plan.parameters(spec)) if not plan.local else contextlib.nullcontext():
             executor = make_executor(
                 plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local, job_python(plan.cluster)
             )

@@ -259,6 +259,7 @@ class GraphRun:
         exact, timeout_s = tc.deterministic, tc.graph_check_timeout_s
         self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s, faults) if step else None
         self.result: CheckResult | None = None
+        self.replays = 0  # steps this start replayed (a smaller last batch runs eagerly: not one of them)
 
     @property
     def on(self) -> bool:
@@ -270,11 +271,14 @@ class GraphRun:
             self.result = self.check.run(x, y)
             self.say(settle(self.result, self.setting))  # true and failed: UsageError, on every rank
             self.step = self.step if self.result.passed else None
-        return None if self.step is None else self.step(x, y).clone()
+        if self.step is None:
+            return None
+        self.replays += 1
+        return self.step(x, y).clone()
 
     def facts(self) -> dict[str, Any]:
-        """summary.json's graph_check fields once checked, else none."""
-        return self.result.facts() if self.result is not None else {}
+        """summary.json's graph_check fields and the steps replayed, once checked; else none."""
+        return {**self.result.facts(), "graph_replays": self.replays} if self.result is not None else {}
 
     def release(self) -> None:
         if self.step is not None:

@@ -100,6 +100,7 @@ class RunSummary:
             # a graphed run's check before its first step: "passed", or what failed where (then eager)
             "graph_check": None,
             "graph_check_detail": None,
+            "graph_replays": None,  # steps of this start that replayed the graph (a smaller last batch: eager)
             "ddp": True,  # at every rank count, graphed or eager (DDP's all-reduce is captured with the step)
             "train_images": int(train_images),
             "steps_per_epoch": plan.steps_per_epoch,

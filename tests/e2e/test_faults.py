@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_module
+from conftest import run_module, wait_until
 from hpc.core.rundir import RunPaths
 from hpc.training.checkpoint import load_checkpoint
-from trainrun import SMOKE, metrics, same_weights, start_ranks, train, wait_all, weights
+from trainrun import SMOKE, metrics, same_weights, start_ranks, wait_all, weights
 
 pytestmark = pytest.mark.slow
 STEPS = 32  # 2 epochs of 16 steps: 1000 images, batch 64, one rank
@@ -322,9 +322,7 @@ def test_analysis_on_a_full_disk_is_one_line_and_keeps_what_was_there(data_root,
 def test_a_second_writer_is_refused_naming_the_first(data_root, tmp_path, straight):
     run_dir = tmp_path / "run"
     first = start_ranks(1, command(data_root, run_dir, "--epochs", "400", "--no-profile"))
-    deadline = time.time() + 120
-    while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
-        time.sleep(0.1)
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists(), "the first run's metrics.jsonl", 120, every_s=0.1)
     second = run_module("hpc.train", *command(data_root, run_dir, "--epochs", "400", "--no-profile"))
     assert second.returncode == 2, second.stderr
     line = [line for line in second.stderr.splitlines() if line.strip()]

@@ -1,6 +1,6 @@
 """Perlmutter as NERSC users run it (issue 29), on the local two-node cluster where it can stand in: a
-partial node on the shared QOS (a `shared` partition stands in: QOS are not enforced without
-slurmdbd), preemption (`scancel --signal=TERM`, with and without `--full`: what Slurm sends a preempted job's tasks,
+partial node on the shared QOS (enforced by the cluster's slurmdbd, in a `shared` partition),
+preemption (`scancel --signal=TERM`, with and without `--full`: what Slurm sends a preempted job's tasks,
 and then its batch shell), a real time
 limit, NERSC's container (a stand-in `shifter` on PATH that records its arguments and runs the
 command, without `scontrol` inside, as in a container), and the NCCL network check on two nodes with
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import has_lines, wait_until
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -71,9 +72,7 @@ def wait_done(job: str, timeout: float = 600) -> dict:
 
 
 def wait_lines(path: Path, lines: int, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= lines):
-        time.sleep(0.2)
+    wait_until(lambda: has_lines(path, lines), f"{lines} lines in {path}", timeout)
 
 
 def sbatch(env: dict, tmp_path: Path, *args: str) -> str:
@@ -97,7 +96,7 @@ def test_a_partial_node_runs_on_the_shared_qos_and_says_where_it_sat(data_root, 
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
     state = job_state(job)
-    assert state["Partition"] == "shared" and state["QOS"] in ("shared", "(null)"), state
+    assert state["Partition"] == "shared" and state["QOS"] == "shared", state
     summary = json.loads((tmp_path / "runs" / "tiny" / job / "summary.json").read_text())
     rank = summary["ranks"][0]
     assert rank["slurm"]["job_partition"] == "shared" and rank["affinity"]["ncores"] >= 1

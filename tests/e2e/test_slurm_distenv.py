@@ -2,11 +2,11 @@
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from hpc.spec.distenv import master_port_for_job
 
 pytestmark = pytest.mark.slurm
@@ -65,12 +65,8 @@ srun -l {sys.executable} -m hpc.distenv
     r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        q = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
-        if not q.stdout.strip():
-            break
-        time.sleep(1)
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip(),
+               f"job {job_id} to leave the queue", 120, every_s=1)
     text = out.read_text()
     batch = next(line for line in text.splitlines() if line.startswith("BATCH"))
     # The batch shell exports only the rendezvous address: not RANK, which every srun task would inherit.

@@ -6,15 +6,15 @@ local cluster (tests/slurm/cluster.sh) with the real scancel and scontrol."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from conftest import processes
+from conftest import has_lines, processes, wait_until
 from trainrun import same_weights, weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,10 +91,7 @@ CONTROLLER_DOWN_FOR_REQUEUE = (
 
 
 def wait_for_steps(metrics: Path, steps: int, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
-        time.sleep(0.2)
-    assert metrics.exists(), f"{metrics} never appeared"
+    wait_until(lambda: has_lines(metrics, steps), f"{steps} records in {metrics}", timeout)
 
 
 def wait_gone(job: str, timeout: float) -> None:
@@ -252,3 +249,54 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_roo
     else:  # 4 ranks: the first resumed step's rounding, grown over the 50 steps after it (measured: 7.9e-4)
         worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
         assert a.keys() == b.keys() and worst <= 1e-2, worst
+
+
+def task_pid(job: str, procid: int) -> int | None:
+    """The pid of task `procid` of a submitit job (the environment of its python says which)."""
+    for pid, cmd in processes().items():
+        if "submitit.core._submit" not in cmd:
+            continue
+        try:  # the task's python, not the srun that starts it (the same words on its command line)
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+            if not Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+                continue
+        except OSError:
+            continue
+        if {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={procid}".encode()} <= env:
+            return pid
+    return None
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(data_root, tmp_path):
+    """hpc.submit on 2 nodes, a task each; rank 0 is stopped from outside (SIGSTOP: alive and silent, holding
+    the step; it hosts the run's store, so it cannot requeue and nothing answers for it). Rank 1 names it
+    within the collective timeout, waits for the requeue rank 0 would make, and requeues the job itself;
+    Slurm ends the frozen task, and the job runs again from its checkpoint to the weights of the same job
+    run without the fault (2 ranks: bit for bit). Before, the job held its nodes to its time limit."""
+    env = stand_ins(tmp_path / "bin")
+    # slow-step: each step 0.3 s longer on both ranks (the same arithmetic), so the run outlasts the freeze
+    common = ["--nodes", "2", "--gpus", "1", "--account", "m1_g", "--config", SMOKE, "--data-root", str(data_root),
+              "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300", "--epochs", "4",
+              "--no-profile", "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=4",
+              "--set", "train.collective_timeout_s=10"]
+    straight = hpc(env, "hpc.submit", *common, "--runs-dir", str(tmp_path / "a"), "--wait")
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    frozen = hpc(env, "hpc.submit", *common, "--runs-dir", str(tmp_path / "b"))
+    assert frozen.returncode == 0, frozen.stdout + frozen.stderr
+    job, run_dir = re.findall(r"^job (\S+): run dir (\S+)", frozen.stdout, flags=re.M)[-1]
+    wait_for_steps(Path(run_dir) / "metrics.jsonl", 9)
+    victim = wait_until(lambda: task_pid(job, 0), "rank 0's process", 30)
+    os.kill(victim, signal.SIGSTOP)
+    wait_until(lambda: int(job_state(job).get("Restarts", 0)) == 1, f"job {job} requeued", 180, every_s=1)
+    from test_slurm_jobs import wait_gone as wait_gone_hurried
+
+    wait_gone_hurried(job, 600, hurry_requeue=True)
+    state = job_state(job)
+    assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
+    said = " ".join(p.read_text(errors="replace") for p in Path(run_dir).rglob("*log.err"))
+    assert "rank 0 did not requeue it within 31 s; rank 1 did" in said, said[-3000:]
+    straight_dir = re.findall(r"^job \S+: run dir (\S+)", straight.stdout, flags=re.M)[-1]
+    assert same_weights(weights(Path(straight_dir)), weights(Path(run_dir)))

@@ -104,25 +104,42 @@ def test_profiler_tab_in_headless_chromium(server):
         print(f"screenshot: {shot}")
 
 
+def until(browser, condition, what: str, timeout_s: float = 60):
+    """condition()'s first true value, asked every 0.2 s (a page redrawn meanwhile is asked again); an
+    AssertionError naming `what` when there is none within timeout_s."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, timeout_s, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,))
+    try:
+        return wait.until(lambda _: condition())
+    except TimeoutException:
+        raise AssertionError(f"{what}: not within {timeout_s} s") from None
+
+
 def _open_profiler(browser, port: int):
-    """The plugin's page in its iframe, and its select(index, label) -> the labels it offered."""
+    """The plugin's page in its iframe, and its select(index, label) -> the labels it offered. Each pick
+    waits on the page: for the options to be listed, then for the selector to show the label picked."""
     from selenium.webdriver.common.by import By
 
     browser.get(f"http://127.0.0.1:{port}/#pytorch_profiler")
-    deadline = time.time() + 60
-    while time.time() < deadline and not browser.find_elements(By.TAG_NAME, "iframe"):
-        time.sleep(0.5)
-    browser.switch_to.frame(browser.find_elements(By.TAG_NAME, "iframe")[0])
-    while time.time() < deadline and len(browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")) < 3:
-        time.sleep(0.5)
+    browser.switch_to.frame(until(browser, lambda: browser.find_elements(By.TAG_NAME, "iframe"), "the plugin's iframe")[0])
+
+    def selectors():
+        found = browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")
+        return found if len(found) >= 3 else None  # runs, views, workers
+
+    until(browser, selectors, "the plugin's three selectors")
 
     def choose(index: int, label: str) -> list[str]:
-        browser.find_elements(By.CSS_SELECTOR, "[aria-haspopup=listbox]")[index].click()
-        time.sleep(0.5)
-        options = browser.find_elements(By.CSS_SELECTOR, "[role=option]")
+        selectors()[index].click()
+        options = until(browser, lambda: [o for o in browser.find_elements(By.CSS_SELECTOR, "[role=option]")
+                                          if o.text == label] and browser.find_elements(By.CSS_SELECTOR, "[role=option]"),
+                        f"option {label!r} of selector {index}")
         labels = [o.text for o in options]
         next(o for o in options if o.text == label).click()
-        time.sleep(0.5)
+        until(browser, lambda: not browser.find_elements(By.CSS_SELECTOR, "[role=option]")
+              and selectors()[index].text == label, f"selector {index} showing {label!r}")
         return labels
 
     return choose

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_module
+from conftest import assert_one_line_error, has_lines, run_module, wait_until
 from hpc.core.errors import EXIT_PEER_LOST
 from trainrun import SMOKE, metrics, same_weights, start_ranks, summary, train, wait_all, weights
 
@@ -64,10 +64,8 @@ def test_stop_signal_checkpoints_and_resumes_identically(data_root, tmp_path, si
     args = ("--epochs", "3", "--set", "train.log_every_steps=1")
     train(2, common(data_root, tmp_path / "straight", *args))
     procs = start_ranks(2, common(data_root, tmp_path / "pre", *args))
-    deadline = time.time() + 120
     log = tmp_path / "pre" / "metrics.jsonl"
-    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 5):
-        time.sleep(0.05)
+    wait_until(lambda: has_lines(log, 5), f"5 records in {log}", 120, every_s=0.05)
     for p in procs:
         p.send_signal(sig)
     results = wait_all(procs)
@@ -107,10 +105,8 @@ def test_dead_peer_ends_the_run(data_root, tmp_path):
     run = tmp_path / "dead"
     procs = start_ranks(2, common(data_root, run, "--epochs", "50", "--no-profile", "--set",
                                   "train.collective_timeout_s=20", "--set", "train.log_every_steps=1"))
-    deadline = time.monotonic() + 180  # both ranks train once the first step's record is written
-    while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 1):
-        assert time.monotonic() < deadline and procs[0].poll() is None, "no step recorded"
-        time.sleep(0.2)
+    # both ranks train once the first step's record is written
+    wait_until(lambda: has_lines(run / "metrics.jsonl", 1), "the first step's record")
     procs[1].kill()
     start = time.time()
     rc, _, stderr = wait_all(procs[:1], timeout=120)[0]

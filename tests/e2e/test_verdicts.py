@@ -1,7 +1,9 @@
 """The verdict (analysis/verdict.py) on real traces: every trace in ../shared/traces and the toolkit's own H100
 trace, each with the verdict it should get and why; and each verdict flipped by a change to the trace that
-should flip it (the idle gaps closed, the collectives or the DataLoader taken out, the kernels spread apart).
-The shares quoted in the reasons are the trace's own (python -m analysis FILE --format json)."""
+should flip it (the idle gaps closed, the collectives or the DataLoader taken out, the kernels spread apart),
+into the class the change leaves, derived from the trace itself, not read off the tool. The shares quoted in
+the reasons are the trace's own (python -m analysis FILE --format json); where one lies within a few points
+of its threshold, HolisticTraceAnalysis's own breakdown must put it on the same side."""
 
 import gzip
 import json
@@ -13,6 +15,21 @@ import pytest
 from analysis.kernels import classify_kernel
 from analysis.trace import analyze_trace
 from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, headless_chromium, run_module
+from test_analysis_oracles import _hta_breakdowns
+
+
+def readme_thresholds() -> dict[str, float]:
+    """The verdict classes' thresholds as the README's table documents them (the spec, not the code)."""
+    found = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 4 and cells[1].startswith("`") and cells[3].endswith("%"):
+            found[cells[1].strip("`")] = float(cells[3][:-1]) / 100
+    return found
+
+
+THRESHOLDS = readme_thresholds()
+HOST_GAP_SHARE = 0.5  # analysis/README.md: host-launch needs at least half the busiest stream's gaps host wait
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
 
@@ -74,11 +91,18 @@ def test_verdict_on_a_real_trace(rel):
     assert verdict["line"].startswith(bound) and len(verdict["evidence"]) > 20
 
 
-def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph_mode():
-    """results/gpu/: ResNet152 at batch 128 on an H100, eager: 21 ms of kernels in a 213 ms span."""
+def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph_mode(tmp_path):
+    """results/gpu/: ResNet152 at batch 128 on an H100, eager: 21 ms of kernels in a 213 ms span. The
+    89.9% is the analysis's own figure, pinned; HTA's breakdown of the same trace puts the idle at 92.9%
+    (it rounds ns-resolution events onto whole µs, as for the shared traces in BREAKDOWN_DIFFERENCES), so
+    the class is held to HTA's numbers, the figure to ours."""
     verdict = analyze_trace(OWN_GPU_TRACE).verdict
     assert verdict["bound"] == "host-launch" and verdict["secondary"] is None
     assert "train.cuda_graph: true" in verdict["remedy"] and "idle 89.9%" in verdict["evidence"]
+    temporal, idle = _hta_breakdowns(OWN_GPU_TRACE, tmp_path)
+    gaps = idle.groupby("idle_category")["idle_time"].sum()
+    host = gaps.get("host_wait", 0.0) / gaps.sum()
+    assert temporal["idle_time_pctg"] / 100 * host >= THRESHOLDS["host-launch"] and host >= HOST_GAP_SHARE
 
 
 def test_the_verdict_is_in_the_json_and_first_in_the_tables():
@@ -152,22 +176,91 @@ def drop_dataloader(doc: dict) -> dict:
     return doc
 
 
-FLIPS = {  # verdict: (the change, why it must flip)
-    "host-launch": (close_gaps, "with no gap left there is no host to wait for"),
-    "communication": (drop_collectives, "without the collectives nothing is exposed"),
-    "data-loading": (drop_dataloader, "without the DataLoader's ranges there is no loading time"),
-    "compute": (spread_kernels, "the same kernels with six times the gaps keep the GPU busy a sixth as much"),
-    "unknown": (close_gaps, "with no idle time left the busy kernels decide it"),
+def back_to_back(doc: dict) -> str:
+    """The class a device timeline with every gap closed must get: back to back nothing overlaps, so each
+    kind's share is its summed duration over all of theirs (collectives by their NCCL/RCCL names, copies
+    and sets by category, the rest compute); the largest that reaches its threshold, else unknown."""
+    kinds = {"communication": 0.0, "memory-copies": 0.0, "compute": 0.0}
+    for e in _device(doc):
+        name = str(e.get("name", "")).lower()
+        kind = ("memory-copies" if e["cat"] in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
+                else "communication" if "nccl" in name or "rccl" in name else "compute")
+        kinds[kind] += e["dur"]
+    total = sum(kinds.values())
+    reached = [(v / total, k) for k, v in kinds.items() if v / total >= THRESHOLDS[k]]
+    return max(reached)[1] if reached else "unknown"
+
+
+# verdict: (the change, the class the change leaves, why)
+FLIPS = {
+    "host-launch": (close_gaps, lambda rel, doc: back_to_back(doc), "with no gap left the kernels decide"),
+    "unknown": (close_gaps, lambda rel, doc: back_to_back(doc), "with no idle time left the kernels decide"),
+    "communication": (drop_collectives, lambda rel, doc: EXPECTED[rel][1] or "unknown",
+                      "without the collectives nothing is exposed: the second cause is left, else none"),
+    "data-loading": (drop_dataloader, lambda rel, doc: "host-launch",
+                     "without the DataLoader's ranges the host wait they caused is named (not beside them before)"),
+    "compute": (spread_kernels, lambda rel, doc: "unknown",
+                "six times the gaps: compute at a sixth, and every new gap comes with its kernel already "
+                "launched (the host's times are unchanged), which is no host wait"),
 }
 FLIP_CASES = [(rel, bound) for rel, (bound, _, _) in EXPECTED.items() if "param_dlrm" not in rel or "worker1" in rel]
 
 
 @pytest.mark.parametrize("rel, bound", FLIP_CASES)
 def test_each_verdict_flips_when_its_cause_is_taken_away(rel, bound, tmp_path):
-    change, _why = FLIPS[bound]
+    change, becomes, _why = FLIPS[bound]
+    expected = becomes(rel, _load(SHARED_TRACES / rel))
+    assert expected != bound
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(change(_load(SHARED_TRACES / rel))))
-    assert analyze_trace(path).verdict["bound"] != bound
+    assert analyze_trace(path).verdict["bound"] == expected
+
+
+# The verdicts decided by a share within a few points of its threshold, each with the side HTA's own
+# temporal and idle breakdowns (percentages of the span; host wait on the stream the analysis judged) must
+# give. HTA cannot split communication from memory copies: their sum bounds exposed communication.
+BORDERLINE = {
+    "hta_single/df_index_resolver.json.gz": (
+        "host-launch at 34.0% against its 30%", lambda h: h["idle"] * h["host"] >= THRESHOLDS["host-launch"]
+        and h["host"] >= HOST_GAP_SHARE),
+    "kineto_tb_plugin_samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz": (
+        "compute at 59.4% under its 60%, so data-loading stays the verdict", lambda h: h["compute"] < THRESHOLDS["compute"]),
+    "more/hta_negative_queue/rank0.json.gz": (
+        "communication at 15.0% under its 20%, no host wait: unknown",
+        lambda h: h["non_compute"] < THRESHOLDS["communication"] and h["host"] < HOST_GAP_SHARE),
+    "more/hta_trace_diff/control.json.gz": (
+        "compute at 60.6% over its 60%", lambda h: h["compute"] >= THRESHOLDS["compute"]),
+}
+
+
+@pytest.mark.parametrize("rel", sorted(BORDERLINE))
+def test_a_borderline_verdict_holds_on_htas_own_breakdown(rel, tmp_path):
+    _said, holds = BORDERLINE[rel]
+    stream = analyze_trace(SHARED_TRACES / rel).idle_breakdown_us["stream"]
+    temporal, idle = _hta_breakdowns(SHARED_TRACES / rel, tmp_path)
+    gaps = idle[idle["stream"] == stream].groupby("idle_category")["idle_time"].sum()
+    hta = {"idle": temporal["idle_time_pctg"] / 100, "compute": temporal["compute_time_pctg"] / 100,
+           "non_compute": temporal["non_compute_time_pctg"] / 100,
+           "host": gaps.get("host_wait", 0.0) / gaps.sum() if gaps.sum() else 0.0}
+    assert holds(hta), (rel, hta)
+
+
+@pytest.mark.parametrize("rel", sorted(EXPECTED))
+def test_every_other_verdict_is_five_points_clear_of_its_thresholds(rel):
+    """Where no share lies within 5 points of its threshold the class is not in doubt: the breakdowns agree
+    with HTA's within 1 point (test_analysis_oracles; its documented exceptions, up to 5 and 12 points,
+    are ns-rounding and trimming, checked there). A trace nearer than that must be in BORDERLINE."""
+    bound = EXPECTED[rel][0]
+    measured = analyze_trace(SHARED_TRACES / rel).verdict["shares"]
+    # decisive: the verdict's own share, or one above it that would win by crossing its threshold
+    top = measured.get(bound, 0.0) if bound != "unknown" else 0.0
+    near = {k: v for k, v in measured.items() if k in THRESHOLDS and abs(v - THRESHOLDS[k]) < 0.05
+            and (k == bound or v > top)}
+    assert not near or rel in BORDERLINE, (rel, near)
+
+
+def test_the_readme_documents_every_threshold_the_oracles_use():
+    assert {"host-launch", "communication", "memory-copies", "compute"} <= set(THRESHOLDS), THRESHOLDS
 
 
 def test_the_own_trace_with_its_gaps_closed_is_compute_bound(tmp_path):

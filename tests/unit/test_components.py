@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -94,10 +95,12 @@ def test_divergence_guard_finds_the_first_bad_step_on_cpu():
 
 def test_step_timer_on_cpu():
     timer = StepTimer(use_cuda=False)
-    for _ in range(3):
+    for pause_s in (0.01, 0.02, 0.03):
         timer.start()
+        time.sleep(pause_s)
         timer.stop()
-    assert len(timer.times()) == 3 and all(t >= 0 for t in timer.times())
+    # each at least the pause it timed (sleep never returns early), in order: not a clock's noise
+    assert len(timer.times()) == 3 and all(t >= p for t, p in zip(timer.times(), (0.01, 0.02, 0.03), strict=True))
 
 
 def test_stop_signal_is_handed_back():

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hpc.core.files import append_line, write_atomic
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.training.group import DYING_GRACE_S, _ended, pid_alive
+from hpc.training.group import _ended, pid_alive
 from hpc.training.rendezvous import cause_of, is_peer_failure
 from hpc.training.inject import Injector
 
@@ -193,12 +194,14 @@ def test_a_peer_that_has_ended_is_dead_even_before_it_is_reaped():
 def test_a_peer_that_ends_while_its_survivor_asks_is_named():
     """A killed rank's sockets close before it has ended: the survivor asks again for a moment (found in
     CI: a dead peer reported as 'every rank on this host still runs')."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         assert _ended([(1, child.pid)], grace_s=0.0) == []  # still running: no grace, not named
+        assert child.stdin is not None
+        threading.Timer(0.3, child.stdin.close).start()  # it ends (EOF) while the survivor asks
         start = time.monotonic()
-        assert _ended([(1, child.pid)]) == [f"rank 1 (pid {child.pid})"]  # ends within the grace
-        assert time.monotonic() - start < DYING_GRACE_S
+        assert _ended([(1, child.pid)], grace_s=300) == [f"rank 1 (pid {child.pid})"]  # ends within the grace
+        assert time.monotonic() - start < 300  # named when it ended, not when the grace ran out
         assert _ended([(0, os.getpid())], grace_s=0.2) == []  # alive throughout: the grace is spent
     finally:
         child.wait()

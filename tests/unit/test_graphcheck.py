@@ -159,9 +159,11 @@ def test_graph_run_is_eager_after_a_failed_check_and_replays_after_a_passed_one(
     assert run.on and run.facts() == {}
     loss = run(x, y)
     assert loss is not None and run.facts()["graph_check"] == "passed"
+    assert run(x, y) is not None and run.facts()["graph_replays"] == 2  # each call a replay; the check's own not
     failing = GraphRun(small_training(1)[2], TrainConfig(), faults=parse_faults("graph-mismatch"), **quiet)
     assert failing(x, y) is None and not failing.on
     assert failing(x, y) is None  # checked once: eager from then on
+    assert failing.facts()["graph_replays"] == 0
     with pytest.raises(UsageError, match="train.cuda_graph = true, and the graph check failed on rank 0"):
         GraphRun(small_training(2)[2], TrainConfig(cuda_graph=True), faults=parse_faults("graph-mismatch"), **quiet)(x, y)
 

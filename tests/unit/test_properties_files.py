@@ -25,7 +25,7 @@ from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
 from hpc.core.rundir import RunPaths, read_index, read_metrics, read_summary, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.spec.config import Layers, read_yaml
+from hpc.spec.config import Layers
 from hpc.spec.hostlist import expand_hostlist, expand_tasks_per_node
 from hpc.spec.schema import RUN_SECTIONS, SECTIONS
 

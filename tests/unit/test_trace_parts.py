@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from analysis import cpu, device
-from analysis import cpu
 from analysis.cpu import CpuOps, _grouped, _merged_only_children, _nested_parents, _stack_parents
 from analysis.device import DeviceActivity, Launches
 from analysis.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
