@@ -83,6 +83,8 @@ def point_state(
     facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
     if queue_state:
         state = QUEUE_STATES.get(queue_state, queue_state.lower())
+        if state == "pending" and (files.step is not None or facts["requeues"]):
+            state = "requeued"  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
     elif outcome in ("oom", "done"):
         state = outcome
     elif not queue_known:

@@ -55,7 +55,8 @@ def submit_analysis(cluster: ClusterConfig, sweep_dir: Path, array_ids: list[str
     """Submit the analysis job after every array has ended (afterany: failed points are results too)."""
     sweep = SweepPaths(sweep_dir)
     params = analysis_parameters(cluster, account, "afterany:" + ":".join(array_ids), sweep_dir.parent.name)
-    job = make_executor(params, sweep.analysis_jobs / "%j", 3, local=False).submit(AnalysisJob(str(sweep_dir)))
+    with submission(sweep.analysis_jobs / "%j", "the analysis job", params):
+        job = make_executor(params, sweep.analysis_jobs / "%j", 3, local=False).submit(AnalysisJob(str(sweep_dir)))
     record_analysis_job(sweep, job.job_id)
     return str(job.job_id)
 
@@ -74,10 +75,7 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
     submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
     arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
     try:
-        with submission(
-            sweep.analysis_jobs / "%j", "the analysis job", analysis_parameters(plan.cluster, account, "", "")
-        ):
-            analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
+        analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
     except (QueueError, UsageError) as e:
         raise type(e)(
             f"{e}; the arrays {' '.join(arrays)} are submitted (index.json): once they end, "

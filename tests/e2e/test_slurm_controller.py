@@ -9,10 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -60,28 +61,27 @@ def slurm_jobs(since: int) -> list[dict]:
 
 def test_a_restarted_controller_is_unknown_while_away_and_submits_nothing_twice(slurm_cluster, data_root, tmp_path):
     (tmp_path / "study.yaml").write_text(SWEEP)
+    said = tmp_path / "runner.err"  # a file, read while the runner waits
     runner = subprocess.Popen([PY, "-m", "hpc.study", "run", str(tmp_path / "study.yaml"), "--account", "m1_g",
                                "--data-root", str(data_root), "--runs-dir", str(tmp_path / "runs"), "--wait",
                                "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300"],
-                              cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not list(tmp_path.glob("runs/**/metrics.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert list(tmp_path.glob("runs/**/metrics.jsonl")), "no point started"
+                              cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=said.open("w"), text=True)
+    wait_until(lambda: list(tmp_path.glob("runs/**/metrics.jsonl")), "a point to start", 240, every_s=0.5)
     (sweep,) = {p.parent for p in tmp_path.glob("runs/**/index.json")}
     submitted = json.loads((sweep / "index.json").read_text())
     subprocess.run(["pkill", "-x", "slurmctld"], check=True)
     try:
-        while controller_up():
-            time.sleep(0.2)
+        wait_until(lambda: not controller_up(), "slurmctld to be gone", 60)
         away = study("status", str(sweep), "--format", "json")
         rows = json.loads(away.stdout)
         assert away.returncode == 1 and {r["state"] for r in rows if r["state"] != "done"} == {"unknown"}, away
         assert "squeue failed" in away.stderr and "shown as unknown" in away.stderr, away.stderr
-        time.sleep(5)  # the waiting runner asks the queue meanwhile
+        # the waiting runner has asked the queue meanwhile, and said so
+        wait_until(lambda: "still waiting" in said.read_text(), "the runner to find the queue silent", 120)
     finally:
         subprocess.run(["slurmctld", "-i"], check=True)
-    out, err = runner.communicate(timeout=400)
+    out, _ = runner.communicate(timeout=400)
+    err = said.read_text()
     assert runner.returncode == 0, out[-2000:] + err[-2000:]
     assert err.count("still waiting") == 1 and err.count("the queue answers again") == 1, err
     after = study("status", str(sweep), "--format", "json")

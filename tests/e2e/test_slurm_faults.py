@@ -183,6 +183,37 @@ def test_a_job_requeued_from_outside_checkpoints_resumes_and_matches(data_root, 
     assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "requeued"))
 
 
+def lose_node_while_running(job: str, run_dir: Path) -> int:
+    """nid002 set DOWN under a running 2-node job (as Slurm does when a node stops answering): Slurm kills
+    its tasks and requeues the job, which waits for two nodes. The node comes back once the old tasks are
+    gone and it is done with them (a node resumed while Slurm still kills the job's old step there kills
+    the new one). Returns the checkpoint step on disk when the node went (its last, or the stop's)."""
+    try:
+        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=DOWN", "Reason=test-lost-node"], check=True)
+        wait_until(lambda: int(job_state(job)["Restarts"]) == 1, f"job {job} requeued by Slurm", 120, every_s=0.5)
+        wait_until(lambda: not (job_state(job)["JobState"] == "COMPLETING"
+                                or any(str(run_dir) in cmd for cmd in processes().values())
+                                or "comp" in subprocess.run(["sinfo", "-h", "-n", "nid002", "-o", "%t"],
+                                                            capture_output=True, text=True).stdout),
+                   f"job {job}'s old tasks gone", 120, every_s=0.5)
+        time.sleep(3)  # slurmd's own cleanup of the step after the states above say done: no state to wait on
+        return json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=RESUME"], capture_output=True)
+
+
+def wait_done_hurried(job: str, timeout_s: float = 600) -> None:
+    """Until squeue no longer lists the job; Slurm's hold on a requeued job (BeginTime) cut short."""
+    def gone() -> bool:
+        if not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            return True
+        if job_state(job).get("Reason") == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        return False
+
+    wait_until(gone, f"job {job} to end", timeout_s, every_s=1)
+
+
 @pytest.mark.usefixtures("slurm_cluster")
 @pytest.mark.slurm
 @pytest.mark.slow
@@ -210,32 +241,8 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_roo
             wait_gone(jobs[name], 600)
             assert job_state(jobs[name])["JobState"] == "COMPLETED", job_state(jobs[name])
     wait_for_steps(tmp_path / "lost" / "metrics.jsonl", 9)
-    try:
-        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=DOWN", "Reason=test-lost-node"], check=True)
-        deadline = time.time() + 120
-        while "Restarts=0" in subprocess.run(["scontrol", "show", "job", "-o", jobs["lost"]], capture_output=True,
-                                             text=True).stdout and time.time() < deadline:
-            time.sleep(0.5)
-        state = job_state(jobs["lost"])
-        assert int(state["Restarts"]) == 1, state  # requeued by Slurm: completing, then pending for two nodes
-        # The old tasks gone (nothing writes the run directory until the node is back) and the node done
-        # with them: a node resumed while Slurm still kills the job's old step there kills the new one.
-        while time.time() < deadline and (
-            job_state(jobs["lost"])["JobState"] == "COMPLETING"
-            or any(str(tmp_path / "lost") in cmd for cmd in processes().values())
-            or "comp" in subprocess.run(["sinfo", "-h", "-n", "nid002", "-o", "%t"], capture_output=True,
-                                        text=True).stdout):
-            time.sleep(0.5)
-        time.sleep(3)
-        kept = json.loads((tmp_path / "lost" / "checkpoints" / "last.json").read_text())["step"]
-    finally:
-        subprocess.run(["scontrol", "update", "NodeName=nid002", "State=RESUME"], capture_output=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", jobs["lost"]], capture_output=True,
-                                                    text=True).stdout.strip():
-        if job_state(jobs["lost"]).get("Reason") == "BeginTime":  # Slurm holds a requeued job; cut it short
-            subprocess.run(["scontrol", "update", f"JobId={jobs['lost']}", "StartTime=now"], capture_output=True)
-        time.sleep(1)
+    kept = lose_node_while_running(jobs["lost"], tmp_path / "lost")
+    wait_done_hurried(jobs["lost"])
     state = job_state(jobs["lost"])
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
     log = (tmp_path / f"lost-{jobs['lost']}.txt").read_text()
@@ -300,3 +307,46 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(da
     assert "rank 0 did not requeue it within 31 s; rank 1 did" in said, said[-3000:]
     straight_dir = re.findall(r"^job \S+: run dir (\S+)", straight.stdout, flags=re.M)[-1]
     assert same_weights(weights(Path(straight_dir)), weights(Path(run_dir)))
+
+
+LOST_SWEEP = """
+sweep: {name: lost, data_fractions: [1], batch_sizes: [16], gpus: [1], nodes: [2]}
+data: {source: synthetic, synth_train: 256, synth_test: 64}
+model: {arch: tiny}
+train: {epochs: 6, lr: 0.05, warmup_epochs: 0, log_every_steps: 1, checkpoint_every_steps: 4}
+profiler: {enabled: false}
+"""
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp_path):
+    """hpc.study with one 2-node point (each step 0.3 s longer: slow-step, so the run outlasts the fault);
+    nid002 is lost mid-run as above: while Slurm holds the requeued job, `hpc.study status` shows the
+    point requeued (pending again, with a checkpoint), and done once it has resumed to its end."""
+    env = stand_ins(tmp_path / "bin")
+    (tmp_path / "sweep.yaml").write_text(LOST_SWEEP)
+    run = hpc(env, "hpc.study", "run", str(tmp_path / "sweep.yaml"), "--account", "m1_g", "--data-root",
+              str(data_root), "--runs-dir", str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--export",
+              "HPC_FAULT_INJECT=slow-step:300")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (sweep,) = {p.parent for p in (tmp_path / "runs").rglob("index.json")}
+
+    def point() -> dict:
+        status = hpc(env, "hpc.study", "status", str(sweep), "--format", "json")
+        assert status.returncode == 0, status.stderr
+        (row,) = json.loads(status.stdout)
+        return row
+
+    metrics = wait_until(lambda: next(iter(sweep.rglob("metrics.jsonl")), None), "the point's metrics.jsonl")
+    wait_for_steps(metrics, 9)
+    job = str(point()["job_id"])
+    assert point()["state"] == "running"
+    lose_node_while_running(job, metrics.parent)
+    assert point()["state"] == "requeued", point()  # held by Slurm after its requeue, its checkpoint on disk
+    wait_done_hurried(job)
+    row = point()
+    summary = json.loads((metrics.parent / "summary.json").read_text())
+    assert row["state"] == "done" and row["steps"] == summary["ranks"][0]["steps"], (row, summary["ranks"][0])
+    assert all(r["complete"] and r["epochs_completed"] == 6 for r in summary["ranks"])  # LOST_SWEEP's epochs

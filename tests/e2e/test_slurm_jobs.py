@@ -199,14 +199,22 @@ def test_hostile_names_and_paths_arrive_verbatim(slurm_cluster, data_root, tmp_p
     cwd.mkdir()
     runs = tmp_path / f"runs {hostile}"
     data_dir = tmp_path / f"data {hostile}"
-    r = submit("--nodes", "1", "--gpus", "1", "--account", f"acct {hostile}_g", "--name", hostile, "--runs-dir",
-               str(runs), "--config", SMOKE, "--data-root", str(data_dir), "--export", f"HPC_TAG={hostile}",
-               "--export", "OMP_NUM_THREADS=1", "--max-steps", "2", "--wait", cwd=cwd)
+    job_args = ["--nodes", "1", "--gpus", "1", "--name", hostile, "--runs-dir", str(runs), "--config", SMOKE,
+                "--data-root", str(data_dir), "--export", f"HPC_TAG={hostile}", "--export", "OMP_NUM_THREADS=1",
+                "--max-steps", "2", "--wait"]
+    # An account of that name reaches Slurm as it is, which refuses it (its accounting knows no such
+    # account): one line, the name as given, nothing run and nothing left of the job.
+    refused = submit(*job_args, "--account", f"acct {hostile}_g", cwd=cwd)
+    assert refused.returncode == 2 and not refused.stdout, refused.stdout + refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "Invalid account" in line and repr(f"acct {hostile}_g")[1:-1] in line, line
+    assert not runs.exists()
+    r = submit(*job_args, "--account", "m1234_g", cwd=cwd)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
     run_dir = runs / hostile / job
     name_line = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-    assert f"JobName={hostile}" in name_line and f"Account=acct {hostile}_g" in name_line, name_line
+    assert f"JobName={hostile}" in name_line and "Account=m1234_g" in name_line, name_line
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"][0]["env"]["HPC_TAG"] == hostile
     assert summary["config"]["data"]["root"] == str(data_dir)

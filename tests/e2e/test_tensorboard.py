@@ -159,21 +159,29 @@ return Object.values(Chart.instances).map(c => ({type: c.config.type, labels: (c
 
 
 def charts_drawn(browser, timeout_s: float = 60) -> list[dict]:
-    """The charts drawn in the plugin's page once there are any (waiting on them, not on a clock)."""
-    deadline, found = time.time() + timeout_s, None
-    while time.time() < deadline and not found:
-        found = browser.execute_script(CHARTS)
-        time.sleep(0.5)
-    return found or []
+    """The charts of the view on the page, once they are all drawn: each a canvas Chart.js drew in the
+    stand-in's box (a table would be no canvas), as many canvases as Chart.js holds charts (a view's
+    charts come one by one, and the view left behind takes its own away), the same on two asks in a row."""
+    from selenium.webdriver.common.by import By
+
+    last: list = []
+
+    def settled():
+        found = browser.execute_script(CHARTS) or []
+        canvases = len(browser.find_elements(By.CSS_SELECTOR, "div.offline-chart > canvas"))
+        done = found if found and len(found) == canvases and found == last else None
+        last[:] = found
+        return done
+
+    return until(browser, settled, "the view's charts, drawn as canvases", timeout_s)
 
 
 @pytest.mark.browser
 def test_the_charts_draw_without_a_network(server):
     """Offline, Google Charts cannot load: the Overview's execution summary and step-time breakdown, the
     Operator and Kernel pies and the memory curves are drawn by the vendored Chart.js, each a chart and
-    not a table. The Overview's are held to the plugin's own numbers (its overview API)."""
-    from selenium.webdriver.common.by import By
-
+    not a table (charts_drawn waits for exactly that). The Overview's are held to the plugin's own numbers
+    (its overview API)."""
     overview = json.loads(http_get(server, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1"))
     categories = [c["name"] for c in overview["performance"][0]["children"]]
     series = [c["name"] for c in overview["steps"]["columns"][1:] if c["type"] == "number" and not c.get("role")]
@@ -185,8 +193,6 @@ def test_the_charts_draw_without_a_network(server):
         for view in ("Overview", "Operator", "GPU Kernel", "Memory"):
             choose(1, view)
             seen[view] = charts_drawn(browser)
-            # each chart on the page is a canvas Chart.js drew in the stand-in's box (a table would be no canvas)
-            assert len(browser.find_elements(By.CSS_SELECTOR, "div.offline-chart > canvas")) == len(seen[view])
             browser.save_screenshot(str(ARTIFACTS / f"tensorboard-offline-{view.split()[-1].lower()}.png"))
     pie, steps = seen["Overview"]
     assert pie["type"] == "doughnut" and pie["labels"] == categories and pie["drawn"] == [len(categories)]

@@ -353,6 +353,9 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     assert point_state(tmp_path / "never", "1_4", None, None)["state"] == "missing"
     assert point_state(crashed, "1_2", "RUNNING", None)["state"] == "running"  # the queue knows best
     assert point_state(tmp_path / "never", "1_4", "PENDING", None)["state"] == "pending"
+    # pending again after it ran: Slurm requeued it (a lost node, a preemption) or it requeued itself
+    assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", "PENDING", None)["state"] == "requeued"
+    assert point_state(timed_out, "1_3", "PENDING", None)["state"] == "requeued"  # "Requeued job" in its log
     assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word
 
 
