@@ -227,9 +227,10 @@ def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
     failures = 0
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
-        with submission(spec.folder, what, plan.parameters(spec)) if not plan.local else contextlib.nullcontext():
+        params = plan.parameters(spec)
+        with submission(spec.folder, what, params) if not plan.local else contextlib.nullcontext():
             executor = make_executor(
-                plan.parameters(spec), spec.folder, plan.cluster.max_requeues, plan.local, job_python(plan.cluster)
+                params, spec.folder, plan.cluster.max_requeues, plan.local, job_python(plan.cluster)
             )
             if not plan.local:
                 subs.extend(submit_points(plan, executor, spec.points, spec))
