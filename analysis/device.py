@@ -13,12 +13,20 @@ a few numbers, not the event) and, once the file is read, computes from those ar
   gap before each event on it is host wait when the event was launched (its runtime call, by
   correlation id) after the previous event on the stream ended, else kernel wait when shorter than
   `KERNEL_WAIT_US`, else other;
-- per profiled step, the same breakdown over the events launched in that step;
+- per profiled step, the same breakdown over the events launched in that step, and the kernel calls
+  and device time launched inside the steps (`kernel_calls_in_steps`, `cuda_time_in_steps_us`): the
+  per-step figures. An event whose runtime call precedes every call in the trace (a lower correlation
+  id) was launched before the window: in graph mode the device runs steps behind the host, so the
+  window opens on a replay launched earlier (on an H200: 2,230 of a replay's kernels), which no
+  recorded step owns;
+- a CUDA graph's memcpy and memset nodes, which the driver runs as kernels (CUPTI names them
+  `memcpy32_post`, `memset32`), count as the copies and sets they are, as an eager step's do;
 - `collectives` (collective.py) and `top_kernels`.
 """
 
 from __future__ import annotations
 
+import re
 from operator import attrgetter
 from typing import Any
 
@@ -38,6 +46,7 @@ KERNEL_CATS = {"kernel", "Kernel"}
 MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
 MEMSET_CATS = {"gpu_memset", "Memset"}
 _KERNEL, _MEMCPY, _MEMSET = 0, 1, 2
+COPY_KERNEL = re.compile(r"mem(cpy|set)\d+(_\w+)?")  # a graph's memcpy/memset node, run as a kernel
 CATEGORIES = {
     **dict.fromkeys(KERNEL_CATS, _KERNEL),
     **dict.fromkeys(MEMCPY_CATS, _MEMCPY),
@@ -89,11 +98,14 @@ class DeviceActivity:
         self._columns: list[tuple[np.ndarray, ...]] = []
         self.name_ids: dict[str, int] = {}  # kernel names, ids from 1 (0: a memcpy or memset)
         self._class_of: list[int] = [KERNEL_CLASSES.index("other")]  # by name id
+        self._copy_of: list[int] = [_KERNEL]  # by name id: _MEMCPY or _MEMSET for a graph's copy node
         self.collectives = Collectives()
 
     def _name_id(self, name: str) -> int:
         self.name_ids[name] = len(self.name_ids) + 1
         self._class_of.append(KERNEL_CLASSES.index(classify_kernel(name)))
+        copy = COPY_KERNEL.fullmatch(name)
+        self._copy_of.append(_KERNEL if copy is None else _MEMCPY if copy.group(1) == "cpy" else _MEMSET)
         return len(self.name_ids)
 
     def add(self, events: list, ts: np.ndarray, dur: np.ndarray, source: np.ndarray) -> None:
@@ -104,6 +116,8 @@ class DeviceActivity:
         names[kernels] = interned(
             [get(e.name) for e in kernel_events], kernel_events, _NAME, self.name_ids, self._name_id
         )
+        source = np.where(source == _KERNEL, np.array(self._copy_of, dtype=source.dtype)[names], source)
+        names[source != _KERNEL] = 0
         cls = np.array(self._class_of, dtype=np.int8)[names]
         communication = (source == _KERNEL) & (cls == KERNEL_CLASSES.index("communication"))
         kind = np.where(source != _KERNEL, MEMORY, np.where(communication, COMMUNICATION, COMPUTE)).astype(np.int8)
@@ -152,6 +166,7 @@ class DeviceActivity:
         comm_us = union_us(*comm)
         kernel_us, memcpy_us, memset_us = (_sum_in_order(dur[source == s]) for s in (_KERNEL, _MEMCPY, _MEMSET))
         is_kernel = source == _KERNEL
+        in_steps = launched_in(np.where(np.isnan(launch), start, launch), step_ranges)
         by_class = np.bincount(cls[is_kernel], minlength=len(KERNEL_CLASSES))
         time_by_class = np.bincount(cls[is_kernel], weights=dur[is_kernel], minlength=len(KERNEL_CLASSES))
         return DeviceTotals(
@@ -161,6 +176,8 @@ class DeviceActivity:
             memset_time_us=memset_us,
             gpu_busy_us=union_us(start, end),
             kernel_calls=int((source == _KERNEL).sum()),
+            kernel_calls_in_steps=None if in_steps is None else int((is_kernel & in_steps).sum()),
+            cuda_time_in_steps_us=None if in_steps is None else _sum_in_order(dur[in_steps]),
             graph_kernel_calls=int(((source == _KERNEL) & (graph > 0)).sum()),
             kernel_calls_by_class=dict(zip(KERNEL_CLASSES, by_class.tolist(), strict=False)),
             kernel_time_by_class_us=dict(zip(KERNEL_CLASSES, time_by_class.tolist(), strict=False)),
@@ -220,6 +237,16 @@ def _sum_in_order(values: np.ndarray) -> float:
     return float(np.cumsum(values)[-1]) if values.size else 0.0
 
 
+def launched_in(when: np.ndarray, step_ranges: list[tuple[float, float]]) -> np.ndarray | None:
+    """Which events were launched inside one of the steps (None: no steps in the trace)."""
+    if not step_ranges:
+        return None
+    inside = np.zeros(when.size, dtype=bool)
+    for s0, s1 in step_ranges:
+        inside |= (when >= s0) & (when < s1)
+    return inside
+
+
 class Launches:
     """Runtime calls (cudaLaunchKernel, cudaMemcpyAsync ...) by correlation id: when each device event
     was asked for, on the CPU."""
@@ -237,7 +264,8 @@ class Launches:
         self._sorted = None
 
     def lookup(self, corr: np.ndarray) -> np.ndarray:
-        """The launch time of each correlation id; NaN where no runtime call has it."""
+        """The launch time of each correlation id; NaN where no runtime call has it, -inf where the id is
+        below every runtime call's (ids grow with each call: it was launched before the trace began)."""
         if self._sorted is None:
             keys = np.concatenate(self._corr) if self._corr else np.empty(0, np.int64)
             order = np.argsort(keys, kind="stable")
@@ -249,4 +277,5 @@ class Launches:
         pos = np.clip(np.searchsorted(keys_sorted, corr), 0, keys_sorted.size - 1)
         found = (keys_sorted[pos] == corr) & (corr >= 0)
         out[found] = ts_sorted[pos[found]]
+        out[(corr >= 0) & (corr < keys_sorted[0])] = -np.inf
         return out

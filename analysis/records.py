@@ -48,6 +48,8 @@ class DeviceTotals:
     gpu_busy_us: float | None = None
     kernel_calls: int | None = None
     graph_kernel_calls: int | None = None  # of kernel_calls, those replayed from a CUDA graph (args "graph id")
+    kernel_calls_in_steps: int | None = None  # of kernel_calls, those launched inside the profiled steps
+    cuda_time_in_steps_us: float | None = None  # the device time of the events launched inside the steps
     kernel_calls_by_class: dict[str, int] | None = None
     kernel_time_by_class_us: dict[str, float] | None = None  # kernels' summed durations by class
     comm_time_us: float | None = None

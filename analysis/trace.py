@@ -66,6 +66,10 @@ _ROUTE: dict[object, int] = {
 }
 
 
+def _first(value: float | None, otherwise: float | None) -> float | None:
+    return otherwise if value is None else value
+
+
 def _count(value: Any) -> int | None:
     """A rank or world size from trace metadata, if it is a sane non-negative integer."""
     return int(value) if type(value) in (int, float) and 0 <= value < 1 << 20 and value == int(value) else None
@@ -169,8 +173,9 @@ def trace_record(
         **vars(device),
         **vars(memory),
         cpu_time_us_per_step=per_step(cpu.cpu_time_us, cpu.steps),
-        cuda_time_us_per_step=per_step(device.cuda_time_us, cpu.steps),
-        kernel_calls_per_step=per_step(device.kernel_calls, cpu.steps),
+        # what the steps launched, not what the window holds: in graph mode the device runs behind the host
+        cuda_time_us_per_step=per_step(_first(device.cuda_time_in_steps_us, device.cuda_time_us), cpu.steps),
+        kernel_calls_per_step=per_step(_first(device.kernel_calls_in_steps, device.kernel_calls), cpu.steps),
         comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps),
     )
     return dataclasses.replace(record, verdict=judge(trace_evidence(record)).as_dict())

@@ -292,7 +292,7 @@ class Trainer:
         net.scheduler.step()
         st.step += 1
         if self.profiling is not None:
-            self.profiling.step()
+            self.profiling.step(replayed=graphed)
         self.timer.stop()
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
         bad_step = self.guard.bad_step(at_log, group_size)

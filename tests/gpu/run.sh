@@ -7,7 +7,11 @@
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl <those>
 # A requirement with no wheel stops the command with exit 2 before any phase.
 # Then, under a time limit per phase (so one stuck phase cannot eat the others):
-#   1. pytest -m gpu   the GPU tests (tests/gpu/test_gpu.py), numbers kept in gpu_tests.json
+#   0. graphed_epoch   hpc.train as a user runs it on CUDA (graph mode, DDP over NCCL, one profiled cycle
+#                      with the memory categories), ResNet152 batch 128, one epoch; then eager_categories, the
+#                      same eager (where the categories can be seen): run directories in OUTDIR (~70 s)
+#   1. pytest -m gpu   the GPU tests (tests/gpu/test_gpu.py; HPC_GPU_TESTS: a -k expression picking some),
+#                      numbers kept in gpu_tests.json
 #   2. hpc.bench       ResNet152, torchvision stem, batch 128 and 2048: baseline, toolkit, each change
 #                      alone, without DDP, as a CUDA graph, the profiler's cost; 512 and 1024: the main ones
 #   3. hpc.bench       peak memory of a training step for the study's batch sizes
@@ -73,9 +77,25 @@ phase() {  # phase NAME LIMIT_S COMMAND...: run it, log it, record its exit stat
 
 # HPC_GPU_PHASES picks phases (comma-separated); study_point is not in the default set because with the
 # others it would not fit one 10-minute call: run it as its own, HPC_GPU_PHASES=study_point.
-PHASES=${HPC_GPU_PHASES:-pytest,bench_torchvision,bench_torchvision_mid,memory,bench_cifar}
+PHASES=${HPC_GPU_PHASES:-graphed_epoch,pytest,bench_torchvision,bench_torchvision_mid,memory,bench_cifar}
 want() { [[ ",$PHASES," == *",$1,"* ]]; }
-want pytest && phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml"
+if want graphed_epoch; then  # the CUDA default end to end: graph check, DDP (NCCL) captured, one profiled cycle
+    # with the memory categories, on 50 steps of ResNet152 at batch 128 (synthetic data: no internet there)
+    phase graphed_epoch 200 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m hpc.train \
+        --data-root /tmp/hpc-gpu-cifar100-small --run-dir "$OUTDIR/graphed_epoch" --arch resnet152 \
+        --stem torchvision --batch-size 128 --epochs 1 --cuda-graph auto --set data.source=synthetic \
+        --set data.synth_train=6400 --set data.synth_test=1000 --set profiler.profile_memory=true \
+        --set profiler.memory_categories=true --set profiler.key_averages=true
+    # the same eager: the categories at the peak (a replay's tensors are invisible to the memory profiler)
+    phase eager_categories 200 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m hpc.train \
+        --data-root /tmp/hpc-gpu-cifar100-small --run-dir "$OUTDIR/eager_categories" --arch resnet152 \
+        --stem torchvision --batch-size 128 --epochs 1 --cuda-graph false --set data.source=synthetic \
+        --set data.synth_train=6400 --set data.synth_test=1000 --set profiler.profile_memory=true \
+        --set profiler.memory_categories=true --set profiler.key_averages=true
+fi
+# HPC_GPU_TESTS: a pytest -k expression picking some of the GPU tests (all by default)
+want pytest && phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml" \
+    ${HPC_GPU_TESTS:+-k "$HPC_GPU_TESTS"}
 want bench_torchvision && phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision \
     --batch 128,2048 --out "$OUTDIR/bench_torchvision.json"
 want bench_torchvision_mid && phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision \

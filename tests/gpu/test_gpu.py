@@ -276,9 +276,11 @@ def test_real_oom_is_an_outcome_with_a_memory_snapshot(data_root, tmp_path):
 
 def test_profiled_graph_run_records_the_replayed_kernels(data_root, tmp_path):
     """Graph mode under the profiler, attached after the capture (the schedule waits a step): CUPTI records
-    the kernels replayed inside the graph, the analysis counts them, within 5% of the eager trace's
-    kernels per step of the same configuration, and its verdict names the run's graph steps. The cycle's
-    record says what the profiler cost the host and that CUPTI was detached after it."""
+    the kernels replayed inside the graph, the analysis counts those the steps launched (not the replay
+    launched before the window that the lagging device is still running; the graph's copy nodes as
+    copies), within 5% of the eager trace's kernels per step of the same configuration, and its verdict
+    names the run's graph steps. The cycle's record says what the profiler cost the host, that CUPTI was
+    detached after it, and how many of its steps were replays."""
     common = ("--arch", "resnet18", "--batch-size", "256", "--max-steps", "10", "--set", "profiler.wait=2")
     runs = {mode: tmp_path / mode for mode in ("eager", "graph")}
     train(1, run_args(data_root, runs["eager"], *common, *EAGER))
@@ -290,7 +292,7 @@ def test_profiled_graph_run_records_the_replayed_kernels(data_root, tmp_path):
         cycles[mode] = rank["profiler"]["cycles"][0]
         cycles[mode]["after_window_median_s"] = rank["step_time_after_profiler_s"]["median"]
         cycles[mode]["step_median_s"] = rank["step_time_s"]["median"]
-    per_step = {mode: rec.kernel_calls / rec.steps for mode, rec in recs.items()}
+    per_step = {mode: rec.kernel_calls_per_step for mode, rec in recs.items()}
     report = subprocess.run([sys.executable, "-m", "analysis", str(runs["graph"]), "--format", "md"],
                             capture_output=True, text=True, timeout=300)
     MEASURED["graph_trace"] = {"kernel_calls_per_step": per_step, "cycles": cycles,
@@ -299,3 +301,4 @@ def test_profiled_graph_run_records_the_replayed_kernels(data_root, tmp_path):
     assert report.returncode == 0 and "graph steps" in report.stdout, report.stdout + report.stderr
     for cycle in cycles.values():
         assert cycle["cupti_detached"] is True and 0 < cycle["profiler_host_s"] < 5
+    assert cycles["graph"]["graph_replays"] == recs["graph"].steps and cycles["eager"]["graph_replays"] == 0
