@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import has_lines, processes, wait_until
+from test_slurm_jobs import job_state, wait_gone
 from trainrun import same_weights, weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,20 +93,6 @@ CONTROLLER_DOWN_FOR_REQUEUE = (
 
 def wait_for_steps(metrics: Path, steps: int, timeout: float = 180) -> None:
     wait_until(lambda: has_lines(metrics, steps), f"{steps} records in {metrics}", timeout)
-
-
-def wait_gone(job: str, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not subprocess.run(["squeue", "-h", "-j", job.split("_")[0]], capture_output=True, text=True).stdout.strip():
-            return
-        time.sleep(1)
-    raise AssertionError(f"job {job} still queued after {timeout} s")
-
-
-def job_state(job: str) -> dict:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
 @pytest.mark.parametrize("how", ["sbatch", "submitit"])
@@ -202,18 +189,6 @@ def lose_node_while_running(job: str, run_dir: Path) -> int:
         subprocess.run(["scontrol", "update", "NodeName=nid002", "State=RESUME"], capture_output=True)
 
 
-def wait_done_hurried(job: str, timeout_s: float = 600) -> None:
-    """Until squeue no longer lists the job; Slurm's hold on a requeued job (BeginTime) cut short."""
-    def gone() -> bool:
-        if not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
-            return True
-        if job_state(job).get("Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
-        return False
-
-    wait_until(gone, f"job {job} to end", timeout_s, every_s=1)
-
-
 @pytest.mark.usefixtures("slurm_cluster")
 @pytest.mark.slurm
 @pytest.mark.slow
@@ -242,7 +217,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_roo
             assert job_state(jobs[name])["JobState"] == "COMPLETED", job_state(jobs[name])
     wait_for_steps(tmp_path / "lost" / "metrics.jsonl", 9)
     kept = lose_node_while_running(jobs["lost"], tmp_path / "lost")
-    wait_done_hurried(jobs["lost"])
+    wait_gone(jobs["lost"], 600, hurry_requeue=True)
     state = job_state(jobs["lost"])
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
     log = (tmp_path / f"lost-{jobs['lost']}.txt").read_text()
@@ -298,9 +273,7 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(da
     victim = wait_until(lambda: task_pid(job, 0), "rank 0's process", 30)
     os.kill(victim, signal.SIGSTOP)
     wait_until(lambda: int(job_state(job).get("Restarts", 0)) == 1, f"job {job} requeued", 180, every_s=1)
-    from test_slurm_jobs import wait_gone as wait_gone_hurried
-
-    wait_gone_hurried(job, 600, hurry_requeue=True)
+    wait_gone(job, 600, hurry_requeue=True)
     state = job_state(job)
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
     said = " ".join(p.read_text(errors="replace") for p in Path(run_dir).rglob("*log.err"))
@@ -345,7 +318,7 @@ def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp
     assert point()["state"] == "running"
     lose_node_while_running(job, metrics.parent)
     assert point()["state"] == "requeued", point()  # held by Slurm after its requeue, its checkpoint on disk
-    wait_done_hurried(job)
+    wait_gone(job, 600, hurry_requeue=True)
     row = point()
     summary = json.loads((metrics.parent / "summary.json").read_text())
     assert row["state"] == "done" and row["steps"] == summary["ranks"][0]["steps"], (row, summary["ranks"][0])
