@@ -166,7 +166,8 @@ class DeviceActivity:
         comm_us = union_us(*comm)
         kernel_us, memcpy_us, memset_us = (_sum_in_order(dur[source == s]) for s in (_KERNEL, _MEMCPY, _MEMSET))
         is_kernel = source == _KERNEL
-        in_steps = launched_in(np.where(np.isnan(launch), start, launch), step_ranges)
+        when = np.where(np.isnan(launch), start, launch)  # an event with no runtime call found: its own start
+        in_steps = launched_in(when, step_ranges)
         by_class = np.bincount(cls[is_kernel], minlength=len(KERNEL_CLASSES))
         time_by_class = np.bincount(cls[is_kernel], weights=dur[is_kernel], minlength=len(KERNEL_CLASSES))
         return DeviceTotals(
@@ -185,7 +186,7 @@ class DeviceActivity:
             comm_overlap_pct=100.0 * overlap_us(comm, compute) / comm_us if comm_us else None,
             temporal_breakdown_us=temporal_breakdown(start, end, kind),
             idle_breakdown_us=idle_breakdown(start, end, stream, launch),
-            steps_breakdown_us=self.per_step(start, end, kind, launch, step_ranges),
+            steps_breakdown_us=self.per_step(start, end, kind, when, step_ranges),
             collectives=self.collectives.result(compute, world_size),
             collective_launch_us=self.collectives.launch_offsets(launches, step_ranges),
             top_kernels=self.top_kernels(start, end, names, top_n),
@@ -196,14 +197,13 @@ class DeviceActivity:
         start: np.ndarray,
         end: np.ndarray,
         kind: np.ndarray,
-        launch: np.ndarray,
+        when: np.ndarray,
         step_ranges: list[tuple[float, float]],
     ) -> list[dict[str, Any]] | None:
-        """The temporal breakdown of the events launched in each profiled step (by their runtime call's
-        time; an event with no runtime call found, by its own start)."""
+        """The temporal breakdown of the events launched in each profiled step (`when`: their runtime
+        call's time; an event with no runtime call found, its own start)."""
         if not step_ranges:
             return None
-        when = np.where(np.isnan(launch), start, launch)
         rows = []
         for i, (s0, s1) in enumerate(step_ranges):
             sel = (when >= s0) & (when < s1)

@@ -15,7 +15,16 @@ from typing import Any
 
 from analysis.discover import Warnings, analyze_files, run_traces
 from analysis.ranks import step_skew_us, straggler
-from analysis.records import SPREAD_FIELDS, RankTotals, RunRecord, Spread, TraceRecord, max_present, mean_present
+from analysis.records import (
+    SPREAD_FIELDS,
+    RankTotals,
+    RunRecord,
+    Spread,
+    TraceRecord,
+    in_steps,
+    max_present,
+    mean_present,
+)
 from analysis.verdict import judge, run_evidence
 from hpc.core.rundir import RunPaths, is_count, read_metrics, read_summary
 
@@ -134,6 +143,8 @@ def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) 
         cuda_time_us=_sum_or_none([r.cuda_time_us for r in recs]),
         gpu_busy_us=_sum_or_none([r.gpu_busy_us for r in recs]),
         kernel_calls=_sum_or_none([r.kernel_calls for r in recs]),
+        cuda_time_in_steps_us=_sum_or_none([in_steps(r.cuda_time_in_steps_us, r.cuda_time_us) for r in recs]),
+        kernel_calls_in_steps=_sum_or_none([in_steps(r.kernel_calls_in_steps, r.kernel_calls) for r in recs]),
         comm_time_us=_sum_or_none([r.comm_time_us for r in recs]),
         step_time_us_mean=sum(step_means) / len(step_means) if step_means else None,
         peak_gpu_mem_bytes=max_present([r.peak_gpu_mem_bytes for r in recs]),

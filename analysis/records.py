@@ -97,6 +97,11 @@ def per_step(value: float | None, steps: int) -> float | None:
     return value / steps if (value is not None and steps) else None
 
 
+def in_steps(launched: float | None, window: float | None) -> float | None:
+    """What the steps launched where the trace says (it has steps), else the window's total."""
+    return window if launched is None else launched
+
+
 @dataclass(frozen=True)
 class RankTotals:
     """One rank's traces folded together: counts and times summed over its cycles, peaks maxed; with
@@ -109,6 +114,9 @@ class RankTotals:
     cuda_time_us: float | None = None
     gpu_busy_us: float | None = None
     kernel_calls: int | None = None
+    # what the profiled steps launched (the per-step figures' basis; see analysis/device.py)
+    cuda_time_in_steps_us: float | None = None
+    kernel_calls_in_steps: int | None = None
     comm_time_us: float | None = None
     step_time_us_mean: float | None = None
     peak_gpu_mem_bytes: int | None = None
@@ -128,14 +136,14 @@ class RankTotals:
         return each * self.steps_per_epoch if each is not None and self.steps_per_epoch else None
 
     cpu_time_us_per_step = property(lambda self: self._per_step(self.cpu_time_us))
-    cuda_time_us_per_step = property(lambda self: self._per_step(self.cuda_time_us))
-    kernel_calls_per_step = property(lambda self: self._per_step(self.kernel_calls))
+    cuda_time_us_per_step = property(lambda self: self._per_step(self.cuda_time_in_steps_us))
+    kernel_calls_per_step = property(lambda self: self._per_step(self.kernel_calls_in_steps))
     computation_us_per_step = property(lambda self: self._per_step(self.computation_us))
     communication_us_per_step = property(lambda self: self._per_step(self.communication_us))
     memory_us_per_step = property(lambda self: self._per_step(self.memory_us))
     cpu_time_us_per_epoch = property(lambda self: self._per_epoch(self.cpu_time_us))
-    cuda_time_us_per_epoch = property(lambda self: self._per_epoch(self.cuda_time_us))
-    kernel_calls_per_epoch = property(lambda self: self._per_epoch(self.kernel_calls))
+    cuda_time_us_per_epoch = property(lambda self: self._per_epoch(self.cuda_time_in_steps_us))
+    kernel_calls_per_epoch = property(lambda self: self._per_epoch(self.kernel_calls_in_steps))
     idle_share = property(
         lambda self: self.idle_us / self.span_us if self.idle_us is not None and self.span_us else None
     )

@@ -48,7 +48,7 @@ from analysis.device import TOP_N, DeviceActivity
 from analysis.events import INSTANT, NOT_READ, Batch, out_of_range, pick
 from analysis.memory import DeviceMemory
 from analysis.reader import Reader, TraceError, read_batches
-from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, per_step
+from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, in_steps, per_step
 from analysis.verdict import judge, trace_evidence
 
 __all__ = ["TraceError", "analyze_trace", "trace_record"]
@@ -64,10 +64,6 @@ _ROUTE: dict[object, int] = {
     INSTANT: _MEMORY,
     NOT_READ: _SKIP,
 }
-
-
-def _first(value: float | None, otherwise: float | None) -> float | None:
-    return otherwise if value is None else value
 
 
 def _count(value: Any) -> int | None:
@@ -174,8 +170,8 @@ def trace_record(
         **vars(memory),
         cpu_time_us_per_step=per_step(cpu.cpu_time_us, cpu.steps),
         # what the steps launched, not what the window holds: in graph mode the device runs behind the host
-        cuda_time_us_per_step=per_step(_first(device.cuda_time_in_steps_us, device.cuda_time_us), cpu.steps),
-        kernel_calls_per_step=per_step(_first(device.kernel_calls_in_steps, device.kernel_calls), cpu.steps),
+        cuda_time_us_per_step=per_step(in_steps(device.cuda_time_in_steps_us, device.cuda_time_us), cpu.steps),
+        kernel_calls_per_step=per_step(in_steps(device.kernel_calls_in_steps, device.kernel_calls), cpu.steps),
         comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps),
     )
     return dataclasses.replace(record, verdict=judge(trace_evidence(record)).as_dict())

@@ -60,3 +60,18 @@ def test_a_graphed_trace_counts_what_its_steps_launched_as_an_eager_one_does():
     # and its memcpy nodes are the eager step's device-to-device copies
     copies_per_replay = graph["copies_in_steps"] / graph["steps"]
     assert copies_per_replay == pytest.approx(eager["memcpy_events_in_steps"] / eager["steps"], rel=0.02)
+
+
+def test_a_rank_folded_over_its_cycles_keeps_what_the_steps_launched():
+    """A run's figures (tables, figures, verdict) come from each rank's cycles folded together: per step
+    and per epoch they use the steps' own launches too, not the window's total."""
+    from analysis.fold import rank_totals
+
+    graph = by_launch(GRAPH)
+    rec = analyze_trace(GRAPH)
+    (rank,) = rank_totals([rec, rec], {0: 10})  # two cycles of the same trace; 10 steps an epoch
+    assert rank.steps == 6 and rank.kernel_calls == 2 * (graph["kernels"])
+    assert rank.kernel_calls_per_step == graph["in_steps"] / graph["steps"] == rec.kernel_calls_per_step
+    assert rank.kernel_calls_per_epoch == pytest.approx(10 * graph["in_steps"] / graph["steps"])
+    assert rank.cuda_time_us_per_step == pytest.approx(rec.cuda_time_us_per_step)
+    assert rank.cuda_time_us_per_step < rec.cuda_time_us / rec.steps  # the replay from before the window is out
