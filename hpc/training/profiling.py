@@ -100,6 +100,11 @@ class Profiling:
         """Whether the profiler records now (between the last step() and the next)."""
         return self._recording(self._steps)
 
+    def take_window_replays(self) -> int:
+        """The cycle's replayed steps, counted afresh for the next cycle."""
+        replays, self.window_replays = self.window_replays, 0
+        return replays
+
     def step(self, replayed: bool = False) -> None:
         """The end of a step (`replayed`: it was a CUDA graph replay)."""
         done = len(self.cycles)
@@ -255,9 +260,7 @@ def maybe_profile(
         totals = key_average_totals(prof) if cfg.key_averages else {}
         totals["key_averages_s"] = round(time.perf_counter() - start, 4)
         totals["cuda_max_memory_allocated_bytes"] = profiling.window_peak_bytes() if profiling else None
-        replays = profiling.window_replays if profiling else 0
-        if profiling:
-            profiling.window_replays = 0
+        replays = profiling.take_window_replays() if profiling else 0
         totals["graph_replays"] = replays
         if cfg.memory_categories:
             began = time.perf_counter()

@@ -80,18 +80,15 @@ phase() {  # phase NAME LIMIT_S COMMAND...: run it, log it, record its exit stat
 PHASES=${HPC_GPU_PHASES:-graphed_epoch,pytest,bench_torchvision,bench_torchvision_mid,memory,bench_cifar}
 want() { [[ ",$PHASES," == *",$1,"* ]]; }
 if want graphed_epoch; then  # the CUDA default end to end: graph check, DDP (NCCL) captured, one profiled cycle
-    # with the memory categories, on 50 steps of ResNet152 at batch 128 (synthetic data: no internet there)
-    phase graphed_epoch 200 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m hpc.train \
-        --data-root /tmp/hpc-gpu-cifar100-small --run-dir "$OUTDIR/graphed_epoch" --arch resnet152 \
-        --stem torchvision --batch-size 128 --epochs 1 --cuda-graph auto --set data.source=synthetic \
-        --set data.synth_train=6400 --set data.synth_test=1000 --set profiler.profile_memory=true \
-        --set profiler.memory_categories=true --set profiler.key_averages=true
-    # the same eager: the categories at the peak (a replay's tensors are invisible to the memory profiler)
-    phase eager_categories 200 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m hpc.train \
-        --data-root /tmp/hpc-gpu-cifar100-small --run-dir "$OUTDIR/eager_categories" --arch resnet152 \
-        --stem torchvision --batch-size 128 --epochs 1 --cuda-graph false --set data.source=synthetic \
-        --set data.synth_train=6400 --set data.synth_test=1000 --set profiler.profile_memory=true \
-        --set profiler.memory_categories=true --set profiler.key_averages=true
+    # with the memory categories, on 50 steps of ResNet152 at batch 128 (synthetic data: no internet there);
+    # then the same eager: the categories at the peak (a replay's tensors are invisible to the memory profiler)
+    for run in graphed_epoch:auto eager_categories:false; do
+        phase "${run%%:*}" 200 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m hpc.train \
+            --data-root /tmp/hpc-gpu-cifar100-small --run-dir "$OUTDIR/${run%%:*}" --arch resnet152 \
+            --stem torchvision --batch-size 128 --epochs 1 --cuda-graph "${run#*:}" --set data.source=synthetic \
+            --set data.synth_train=6400 --set data.synth_test=1000 --set profiler.profile_memory=true \
+            --set profiler.memory_categories=true --set profiler.key_averages=true
+    done
 fi
 # HPC_GPU_TESTS: a pytest -k expression picking some of the GPU tests (all by default)
 want pytest && phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml" \
