@@ -181,6 +181,8 @@ def print_tables(
             print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY (summary.json: oom)")
         elif runs and fmt == "table":
             r = runs[0]
+            if r.profiled_ranks and (r.gpus or 0) > len(r.profiled_ranks):  # profiler.ranks: a subset traced
+                print(f"profiled: ranks {','.join(map(str, r.profiled_ranks))} of {r.gpus} (the rest: summary.json)")
             print(
                 f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
                 f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "

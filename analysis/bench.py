@@ -4,6 +4,8 @@ files: wall seconds and peak memory, each tool in a fresh process (a benchmark, 
     python -m analysis.bench [TRACE ...]        # default: every trace in ../shared/traces
     python -m analysis.bench --repeat 3 --json out.json
     python -m analysis.bench --big /tmp/big   # the million-event traces (built there, ~1.6 GB of disk)
+    python -m analysis.bench --ranks TRACE --counts 32,64,128,256 --big /tmp/many   # one rank's trace
+        copied to N jittered ranks there (analysis/manyranks.py): time and memory against the rank count
 
 What each tool does: ours, the whole per-trace record (every number `python -m analysis` shows,
 breakdowns, collectives, top kernels and operators included); torch-tb-profiler, its loader
@@ -84,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--big", metavar="DIR", help="instead: build the million-event traces in DIR and print the ratios"
     )
+    parser.add_argument("--ranks", metavar="TRACE", help="instead: TRACE copied to --counts ranks under --big DIR")
+    parser.add_argument("--counts", default="32,64,128,256", help="with --ranks: the rank counts")
     args = parser.parse_args(argv)
+    if args.ranks:
+        return print_ranks(Path(args.ranks), args.counts, Path(args.big or "many-ranks"), args.json)
     if args.big:
         return print_big(Path(args.big), args.json, _runs(args.repeat))
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_DIR.rglob("*.json.gz"))
@@ -195,6 +201,34 @@ def big_line(name: str, copies: int, size: dict, ours: Any, theirs: Any) -> str:
     elif theirs is not None:
         line += f"; traceinsight failed: {theirs}"
     return line
+
+
+def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | None) -> int:
+    """The analysis of `source` copied to each rank count: seconds, per rank, and the memory bound."""
+    from analysis.manyranks import build_ranks, measure
+
+    if not source.is_file():
+        raise UsageError(f"--ranks {source}: not a trace file")
+    words = counts_text.split(",")
+    if not all(w.strip().isdigit() and int(w) > 1 for w in words):
+        raise UsageError(f"--counts {counts_text!r}: must be rank counts above 1, e.g. 32,64,128,256")
+    check_output_file(json_out, "--json")
+    print("| ranks | MB (gz) | seconds | per rank (s) | parent peak (MiB) | worker peak (MiB) x workers | straggler |")
+    print("|---|---|---|---|---|---|---|")
+    results = []
+    for count in (int(w) for w in words):
+        size = build_ranks(source, count, folder / f"r{count}")
+        m = measure(folder / f"r{count}")
+        results.append({"ranks": count, **size, **m})
+        print(
+            f"| {count} | {size['bytes'] / 1e6:.0f} | {m['seconds']:.1f} | {m['seconds'] / count:.3f} | "
+            f"{m['parent_peak_bytes'] / 2**20:.0f} | {m['worker_peak_bytes'] / 2**20:.0f} x {m['workers']} | "
+            f"{m['straggler_rank']} |",
+            flush=True,
+        )
+    if json_out:
+        write_atomic(json_out, json.dumps(results, indent=2))
+    return EXIT_OK
 
 
 def cli(argv: list[str] | None = None) -> int:

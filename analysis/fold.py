@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.discover import Warnings, analyze_files, run_traces
-from analysis.ranks import step_skew_us, straggler
+from analysis.ranks import slow_rank, step_skew_us, straggler
 from analysis.records import (
     SPREAD_FIELDS,
     RankTotals,
@@ -196,6 +196,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
+        slow_rank=slow_rank((summary or {}).get("ranks") or []),
+        profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         **run_facts(first),
         **memory_by_category(summary),
         **spreads,

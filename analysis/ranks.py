@@ -47,3 +47,65 @@ def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
         return None, None
     rank, count = last.most_common(1)[0]
     return rank, count / sum(last.values())
+
+
+# Its node is the slow one (not the rank) when the node's other ranks carry at least this part of its excess.
+SLOW_NODE_PART = 0.5
+
+
+def _own_median_s(rank: dict[str, Any]) -> float | None:
+    stats = rank.get("own_step_time_s")
+    value = stats.get("median") if isinstance(stats, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
+    own work per step (the part before its gradient sync, hpc/training/parts.py's StepTimer), against the
+    median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
+    `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured."""
+    own = {r["rank"]: v for r in ranks if isinstance(r.get("rank"), int) and (v := _own_median_s(r)) is not None}
+    if len(own) < 2:
+        return None
+    node = {r["rank"]: str(r.get("node") or r.get("hostname") or "?") for r in ranks if r.get("rank") in own}
+    slowest = max(own, key=lambda r: (own[r], -r))
+    median = _median(list(own.values()))
+    mates = [v for r, v in own.items() if r != slowest and node[r] == node[slowest]]
+    mates_median = _median(mates) if mates else None
+    steps = [s["median"] for r in ranks if isinstance(s := r.get("step_time_s"), dict) and s.get("median")]
+    step = _median(steps) if steps else None
+    excess = own[slowest] - median
+    return {
+        "rank": slowest,
+        "node": node[slowest],
+        "own_s": own[slowest],
+        "median_own_s": median,
+        "ranks_measured": len(own),
+        "node_others_own_s": mates_median,
+        "slow_node": mates_median is not None and excess > 0 and mates_median - median >= SLOW_NODE_PART * excess,
+        "step_s": step,
+        "wait_share": max(0.0, min(1.0, excess / step)) if step else None,
+    }
+
+
+def slow_rank_words(s: dict[str, Any]) -> str:
+    """`rank 13 on nid004: own work 0.31 s a step against a median of 0.01 s over 32 ranks (25x); its node's
+    other 3 ranks 0.01 s: a slow rank, not a slow node`."""
+    ratio = f" ({s['own_s'] / s['median_own_s']:.1f}x)" if s["median_own_s"] > 0 else ""
+    mates = s["node_others_own_s"]
+    node = (
+        f"its node's other ranks {mates * 1e3:.1f} ms: "
+        + ("a slow node, not a slow rank" if s["slow_node"] else "a slow rank, not a slow node")
+        if mates is not None
+        else "no other rank on its node"
+    )
+    return (
+        f"rank {s['rank']} on {s['node']}: own work (before the gradient sync) {s['own_s'] * 1e3:.1f} ms a step "
+        f"against a median of {s['median_own_s'] * 1e3:.1f} ms over {s['ranks_measured']} ranks{ratio}; {node}"
+    )

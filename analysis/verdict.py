@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from analysis.ranks import slow_rank_words
 from analysis.records import RunRecord, TraceRecord
 from hpc.spec.scaling import PERLMUTTER_BUSBW_GBS
 
@@ -102,6 +103,7 @@ class Evidence:
     step_max_us: float | None = None  # the slowest rank's
     straggler_rank: int | None = None
     straggler_share: float | None = None
+    slow_rank: dict[str, Any] | None = None  # from every rank's own work per step (analysis/ranks.py)
     achieved_tflops: float | None = None  # where the model's FLOPs are known
     peak_tflops: float | None = None
     graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
@@ -153,6 +155,11 @@ def shares(e: Evidence) -> dict[str, float]:
         out[HOST_LAUNCH] = idle * host
     if e.ranks > 1 and e.step_mean_us and e.step_max_us:
         out[IMBALANCE] = (e.step_max_us - e.step_mean_us) / e.step_max_us
+    # Under DDP every rank's step ends at the same all-reduce, so whole steps come out alike: the wait for
+    # the slowest rank's own work (all ranks', from summary.json) is the measure that sees a straggler.
+    waited = (e.slow_rank or {}).get("wait_share")
+    if waited is not None and waited > (out.get(IMBALANCE) or 0.0):
+        out[IMBALANCE] = waited
     return {k: min(max(v, 0.0), 1.0) for k, v in out.items() if v is not None}
 
 
@@ -209,6 +216,8 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
         return f"the DataLoader took {_pct(measured[DATA])} of the profiled steps, the GPU waiting for batches"
     if bound == MEMORY:
         return f"memory copies and sets no kernel covered took {_pct(measured[MEMORY])} of the span"
+    if bound == IMBALANCE and e.slow_rank is not None and e.slow_rank.get("wait_share") == measured[IMBALANCE]:
+        return f"{slow_rank_words(e.slow_rank)}; the others wait for it {_pct(measured[IMBALANCE])} of every step"
     if bound == IMBALANCE:
         who = (
             f"; rank {e.straggler_rank} launched collectives last {_pct(e.straggler_share)} of the time"
@@ -331,6 +340,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         step_max_us=run.step_time_us_mean.max,
         straggler_rank=run.straggler_rank,
         straggler_share=run.straggler_share,
+        slow_rank=run.slow_rank,
         achieved_tflops=achieved,
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
         # the run's summary says so, or its traces do (kernels replayed from a graph)

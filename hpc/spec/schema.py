@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hpc.spec.fields import non_negative as _non_negative
 from hpc.spec.fields import one_of as _one_of
 from hpc.spec.fields import positive as _positive
 from hpc.spec.fields import resumable
+from hpc.spec.profranks import SETTINGS
 
 __all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
 
@@ -210,10 +212,22 @@ class ProfilerConfig:
     # safe with CUDA graphs). Kineto leaves CUPTI attached by default, and every later kernel launch then
     # still pays for its callbacks: 10-20% slower steps after the window (pytorch/pytorch#144455).
     detach_cupti: bool = resumable(True)
+    # Which ranks record traces: all, auto (all up to 16 ranks, beyond: each node's first rank and the two
+    # slowest), leaders, or a list such as "0,13" (hpc/spec/profranks.py says why 16).
+    ranks: str | int | tuple[int, ...] = resumable("auto")  # kept as text: "auto", "0,13"
 
     def __post_init__(self) -> None:
         _non_negative(self, "wait", "warmup", "repeat")
         _positive(self, "active")
+        listed = self.ranks if isinstance(self.ranks, tuple) else (self.ranks,) if isinstance(self.ranks, int) else None
+        if listed is not None:  # `ranks: 13` or `ranks: [0, 13]` in YAML, as the text "0,13"
+            object.__setattr__(self, "ranks", ",".join(str(r) for r in listed))
+        text = str(self.ranks).replace(" ", "")
+        _check(
+            text in SETTINGS or bool(re.fullmatch(r"\d{1,7}(,\d{1,7})*", text)),
+            "ranks",
+            f"must be {', '.join(SETTINGS)} or a comma-separated list of ranks (e.g. 0,13)",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

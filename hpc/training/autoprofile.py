@@ -136,12 +136,14 @@ class StepHook:
             self.stand_down("the script runs a torch.profiler of its own")
             return
         from hpc.spec.schema import ProfilerConfig
-        from hpc.training.profiling import maybe_profile
+        from hpc.training.profiling import RankChoice, maybe_profile
 
         fields = {k: v for k, v in self.settings.items() if k in ProfilerConfig.__dataclass_fields__}
         self.context = contextlib.ExitStack()
+        # profiler.ranks: a script's collectives are its own, so over 16 ranks its node leaders record
+        who = RankChoice(self.rank, int(os.environ.get("LOCAL_RANK") or 0), self.world_size)
         self.profiling = self.context.enter_context(
-            maybe_profile(ProfilerConfig(**fields), self.paths.traces, self.rank, self.cuda)
+            maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
         )
         self.active = self.profiling is not None
 

@@ -275,7 +275,7 @@ def run_variant(
     trace_dir: Path | None = None,
 ) -> dict[str, Any]:
 
-    from hpc.training.profiling import maybe_profile
+    from hpc.training.profiling import RankChoice, maybe_profile
 
     cuda = device.type == "cuda"
     if cuda:
@@ -286,7 +286,7 @@ def run_variant(
     step = make_step(variant, built, device)
     # the trace directory is created only when profiling (mkdtemp here left an empty one per configuration)
     trace_dir = trace_dir or Path(tempfile.gettempdir()) / "hpc-bench-traces"
-    with maybe_profile(ProfilerConfig(enabled=profile), trace_dir, 0, cuda) as profiling:
+    with maybe_profile(ProfilerConfig(enabled=profile), trace_dir, RankChoice(0), cuda) as profiling:
         timing = time_steps(step, next_batch, warmup + steps, warmup, device, variant.host_sync_every_step, profiling)
     del step, built, next_batch
     timed = timing["step_s"]

@@ -91,9 +91,9 @@ class RankGroup:
         return bool(self.all_max([int(failed)])[0])
 
     def sync_buffers(self, model: torch.nn.Module) -> None:
-        # DDP broadcasts buffers (BatchNorm running stats) from rank 0 at the *start* of each forward,
-        # so after the last step every rank holds its own. Do that broadcast now, so evaluation and the
-        # final weights are rank 0's everywhere.
+        # DDP does not broadcast buffers here (broadcast_buffers=False, hpc/training/setup.py): each rank's
+        # BatchNorm running stats follow its own batches. Rank 0's are made everyone's where they are read,
+        # so evaluation and the final weights are rank 0's everywhere.
 
         if self.dist.world_size > 1:
             for buf in model.buffers():

@@ -18,6 +18,7 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from hpc.spec.distenv import DistEnv
+from hpc.spec.profranks import typical
 from hpc.spec.schema import DataConfig
 from hpc.training.checkpoint import rng_state, set_rng_state
 from hpc.training.setup import DataParts
@@ -43,31 +44,76 @@ class TrainState:
 
 
 class StepTimer:
-    """Optimizer-step times. On a GPU an event is recorded after each step and read once at the end
-    (after a synchronize); on a CPU the wall time of the step, from its first micro-batch."""
+    """Optimizer-step times, and each step's own work: from its start to its gradient sync (`synced()`,
+    called before the backward pass that all-reduces), the part no other rank can hold up. Under DDP every
+    rank's whole step ends at the same all-reduce, so whole steps come out alike on every rank and only the
+    own work tells the straggler from the ranks that wait for it. On a GPU events are recorded (start, sync,
+    end) and read once at the end (after a synchronize); on a CPU perf_counter. A graph replay has no sync
+    point the host sees: its own work is not measured (None)."""
 
     def __init__(self, use_cuda: bool):
         self.use_cuda = use_cuda
         self.events: list[torch.cuda.Event] = []
+        self.marks: list[tuple[torch.cuda.Event, torch.cuda.Event | None]] = []  # per step: start, sync
         self.seconds: list[float] = []
+        self.own_seconds: list[float | None] = []
         self.started = 0.0
+        self.sync_at: float | None = None
+        self.sync_event: torch.cuda.Event | None = None
+        self.start_event: torch.cuda.Event | None = None
+        self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
+        self.in_step = False
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def start(self) -> None:
-        self.started = time.perf_counter()
+        self.started, self.sync_at, self.sync_event, self.in_step = time.perf_counter(), None, None, True
+        self.start_event = self._event() if self.use_cuda else None
+
+    def synced(self) -> None:
+        """The step's gradient sync begins now (its last backward pass)."""
+        if self.use_cuda:
+            self.sync_event = self._event()
+        else:
+            self.sync_at = time.perf_counter()
 
     def stop(self) -> None:
+        self.in_step = False
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
         if self.use_cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
+            self.events.append(self._event())
+            if self.start_event is not None:
+                self.marks.append((self.start_event, self.sync_event))
         else:
             self.seconds.append(time.perf_counter() - self.started)
+            self.own_seconds.append(None if self.sync_at is None else self.sync_at - self.started)
 
     def times(self) -> list[float]:
         if self.use_cuda:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:], strict=False)]
         return self.seconds
+
+    def own_so_far_s(self) -> float | None:
+        """The median own work of the steps so far, the step in progress included once its sync is marked
+        (profiler.ranks chooses inside a step's end, before the step is stopped)."""
+        own = self.own_times()
+        if self.in_step and self.use_cuda and self.start_event is not None and self.sync_event is not None:
+            own = [*own, self.start_event.elapsed_time(self.sync_event) / 1000]
+        elif self.in_step and self.sync_at is not None:
+            own = [*own, self.sync_at - self.started]
+        return typical(own)
+
+    def own_times(self) -> list[float | None]:
+        """Each step's own work in seconds (None where it was not measured), in step order."""
+        if self.use_cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000 if b is not None else None for a, b in self.marks]
+        return self.own_seconds
 
 
 class DivergenceGuard:

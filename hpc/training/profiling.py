@@ -1,7 +1,9 @@
 """torch.profiler around the training loop: one trace per rank per cycle, plus key_averages() totals.
 
-`maybe_profile(cfg, trace_dir, rank, cuda)` yields a `Profiling` (call `.step()` after every
-optimizer step) or None when profiling is off, in which case nothing is recorded.
+`maybe_profile(cfg, trace_dir, who, cuda)` yields a `Profiling` (call `.step()` after every
+optimizer step) or None when profiling is off, or profiler.ranks leaves rank `who` out (`RankChoice`,
+`Choice`: every rank of a small job, node leaders and the slowest ranks of a large one), in which case
+nothing is recorded.
 
 What the profiler costs is measured, not guessed: each cycle's record says how long the host spent
 inside the profiler's own calls (starting, stopping, exporting: `profiler_host_s`), and how long the
@@ -17,7 +19,9 @@ an export is recorded in `Profiling.failed` with its cause, its temp files remov
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -31,8 +35,11 @@ from torch.torch_version import TorchVersion
 
 from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
+from hpc.spec.profranks import chosen, static_choice
 from hpc.spec.schema import ProfilerConfig
 from hpc.training.inject import NO_FAULTS, Injector
+
+log = logging.getLogger(__name__)
 
 LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was the disk that was full
 
@@ -72,6 +79,46 @@ def key_average_totals(prof: profile) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class RankChoice:
+    """What profiler.ranks needs of a rank: who it is and, where every rank's timing decides (auto over 16
+    ranks, hpc/spec/profranks.py), a collective that gathers one value from every rank and this rank's own
+    work per step so far. No `gather` (a user's script, whose collectives are its own): node leaders only."""
+
+    rank: int
+    local_rank: int = 0
+    world_size: int = 1
+    gather: Callable[[object], list[object]] | None = None
+    own_work_s: Callable[[], float | None] = lambda: None
+
+
+class Choice:
+    """Whether this rank records: decided at once, or before the profiler's first window from every rank's
+    own work so far (all ranks call `decide` at the same step, as a collective needs)."""
+
+    def __init__(self, setting: str, who: RankChoice):
+        self.setting, self.who = setting, who
+        static = static_choice(setting, who.rank, who.world_size)
+        if static is None and (setting == "leaders" or who.gather is None):
+            static = who.local_rank == 0
+        self.records: bool | None = static
+
+    def decide(self) -> None:
+        who = self.who
+        assert who.gather is not None  # undecided only with a collective to decide by
+        pairs = [p if isinstance(p, tuple) else (1, None) for p in who.gather((who.local_rank, who.own_work_s()))]
+        ranks = chosen([int(p[0]) for p in pairs], [p[1] if isinstance(p[1], float) else None for p in pairs])
+        self.records = who.rank in ranks
+        if who.rank == 0:
+            log.info(
+                f"profiler.ranks {self.setting}: {len(ranks)} of {who.world_size} ranks record traces, each node's "
+                f"first rank and the slowest by own work per step: ranks {','.join(map(str, ranks))}"
+            )
+
+    def schedule(self, base: Callable[[int], ProfilerAction]) -> Callable[[int], ProfilerAction]:
+        return lambda step: base(step) if self.records else ProfilerAction.NONE
+
+
 class Profiling:
     """Steps the profiler and keeps each cycle's totals.
 
@@ -81,10 +128,16 @@ class Profiling:
     """
 
     def __init__(
-        self, prof: profile, cycles: list[dict[str, Any]], schedule: Callable[[int], ProfilerAction], cuda: bool
+        self,
+        prof: profile,
+        cycles: list[dict[str, Any]],
+        base: Callable[[int], ProfilerAction],
+        cuda: bool,
+        choice: Choice,
     ):
         self._prof = prof
-        self._schedule = schedule
+        self._base, self.choice = base, choice
+        self._schedule = choice.schedule(base)
         self._cuda = cuda
         self._steps = 0
         self._host_s = 0.0  # inside prof.step() since the last cycle ended
@@ -110,6 +163,8 @@ class Profiling:
         done = len(self.cycles)
         if replayed and self._recording(self._steps):
             self.window_replays += 1
+        if self.choice.records is None and self._base(self._steps + 1) != ProfilerAction.NONE:
+            self.choice.decide()  # the first window opens with the next step: who records it
         start = time.perf_counter()
         self._prof.step()  # a cycle's start, stop and export happen in here
         self._host_s += time.perf_counter() - start
@@ -243,11 +298,14 @@ def memory_device(cuda: bool) -> torch.device:
 
 @contextlib.contextmanager
 def maybe_profile(
-    cfg: ProfilerConfig, trace_dir: Path, rank: int, cuda: bool, inject: Injector = NO_FAULTS
+    cfg: ProfilerConfig, trace_dir: Path, who: RankChoice, cuda: bool, inject: Injector = NO_FAULTS
 ) -> Iterator[Profiling | None]:
-    if not cfg.enabled:
+    """The profiler of rank `who` (None: profiling is off, or profiler.ranks leaves this rank out)."""
+    choice = Choice(str(cfg.ranks), who)
+    if not cfg.enabled or choice.records is False:
         yield None
         return
+    rank = who.rank
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -279,15 +337,17 @@ def maybe_profile(
     if not cuda:  # Kineto probes for a GPU at every export and logs its absence as an ERROR: not one here
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if choice.records is None and sched(0) != ProfilerAction.NONE:  # profiler.wait 0: the window opens now
+        choice.decide()
     with profile(
         activities=activities,
-        schedule=sched,
+        schedule=choice.schedule(sched),
         on_trace_ready=on_trace_ready,
         record_shapes=cfg.record_shapes or cfg.memory_categories,  # the memory profiler needs all three
         profile_memory=cfg.profile_memory or cfg.memory_categories,
         with_stack=cfg.with_stack or cfg.memory_categories,
     ) as prof:
-        profiling = Profiling(prof, cycles, sched, cuda)
+        profiling = Profiling(prof, cycles, sched, cuda, choice)
         if cuda and profiling._recording(0):  # wait = warmup = 0: the first step is recorded
             torch.cuda.reset_peak_memory_stats()
         yield profiling

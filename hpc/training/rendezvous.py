@@ -158,10 +158,11 @@ def _form(dist: DistEnv, use_cuda: bool, timeout: dt.timedelta) -> tuple[str, td
 
 
 def expected_host(rank: int, dist: DistEnv, env: Mapping[str, str]) -> str | None:
-    """Where Slurm's layout puts `rank` (block distribution, as srun's default and torchrun's node ranks),
-    when this is a Slurm job with the same number of tasks on each node; None otherwise."""
+    """Where Slurm's layout puts `rank` (block distribution, srun's default), when this is a srun-launched job
+    with the same number of tasks on each node; None otherwise. Not under torchrun: its c10d rendezvous numbers
+    the nodes in the order their agents arrive (seen at 8 nodes: rank 0 on the job's third node)."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if not nodelist or dist.world_size != dist.num_nodes * dist.local_world_size:
+    if not nodelist or dist.launcher == "torchrun" or dist.world_size != dist.num_nodes * dist.local_world_size:
         return None
     try:
         hosts = expand_hostlist(nodelist)

@@ -306,6 +306,8 @@ def setup_model(
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     ddp, side = wrap_ddp(model, tc, device, use_cuda, graphed)
+    if not (graphed or mc.compile or tc.ddp_static_graph):  # the graph's warm-up settles them; compile its own
+        settle_buckets(ddp, device, channels_last)
     forward = torch.compile(ddp) if mc.compile else ddp
     base_lr = tc.lr if tc.lr is not None else tc.lr_per_256 * plan.global_batch / 256
     optimizer = build_optimizer(model, tc, base_lr, use_cuda)
@@ -331,10 +333,29 @@ def wrap_ddp(
             bucket_cap_mb=tc.ddp_bucket_cap_mb,
             gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view,
             static_graph=tc.ddp_static_graph,
+            # BatchNorm's running stats are made rank 0's where they are read (evaluation, the checkpoint:
+            # RankGroup.sync_buffers; rank 0's never change by it), not at every forward: one collective a
+            # step fewer, and the gradient all-reduce is the step's one sync point (StepTimer's own work)
+            broadcast_buffers=False,
         )
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)  # DDP's broadcast of the weights, done
     return ddp, side
+
+
+def settle_buckets(ddp: DDP, device: torch.device, channels_last: bool) -> None:
+    """One forward and backward pass through DDP before the first step, in eval mode (BatchNorm's running
+    stats untouched, no random number drawn), its gradients dropped. DDP lays its gradient buckets out anew
+    after its first backward pass; without this pass a process's first step would all-reduce in the initial
+    layout and every later one in the rebuilt layout, so a run resumed at step N would sum step N's gradients
+    in another order than the uninterrupted run did. Ring all-reduces sum each element in an order set by its
+    place in the bucket: beyond two ranks the weights would differ in their last bits (seen at 32 ranks)."""
+    x = torch.zeros(1, 3, 32, 32, device=device)  # CIFAR's image shape; the values do not matter
+    x = x.to(memory_format=torch.channels_last) if channels_last else x
+    ddp.eval()
+    ddp(x).float().sum().backward()
+    ddp.train()
+    ddp.module.zero_grad(set_to_none=True)
 
 
 def graph_step(net: ModelParts, mode: GraphMode, device: torch.device) -> GraphedStep | None:

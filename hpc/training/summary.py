@@ -18,6 +18,7 @@ import torch
 from hpc.core.rundir import RunPaths, write_summary
 from hpc.spec.distenv import DistEnv
 from hpc.spec.schema import RunConfig
+from hpc.training.parts import StepTimer
 from hpc.training.profiling import Profiling
 from hpc.training.setup import StepPlan, placement
 
@@ -40,6 +41,34 @@ def step_time_stats(timed: list[float]) -> dict[str, Any]:
         "p90": percentile(timed, 0.9),
         "min": min(timed) if timed else None,
         "max": max(timed) if timed else None,
+    }
+
+
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When the process started, in Unix seconds (Linux: its start in clock ticks after boot, field 22 of
+    /proc/PID/stat, plus the boot time from /proc/stat); None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after the command name, which may hold spaces
+        boot = next(
+            int(w[1]) for w in map(str.split, Path("/proc/stat").read_text().splitlines()) if w[:1] == ["btime"]
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def startup_record(join_began: float, join_ended: float, first_step_unix: float | None) -> dict[str, Any]:
+    """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
+    began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
+    start (Slurm's StartTime) they give its time to the first step (README "Many ranks")."""
+    started = process_started_unix()
+    return {
+        "process_start_unix": started,
+        "group_join_start_unix": join_began,
+        "group_join_s": join_ended - join_began,
+        "first_step_end_unix": first_step_unix,
+        "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
     }
 
 
@@ -86,7 +115,10 @@ class RunSummary:
             "local_rank": dist.local_rank,
             "node_rank": dist.node_rank,
             "hostname": socket.gethostname(),
+            # the node as Slurm names it (nid001...: the hostname on Perlmutter, not on a one-machine cluster)
+            "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "launcher": dist.launcher,
+            "master_addr": dist.master_addr,
             "device": str(device),
             "backend": backend,
             "arch": cfg.model.arch,
@@ -114,7 +146,7 @@ class RunSummary:
         self,
         step: int,
         epoch: int,
-        step_times: list[float],
+        timer: StepTimer,
         exit_code: int,
         profiling: Profiling | None,
         wall_s: float,
@@ -126,8 +158,10 @@ class RunSummary:
         cycles = profiling.cycles if profiling is not None else []
         peaks = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
         failed = profiling.failed if profiling is not None else []
+        step_times, own = timer.times(), timer.own_times()
         timed = step_times[1:] if len(step_times) > 2 else step_times
         stats = step_time_stats(timed)
+        own_timed = [t for t in (own[1:] if len(own) > 2 else own) if t is not None]
         ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
         mean_step = stats["mean"]
         cuda, device = self.use_cuda, self.device
@@ -140,6 +174,8 @@ class RunSummary:
             "complete": exit_code == 0,
             "step_time_s": stats,
             # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
+            # each step's own work, before its gradient sync (StepTimer): what tells a straggler under DDP
+            "own_step_time_s": step_time_stats(own_timed) if own_timed else None,
             "step_time_after_profiler_s": step_time_stats(step_times[max(ends) :]) if ends else None,
             "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
             "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,

@@ -4,15 +4,11 @@
 the optimizer (hpc/training/setup.py), takes the run directory and resumes from its checkpoint;
 `train()` is the loop, `close()` the teardown. A write that fails on rank 0 (a full disk) is agreed at
 once, so every rank stops with one line and none waits in a collective for it. The parts own their
-policy and state and get only their config section:
-- TrainState, StepTimer, DivergenceGuard, evaluate (hpc/training/parts.py);
-- Checkpointer (hpc/training/checkpoint.py): when to save, the atomic save, the checked load;
-- RankGroup (hpc/training/group.py): what the ranks agree on, and who a lost peer was;
-- claim_run_dir (hpc/training/claim.py): the run directory's lock, its debris, where it left off;
-- Throughput and MetricsLog (hpc/training/metrics.py): images/s, ETA, epoch sums; metrics.jsonl;
-- RunSummary (hpc/training/summary.py): summary.json's records;
-- GraphRun (hpc/training/graphcheck.py): the graphed step, checked before its first replay;
-- maybe_profile (hpc/training/profiling.py): torch.profiler with its schedule.
+policy and state and get only their config section: TrainState, StepTimer, DivergenceGuard, evaluate
+(parts.py); Checkpointer (checkpoint.py: when to save, the atomic save, the checked load); RankGroup
+(group.py: what the ranks agree on, who a lost peer was); claim_run_dir (claim.py: the directory's lock,
+debris, where it left off); Throughput and MetricsLog (metrics.py); RunSummary (summary.py: summary.json);
+GraphRun (graphcheck.py: the graphed step, checked before its first replay); maybe_profile (profiling.py).
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +46,7 @@ from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.parts import DivergenceGuard, StepTimer, TrainState, evaluate
-from hpc.training.profiling import Profiling, maybe_profile, start_notes
+from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
 from hpc.training.rendezvous import Heartbeat, join
 from hpc.training.setup import (
     batch_plan,
@@ -64,7 +61,7 @@ from hpc.training.setup import (
     start_line,
     step_plan,
 )
-from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
+from hpc.training.summary import RunSummary, closing_lines, recovered_record, startup_record, weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +85,9 @@ class Trainer:
         self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), graph_standin(self.faults))
         fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
         timeout_s = cfg.train.collective_timeout_s
+        joined_at = time.time()  # the group's formation, timed for summary.json's start-up
         self.backend, control, store = join(dist, self.use_cuda, timeout_s, self.paths.rank_log(dist.rank))
+        self.joining = (joined_at, time.time())
         # several ranks: each one's heartbeat, read when a collective fails (None: close() after a failed set-up)
         self.heartbeat = Heartbeat(dist, timeout_s) if store is not None else None
         self.group = RankGroup(dist, control, store)
@@ -186,9 +185,9 @@ class Trainer:
         self.inject.fire("start")
         self.progress.start()
         self.net.model.train()
-        with maybe_profile(
-            self.cfg.profiler, self.paths.traces, self.dist.rank, self.use_cuda, self.inject
-        ) as profiling:
+        d = self.dist  # profiler.ranks: who records, by every rank's own work so far where it must choose
+        who = RankChoice(d.rank, d.local_rank, d.world_size, self.group.gather, self.timer.own_so_far_s)
+        with maybe_profile(self.cfg.profiler, self.paths.traces, who, self.use_cuda, self.inject) as profiling:
             self.profiling = profiling
             while st.epoch < self.cfg.train.epochs and not self.finished() and not self.stopped:
                 self.run_epoch()
@@ -222,15 +221,9 @@ class Trainer:
 
         st, dc, micro = self.state, self.cfg.data, self.plan.micro
         if self.data.train_data is None:
-            yield from data_mod.loader_batches(
-                self.data.train_split,
-                order[st.position * micro :],
-                micro,
-                dc.augment,
-                dc.num_workers,
-                dc.pin_memory,
-                self.device,
-            )
+            left = order[st.position * micro :]
+            loader = (dc.augment, dc.num_workers, dc.pin_memory, self.device)
+            yield from data_mod.loader_batches(self.data.train_split, left, micro, *loader)
             return
         while True:  # positions advance as the loop consumes
             p = st.position
@@ -276,6 +269,8 @@ class Trainer:
                 with net.autocast():
                     loss = F.cross_entropy(net.forward(x), y)
                 self.inject.fire("step")
+                if last_micro:  # this backward pass all-reduces: the step's own work ends here
+                    self.timer.synced()
                 (loss / group_size).backward()
         self.guard.add(loss, st.step + 1)
         self.progress.add(loss, y.numel() * self.dist.world_size)
@@ -363,9 +358,10 @@ class Trainer:
         # still wait on a dead peer, and waiting for it would hang the teardown.
         self.graph.release()
         self.summary.facts.update(self.graph.facts())
-        st, times = self.state, self.timer.times()
-        record = self.summary.rank_record(st.step, st.epoch, times, exit_code, profiling, self.progress.wall_s())
+        st = self.state
+        record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, self.progress.wall_s())
         record = recovered_record(record) if recovered else record
+        record["startup"] = startup_record(*self.joining, self.timer.first_step_unix)
         self.group.sync_buffers(self.net.model)
         record["weights_sha256"] = weights_digest(self.net.model)
         gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size

@@ -5,7 +5,8 @@
 # profiles use (ACCOUNTS, QOS below) and AccountingStorageEnforce=associations,limits,qos, so Slurm itself
 # refuses a job of an unknown account or QOS, or over its QOS's limits, and sacct answers.
 #
-# Two nodes, nid001 and nid002, each one slurmd on 127.0.0.1 with its own port. Each node declares
+# Eight GPU nodes, nid001 to nid008 (a 32-rank job: 8 nodes x 4 tasks), and a CPU node, nid200, each one
+# slurmd on 127.0.0.1 with its own port (a slurmd takes ~5 MB: the eight fit). Each GPU node declares
 # Perlmutter's GPU-node shape (128 CPUs, 4 GPUs as gres, feature "gpu") through config_overrides, so
 # jobs/resnet152.sbatch (-C gpu, -q regular, -A ..., --gpus-per-node=4, --cpus-per-task=32) runs
 # unchanged. The "GPUs" are placeholder files: gres bookkeeping only, the tests train on the CPU.
@@ -14,7 +15,8 @@
 set -euo pipefail
 
 action=${1:-start}
-NODES=(nid001 nid002 nid200)  # two GPU nodes and a CPU node (-C cpu: analysis jobs)
+GPU_NODES=(nid001 nid002 nid003 nid004 nid005 nid006 nid007 nid008)
+NODES=("${GPU_NODES[@]}" nid200)  # and a CPU node (-C cpu: analysis jobs)
 STATE=/var/lib/hpc-test-slurm
 CONF=/etc/slurm
 DB_SOCKET=/run/mysqld/mysqld.sock
@@ -130,7 +132,7 @@ for n in "${NODES[@]}"; do mkdir -p "$STATE/slurmd/$n"; done
 for i in 0 1 2 3; do : >"$STATE/gres/gpu$i"; done
 
 cat >"$CONF/slurm.conf" <<CONFEOF
-# Written by tests/slurm/cluster.sh: a two-node Perlmutter-shaped test cluster on one machine.
+# Written by tests/slurm/cluster.sh: an 8-GPU-node Perlmutter-shaped test cluster on one machine.
 ClusterName=hpctest
 SlurmctldHost=$host
 SlurmUser=root
@@ -168,17 +170,16 @@ KillWait=5
 MinJobAge=600
 MessageTimeout=20
 MaxArraySize=1001
-NodeName=nid001 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN
-NodeName=nid002 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN
-NodeName=nid200 NodeHostname=$host NodeAddr=127.0.0.1 Port=17003 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Feature=cpu State=UNKNOWN
-PartitionName=gpu Nodes=nid001,nid002,nid200 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$(for i in "${!GPU_NODES[@]}"; do echo "NodeName=${GPU_NODES[$i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17001 + i)) CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Gres=gpu:4 Feature=gpu State=UNKNOWN"; done)
+NodeName=nid200 NodeHostname=$host NodeAddr=127.0.0.1 Port=17200 CPUs=128 Boards=1 SocketsPerBoard=1 CoresPerSocket=64 ThreadsPerCore=2 RealMemory=229376 Feature=cpu State=UNKNOWN
+PartitionName=gpu Nodes=nid[001-008],nid200 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 # Where the profiles' shared-QOS jobs (part of a node) sit here (cluster.shared_partition in the tests).
 PartitionName=shared Nodes=nid001,nid002 MaxTime=INFINITE State=UP OverSubscribe=YES
 CONFEOF
 
 cat >"$CONF/gres.conf" <<GRESEOF
 # Placeholder device files: Slurm counts them as GPUs; nothing runs on them.
-NodeName=nid001,nid002 Name=gpu File=$STATE/gres/gpu[0-3]
+NodeName=nid[001-008] Name=gpu File=$STATE/gres/gpu[0-3]
 GRESEOF
 
 # 22.05 has no CgroupPlugin=disabled; with no cgroup.conf slurmd loads cgroup/v1 and carries on.

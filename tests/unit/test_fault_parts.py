@@ -252,6 +252,9 @@ def test_a_missing_rank_is_placed_where_slurms_block_layout_puts_it():
     env = {"SLURM_JOB_NODELIST": "nid[001-002]"}
     assert [expected_host(r, dist, env) for r in (0, 3, 4, 7)] == ["nid001", "nid001", "nid002", "nid002"]
     assert expected_host(5, dist, {}) is None
+    # torchrun numbers nodes in its agents' arrival order (tests/e2e/test_many_ranks.py saw rank 0 on the
+    # job's third node): no host is guessed from Slurm's list
+    assert expected_host(5, DistEnv(0, 8, 0, 4, 0, 2, "nid001", 29500, "torchrun"), env) is None
     assert named([5, 6, 7, 1, 2], dist, env) == (
         "rank 5 (on nid002), rank 6 (on nid002), rank 7 (on nid002), rank 1 (on nid001) and 1 more"
     )

@@ -1,0 +1,113 @@
+"""The parts of many-rank runs, in-process: which ranks record traces (profiler.ranks), the straggler named from
+every rank's own work, a step's own work timed, and a process's start time read from /proc. The 32-rank runs
+themselves: tests/e2e/test_many_ranks.py."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from analysis.ranks import slow_rank, slow_rank_words
+from hpc.core.errors import UsageError
+from hpc.spec.profranks import ALL_RANKS_UP_TO, SLOWEST, check_setting, chosen, static_choice
+
+
+@given(st.integers(1, 2048), st.data())
+def test_every_rank_of_a_small_job_records_and_a_large_one_waits_for_the_timing(world, data):
+    rank = data.draw(st.integers(0, world - 1))
+    assert static_choice("all", rank, world) is True
+    assert static_choice("auto", rank, world) is (True if world <= ALL_RANKS_UP_TO else None)
+    picked = data.draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=8))
+    assert static_choice(",".join(map(str, picked)), rank, world) is (rank in picked)
+
+
+@given(st.integers(1, 64), st.integers(1, 8), st.data())
+def test_node_leaders_and_the_slowest_record(nodes, per_node, data):
+    """Oracle: leaders are local rank 0 by construction of the layout; the slowest are found by sorting."""
+    world = nodes * per_node
+    own = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 10)), min_size=world, max_size=world))
+    locals_ = [r % per_node for r in range(world)]
+    got = chosen(locals_, own)
+    leaders = set(range(0, world, per_node))
+    measured = sorted((-v, r) for r, v in enumerate(own) if v is not None)
+    assert leaders <= set(got) and set(got) - leaders <= {r for _, r in measured[:SLOWEST]}
+    assert {r for _, r in measured[:SLOWEST]} <= set(got) and got == sorted(got)
+    assert chosen(locals_, own, leaders_only=True) == sorted(leaders)
+
+
+@pytest.mark.parametrize("bad", ["", "some", "1,,2", "-1", "0;1", "1.5"])
+def test_a_bad_ranks_setting_is_one_line_naming_it(bad):
+    with pytest.raises(UsageError, match="profiler.ranks="):
+        check_setting(bad)
+    with pytest.raises(UsageError, match="rank 40 not in a job of 32"):
+        static_choice("0,40", 0, 32)
+
+
+def ranks(own: list[float], per_node: int = 4, step: float = 0.6) -> list[dict]:
+    return [{"rank": r, "node": f"nid{r // per_node + 1:03d}", "own_step_time_s": {"median": v},
+             "step_time_s": {"median": step}} for r, v in enumerate(own)]
+
+
+def test_a_slow_rank_is_named_with_its_node_and_its_node_is_not_blamed():
+    s = slow_rank(ranks([0.01] * 13 + [0.31] + [0.01] * 18))
+    assert (s["rank"], s["node"], s["slow_node"]) == (13, "nid004", False)
+    assert s["median_own_s"] == pytest.approx(0.01) and s["wait_share"] == pytest.approx(0.3 / 0.6)
+    assert "rank 13 on nid004" in slow_rank_words(s) and "a slow rank, not a slow node" in slow_rank_words(s)
+
+
+def test_a_slow_node_is_told_from_a_slow_rank():
+    own = [0.01] * 32
+    own[12:16] = [0.30, 0.31, 0.29, 0.30]  # every rank of nid004
+    s = slow_rank(ranks(own))
+    assert (s["rank"], s["node"], s["slow_node"]) == (13, "nid004", True)
+    assert "a slow node, not a slow rank" in slow_rank_words(s)
+
+
+@given(st.lists(st.floats(0, 5), min_size=2, max_size=300))
+def test_the_named_rank_has_the_most_own_work(own):
+    s = slow_rank(ranks(own))
+    assert own[s["rank"]] == max(own) and s["rank"] == own.index(max(own))  # ties: the lowest rank
+    assert 0 <= s["wait_share"] <= 1 and s["ranks_measured"] == len(own)
+
+
+def test_no_straggler_without_two_measured_ranks():
+    assert slow_rank(ranks([0.5])) is None
+    assert slow_rank([{"rank": 0, "own_step_time_s": None}, {"rank": 1}]) is None
+
+
+def test_a_steps_own_work_ends_at_its_sync():
+    """Known pauses: 30 ms before the sync mark, 40 ms after; the own work is the first, the step both."""
+    from hpc.training.parts import StepTimer
+
+    timer = StepTimer(use_cuda=False)
+    for _ in range(3):
+        timer.start()
+        time.sleep(0.03)
+        timer.synced()
+        assert timer.own_so_far_s() is not None  # the step in progress counts once its sync is marked
+        time.sleep(0.04)
+        timer.stop()
+    own, steps = timer.own_times(), timer.times()
+    assert all(0.03 <= o < 0.07 for o in own) and all(s >= 0.07 for s in steps), (own, steps)
+    timer.start()
+    timer.stop()  # a step with no sync point (a graph replay): not measured
+    assert timer.own_times()[-1] is None and timer.first_step_unix is not None
+
+
+def test_a_process_start_time_from_proc_is_when_it_was_started():
+    from hpc.training.summary import process_started_unix
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        started = process_started_unix(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    # btime is whole seconds: the start may read up to a second early
+    assert started is not None and before - 1 - tick <= started <= time.time() + tick
