@@ -205,7 +205,7 @@ def big_line(name: str, copies: int, size: dict, ours: Any, theirs: Any) -> str:
 
 def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | None) -> int:
     """The analysis of `source` copied to each rank count: seconds, per rank, and the memory bound."""
-    from analysis.manyranks import build_ranks, measure
+    from analysis.manyranks import build_ranks, measure, slow_rank
 
     if not source.is_file():
         raise UsageError(f"--ranks {source}: not a trace file")
@@ -213,8 +213,11 @@ def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | No
     if not all(w.strip().isdigit() and int(w) > 1 for w in words):
         raise UsageError(f"--counts {counts_text!r}: must be rank counts above 1, e.g. 32,64,128,256")
     check_output_file(json_out, "--json")
-    print("| ranks | MB (gz) | seconds | per rank (s) | parent peak (MiB) | worker peak (MiB) x workers | straggler |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| ranks | MB (gz) | seconds | per rank (s) | parent peak (MiB) | worker peak (MiB) x workers "
+        "| step skew (ms) | straggler found (built) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     results = []
     for count in (int(w) for w in words):
         size = build_ranks(source, count, folder / f"r{count}")
@@ -223,7 +226,7 @@ def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | No
         print(
             f"| {count} | {size['bytes'] / 1e6:.0f} | {m['seconds']:.1f} | {m['seconds'] / count:.3f} | "
             f"{m['parent_peak_bytes'] / 2**20:.0f} | {m['worker_peak_bytes'] / 2**20:.0f} x {m['workers']} | "
-            f"{m['straggler_rank']} |",
+            f"{(m['step_skew_us'] or 0) / 1e3:.1f} | {m['straggler_rank']} ({slow_rank(count)}) |",
             flush=True,
         )
     if json_out:

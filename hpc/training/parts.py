@@ -63,6 +63,7 @@ class StepTimer:
         self.start_event: torch.cuda.Event | None = None
         self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
         self.in_step = False
+        self.profiled: list[bool] = []  # per step: the profiler was on (its window slows a CPU rank)
 
     def _event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -80,8 +81,10 @@ class StepTimer:
         else:
             self.sync_at = time.perf_counter()
 
-    def stop(self) -> None:
+    def stop(self, profiled: bool = False) -> None:
+        """The step's end (`profiled`: the profiler was on during it)."""
         self.in_step = False
+        self.profiled.append(profiled)
         if self.first_step_unix is None:
             self.first_step_unix = time.time()
         if self.use_cuda:

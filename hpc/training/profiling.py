@@ -153,6 +153,10 @@ class Profiling:
         """Whether the profiler records now (between the last step() and the next)."""
         return self._recording(self._steps)
 
+    def on_now(self) -> bool:
+        """Whether the profiler is on (warming up or recording) for the step in progress."""
+        return self._schedule(self._steps) != ProfilerAction.NONE
+
     def take_window_replays(self) -> int:
         """The cycle's replayed steps, counted afresh for the next cycle."""
         replays, self.window_replays = self.window_replays, 0

@@ -58,6 +58,15 @@ def process_started_unix(pid: int | None = None) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]:
+    """The steps a rank's own work is judged on: measured, the first (which warms caches) left out, and the
+    profiler's steps left out where others remain (recording slows a CPU rank's operators unevenly)."""
+    steps = list(zip(own, profiled + [False] * (len(own) - len(profiled)), strict=True))
+    steps = steps[1:] if len(steps) > 2 else steps
+    plain = [t for t, p in steps if t is not None and not p]
+    return plain or [t for t, _ in steps if t is not None]
+
+
 def startup_record(join_began: float, join_ended: float, first_step_unix: float | None) -> dict[str, Any]:
     """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
     began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
@@ -161,7 +170,7 @@ class RunSummary:
         step_times, own = timer.times(), timer.own_times()
         timed = step_times[1:] if len(step_times) > 2 else step_times
         stats = step_time_stats(timed)
-        own_timed = [t for t in (own[1:] if len(own) > 2 else own) if t is not None]
+        own_timed = own_work_basis(own, timer.profiled)
         ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
         mean_step = stats["mean"]
         cuda, device = self.use_cuda, self.device

@@ -286,9 +286,10 @@ class Trainer:
             net.optimizer.zero_grad(set_to_none=True)
         net.scheduler.step()
         st.step += 1
+        profiled = self.profiling is not None and self.profiling.on_now()
         if self.profiling is not None:
             self.profiling.step(replayed=graphed)
-        self.timer.stop()
+        self.timer.stop(profiled)
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
         bad_step = self.guard.bad_step(at_log, group_size)
         write_failed = self.metrics is not None and self.metrics.failed is not None
