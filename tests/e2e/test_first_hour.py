@@ -92,5 +92,5 @@ def test_the_readme_is_for_the_first_hour_and_links_the_rest():
     readme = (REPO / "README.md").read_text()
     assert readme.count("\n") <= 300
     links = re.findall(r"\]\(((?:docs|analysis|results|tests)/[^)#]+)\)", readme)
-    assert {"docs/perlmutter.md", "docs/faults.md", "docs/own-script.md", "docs/performance.md"} <= set(links)
+    assert {"docs/perlmutter.md", "docs/faults.md", "docs/own-script.md", "docs/performance.md", "docs/scale.md"} <= set(links)
     assert all((REPO / link).is_file() for link in links), links
