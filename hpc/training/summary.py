@@ -221,6 +221,8 @@ class RunSummary:
 # none of it, so it records none of it (null) rather than its own few seconds.
 MEASURED = (
     "step_time_s",
+    "own_step_time_s",
+    "startup",
     "step_time_after_profiler_s",
     "images_per_s",
     "global_images_per_s",

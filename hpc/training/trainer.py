@@ -361,8 +361,8 @@ class Trainer:
         self.summary.facts.update(self.graph.facts())
         st = self.state
         record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, self.progress.wall_s())
-        record = recovered_record(record) if recovered else record
         record["startup"] = startup_record(*self.joining, self.timer.first_step_unix)
+        record = recovered_record(record) if recovered else record
         self.group.sync_buffers(self.net.model)
         record["weights_sha256"] = weights_digest(self.net.model)
         gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size

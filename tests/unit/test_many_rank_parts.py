@@ -111,3 +111,22 @@ def test_a_process_start_time_from_proc_is_when_it_was_started():
     tick = 1 / os.sysconf("SC_CLK_TCK")
     # btime is whole seconds: the start may read up to a second early
     assert started is not None and before - 1 - tick <= started <= time.time() + tick
+
+
+def test_the_startup_benchmark_reads_where_the_start_went():
+    """Two ranks with known start-up records (literal times): the figures are their differences."""
+    from hpc.launch.startbench import figures, parse_ranks
+
+    rank = {"process_start_unix": 100.0, "group_join_start_unix": 104.0, "group_join_s": 3.0,
+            "first_step_end_unix": 110.0}
+    late = {"process_start_unix": 101.0, "group_join_start_unix": 106.5, "group_join_s": 0.5,
+            "first_step_end_unix": 110.2}
+    f = figures([{"startup": rank, "peak_rss_bytes": 700 * 2**20}, {"startup": late, "peak_rss_bytes": 710 * 2**20}],
+                started=99.0)
+    assert f["to_process_s"] == 2.0 and f["setup_s"] == pytest.approx((4.0 + 5.5) / 2)
+    assert f["group_after_last_s"] == pytest.approx(0.5) and f["longest_wait_s"] == 3.0
+    assert f["to_first_step_s"] == pytest.approx(11.2) and (f["rss_median_mib"], f["rss_max_mib"]) == (705, 710)
+    assert parse_ranks("4,8,16,32") == [4, 8, 16, 32]
+    for bad in ("0", "4,,8", "four", "-4"):
+        with pytest.raises(UsageError, match="--ranks"):
+            parse_ranks(bad)
