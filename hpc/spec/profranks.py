@@ -44,7 +44,8 @@ def check_setting(value: str, source: str = "profiler.ranks") -> tuple[int, ...]
 
 def static_choice(value: str, rank: int, world_size: int) -> bool | None:
     """Whether `rank` records traces, when that follows from the setting and the job's size alone; None for
-    auto over ALL_RANKS_UP_TO ranks, where every rank's step timing decides (`chosen`)."""
+    leaders (its local rank decides) and for auto over ALL_RANKS_UP_TO ranks (every rank's step timing
+    decides: `chosen`)."""
     explicit = check_setting(value)
     if explicit is not None:
         if explicit[-1] >= world_size:
