@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import os
 import socket
@@ -317,6 +318,17 @@ def setup_model(
     return ModelParts(model, ddp, forward, optimizer, scheduler, base_lr, amp, device.type, side)
 
 
+# BatchNorm's running stats are made rank 0's where they are read (evaluation, the checkpoint:
+# RankGroup.sync_buffers; rank 0's never change by it), not at every forward: one collective a step fewer,
+# and the gradient all-reduce is the step's one sync point (StepTimer's own work). Newer torch names it
+# forward_sync_buffers (and warns at broadcast_buffers); both still sync the buffers once, at DDP's start.
+NO_FORWARD_BUFFER_SYNC: dict[str, Any] = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else {"broadcast_buffers": False}
+)
+
+
 def wrap_ddp(
     model: torch.nn.Module, tc: TrainConfig, device: torch.device, use_cuda: bool, graphed: bool
 ) -> tuple[DDP, torch.cuda.Stream | None]:
@@ -333,10 +345,7 @@ def wrap_ddp(
             bucket_cap_mb=tc.ddp_bucket_cap_mb,
             gradient_as_bucket_view=tc.ddp_gradient_as_bucket_view,
             static_graph=tc.ddp_static_graph,
-            # BatchNorm's running stats are made rank 0's where they are read (evaluation, the checkpoint:
-            # RankGroup.sync_buffers; rank 0's never change by it), not at every forward: one collective a
-            # step fewer, and the gradient all-reduce is the step's one sync point (StepTimer's own work)
-            broadcast_buffers=False,
+            **NO_FORWARD_BUFFER_SYNC,
         )
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)  # DDP's broadcast of the weights, done

@@ -249,9 +249,11 @@ def test_a_full_disk_at_a_checkpoint_stops_in_one_line_and_keeps_the_previous(da
 
 def test_a_trace_the_full_disk_refused_is_said_and_never_listed(data_root, tmp_path):
     """Kineto only logs a failed export; the run says so, lists no temp file, and fails once complete. A
-    600 KiB tmpfs: the trace (613 KiB) does not fit, two checkpoints (2 x 257 KiB) do."""
+    600 KiB tmpfs: the trace with shapes recorded (782 KiB; without them 579 KiB, too close) does not fit,
+    two checkpoints (2 x 257 KiB) do."""
     with mounted(tmp_path / "small", "size=600k") as small:
-        (code, out, err), = run(data_root, small / "run", "", 1, "--max-steps", "8")
+        (code, out, err), = run(data_root, small / "run", "", 1, "--max-steps", "8", "--set",
+                                "profiler.record_shapes=true")
         assert code == 1
         line = one_line(err)
         assert "profiler trace(s) could not be written" in line and "(No space left on device)" in line

@@ -141,5 +141,25 @@ def test_torchrun_launcher_32_ranks_one_agent_per_node(straight, data_root, tmp_
     assert same_weights(weights(straight[0]), weights(run_dir))
 
 
+def test_your_own_script_at_32_ranks_traces_its_node_leaders(slurm_cluster, tmp_path):
+    """A user's DDP script (tests/scripts/torchrun_ddp.py, unmodified) at 32 ranks: profiler.ranks auto over 16
+    ranks leaves out all but each node's first rank (the script's collectives are its own, so no timing is
+    gathered), every rank still records its step times, and the analysis says which ranks were profiled."""
+    script = [PY, str(REPO / "tests" / "scripts" / "torchrun_ddp.py"), "--epochs", "1", "--batch-size", "2",
+              "--ckpt", str(tmp_path / "c.pt"), "--out", str(tmp_path / "w.pt")]
+    r = submit("--nodes", str(NODES), "--gpus", str(PER_NODE), "--account", "m1234_g", "--runs-dir", str(tmp_path),
+               "--export", "OMP_NUM_THREADS=1", "--wait", "--", *script, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (job,) = job_ids(r.stdout)
+    run_dir = tmp_path / "torchrun_ddp" / job
+    traced = sorted(int(p.name.split(".")[0][4:]) for p in (run_dir / "traces").glob("rank*.pt.trace.json*"))
+    assert traced == list(range(0, WORLD, PER_NODE)), traced
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["ranks"]) == WORLD and all(r["step_time_s"]["n"] > 0 for r in summary["ranks"])
+    out = subprocess.run([PY, "-m", "analysis", str(run_dir)], capture_output=True, text=True, cwd=REPO, env=ENV,
+                         timeout=300)
+    assert out.returncode == 0 and f"profiled: ranks {','.join(map(str, traced))} of {WORLD}" in out.stdout, out
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
