@@ -61,7 +61,7 @@ def process_started_unix(pid: int | None = None) -> float | None:
 def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]:
     """The steps a rank's own work is judged on: measured, the first (which warms caches) left out, and the
     profiler's steps left out where others remain (recording slows a CPU rank's operators unevenly)."""
-    steps = list(zip(own, profiled + [False] * (len(own) - len(profiled)), strict=True))
+    steps = list(zip(own, [*profiled[: len(own)], *[False] * (len(own) - len(profiled))], strict=True))
     steps = steps[1:] if len(steps) > 2 else steps
     plain = [t for t, p in steps if t is not None and not p]
     return plain or [t for t, _ in steps if t is not None]
@@ -70,7 +70,7 @@ def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]
 def startup_record(join_began: float, join_ended: float, first_step_unix: float | None) -> dict[str, Any]:
     """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
     began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
-    start (Slurm's StartTime) they give its time to the first step (README "Many ranks")."""
+    start (Slurm's StartTime) they give its time to the first step (docs/scale.md)."""
     started = process_started_unix()
     return {
         "process_start_unix": started,

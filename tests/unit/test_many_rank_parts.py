@@ -130,3 +130,13 @@ def test_the_startup_benchmark_reads_where_the_start_went():
     for bad in ("0", "4,,8", "four", "-4"):
         with pytest.raises(UsageError, match="--ranks"):
             parse_ranks(bad)
+
+
+def test_own_work_is_judged_outside_the_profilers_window_where_it_can_be():
+    from hpc.training.summary import own_work_basis
+
+    # the first step (caches warming) left out; of the rest, the unprofiled ones; unmeasured ones never
+    assert own_work_basis([9.0, 1.0, 5.0, 6.0, 2.0], [False, False, True, True, False]) == [1.0, 2.0]
+    assert own_work_basis([9.0, 5.0, 6.0], [False, True, True]) == [5.0, 6.0]  # all profiled: all of them
+    assert own_work_basis([9.0, None, 3.0], [False, False, False]) == [3.0]
+    assert own_work_basis([4.0], []) == [4.0] and own_work_basis([], []) == []
