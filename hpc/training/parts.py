@@ -102,14 +102,15 @@ class StepTimer:
         return self.seconds
 
     def own_so_far_s(self) -> float | None:
-        """The median own work of the steps so far, the step in progress included once its sync is marked
-        (profiler.ranks chooses inside a step's end, before the step is stopped)."""
+        """The median own work of the steps so far after the first (which warms caches; it alone where there
+        is no other), the step in progress included once its sync is marked (profiler.ranks chooses inside a
+        step's end, before the step is stopped)."""
         own = self.own_times()
         if self.in_step and self.use_cuda and self.start_event is not None and self.sync_event is not None:
             own = [*own, self.start_event.elapsed_time(self.sync_event) / 1000]
         elif self.in_step and self.sync_at is not None:
             own = [*own, self.sync_at - self.started]
-        return typical(own)
+        return typical(own[1:] if len(own) > 1 else own)
 
     def own_times(self) -> list[float | None]:
         """Each step's own work in seconds (None where it was not measured), in step order."""

@@ -41,6 +41,8 @@ from hpc.training.inject import NO_FAULTS, Injector
 
 log = logging.getLogger(__name__)
 
+# Over 16 ranks (profiler.ranks auto), steps timed after the first before the slowest ranks are chosen
+TIMED_BEFORE_CHOICE = 2
 LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was the disk that was full
 
 DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
@@ -96,12 +98,15 @@ class Choice:
     """Whether this rank records: decided at once, or before the profiler's first window from every rank's
     own work so far (all ranks call `decide` at the same step, as a collective needs)."""
 
-    def __init__(self, setting: str, who: RankChoice):
+    def __init__(self, setting: str, who: RankChoice, wait: int = 0):
         self.setting, self.who = setting, who
         static = static_choice(setting, who.rank, who.world_size)
         if static is None and (setting == "leaders" or who.gather is None):
             static = who.local_rank == 0
         self.records: bool | None = static
+        # Undecided, the first window opens no earlier than TIMED_BEFORE_CHOICE steps after the first (whose
+        # own work is warm-up, not the rank's pace): every rank's schedule moves by the same `delay`.
+        self.delay = max(0, 1 + TIMED_BEFORE_CHOICE - wait) if static is None else 0
 
     def decide(self) -> None:
         who = self.who
@@ -113,10 +118,17 @@ class Choice:
             log.info(
                 f"profiler.ranks {self.setting}: {len(ranks)} of {who.world_size} ranks record traces, each node's "
                 f"first rank and the slowest by own work per step: ranks {','.join(map(str, ranks))}"
+                + (f" (the window opens {self.delay} step(s) after profiler.wait, to time them)" if self.delay else "")
             )
 
+    def shifted(self, base: Callable[[int], ProfilerAction]) -> Callable[[int], ProfilerAction]:
+        """The profiler's schedule, `delay` steps later."""
+        return lambda step: base(step - self.delay) if step >= self.delay else ProfilerAction.NONE
+
     def schedule(self, base: Callable[[int], ProfilerAction]) -> Callable[[int], ProfilerAction]:
-        return lambda step: base(step) if self.records else ProfilerAction.NONE
+        """What this rank's profiler does: the shifted schedule if it records, nothing otherwise."""
+        moved = self.shifted(base)
+        return lambda step: moved(step) if self.records else ProfilerAction.NONE
 
 
 class Profiling:
@@ -136,7 +148,7 @@ class Profiling:
         choice: Choice,
     ):
         self._prof = prof
-        self._base, self.choice = base, choice
+        self._base, self.choice = choice.shifted(base), choice
         self._schedule = choice.schedule(base)
         self._cuda = cuda
         self._steps = 0
@@ -305,7 +317,7 @@ def maybe_profile(
     cfg: ProfilerConfig, trace_dir: Path, who: RankChoice, cuda: bool, inject: Injector = NO_FAULTS
 ) -> Iterator[Profiling | None]:
     """The profiler of rank `who` (None: profiling is off, or profiler.ranks leaves this rank out)."""
-    choice = Choice(str(cfg.ranks), who)
+    choice = Choice(str(cfg.ranks), who, cfg.wait)
     if not cfg.enabled or choice.records is False:
         yield None
         return
@@ -341,7 +353,7 @@ def maybe_profile(
     if not cuda:  # Kineto probes for a GPU at every export and logs its absence as an ERROR: not one here
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if choice.records is None and sched(0) != ProfilerAction.NONE:  # profiler.wait 0: the window opens now
+    if choice.records is None and choice.shifted(sched)(0) != ProfilerAction.NONE:  # never with a delay
         choice.decide()
     with profile(
         activities=activities,

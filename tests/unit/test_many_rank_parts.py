@@ -140,3 +140,25 @@ def test_own_work_is_judged_outside_the_profilers_window_where_it_can_be():
     assert own_work_basis([9.0, 5.0, 6.0], [False, True, True]) == [5.0, 6.0]  # all profiled: all of them
     assert own_work_basis([9.0, None, 3.0], [False, False, False]) == [3.0]
     assert own_work_basis([4.0], []) == [4.0] and own_work_basis([], []) == []
+
+
+def test_over_16_ranks_the_window_waits_for_timed_steps_and_the_slowest_are_chosen():
+    """A stand-in for the collective (every rank's (local rank, own work)): rank 5, not a leader, is the
+    slowest and records; rank 6 does not; both profilers' windows open two steps after profiler.wait."""
+    from torch.profiler import ProfilerAction, schedule
+
+    from hpc.training.profiling import Choice, RankChoice
+
+    everyone = [(r % 4, 0.3 if r == 5 else 0.01 + r / 1e4) for r in range(32)]
+    base = schedule(wait=1, warmup=1, active=2, repeat=1)
+    for rank, records in ((5, True), (6, False), (31, True)):  # 31: the second slowest (0.0131 s)
+        choice = Choice("auto", RankChoice(rank, rank % 4, 32, lambda _: everyone, lambda: 0.0), wait=1)
+        assert choice.records is None and choice.delay == 2
+        assert [choice.shifted(base)(s) for s in range(3)] == [ProfilerAction.NONE] * 3
+        assert choice.shifted(base)(3) == ProfilerAction.WARMUP  # base's step 1
+        choice.decide()
+        assert choice.records is records
+        assert (choice.schedule(base)(4) == ProfilerAction.RECORD) is records
+    leader = Choice("auto", RankChoice(0, 0, 32), wait=1)  # no collective (a user's script): leaders, no delay
+    assert leader.records is True and leader.delay == 0
+    assert Choice("auto", RankChoice(3, 3, 8), wait=1).records is True  # 8 ranks: everyone
