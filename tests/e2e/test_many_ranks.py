@@ -7,6 +7,7 @@ Slurm put it on; profiler.ranks (auto, over 16 ranks) must trace each node's fir
 every job must end with the first job's weights."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_lines, wait_until
+from conftest import wait_until
 from test_slurm_jobs import ENV, PY, REPO, SMOKE, job_ids, job_state, submit, wait_gone
 from trainrun import same_weights, weights
 
@@ -108,6 +109,12 @@ def test_the_slow_rank_is_named_and_traced_and_the_trace_count_is_bounded(straig
     assert "a slow rank, not a slow node" in run["verdict"]["line"]
 
 
+def steps_logged(run_dir: Path) -> int:
+    """The step records in metrics.jsonl (an epoch's record is not a step)."""
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"kind": "train"') if path.exists() else 0
+
+
 def sbatch(tmp_path: Path, name: str, data_root: Path, launcher: str) -> tuple[str, Path]:
     run_dir = tmp_path / name
     r = subprocess.run(["sbatch", "--parsable", f"--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER={launcher}", "-N",
@@ -120,15 +127,18 @@ def sbatch(tmp_path: Path, name: str, data_root: Path, launcher: str) -> tuple[s
 
 def test_sbatch_32_ranks_requeued_half_way_resume_to_the_uninterrupted_weights(straight, data_root, tmp_path):
     """USR2 (the time limit's warning) after 5 of 20 steps: every rank checkpoints, the script requeues the job,
-    it starts again on 8 nodes and resumes; its weights are the uninterrupted job's, bit for bit."""
+    it starts again on 8 nodes and resumes; its weights are the uninterrupted job's, bit for bit. (A signal that
+    lands at an epoch's end stops at that epoch's checkpoint: no second one is written for it.)"""
     job, run_dir = sbatch(tmp_path, "requeued", data_root, "srun")
-    wait_until(lambda: has_lines(run_dir / "metrics.jsonl", 5), "5 step records", timeout_s=600)
+    wait_until(lambda: steps_logged(run_dir) >= 5, "5 step records", timeout_s=600)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     wait_gone(job, 900, hurry_requeue=True)
     state = job_state(job)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", state
     log = (tmp_path / f"requeued-{job}.txt").read_text()
-    assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log, log[-3000:]
+    assert "stopped by signal, checkpoint written" in log, log[-3000:]
+    resumed = re.findall(r"^resuming from \S+: epoch \d+, batch \d+, step (\d+)$", log, flags=re.M)
+    assert len(resumed) == 1 and 5 <= int(resumed[0]) < 20, log[-3000:]
     check_layout(run_dir, job, "slurm")
     assert same_weights(weights(straight[0]), weights(run_dir))
 
