@@ -5,6 +5,7 @@ clocks need not agree.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -59,12 +60,6 @@ def _own_median_s(rank: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/parts.py's StepTimer), against the
@@ -75,11 +70,11 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     node = {r["rank"]: str(r.get("node") or r.get("hostname") or "?") for r in ranks if r.get("rank") in own}
     slowest = max(own, key=lambda r: (own[r], -r))
-    median = _median(list(own.values()))
+    median = statistics.median(list(own.values()))
     mates = [v for r, v in own.items() if r != slowest and node[r] == node[slowest]]
-    mates_median = _median(mates) if mates else None
+    mates_median = statistics.median(mates) if mates else None
     steps = [s["median"] for r in ranks if isinstance(s := r.get("step_time_s"), dict) and s.get("median")]
-    step = _median(steps) if steps else None
+    step = statistics.median(steps) if steps else None
     excess = own[slowest] - median
     return {
         "rank": slowest,
