@@ -21,6 +21,7 @@ shows every node's network and host, and the slowest ranks show what holds the o
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -31,16 +32,23 @@ ALL_RANKS_UP_TO = 16
 SLOWEST = 2
 
 
+LISTED = re.compile(r"\d{1,7}(,\d{1,7})*", re.ASCII)  # `0,13`: the ranks, named
+
+
+def is_setting(value: str) -> bool:
+    """Whether `value` (spaces aside) is a profiler.ranks setting: one of SETTINGS or a list of ranks."""
+    text = value.replace(" ", "")
+    return text in SETTINGS or LISTED.fullmatch(text) is not None
+
+
 def check_setting(value: str, source: str = "profiler.ranks") -> tuple[int, ...] | None:
     """The explicit ranks of a `R,R,...` setting, None for a named one; UsageError for anything else."""
-    if value in SETTINGS:
-        return None
-    words = [w.strip() for w in value.split(",")]
-    if not words or not all(w.isdigit() for w in words):
+    if not is_setting(value):
         raise UsageError(
             f"{source}={value!r}: must be {', '.join(SETTINGS)} or a comma-separated list of ranks (e.g. 0,13)"
         )
-    return tuple(sorted({int(w) for w in words}))
+    text = value.replace(" ", "")
+    return None if text in SETTINGS else tuple(sorted({int(w) for w in text.split(",")}))
 
 
 def static_choice(value: str, rank: int, world_size: int) -> bool | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from hpc.spec.fields import non_negative as _non_negative
 from hpc.spec.fields import one_of as _one_of
 from hpc.spec.fields import positive as _positive
 from hpc.spec.fields import resumable
-from hpc.spec.profranks import SETTINGS
+from hpc.spec.profranks import SETTINGS, is_setting
 
 __all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
 
@@ -222,9 +221,8 @@ class ProfilerConfig:
         listed = self.ranks if isinstance(self.ranks, tuple) else (self.ranks,) if isinstance(self.ranks, int) else None
         if listed is not None:  # `ranks: 13` or `ranks: [0, 13]` in YAML, as the text "0,13"
             object.__setattr__(self, "ranks", ",".join(str(r) for r in listed))
-        text = str(self.ranks).replace(" ", "")
         _check(
-            text in SETTINGS or bool(re.fullmatch(r"\d{1,7}(,\d{1,7})*", text)),
+            is_setting(str(self.ranks)),
             "ranks",
             f"must be {', '.join(SETTINGS)} or a comma-separated list of ranks (e.g. 0,13)",
         )

@@ -162,3 +162,14 @@ def test_over_16_ranks_the_window_waits_for_timed_steps_and_the_slowest_are_chos
     leader = Choice("auto", RankChoice(0, 0, 32), wait=1)  # no collective (a user's script): leaders, no delay
     assert leader.records is True and leader.delay == 0
     assert Choice("auto", RankChoice(3, 3, 8), wait=1).records is True  # 8 ranks: everyone
+
+
+def test_the_schema_and_the_choice_read_one_grammar():
+    """A digit Python's isdigit takes but int() refuses ('²') is refused as a setting, not a traceback."""
+    from hpc.spec.schema import ProfilerConfig
+
+    with pytest.raises(UsageError, match="profiler.ranks='²'"):
+        check_setting("²")
+    with pytest.raises(Exception, match="ranks"):
+        ProfilerConfig(ranks="²")
+    assert ProfilerConfig(ranks=(0, 13)).ranks == "0,13" and check_setting("0, 13") == (0, 13)
