@@ -52,11 +52,16 @@ def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
 
 # Its node is the slow one (not the rank) when the node's other ranks carry at least this part of its excess.
 SLOW_NODE_PART = 0.5
+# A rank's own work is a median over at least this many steps before it may name a straggler: one step of
+# a CPU rank can be 4x its neighbour's (seen in a 4-step study point), and a median of three outvotes one.
+MIN_OWN_STEPS = 3
 
 
 def _own_median_s(rank: dict[str, Any]) -> float | None:
     stats = rank.get("own_step_time_s")
-    value = stats.get("median") if isinstance(stats, dict) else None
+    if not isinstance(stats, dict) or not isinstance(n := stats.get("n"), int) or n < MIN_OWN_STEPS:
+        return None
+    value = stats.get("median")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -64,7 +69,8 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/parts.py's StepTimer), against the
     median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
-    `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured."""
+    `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
+    MIN_OWN_STEPS steps or more."""
     own = {r["rank"]: v for r in ranks if isinstance(r.get("rank"), int) and (v := _own_median_s(r)) is not None}
     if len(own) < 2:
         return None
