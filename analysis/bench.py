@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, check_output_file, inspect_path, run
+from hpc.core.cli import Parser, check_output_file, counts, inspect_path, run
 from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.files import write_atomic
 
@@ -209,9 +209,7 @@ def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | No
 
     if not source.is_file():
         raise UsageError(f"--ranks {source}: not a trace file")
-    words = counts_text.split(",")
-    if not all(w.strip().isdigit() and int(w) > 1 for w in words):
-        raise UsageError(f"--counts {counts_text!r}: must be rank counts above 1, e.g. 32,64,128,256")
+    rank_counts = counts(counts_text, "--counts", 2, "32,64,128,256")
     check_output_file(json_out, "--json")
     print(
         "| ranks | MB (gz) | seconds | per rank (s) | parent peak (MiB) | worker peak (MiB) x workers "
@@ -219,7 +217,7 @@ def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | No
     )
     print("|---|---|---|---|---|---|---|---|")
     results = []
-    for count in (int(w) for w in words):
+    for count in rank_counts:
         size = build_ranks(source, count, folder / f"r{count}")
         m = measure(folder / f"r{count}")
         results.append({"ranks": count, **size, **m})

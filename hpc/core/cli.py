@@ -18,6 +18,7 @@ import argparse
 import difflib
 import math
 import os
+import re
 import reprlib
 import stat
 import sys
@@ -250,6 +251,20 @@ def check_name(value: str, source: str) -> None:
     problem = name_problem(value)
     if problem:
         raise UsageError(f"{source} {shown(value)}: {problem}")
+
+
+# `0,13`: whole numbers, comma-separated; ASCII digits only, for int() refuses one such as '²'
+NUMBER_LIST = re.compile(r"\d{1,7}(,\d{1,7})*", re.ASCII)
+
+
+def counts(text: str, flag: str, least: int, example: str) -> list[int]:
+    """A flag's comma-separated whole numbers, each at least `least` (`--ranks 4,8,16,32`); else one line."""
+    words = text.replace(" ", "")
+    if NUMBER_LIST.fullmatch(words) is None or min(int(w) for w in words.split(",")) < least:
+        raise UsageError(
+            f"{flag} {text!r}: must be a comma-separated list of counts of {least} or more, e.g. {example}"
+        )
+    return [int(w) for w in words.split(",")]
 
 
 def fail(prog: str, message: str, code: int = 2) -> int:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, run
+from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.rundir import RunPaths, read_summary
 
@@ -32,10 +32,7 @@ PER_NODE = 4
 
 
 def parse_ranks(text: str) -> list[int]:
-    words = text.split(",")
-    if not all(w.strip().isdigit() and int(w) > 0 for w in words):
-        raise UsageError(f"--ranks {text!r}: must be a comma-separated list of rank counts, e.g. 4,8,16,32")
-    return [int(w) for w in words]
+    return counts(text, "--ranks", 1, "4,8,16,32")
 
 
 def job_start_unix(job: str) -> float:
@@ -87,12 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--account", default="m1234_g", help="Slurm account (-A)")
     p.add_argument("--runs-dir", default="runs/startbench", help="where the runs go")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    rank_counts = parse_ranks(args.ranks)  # before any output: a bad list is one line, nothing printed
     print(
         "| ranks | nodes | to process (s) | imports + set-up (s) | group after last (s) | longest wait (s) "
         "| to first step (s) | RSS median / max (MiB) |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for count in parse_ranks(args.ranks):
+    for count in rank_counts:
         f = measure(count, args.account, Path(args.runs_dir), train)
         print(
             f"| {count} | {f['nodes']} | {f['to_process_s']:.1f} | {f['setup_s']:.1f} | {f['group_after_last_s']:.2f} "
@@ -103,5 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.launch.startbench`): errors as one line, exit 2."""
+    return run("hpc.launch.startbench", main, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run("startbench", main))
+    sys.exit(cli())

@@ -21,10 +21,10 @@ shows every node's network and host, and the slowest ranks show what holds the o
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Sequence
 
+from hpc.core.cli import NUMBER_LIST
 from hpc.core.errors import UsageError
 
 SETTINGS = ("all", "auto", "leaders")
@@ -32,13 +32,10 @@ ALL_RANKS_UP_TO = 16
 SLOWEST = 2
 
 
-LISTED = re.compile(r"\d{1,7}(,\d{1,7})*", re.ASCII)  # `0,13`: the ranks, named
-
-
 def is_setting(value: str) -> bool:
     """Whether `value` (spaces aside) is a profiler.ranks setting: one of SETTINGS or a list of ranks."""
     text = value.replace(" ", "")
-    return text in SETTINGS or LISTED.fullmatch(text) is not None
+    return text in SETTINGS or NUMBER_LIST.fullmatch(text) is not None
 
 
 def check_setting(value: str, source: str = "profiler.ranks") -> tuple[int, ...] | None:

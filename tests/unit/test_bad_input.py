@@ -282,6 +282,10 @@ CASES = {
     "tensorboard: --host not here": (("analysis.tensorboard", "{H}", "--host", "192.0.2.1"), None, ("--host '192.0.2.1'", "cannot listen")),
     "analysis.bench: missing trace": (("analysis.bench", "{T}/none.json"), None, ("none.json", "not a trace file")),
     "analysis.bench: --repeat 0": (("analysis.bench", "{H}/t_list.json", "--repeat", "0"), None, ("--repeat 0",)),
+    "analysis.bench: --counts with a non-ASCII digit": (("analysis.bench", "--ranks", "{H}/t_list.json", "--counts", "32,²"), None, ("--counts", "'32,²'")),
+    "analysis.bench: --counts 1": (("analysis.bench", "--ranks", "{H}/t_list.json", "--counts", "1,32"), None, ("--counts", "'1,32'", "2 or more")),
+    "startbench: --ranks with a non-ASCII digit": (("hpc.launch.startbench", "--ranks", "4,²"), None, ("--ranks", "'4,²'")),
+    "startbench: --ranks 0": (("hpc.launch.startbench", "--ranks", "0,4"), None, ("--ranks", "'0,4'", "1 or more")),
     "analysis.bench: --json into a missing dir": (("analysis.bench", "{H}/t_list.json", "--json", "{T}/no/x.json"), None, ("--json", "does not exist")),
     # --- what the property-based tests found (tests/unit/test_properties_*.py), each as Hypothesis shrank it ---
     "found: a trace whose traceEvents is empty": (("analysis", "{H}/t_events_empty.json"), None, ("t_events_empty.json", "no event to analyse")),
