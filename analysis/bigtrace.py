@@ -1,4 +1,4 @@
-"""Big traces for the benchmark (analysis/bench.py --big): a real trace laid end to end in time, N copies,
+"""Big traces for the benchmark (analysis/speed.py --big): a real trace laid end to end in time, N copies,
 with its ids kept unique; and what a whole process costs (wall time and peak resident memory).
 
 `build(source, copies, out)` writes plain JSON: the source's header, then its events N times, copy k

@@ -26,7 +26,8 @@ from analysis.records import (
     mean_present,
 )
 from analysis.verdict import judge, run_evidence
-from hpc.core.rundir import RunPaths, is_count, read_metrics, read_summary
+from hpc.core.rundir import RunPaths, is_count, read_metrics
+from hpc.core.summary import read_summary
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
 
@@ -229,7 +230,7 @@ def why_no_trace(run_dir: Path) -> str | None:
 
 def outcome_of(summary: dict[str, Any] | None, first: dict[str, Any]) -> str:
     """done, stopped, or unfinished (no summary.json: crashed, or still running); a command's run says
-    its own (failed, preempted...: hpc/launch/outcome.py)."""
+    its own (failed, preempted...: hpc/core/summary.py)."""
     said = (summary or {}).get("outcome")
     if (summary or {}).get("kind") == "command" and isinstance(said, str):
         return said[:20]

@@ -1,4 +1,4 @@
-"""The analysis at many ranks, for the benchmark (`python -m analysis.bench --ranks TRACE`): a real rank trace
+"""The analysis at many ranks, for the benchmark (`python -m analysis.speed --ranks TRACE`): a real rank trace
 copied to N ranks with per-rank jitter, and what analysing them costs (a benchmark, not a test).
 
 `build_ranks(source, ranks, out)` writes `out/traces/rank<R>.synthetic.pt.trace.json.gz` for R < ranks: the

@@ -1,7 +1,7 @@
 """A sweep: every point's run folded (analysis/fold.py), then each multi-GPU point set against the 1-GPU
 point of the same data fraction and per-GPU batch: speed-up, scaling efficiency, where the extra step
 time went (`loss_us`, parts that add up to the measured difference), and what the scaling model
-(hpc/spec/scaling.py) predicts from the point's own measured bandwidth.
+(hpc/placement/scaling.py) predicts from the point's own measured bandwidth.
 
 A sweep directory is what `hpc.submit --sweep` and `hpc.study` write (hpc/core/rundir.py): index.json
 names each point's run directory.
@@ -17,7 +17,7 @@ from analysis.fold import analyze_run
 from analysis.records import RunRecord, TraceRecord
 from analysis.verdict import scaling_note
 from hpc.core.rundir import SweepPaths, is_count, read_index
-from hpc.spec.scaling import scaling_prediction
+from hpc.placement.scaling import scaling_prediction
 
 
 def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord], list[RunRecord]]:

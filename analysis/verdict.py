@@ -29,7 +29,7 @@ from typing import Any
 
 from analysis.ranks import slow_rank_words
 from analysis.records import RunRecord, TraceRecord
-from hpc.spec.scaling import PERLMUTTER_BUSBW_GBS
+from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
 HOST_LAUNCH, COMMUNICATION, DATA, MEMORY, IMBALANCE, COMPUTE, UNKNOWN = (
     "host-launch",

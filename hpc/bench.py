@@ -1,6 +1,6 @@
-"""`python -m hpc.bench` and `hpc-bench`: the door to hpc/training/bench.py, where the command lives."""
+"""`python -m hpc.bench` and `hpc-bench`: the door to hpc/training/trainspeed.py, where the command lives."""
 
-from hpc.training.bench import cli, main
+from hpc.training.trainspeed import cli, main
 
 __all__ = ["cli", "main"]
 

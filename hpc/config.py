@@ -1,6 +1,6 @@
-"""`python -m hpc.config` and `hpc-config`: the door to hpc/launch/configcmd.py, where the command lives."""
+"""`python -m hpc.config` and `hpc-config`: the door to hpc/launch/configcli.py, where the command lives."""
 
-from hpc.launch.configcmd import cli, main
+from hpc.launch.configcli import cli, main
 
 __all__ = ["cli", "main"]
 

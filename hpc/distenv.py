@@ -1,6 +1,6 @@
-"""`python -m hpc.distenv` and `hpc-distenv`: the door to hpc/spec/distenv.py, where the command lives."""
+"""`python -m hpc.distenv` and `hpc-distenv`: the door to hpc/placement/distenv.py, where the command lives."""
 
-from hpc.spec.distenv import cli, main
+from hpc.placement.distenv import cli, main
 
 __all__ = ["cli", "main"]
 

@@ -1,27 +1,27 @@
 """The run directory and the sweep directory: every file's name, and the one reader and writer of each.
 
-A run directory (`RunPaths`; hpc.train writes it, the analysis and hpc.study read it):
+A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study read it):
 
-    config.yaml          the resolved config (written at the start; a resume must match it)
-    submitted.yaml       the config a torchrun job hands its workers
+    task.json            what every rank runs (hpc/settings/task.py): its words, where, with what
+    logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/runner.py)
+    ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
+                         (the training, or the profiler hook in a user's script)
+    summary.json         the run's outcome and one record per rank, made of those (hpc/core/summary.py)
+    config.yaml          the toolkit's training: the resolved config (written at the start; a resume
+                         must match it); submitted.yaml the config the job hands it
     traces/              torch.profiler traces, rank{R}.*.pt.trace.json[.gz], one per rank per cycle
     metrics.jsonl        one JSON record per log interval and per epoch, rank 0
-    summary.json         the run's outcome and one record per rank (hpc/training/summary.py)
     checkpoints/last.pt  the checkpoint (hpc/training/checkpoint.py), with a checksum of its contents
     checkpoints/previous.pt   the one before it, kept in case last.pt is found damaged
     checkpoints/last.json     what last.pt holds (step, epoch, the run's last step), readable without torch
     tensorboard/         the scalars for TensorBoard
     logs/rank{R}.log     tracebacks of failures reported in one line on the console
-    command.json         a command's run (hpc.submit -- COMMAND): what each rank runs, where, with what
-    logs/rank{R}.out, .err    a command's rank's stdout and stderr
-    ranks/rank{R}.exit.json   how a command's rank ended (hpc/launch/rank.py); .steps.json what its
-                         profiler hook saw (hpc/training/autoprofile.py)
     memory_snapshot.rank{R}.pickle   the allocator's history at an OOM, when recorded
     .lock                held by the run's rank 0 while it runs (hpc/core/lock.py): one writer at a time
 
 A sweep directory (`SweepPaths`; hpc.submit --sweep and hpc.study write it):
 
-    sweep.yaml           the sweep and its run sections, as resolved
+    sweep.yaml           the sweep and what its points run, as resolved
     index.json           every point: its fields, job id, run directory (a name inside the sweep), history
     study.json           the analysis jobs submitted for it
     <job id>/            each point's run directory
@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, temp_name, write_atomic
+from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, write_atomic
 
 CONFIG = "config.yaml"
 SUBMITTED = "submitted.yaml"
@@ -58,10 +58,10 @@ CHECKPOINT_INFO = f"{CHECKPOINTS}/last.json"
 TENSORBOARD = "tensorboard"
 LOGS = "logs"
 LOCK = ".lock"
-COMMAND = "command.json"
+TASK = "task.json"
 RANKS = "ranks"
-RANK_SIDE_SUFFIXES = (".exit.json", ".steps.json")  # ranks/: records, not traces
-RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, COMMAND, RANKS})
+RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
+RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS})
 
 SWEEP_FILE = "sweep.yaml"
 INDEX = "index.json"
@@ -78,7 +78,7 @@ TRACES_JSON = "traces.json"  # every trace's record
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
-SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, COMMAND, Path(CHECKPOINT_INFO).name})
+SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, Path(CHECKPOINT_INFO).name})
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
 
@@ -104,7 +104,7 @@ class RunPaths:
     checkpoint_info = property(lambda self: self.root / CHECKPOINT_INFO)
     tensorboard = property(lambda self: self.root / TENSORBOARD)
     lock = property(lambda self: self.root / LOCK)
-    command = property(lambda self: self.root / COMMAND)
+    task = property(lambda self: self.root / TASK)
     ranks = property(lambda self: self.root / RANKS)
 
     def rank_stream(self, rank: int, stream: str) -> Path:
@@ -114,7 +114,7 @@ class RunPaths:
     def rank_exit(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[0]}"
 
-    def rank_steps(self, rank: int) -> Path:
+    def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
 
     def memory_snapshot(self, rank: int) -> Path:
@@ -181,7 +181,7 @@ class SweepPaths:
 
 
 # ----------------------------------------------------------------------------------------------
-# config.yaml, sweep.yaml (read back through hpc.spec.config, which checks them against the schema)
+# config.yaml, sweep.yaml (read back through hpc.settings.config, which checks them against the schema)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -190,69 +190,13 @@ def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# summary.json
+# counts (summary.json itself: hpc/core/summary.py)
 # ----------------------------------------------------------------------------------------------
 
 
 def is_count(value: Any) -> bool:
     """A rank, world size or step count: a plain int in [0, 2**20)."""
     return type(value) is int and 0 <= value < 1 << 20
-
-
-def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
-    """summary.json as hpc.train writes it, or None when absent or not that shape (warned). Rank
-    records that are not mappings with an integer rank are dropped, each warned about, as are a
-    `config` or `oom` that is not a mapping and a `world_size` that is not a count."""
-    if not path.exists():
-        return None
-    data = read_json(path, warn)
-    if data is None:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
-        warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
-        return None
-    ranks = []
-    for i, r in enumerate(data.get("ranks", [])):
-        if isinstance(r, dict) and is_count(r.get("rank")):
-            ranks.append(r)
-        else:
-            warn(f"{path}: ranks[{i}] ignored: not a record with an integer 'rank'")
-    for key in ("config", "oom"):
-        if key in data and not isinstance(data[key], dict):
-            warn(f"{path}: {key!r} ignored: not a mapping")
-            data = {k: v for k, v in data.items() if k != key}
-    if "world_size" in data and not is_count(data["world_size"]):
-        warn(f"{path}: world_size {str(data['world_size'])[:40]!r} ignored: not a count")
-        data = {k: v for k, v in data.items() if k != "world_size"}
-    return {**data, "ranks": ranks}
-
-
-def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool = False) -> None:
-    """Write summary.json atomically. With first_wins, an existing one is kept (several ranks may
-    record the same OOM at once; a hard link never replaces a file)."""
-    text = json.dumps(summary, indent=2)
-    if not first_wins:
-        write_atomic(paths.summary, text)
-        return
-    tmp = temp_name(paths.summary.with_name(f"{SUMMARY}.first"))
-    write_atomic(tmp, text)
-    try:
-        os.link(tmp, paths.summary)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-
-
-def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
-    """How a run ended, from its summary: oom, failed (a command's rank failed), done (every rank
-    complete), stopped, or None (no summary)."""
-    if summary is None:
-        return None
-    if summary.get("outcome") in ("oom", "failed"):
-        return str(summary["outcome"])
-    ranks = summary.get("ranks") or []
-    return "done" if ranks and all(r.get("complete") for r in ranks) else "stopped"
 
 
 # ----------------------------------------------------------------------------------------------

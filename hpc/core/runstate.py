@@ -13,7 +13,8 @@ import dataclasses
 from typing import Any
 
 from hpc.core.files import Warn, ignore
-from hpc.core.rundir import RunPaths, read_checkpoint_info, read_summary, summary_outcome
+from hpc.core.rundir import RunPaths, read_checkpoint_info
+from hpc.core.summary import read_summary, summary_outcome
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,12 +2,13 @@
 and stopping a local run cleanly.
 
 A local run (`hpc.submit --local`, `hpc.study run --local`) stops on Ctrl-C or SIGTERM (`timeout`, a
-closed terminal's parent): every rank gets SIGINT, finishes its step, writes its checkpoint and exits;
-the command then prints one line saying where the checkpoint is and the command that resumes it, and
-exits 3 (EXIT_PREEMPTED). submitit's local controller must not see Ctrl-C itself (it would kill the
-ranks a second later, mid-checkpoint), so it is started with SIGINT ignored (`interrupts_ignored`), which
-it and its tasks inherit; hpc.train installs its own handler. A second Ctrl-C kills every process of the
-run at once. Without --local, Ctrl-C only stops the waiting: the jobs run on in Slurm. No torch import.
+closed terminal's parent): every rank's runner gets SIGINT and tells its task (SIGTERM), which finishes
+its step, writes its checkpoint and exits; the command then prints one line saying where the checkpoint
+is and the command that resumes it, and exits 3 (EXIT_PREEMPTED). submitit's local controller must not
+see Ctrl-C itself (it would kill the ranks a second later, mid-checkpoint), so it is started with SIGINT
+ignored (`interrupts_ignored`), which it and its tasks inherit; the runner installs its own handler. A
+second Ctrl-C kills every process of the run at once. Without --local, Ctrl-C only stops the waiting:
+the jobs run on in Slurm. No torch import.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
-from hpc.launch.outcome import read_records, write_command_summary
-from hpc.launch.plan import Point
+from hpc.core.summary import read_records, write_run_summary
+from hpc.launch.points import Point
 from hpc.launch.queue import QueueWatch
 
 log = logging.getLogger(__name__)
@@ -97,62 +98,53 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
-    """After an interrupt: SIGINT to every process of the local jobs (again every RESEND_S, for ranks still
-    starting); after a second one, SIGKILL to them and their controllers. Your own command's processes,
-    each in a session of its own, are not told: its rank's task tells it (hpc/launch/rank.py)."""
+    """After an interrupt: SIGINT to the local jobs' ranks, the runners in their controller's process
+    group (again every RESEND_S, for ranks still starting), each of which tells its task (hpc/launch/
+    runner.py: the task runs in a session of its own); after a second one, SIGKILL to every process
+    below the controllers, and to them."""
     if interrupts.signum is None or not pending:
         return
-    controllers = [
-        (sub.job._process.pid, sub.command) for sub in pending if getattr(sub.job, "_process", None) is not None
-    ]
-    ranks = [
-        pid
-        for controller, command in controllers
-        for pid in descendants(controller)
-        if not command or interrupts.count >= 2 or _same_group(pid, controller)
-    ]
-    controllers_pids = [pid for pid, _ in controllers]
+    controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
+    below = [pid for controller in controllers for pid in descendants(controller)]
     if interrupts.count >= 2:
-        _signal_all(ranks + controllers_pids, signal.SIGKILL)
+        _signal_all(below + controllers, signal.SIGKILL)
         return
     if time.monotonic() - interrupts.sent_at >= RESEND_S:
         if not interrupts.sent_at:
-            log.info(f"hpc: {interrupts.name}: every rank checkpoints at its step's end (again to kill them)")
-        _signal_all(ranks, signal.SIGINT)
+            log.info(f"hpc: {interrupts.name}: every rank stops its task at a step's end (again to kill them)")
+        runners = [pid for c in controllers for pid in descendants(c) if _same_group(pid, c)]
+        _signal_all(runners, signal.SIGINT)
         interrupts.sent_at = time.monotonic()
 
 
-def resume_command(run_dir: Path, ranks: int, command: bool = False) -> str:
-    """What resumes a run here: hpc.train on its own config and directory (a command: hpc.rank on its
-    command.json), under torchrun for several ranks."""
-    train = f"-m hpc.train --config {shlex.quote(str(RunPaths(run_dir).config))} --run-dir {shlex.quote(str(run_dir))}"
-    if command:
-        train = f"-m hpc.rank --run-dir {shlex.quote(str(run_dir))}"
+def resume_command(run_dir: Path, ranks: int) -> str:
+    """What resumes a run here: its task again (hpc.rank on its task.json), under torchrun for several ranks."""
+    again = f"-m hpc.rank --run-dir {shlex.quote(str(run_dir))}"
     if ranks == 1:
-        return f"python {train}"
-    return f"python -m torch.distributed.run --standalone --nproc-per-node {ranks} {train}"
+        return f"python {again}"
+    return f"python -m torch.distributed.run --standalone --nproc-per-node {ranks} {again}"
 
 
 def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
     """One line per stopped local run: what it kept and what resumes it. EXIT_PREEMPTED."""
     for sub in subs:
-        if sub.command:
+        paths, resume = RunPaths(sub.run_dir), resume_command(sub.run_dir, sub.ranks)
+        info = read_checkpoint_info(paths)
+        if info is not None:
             log.warning(
-                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); if it saves its state, "
-                f"run it again to resume, here in {sub.run_dir} with: {resume_command(sub.run_dir, sub.ranks, True)}"
+                f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
+                f"{info['stop_at']}; resume with: {resume}"
             )
-            continue
-        info = read_checkpoint_info(RunPaths(sub.run_dir))
-        if info is None:
+        elif sub.training:
             log.warning(
                 f"hpc: stopped ({interrupts.name}) before a checkpoint of {sub.run_dir}: nothing to resume; "
                 "run the same command again to start afresh"
             )
-            continue
-        log.warning(
-            f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
-            f"{info['stop_at']}; resume with: {resume_command(sub.run_dir, sub.ranks)}"
-        )
+        else:
+            log.warning(
+                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); if it saves its state, "
+                f"run it again to resume, here in {sub.run_dir} with: {resume}"
+            )
     return EXIT_PREEMPTED
 
 
@@ -164,16 +156,14 @@ class Submitted:
     job: Any  # submitit's Job
     point: Point | None = None
     ranks: int = 1  # the run's world size (for the command that resumes it)
-    command: bool = False  # your own command (hpc/launch/cmdjob.py), not the toolkit's training
+    training: bool = False  # the toolkit's training, which says where its checkpoint is
 
     @classmethod
-    def of(cls, job: Any, point: Point | None, ranks: int = 1, command: bool = False) -> Submitted:
+    def of(cls, job: Any, point: Point | None, ranks: int, training: bool) -> Submitted:
         paths = job.paths
-        logs = (Path(paths.stdout), Path(paths.stderr))
-        return cls(job.job_id, Path(paths.folder), logs, job, point, ranks, command)
-
-    def describe(self) -> str:
-        return f"job {self.job_id}: run dir {self.run_dir}\n  logs: {', '.join(str(p) for p in self.logs)}"
+        return cls(
+            job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks, training
+        )
 
     def ended(self, watch: QueueWatch) -> bool:
         """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
@@ -211,8 +201,8 @@ def print_run_numbers(run_dir: Path) -> None:
 
 
 class _LogFollower:
-    """Echoes what jobs' rank 0 writes to stdout, as it comes (local runs), without submitit's lines; of
-    your own command, what it writes to stdout and stderr (logs/rank0.out, .err)."""
+    """Echoes what the jobs' rank 0 writes to stdout and stderr (RUN/logs/rank0.out, .err), as it comes
+    (local runs)."""
 
     def __init__(self, subs: list[Submitted]):
         self.subs = subs
@@ -220,11 +210,8 @@ class _LogFollower:
 
     def echo(self) -> None:
         for sub in self.subs:
-            streams = [sub.logs[0]]
-            if sub.command:
-                streams = [RunPaths(sub.run_dir).rank_stream(0, s) for s in ("out", "err")]
-            for log in streams:
-                self.copy(log)
+            for stream in ("out", "err"):
+                self.copy(RunPaths(sub.run_dir).rank_stream(0, stream))
 
     def copy(self, log: Path) -> None:
         if not log.exists():
@@ -233,14 +220,18 @@ class _LogFollower:
             f.seek(self.offsets.get(log, 0))
             text = f.read()
             self.offsets[log] = f.tell()
-        sys.stdout.write("".join(line for line in text.splitlines(keepends=True) if not line.startswith("submitit ")))
+        sys.stdout.write(text)
         sys.stdout.flush()
 
 
-def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
-    """Wait until every job has ended; report each: its status, or FAILED with its log. With follow (local
-    runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see stop_here).
-    Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
+Submission = tuple[Any, Point | None, int, bool]  # submitit's job, its point, its ranks, whether it trains
+
+
+def wait_for(submitted: list[Submission], poll_s: float = 2.0, follow: bool = False) -> int:
+    """Wait until every job has ended; report each: how its run ended, or FAILED with its log. With follow
+    (local runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see
+    stop_here). Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
+    subs = [Submitted.of(*s) for s in submitted]
     pending = list(subs)
     follower = _LogFollower(subs)
     watch = QueueWatch()
@@ -265,36 +256,14 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
 
 
 def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
-    """Print how an ended job ended; False when it failed."""
-    if sub.command and read_records(RunPaths(sub.run_dir)):
-        return print_command_result(sub, follow)
-    try:
-        if not sub.job.paths.result_pickle.exists():
-            time.sleep(poll_s)  # a result written as the job left the queue
-        if not sub.job.paths.result_pickle.exists():
-            raise RuntimeError("no result: the job was killed or failed outside Python")
-        result = sub.job.results()[0]  # task 0's; every task returns the same kind of record
-    except Exception as e:  # submitit re-raises the job's own exception here, whatever it is
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(
-            f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
-        )
-        return False
-    if follow and result.get("status") == "done":
-        print_run_numbers(sub.run_dir)
+    """How an ended job's run ended, from its ranks' records: done (with its numbers, followed here), or
+    the first failing rank named with its code and last stderr line, and where everything is; a job that
+    left no record failed outside its task (its log named). False when it failed."""
     paths = RunPaths(sub.run_dir)
-    print(
-        f"job {sub.job_id}: {result.get('status')}\n  run:     {sub.run_dir}\n"
-        f"  traces:  {paths.traces}\n  summary: {paths.summary}"
-    )
-    return True
-
-
-def print_command_result(sub: Submitted, follow: bool) -> bool:
-    """How your own command's run ended, from its ranks' records: done (with its numbers), or the first
-    failing rank named with its code and last stderr line; False unless done."""
-    summary = write_command_summary(RunPaths(sub.run_dir)) or {}
-    outcome = summary.get("outcome")
+    summary = write_run_summary(paths) if read_records(paths) else None
+    if summary is None:
+        return print_job_failure(sub, poll_s)
+    outcome = summary["outcome"]
     if outcome == "done" and follow:
         print_run_numbers(sub.run_dir)
     if summary.get("failure"):
@@ -302,9 +271,25 @@ def print_command_result(sub: Submitted, follow: bool) -> bool:
     elif outcome != "done":
         said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
         print(f"job {sub.job_id}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
-    paths = RunPaths(sub.run_dir)
     print(
         f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
         f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
     )
-    return outcome == "done"
+    return outcome in ("done", "oom", "stopped", "preempted")
+
+
+def print_job_failure(sub: Submitted, poll_s: float) -> bool:
+    """A job whose task never recorded a start: what submitit says of it (its exception), in one line."""
+    try:
+        if not sub.job.paths.result_pickle.exists():
+            time.sleep(poll_s)  # a result written as the job left the queue
+        if not sub.job.paths.result_pickle.exists():
+            raise RuntimeError("no result: the job was killed or failed outside Python")
+        sub.job.results()  # re-raises the job's own exception, whatever it is
+        raise RuntimeError("the job ended without running its task")
+    except Exception as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(
+            f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
+        )
+    return False

@@ -1,15 +1,23 @@
-"""The job submitit runs in every task: `TrainJob`, checkpointable for submitit's requeue.
+"""The job submitit runs in every task: `TaskJob`, one for every task (the toolkit's training and a user's
+command alike: hpc/settings/task.py), checkpointable for submitit's requeue.
 
-With srun (one task per GPU) each task runs hpc.train's training in-process. With torchrun (one task
-per node) each task runs torchrun, which starts a worker per GPU and restarts the worker group (from
-the last checkpoint) when one dies; SIGUSR2 is passed on to it. On SIGUSR2 (`--signal=USR2@<delay>`,
-Slurm's warning before the time limit, or a preemption) training finishes its step, writes
-checkpoints/last.pt, and rank 0 hands over to submitit's handler, which calls `checkpoint()` and
-requeues the job; the requeued job resumes from the checkpoint. USR2 rather than USR1: NCCL and some
-MPI stacks claim USR1.
+With srun (one task per GPU) each task is one rank: the per-rank runner (hpc/launch/runner.py) starts
+the task's process and records how it ended. With torchrun (one task per node) each task runs torchrun,
+whose workers are `python -m hpc.rank` on the run directory, a runner each, so the ranks are recorded
+alike; a worker that dies restarts the group, which resumes from the task's own checkpoint. The job's
+signal is SIGTERM (`--signal=TERM@<delay>`, hpc/launch/slurm.py), sent by Slurm to every process of the
+step before the time limit and at a preemption. Then:
 
-Jobs already queued hold a pickle of `hpc.submit.TrainJob`: that name stays importable, and the
-attributes below keep their names.
+- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) is
+  requeued by rank 0 through submitit's handler (the rule: hpc/launch/requeue.py `may_requeue`), and the
+  requeued job runs the same task, which resumes by itself; a lost peer that was rank 0 itself is
+  requeued by the lowest survivor after a grace time;
+- a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted;
+- a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
+  their own task on seeing it), after its exit record and summary.json are written.
+
+Jobs already queued hold a pickle of `hpc.submit.TrainJob` (the run config, not a task): that name stays
+loadable, and runs as the training's task.
 """
 
 from __future__ import annotations
@@ -19,167 +27,145 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PEER_LOST, EXIT_PREEMPTED, PeerLostError
+from hpc.core.errors import EXIT_PEER_LOST
 from hpc.core.logs import configure
-from hpc.core.rundir import RunPaths, read_summary, write_yaml
-from hpc.launch.requeue import clear_request, requeue, requeue_if_rank0_does_not, stopped_by_user
+from hpc.core.rundir import RunPaths
+from hpc.core.stop import StopSignal
+from hpc.core.summary import write_run_summary
+from hpc.launch.requeue import clear_request, may_requeue, requeue, requeue_if_rank0_does_not, stopped_by_user
+from hpc.launch.runner import run_rank, write_task
+from hpc.settings.task import Task, training_task
 
 log = logging.getLogger(__name__)
 
+# how a run ended (summary.json's outcome) -> how a torchrun job's task ended (an exit record's kind)
+KIND_OF_OUTCOME = {"done": "ok", "failed": "failed", "stopped": "stopped", "oom": "oom"}
+STATUS_OF_KIND = {"ok": "done", "oom": "oom", "stopped": "stopped"}  # any other: preempted
+
 
 class TaskJob:
-    """What a submitted callable of every task knows of its job: the requeue budget and the launcher
-    (srun: one task per GPU; torchrun: one task per node, `nproc_per_node` workers, `max_restarts`);
-    checkpointable for submitit's requeue: the state is in the run directory, so resubmitting the same
-    job resumes it."""
+    """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
+    Task's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
+    node, `nproc_per_node` workers, `max_restarts`) are the cluster profile's. Its state is in the run
+    directory, so resubmitting the same job resumes it."""
 
-    def __init__(self, max_requeues: int, launcher: str = "srun", nproc_per_node: int = 1, max_restarts: int = 0):
+    def __init__(
+        self,
+        task: dict[str, Any],
+        max_requeues: int,
+        launcher: str = "srun",
+        nproc_per_node: int = 1,
+        max_restarts: int = 0,
+    ):
+        self.task = task
         self.max_requeues = max_requeues
         self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
 
-    def __call__(self) -> dict[str, Any]:  # what each task runs: the subclass's
-        raise NotImplementedError
+    def the_task(self) -> Task:
+        return Task.from_dict(self.task)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
 
-
-class TrainJob(TaskJob):
-    """The submitted callable: runs hpc.train in this task (srun: one task per GPU) or torchrun in this
-    task (torchrun: one task per node); checkpointable for submitit's requeue."""
-
-    def __init__(
-        self,
-        run_config: dict[str, Any],
-        max_requeues: int,
-        launcher: str = "srun",
-        nproc_per_node: int = 1,
-        max_restarts: int = 0,
-    ):
-        self.run_config = run_config
-        super().__init__(max_requeues, launcher, nproc_per_node, max_restarts)
-
     def __call__(self) -> dict[str, Any]:
         import submitit
 
-        from hpc.core.stop import StopSignal
-        from hpc.spec.config import run_config_from_dict
-        from hpc.spec.distenv import from_environ
-        from hpc.training.command import check_resumable, prepare_run_dir, train_or_oom
-
-        configure()  # HPC_LOG_LEVEL, exported with the job, as hpc.train's --log-level would
+        configure()  # HPC_LOG_LEVEL, exported with the job
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
-        run_dir = prepare_run_dir(Path(job.paths.folder))
-        cfg = run_config_from_dict(self.run_config, "submitted config")
-        check_resumable(run_dir, cfg)
+        paths = RunPaths(Path(job.paths.folder))
+        task = self.the_task()
+        write_task(paths, task)
         if job.global_rank == 0:
-            clear_request(run_dir)
-        stop = StopSignal()
-        if self.launcher == "torchrun":
-            code = self.run_torchrun(run_dir, job.job_id, stop)
-        else:
-            skip_native_teardown(Path(job.paths.result_pickle))
-            try:
-                code = train_or_oom(cfg, run_dir, from_environ(os.environ), stop=stop)
-            except PeerLostError as e:  # a dead peer, said in one line: requeued like a preemption
-                log.error(f"hpc.train: error: {e}")
-                code = EXIT_PEER_LOST
-        if code == EXIT_OOM:  # a result of this point, not a failure of the job: the sweep goes on
-            return {"status": "oom", "run_dir": str(run_dir)}
-        if code not in (EXIT_PREEMPTED, EXIT_PEER_LOST):
-            return {"status": "done", "run_dir": str(run_dir)}
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        by_user = stopped_by_user(stop.signum, os.environ)
-        may_requeue = not by_user and restarts < self.max_requeues
-        if may_requeue and job.global_rank == 0 and callable(submitit_on_usr2):
-            requeue(submitit_on_usr2, job.job_id, run_dir)  # checkpoint() below, scontrol requeue, exit
-        elif may_requeue and code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-            requeue_if_rank0_does_not(job.job_id, job.global_rank, run_dir)  # rank 0 may be the peer lost
-        return {"status": "stopped", "run_dir": str(run_dir), "restarts": restarts, "by_user": by_user}
-
-    def run_torchrun(self, run_dir: Path, job_id: str, stop: Any = None) -> int:
-        """torchrun with a worker per GPU running hpc.train on this run directory; a worker that dies
-        restarts the group, which resumes from the last checkpoint. The stop signals are passed on to
-        torchrun (and so to the workers, which checkpoint), and recorded in `stop` (its `signum`).
-        Returns hpc.train's exit code for the run."""
-        paths = RunPaths(run_dir)
-        write_yaml(paths.submitted, self.run_config)
-        stopped: list[int] = []
-
-        def seen(signum: int) -> None:
-            stopped.append(signum)
-            if stop is not None:
-                stop.signum = signum
-
-        train = ["-m", "hpc.train", "--config", str(paths.submitted), "--run-dir", str(run_dir)]
-        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *self.torchrun_args(job_id), *train], seen)
-        if (read_summary(paths.summary) or {}).get("outcome") == "oom":
-            return EXIT_OOM
-        if rc == 0:
-            return EXIT_OK
-        if stopped and paths.checkpoint.exists():
-            return EXIT_PREEMPTED
-        raise RuntimeError(f"torchrun exited {rc} after {self.max_restarts} restart(s) at most; see the log above")
-
-    def torchrun_args(self, job_id: str) -> list[str]:
-        return torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
-
-
-def skip_native_teardown(result_pickle: Path) -> None:
-    """Once submitit has written this task's result as a success: flush and os._exit(0), so C++ static
-    destructors never run (hpc.train's door ends so too). After in-process DDP over gloo they sometimes
-    abort: 'terminate called without an active exception' (a thread object destroyed while joinable),
-    SIGABRT with no Python frame, in 1 of 40-60 runs of a plain 2-rank DDP script here; it failed
-    finished tasks, and with them a job that had completed (seen in CI). Any other result, or none,
-    leaves the normal exit and its exit code alone."""
-    import atexit
-
-    from hpc.core.stop import exit_now
-
-    def leave() -> None:
-        from submitit.core.utils import pickle_load
-
+            clear_request(paths.root)
+        stop = StopSignal.take()
         try:
-            done = pickle_load(result_pickle)[0] == "success"
-        except Exception:  # no result, or not readable: not ours to judge
-            return
-        if done:
-            logging.shutdown()
-            exit_now(0)
+            if self.launcher == "torchrun":
+                record = self.run_torchrun(paths, job.job_id, stop)
+            else:
+                record = run_rank(task, paths.root, stop=stop)
+        finally:
+            stop.restore()
+        return self.ended(record, stop.signum, task, job, paths, submitit_on_usr2)
 
-    atexit.register(leave)
+    def ended(
+        self, record: dict[str, Any], signum: int | None, task: Task, job: Any, paths: RunPaths, on_usr2: Any
+    ) -> dict[str, Any]:
+        """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
+        that failed raises, after its records are written."""
+        kind, code = record.get("kind"), record.get("exit_code")
+        if kind == "failed":
+            log.error(
+                f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
+            )
+            raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
+        status = STATUS_OF_KIND.get(str(kind), "preempted")  # preempted: killed, interrupted, stopped for a peer
+        if status != "stopped":
+            return {"status": status, "run_dir": str(paths.root)}
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        by_user = stopped_by_user(signum, os.environ)
+        if may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
+            if job.global_rank == 0 and callable(on_usr2):
+                log.info(f"hpc: the task asked to be requeued (exit {code}): requeueing job {job.job_id}")
+                requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit
+            elif code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+                requeue_if_rank0_does_not(job.job_id, job.global_rank, paths.root)  # rank 0 may be the peer lost
+        return {"status": "stopped", "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
+
+    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal) -> dict[str, Any]:
+        """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
+        task.json); the stop signals passed on to it. This task's end as the run's records say once
+        torchrun has ended: an exit record's kind and code."""
+        args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
+        rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
+        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
+        summary = write_run_summary(paths) or {}
+        outcome = str(summary.get("outcome"))
+        kind = KIND_OF_OUTCOME.get(outcome, "preempted") if rc == 0 or outcome != "done" else "failed"
+        codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == kind]
+        message = summary.get("failure") or f"torchrun exited {rc} ({outcome})"
+        return {"kind": kind, "exit_code": codes[0] if codes else rc, "message": message}
 
 
-def run_forwarding(argv: list[str], seen: Callable[[int], None] | None = None) -> int:
-    """Run `argv` (torchrun) to its end with the stop signals passed on to it (and told to `seen`); its
-    exit code. This process's handlers are given back afterwards."""
+class TrainJob(TaskJob):
+    """A job queued by an earlier release: its pickle names hpc.submit.TrainJob and holds the run config
+    (`run_config`), not a task. It runs as the toolkit's training task."""
+
+    def __init__(self, run_config: dict[str, Any], max_requeues: int, launcher: str = "srun",
+                 nproc_per_node: int = 1, max_restarts: int = 0):  # fmt: skip
+        self.run_config = run_config
+        super().__init__({}, max_requeues, launcher, nproc_per_node, max_restarts)
+
+    def the_task(self) -> Task:
+        arch = str((self.run_config.get("model") or {}).get("arch") or "train")
+        return training_task(self.run_config, os.getcwd(), arch, Task.stop_grace_s)
+
+
+def run_forwarding(argv: list[str], stop: StopSignal) -> int:
+    """Run `argv` (torchrun) to its end with the stop signals passed on to it (and recorded in `stop`);
+    its exit code."""
     proc = subprocess.Popen(argv)
 
-    def forward(signum: int, frame: Any) -> None:
-        if seen is not None:
-            seen(signum)
+    def forward(signum: int) -> None:
         proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    stop.listener = forward
     try:
         return proc.wait()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.listener = None
 
 
 def torchrun_args_for(job_id: str, nproc_per_node: int, max_restarts: int) -> list[str]:
     """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm; on this
     machine (--local), one node at 127.0.0.1."""
-    from hpc.spec.distenv import master_port_for_job, slurm_torchrun_args
-    from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
+    from hpc.placement.distenv import master_port_for_job, slurm_torchrun_args
+    from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
 
     if os.environ.get("SLURM_JOB_ID"):
         return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts)

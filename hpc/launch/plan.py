@@ -1,6 +1,9 @@
-"""What a submission command line asks for, as a pure plan: every job shape and every point validated,
-nothing written or submitted. A single job is a sweep of one point; a sweep is one job array per job
-shape (nodes x GPUs per node). `hpc.submit` and `hpc.study` print, run or submit plans. No torch import.
+"""What a submission command line asks for, as a pure plan, assembled here in one place: the cluster
+profile, each job's request (nodes x GPUs per node, checked), the task every rank of each point runs
+(hpc/launch/points.py: the toolkit's training or a user's command), and each job's submitit parameters
+and sbatch text, computed once. A single job is a sweep of one point; a sweep is one job array per job
+shape. Nothing written or submitted: `hpc.submit` and `hpc.study` print, run or submit plans. No torch
+import.
 """
 
 from __future__ import annotations
@@ -16,24 +19,37 @@ from typing import Any
 
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
-from hpc.launch.site import accounts
-from hpc.launch.slurm import JobRequest, local_parameters, parse_exports, slurm_parameters
-from hpc.spec.config import Layers, check_request, load_cluster, require_section
-from hpc.spec.flags import overrides_from_args
-from hpc.spec.schema import RUN_SECTIONS, ClusterConfig, RunConfig, SweepConfig
-
-Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
+from hpc.core.rundir import point_key
+from hpc.launch.points import (
+    COMMAND_SECTIONS,
+    Point,
+    Work,
+    command_work,
+    grid_points,
+    is_command_sweep,
+    refuse_training_flags,
+    training_work,
+)
+from hpc.launch.site import accounts, node_share
+from hpc.launch.slurm import JobRequest, job_python, local_parameters, parse_exports, sbatch_text, slurm_parameters
+from hpc.settings.config import check_request, load_cluster, require_section
+from hpc.settings.flags import overrides_from_args
+from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
+from hpc.settings.task import Task
 
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
-    """One submission: a job shape and the runs it carries."""
+    """One submission: a job shape, the points it carries with the task each runs, and how it is
+    submitted (submitit's parameters, and the sbatch text they make on Slurm; None with --local)."""
 
     request: JobRequest
     folder: Path  # submitit's folder, with %j for the job id: each run directory
-    # (point, what it runs: its run config, or your own command's CommandSpec); point None: a single job
-    points: tuple[tuple[Point | None, Any], ...]
+    points: tuple[tuple[Point | None, Task], ...]  # point None: a single job
     array: bool  # submitted as a job array (a sweep), or as a plain job
+    parameters: dict[str, Any]
+    sbatch: str | None
+    charge: dict[str, Any]  # what index.json says each point ran in, for the report's node-hours (site.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,25 +59,71 @@ class Plan:
     cluster: ClusterConfig
     specs: tuple[JobSpec, ...]
     local: bool
-    base: RunConfig
     sweep: SweepConfig | None = None
     sweep_dir: Path | None = None
-    max_parallel: int | None = None
-    command: dict[str, Any] | None = None  # your own command's sections (command, profiler), as resolved
-
-    def parameters(self, spec: JobSpec) -> dict[str, Any]:
-        """submitit's executor parameters for a spec: Slurm's, or the local executor's with --local."""
-        if self.local:
-            return local_parameters(self.cluster, spec.request)
-        return slurm_parameters(self.cluster, spec.request, self.max_parallel, spec.folder, self.command is not None)
+    sections: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the points run, as resolved
 
     def sweep_file(self) -> dict[str, Any]:
         """sweep.yaml: the sweep and what its points run (the run sections, or the command's)."""
         assert self.sweep is not None
-        return {"sweep": dataclasses.asdict(self.sweep), **(self.command or self.base.to_dict())}
+        return {"sweep": dataclasses.asdict(self.sweep), **self.sections}
 
 
-def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...] = RUN_SECTIONS) -> ClusterConfig:
+Request = Callable[[int, int, str, str], JobRequest]
+
+
+def make_plan(
+    args: argparse.Namespace,
+    words: list[str] | None,
+    now: dt.datetime | None = None,
+    into: tuple[Path, set[tuple[Any, ...]]] | None = None,
+) -> Plan:
+    """The plan of a command line (`words`: the command after `--`, None for the training or a sweep's
+    own command section): every shape and every point validated, nothing written. `into`: a sweep
+    directory that exists, and the keys of its points to submit again there (`hpc.study resubmit`)."""
+    command = words is not None or is_command_sweep(args.sweep)
+    if command:
+        refuse_training_flags(args)
+    cluster = load_cluster_for(args, COMMAND_SECTIONS if command else RUN_SECTIONS)
+    work: Work = command_work(args, cluster, words) if command else training_work(args, cluster)
+    request, runs_dir = job_basics(args, cluster)
+    name = args.name if args.name is not None else work.name
+    if work.sweep is None:
+        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        points: tuple[tuple[Point | None, Task], ...] = ((None, work.task_for(None)),)
+        shapes = [(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", points, False)]
+        sweep_dir = None
+    else:
+        sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
+        grid = grid_points(work.sweep)
+        if into is not None:
+            sweep_dir, keys = into
+            grid = [p for p in grid if point_key(p) in keys]
+        shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], request, name, sweep_dir, args.sweep)
+    specs = tuple(job_spec(cluster, args.local, args.max_parallel, *shape) for shape in shapes)
+    return Plan(cluster, specs, args.local, work.sweep, sweep_dir, work.sections)
+
+
+def job_spec(
+    cluster: ClusterConfig,
+    local: bool,
+    max_parallel: int | None,
+    request: JobRequest,
+    folder: Path,
+    points: tuple[tuple[Point | None, Task], ...],
+    array: bool,
+) -> JobSpec:
+    """A job of the plan with its parameters, sbatch text and charge, made once."""
+    if local:
+        params, text = local_parameters(cluster, request), None
+    else:
+        params = slurm_parameters(cluster, request, max_parallel, folder)
+        text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
+    charge = {"qos": params.get("qos"), "node_share": node_share(cluster, request.nodes, request.gpus)}
+    return JobSpec(request, folder, points, array, params, text, charge)
+
+
+def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> ClusterConfig:
     """The cluster profile (with --set cluster.* values), checked against what the command line asks;
     --set may name the cluster section and `sections` (and the sweep's, with --sweep)."""
     overrides = overrides_from_args(args)
@@ -81,22 +143,6 @@ def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...] = RUN_S
     return cluster
 
 
-def run_layers(args: argparse.Namespace) -> Layers:
-    """The run sections (and the sweep's) from --config, --sweep and the training flags."""
-    layers = Layers()
-    if args.config:
-        layers.add_file(args.config, flag="--config")
-    if args.sweep:
-        layers.add_file(args.sweep, flag="--sweep")
-    for dotted, value, source in overrides_from_args(args):
-        if not dotted.startswith("cluster."):  # the cluster profile takes those
-            layers.set(dotted, value, source)
-    return layers
-
-
-Request = Callable[[int, int, str, str], JobRequest]
-
-
 def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Request, Path]:
     """What every job of a command line shares: a maker of checked job requests (nodes, GPUs per node,
     job name, where the shape came from), and the runs directory."""
@@ -113,27 +159,6 @@ def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Reques
         return JobRequest(nodes, gpus, time_min, job_name, account, args.qos, args.partition, exports, sbatch)
 
     return request, runs_dir
-
-
-def make_plan(args: argparse.Namespace, now: dt.datetime | None = None) -> Plan:
-    """The job specs for a command line: every shape and every point validated, nothing written."""
-    cluster = load_cluster_for(args)
-    layers = run_layers(args)
-    base = layers.run_config()  # validates the run config before anything is submitted
-    sweep = layers.build("sweep") if args.sweep else None
-    request, runs_dir = job_basics(args, cluster)
-    name = args.name if args.name is not None else (sweep.name if sweep else base.model.arch)
-    if sweep is None:
-        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
-        spec = JobSpec(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", ((None, base),), False)
-        return Plan(cluster, (spec,), args.local, base)
-    sweep_dir = sweep_dir_for(runs_dir, name, now)
-    specs = sweep_specs(sweep_points(sweep, layers), request, name, sweep_dir, args.sweep)
-    return Plan(cluster, specs, args.local, base, sweep, sweep_dir, args.max_parallel)
-
-
-def sweep_dir_for(runs_dir: Path, name: str, now: dt.datetime | None) -> Path:
-    return runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
 
 
 def check_account(cluster: ClusterConfig, account: str | None, needed: bool) -> str | None:
@@ -160,20 +185,16 @@ def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
     return Path("runs")
 
 
-def sweep_specs(
-    points: list[tuple[Point, Any]],
-    request: Request,
-    name: str,
-    sweep_dir: Path,
-    source: str,
-) -> tuple[JobSpec, ...]:
+def sweep_shapes(
+    points: list[tuple[Point, Task]], request: Request, name: str, sweep_dir: Path, source: str
+) -> list[tuple[JobRequest, Path, tuple[tuple[Point | None, Task], ...], bool]]:
     """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
     (`request`) before anything is submitted."""
-    by_shape: dict[tuple[int, int], list[tuple[Point | None, Any]]] = {}
-    for point, cfg in points:
-        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, cfg))
-    return tuple(
-        JobSpec(
+    by_shape: dict[tuple[int, int], list[tuple[Point | None, Task]]] = {}
+    for point, task in points:
+        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, task))
+    return [
+        (
             request(
                 nodes,
                 gpus,
@@ -185,22 +206,4 @@ def sweep_specs(
             True,
         )
         for (nodes, gpus), group in by_shape.items()
-    )
-
-
-def sweep_points(sweep: SweepConfig, layers: Layers) -> list[tuple[Point, RunConfig]]:
-    """Every (data fraction, batch size, GPUs per node, nodes) point with its validated run config."""
-    points = []
-    for nodes in sweep.nodes:
-        for gpus in sweep.gpus:
-            for fraction in sweep.data_fractions:
-                for batch in sweep.batch_sizes:
-                    layers.set("data.fraction", fraction, f"sweep point fraction={fraction:g}")
-                    layers.set("train.batch_size", batch, f"sweep point batch={batch}")
-                    points.append(
-                        (
-                            {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes},
-                            layers.run_config(),
-                        )
-                    )
-    return points
+    ]

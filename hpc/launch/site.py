@@ -12,9 +12,12 @@ from collections.abc import Iterable
 
 from hpc.core.cli import shown
 from hpc.core.errors import UsageError
-from hpc.spec.affinity import GPU_ORDER
-from hpc.spec.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
+from hpc.placement.affinity import GPU_ORDER
+from hpc.settings.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
 
+# The job's stop signal, before the time limit and at a preemption: the training checkpoints on it and
+# scripts save on it (a script that does not catch USR2 is ended by it).
+STOP_SIGNAL = "TERM"
 NCCL_FABRIC = "HPC_NCCL_FABRIC"  # off | warn | stop: what a multi-node run does when NCCL would use sockets
 
 

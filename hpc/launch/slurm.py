@@ -19,8 +19,8 @@ from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
 from hpc.launch.requeue import teardown_lines
-from hpc.launch.site import check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
-from hpc.spec.schema import ClusterConfig
+from hpc.launch.site import STOP_SIGNAL, check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
+from hpc.settings.schema import ClusterConfig
 
 
 def _check_text(flag: str, value: str | None) -> None:
@@ -84,23 +84,21 @@ def slurm_parameters(
     req: JobRequest,
     max_parallel: int | None = None,
     folder: Path | None = None,
-    command: bool = False,
 ) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one job shape: the sbatch script is a function of these. A
-    partial node goes to the profile's shared QOS with a GPU per task, as NERSC's examples do. With the
-    job's `folder`, the batch shell requeues a job that could not requeue itself (hpc/launch/requeue.py).
-    Your own `command` sees every GPU of the job on its node (a script takes `cuda:LOCAL_RANK`, which one
-    visible GPU per task would break) and gets SIGTERM as the warning, which scripts save on (USR2, the
-    toolkit's own training's, would end a script that does not catch it)."""
+    """submitit SlurmExecutor parameters for one job shape, whatever its task: the sbatch script is a
+    function of these. A partial node goes to the profile's shared QOS. Every task sees every GPU of the
+    job on its node (a rank takes `cuda:LOCAL_RANK`, torchrun's contract, which one visible GPU per task
+    would break for a user's script). The warning before the time limit is SIGTERM, the signal of a
+    preemption too, on which the training checkpoints and scripts save (USR2, submitit's default, ends a
+    script that does not catch it). With the job's `folder`, the batch shell requeues a job that could not
+    requeue itself (hpc/launch/requeue.py)."""
     torchrun = cluster.launcher == "torchrun"  # one task per node: torchrun starts the per-GPU workers
     partial = is_partial(cluster, req.nodes, req.gpus)
-    per_task = partial and not torchrun and not command
     params = {
         "job_name": req.name,
         "nodes": req.nodes,
         "ntasks_per_node": 1 if torchrun else req.gpus,
-        "gpus_per_node": None if per_task else req.gpus,
-        "gpus_per_task": 1 if per_task else None,
+        "gpus_per_node": req.gpus,
         "cpus_per_task": cluster.cpus_per_task * (req.gpus if torchrun else 1),
         "time": req.time_min,
         "constraint": cluster.constraint,
@@ -111,14 +109,13 @@ def slurm_parameters(
         "signal_delay_s": cluster.signal_delay_s,
         "setup": setup_lines(cluster, req),
         # One dead rank ends the step at once instead of leaving the others in a collective; then the
-        # CPU binding and the container the command runs in.
+        # CPU binding and the container the task runs in.
         "srun_args": ["--kill-on-bad-exit=1", *srun_words(cluster)],
         "array_parallelism": max_parallel,
         "additional_parameters": {
-            **({"signal": f"TERM@{cluster.signal_delay_s}"} if command else {}),
+            "signal": f"{STOP_SIGNAL}@{cluster.signal_delay_s}",
             **extra_sbatch(cluster, req.sbatch),
-        }
-        or None,
+        },
         "teardown": teardown_lines(folder) if folder is not None else None,
     }
     return {k: v for k, v in params.items() if v is not None}
@@ -172,18 +169,3 @@ def sbatch_text(params: dict[str, Any], folder: Path, python: str | None = None,
 def job_python(cluster: ClusterConfig) -> str | None:
     """The python each task runs: this one, or inside a container image the image's own `python`."""
     return "python" if cluster.image else None
-
-
-def make_executor(
-    params: dict[str, Any], folder: Path, max_requeues: int, local: bool, python: str | None = None
-) -> Any:
-    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor)."""
-    import submitit
-
-    executor: Any
-    if local:
-        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=max_requeues)
-    else:
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=python)
-    executor.update_parameters(**params)
-    return executor

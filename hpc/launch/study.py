@@ -15,7 +15,6 @@ report. No torch import here (fast CLI).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import time
@@ -29,10 +28,10 @@ from hpc.launch.follow import Interrupts
 from hpc.launch.plan import Plan
 from hpc.launch.queue import QueueWatch
 from hpc.launch.site import accounts, charge_lines
-from hpc.launch.slurm import analysis_parameters, make_executor, sbatch_text
+from hpc.launch.slurm import analysis_parameters, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
-from hpc.launch.submit import STUDY_RUN, execute, plan_for, print_plan, submission
-from hpc.spec.schema import ClusterConfig
+from hpc.launch.submit import STUDY_RUN, execute, make_executor, plan_for, print_plan, submission
+from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ def run_command(argv: list[str]) -> int:
 def plan_charges(plan: Plan) -> list[str]:
     """Per QOS: the points and the most node-hours they can be charged (hpc/launch/site.py)."""
     shapes = [
-        (str(plan.parameters(spec).get("qos", "-")), len(spec.points), spec.request.nodes, spec.request.gpus,
+        (str(spec.charge.get("qos") or "-"), len(spec.points), spec.request.nodes, spec.request.gpus,
          spec.request.time_min)
         for spec in plan.specs
     ]  # fmt: skip
@@ -179,14 +178,8 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return EXIT_OK
-    submit_args, plan = plan_for([str(SweepPaths(sweep_dir).sweep_file), *rest], STUDY_RUN)
-    specs = tuple(
-        dataclasses.replace(spec, folder=sweep_dir / "%j", points=chosen)
-        for spec in plan.specs
-        if (chosen := tuple((pt, cfg) for pt, cfg in spec.points if pt and point_key(pt) in keys))
-    )
-    print(f"resubmitting {sum(len(s.points) for s in specs)} point(s) into {sweep_dir}")
-    plan = dataclasses.replace(plan, specs=specs, sweep_dir=sweep_dir)
+    submit_args, plan = plan_for([str(SweepPaths(sweep_dir).sweep_file), *rest], STUDY_RUN, into=(sweep_dir, keys))
+    print(f"resubmitting {sum(len(s.points) for s in plan.specs)} point(s) into {sweep_dir}")
     analysis_account = accounts(plan.cluster, submit_args.account, submit_args.analysis_account)[1]
     return submit_and_analyse(plan, analysis_account, args.wait)
 

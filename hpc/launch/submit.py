@@ -1,4 +1,4 @@
-"""Submit training (one task per GPU) to Slurm, or run it here, through submitit: `python -m hpc.submit`.
+"""Submit a job (one task per GPU) to Slurm, or run it here, through submitit: `python -m hpc.submit`.
 
     python -m hpc.submit --nodes 1 --gpus 4 --account m1234_g --config profiles/smoke.yaml
     python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
@@ -6,14 +6,17 @@
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g --dry-run      # print the sbatch script
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
 
-The command line becomes a plan (hpc/launch/plan.py; for your own command after `--`, hpc/launch/
-cmdplan.py), printed (--dry-run), run here (--local) or submitted: each point a `TrainJob` (hpc/launch/
-job.py) or a `CommandJob` (hpc/launch/cmdjob.py), a sweep one job array per shape, its points recorded
-in the sweep's index.json. Job handling is submitit's. No torch import here (fast CLI).
+A submission reads top to bottom: the command line is parsed here, becomes a plan (hpc/launch/plan.py:
+the cluster, each job's request, the task every rank runs, the sbatch parameters and text), is printed
+(--dry-run), or written and submitted here (each point a `TaskJob`, hpc/launch/job.py; a sweep one job
+array per shape, its points in the sweep's index.json), then followed (hpc/launch/follow.py). The
+toolkit's training and your own command take the same road. Job handling is submitit's. No torch import
+here (fast CLI).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import io
@@ -29,16 +32,13 @@ from typing import Any
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
-from hpc.launch.cmdjob import CommandJob
-from hpc.launch.cmdplan import is_command_sweep, make_command_plan, split_command
-from hpc.launch.follow import Submitted, interrupts_ignored, wait_for
-from hpc.launch.job import TrainJob
+from hpc.launch.follow import interrupts_ignored, wait_for
+from hpc.launch.job import TaskJob
 from hpc.launch.plan import JobSpec, Plan, make_plan
+from hpc.launch.points import split_command
 from hpc.launch.queue import first_line
-from hpc.launch.site import node_share
-from hpc.launch.slurm import job_python, make_executor, sbatch_text
-from hpc.spec.command import CommandSpec
-from hpc.spec.flags import add_training_flags
+from hpc.launch.slurm import job_python
+from hpc.settings.flags import add_training_flags
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,14 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     )
     if study:
         parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
-    g = parser.add_argument_group("job")
+    add_job_options(parser.add_argument_group("job"))
+    add_submission_options(parser.add_argument_group("submission"), study)
+    add_training_flags(parser.add_argument_group("training (forwarded to hpc.train)"))
+    return parser
+
+
+def add_job_options(g: argparse._ArgumentGroup) -> None:
+    """The job's shape and where it runs: nodes, GPUs, profile, time, account, QOS, partition, name."""
     g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     g.add_argument("--gpus", type=int, default=None, help="GPUs per node, one task each (default: the profile's)")
     g.add_argument(
@@ -76,20 +83,17 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     g.add_argument("--partition", help="Slurm partition")
     g.add_argument("--name", help="job name; runs go to RUNS/<name>/<job id>/ (default: the arch)")
     g.add_argument("--runs-dir", help="where run directories go (default: the profile's runs_dir, else ./runs)")
+    repeated: dict[str, Any] = {"action": "append", "default": [], "metavar": "KEY=VALUE"}
     g.add_argument(
-        "--export",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment for the job (repeatable; overrides the profile's env)",
+        "--export", **repeated, help="extra environment for the job (repeatable; overrides the profile's env)"
     )
     g.add_argument(
-        "--sbatch",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="another sbatch option, as --KEY=VALUE in the script (repeatable; e.g. mail-type=END)",
+        "--sbatch", **repeated, help="another sbatch option, as --KEY=VALUE (repeatable; e.g. mail-type=END)"
     )
+
+
+def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
+    """How the plan is used: printed, run here, swept, waited for."""
     if study:
         g.add_argument("--analysis-account", help="the analysis job's account (default: --account's CPU allocation)")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
@@ -102,19 +106,14 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         action="store_true",
         help="wait for the report" if study else "wait for the job(s), report how they ended",
     )
-    t = parser.add_argument_group("training (forwarded to hpc.train)")
-    add_training_flags(t)
-    return parser
 
 
-def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit") -> tuple[Any, Plan]:
-    """The parsed options and the plan: your own command's (after `--`, or a sweep with a command
-    section) or the toolkit's training."""
+def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:
+    """The parsed options and the plan (your own command's after `--`, or the toolkit's training);
+    `into`: make_plan's (a resubmission)."""
     own, words = split_command(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(prog).parse_args(own)
-    if words is not None or is_command_sweep(args.sweep):
-        return args, make_command_plan(args, words)
-    return args, make_plan(args)
+    return args, make_plan(args, words, into=into)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,25 +125,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_plan(plan: Plan) -> None:
-    """--dry-run: the sbatch script of every spec (what submitit would hand to sbatch), submitting nothing;
-    for your own command, what each rank runs."""
+    """--dry-run: what each rank of every job runs, and its sbatch script (what submitit would hand to
+    sbatch), submitting nothing."""
+    python = job_python(plan.cluster) or sys.executable
     for spec in plan.specs:
         if plan.local:
             what = f"{len(spec.points)} point(s), one at a time" if spec.array else "one job"
             print(f"# --local: {what}, {spec.request.gpus} task(s) each, through submitit's local executor")
         elif spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
-        for point, payload in spec.points if plan.command is not None else ():
-            words = " ".join(shlex.quote(w) for w in payload.words(spec.folder))
+        for point, task in spec.points:
+            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, python))
             print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
-        if not plan.local:
-            text = sbatch_text(
-                plan.parameters(spec),
-                spec.folder,
-                job_python(plan.cluster),
-                map_count=len(spec.points) if spec.array else None,
-            )
-            print(text, end="" if not spec.array else "\n")
+        if spec.sbatch is not None:
+            print(spec.sbatch, end="" if not spec.array else "\n")
 
 
 # sbatch's words when Slurm itself turns a job down (its accounting enforces accounts, QOS and their limits):
@@ -194,95 +188,106 @@ def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
     return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
 
 
+def make_executor(
+    params: dict[str, Any], folder: Path, max_requeues: int, local: bool, python: str | None = None
+) -> Any:
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor)."""
+    import submitit
+
+    executor: Any
+    if local:
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=max_requeues)
+    else:
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=python)
+    executor.update_parameters(**params)
+    return executor
+
+
+Submission = tuple[Any, dict[str, Any] | None, int, bool]  # submitit's job, its point (and charge), ranks, trains
+
+
 def execute(plan: Plan, wait: bool) -> int:
-    """Submit every spec: here one point at a time (each waited for), on Slurm each spec at once (an
-    array for a sweep). Returns 0, 1 when a job that was waited for failed, 3 when a local run was
-    stopped (Ctrl-C, SIGTERM: hpc/launch/follow.py), 130 when waiting was. An sbatch that fails is one
-    line (QueueError): a new sweep directory with nothing submitted into it is removed, and an
-    index.json lists only what was submitted."""
+    """Write and submit every spec, then follow: here one point at a time (each followed as it runs), on
+    Slurm each spec at once (an array for a sweep). Returns 0, 1 when a job that was waited for failed, 3
+    when a local run was stopped (Ctrl-C, SIGTERM: hpc/launch/follow.py), 130 when waiting was. An sbatch
+    that fails is one line (QueueError): a new sweep directory with nothing submitted into it is removed,
+    and an index.json lists only what was submitted."""
     made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
     if plan.sweep_dir is not None and plan.sweep is not None:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
         write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file())
-    subs: list[Submitted] = []
+    done: list[Submission] = []
     try:
-        code = submit_specs(plan, subs)
+        code = submit_specs(plan, done)
     except (QueueError, UsageError) as e:  # sbatch failed, or Slurm refused the job
-        if made is not None and not subs:
+        if made is not None and not done:
             shutil.rmtree(made, ignore_errors=True)
-        done = f"; before it: job(s) {' '.join(s.job_id for s in subs)}" if subs else "; nothing was submitted"
-        raise type(e)(f"{e}{done}") from None
+        before = f"; before it: job(s) {' '.join(str(d[0].job_id) for d in done)}" if done else ""
+        raise type(e)(f"{e}{before or '; nothing was submitted'}") from None
     if plan.sweep_dir is not None:
-        log.info(f"sweep: {len(subs)} points, index {SweepPaths(plan.sweep_dir).index}")
+        log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
-        code = wait_for(subs)
+        code = wait_for(done)
         for spec in plan.specs:
             _drop_placeholder(spec.folder)
     return code
 
 
-def submit_specs(plan: Plan, subs: list[Submitted]) -> int:
-    """Submit every spec (adding to `subs` as they go); here each point waited for, and a stopped one ends
-    the sweep. The exit code of what was waited for (see execute)."""
+def submit_specs(plan: Plan, done: list[Submission]) -> int:
+    """Submit every spec (adding to `done` as they go); here each point followed as it runs, and a stopped
+    one ends the sweep. The exit code of what was followed (see execute)."""
     failures = 0
+    cluster = plan.cluster
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
-        params = plan.parameters(spec)
-        with submission(spec.folder, what, params) if not plan.local else contextlib.nullcontext():
+        with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
             executor = make_executor(
-                params, spec.folder, plan.cluster.max_requeues, plan.local, job_python(plan.cluster)
+                spec.parameters, spec.folder, cluster.max_requeues, plan.local, job_python(cluster)
             )
             if not plan.local:
-                subs.extend(submit_points(plan, executor, spec.points, spec))
-        if plan.local:  # this machine: one point at a time, followed as it runs
-            for point in spec.points:
-                with interrupts_ignored():  # submitit's controller must not see Ctrl-C (follow.py)
-                    subs.extend(submit_points(plan, executor, (point,), spec))
-                code = wait_for(subs[-1:], follow=True)
-                _drop_placeholder(spec.folder)
-                record_index(plan, subs)
-                if code == EXIT_PREEMPTED:
-                    return code
-                failures += code
-        else:
-            record_index(plan, subs)
+                done.extend(submit_points(plan, executor, spec.points, spec))
+        if not plan.local:
+            record_index(plan, done)
+        for point in spec.points if plan.local else ():  # this machine: one point at a time, followed as it runs
+            with interrupts_ignored():  # submitit's controller must not see Ctrl-C (follow.py)
+                done.extend(submit_points(plan, executor, (point,), spec))
+            record_index(plan, done)
+            code = wait_for(done[-1:], follow=True)
+            _drop_placeholder(spec.folder)
+            if code == EXIT_PREEMPTED:
+                return code
+            failures += code
     return EXIT_FAILED if failures else EXIT_OK
 
 
-def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobSpec) -> list[Submitted]:
-    """Submit the points' TrainJobs (as one array for a sweep's spec) and say where each runs."""
-    with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
-        jobs = [executor.submit(job_for(plan, payload, spec)) for _, payload in points]
-    req = spec.request
-    ranks = req.nodes * req.gpus
-    # what index.json says each point ran in, for the report's node-hours (hpc/launch/site.py)
-    charge = {"qos": plan.parameters(spec).get("qos"), "node_share": node_share(plan.cluster, req.nodes, req.gpus)}
-    subs = [
-        Submitted.of(job, {**point, **charge} if point else None, ranks, plan.command is not None)
-        for job, (point, _) in zip(jobs, points, strict=False)
-    ]
-    for sub in subs:
-        log.info(sub.describe())
-    return subs
-
-
-def job_for(plan: Plan, payload: Any, spec: JobSpec) -> TrainJob | CommandJob:
-    """What each task of a point runs: the toolkit's training (a RunConfig) or your own command."""
+def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobSpec) -> list[Submission]:
+    """Submit the points' TaskJobs (as one array for a sweep's spec) and say where each runs."""
     cluster = plan.cluster
-    kind = CommandJob if isinstance(payload, CommandSpec) else TrainJob
-    return kind(payload.to_dict(), cluster.max_requeues, cluster.launcher, spec.request.gpus, cluster.max_restarts)
+    with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
+        jobs = [
+            executor.submit(
+                TaskJob(task.to_dict(), cluster.max_requeues, cluster.launcher, spec.request.gpus, cluster.max_restarts)
+            )
+            for _, task in points
+        ]
+    ranks = spec.request.nodes * spec.request.gpus
+    made = [(job, {**point, **spec.charge} if point else None, ranks, task.is_training)
+            for job, (point, task) in zip(jobs, points, strict=True)]  # fmt: skip
+    for job, *_ in made:
+        logs = ", ".join(str(p) for p in (job.paths.stdout, job.paths.stderr))
+        log.info(f"job {job.job_id}: run dir {job.paths.folder}\n  logs: {logs}")
+    return made
 
 
-def record_index(plan: Plan, subs: list[Submitted]) -> None:
+def record_index(plan: Plan, done: list[Submission]) -> None:
     """The sweep's index.json: every point submitted so far, with its job id and run directory."""
     if plan.sweep_dir is None or plan.sweep is None:
         return
     header = {"sweep": dataclasses.asdict(plan.sweep), "cluster": plan.cluster.name}
-    write_index(
-        SweepPaths(plan.sweep_dir),
-        header,
-        [{**(s.point or {}), "job_id": s.job_id, "run_dir": s.run_dir.name} for s in subs],
-    )
+    points = [
+        {**(point or {}), "job_id": job.job_id, "run_dir": Path(job.paths.folder).name} for job, point, *_ in done
+    ]
+    write_index(SweepPaths(plan.sweep_dir), header, points)
 
 
 def _drop_placeholder(folder: Path) -> None:

@@ -6,7 +6,7 @@ the one Kineto's own step tracker uses). From the first optimizer step on, the t
 (hpc/training/profiling.py: its schedule, its whole-or-nothing trace export) runs in the process and
 steps on every step of that first optimizer (a second optimizer would count each step twice), writing
 RUN/traces/rank{R}.*.pt.trace.json, and what the analysis needs beside the traces (steps, step times,
-peak memory, the device) to RUN/ranks/rank{R}.steps.json, at every cycle's end and at exit.
+peak memory, the device) to RUN/ranks/rank{R}.facts.json, at every cycle's end and at exit.
 
 Limits, said in the README: no torch.optim step, no profile (the launcher says so); a step inside a
 torch.compile'd function may not call the hook; a profiler the script runs itself wins: where one is
@@ -36,8 +36,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from hpc.core.files import write_atomic
 from hpc.core.rundir import RunPaths
+from hpc.core.summary import attempt_of, write_facts
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # for the annotations only: torch is imported when the script
 log = logging.getLogger(__name__)
 
 OPTIMIZER_MODULE = "torch.optim.optimizer"
-PROFILER_VARIABLE = "HPC_PROFILER"  # hpc/spec/command.py sets it: the profiler section, as JSON
+PROFILER_VARIABLE = "HPC_PROFILER"  # hpc/settings/task.py sets it: the profiler section, as JSON
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"
 
 
@@ -135,7 +135,7 @@ class StepHook:
         if _profiler_running():
             self.stand_down("the script runs a torch.profiler of its own")
             return
-        from hpc.spec.schema import ProfilerConfig
+        from hpc.settings.schema import ProfilerConfig
         from hpc.training.profiling import RankChoice, maybe_profile
 
         fields = {k: v for k, v in self.settings.items() if k in ProfilerConfig.__dataclass_fields__}
@@ -181,6 +181,7 @@ class StepHook:
             "world_size": self.world_size,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            "attempt": attempt_of(os.environ),
             "device": "cuda" if self.cuda else "cpu",
             "device_name": torch.cuda.get_device_name() if self.cuda else "cpu",
             "torch": torch.__version__,
@@ -198,10 +199,9 @@ class StepHook:
 
     def write(self) -> None:
         try:
-            self.paths.ranks.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.paths.rank_steps(self.rank), json.dumps(self.facts(), indent=1, default=str))
+            write_facts(self.paths, self.facts())
         except Exception as e:  # never the user's run's end: a full disk loses this file, not the run
-            log.warning(f"hpc: rank {self.rank}: {self.paths.rank_steps(self.rank)} not written ({e})")
+            log.warning(f"hpc: rank {self.rank}: {self.paths.rank_facts(self.rank)} not written ({e})")
 
 
 def register(module: ModuleType, hook: StepHook) -> None:

@@ -40,7 +40,7 @@ import torch
 
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, graph_fault
-from hpc.spec.schema import TrainConfig
+from hpc.settings.schema import TrainConfig
 from hpc.training.cudagraph import GraphedStep, Snapshot
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from hpc.core.errors import UsageError
-from hpc.spec.schema import RunConfig
+from hpc.settings.schema import RunConfig
 
 MIN_NCCL = (2, 9, 6)  # NCCL's first release whose collectives can be captured in a CUDA graph
 # DDP's eager iterations before capture, from PyTorch's recipe for capturing DDP (CUDA semantics notes,

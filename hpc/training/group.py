@@ -20,7 +20,7 @@ import torch
 import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
-from hpc.spec.distenv import DistEnv
+from hpc.placement.distenv import DistEnv
 from hpc.training.rendezvous import SILENCE_S, cause_of, first_few, silent_ranks
 
 # A killed rank's sockets close before its process has ended (the kernel releases its memory, closes its

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpc.spec.schema import ModelConfig
+from hpc.settings.schema import ModelConfig
 
 
 class TinyNet(nn.Module):

@@ -13,13 +13,16 @@ HPC_FAULT_INJECT=oom-at-step:N raises the same OutOfMemoryError before optimizer
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import torch
 
-from hpc.core.rundir import RunPaths, write_summary
-from hpc.spec.schema import RunConfig
+from hpc.core.errors import EXIT_OOM
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import attempt_of, write_facts, write_run_summary
+from hpc.settings.schema import RunConfig
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -63,7 +66,8 @@ def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
 def record_oom(
     error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool
 ) -> dict[str, Any]:
-    """Write what the OOM was (summary.json, outcome "oom") and the snapshot if recorded; return the record."""
+    """Write what the OOM was (this rank's facts, then summary.json: outcome "oom") and the snapshot if
+    recorded; return the record."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     tc = cfg.train
     per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
@@ -81,20 +85,10 @@ def record_oom(
         path = paths.memory_snapshot(rank)
         torch.cuda.memory._dump_snapshot(str(path))
         oom["snapshot"] = path.name
-    # Every rank may hit it at once: rank 0's record replaces any other; another rank's is kept only
-    # if none is there yet.
-    write_summary(
-        paths,
-        {
-            "run_dir": str(paths.root),
-            "world_size": world,
-            "outcome": "oom",
-            "oom": oom,
-            "config": cfg.to_dict(),
-            "ranks": [],
-        },
-        first_wins=rank != 0,
-    )
+    # Every rank may hit it at once: each records its own, and summary.json names rank 0's (or the lowest's).
+    write_facts(paths, {"rank": rank, "world_size": world, "attempt": attempt_of(os.environ), "exit_code": EXIT_OOM,
+                        "complete": False, "oom": oom, "config": cfg.to_dict()})  # fmt: skip
+    write_run_summary(paths)
     return oom
 
 

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from hpc.spec.distenv import DistEnv
-from hpc.spec.profranks import typical
-from hpc.spec.schema import DataConfig
+from hpc.placement.distenv import DistEnv
+from hpc.settings.profranks import typical
+from hpc.settings.schema import DataConfig
 from hpc.training.checkpoint import rng_state, set_rng_state
 from hpc.training.setup import DataParts
 

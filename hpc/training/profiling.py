@@ -35,8 +35,8 @@ from torch.torch_version import TorchVersion
 
 from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
-from hpc.spec.profranks import chosen, static_choice
-from hpc.spec.schema import ProfilerConfig
+from hpc.settings.profranks import chosen, static_choice
+from hpc.settings.schema import ProfilerConfig
 from hpc.training.inject import NO_FAULTS, Injector
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def key_average_totals(prof: profile) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class RankChoice:
     """What profiler.ranks needs of a rank: who it is and, where every rank's timing decides (auto over 16
-    ranks, hpc/spec/profranks.py), a collective that gathers one value from every rank and this rank's own
+    ranks, hpc/settings/profranks.py), a collective that gathers one value from every rank and this rank's own
     work per step so far. No `gather` (a user's script, whose collectives are its own): node leaders only."""
 
     rank: int

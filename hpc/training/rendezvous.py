@@ -29,8 +29,8 @@ from pathlib import Path
 import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
-from hpc.spec.distenv import DistEnv
-from hpc.spec.hostlist import expand_hostlist
+from hpc.placement.distenv import DistEnv
+from hpc.placement.hostlist import expand_hostlist
 
 BEAT_S = 2.0  # a heartbeat's period
 SILENCE_S = 2.5 * BEAT_S  # a count that does not move for this long: the rank is not running

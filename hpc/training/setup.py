@@ -20,13 +20,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.spec.affinity import cores_text, gpu_index
-from hpc.spec.distenv import DistEnv
-from hpc.spec.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
-from hpc.spec.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
+from hpc.placement.affinity import cores_text, gpu_index
+from hpc.placement.distenv import DistEnv
+from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
 from hpc.training.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
 from hpc.training.data import DeviceBatches, Split
 from hpc.training.graphmode import DDP_WARMUP_ITERS, GraphMode
+from hpc.training.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -92,7 +92,7 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[torch.device, bool]:
     use_cuda = tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise UsageError("train.device = 'cuda' but no CUDA device is visible")
-    if use_cuda:  # the GPU next to this rank's cores, where the profile says which (hpc/spec/affinity.py)
+    if use_cuda:  # the GPU next to this rank's cores, where the profile says which (hpc/placement/affinity.py)
         device = torch.device("cuda", gpu_index(os.environ, dist.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         if tc.cuda_memory_fraction is not None:
@@ -133,7 +133,7 @@ def before_process_group(graphed: bool, dist: DistEnv, log_dir: Path) -> bool:
 
 
 def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], log: Callable[[str], None]) -> str | None:
-    """After the first communicator is up: the network NCCL chose (hpc/spec/netcheck.py); a run across
+    """After the first communicator is up: the network NCCL chose (hpc/training/netcheck.py); a run across
     nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
     together, or warns. Returns the network, for summary.json."""
     network = read_network(os.environ, log_dir, dist.rank)

@@ -1,6 +1,7 @@
-"""summary.json's record of a run: `RunSummary` knows the run's fixed facts from its set-up, makes each
-rank's record at the end (step times, throughput, memory, the profiler's cycles, the weights' digest),
-and rank 0 writes them all (hpc/core/rundir.py owns the file).
+"""What a training rank measured, for summary.json: `RunSummary` knows the run's fixed facts from its
+set-up and makes each rank's record at the end (step times, throughput, memory, the profiler's cycles,
+the weights' digest); rank 0 writes them all as the ranks' facts (RUN/ranks/rank{R}.facts.json) and
+summary.json is made of them by its one writer (hpc/core/summary.py), as for any task.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any
 
 import torch
 
-from hpc.core.rundir import RunPaths, write_summary
-from hpc.spec.distenv import DistEnv
-from hpc.spec.schema import RunConfig
+from hpc.core.errors import WriteError
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import attempt_of, write_facts, write_run_summary
+from hpc.placement.distenv import DistEnv
+from hpc.settings.schema import RunConfig
+from hpc.settings.task import RUN_DIR_VARIABLE
 from hpc.training.parts import StepTimer
 from hpc.training.profiling import Profiling
 from hpc.training.setup import StepPlan, placement
@@ -117,7 +121,7 @@ class RunSummary:
     ):
         self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
         self.use_cuda = device.type == "cuda"
-        self.where = placement(device)  # its cores and GPU (hpc/spec/affinity.py)
+        self.where = placement(device)  # its cores and GPU (hpc/placement/affinity.py)
         self.facts = {
             "rank": dist.rank,
             "world_size": dist.world_size,
@@ -127,6 +131,7 @@ class RunSummary:
             # the node as Slurm names it (nid001...: the hostname on Perlmutter, not on a one-machine cluster)
             "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "launcher": dist.launcher,
+            "attempt": attempt_of(os.environ),  # which start of the job measured this
             "master_addr": dist.master_addr,
             "device": str(device),
             "backend": backend,
@@ -180,6 +185,7 @@ class RunSummary:
             "torch": torch.__version__,
             "steps": step,
             "epochs_completed": epoch,
+            "exit_code": exit_code,
             "complete": exit_code == 0,
             "step_time_s": stats,
             # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
@@ -202,18 +208,17 @@ class RunSummary:
         }
 
     def write(self, records: list[dict[str, Any]], recovered: bool = False) -> Path:
-        """summary.json with every rank's record (rank 0 calls this with the gathered records). `recovered`:
-        written by a rerun of a finished run whose summary was missing (see recovered_record)."""
-        write_summary(
-            self.paths,
-            {
-                "run_dir": str(self.paths.root),
-                "world_size": self.dist.world_size,
-                "config": self.cfg.to_dict(),
-                **({"recovered": True} if recovered else {}),
-                "ranks": records,
-            },
-        )
+        """Every rank's facts (rank 0 calls this with the gathered records), then summary.json made of
+        them. `recovered`: written by a rerun of a finished run whose summary was missing (see
+        recovered_record). A write that fails is a WriteError naming the file."""
+        try:
+            for record in records:
+                write_facts(self.paths, {**record, "recovered": recovered} if recovered else record)
+            write_run_summary(self.paths)
+        except WriteError:
+            raise
+        except OSError as e:  # the ranks/ folder could not be made
+            raise WriteError(f"{self.paths.ranks}: not written ({e.strerror or e})") from None
         return self.paths.summary
 
 
@@ -253,7 +258,7 @@ def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: li
         f"  summary:    {paths.summary}",
         f"  checkpoint: {checkpoint}",
     ]
-    if os.environ.get("SUBMITIT_EXECUTOR") == "local":  # hpc.submit --local says where things are, once
+    if os.environ.get(RUN_DIR_VARIABLE):  # run by a job's runner, whose launcher says where things are, once
         lines = lines[:1]
     lost = ""
     if failed:

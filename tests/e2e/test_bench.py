@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import assert_one_line_error, run_module
-from hpc.spec.scaling import scaling_prediction
+from hpc.placement.scaling import scaling_prediction
 
 
 def test_bench_runs_every_configuration_on_cpu(tmp_path):
@@ -52,7 +52,7 @@ def test_memory_grid_on_cpu_has_no_gpu_figures(tmp_path):
 
 
 def test_profiler_overhead_is_counted_against_an_epoch():
-    from hpc.training.bench import profiler_overhead
+    from hpc.training.trainspeed import profiler_overhead
 
     plain = {"batch": 500, "wall_time_s": 10.0, "step_time_median_s": 0.1}
     prof = {"batch": 500, "wall_time_s": 11.0, "step_time_median_s": 0.11}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hostlist_gen import expression
 from hpc.core.errors import HostlistError
-from hpc.spec.hostlist import expand_hostlist
+from hpc.placement.hostlist import expand_hostlist
 
 N_EXPRESSIONS = 4000
 

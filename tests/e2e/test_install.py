@@ -33,7 +33,7 @@ def run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
 
 def test_installed_package_finds_profiles_by_name_from_another_directory(installed):
     site, elsewhere = installed
-    where = run_installed(site, elsewhere, sys.executable, "-c", "import hpc.spec.config as c; print(c.__file__, c.PROFILES_DIR)")
+    where = run_installed(site, elsewhere, sys.executable, "-c", "import hpc.settings.config as c; print(c.__file__, c.PROFILES_DIR)")
     module_file, profiles_dir = where.stdout.split()
     assert module_file.startswith(str(site)) and profiles_dir == str(site / "hpc" / "profiles"), where.stdout
     proc = run_installed(site, elsewhere, sys.executable, "-m", "hpc.submit", "--profile", "perlmutter", "--dry-run",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-from hpc.spec.distenv import master_port_for_job
+from hpc.placement.distenv import master_port_for_job
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]

@@ -286,7 +286,7 @@ def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster
 def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_root, tmp_path):
     """Preemption under torchrun: the agent passes SIGUSR2 on to the workers (--signals-to-handle), they
     checkpoint, submitit requeues the job, and the requeued job resumes to the same weights."""
-    from hpc.spec.torchrun import torchrun_forwards_signals
+    from hpc.placement.torchrun import torchrun_forwards_signals
 
     if not torchrun_forwards_signals():
         pytest.skip("this torch's torchrun has no --signals-to-handle: it cannot pass SIGUSR2 to the workers")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_module
-from hpc.spec.config import load_cluster
+from hpc.settings.config import load_cluster
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.submit import TrainJob
 
@@ -134,7 +134,7 @@ def test_no_sbatch_points_to_local(tmp_path):
 
 
 def test_forwarded_training_options_land_in_the_job():
-    from hpc.spec.config import load_run_config
+    from hpc.settings.config import load_run_config
     from hpc.launch.plan import run_layers
     from hpc.launch.submit import build_parser
 

@@ -136,7 +136,7 @@ def test_profiler_totals_recorded(data_root, tmp_path):
 def test_resnet152_forward_backward_has_155_convolutions():
     from torch.profiler import ProfilerActivity, profile
 
-    from hpc.spec.schema import ModelConfig
+    from hpc.settings.schema import ModelConfig
     from hpc.training.model import build_model
 
     model = build_model(ModelConfig(arch="resnet152"))

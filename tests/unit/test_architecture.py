@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("hpc", "analysis")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-DOORS = ("train", "submit", "study", "config", "data", "distenv", "bench", "rank")  # python -m hpc.<door>
+DOORS = ("train", "submit", "study", "config", "data", "distenv", "bench", "rank", "batch")  # python -m hpc.<door>
 
 
 def module_name(path: Path) -> str:
@@ -49,7 +49,7 @@ def test_the_core_is_a_leaf():
 
 # The floors, bottom up (the README's map, tests/README.md): the core; a run's description; the training
 # half and the analysis side by side; the launcher; the commands' doors (hpc/<door>.py).
-FLOORS = {"hpc.core": 0, "hpc.spec": 1, "hpc.training": 2, "analysis": 2, "hpc.launch": 3}
+FLOORS = {"hpc.core": 0, "hpc.settings": 1, "hpc.placement": 1, "hpc.training": 2, "analysis": 2, "hpc.launch": 3}
 
 
 def floor(name: str) -> tuple[int, str]:
@@ -156,7 +156,7 @@ def test_the_doors_only_hand_over():
         path = REPO / "hpc" / f"{door}.py"
         assert path.read_text().count("\n") <= 25, door
         deps = imports(path)
-        assert deps and all(d.startswith(("hpc.launch", "hpc.training", "hpc.spec", "hpc.core")) for d in deps), (door, deps)
+        assert deps and all(d.startswith(("hpc.launch", "hpc.training", "hpc.settings", "hpc.placement", "hpc.core")) for d in deps), (door, deps)
 
 
 def test_errors_are_one_family_defined_in_the_core():
@@ -171,14 +171,22 @@ def test_errors_are_one_family_defined_in_the_core():
     assert len(kinds) >= 7 and all(issubclass(k, errors.HpcError) for k in kinds)
 
 
-def test_exit_codes_are_defined_once_and_the_sbatch_script_uses_them():
+def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_their_own():
+    """The exit codes live in hpc/core/errors.py; the requeue rule in hpc/launch/requeue.py, which the
+    batch shell (hpc/launch/batch.py) and the job (hpc/launch/job.py) both call; the sbatch scripts hand
+    over to that batch shell and hold no exit code, requeue or launch of their own (issue 50)."""
+    from hpc.settings.task import TRAINING_REQUEUE_CODES
+
     for name, path in MODULES.items():
         if name != "hpc.core.errors":
             assert not re.search(r"^EXIT_\w+\s*=", path.read_text(), re.M), name
-    script = (REPO / "jobs" / "resnet152.sbatch").read_text()
-    for name in ("EXIT_PREEMPTED", "EXIT_PEER_LOST"):  # both requeue: the run resumes from its checkpoint
-        (code,) = re.findall(rf'^{name}=(\d+)', script, re.M)
-        assert int(code) == getattr(errors, name) and f'"$rc" -eq "${name}"' in script
+    assert TRAINING_REQUEUE_CODES == (errors.EXIT_PREEMPTED, errors.EXIT_PEER_LOST)  # both resume from a checkpoint
+    for script in ("resnet152.sbatch", "run.sbatch"):
+        code = [line for line in (REPO / "jobs" / script).read_text().splitlines() if not line.startswith("#")]
+        assert code[-1].startswith("exec python -m hpc.batch "), script
+        assert not [w for w in ("srun", "scontrol", "EXIT_", "torch.distributed.run", "trap") if w in "\n".join(code)]
+    for caller in ("hpc.launch.batch", "hpc.launch.job"):
+        assert "may_requeue(" in MODULES[caller].read_text(), caller
 
 
 def test_the_fault_hook_is_parsed_in_one_place():
@@ -223,7 +231,7 @@ def test_jobs_pickled_by_the_earlier_layout_still_load(golden, kind, attrs):
     assert type(job).__name__ == kind and callable(job)
     assert {k: getattr(job, k) for k in attrs} == attrs
     if kind == "TrainJob":
-        from hpc.spec.config import run_config_from_dict
+        from hpc.settings.config import run_config_from_dict
 
         assert job.run_config["model"]["arch"] == "resnet152"
         assert job.checkpoint().function is job  # requeueing it again works

@@ -235,7 +235,7 @@ CASES = {
         ("hpc.train", (), "--config"), ("hpc.submit", ("--dry-run",), "--runs-dir"),
         ("hpc.submit", ("--dry-run",), "--profile"), ("hpc.submit", ("--dry-run",), "--sweep"),
         ("hpc.submit", ("--dry-run",), "--account"), ("hpc.data", ("check",), "--root"),
-        ("hpc.bench", (), "--out"), ("hpc.bench", (), "--only"), ("analysis.bench", ("x.json",), "--json"),
+        ("hpc.bench", (), "--out"), ("hpc.bench", (), "--only"), ("analysis.speed", ("x.json",), "--json"),
     ]},
     "empty analysis path": (("analysis", ""), None, ("path ''", "must not be empty")),
     "empty tensorboard logdir": (("analysis.tensorboard", ""), None, ("logdir ''", "must not be empty")),
@@ -280,13 +280,13 @@ CASES = {
     "tensorboard: --port -1": (("analysis.tensorboard", "{H}", "--port", "-1"), None, ("--port -1",)),
     "tensorboard: --port abc": (("analysis.tensorboard", "{H}", "--port", "abc"), None, ("--port", "'abc'")),
     "tensorboard: --host not here": (("analysis.tensorboard", "{H}", "--host", "192.0.2.1"), None, ("--host '192.0.2.1'", "cannot listen")),
-    "analysis.bench: missing trace": (("analysis.bench", "{T}/none.json"), None, ("none.json", "not a trace file")),
-    "analysis.bench: --repeat 0": (("analysis.bench", "{H}/t_list.json", "--repeat", "0"), None, ("--repeat 0",)),
-    "analysis.bench: --counts with a non-ASCII digit": (("analysis.bench", "--ranks", "{H}/t_list.json", "--counts", "32,²"), None, ("--counts", "'32,²'")),
-    "analysis.bench: --counts 1": (("analysis.bench", "--ranks", "{H}/t_list.json", "--counts", "1,32"), None, ("--counts", "'1,32'", "2 or more")),
-    "startbench: --ranks with a non-ASCII digit": (("hpc.launch.startbench", "--ranks", "4,²"), None, ("--ranks", "'4,²'")),
-    "startbench: --ranks 0": (("hpc.launch.startbench", "--ranks", "0,4"), None, ("--ranks", "'0,4'", "1 or more")),
-    "analysis.bench: --json into a missing dir": (("analysis.bench", "{H}/t_list.json", "--json", "{T}/no/x.json"), None, ("--json", "does not exist")),
+    "analysis.speed: missing trace": (("analysis.speed", "{T}/none.json"), None, ("none.json", "not a trace file")),
+    "analysis.speed: --repeat 0": (("analysis.speed", "{H}/t_list.json", "--repeat", "0"), None, ("--repeat 0",)),
+    "analysis.speed: --counts with a non-ASCII digit": (("analysis.speed", "--ranks", "{H}/t_list.json", "--counts", "32,²"), None, ("--counts", "'32,²'")),
+    "analysis.speed: --counts 1": (("analysis.speed", "--ranks", "{H}/t_list.json", "--counts", "1,32"), None, ("--counts", "'1,32'", "2 or more")),
+    "startbench: --ranks with a non-ASCII digit": (("hpc.launch.startuptime", "--ranks", "4,²"), None, ("--ranks", "'4,²'")),
+    "startbench: --ranks 0": (("hpc.launch.startuptime", "--ranks", "0,4"), None, ("--ranks", "'0,4'", "1 or more")),
+    "analysis.speed: --json into a missing dir": (("analysis.speed", "{H}/t_list.json", "--json", "{T}/no/x.json"), None, ("--json", "does not exist")),
     # --- what the property-based tests found (tests/unit/test_properties_*.py), each as Hypothesis shrank it ---
     "found: a trace whose traceEvents is empty": (("analysis", "{H}/t_events_empty.json"), None, ("t_events_empty.json", "no event to analyse")),
     "found: a trace whose traceEvents holds no objects": (("analysis", "{H}/t_no_objects.json"), None, ("t_no_objects.json", "no event to analyse", "3 item(s)")),
@@ -447,7 +447,7 @@ def test_one_bad_sweep_point_does_not_lose_the_sweep(hostile_dir, monkeypatch):
     ("hpc.bench", ["--only", "nothing"], "nothing"),
     ("analysis", ["missing-dir"], "missing-dir"),
     ("analysis.tensorboard", [".", "--port", "99999"], "--port 99999"),
-    ("analysis.bench", ["--repeat", "0", "missing.json"], "missing.json"),
+    ("analysis.speed", ["--repeat", "0", "missing.json"], "missing.json"),
 ])
 def test_main_entry_points_give_one_line(module, args, needle, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in DIST_KEYS and not k.startswith("SLURM_")}

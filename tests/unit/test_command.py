@@ -1,6 +1,7 @@
-"""Your own command (issue 39), in-process: its words filled and checked, each rank's environment from
-literal Slurm and submitit environments, the sbatch text of a command job (pinned by a golden file), the
-plan of a command line and of a command sweep, and how a run ended from literal rank records."""
+"""Your own command (issue 39) as a task (issue 50), in-process: its words filled and checked, each rank's
+environment from literal Slurm and submitit environments, the sbatch text of a command job (pinned by a
+golden file), the plan of a command line and of a command sweep, and how a run ended from literal rank
+records."""
 
 import json
 import os
@@ -13,15 +14,18 @@ from hypothesis import strategies as st
 
 from hpc.core.errors import UsageError
 from hpc.core.rundir import RunPaths
-from hpc.launch.cmdplan import make_command_plan, split_command
-from hpc.launch.outcome import attempt_of, command_summary, failure_line, read_records, root_cause, run_outcome
-from hpc.launch.rankcmd import exit_code
+from hpc.core.summary import (attempt_of, build_summary, failure_line, last_said, read_records, root_cause,
+                              run_outcome)
+from hpc.launch.plan import make_plan
+from hpc.launch.points import split_command
+from hpc.launch.rankcli import exit_code
+from hpc.launch.runner import ordered_gpus, rank_env
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submit import build_parser
-from hpc.spec.command import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, CommandSpec, check_command, fill, ordered_gpus,
-                              python_script, rank_env)
-from hpc.spec.config import load_cluster
-from hpc.spec.distenv import from_environ
+from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, python_script,
+                               training_task)
+from hpc.settings.config import load_cluster
+from hpc.placement.distenv import from_environ
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "perlmutter_command_2x4.sbatch"
@@ -95,8 +99,8 @@ def test_filling_any_word_either_fills_or_names_the_problem(word):
 # --- each rank's environment ---------------------------------------------------------------------------
 
 def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
-    spec = CommandSpec(("python", "t.py"), "/work", profiler={"enabled": True, "wait": 1})
-    env = rank_env(from_environ(SRUN_TASK3), tmp_path, spec, SRUN_TASK3, hook_dir=Path("/hook"))
+    spec = command_task(["python", "t.py"], "/work", {"enabled": True, "wait": 1}, 60)
+    env = rank_env(from_environ(SRUN_TASK3), tmp_path, spec, SRUN_TASK3, "41.0.0", hook_dir=Path("/hook"))
     # the oracle: the literal values above, as Slurm's documentation defines them
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")} == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
@@ -105,13 +109,19 @@ def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
     assert env[RUN_DIR_VARIABLE] == str(tmp_path) and env["SLURM_PROCID"] == "3" and env["PATH"] == "/usr/bin"
     assert not [k for k in env if k.startswith("SUBMITIT_")]  # the command is no submitit job
     assert json.loads(env[PROFILER_VARIABLE])["wait"] == 1 and env["PYTHONPATH"] == "/hook"
-    off = rank_env(from_environ(SRUN_TASK3), tmp_path, CommandSpec(("x",), "/"), {**SRUN_TASK3, PROFILER_VARIABLE: "{}"})
+    assert env["HPC_ATTEMPT"] == "41.0.0" and env["HPC_RANK_LAUNCHER"] == "slurm"  # the runner's, for the task
+    off = rank_env(from_environ(SRUN_TASK3), tmp_path, command_task(["x"], "/", None, 60),
+                   {**SRUN_TASK3, PROFILER_VARIABLE: "{}"}, "41.0.0")
     assert PROFILER_VARIABLE not in off and "PYTHONPATH" not in off
+    # the toolkit's training profiles itself: no hook, whatever profiler section came with it
+    training = command_task(["python", "-m", "hpc.train", "--epochs", "1"], "/", {"enabled": True}, 60)
+    assert training.profiler is None and training.requeue_codes == (3, 5)
+    assert PROFILER_VARIABLE not in rank_env(from_environ(SRUN_TASK3), tmp_path, training, SRUN_TASK3, "41.0.0")
 
 
 def test_a_sweeps_environment_gets_the_run_directory(tmp_path):
-    spec = CommandSpec(("x",), "/", env={"OUT": "{run_dir}/out", "B": "8"})
-    env = rank_env(from_environ({}), tmp_path, spec, {"PYTHONPATH": "/mine"})
+    spec = command_task(["x"], "/", None, 60, env={"OUT": "{run_dir}/out", "B": "8"})
+    env = rank_env(from_environ({}), tmp_path, spec, {"PYTHONPATH": "/mine"}, "here.0.0")
     assert env["OUT"] == f"{tmp_path}/out" and env["B"] == "8" and env["RANK"] == "0" and env["WORLD_SIZE"] == "1"
 
 
@@ -132,7 +142,7 @@ def command_sbatch_text() -> str:
     cluster = load_cluster("perlmutter")
     req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", account="m1234_g")
     folder = Path("/scratch/runs/train/%j")
-    return sbatch_text(slurm_parameters(cluster, req, folder=folder, command=True), folder, python="python")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
 
 
 def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
@@ -143,20 +153,20 @@ def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
     assert "#SBATCH --signal=TERM@180" in text and "USR2" not in text  # scripts save on SIGTERM
 
 
-def test_a_partial_node_command_sees_every_gpu_of_its_job():
-    """A script's `cuda:LOCAL_RANK` needs the job's GPUs visible to every task: not one per task."""
+def test_a_partial_node_job_sees_every_gpu_of_its_job():
+    """A script's `cuda:LOCAL_RANK` needs the job's GPUs visible to every task: not one per task. One
+    policy for every task (issue 50): the training takes `cuda:LOCAL_RANK` too."""
     cluster = load_cluster("perlmutter")
     req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", account="m1_g")
-    params = slurm_parameters(cluster, req, command=True)
+    params = slurm_parameters(cluster, req)
     assert params["qos"] == "shared" and params["gpus_per_node"] == 2 and "gpus_per_task" not in params
-    assert slurm_parameters(cluster, req)["gpus_per_task"] == 1  # the toolkit's training: one each
 
 
 # --- the plan of a command line -----------------------------------------------------------------------
 
 def plan_of(tmp_path, argv):
     own, words = split_command(argv)
-    return make_command_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
+    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
 
 
 def test_split_command_keeps_the_words_after_the_first_double_dash():
@@ -170,7 +180,7 @@ def test_a_command_plan_keeps_the_words_verbatim(tmp_path):
     plan = plan_of(tmp_path, ["--dry-run", "--gpus", "2", "--", *words])
     (spec,) = plan.specs
     ((point, command),) = spec.points
-    assert point is None and list(command.argv) == words and command.words(Path("/r")) == words
+    assert point is None and command.words_for(Path("/r"), "py") == words
     assert spec.folder == tmp_path / "torchrun_ddp" / "%j" and command.cwd == os.getcwd()
     assert command.profiler["enabled"] and command.stop_grace_s == 120  # perlmutter's
 
@@ -191,7 +201,7 @@ def test_a_single_jobs_config_may_add_words_but_not_a_points_field(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("command:\n  args: [--out, '{run_dir}/w.pt']\n  env: {SEED: '7'}\nprofiler: {active: 2}\n")
     ((_, command),) = plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT]).specs[0].points
-    assert command.words(Path("/r")) == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
+    assert command.words_for(Path("/r"), "py") == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
     config.write_text("command:\n  args: [--batch-size, '{batch}']\n")
     with pytest.raises(UsageError) as e:
         plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT])
@@ -207,9 +217,9 @@ def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path)
     # data_fractions defaults to three values, but no word uses {fraction}: one each, not three copies
     assert sorted((p["batch_size"], p["gpus"]) for p, _ in points) == [(8, 1), (8, 2), (16, 1), (16, 2)]
     for p, c in points:
-        assert c.args == ("--batch-size", str(p["batch_size"]), "--out", "{run_dir}/w.pt")
+        assert c.words[2:] == ("--batch-size", str(p["batch_size"]), "--out", "{run_dir}/w.pt")
         assert c.env == {"N": str(p["gpus"])} and c.point == p
-        assert c.words(Path("/r/7"))[-1] == "/r/7/w.pt"
+        assert c.words_for(Path("/r/7"), "py")[-1] == "/r/7/w.pt"
     sweep.write_text("sweep:\n  data_fractions: [1, 0.5]\ncommand:\n  args: ['{batch}']\n")
     with pytest.raises(UsageError) as e:
         plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
@@ -285,7 +295,8 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
     paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
     assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.1.0")]
-    summary = command_summary(paths, read_records(paths), {"argv": ["x"], "profiler": None})
+    (tmp_path / "task.json").write_text(json.dumps(command_task(["x"], "/", None, 60).to_dict()))
+    summary = build_summary(paths, read_records(paths), {})
     assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
 
 
@@ -300,8 +311,6 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     ([], None),
 ])
 def test_a_failed_rank_is_said_by_its_exception_where_it_raised_one(lines, said):
-    from hpc.launch.outcome import last_said
-
     assert last_said(lines) == said
 
 

@@ -28,7 +28,7 @@ HELPS = [
     ("hpc.rank", [], "python -m hpc.rank"),
     ("analysis", [], "python -m analysis"),
     ("analysis", ["compare"], "python -m analysis compare"),
-    ("analysis.bench", [], "python -m analysis.bench"),
+    ("analysis.speed", [], "python -m analysis.speed"),
     ("analysis.tensorboard", [], "python -m analysis.tensorboard"),
 ]
 

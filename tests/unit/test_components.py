@@ -20,9 +20,10 @@ from analysis.sweep import with_scaling
 from analysis.trace import trace_record
 from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError, WriteError
-from hpc.core.rundir import read_index, read_summary
+from hpc.core.rundir import read_index
+from hpc.core.summary import read_summary
 from hpc.launch.plan import make_plan
-from hpc.spec.schema import TrainConfig
+from hpc.settings.schema import TrainConfig
 from hpc.launch.status import point_state
 from hpc.launch.submit import build_parser, print_plan
 from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
@@ -201,7 +202,7 @@ def test_a_failed_write_is_one_error_on_every_rank(tmp_path):
 # --- submission plan ----------------------------------------------------------------------------------
 
 def plan_for(*argv, tmp_path):
-    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]))
+    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]), None)
 
 
 def test_a_single_job_is_a_plan_of_one_point(tmp_path):
@@ -217,7 +218,7 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
     assert [(s.request.gpus, len(s.points), s.array) for s in plan.specs] == [(1, 12, True), (2, 12, True), (4, 12, True)]
     fractions = {p["data_fraction"] for s in plan.specs for p, _ in s.points}
     assert fractions == {1.0, 0.5, 0.1}
-    assert {cfg.train.batch_size for s in plan.specs for _, cfg in s.points} == {128, 512, 1024, 2048}
+    assert {task.config["train"]["batch_size"] for s in plan.specs for _, task in s.points} == {128, 512, 1024, 2048}
     print_plan(plan)
     out = capsys.readouterr().out
     assert out.count("#SBATCH --array=0-11") == 3 and not (tmp_path / "runs").exists()
@@ -315,7 +316,7 @@ def test_check_name_accepts_a_hostile_but_valid_name():
 
 
 def test_which_keys_may_change_on_resume_is_marked_on_the_fields():
-    from hpc.spec.schema import may_change_on_resume
+    from hpc.settings.schema import may_change_on_resume
 
     assert all(may_change_on_resume(*k.split(".")) for k in (
         "data.root", "data.num_workers", "train.max_steps", "train.eval", "train.cuda_memory_fraction",

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_module
 from hpc.core.errors import ConfigError
-from hpc.spec.config import Layers, check_request, load_cluster, load_run_config, resolve_profile_path
+from hpc.settings.config import Layers, check_request, load_cluster, load_run_config, resolve_profile_path
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 

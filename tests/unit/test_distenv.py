@@ -5,9 +5,9 @@ import pytest
 
 from conftest import run_module
 from hpc.core.errors import DistEnvError, HostlistError
-from hpc.spec import distenv, torchrun
-from hpc.spec.distenv import export_lines, from_environ, master_port_for_job
-from hpc.spec.hostlist import expand_hostlist, expand_tasks_per_node
+from hpc.placement import distenv, torchrun
+from hpc.placement.distenv import export_lines, from_environ, master_port_for_job
+from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
 
 # Literal cases whose answers were read off `scontrol show hostnames` (Slurm 22.05), so they hold
 # where scontrol is absent.

@@ -245,7 +245,7 @@ def test_a_silent_rank_is_the_one_whose_heartbeat_stops_and_a_busy_one_is_not(mo
 def test_a_missing_rank_is_placed_where_slurms_block_layout_puts_it():
     """srun's default block distribution: 4 tasks a node, ranks 0-3 on the first host, 4-7 on the second;
     outside Slurm, or with uneven nodes, no host is guessed."""
-    from hpc.spec.distenv import DistEnv
+    from hpc.placement.distenv import DistEnv
     from hpc.training.rendezvous import expected_host, named
 
     dist = DistEnv(0, 8, 0, 4, 0, 2, "nid001", 29500, "slurm")

@@ -14,7 +14,7 @@ from torch import nn
 
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, parse_faults
-from hpc.spec.schema import TrainConfig
+from hpc.settings.schema import TrainConfig
 from hpc.training.cudagraph import StandInStep, whole_step
 from hpc.training.graphcheck import (
     LOSS_RTOL,

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpc.core.errors import ConfigError, UsageError
-from hpc.spec.config import load_run_config
+from hpc.settings.config import load_run_config
 from hpc.training.graphmode import MIN_NCCL, decide_graph_mode, graph_obstacle
 
 NCCL = (2, 28, 9)  # the GPU machine's
@@ -73,7 +73,7 @@ def test_a_bad_cuda_graph_value_is_named_with_its_source(value):
 
 
 def test_the_flag_reads_true_false_and_auto(tmp_path):
-    from hpc.spec.flags import FLAGS
+    from hpc.settings.flags import FLAGS
 
     read = FLAGS["cuda_graph"][1]
     assert (read("true"), read("False"), read("auto"), read("on")) == (True, False, "auto", "on")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from analysis.ranks import slow_rank, slow_rank_words
 from hpc.core.errors import UsageError
-from hpc.spec.profranks import ALL_RANKS_UP_TO, SLOWEST, check_setting, chosen, static_choice
+from hpc.settings.profranks import ALL_RANKS_UP_TO, SLOWEST, check_setting, chosen, static_choice
 
 
 @given(st.integers(1, 2048), st.data())
@@ -126,7 +126,7 @@ def test_a_process_start_time_from_proc_is_when_it_was_started():
 
 def test_the_startup_benchmark_reads_where_the_start_went():
     """Two ranks with known start-up records (literal times): the figures are their differences."""
-    from hpc.launch.startbench import figures, parse_ranks
+    from hpc.launch.startuptime import figures, parse_ranks
 
     rank = {"process_start_unix": 100.0, "group_join_start_unix": 104.0, "group_join_s": 3.0,
             "first_step_end_unix": 110.0}
@@ -177,7 +177,7 @@ def test_over_16_ranks_the_window_waits_for_timed_steps_and_the_slowest_are_chos
 
 def test_the_schema_and_the_choice_read_one_grammar():
     """A digit Python's isdigit takes but int() refuses ('²') is refused as a setting, not a traceback."""
-    from hpc.spec.schema import ProfilerConfig
+    from hpc.settings.schema import ProfilerConfig
 
     with pytest.raises(UsageError, match="profiler.ranks='²'"):
         check_setting("²")

@@ -23,11 +23,12 @@ from analysis.records import TraceRecord
 from analysis.trace import analyze_trace
 from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
-from hpc.core.rundir import RunPaths, read_index, read_metrics, read_summary, truncate_metrics
+from hpc.core.rundir import RunPaths, read_index, read_metrics, truncate_metrics
+from hpc.core.summary import read_summary
 from hpc.core.runstate import run_state
-from hpc.spec.config import Layers
-from hpc.spec.hostlist import expand_hostlist, expand_tasks_per_node
-from hpc.spec.schema import RUN_SECTIONS, SECTIONS
+from hpc.settings.config import Layers
+from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
+from hpc.settings.schema import RUN_SECTIONS, SECTIONS
 
 SCALE = int(os.environ.get("HPC_FUZZ_SCALE", "1"))
 

@@ -1,4 +1,4 @@
-"""The toolkit's start-up hook for your own command (hpc/spec/command.py puts this folder first on
+"""The toolkit's start-up hook for your own command (hpc/settings/task.py puts this folder first on
 PYTHONPATH of a profiled rank, with HPC_PROFILER set): Python imports `sitecustomize` at start-up, so the
 script is profiled with no change to it (hpc/training/autoprofile.py). It never stops the script: any
 failure here is one line on stderr. A sitecustomize the environment had before (a site's, a venv's) is

@@ -1,10 +1,10 @@
 """Time the trace analysis against torch-tb-profiler's loader and HolisticTraceAnalysis on the same
 files: wall seconds and peak memory, each tool in a fresh process (a benchmark, not a test).
 
-    python -m analysis.bench [TRACE ...]        # default: every trace in ../shared/traces
-    python -m analysis.bench --repeat 3 --json out.json
-    python -m analysis.bench --big /tmp/big   # the million-event traces (built there, ~1.6 GB of disk)
-    python -m analysis.bench --ranks TRACE --counts 32,64,128,256 --big /tmp/many   # one rank's trace
+    python -m analysis.speed [TRACE ...]        # default: every trace in ../shared/traces
+    python -m analysis.speed --repeat 3 --json out.json
+    python -m analysis.speed --big /tmp/big   # the million-event traces (built there, ~1.6 GB of disk)
+    python -m analysis.speed --ranks TRACE --counts 32,64,128,256 --big /tmp/many   # one rank's trace
         copied to N jittered ranks there (analysis/manyranks.py): time and memory against the rank count
 
 What each tool does: ours, the whole per-trace record (every number `python -m analysis` shows,
@@ -79,7 +79,7 @@ def measure(tool: str, path: Path) -> tuple[float, int] | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m analysis.speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="*", help="trace files (default: ../shared/traces)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and file; the median is shown")
     parser.add_argument("--json", help="also write the results here")
@@ -233,8 +233,8 @@ def print_ranks(source: Path, counts_text: str, folder: Path, json_out: str | No
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """The command (`python -m analysis.bench`, or its console script): errors as one line, exit 2."""
-    return run("analysis.bench", main, argv)
+    """The command (`python -m analysis.speed`, or its console script): errors as one line, exit 2."""
+    return run("analysis.speed", main, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The configuration schema: one frozen dataclass per section (cluster, data, model, train,
 profiler, sweep), the checks on their values, which keys may change on resume (marked on the fields),
 and the section lists, derived here once. Loading (YAML, layers, provenance, messages) is
-hpc/spec/config.py; nothing here reads a file.
+hpc/settings/config.py; nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 
 from hpc.core.cli import name_problem
 from hpc.core.files import plain
-from hpc.spec.cluster import ClusterConfig
-from hpc.spec.fields import Invalid as _Invalid
-from hpc.spec.fields import at_most as _at_most
-from hpc.spec.fields import check as _check
-from hpc.spec.fields import non_negative as _non_negative
-from hpc.spec.fields import one_of as _one_of
-from hpc.spec.fields import positive as _positive
-from hpc.spec.fields import resumable
-from hpc.spec.profranks import SETTINGS, is_setting
+from hpc.settings.cluster import ClusterConfig
+from hpc.settings.fields import Invalid as _Invalid
+from hpc.settings.fields import at_most as _at_most
+from hpc.settings.fields import check as _check
+from hpc.settings.fields import non_negative as _non_negative
+from hpc.settings.fields import one_of as _one_of
+from hpc.settings.fields import positive as _positive
+from hpc.settings.fields import resumable
+from hpc.settings.profranks import SETTINGS, is_setting
 
 __all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
 
@@ -212,7 +212,7 @@ class ProfilerConfig:
     # still pays for its callbacks: 10-20% slower steps after the window (pytorch/pytorch#144455).
     detach_cupti: bool = resumable(True)
     # Which ranks record traces: all, auto (all up to 16 ranks, beyond: each node's first rank and the two
-    # slowest), leaders, or a list such as "0,13" (hpc/spec/profranks.py says why 16).
+    # slowest), leaders, or a list such as "0,13" (hpc/settings/profranks.py says why 16).
     ranks: str | int | tuple[int, ...] = resumable("auto")  # kept as text: "auto", "0,13"
 
     def __post_init__(self) -> None:
@@ -252,7 +252,7 @@ class SweepConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CommandConfig:
-    """A sweep of your own command (hpc/spec/command.py): `run`, the command as given (or the words after
+    """A sweep of your own command (hpc/settings/task.py): `run`, the command as given (or the words after
     `--`, which win), then `args` and `env` with each point's values filled in: {batch}, {fraction},
     {gpus}, {nodes}, {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
 

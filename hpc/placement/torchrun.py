@@ -1,6 +1,6 @@
 """torchrun as the launcher: one agent per node with c10d rendezvous at the job's first node, a worker
 per GPU, the worker group restarted (from the last checkpoint) when one dies. No torch import: the
-arguments are built here (for a Slurm job's environment: hpc.spec.distenv.slurm_torchrun_args), and
+arguments are built here (for a Slurm job's environment: hpc.placement.distenv.slurm_torchrun_args), and
 whether this torch's torchrun can forward signals is read from its source.
 """
 

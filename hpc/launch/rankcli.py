@@ -1,12 +1,13 @@
-"""`python -m hpc.rank`: one rank of your own command, for a batch script's srun (jobs/run.sbatch) and
-torchrun's workers; what `hpc.submit -- COMMAND` runs in each task, as a command of its own.
+"""`python -m hpc.rank`: one rank of a job's task (the toolkit's training or your own command), for the
+batch scripts' srun (hpc/launch/batch.py) and torchrun's workers; what every task of `hpc.submit` runs,
+as a command of its own.
 
     srun python -m hpc.rank --run-dir RUN -- python train.py --epochs 3   # each task: one rank
-    python -m hpc.rank --run-dir RUN                                      # the command in RUN/command.json
+    python -m hpc.rank --run-dir RUN                                      # the task in RUN/task.json again
     python -m hpc.rank --run-dir RUN --outcome                            # how the run ended, one line
 
-The rank's environment, logs, stops and exit record: hpc/launch/rank.py. Exits as the command did (3 when
-it saved and stopped, which the batch script requeues); 1 when a stop killed it. No torch import.
+The rank's environment, logs, stops and exit record: hpc/launch/runner.py. Exits as the task did (3 when
+it asked to be requeued, which the batch script does); 1 when a stop killed it. No torch import.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from hpc.core.cli import Parser, check_output_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
-from hpc.launch.outcome import read_records, write_command_summary, write_spec
-from hpc.launch.rank import run_rank
-from hpc.spec.command import CommandSpec, check_command
-from hpc.spec.config import Layers, load_cluster, parse_override, require_section, set_source
-from hpc.spec.schema import RUN_SECTIONS, ClusterConfig
+from hpc.core.summary import read_records, write_run_summary
+from hpc.launch.runner import run_rank, write_task
+from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
+from hpc.settings.schema import RUN_SECTIONS, ClusterConfig
+from hpc.settings.task import Task, check_command, command_task
 
 
 def profiler_section(config: str | None, no_profile: bool, sets: list[str]) -> dict[str, Any] | None:
@@ -44,8 +45,8 @@ def profiler_section(config: str | None, no_profile: bool, sets: list[str]) -> d
     return None if no_profile or not profiler.enabled else dataclasses.asdict(profiler)
 
 
-def spec_for(args: Any, words: list[str]) -> CommandSpec:
-    """The command to run: the words after --, or the run directory's command.json."""
+def task_for(args: Any, words: list[str]) -> Task:
+    """The task to run: the words after --, or the run directory's task.json."""
     paths = RunPaths(Path(args.run_dir))
     if words:
         check_command(words, Path.cwd(), in_image=False)
@@ -55,20 +56,18 @@ def spec_for(args: Any, words: list[str]) -> CommandSpec:
             grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
-        return CommandSpec(tuple(words), os.getcwd(), profiler=profiler, stop_grace_s=grace)
-    saved = read_json(paths.command) if paths.command.is_file() else None
-    if not isinstance(saved, dict) or not saved.get("argv"):
-        raise UsageError(f"--run-dir {args.run_dir}: no command.json with a command in it; give one after --")
-    return CommandSpec.from_dict(saved)
+        return command_task(words, os.getcwd(), profiler, grace)
+    saved = read_json(paths.task) if paths.task.is_file() else None
+    if not isinstance(saved, dict) or not (saved.get("words") or saved.get("argv")):
+        raise UsageError(f"--run-dir {args.run_dir}: no task.json with a task in it; give a command after --")
+    return Task.from_dict(saved)
 
 
 def exit_code(record: dict[str, Any]) -> int:
-    """The rank's exit code as the batch script reads it: the command's own, 3 for saved-and-stopped."""
-    kind = record.get("kind")
-    if kind == "ok":
+    """The rank's exit code as the batch script reads it: the task's own (3 saved and stopped), 128 + N for
+    a signal N."""
+    if record.get("kind") == "ok":
         return EXIT_OK
-    if kind == "stopped":
-        return EXIT_PREEMPTED
     code = record.get("exit_code")
     if isinstance(code, int) and code > 0:
         return code
@@ -91,18 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.outcome:
         return print_outcome(RunPaths(Path(args.run_dir)))
     check_output_dir(args.run_dir, "--run-dir")
-    spec = spec_for(args, words)
+    task = task_for(args, words)
     if words:
-        write_spec(RunPaths(Path(args.run_dir)), spec.to_dict())
-    return exit_code(run_rank(spec, Path(args.run_dir)))
+        write_task(RunPaths(Path(args.run_dir)), task)
+    return exit_code(run_rank(task, Path(args.run_dir)))
 
 
 def print_outcome(paths: RunPaths) -> int:
     """`--outcome`: the run's outcome, and the failing rank when one failed; exit 0 done, 3 stopped, 1 else
     (2: no command ran there)."""
-    summary = write_command_summary(paths) if read_records(paths) else None
+    summary = write_run_summary(paths) if read_records(paths) else None
     if summary is None:
-        raise UsageError(f"--run-dir {paths.root}: no rank of a command has started there (no {paths.ranks})")
+        raise UsageError(f"--run-dir {paths.root}: no rank of a task has started there (no {paths.ranks})")
     print(f"hpc.rank: {paths.root}: {summary['outcome']}" + (f": {summary['failure']}" if summary["failure"] else ""))
     return {"done": EXIT_OK, "stopped": EXIT_PREEMPTED}.get(summary["outcome"], EXIT_FAILED)
 

@@ -1,6 +1,6 @@
 """Configuration loading: YAML files and --set values, layered (command line > YAML > defaults),
-each value typed and checked against the schema (hpc/spec/schema.py) with its provenance. The
-`python -m hpc.config` command that prints them is hpc/launch/configcmd.py.
+each value typed and checked against the schema (hpc/settings/schema.py) with its provenance. The
+`python -m hpc.config` command that prints them is hpc/launch/configcli.py.
 
 A YAML file holds any of the top-level sections `cluster`, `data`, `model`, `train`, `profiler`,
 `sweep`. Every key is checked against its dataclass: an unknown key, a wrong type or an impossible
@@ -26,7 +26,7 @@ import yaml
 from hpc.core.cli import inspect_path, shown, suggestion
 from hpc.core.errors import ConfigError
 from hpc.core.files import load_yaml_text
-from hpc.spec.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
+from hpc.settings.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
 
 # Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
 # from a source tree (or an editable install): the repository's profiles/.

@@ -11,7 +11,7 @@ Why not submitit's helpers: `submitit.helpers.TorchDistributedEnvironment` reads
 inside `JobEnvironment`, works only inside a submitit job, takes MASTER_ADDR from the *job* node list
 rather than the step's, assumes the same number of tasks on every node
 (`local_world_size = ntasks // nnodes`, wrong for `SLURM_TASKS_PER_NODE=2(x3),1`), and its node-list
-parser disagrees with Slurm's (hpc/spec/hostlist.py follows Slurm's own and is tested against
+parser disagrees with Slurm's (hpc/placement/hostlist.py follows Slurm's own and is tested against
 `scontrol show hostnames`).
 """
 
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 
 from hpc.core.cli import Parser, run
 from hpc.core.errors import EXIT_OK, DistEnvError, HostlistError
-from hpc.spec.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
-from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
+from hpc.placement.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
+from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
 
 # ----------------------------------------------------------------------------------------------
 # Distributed environment
@@ -36,6 +36,7 @@ from hpc.spec.torchrun import torchrun_args, torchrun_forwards_signals
 # Below Linux's default ephemeral range (32768-60999), so no outgoing connection on the node can
 # already hold the port; wide enough that two jobs sharing a node rarely collide.
 _PORT_BASE, _PORT_SPAN = 20000, 12000
+LAUNCHER_VARIABLE = "HPC_RANK_LAUNCHER"  # what placed a rank that sees torchrun's variables (the runner sets it)
 
 
 def master_port_for_job(job_id: str) -> int:
@@ -147,7 +148,8 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
         num_nodes=max(num_nodes, node_rank + 1),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=env_int(env, "MASTER_PORT", src) if env.get("MASTER_PORT") else 29500,
-        launcher="torchrun",
+        # a rank started by the toolkit's runner keeps the launcher that placed the runner (hpc/launch/runner.py)
+        launcher=env.get(LAUNCHER_VARIABLE) or "torchrun",
         elastic_attempt=(
             env_int(env, "TORCHELASTIC_RESTART_COUNT", src) if env.get("TORCHELASTIC_RESTART_COUNT") else 0
         )

@@ -41,9 +41,10 @@ import torch.distributed as tdist
 from hpc.core.cli import Parser, check_output_file, run
 from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.files import write_atomic
-from hpc.spec.scaling import PERLMUTTER_BUSBW_GBS, scaling_prediction
-from hpc.spec.schema import ARCHS, ModelConfig, TrainConfig
-from hpc.training.benchsteps import (
+from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS, scaling_prediction
+from hpc.settings.schema import ARCHS, ModelConfig, TrainConfig
+from hpc.training.data import Split
+from hpc.training.speedvariants import (
     MEMORY_VARIANTS,
     PROFILED,
     REPEAT,
@@ -53,7 +54,6 @@ from hpc.training.benchsteps import (
     run_variant,
     variants_for,
 )
-from hpc.training.data import Split
 
 Keep = Callable[[dict[str, Any]], None]  # receives each result as it comes
 CIFAR100_TRAIN_IMAGES = 50_000  # one epoch of the study's full data fraction, for the whole-run figure
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = parse_batches(args.memory_grid or args.batch, "--memory-grid" if args.memory_grid else "--batch")
 
     from hpc.core.faults import faults_from_env, graph_standin
-    from hpc.spec.distenv import from_environ
+    from hpc.placement.distenv import from_environ
     from hpc.training import data as data_mod
     from hpc.training.rendezvous import join
     from hpc.training.setup import before_process_group, setup_device

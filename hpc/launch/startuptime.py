@@ -1,6 +1,6 @@
 """Time to the first step against the job's size, on a Slurm cluster (a benchmark, not a test).
 
-    python -m hpc.launch.startbench --ranks 4,8,16,32 --account m1234_g -- --config profiles/smoke.yaml \
+    python -m hpc.launch.startuptime --ranks 4,8,16,32 --account m1234_g -- --config profiles/smoke.yaml \
         --data-root DATA --batch-size 8 --epochs 1
 
 Submits the same training at each size through hpc.submit (4 ranks a node, as Perlmutter's GPU nodes; the
@@ -26,7 +26,8 @@ from typing import Any
 
 from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK, UsageError
-from hpc.core.rundir import RunPaths, read_summary
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import read_summary
 
 PER_NODE = 4
 
@@ -79,7 +80,7 @@ def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train = argv[argv.index("--") + 1 :] if "--" in argv else []
-    p = Parser(prog="python -m hpc.launch.startbench", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m hpc.launch.startuptime", description=__doc__.split("\n")[0])
     p.add_argument("--ranks", default="4,8,16,32", help="rank counts to time (4 a node)")
     p.add_argument("--account", default="m1234_g", help="Slurm account (-A)")
     p.add_argument("--runs-dir", default="runs/startbench", help="where the runs go")
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """The command (`python -m hpc.launch.startbench`): errors as one line, exit 2."""
-    return run("hpc.launch.startbench", main, argv)
+    """The command (`python -m hpc.launch.startuptime`): errors as one line, exit 2."""
+    return run("hpc.launch.startuptime", main, argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """DDP training of ResNet on CIFAR-100 under torch.profiler: `python -m hpc.train --config FILE ...`.
 
-This module owns the command: its parser (the training flags are the launcher's, hpc/spec/flags.py),
+This module owns the command: its parser (the training flags are the launcher's, hpc/settings/flags.py),
 the run directory's policy (which directory, whether it may be resumed, removing one a failed start
 created), the stop signals, and CUDA out of memory as an outcome. The run itself is
 hpc/training/trainer.py's Trainer. One process per rank, started by srun, torchrun, submitit or plain
-python; the rank comes from hpc.spec.distenv. The run directory's files: hpc/core/rundir.py.
+python; the rank comes from hpc.placement.distenv. The run directory's files: hpc/core/rundir.py.
 
 Exit codes (hpc/core/errors.py): 0 done, 1 failed (e.g. non-finite loss, a file that could not be
 written), 2 bad input, 3 stopped by SIGTERM/SIGUSR2 after writing a checkpoint (run the same command
@@ -34,10 +34,11 @@ from hpc.core.files import temp_name
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.spec.config import load_run_config, read_yaml
-from hpc.spec.distenv import DistEnv, from_environ
-from hpc.spec.flags import add_training_flags, overrides_from_args
-from hpc.spec.schema import RunConfig, may_change_on_resume
+from hpc.placement.distenv import DistEnv, from_environ
+from hpc.settings.config import load_run_config, read_yaml
+from hpc.settings.flags import add_training_flags, overrides_from_args
+from hpc.settings.schema import RunConfig, may_change_on_resume
+from hpc.settings.task import RUN_DIR_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "4 CUDA out of memory (recorded in summary.json), 5 a peer rank was lost (rerun to resume).",
         needs_args=True,
     )
-    parser.add_argument("--run-dir", help="run directory (default: runs/train/<job id or time>)")
+    parser.add_argument("--run-dir", help="run directory (default: $HPC_RUN_DIR, else runs/train/<job id or time>)")
     parser.add_argument(
         "--resume-from",
         choices=["last", "previous"],
@@ -63,6 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_run_dir(env: Mapping[str, str], dist: DistEnv) -> Path:
+    """The runner's run directory (HPC_RUN_DIR, which every task of a job is given), else runs/train/<job
+    id>, else runs/train/<time> for a single process."""
+    if env.get(RUN_DIR_VARIABLE):
+        return Path(env[RUN_DIR_VARIABLE])
     job = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or env.get("TORCHELASTIC_RUN_ID")
     if job:
         return Path("runs") / "train" / job

@@ -1,5 +1,5 @@
 """The cluster profile's section: where jobs run, and how (`ClusterConfig`). Read from a profile YAML
-(profiles/perlmutter.yaml, local.yaml) with `--set cluster.KEY=VALUE` on top (hpc/spec/config.py).
+(profiles/perlmutter.yaml, local.yaml) with `--set cluster.KEY=VALUE` on top (hpc/settings/config.py).
 No torch; nothing of the project but core and the field checks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from hpc.spec.fields import check, non_negative, one_of, positive
+from hpc.settings.fields import check, non_negative, one_of, positive
 
 SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]{0,40}")
 # sbatch options the toolkit writes itself, from its own flags and keys: not to be given twice.

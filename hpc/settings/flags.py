@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from hpc.spec.config import parse_override, set_source
+from hpc.settings.config import parse_override, set_source
 
 
 def graph_setting(text: str) -> bool | str:

@@ -1,4 +1,4 @@
-"""The benchmark's configurations and how one is timed (hpc/training/bench.py runs them): each
+"""The benchmark's configurations and how one is timed (hpc/training/trainspeed.py runs them): each
 `Variant` is the seed scripts' training path or the toolkit's, or one change between them; `run_variant`
 builds it, runs warm-up and timed steps on the device (CUDA events after a synchronize) and returns
 its figures.
@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
 from hpc.core.faults import faults_from_env
-from hpc.spec.schema import ModelConfig, ProfilerConfig, TrainConfig
+from hpc.settings.schema import ModelConfig, ProfilerConfig, TrainConfig
 from hpc.training.cudagraph import Step, whole_step
 from hpc.training.data import Split
 from hpc.training.graphcheck import GraphRun

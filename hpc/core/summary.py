@@ -1,0 +1,285 @@
+"""summary.json, the run's record, and its one writer: made from the run directory's own records, whatever
+task the ranks ran (the toolkit's training or a user's command).
+
+Every rank leaves two records in RUN/ranks/:
+- rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/runner.py): kind
+  (ok, stopped, oom, failed, killed, interrupted, peer, running), exit code or signal, host, pid, logs;
+- rank{R}.facts.json: what it measured, written by the task itself: the toolkit's training
+  (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
+  start-up hook in a user's script (hpc/training/autoprofile.py). A CUDA out-of-memory error adds `oom`.
+
+`write_run_summary` makes summary.json of them, under a lock (the runner's rank 0 once every rank has
+ended, a failing rank at once, the training's rank 0 at its end, a reader such as `--wait`). A rank
+whose runner has not yet recorded its end but whose task recorded its exit code is judged by that
+code; a run started without a runner (`python -m hpc.train`) has facts alone. The root cause of a
+failure is torchelastic's rule taken across every node: among the latest attempt's ranks that failed
+on their own (kind `failed`: an exit code or a signal nobody sent them), the one that ended first
+(nanosecond clocks; same instant: the lower rank). No torch; nothing else of the project but core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import EXIT_OK, EXIT_OOM
+from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
+from hpc.core.rundir import RunPaths, is_count
+
+OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "running")
+TAIL_BYTES = 8192
+# A Python exception's last line, as a traceback ends (torch's launchers prefix `[rankN]: `).
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (which has no SUBMITIT_* variables)
+
+
+def attempt_of(env: Mapping[str, str]) -> str:
+    """This start of the job, alike on every rank: the job id (an array's task included) and Slurm's
+    restart count (a requeue), and torchrun's restart of its worker group; in a task, its runner's."""
+    if env.get(ATTEMPT_VARIABLE):
+        return env[ATTEMPT_VARIABLE]
+    job = env.get("SLURM_ARRAY_JOB_ID") and f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
+    job = job or env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or "here"
+    return f"{job}.{env.get('SLURM_RESTART_COUNT') or 0}.{env.get('TORCHELASTIC_RESTART_COUNT') or 0}"
+
+
+def tail_lines(path: Path, count: int = 10) -> list[str]:
+    """The last non-empty lines of a log (at most TAIL_BYTES of it), each cut to 300 characters."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip()[:300] for line in text.splitlines() if line.strip()][-count:]
+
+
+def last_said(lines: list[str]) -> str | None:
+    """What a failed rank said last: its last exception line where there is one (a process that raised and
+    then aborted at its exit, as gloo's threads make it, still says why), else its last line."""
+    return next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), lines[-1] if lines else None)
+
+
+def _records(folder: Path, suffix: str) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(folder.glob(f"rank*{suffix}")) if folder.is_dir() else []:
+        record = read_json(path)
+        if isinstance(record, dict) and is_count(record.get("rank")):
+            found.append(record)
+    return found
+
+
+def read_records(paths: RunPaths) -> list[dict[str, Any]]:
+    """Every rank's exit record of the latest attempt (the one started last), by rank."""
+    found = [r for r in _records(paths.ranks, ".exit.json") if isinstance(r.get("attempt"), str)]
+    if not found:
+        return []
+    newest = max(found, key=lambda r: r.get("started_ns") or 0)["attempt"]
+    return sorted((r for r in found if r["attempt"] == newest), key=lambda r: r["rank"])
+
+
+def read_facts(paths: RunPaths) -> dict[int, dict[str, Any]]:
+    """Every rank's facts (what its task measured), by rank."""
+    return {r["rank"]: r for r in _records(paths.ranks, ".facts.json")}
+
+
+def write_facts(paths: RunPaths, facts: Mapping[str, Any]) -> None:
+    """A rank's facts file, whole (the caller says a failed write in its own terms)."""
+    paths.ranks.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.rank_facts(int(facts["rank"])), json.dumps(dict(facts), indent=1, default=str))
+
+
+def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -> str:
+    """How a task that exited with `code` ended, as its exit record names it (signals aside)."""
+    if code == EXIT_OK:
+        return "ok"
+    if code == EXIT_OOM and oom:
+        return "oom"
+    return "stopped" if code in requeue_codes else "failed"
+
+
+def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first rank to fail on its own (see the module doc), or None."""
+    failed = [r for r in records if r.get("kind") == "failed"]
+    return min(failed, key=lambda r: (r.get("ended_ns") or 0, r["rank"])) if failed else None
+
+
+def run_outcome(records: list[dict[str, Any]], world_size: int) -> str:
+    """failed (a rank failed), oom (a rank ran out of CUDA memory), preempted (stopped without saying it
+    saved, or killed after the grace time), stopped (ranks saved and stopped: requeue resumes), done
+    (every rank exited 0), running."""
+    kinds = [r.get("kind") for r in records]
+    if "failed" in kinds:
+        return "failed"
+    if "oom" in kinds:
+        return "oom"
+    if any(k in ("killed", "interrupted", "peer") for k in kinds):
+        return "preempted"
+    if "stopped" in kinds:
+        return "stopped"
+    return "done" if len(records) == world_size and all(k == "ok" for k in kinds) else "running"
+
+
+def failure_line(records: list[dict[str, Any]], world_size: int) -> str | None:
+    """One line naming the failing rank, its host, its exit code or signal, its last stderr line and its
+    log, and what became of the others; None when no rank failed."""
+    cause = root_cause(records)
+    if cause is None:
+        return None
+    others = [r["rank"] for r in records if r is not cause]
+    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
+    after = f"; {_ranks(others)} ended after it" if others else ""
+    lost = f"; {_ranks(missing)} left no record (killed with the job)" if missing else ""
+    return (
+        f"rank {cause['rank']} failed first (on {cause.get('hostname')}, local rank {cause.get('local_rank')}): "
+        f"{cause.get('message')}; its stderr: {cause.get('logs', {}).get('err')}{after}{lost}"
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    listed = ",".join(str(r) for r in ranks[:16]) + (f",... ({len(ranks)})" if len(ranks) > 16 else "")
+    return f"rank {listed}" if len(ranks) == 1 else f"ranks {listed}"
+
+
+def rank_entries(
+    records: list[dict[str, Any]], facts: dict[int, dict[str, Any]], requeue_codes: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """Each rank's record in summary.json: its facts, then its exit record over them, with `complete`. A
+    rank still `running` by its runner's record but whose task recorded its exit code is judged by that
+    code; without exit records (no runner), the facts alone make the ranks."""
+    attempt = records[0]["attempt"] if records else None
+    by_rank = {r["rank"]: r for r in records} or {
+        rank: {"rank": rank, "kind": "running"} for rank, f in facts.items() if "exit_code" in f or "oom" in f
+    }
+    entries = []
+    for rank in sorted(by_rank):
+        record, own = by_rank[rank], facts.get(rank) or {}
+        if attempt is not None and own.get("attempt") not in (None, attempt):
+            own = {}  # an earlier attempt's measurements are not this one's
+        entry = {**own, **record}
+        if record.get("kind") == "running" and ("exit_code" in own or "oom" in own):
+            entry["kind"] = kind_of_code(own.get("exit_code", EXIT_OOM), requeue_codes, "oom" in own)
+            entry["exit_code"] = own.get("exit_code", EXIT_OOM)
+        entry["complete"] = entry.get("kind") == "ok"
+        entry.setdefault("profiler", {"traces": [], "cycles": [], "failed": [], "note": None})
+        entries.append(entry)
+    return entries
+
+
+def task_of(paths: RunPaths) -> dict[str, Any]:
+    """What the run is, for summary.json: the task's record (task.json, written by the job), and the
+    resolved config of the toolkit's training (config.yaml)."""
+    task = read_json(paths.task) if paths.task.is_file() else None
+    task = task if isinstance(task, dict) else {}
+    config = None
+    with contextlib.suppress(Exception):  # a damaged config.yaml: the summary says none (hpc.train says why)
+        loaded = load_yaml_text(paths.config.read_text()) if paths.config.is_file() else None
+        config = loaded if isinstance(loaded, dict) else None
+    return {**task, "task_config": task.get("config"), "config": config}
+
+
+def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's contents: the same top-level keys whatever the task (see the module doc)."""
+    task = task_of(paths)
+    config = (
+        task["config"]
+        or task.get("task_config")
+        or next((f["config"] for f in facts.values() if isinstance(f.get("config"), dict)), None)
+    )
+    codes = tuple(task.get("requeue_codes") or ())
+    ranks = rank_entries(records, facts, codes)
+    world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
+    ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
+    profiler = (config or {}).get("profiler") or {}
+    return {
+        "kind": "train" if config is not None else "command",
+        "run_dir": str(paths.root),
+        "command": (records[0].get("command") if records else None) or task.get("words"),
+        "point": task.get("point") if isinstance(task.get("point"), dict) else None,
+        "world_size": world,
+        "attempt": records[0].get("attempt") if records else next((r.get("attempt") for r in ranks), None),
+        "outcome": run_outcome(ranks, world),
+        "failure": failure_line(ranks, world),
+        "profiled": bool(profiler.get("enabled", True)) if config is not None else task.get("profiler") is not None,
+        "config": config,
+        "oom": ooms[0] if ooms else None,
+        "recovered": any(r.get("recovered") for r in ranks),
+        "ranks": ranks,
+    }
+
+
+def write_run_summary(paths: RunPaths) -> dict[str, Any] | None:
+    """summary.json made again from the records, under a lock so that two writers do not interleave.
+    Returns it, or None when no rank has left a record. A failed write (a full disk) raises OSError."""
+    if not read_records(paths) and not read_facts(paths):
+        return None
+    paths.ranks.mkdir(parents=True, exist_ok=True)
+    with open(paths.ranks / ".summary.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        summary = build_summary(paths, read_records(paths), read_facts(paths))
+        write_summary(paths, summary)
+    return summary
+
+
+def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool = False) -> None:
+    """Write summary.json atomically. With first_wins, an existing one is kept (a hard link never
+    replaces a file)."""
+    text = json.dumps(summary, indent=2)
+    if not first_wins:
+        write_atomic(paths.summary, text)
+        return
+    tmp = temp_name(paths.summary.with_name(f"{paths.summary.name}.first"))
+    write_atomic(tmp, text)
+    try:
+        os.link(tmp, paths.summary)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
+    """summary.json, or None when absent or not that shape (warned). Rank records that are not mappings
+    with an integer rank are dropped, each warned about, as are a `config` or `oom` that is not a mapping
+    and a `world_size` that is not a count."""
+    if not path.exists():
+        return None
+    data = read_json(path, warn)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
+        warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
+        return None
+    ranks = []
+    for i, r in enumerate(data.get("ranks", [])):
+        if isinstance(r, dict) and is_count(r.get("rank")):
+            ranks.append(r)
+        else:
+            warn(f"{path}: ranks[{i}] ignored: not a record with an integer 'rank'")
+    for key in ("config", "oom"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            warn(f"{path}: {key!r} ignored: not a mapping")
+            data = {k: v for k, v in data.items() if k != key}
+    if "world_size" in data and not is_count(data["world_size"]):
+        warn(f"{path}: world_size {str(data['world_size'])[:40]!r} ignored: not a count")
+        data = {k: v for k, v in data.items() if k != "world_size"}
+    return {**data, "ranks": ranks}
+
+
+def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
+    """How a run ended, from its summary: oom, failed (a rank failed), done (every rank complete),
+    stopped, or None (no summary)."""
+    if summary is None:
+        return None
+    if summary.get("outcome") in ("oom", "failed"):
+        return str(summary["outcome"])
+    ranks = summary.get("ranks") or []
+    return "done" if ranks and all(r.get("complete") for r in ranks) else "stopped"

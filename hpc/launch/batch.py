@@ -1,0 +1,168 @@
+"""The batch shell of a hand-written sbatch script: `python -m hpc.batch [options] -- COMMAND [ARG ...]`, what
+jobs/run.sbatch (your own command) and jobs/resnet152.sbatch (the toolkit's training, `python -m
+hpc.train`) run after their #SBATCH lines and `module load`. Everything the two scripts do is here, once:
+
+1. the profile's environment for the job's shape (a variable already set in the job wins) and srun's
+   extra words (CPU binding, the container: hpc/launch/site.py), as `hpc.submit` takes them;
+2. the run directory: --run-dir, or the training's own --run-dir among its words, else
+   $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH);
+3. the task (hpc/settings/task.py) written to RUN/task.json, then one srun step: each task `python -m
+   hpc.rank --run-dir RUN` (the per-rank runner), or with HPC_LAUNCHER=torchrun one torchrun per node
+   whose workers are those runners;
+4. after the step, one line saying how the run ended (the first failing rank named), and the requeue
+   rule of every job (hpc/launch/requeue.py `may_requeue`: a requeue code, not a person's stop,
+   requeues left: HPC_MAX_REQUEUES or the profile's max_requeues), applied with scontrol here in the
+   batch shell, outside any container. A SIGTERM that reaches this shell (the end of a preemption's
+   grace time, a `scancel`) makes srun kill the tasks at once: the run is requeued all the same, to
+   resume from what its task last saved.
+
+`--dry-run` prints the srun words and the task instead of running them. No torch import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.errors import EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import write_run_summary
+from hpc.launch.rankcli import profiler_section
+from hpc.launch.requeue import may_requeue
+from hpc.launch.runner import write_task
+from hpc.launch.site import job_env, srun_words
+from hpc.placement.distenv import slurm_torchrun_args
+from hpc.settings.config import load_cluster
+from hpc.settings.schema import ClusterConfig
+from hpc.settings.task import Task, check_command, command_task, runs_training
+
+log = logging.getLogger(__name__)
+
+
+def parse(argv: list[str]) -> tuple[Any, list[str]]:
+    words = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = Parser(prog="python -m hpc.batch", description=__doc__.split("\n\n")[0], needs_args=True)
+    parser.add_argument("--name", help="the runs directory's folder (default: the command's script or module)")
+    parser.add_argument("--run-dir", help="the run directory (default: see the module doc)")
+    parser.add_argument("--profile", help="cluster profile (default: $HPC_PROFILE, else perlmutter)")
+    parser.add_argument("--config", help="a config YAML whose profiler section applies to your own command")
+    parser.add_argument("--no-profile", action="store_true", help="do not profile your own command")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run; run nothing")
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if not words:
+        raise UsageError("command line: --: no command after it (e.g. -- python train.py --epochs 3)")
+    return args, words
+
+
+def run_dir_for(args: Any, words: list[str], env: Mapping[str, str], name: str) -> Path:
+    """--run-dir, the training's own --run-dir, else the runs directory's <name>/<job id>."""
+    if args.run_dir:
+        return Path(args.run_dir)
+    if runs_training(words):
+        for i, word in enumerate(words):
+            if word == "--run-dir" and i + 1 < len(words):
+                return Path(words[i + 1])
+            if word.startswith("--run-dir="):
+                return Path(word.split("=", 1)[1])
+    runs = f"{env['SCRATCH']}/hpc-resnet-study/runs" if env.get("SCRATCH") else "runs"
+    return Path(runs) / name / (env.get("SLURM_JOB_ID") or "here")
+
+
+def step_words(cluster: ClusterConfig, run_dir: Path, env: Mapping[str, str]) -> list[str]:
+    """The job's one srun step: a runner per task, or torchrun per node over runners."""
+    rank = ["-m", "hpc.rank", "--run-dir", str(run_dir)]
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if env.get("HPC_LAUNCHER", "srun") != "torchrun":
+        return [*srun, *srun_words(cluster), "python", *rank]
+    nodes = int(env.get("SLURM_NNODES") or 1)
+    nproc = int(env.get("SLURM_NTASKS_PER_NODE", "4").split("(")[0])
+    cpus = int(env.get("SLURM_CPUS_PER_TASK") or 1) * nproc
+    torchrun = slurm_torchrun_args(env, nproc, int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts))
+    per_node = ["--ntasks-per-node=1", f"--ntasks={nodes}", f"--cpus-per-task={cpus}"]
+    return [*srun, *per_node, *srun_words(cluster), "python", "-m", "torch.distributed.run", *torchrun, *rank]
+
+
+def job_environment(cluster: ClusterConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """The profile's environment for this job's shape, under what the job already set."""
+    nodes = int(env.get("SLURM_NNODES") or 1)
+    gpus = int(env.get("SLURM_NTASKS") or 1) // max(nodes, 1)
+    return {**job_env(cluster, nodes, gpus), **env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, words = parse(sys.argv[1:] if argv is None else list(argv))
+    env = dict(os.environ)
+    cluster = load_cluster(args.profile or env.get("HPC_PROFILE") or "perlmutter")
+    check_command(words, Path.cwd(), in_image=bool(cluster.image))
+    task = command_task(words, os.getcwd(), profiler_section(args.config, args.no_profile, []), cluster.stop_grace_s)
+    run_dir = run_dir_for(args, words, env, args.name or task.name)
+    check_output_dir(run_dir, "--run-dir")
+    env = job_environment(cluster, env)
+    step = step_words(cluster, run_dir, env)
+    if args.dry_run:
+        print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
+        return EXIT_OK
+    write_task(RunPaths(run_dir), task)
+    log.info(f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
+             f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}")  # fmt: skip
+    rc, terminated = run_step(step, env)
+    return requeue_after_step(task, run_dir, rc, terminated, env, cluster)
+
+
+def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
+    """srun to its end; whether a SIGTERM reached this shell meanwhile (srun got it too)."""
+    terminated: list[int] = []
+
+    def noted(signum: int, frame: Any) -> None:
+        terminated.append(signum)  # said with os.write: a signal handler must not take logging's lock
+        os.write(1, b"SIGTERM (preempted or cancelled): the ranks stop and save what they can\n")
+
+    previous = signal.signal(signal.SIGTERM, noted)
+    try:
+        rc = subprocess.run(step, env=dict(env)).returncode
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return rc, bool(terminated)
+
+
+def requeue_after_step(task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: Any) -> int:
+    """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
+    summary = write_run_summary(RunPaths(run_dir)) or {}
+    outcome = summary.get("outcome") or "no rank started"
+    log.info(f"hpc.batch: {run_dir}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
+    codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == "stopped"]
+    code: int | None = codes[0] if codes else (rc if rc < 128 else None)
+    if terminated and rc > 128:  # srun killed the tasks on its own SIGTERM: resume from what was saved
+        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
+        code = EXIT_PREEMPTED
+    job = env.get("SLURM_JOB_ID") or ""
+    budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
+    if code is not None and code in task.requeue_codes:
+        if not may_requeue(code, task.requeue_codes, None, env, budget):
+            restarts = env.get("SLURM_RESTART_COUNT") or 0
+            log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
+            return code
+        log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
+        said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if said.returncode == 0:
+            return EXIT_OK
+        words = " ".join((said.stdout + said.stderr).split()) or "no message"
+        log.warning(f"job {job} could not requeue itself (scontrol: {words}); resubmit the same command to resume")
+        return code
+    return EXIT_OK if outcome == "done" else (code if code is not None else rc or 1)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.batch`): errors as one line, exit 2."""
+    return run("hpc.batch", main, argv)
+
+
+

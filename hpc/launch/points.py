@@ -1,0 +1,162 @@
+"""What a submission's points run, as data: the sweep's grid (one loop, the study's and a command's), and
+each point's task (hpc/settings/task.py): the toolkit's training on the point's run config, or a user's
+command (`hpc.submit [job options] -- COMMAND [ARG ...]`, or a sweep's `command` section) with the
+point's values filled in. Nothing written; no torch import.
+
+A command takes the job options, the profiler's section (--config FILE, --set profiler.KEY=VALUE,
+--no-profile) and, for a sweep, the grid and a `command` section (run, args, env); the flags of the
+toolkit's own training (--batch-size, --arch...) are refused: a command takes its own arguments after
+`--`. The training takes its run sections (--config, --sweep, the training flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import UsageError
+from hpc.settings.config import Layers, read_yaml
+from hpc.settings.flags import FLAGS, SWITCHES, overrides_from_args
+from hpc.settings.schema import ClusterConfig, CommandConfig, SweepConfig
+from hpc.settings.task import Task, check_command, command_task, fill, job_name, point_values, training_task
+
+Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
+COMMAND_SECTIONS = ("profiler", "command")  # what --config, --sweep and --set may hold for a command
+AXES = {"data_fractions": "fraction", "batch_sizes": "batch"}  # the axes a command's words must use
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What every point of a command line runs: each point's task (None: a single job), the name a job
+    takes by default, the grid (None: a single job), and the sections sweep.yaml records."""
+
+    task_for: Callable[[Point | None], Task]
+    name: str
+    sweep: SweepConfig | None
+    sections: dict[str, Any]
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(the toolkit's own arguments, the command after the first `--`, or None when there is none)."""
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def is_command_sweep(path: str | None) -> bool:
+    """Whether a sweep file runs a command (it has a command section)."""
+    return bool(path) and "command" in read_yaml(str(path), "--sweep")
+
+
+def grid_points(sweep: SweepConfig) -> list[Point]:
+    """Every (data fraction, batch size, GPUs per node, nodes) point of the grid."""
+    return [
+        {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes}
+        for nodes in sweep.nodes
+        for gpus in sweep.gpus
+        for fraction in sweep.data_fractions
+        for batch in sweep.batch_sizes
+    ]
+
+
+def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> Layers:
+    """The sections a task takes (None: any; and the sweep's) from --config, --sweep and the flags."""
+    layers = Layers()
+    if args.config:
+        layers.add_file(args.config, only=sections, flag="--config")
+    if args.sweep:
+        layers.add_file(args.sweep, only=(*sections, "sweep") if sections else None, flag="--sweep")
+    for dotted, value, source in overrides_from_args(args):
+        if not dotted.startswith("cluster."):  # the cluster profile takes those
+            layers.set(dotted, value, source)
+    if sections == COMMAND_SECTIONS and args.no_profile:
+        layers.set("profiler.enabled", False, "--no-profile")
+    return layers
+
+
+def training_work(args: argparse.Namespace, cluster: ClusterConfig) -> Work:
+    """The toolkit's training at every point: the run config with the point's data fraction and batch."""
+    layers = layers_for(args, None)
+    base = layers.run_config()  # validates the run config before anything is submitted
+    sweep = layers.build("sweep") if args.sweep else None
+    cwd = os.getcwd()
+
+    def task_for(point: Point | None) -> Task:
+        cfg = base
+        if point is not None:
+            layers.set("data.fraction", point["data_fraction"], f"sweep point fraction={point['data_fraction']:g}")
+            layers.set("train.batch_size", point["batch_size"], f"sweep point batch={point['batch_size']}")
+            cfg = layers.run_config()
+        return training_task(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point)
+
+    return Work(task_for, sweep.name if sweep else base.model.arch, sweep, base.to_dict())
+
+
+def refuse_training_flags(args: argparse.Namespace) -> None:
+    """The toolkit's own training's flags mean nothing to a command: one line naming the first given."""
+    for name in [*FLAGS, *(s for s in SWITCHES if s != "no_profile")]:
+        if getattr(args, name, None) not in (None, False):
+            raise UsageError(
+                f"command line: --{name.replace('_', '-')}: a flag of the toolkit's own training (hpc.train); "
+                "your command takes its own arguments after --"
+            )
+
+
+def command_work(args: argparse.Namespace, cluster: ClusterConfig, words: list[str] | None) -> Work:
+    """A user's command at every point: its words verbatim, the section's args and env filled."""
+    layers = layers_for(args, COMMAND_SECTIONS)
+    profiler = layers.build("profiler")
+    section: CommandConfig = layers.build("command")
+    argv = list(words) if words else list(section.run)
+    if not argv:
+        where = f"; or command.run in {args.sweep}" if args.sweep else ""
+        raise UsageError(f"command line: no command: give it after -- (e.g. -- python train.py){where}")
+    cwd = Path(section.cwd or Path.cwd()).absolute()
+    check_command(argv, cwd, in_image=bool(cluster.image))
+    hook = dataclasses.asdict(profiler) if profiler.enabled else None
+    sections = {
+        "command": {**dataclasses.asdict(section), "run": argv, "cwd": str(cwd)},
+        "profiler": dataclasses.asdict(profiler),
+    }
+    sweep = grid_for(layers, section, args.sweep) if args.sweep else None
+    if sweep is None:
+        check_unfilled(section, args)
+
+    def task_for(point: Point | None) -> Task:
+        values = point_values(point) if point is not None else {}
+        source = f"sweep point {values}" if point is not None else "command"
+        filled = tuple(fill(word, values, f"{source}: command.args", final=False) for word in section.args)
+        env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
+        return command_task(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point)
+
+    return Work(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
+
+
+def check_unfilled(section: CommandConfig, args: argparse.Namespace) -> None:
+    """A point's field in a single job's words has no value: say so before anything runs."""
+    for word in (*section.args, *section.env.values()):
+        fill(word, {}, f"--config {args.config}: command", final=False)
+
+
+def grid_for(layers: Layers, section: CommandConfig, source: str) -> SweepConfig:
+    """The sweep's grid for a command: an axis of the study's grid whose field ({fraction}, {batch})
+    the command's words never use is one point, not several copies of the same run; one given with
+    several values in the sweep file but never used is an error naming it."""
+    sweep: SweepConfig = layers.build("sweep")
+    used = " ".join((*section.args, *section.env.values()))  # command.run, as the words after --, is verbatim
+    changes: dict[str, Any] = {}
+    for axis, field in AXES.items():
+        if "{" + field in used or len(getattr(sweep, axis)) == 1:
+            continue
+        if axis in layers.values["sweep"]:
+            raise UsageError(
+                f"{source}: sweep.{axis} has {len(getattr(sweep, axis))} values but the command never uses "
+                f"{{{field}}}: every point would run the same command"
+            )
+        changes[axis] = getattr(sweep, axis)[:1]
+    return dataclasses.replace(sweep, **changes)

@@ -1,0 +1,304 @@
+"""The per-rank runner: `run_rank` starts a rank's task (hpc/settings/task.py: the toolkit's training or a
+user's command) as a child process (its words, no shell) with the rank's environment (`rank_env`:
+torchrun's contract, HPC_RUN_DIR, the GPUs in the profile's order, the profiler's hook where the task
+has one), its stdout and stderr in RUN/logs/rank{R}.out and .err, and records how it ended in
+RUN/ranks/rank{R}.exit.json, whole (written before this process ends, so a failing rank is named even
+when srun kills the others right after). Then summary.json is made again from every rank's records
+(hpc/core/summary.py). No torch import: the task is a process of its own.
+
+Stops. Slurm delivers its signals (the time limit's warning, a preemption's SIGTERM) to every process
+of the step, the task included, so here they are not passed on (but under torchrun, whose agent also
+stops its workers on its own); on this machine (submitit's local executor, a plain shell) a stop signal
+is passed on as SIGTERM. Either way the task then has
+`stop_grace_s` to save and exit; one still running then is killed (SIGKILL) and the rank ends as
+`killed`. A task that exits with one of its requeue codes (3 saved and stopped; the training's 5, a lost
+peer) ends as `stopped`: the job requeues it (hpc/launch/job.py) and the same task, started again,
+resumes by itself. Exit 4 with an out-of-memory record in its facts ends as `oom`.
+
+A failed peer. Outside Slurm (submitit's local executor, a plain torchrun), where no srun
+--kill-on-bad-exit ends the others, each rank looks for a failed rank's mark (one stat every POLL_S) and
+stops its own task as for a stop, so that it does not wait in a collective until its timeout.
+
+summary.json: rank 0 writes it once every rank has recorded its end (at most SUMMARY_WAIT_S after its
+own), and a rank that fails writes it at once (rank 0 may be killed next); never every rank, which
+would read every record under one lock (a thousand ranks, a parallel file system).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
+from hpc.core.files import dump_yaml, write_atomic
+from hpc.core.rundir import RunPaths
+from hpc.core.stop import StopSignal
+from hpc.core.summary import (
+    ATTEMPT_VARIABLE,
+    attempt_of,
+    kind_of_code,
+    last_said,
+    read_facts,
+    read_records,
+    tail_lines,
+    write_run_summary,
+)
+from hpc.placement.affinity import GPU_ORDER
+from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv, from_environ
+from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE, Task
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+PEER_GRACE_S = 10  # a rank whose peer failed is stopped as for a signal, but given less time
+SUMMARY_WAIT_S = 30  # rank 0 waits this long after its own end for the others' records
+HOOK_DIR = Path(__file__).resolve().parent.parent / "training" / "startup"  # holds sitecustomize.py
+# A job's own launcher variables are not the task's: it is no submitit job, whatever runs it.
+_DROPPED_PREFIXES = ("SUBMITIT_",)
+
+
+def on_slurm(env: Mapping[str, str]) -> bool:
+    """Inside an srun step, where Slurm signals every process of the step itself."""
+    return env.get("SLURM_STEP_ID") not in (None, "") and env.get("SUBMITIT_EXECUTOR") != "local"
+
+
+def passes_stops_on(env: Mapping[str, str]) -> bool:
+    """Whether a stop signal this rank gets is passed on to its task: everywhere but in an srun step,
+    where Slurm signals the task itself; there too under torchrun, whose agent signals its workers alone
+    (a restart of the group), and a task it never told would outlive them."""
+    return not on_slurm(env) or bool(env.get("TORCHELASTIC_RUN_ID"))
+
+
+def ordered_gpus(env: Mapping[str, str]) -> str | None:
+    """CUDA_VISIBLE_DEVICES in the profile's GPU order (HPC_GPU_ORDER, set for whole nodes), so that a
+    rank's `cuda:LOCAL_RANK` is the GPU next to its cores; None where nothing changes."""
+    order, visible = env.get(GPU_ORDER, ""), env.get("CUDA_VISIBLE_DEVICES", "")
+    if not order or not visible:
+        return None
+    devices, picks = visible.split(","), order.split(",")
+    if not all(p.isdigit() for p in picks) or sorted(int(p) for p in picks) != list(range(len(devices))):
+        return None  # fewer visible GPUs than a node (a shared job): nothing to order
+    return ",".join(devices[int(p)] for p in picks)
+
+
+def rank_env(
+    dist: DistEnv, run_dir: Path, task: Task, env: Mapping[str, str], attempt: str, hook_dir: Path = HOOK_DIR
+) -> dict[str, str]:
+    """The whole environment of one rank's process: this one's, less a launcher's own variables, plus
+    the task's, torchrun's contract, HPC_RUN_DIR, the attempt, the ordered GPUs, and the profiler's hook."""
+    out = {k: v for k, v in env.items() if not k.startswith(_DROPPED_PREFIXES)}
+    out.update(task.env_for(run_dir))
+    out.update(dist.torch_env())
+    out[LAUNCHER_VARIABLE] = dist.launcher
+    out[RUN_DIR_VARIABLE] = str(run_dir)
+    out[ATTEMPT_VARIABLE] = attempt
+    gpus = ordered_gpus(env)
+    if gpus is not None:
+        out["CUDA_VISIBLE_DEVICES"] = gpus
+    if task.profiler is not None and task.profiler.get("enabled", True):
+        out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)
+        out["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
+    else:
+        out.pop(PROFILER_VARIABLE, None)
+    return out
+
+
+def failed_mark(paths: RunPaths, attempt: str) -> Path:
+    """Made by a rank that failed: one file every other rank can look for with one stat, where reading
+    every rank's record would not scale (a thousand ranks on a parallel file system)."""
+    return paths.ranks / f".failed.{attempt}"
+
+
+def failed_peers(paths: RunPaths, attempt: str, me: int) -> list[int]:
+    """The ranks of `attempt` other than `me` that failed on their own (read only once the mark is there)."""
+    if not failed_mark(paths, attempt).exists():
+        return []
+    return [r["rank"] for r in read_records(paths) if r["attempt"] == attempt and r["rank"] != me
+            and r.get("kind") == "failed"]  # fmt: skip
+
+
+def wait_for_records(paths: RunPaths, attempt: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:
+    """Until every rank of `attempt` has recorded its end (one listing and a few reads a poll), or timeout_s:
+    rank 0 then writes the run's summary once, whole."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ended = [r for r in read_records(paths) if r["attempt"] == attempt and r.get("ended_ns")]
+        if len(ended) >= world_size:
+            return
+        time.sleep(poll_s)
+
+
+def write_task(paths: RunPaths, task: Task) -> None:
+    """task.json, and the training's config (submitted.yaml): what the run's ranks run (each writes the
+    same; the rename makes it whole)."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.task, json.dumps(task.to_dict(), indent=1))
+    if task.config is not None:
+        write_atomic(paths.submitted, dump_yaml(task.config))
+
+
+class RankRun:
+    """One rank's task from start to its exit record (see the module doc)."""
+
+    def __init__(self, task: Task, run_dir: Path, env: Mapping[str, str], stop: StopSignal):
+        self.task, self.paths, self.env, self.stop = task, RunPaths(run_dir), dict(env), stop
+        self.dist: DistEnv = from_environ(env)
+        self.attempt = attempt_of(env)
+        self.record: dict[str, Any] = {
+            "rank": self.dist.rank,
+            "local_rank": self.dist.local_rank,
+            "node_rank": self.dist.node_rank,
+            "world_size": self.dist.world_size,
+            "hostname": socket.gethostname(),
+            # the node as Slurm names it (nid001...: the hostname on Perlmutter, not on a one-machine cluster)
+            "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
+            "launcher": self.dist.launcher,
+            "attempt": self.attempt,
+            "logs": {s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
+        }
+        self.stopping_since: float | None = None  # when the task was told to stop
+        self.why_stopping: str | None = None  # a stop signal's name, or "rank R failed"
+        self.killed = False
+
+    def run(self) -> dict[str, Any]:
+        for folder in (self.paths.ranks, self.paths.rank_stream(0, "out").parent, self.paths.traces):
+            folder.mkdir(parents=True, exist_ok=True)  # traces/: where a profiled rank's traces go
+        words = self.task.words_for(self.paths.root, sys.executable)
+        self.write(kind="running", started_ns=time.time_ns(), command=words)
+        try:
+            code = self.follow(self.start(words))
+        except OSError as e:  # vanished since it was checked, or not executable on this node
+            self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
+        else:
+            self.write(**self.ending(code))
+        if self.record["kind"] == "failed":
+            with contextlib.suppress(OSError):
+                failed_mark(self.paths, self.attempt).touch()
+        elif self.dist.rank == 0:
+            wait_for_records(self.paths, self.attempt, self.dist.world_size, SUMMARY_WAIT_S)
+        if self.record["kind"] == "failed" or self.dist.rank == 0:
+            with contextlib.suppress(OSError):  # a full disk: the records still say it
+                write_run_summary(self.paths)
+        return self.record
+
+    def start(self, words: list[str]) -> subprocess.Popen[bytes]:
+        env = rank_env(self.dist, self.paths.root, self.task, self.env, self.attempt)
+        with (
+            open(self.paths.rank_stream(self.dist.rank, "out"), "ab") as out,
+            open(self.paths.rank_stream(self.dist.rank, "err"), "ab") as err,
+        ):
+            # Its own session: a terminal's Ctrl-C or a signal to this process group reaches the task only
+            # as this rank passes it on, once (Slurm still signals it directly, and then nothing is passed on).
+            proc = subprocess.Popen(
+                words,
+                cwd=self.task.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        self.write(pid=proc.pid)
+        return proc
+
+    def follow(self, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for the task; pass stops on, stop it when a peer failed, kill it after the grace time. A
+        stop signal is passed on from its handler, at once: a rank that learns of the stop from its peers
+        (an all-reduce of a flag) may otherwise be on its way out when its own signal comes, and a signal
+        during Python's exit, its handlers gone, kills it."""
+        self.stop.listener = lambda signum: self.begin_stop(proc, signal.Signals(signum).name)
+        if self.stop.signum is not None:  # came before the task started
+            self.begin_stop(proc, signal.Signals(self.stop.signum).name)
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(timeout=POLL_S)
+            if self.stopping_since is None and not on_slurm(self.env):
+                peers = failed_peers(self.paths, self.attempt, self.dist.rank)
+                if peers:
+                    self.begin_stop(proc, f"rank {peers[0]} failed")
+            if self.why_stopping is not None and "stop" not in self.record:
+                self.write(stop=self.why_stopping)
+            if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.grace_s():
+                self.kill(proc)
+
+    def begin_stop(self, proc: subprocess.Popen[bytes], why: str) -> None:
+        """Tell the task to stop (SIGTERM), once: on a stop signal (on Slurm, which sends the task its
+        own, only noted), or when a peer failed. No file is written here: this runs in a signal handler."""
+        if self.stopping_since is not None:
+            return
+        self.why_stopping, self.stopping_since = why, time.monotonic()
+        if why.startswith("rank ") or passes_stops_on(self.env):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if self.killed:
+            return
+        log.warning(
+            f"hpc: rank {self.dist.rank}: the task did not exit within {self.grace_s():g} s of the stop "
+            f"({self.why_stopping}): killed"
+        )
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+    def grace_s(self) -> float:
+        return self.task.stop_grace_s if self.stop.signum is not None else min(PEER_GRACE_S, self.task.stop_grace_s)
+
+    def ending(self, code: int) -> dict[str, Any]:
+        """The exit record's end: how the task ended (kind), its code or signal, and a line on why."""
+        signum = -code if code < 0 else None
+        said = tail_lines(self.paths.rank_stream(self.dist.rank, "err"))
+        end: dict[str, Any] = {
+            "ended_ns": time.time_ns(),
+            "exit_code": code if code >= 0 else None,
+            "signal": signal.Signals(signum).name if signum else None,
+            "stderr_tail": said,
+        }
+        what = f"exit {code}" if signum is None else f"signal {end['signal']}"
+        oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
+        kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else "failed"
+        after = f" after {self.why_stopping}" if self.why_stopping else ""
+        if kind in ("ok", "oom"):
+            return {**end, "kind": kind, "message": None if kind == "ok" else last_said(said)}
+        if kind == "stopped":  # 3 says it saved; another requeue code (the training's 5) says why in its words
+            why = "saved and stopped" if code == EXIT_PREEMPTED else last_said(said) or "asked to be requeued"
+            return {**end, "kind": "stopped", "message": f"{why} ({what}){after}"}
+        if self.killed:
+            return {**end, "kind": "killed", "message": f"killed {self.grace_s():g} s after {self.why_stopping}"}
+        if self.why_stopping and self.why_stopping.startswith("rank "):
+            return {**end, "kind": "peer", "message": f"{what}, stopped because {self.why_stopping}"}
+        if self.why_stopping:  # ended by the stop without saying it saved (a requeue code says so)
+            return {**end, "kind": "interrupted", "message": f"{what} after {self.why_stopping}"}
+        return {**end, "kind": "failed", "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
+
+    def write(self, **fields: Any) -> None:
+        """The rank's exit record with `fields` added, whole (a failed write is said, not raised: the
+        task's own result matters more)."""
+        self.record.update(fields)
+        try:
+            write_atomic(self.paths.rank_exit(self.dist.rank), json.dumps(self.record, indent=1))
+        except OSError as e:
+            log.warning(f"hpc: rank {self.dist.rank}: {self.paths.rank_exit(self.dist.rank)} not written ({e})")
+
+
+def run_rank(
+    task: Task, run_dir: Path, env: Mapping[str, str] | None = None, stop: StopSignal | None = None
+) -> dict[str, Any]:
+    """Run one rank of the task here; its exit record. The stop signals are caught while it runs (in
+    `stop`, the caller's, to see which one came)."""
+    stop = StopSignal.take(stop)
+    try:
+        return RankRun(task, run_dir, os.environ if env is None else env, stop).run()
+    finally:
+        stop.restore()

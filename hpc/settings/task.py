@@ -1,0 +1,218 @@
+"""What every rank of a job runs, as data (the way TorchX's `Role` describes one): a `Task`. The toolkit's
+own training is one task (`training_task`: `python -m hpc.train` on the run directory, requeued on exit
+3 and 5), a user's command another (`command_task`: its words verbatim, requeued on exit 3). The plan,
+the sbatch text, the per-rank runner (hpc/launch/runner.py), the outcome and the printer are the same
+for both. Pure functions of plain values; no torch import.
+
+- `Task`: the words (templates: {run_dir} and {python}, the rank's run directory and interpreter, are
+  filled when the rank starts; {{ and }} are braces), where they start, the environment they add, the
+  exit codes that mean "requeue me", the profiler hook's section (None: no hook), the time from a stop
+  to a kill, the sweep point it belongs to, and the training's config (written as RUN/submitted.yaml).
+- `check_command`: a command that cannot start is refused before anything is submitted: a program not
+  on PATH, a path that is no executable file, `python SCRIPT` whose script is not there.
+- `fill`: a sweep point's values in a template word (`--batch-size={batch}`), or one line naming the
+  field that has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import string
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import shown
+from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UsageError
+from hpc.core.rundir import SUBMITTED
+
+RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
+PROFILER_VARIABLE = "HPC_PROFILER"  # the profiler section as JSON: the start-up hook acts on it
+POINT_FIELDS = ("batch", "fraction", "gpus", "nodes", "ranks")
+RUN_FIELDS = ("run_dir", "python")  # known when the rank starts, not when the job is planned
+TRAINING_MODULE = "hpc.train"
+# The toolkit's training: 3 after a stop signal and a checkpoint, 5 after a lost peer (hpc/core/errors.py).
+TRAINING_REQUEUE_CODES = (EXIT_PREEMPTED, EXIT_PEER_LOST)
+COMMAND_REQUEUE_CODES = (EXIT_PREEMPTED,)
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    words: tuple[str, ...]  # templates (see the module doc)
+    cwd: str
+    name: str  # the job's name when none is given, and the runs directory's folder
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # templates too
+    requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
+    profiler: dict[str, Any] | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
+    stop_grace_s: int = 60
+    point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
+    config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+        """A task as task.json holds it; one of an earlier release's command.json (verbatim `argv`, then
+        `args` templates) too."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {k: v for k, v in data.items() if k in fields}
+        if "words" not in values and "argv" in data:
+            values["words"] = [*verbatim(data["argv"]), *data.get("args", ())]
+            values.setdefault("name", job_name(data["argv"]))
+        for key in ("words", "requeue_codes"):
+            values[key] = tuple(values.get(key) or ())
+        return cls(**values)
+
+    def words_for(self, run_dir: Path, python: str) -> list[str]:
+        """What the rank runs: the words with the run directory and the interpreter filled in."""
+        values = {"run_dir": str(run_dir), "python": python}
+        return [fill(word, values, "task") for word in self.words]
+
+    def env_for(self, run_dir: Path) -> dict[str, str]:
+        return {k: fill(v, {"run_dir": str(run_dir)}, f"command.env.{k}") for k, v in self.env.items()}
+
+    @property
+    def is_training(self) -> bool:
+        return self.config is not None
+
+
+def verbatim(words: Sequence[str]) -> list[str]:
+    """Words given as they are (a user's command), as templates: their braces kept as braces."""
+    return [w.replace("{", "{{").replace("}", "}}") for w in words]
+
+
+def training_task(config: Mapping[str, Any], cwd: str, name: str, stop_grace_s: int, point: Any = None) -> Task:
+    """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config."""
+    words = ("{python}", "-m", TRAINING_MODULE, "--config", "{run_dir}/" + SUBMITTED, "--run-dir", "{run_dir}")
+    return Task(words, cwd, name, requeue_codes=TRAINING_REQUEUE_CODES, stop_grace_s=stop_grace_s,
+                point=dict(point) if point else None, config=dict(config))  # fmt: skip
+
+
+def command_task(
+    argv: Sequence[str],
+    cwd: str,
+    profiler: dict[str, Any] | None,
+    stop_grace_s: int,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    point: Any = None,
+) -> Task:
+    """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
+    as a command (`python -m hpc.train ...`, as jobs/resnet152.sbatch runs it) keeps its requeue codes and
+    profiles itself (its config's profiler section): no start-up hook."""
+    training = runs_training(argv)
+    codes = TRAINING_REQUEUE_CODES if training else COMMAND_REQUEUE_CODES
+    words = (*verbatim(argv), *args)
+    hook = None if training else profiler
+    return Task(words, cwd, job_name(argv), dict(env or {}), codes, hook, stop_grace_s,
+                dict(point) if point else None)  # fmt: skip
+
+
+def runs_training(argv: Sequence[str]) -> bool:
+    """Whether the words run the toolkit's training (`python -m hpc.train ...`, `hpc-train ...`)."""
+    if argv and Path(argv[0]).name == "hpc-train":
+        return True
+    return python_module(argv) == TRAINING_MODULE
+
+
+def python_module(argv: Sequence[str]) -> str | None:
+    """The module `python [options] -m MODULE ...` runs, or None."""
+    if not argv or not _PYTHON.fullmatch(Path(argv[0]).name):
+        return None
+    words = list(argv[1:])
+    for i, word in enumerate(words):
+        if word == "-m":
+            return words[i + 1] if i + 1 < len(words) else None
+        if word.startswith("-m"):
+            return word[2:]
+        if not word.startswith("-"):
+            return None
+    return None
+
+
+def job_name(argv: Sequence[str]) -> str:
+    """A job name from a command: the script of `python train.py`, the module of `python -m pkg.mod`,
+    else the program."""
+    script = python_script(argv)
+    module = python_module(argv)
+    if module:
+        return module.rsplit(".", 1)[-1] or "command"
+    return Path(script or (argv[0] if argv else "command")).stem or "command"
+
+
+def python_script(argv: Sequence[str]) -> str | None:
+    """The script `python [options] SCRIPT ...` runs, or None (`-m`, `-c`, another program)."""
+    if not argv or not _PYTHON.fullmatch(Path(argv[0]).name):
+        return None
+    words = iter(argv[1:])
+    for word in words:
+        if word.startswith(("-m", "-c")):
+            return None
+        if word in ("-W", "-X", "--check-hash-based-pycs"):  # an option that takes the next word
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def check_command(argv: Sequence[str], cwd: Path, in_image: bool = False) -> None:
+    """UsageError (one line) for a command that cannot start: nothing after `--`, a program not on
+    PATH, a path that is not an executable file, a python script that is not there. A command inside a
+    container image (`in_image`) is found there, not here: only its script is looked for."""
+    if not argv:
+        raise UsageError("command line: --: no command after it (e.g. -- python train.py)")
+    program = argv[0]
+    if not in_image:
+        if "/" in program:
+            path = cwd / program
+            if not path.is_file() or not os.access(path, os.X_OK):
+                raise UsageError(f"command line: -- {shown(program)}: not an executable file (in {cwd})")
+        elif shutil.which(program) is None:
+            raise UsageError(
+                f"command line: -- {shown(program)}: not found on PATH; give its path, or load what provides it"
+            )
+    script = python_script(argv)
+    if script is not None and not (cwd / script).is_file():
+        raise UsageError(f"command line: -- {Path(program).name} {shown(script)}: no such script in {cwd}")
+
+
+def fill(word: str, values: Mapping[str, Any], source: str, final: bool = True) -> str:
+    """`word` with each {field} replaced by its value ({{ and }} are braces); a field with no value is a
+    UsageError naming it and `source`. Not `final` (a sweep's plan), a field of RUN_FIELDS stays a field
+    and the result is still a template, filled again when the rank starts."""
+    try:
+        parts = list(string.Formatter().parse(word))
+    except ValueError as e:
+        raise UsageError(f"{source}: {shown(word)}: {e} (write {{{{ and }}}} for braces)") from None
+    later = set() if final else {field for _, field, _, _ in parts if field in RUN_FIELDS and field not in values}
+
+    def kept(text: str) -> str:  # a word that stays a template keeps its braces escaped
+        return text if final else text.replace("{", "{{").replace("}", "}}")
+
+    out = []
+    for literal, field, spec, conversion in parts:
+        out.append(kept(literal))
+        if field is None:
+            continue
+        if conversion or (field not in values and field not in later):
+            known = ", ".join("{" + f + "}" for f in (*POINT_FIELDS, *RUN_FIELDS))
+            raise UsageError(f"{source}: {shown(word)}: no value for {{{field}}} (known: {known})")
+        filled = format(values[field], spec or "") if field in values else None
+        out.append(kept(filled) if filled is not None else "{" + field + (f":{spec}" if spec else "") + "}")
+    return "".join(out)
+
+
+def point_values(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep point's fields under the names a command template uses."""
+    return {
+        "batch": point["batch_size"],
+        "fraction": f"{point['data_fraction']:g}",
+        "gpus": point["gpus"],
+        "nodes": point["nodes"],
+        "ranks": point["gpus"] * point["nodes"],
+    }
