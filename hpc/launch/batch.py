@@ -133,7 +133,9 @@ def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
     return rc, bool(terminated)
 
 
-def requeue_after_step(task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: Any) -> int:
+def requeue_after_step(
+    task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: Any
+) -> int:
     """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
     summary = write_run_summary(RunPaths(run_dir)) or {}
     outcome = summary.get("outcome") or "no rank started"
@@ -163,6 +165,3 @@ def requeue_after_step(task: Task, run_dir: Path, rc: int, terminated: bool, env
 def cli(argv: list[str] | None = None) -> int:
     """The command (`python -m hpc.batch`): errors as one line, exit 2."""
     return run("hpc.batch", main, argv)
-
-
-

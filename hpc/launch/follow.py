@@ -6,7 +6,7 @@ closed terminal's parent): every rank's runner gets SIGINT and tells its task (S
 its step, writes its checkpoint and exits; the command then prints one line saying where the checkpoint
 is and the command that resumes it, and exits 3 (EXIT_PREEMPTED). submitit's local controller must not
 see Ctrl-C itself (it would kill the ranks a second later, mid-checkpoint), so it is started with SIGINT
-ignored (`interrupts_ignored`), which it and its tasks inherit; the runner installs its own handler. A
+ignored (hpc/launch/submit.py), which it and its tasks inherit; the runner installs its own handler. A
 second Ctrl-C kills every process of the run at once. Without --local, Ctrl-C only stops the waiting:
 the jobs run on in Slurm. No torch import.
 """
@@ -21,7 +21,6 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +59,6 @@ class Interrupts:
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored while local jobs start: their controller inherits it so (see the module doc)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def descendants(pid: int) -> list[int]:
@@ -165,10 +154,10 @@ class Submitted:
             job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks, training
         )
 
-    def ended(self, watch: QueueWatch) -> bool:
+    def ended(self, watch: QueueWatch | None) -> bool:
         """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
         hpc/launch/queue.py: without slurmdbd submitit's own done() waits forever on a killed job)."""
-        if not _is_slurm_job(self.job):
+        if watch is None or not _is_slurm_job(self.job):
             return bool(self.job.done())
         return self.job.paths.result_pickle.exists() or watch.left(self.job_id)
 
@@ -234,7 +223,7 @@ def wait_for(submitted: list[Submission], poll_s: float = 2.0, follow: bool = Fa
     subs = [Submitted.of(*s) for s in submitted]
     pending = list(subs)
     follower = _LogFollower(subs)
-    watch = QueueWatch()
+    watch = QueueWatch() if any(_is_slurm_job(sub.job) for sub in subs) else None
     with Interrupts() as interrupts:
         while pending:
             pending = [sub for sub in pending if not sub.ended(watch)]
@@ -250,6 +239,9 @@ def wait_for(submitted: list[Submission], poll_s: float = 2.0, follow: bool = Fa
                 return EXIT_INTERRUPTED
             if pending:
                 time.sleep(poll_s if not follow else 0.5)
+    for sub in subs:  # submitit leaves the unexpanded '%j' folder behind, empty, once a job has ended
+        with contextlib.suppress(OSError):  # not there, or not empty: leave it
+            (sub.run_dir.parent / "%j").rmdir()
     if follow and interrupts.signum is not None:
         return said_stopped(subs, interrupts)
     return EXIT_FAILED if sum(not print_result(sub, poll_s, follow) for sub in subs) else EXIT_OK

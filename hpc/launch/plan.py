@@ -20,6 +20,7 @@ from typing import Any
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
 from hpc.core.rundir import point_key
+from hpc.launch.job import TaskJob
 from hpc.launch.points import (
     COMMAND_SECTIONS,
     Point,
@@ -50,6 +51,8 @@ class JobSpec:
     parameters: dict[str, Any]
     sbatch: str | None
     charge: dict[str, Any]  # what index.json says each point ran in, for the report's node-hours (site.py)
+    jobs: tuple[TaskJob, ...]  # what submitit runs in every task of each point, in the points' order
+    python: str | None  # the python each task runs (None: this one; a container's own `python`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +64,7 @@ class Plan:
     local: bool
     sweep: SweepConfig | None = None
     sweep_dir: Path | None = None
-    sections: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the points run, as resolved
-
-    def sweep_file(self) -> dict[str, Any]:
-        """sweep.yaml: the sweep and what its points run (the run sections, or the command's)."""
-        assert self.sweep is not None
-        return {"sweep": dataclasses.asdict(self.sweep), **self.sections}
+    sweep_file: dict[str, Any] | None = None  # sweep.yaml: the sweep and what its points run, as resolved
 
 
 Request = Callable[[int, int, str, str], JobRequest]
@@ -101,7 +99,8 @@ def make_plan(
             grid = [p for p in grid if point_key(p) in keys]
         shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], request, name, sweep_dir, args.sweep)
     specs = tuple(job_spec(cluster, args.local, args.max_parallel, *shape) for shape in shapes)
-    return Plan(cluster, specs, args.local, work.sweep, sweep_dir, work.sections)
+    record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
+    return Plan(cluster, specs, args.local, work.sweep, sweep_dir, record)
 
 
 def job_spec(
@@ -120,7 +119,11 @@ def job_spec(
         params = slurm_parameters(cluster, request, max_parallel, folder)
         text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
     charge = {"qos": params.get("qos"), "node_share": node_share(cluster, request.nodes, request.gpus)}
-    return JobSpec(request, folder, points, array, params, text, charge)
+    jobs = tuple(
+        TaskJob(task.to_dict(), cluster.max_requeues, cluster.launcher, request.gpus, cluster.max_restarts)
+        for _, task in points
+    )
+    return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
 
 
 def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> ClusterConfig:

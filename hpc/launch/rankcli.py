@@ -23,8 +23,8 @@ from hpc.core.cli import Parser, check_output_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import read_records, write_run_summary
-from hpc.launch.runner import run_rank, write_task
+from hpc.core.summary import read_records, read_summary, write_run_summary
+from hpc.launch.runner import on_slurm, run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig
 from hpc.settings.task import Task, check_command, command_task
@@ -91,9 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         return print_outcome(RunPaths(Path(args.run_dir)))
     check_output_dir(args.run_dir, "--run-dir")
     task = task_for(args, words)
+    paths = RunPaths(Path(args.run_dir))
     if words:
-        write_task(RunPaths(Path(args.run_dir)), task)
-    return exit_code(run_rank(task, Path(args.run_dir)))
+        write_task(paths, task)
+    record = run_rank(task, paths.root)
+    if record.get("rank") == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
+        summary = read_summary(paths.summary) or {}
+        print(
+            f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
+        )
+    return exit_code(record)
 
 
 def print_outcome(paths: RunPaths) -> int:

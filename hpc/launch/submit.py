@@ -23,6 +23,7 @@ import io
 import logging
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,12 +33,10 @@ from typing import Any
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
-from hpc.launch.follow import interrupts_ignored, wait_for
-from hpc.launch.job import TaskJob
+from hpc.launch.follow import wait_for
 from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.points import split_command
 from hpc.launch.queue import first_line
-from hpc.launch.slurm import job_python
 from hpc.settings.flags import add_training_flags
 
 log = logging.getLogger(__name__)
@@ -127,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
 def print_plan(plan: Plan) -> None:
     """--dry-run: what each rank of every job runs, and its sbatch script (what submitit would hand to
     sbatch), submitting nothing."""
-    python = job_python(plan.cluster) or sys.executable
     for spec in plan.specs:
         if plan.local:
             what = f"{len(spec.points)} point(s), one at a time" if spec.array else "one job"
@@ -135,7 +133,7 @@ def print_plan(plan: Plan) -> None:
         elif spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
         for point, task in spec.points:
-            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, python))
+            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, spec.python or sys.executable))
             print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
         if spec.sbatch is not None:
             print(spec.sbatch, end="" if not spec.array else "\n")
@@ -203,6 +201,16 @@ def make_executor(
     return executor
 
 
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while local jobs start: their controller inherits it so (hpc/launch/follow.py says why)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 Submission = tuple[Any, dict[str, Any] | None, int, bool]  # submitit's job, its point (and charge), ranks, trains
 
 
@@ -213,9 +221,9 @@ def execute(plan: Plan, wait: bool) -> int:
     that fails is one line (QueueError): a new sweep directory with nothing submitted into it is removed,
     and an index.json lists only what was submitted."""
     made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
-    if plan.sweep_dir is not None and plan.sweep is not None:
+    if plan.sweep_dir is not None and plan.sweep_file is not None:
         plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file())
+        write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file)
     done: list[Submission] = []
     try:
         code = submit_specs(plan, done)
@@ -228,8 +236,6 @@ def execute(plan: Plan, wait: bool) -> int:
         log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
         code = wait_for(done)
-        for spec in plan.specs:
-            _drop_placeholder(spec.folder)
     return code
 
 
@@ -241,39 +247,32 @@ def submit_specs(plan: Plan, done: list[Submission]) -> int:
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
         with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
-            executor = make_executor(
-                spec.parameters, spec.folder, cluster.max_requeues, plan.local, job_python(cluster)
-            )
+            executor = make_executor(spec.parameters, spec.folder, cluster.max_requeues, plan.local, spec.python)
             if not plan.local:
-                done.extend(submit_points(plan, executor, spec.points, spec))
+                done.extend(submit_points(plan, executor, range(len(spec.points)), spec))
         if not plan.local:
             record_index(plan, done)
-        for point in spec.points if plan.local else ():  # this machine: one point at a time, followed as it runs
+        for i in range(len(spec.points)) if plan.local else ():  # this machine: a point at a time, followed
             with interrupts_ignored():  # submitit's controller must not see Ctrl-C (follow.py)
-                done.extend(submit_points(plan, executor, (point,), spec))
+                done.extend(submit_points(plan, executor, range(i, i + 1), spec))
             record_index(plan, done)
-            code = wait_for(done[-1:], follow=True)
-            _drop_placeholder(spec.folder)
+            code = wait_for(done[-1:], follow=True)  # which drops submitit's '%j' placeholder once it ended
             if code == EXIT_PREEMPTED:
                 return code
             failures += code
     return EXIT_FAILED if failures else EXIT_OK
 
 
-def submit_points(plan: Plan, executor: Any, points: tuple[Any, ...], spec: JobSpec) -> list[Submission]:
-    """Submit the points' TaskJobs (as one array for a sweep's spec) and say where each runs."""
-    cluster = plan.cluster
+def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> list[Submission]:
+    """Submit the points' jobs (`points`: their places in the spec; as one array for a sweep's spec) and
+    say where each runs."""
     with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
-        jobs = [
-            executor.submit(
-                TaskJob(task.to_dict(), cluster.max_requeues, cluster.launcher, spec.request.gpus, cluster.max_restarts)
-            )
-            for _, task in points
-        ]
+        jobs = [executor.submit(spec.jobs[i]) for i in points]
     ranks = spec.request.nodes * spec.request.gpus
-    made = [(job, {**point, **spec.charge} if point else None, ranks, task.is_training)
-            for job, (point, task) in zip(jobs, points, strict=True)]  # fmt: skip
-    for job, *_ in made:
+    made = []
+    for job, i in zip(jobs, points, strict=True):
+        point, task = spec.points[i]
+        made.append((job, {**point, **spec.charge} if point else None, ranks, task.is_training))
         logs = ", ".join(str(p) for p in (job.paths.stdout, job.paths.stderr))
         log.info(f"job {job.job_id}: run dir {job.paths.folder}\n  logs: {logs}")
     return made
@@ -288,13 +287,6 @@ def record_index(plan: Plan, done: list[Submission]) -> None:
         {**(point or {}), "job_id": job.job_id, "run_dir": Path(job.paths.folder).name} for job, point, *_ in done
     ]
     write_index(SweepPaths(plan.sweep_dir), header, points)
-
-
-def _drop_placeholder(folder: Path) -> None:
-    """submitit's local executor leaves the unexpanded '%j' folder behind, empty (its job process
-    creates it again at start, so this runs once the job has ended)."""
-    with contextlib.suppress(OSError):  # not there, or not empty: leave it
-        folder.rmdir()
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # for the annotations only: torch is imported when the script
 log = logging.getLogger(__name__)
 
 OPTIMIZER_MODULE = "torch.optim.optimizer"
-PROFILER_VARIABLE = "HPC_PROFILER"  # hpc/settings/task.py sets it: the profiler section, as JSON
+PROFILER_VARIABLE = "HPC_PROFILER"  # the runner (hpc/launch/runner.py) sets it: the profiler section, as JSON
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"
 
 

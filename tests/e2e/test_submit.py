@@ -1,6 +1,9 @@
 """hpc.submit without a cluster: validation, the sbatch text (golden file), argument forwarding."""
 
+import difflib
+import subprocess
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,7 +11,6 @@ import pytest
 from conftest import assert_one_line_error, run_module
 from hpc.settings.config import load_cluster
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
-from hpc.submit import TrainJob
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -47,20 +49,21 @@ def test_golden_has_the_perlmutter_shape():
     text = (GOLDEN / "perlmutter_2x4.sbatch").read_text()
     for line in ["#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234_g",
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --cpus-per-task=32", "#SBATCH --signal=USR2@180", "#SBATCH --time=120",
+                 "#SBATCH --cpus-per-task=32", "#SBATCH --signal=TERM@180", "#SBATCH --time=120",
                  "module load pytorch", "export NCCL_NET_GDR_LEVEL=PHB", "export NCCL_NET='AWS Libfabric'",
                  "export HPC_NCCL_FABRIC=stop", "export HPC_GPU_ORDER=3,2,1,0", "--kill-on-bad-exit=1 --cpu-bind=cores"]:
         assert line in text, line
 
 
-def test_a_partial_node_goes_to_the_shared_qos_with_a_gpu_per_task():
-    """NERSC's shared GPU jobs: -q shared, --gpus-per-task 1, 32 cores a task; no fabric settings, no GPU order
-    (inside one node, and Slurm hands the task its own GPU)."""
+def test_a_partial_node_goes_to_the_shared_qos_with_its_gpus():
+    """NERSC's shared GPU jobs: -q shared, 32 cores a task, the job's GPUs on the node (every task sees them
+    and takes cuda:LOCAL_RANK, as for a user's script: one policy, issue 50); no fabric settings, no GPU
+    order (inside one node)."""
     text = (GOLDEN / "perlmutter_shared_1gpu.sbatch").read_text()
-    for line in ["#SBATCH --qos=shared", "#SBATCH --gpus-per-task=1", "#SBATCH --cpus-per-task=32",
+    for line in ["#SBATCH --qos=shared", "#SBATCH --gpus-per-node=1", "#SBATCH --cpus-per-task=32",
                  "#SBATCH --ntasks-per-node=1"]:
         assert line in text, line
-    assert "gpus-per-node" not in text and "NCCL_NET" not in text and "HPC_GPU_ORDER" not in text
+    assert "gpus-per-task" not in text and "NCCL_NET" not in text and "HPC_GPU_ORDER" not in text
 
 
 def test_a_container_job_runs_its_command_in_shifter():
@@ -77,7 +80,10 @@ def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
     assert proc.returncode == 0, proc.stderr
     expected = golden_text().replace("/scratch/runs", str(tmp_path))
     body = lambda t: [l for l in t.splitlines() if "submitit.core._submit" not in l]
-    assert body(proc.stdout) == body(expected)
+    run_dir = f"{tmp_path}/resnet152/%j"
+    assert proc.stdout.splitlines()[0] == (f"# each rank runs: {sys.executable} -m hpc.train --config "
+                                           f"{run_dir}/submitted.yaml --run-dir {run_dir}")
+    assert body(proc.stdout)[1:] == body(expected)
     assert not any(tmp_path.iterdir())  # nothing submitted, nothing written
 
 
@@ -88,7 +94,23 @@ def test_sweep_dry_run_makes_one_array_per_shape(tmp_path):
     assert proc.stdout.count("#!/bin/bash") == 3  # 1, 2 and 4 GPUs
     assert proc.stdout.count("#SBATCH --array=0-11%3") == 3  # 3 fractions x 4 batch sizes each
     assert "#SBATCH --gpus-per-node=4" in proc.stdout and proc.stdout.count("#SBATCH --qos=shared") == 2
-    assert proc.stdout.count("#SBATCH --gpus-per-task=1") == 2  # 1 and 2 GPUs: the shared QOS, a GPU a task
+    assert proc.stdout.count("#SBATCH --gpus-per-node=1") == proc.stdout.count("#SBATCH --gpus-per-node=2") == 1
+    assert "gpus-per-task" not in proc.stdout  # 1 and 2 GPUs: the shared QOS, the job's GPUs seen by every task
+
+
+def test_the_training_and_a_command_differ_only_in_what_each_rank_runs(tmp_path):
+    """One road (issue 50): the dry runs of the toolkit's training and of a user's command, as a user types
+    them, print the same sbatch script; only the line saying what each rank runs differs."""
+    common = ["--dry-run", "--nodes", "2", "--gpus", "4", "--account", "m1234_g", "--name", "job", "--runs-dir",
+              str(tmp_path)]
+    train = run_module("hpc.submit", *common)
+    own = run_module("hpc.submit", *common, "--", "python", "tests/scripts/torchrun_ddp.py", "--epochs", "1")
+    assert train.returncode == own.returncode == 0, train.stderr + own.stderr
+    changed = [line for line in difflib.ndiff(train.stdout.splitlines(), own.stdout.splitlines()) if line[:2] in ("- ", "+ ")]
+    assert [line[:2] for line in changed] == ["- ", "+ "], changed
+    assert changed[0].startswith("- # each rank runs: ") and " -m hpc.train --config " in changed[0]
+    assert changed[1] == "+ # each rank runs: python tests/scripts/torchrun_ddp.py --epochs 1"
+    assert "#SBATCH --signal=TERM@180" in train.stdout and train.stdout.count("#!/bin/bash") == 1
 
 
 def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):
@@ -133,16 +155,21 @@ def test_no_sbatch_points_to_local(tmp_path):
     assert_one_line_error(proc, "sbatch not found", "--local")
 
 
-def test_forwarded_training_options_land_in_the_job():
-    from hpc.settings.config import load_run_config
-    from hpc.launch.plan import run_layers
+def test_forwarded_training_options_land_in_the_job(tmp_path):
+    from hpc.launch.job import TaskJob
+    from hpc.launch.plan import make_plan
     from hpc.launch.submit import build_parser
+    from hpc.settings.config import load_run_config, run_config_from_dict
 
-    args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5"]
-    cfg = run_layers(build_parser().parse_args(args)).run_config()
+    args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5",
+            "--dry-run", "--runs-dir", str(tmp_path)]
+    ((_, task),) = make_plan(build_parser().parse_args(args), None).specs[0].points
+    cfg = run_config_from_dict(task.config, "the task")
     assert (cfg.train.batch_size, cfg.data.root, cfg.train.seed, cfg.model.arch) == (12, "/x y", 5, "tiny")
-    job = TrainJob(cfg.to_dict(), 3)
+    assert task.words[1:3] == ("-m", "hpc.train") and task.requeue_codes == (3, 5)
+    job = TaskJob(task.to_dict(), 3)
     assert job.checkpoint().function is job  # a requeued job runs the same callable again
+    assert job.the_task() == task  # and the same task, read back from its pickled dict
     assert load_run_config(None).train.batch_size == 128
 
 
@@ -184,3 +211,58 @@ def test_the_pure_sbatch_text_is_what_submitit_submits(slurm_cluster):
     executor.parameters["map_count"] = 5  # as submitit sets it for an array (SlurmExecutor._internal_process_submissions)
     assert sbatch_text(params, folder, python="python", map_count=5) == executor._make_submission_file_text(
         executor._submitit_command_str, "uid")
+
+
+def launch_path(run) -> list[str]:
+    """The launcher modules a call enters, in order (a module entered again after another counts again):
+    every function call whose code lives in hpc/launch, profiled with sys.setprofile."""
+    path: list[str] = []
+
+    def entered(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("hpc.launch") and (not path or path[-1] != module):
+            path.append(module)
+
+    sys.setprofile(entered)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return path
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("kind", ["training", "command", "sweep"])
+def test_a_submission_reads_top_to_bottom(slurm_cluster, tmp_path, kind):
+    """Issue 50: followed from `execute` (the plan made), a submission to Slurm enters at most 5 of the
+    launcher's modules and never comes back to one it left; the plan (its parameters and sbatch text)
+    is made once, before it. The jobs run on the local cluster afterwards; they are cancelled here."""
+    from hpc.launch.submit import execute, plan_for
+
+    what = {"training": ["--config", "profiles/smoke.yaml"], "command": ["--", sys.executable, "-c", "pass"],
+            "sweep": ["--sweep", "profiles/study-smoke.yaml"]}[kind]
+    _, plan = plan_for(["--runs-dir", str(tmp_path), "--account", "m1234_g", "--time", "5", *what])
+    made = launch_path(lambda: execute(plan, wait=False))
+    ids = [p.name for p in tmp_path.rglob("*_submitted.pkl")]
+    subprocess.run(["scancel", *{name.split("_")[0] for name in ids}], check=False)
+    assert ids and len(set(made)) == len(made) <= 5, made
+    assert made[0] == "hpc.launch.submit"
+
+
+def test_a_local_submission_reads_top_to_bottom(tmp_path, capsys):
+    """The same for a run here: submitted, then followed to its printed result (submit -> follow), the
+    follower reading the run's records through the core, not back through the launcher."""
+    from hpc.launch.submit import execute, plan_for
+
+    _, plan = plan_for(["--local", "--gpus", "1", "--runs-dir", str(tmp_path), "--no-profile", "--",
+                        sys.executable, "-c", "print('hello from the task')"])
+    code = None
+
+    def run():
+        nonlocal code
+        code = execute(plan, wait=False)
+
+    made = launch_path(run)
+    out = capsys.readouterr().out
+    assert code == 0 and "hello from the task" in out and "job " in out and ": done" in out, out
+    assert made == ["hpc.launch.submit", "hpc.launch.follow"], made

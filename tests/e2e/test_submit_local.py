@@ -17,9 +17,10 @@ def test_local_two_ranks_through_submitit(tmp_path):
     proc = run_module("hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml", "--data-root",
                       str(tmp_path / "data"), "--runs-dir", str(tmp_path / "runs"), "--max-steps", "4", timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # it ends by saying where the run, its traces and its summary are
-    tail = proc.stdout.strip().splitlines()[-4:]
-    assert tail[0].endswith(": done") and [line.split(":")[0].strip() for line in tail[1:]] == ["run", "traces", "summary"]
+    # it ends by saying where the run, its ranks' logs, its traces and its summary are
+    tail = proc.stdout.strip().splitlines()[-5:]
+    assert tail[0].endswith(": done") and [line.split(":")[0].strip() for line in tail[1:]] == [
+        "run", "logs", "traces", "summary"]
     run_dir = tmp_path / "runs" / "tiny" / tail[0].split()[1].rstrip(":")
     assert tail[1].split()[-1] == str(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -75,10 +76,13 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
     (line,) = [line for line in err.splitlines() if line.strip()]
     step = json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
     assert f"hpc: stopped (SIG{'INT' if how == 'ctrl-c' else 'TERM'}): {run_dir} holds a checkpoint at step {step} of " \
-        f"384; resume with: python -m torch.distributed.run --standalone --nproc-per-node 2 -m hpc.train" in line
+        f"384; resume with: python -m torch.distributed.run --standalone --nproc-per-node 2 -m hpc.rank --run-dir " \
+        f"{run_dir}" in line  # the task again, by its runner (issue 50)
     assert 0 < step < 384 and (run_dir / "summary.json").exists()  # stopped, not requeued: summary says so
     resume = line.split("resume with: ", 1)[1].replace("python ", f"{sys.executable} ", 1)
     done = subprocess.run(resume, shell=True, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert done.returncode == 0 and f"resuming from {run_dir}" in done.stdout, done.stdout[-1000:] + done.stderr[-1000:]
+    said = (run_dir / "logs" / "rank0.out").read_text()  # the task's own lines, as its runner keeps them
+    assert done.returncode == 0 and f"resuming from {run_dir}" in said, done.stdout[-1000:] + done.stderr[-1000:]
+    assert f"hpc.rank: {run_dir}: done; the task's output: {run_dir / 'logs'}" in done.stdout
     assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"] == 384

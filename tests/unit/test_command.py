@@ -235,7 +235,7 @@ def test_a_command_sweep_planned_again_from_its_sweep_file_is_the_same(tmp_path)
                      "  env: {OUT: '{run_dir}'}\nprofiler: {active: 2}\n")
     first = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
     saved = tmp_path / "saved.yaml"
-    saved.write_text(yaml.safe_dump(first.sweep_file()))
+    saved.write_text(yaml.safe_dump(first.sweep_file))
     cwd = os.getcwd()
     os.chdir("/")
     try:

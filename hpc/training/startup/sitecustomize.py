@@ -1,8 +1,9 @@
-"""The toolkit's start-up hook for your own command (hpc/settings/task.py puts this folder first on
-PYTHONPATH of a profiled rank, with HPC_PROFILER set): Python imports `sitecustomize` at start-up, so the
-script is profiled with no change to it (hpc/training/autoprofile.py). It never stops the script: any
-failure here is one line on stderr. A sitecustomize the environment had before (a site's, a venv's) is
-run after it, as if this one were not there. Python started with -S or -I does not load it.
+"""The toolkit's start-up hook for your own command (the per-rank runner, hpc/launch/runner.py, puts
+this folder first on PYTHONPATH of a profiled rank, with HPC_PROFILER set): Python imports
+`sitecustomize` at start-up, so the script is profiled with no change to it (hpc/training/autoprofile.py).
+It never stops the script: any failure here is one line on stderr. A sitecustomize the environment had
+before (a site's, a venv's) is run after it, as if this one were not there. Python started with -S or
+-I does not load it.
 """
 
 import importlib.machinery
