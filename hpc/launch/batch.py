@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 def parse(argv: list[str]) -> tuple[Any, list[str]]:
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
-    parser = Parser(prog="python -m hpc.batch", description=__doc__.split("\n\n")[0], needs_args=True)
+    parser = Parser(prog="python -m hpc.batch", description=__doc__.split("\n\n")[0], needs_args=not argv)
     parser.add_argument("--name", help="the runs directory's folder (default: the command's script or module)")
     parser.add_argument("--run-dir", help="the run directory (default: see the module doc)")
     parser.add_argument("--profile", help="cluster profile (default: $HPC_PROFILE, else perlmutter)")

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m hpc.launch.startuptime", description=__doc__.split("\n")[0])
     p.add_argument("--ranks", default="4,8,16,32", help="rank counts to time (4 a node)")
     p.add_argument("--account", default="m1234_g", help="Slurm account (-A)")
-    p.add_argument("--runs-dir", default="runs/startbench", help="where the runs go")
+    p.add_argument("--runs-dir", default="runs/startuptime", help="where the runs go")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     rank_counts = parse_ranks(args.ranks)  # before any output: a bad list is one line, nothing printed
     print(

@@ -86,3 +86,26 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
     assert done.returncode == 0 and f"resuming from {run_dir}" in said, done.stdout[-1000:] + done.stderr[-1000:]
     assert f"hpc.rank: {run_dir}: done; the task's output: {run_dir / 'logs'}" in done.stdout
     assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"] == 384
+
+
+def test_the_training_and_a_users_script_leave_the_same_run_directory(tmp_path):
+    """One road (issue 50): the toolkit's training and an unmodified DDP script, each run here on 2 ranks,
+    leave a run directory of the same layout and a summary.json with the same top-level keys, each rank
+    saying how it ended, its exit code, its host, its traces and the profiler's cycles."""
+    script = REPO / "tests" / "scripts" / "torchrun_ddp.py"
+    runs = {"train": ["--config", "profiles/smoke.yaml", "--data-root", str(tmp_path / "data"), "--max-steps", "4"],
+            "script": ["--", sys.executable, str(script), "--ckpt", str(tmp_path / "c.pt"), "--out", str(tmp_path / "w.pt")]}
+    summaries, layouts = {}, {}
+    for kind, argv in runs.items():
+        proc = run_module("hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(tmp_path / kind), *argv, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        (run_dir,) = [p for p in (tmp_path / kind).glob("*/*") if p.is_dir()]
+        summaries[kind] = json.loads((run_dir / "summary.json").read_text())
+        layouts[kind] = {p.name for p in run_dir.iterdir() if not p.name.startswith(run_dir.name)}  # submitit's own
+    assert set(summaries["train"]) == set(summaries["script"])
+    assert {"task.json", "summary.json", "logs", "ranks", "traces"} <= layouts["train"] & layouts["script"]
+    for kind, summary in summaries.items():
+        assert summary["outcome"] == "done" and summary["kind"] == ("train" if kind == "train" else "command")
+        for rank in summary["ranks"]:
+            assert rank["kind"] == "ok" and rank["exit_code"] == 0 and rank["hostname"] and rank["complete"], kind
+            assert rank["profiler"]["traces"] and rank["profiler"]["cycles"], (kind, rank["profiler"])

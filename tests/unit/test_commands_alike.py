@@ -26,6 +26,7 @@ HELPS = [
     ("hpc.distenv", [], "python -m hpc.distenv"),
     ("hpc.bench", [], "python -m hpc.bench"),
     ("hpc.rank", [], "python -m hpc.rank"),
+    ("hpc.batch", [], "python -m hpc.batch"),
     ("analysis", [], "python -m analysis"),
     ("analysis", ["compare"], "python -m analysis compare"),
     ("analysis.speed", [], "python -m analysis.speed"),
@@ -57,7 +58,7 @@ def test_the_study_command_helps_with_its_subcommands(capsys):
 
 ACTING = [("hpc.train", "python -m hpc.train"), ("hpc.submit", "python -m hpc.submit"),
           ("hpc.data", "python -m hpc.data"), ("analysis", "python -m analysis"), ("hpc.rank", "python -m hpc.rank"),
-          ("analysis.tensorboard", "python -m analysis.tensorboard")]
+          ("hpc.batch", "python -m hpc.batch"), ("analysis.tensorboard", "python -m analysis.tensorboard")]
 
 
 @pytest.mark.parametrize("module, prog", ACTING)
