@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,18 @@ def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -
     if code == EXIT_OOM and oom:
         return "oom"
     return "stopped" if code in requeue_codes else "failed"
+
+
+def exit_code_of(record: Mapping[str, Any]) -> int:
+    """A rank's exit code as a shell reads it: its task's own, 128 + N for a signal N, 1 when unknown."""
+    if record.get("kind") == "ok":
+        return EXIT_OK
+    code = record.get("exit_code")
+    if isinstance(code, int) and code > 0:
+        return code
+    sig = record.get("signal")
+    number = getattr(signal, sig, None) if isinstance(sig, str) and sig.startswith("SIG") else None
+    return 128 + int(number) if isinstance(number, signal.Signals) else 1
 
 
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:

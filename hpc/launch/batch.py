@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_output_dir, run
-from hpc.core.errors import EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import write_run_summary
+from hpc.core.summary import exit_code_of, root_cause, write_run_summary
 from hpc.launch.rankcli import profiler_section
 from hpc.launch.requeue import may_requeue
 from hpc.launch.runner import write_task
@@ -133,33 +133,44 @@ def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
     return rc, bool(terminated)
 
 
+def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
+    """The run's exit code, from its ranks' records: a stopped rank's (its requeue code), the first
+    failing rank's (128 + N for a signal N), 3 when srun killed the tasks on the batch shell's own
+    SIGTERM (they resume from what their task last saved), else srun's."""
+    ranks = list(summary.get("ranks", []))
+    if terminated and rc > 128:
+        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
+        return EXIT_PREEMPTED
+    cause = root_cause(ranks)
+    if cause is not None:
+        return exit_code_of(cause)
+    stopped = [exit_code_of(r) for r in ranks if r.get("kind") == "stopped"]
+    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == "done" else rc or EXIT_FAILED)
+
+
 def requeue_after_step(
-    task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: Any
+    task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
 ) -> int:
     """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
     summary = write_run_summary(RunPaths(run_dir)) or {}
     outcome = summary.get("outcome") or "no rank started"
     log.info(f"hpc.batch: {run_dir}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
-    codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == "stopped"]
-    code: int | None = codes[0] if codes else (rc if rc < 128 else None)
-    if terminated and rc > 128:  # srun killed the tasks on its own SIGTERM: resume from what was saved
-        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
-        code = EXIT_PREEMPTED
+    code = run_code(summary, rc, terminated)
+    if code not in task.requeue_codes:
+        return code
     job = env.get("SLURM_JOB_ID") or ""
     budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
-    if code is not None and code in task.requeue_codes:
-        if not may_requeue(code, task.requeue_codes, None, env, budget):
-            restarts = env.get("SLURM_RESTART_COUNT") or 0
-            log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
-            return code
-        log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
-        said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-        if said.returncode == 0:
-            return EXIT_OK
-        words = " ".join((said.stdout + said.stderr).split()) or "no message"
-        log.warning(f"job {job} could not requeue itself (scontrol: {words}); resubmit the same command to resume")
+    if not may_requeue(code, task.requeue_codes, None, env, budget):
+        restarts = env.get("SLURM_RESTART_COUNT") or 0
+        log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
         return code
-    return EXIT_OK if outcome == "done" else (code if code is not None else rc or 1)
+    log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
+    said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if said.returncode == 0:
+        return EXIT_OK
+    words = " ".join((said.stdout + said.stderr).split()) or "no message"
+    log.warning(f"job {job} could not requeue itself (scontrol: {words}); resubmit the same command to resume")
+    return code
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from hpc.core.cli import Parser, check_output_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import read_records, read_summary, write_run_summary
+from hpc.core.summary import exit_code_of, read_records, read_summary, write_run_summary
 from hpc.launch.runner import on_slurm, run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig
@@ -63,18 +62,6 @@ def task_for(args: Any, words: list[str]) -> Task:
     return Task.from_dict(saved)
 
 
-def exit_code(record: dict[str, Any]) -> int:
-    """The rank's exit code as the batch script reads it: the task's own (3 saved and stopped), 128 + N for
-    a signal N."""
-    if record.get("kind") == "ok":
-        return EXIT_OK
-    code = record.get("exit_code")
-    if isinstance(code, int) and code > 0:
-        return code
-    sig = record.get("signal")
-    return 128 + int(getattr(signal, sig)) if isinstance(sig, str) and hasattr(signal, sig) else EXIT_FAILED
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -100,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
         )
-    return exit_code(record)
+    return exit_code_of(record)
 
 
 def print_outcome(paths: RunPaths) -> int:

@@ -1,7 +1,8 @@
 """The per-rank runner: `run_rank` starts a rank's task (hpc/settings/task.py: the toolkit's training or a
 user's command) as a child process (its words, no shell) with the rank's environment (`rank_env`:
 torchrun's contract, HPC_RUN_DIR, the GPUs in the profile's order, the profiler's hook where the task
-has one), its stdout and stderr in RUN/logs/rank{R}.out and .err, and records how it ended in
+has one), its stdout and stderr kept in RUN/logs/rank{R}.out and .err and passed on to the runner's own
+(the job's log, a terminal: hpc/launch/pump.py), and records how it ended in
 RUN/ranks/rank{R}.exit.json, whole (written before this process ends, so a failing rank is named even
 when srun kills the others right after). Then summary.json is made again from every rank's records
 (hpc/core/summary.py). No torch import: the task is a process of its own.
@@ -53,6 +54,7 @@ from hpc.core.summary import (
     tail_lines,
     write_run_summary,
 )
+from hpc.launch.pump import Pump
 from hpc.placement.affinity import GPU_ORDER
 from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv, from_environ
 from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE, Task
@@ -166,6 +168,7 @@ class RankRun:
             "attempt": self.attempt,
             "logs": {s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
         }
+        self.pumps: list[Pump] = []  # the task's stdout and stderr, kept in its logs and passed on
         self.stopping_since: float | None = None  # when the task was told to stop
         self.why_stopping: str | None = None  # a stop signal's name, or "rank R failed"
         self.killed = False
@@ -180,6 +183,8 @@ class RankRun:
         except OSError as e:  # vanished since it was checked, or not executable on this node
             self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
         else:
+            for pump in self.pumps:  # the task's last lines are in its logs before its end is recorded
+                pump.finish()
             self.write(**self.ending(code))
         if self.record["kind"] == "failed":
             with contextlib.suppress(OSError):
@@ -193,21 +198,22 @@ class RankRun:
 
     def start(self, words: list[str]) -> subprocess.Popen[bytes]:
         env = rank_env(self.dist, self.paths.root, self.task, self.env, self.attempt)
-        with (
-            open(self.paths.rank_stream(self.dist.rank, "out"), "ab") as out,
-            open(self.paths.rank_stream(self.dist.rank, "err"), "ab") as err,
-        ):
-            # Its own session: a terminal's Ctrl-C or a signal to this process group reaches the task only
-            # as this rank passes it on, once (Slurm still signals it directly, and then nothing is passed on).
-            proc = subprocess.Popen(
-                words,
-                cwd=self.task.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        # Its own session: a terminal's Ctrl-C or a signal to this process group reaches the task only as
+        # this rank passes it on, once (Slurm still signals it directly, and then nothing is passed on).
+        proc = subprocess.Popen(
+            words,
+            cwd=self.task.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None and proc.stderr is not None  # both piped just above
+        self.pumps = [
+            Pump(proc.stdout, self.paths.rank_stream(self.dist.rank, "out"), 1),
+            Pump(proc.stderr, self.paths.rank_stream(self.dist.rank, "err"), 2),
+        ]
         self.write(pid=proc.pid)
         return proc
 

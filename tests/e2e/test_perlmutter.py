@@ -208,9 +208,12 @@ def test_a_two_node_run_on_sockets_stops_at_start_up(data_root, tmp_path, networ
     log = (tmp_path / f"out-{job}.txt").read_text()
     if network == "Socket":
         assert final["ExitCode"] == "2:0", final
-        said = [line for line in log.splitlines() if "hpc.train: error:" in line]
+        said = [line for line in log.splitlines() if line.startswith("hpc.train: error:")]  # each rank's own line
         assert len(said) == 4 and all("NCCL uses TCP sockets between the 2 nodes" in line for line in said), log
-        assert "Traceback" not in log and not (tmp_path / "run" / "summary.json").exists()
+        # no training was recorded; the run's summary (its runners', issue 50) names the first rank to stop
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["outcome"] == "failed" and "NCCL uses TCP sockets" in summary["failure"], summary["failure"]
+        assert "Traceback" not in log and not (tmp_path / "run" / "checkpoints" / "last.pt").exists()
     else:
         assert final["JobState"] == "COMPLETED", log[-2000:]
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -230,7 +233,7 @@ def test_the_sbatch_script_runs_every_task_in_the_profiles_container(data_root, 
                  "--data-root", str(data_root), "--max-steps", "2", "--no-profile", "--run-dir", str(tmp_path / "run"))
     final = wait_done(job, 300)
     assert final["JobState"] == "COMPLETED", (tmp_path / f"out-{job}.txt").read_text()[-2000:]
-    calls = log.read_text().splitlines()
+    calls = log.read_text().splitlines()  # each task: the per-rank runner, whose task is the training (issue 50)
     assert len(calls) == 2 and all(c.startswith("--image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -m "
-                                                "hpc.train --run-dir ") for c in calls), calls
+                                                f"hpc.rank --run-dir {tmp_path / 'run'}") for c in calls), calls
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["ranks"][0]["complete"]

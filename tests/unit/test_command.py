@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 
 from hpc.core.errors import UsageError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import (attempt_of, build_summary, failure_line, last_said, read_records, root_cause,
-                              run_outcome)
+from hpc.core.summary import (attempt_of, build_summary, exit_code_of, failure_line, last_said, read_records,
+                              root_cause, run_outcome)
 from hpc.launch.plan import make_plan
 from hpc.launch.points import split_command
-from hpc.launch.rankcli import exit_code
 from hpc.launch.runner import ordered_gpus, rank_env
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submit import build_parser
@@ -331,7 +330,7 @@ def test_an_attempt_is_the_job_and_its_restarts(env, attempt):
     ({"kind": "failed", "exit_code": 127}, 127),
 ])
 def test_hpc_rank_exits_as_its_command_did(rec, code):
-    assert exit_code(rec) == code
+    assert exit_code_of(rec) == code
 
 
 # --- the sbatch scripts' batch shell (hpc/launch/batch.py), inside a literal 2-node allocation ---------------
