@@ -120,7 +120,7 @@ def test_run_sbatch_runs_a_users_script_unchanged(slurm_cluster, tmp_path, launc
     wait_gone(job, 300)
     log = (tmp_path / f"out-{job}.txt").read_text()
     assert job_state(job)["JobState"] == "COMPLETED", log[-3000:]
-    assert f"hpc.rank: runs/torchrun_ddp/{job}: done" in log
+    assert f"hpc.batch: runs/torchrun_ddp/{job}: done" in log  # the batch shell's line (hpc/launch/batch.py)
     summary = json.loads((tmp_path / "runs" / "torchrun_ddp" / job / "summary.json").read_text())
     expected = "torchrun" if launcher == "torchrun" else "slurm"
     assert [(r["rank"], r["launcher"], r["node_rank"], r["local_rank"]) for r in summary["ranks"]] == [

@@ -181,7 +181,7 @@ def test_killed_rank_fails_the_whole_job_quickly(slurm_cluster, data_root, tmp_p
     victim = None
     while time.time() < deadline and victim is None:
         if (run_dir / "metrics.jsonl").exists():
-            for pid in subprocess.run(["pgrep", "-f", f"hpc.train --run-dir runs/resnet152/{job}"],
+            for pid in subprocess.run(["pgrep", "-f", f"hpc.train --config .* --run-dir {run_dir} "],
                                       capture_output=True, text=True).stdout.split():
                 if Path(f"/proc/{pid}/comm").read_text().strip().startswith("python"):
                     victim = int(pid)
