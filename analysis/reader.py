@@ -10,6 +10,8 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
+import re
 import types
 import zlib
 from collections.abc import Iterator
@@ -35,6 +37,18 @@ class _Truncated(Exception):
     pass
 
 
+# What one trace may cost, whatever it holds (a file past a bound is refused in one line, in seconds):
+MAX_VALUE_BYTES = 64 << 20  # one event, or one top-level value, as text: real events are under a kilobyte
+MAX_BLANK_BYTES = 16 << 20  # whitespace between two values: real traces have a few bytes there
+MAX_INFLATION = 100  # a .gz inflating past 100x its size (real traces: 10-20x), once past BOMB_FLOOR_BYTES
+BOMB_FLOOR_BYTES = 256 << 20
+_NOT_BLANK = re.compile(r"[^ \t\n\r]")
+
+
+class _TooCostly(Exception):
+    """A trace past one of the bounds above: str() says which."""
+
+
 class Reader:
     """Stream a Chrome trace's top-level object: every top-level value but `traceEvents` is decoded
     whole (they are small: metadata, kept in `meta`), the events a window at a time.
@@ -43,8 +57,6 @@ class Reader:
     it is faster: a window of events is one msgspec call (`_batch`); ijson's yajl backend spent most of
     the analysis time tokenising. Memory is the window (1 MiB chunks) and its events.
     """
-
-    _WS = " \t\n\r"
 
     def __init__(self, stream: IO[bytes] | None = None, chunk: int = 1 << 20):
         self.stream = stream
@@ -57,12 +69,17 @@ class Reader:
         self.meta: dict = {}
         self.saw_events = False
         self.slow_until = 0  # a window no decoder took whole: its events are read one at a time up to here
+        self.read_bytes = 0  # of text, inflated: held against `max_bytes`
+        self.max_bytes: int | None = None  # set for a .gz (see MAX_INFLATION)
 
     def _fill(self) -> bool:
         if self.eof:
             return False
         assert self.stream is not None, "Reader.stream is set before reading"
         data = self.stream.read(self.chunk)
+        self.read_bytes += len(data)
+        if self.max_bytes is not None and self.read_bytes > self.max_bytes:
+            raise _TooCostly(f"inflates past {self.max_bytes >> 20} MiB, over {MAX_INFLATION}x its size: a gzip bomb")
         if self.pos > (1 << 16):  # drop what has been consumed
             self.buf = self.buf[self.pos :]
             self.slow_until = max(0, self.slow_until - self.pos)
@@ -76,11 +93,16 @@ class Reader:
 
     def _peek(self) -> str:
         """The next non-blank character (not consumed)."""
+        blank = 0
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in self._WS:
-                self.pos += 1
-            if self.pos < len(self.buf):
+            found = _NOT_BLANK.search(self.buf, self.pos)
+            if found is not None:
+                self.pos = found.start()
                 return self.buf[self.pos]
+            blank += len(self.buf) - self.pos
+            self.pos = len(self.buf)
+            if blank > MAX_BLANK_BYTES:
+                raise _TooCostly(f"more than {MAX_BLANK_BYTES >> 20} MiB of whitespace in a row")
             if not self._fill():
                 raise _Truncated("unexpected end of file")
 
@@ -95,7 +117,11 @@ class Reader:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise _TooCostly("values nested deeper than Python's JSON decoder goes") from None
             except json.JSONDecodeError as err:
+                if len(self.buf) - self.pos > MAX_VALUE_BYTES:
+                    raise _TooCostly(f"a value (an event) longer than {MAX_VALUE_BYTES >> 20} MiB") from None
                 if self._fill():
                     continue
                 # The whole file is read: an error at its end (or an unclosed string) means it was cut off.
@@ -194,16 +220,19 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def _open(path: Path) -> IO[bytes]:
+def _open(path: Path) -> tuple[IO[bytes], bool]:
+    """The file's text as a stream, and whether it is gzip's."""
     with open(path, "rb") as f:
-        magic = f.read(2)
-    return _gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+        gz = f.read(2) == b"\x1f\x8b"
+    return (_gzip.open(path, "rb") if gz else open(path, "rb")), gz
 
 
 def read_batches(path: Path, reader: Reader) -> Iterator[Batch]:
     """The trace's events, a Batch at a time; the file's own problems become TraceError."""
     try:
-        stream = _open(path)
+        stream, gz = _open(path)
+        if gz:
+            reader.max_bytes = max(BOMB_FLOOR_BYTES, MAX_INFLATION * os.path.getsize(path))
     except OSError as err:
         raise TraceError(f"cannot read ({err.strerror or err})") from None
     reader.stream = stream
@@ -214,6 +243,8 @@ def read_batches(path: Path, reader: Reader) -> Iterator[Batch]:
             yield batch
     except _Truncated as err:
         raise TraceError(f"truncated or malformed JSON after {n_events} events ({_first_line(err)})") from None
+    except _TooCostly as err:
+        raise TraceError(f"refused after {n_events} events: {err} (the bounds: analysis/reader.py)") from None
     except ValueError as err:
         if not reader.saw_events:
             raise TraceError(f"not a Chrome trace (no top-level traceEvents; {_first_line(err)})") from None

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from analysis.tbgate import TokenGate, new_token
 from hpc.core.cli import Parser, inspect_path, run
 from hpc.core.errors import UsageError
 
@@ -154,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     check_listen(args.host, args.port)
     from tensorboard import program
 
-    tb = program.TensorBoard()
+    token = new_token()
+    tb = program.TensorBoard(
+        server_class=lambda app, flags: program.WerkzeugServer(TokenGate(app, token, args.port), flags)
+    )
     tb.configure(
         argv=[
             sys.argv[0],
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     print(
-        f"TensorBoard on http://{args.host}:{args.port}/#pytorch_profiler (logdir {logdir}); Ctrl-C stops it",
+        f"TensorBoard on http://{args.host}:{args.port}/?token={token}#pytorch_profiler (logdir {logdir}; only this "
+        "URL's token gets in: it is yours); Ctrl-C stops it",
         flush=True,
     )
     return tb.main()

@@ -2,6 +2,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -120,8 +121,22 @@ def free_port() -> int:
     raise AssertionError("no free port below the ephemeral range")
 
 
+TB_TOKENS: dict[int, str] = {}  # port -> the token analysis.tensorboard printed (start_tensorboard reads it)
+
+
+def tb_url(port: int, path: str = "/") -> str:
+    """The URL analysis.tensorboard printed, for another path: its token in the query."""
+    sep = "&" if "?" in path else "?"
+    return f"http://127.0.0.1:{port}{path}" + (f"{sep}token={TB_TOKENS[port]}" if port in TB_TOKENS else "")
+
+
 def http_get(port: int, path: str, timeout: float = 30) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+    """GET a path of a server here; of one started by start_tensorboard, with its owner's cookie (what a
+    browser holds once it opened the printed URL)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if port in TB_TOKENS:
+        request.add_header("Cookie", f"hpc_tb_{port}={TB_TOKENS[port]}")
+    with urllib.request.urlopen(request, timeout=timeout) as r:
         return r.read().decode()
 
 
@@ -143,8 +158,14 @@ def has_lines(path: Path, lines: int) -> bool:
 
 
 def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subprocess.Popen:
-    """Start a TensorBoard command; return once the profiler plugin lists its runs."""
+    """Start a TensorBoard command; return once the profiler plugin lists its runs. analysis.tensorboard's
+    first line is its URL: its token is kept for http_get and tb_url."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    if "analysis.tensorboard" in cmd:
+        first = proc.stdout.readline()
+        found = re.search(r"\?token=([\w-]+)#", first)
+        assert found, first
+        TB_TOKENS[port] = found.group(1)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:

@@ -3,15 +3,18 @@ and of its long run by hand:
 
     .venv/bin/python tests/faultdraw.py --trials 200 --seed 1 [--out trials.jsonl]
 
-A trial draws, from its seed: the world (1 or 2 gloo ranks), a signal (KILL, TERM, INT, USR2), the rank it
-hits, a moment, and whether a second SIGKILL hits the resume. A moment is the k-th event of the run plus a
-delay: an event is a line the run prints or a file appearing in its directory (a checkpoint's temp file,
-a trace, metrics.jsonl ...), counted as they come by two watcher threads; k is drawn over the events the
-uninterrupted run had, so most trials land inside the run (set-up, a step, a checkpoint write, the
-profiler's export, an evaluation, the summary), not after it. The run is then resumed by the same command
-until it ends, and checked against the uninterrupted run (the oracle): the final weights' sha256 (computed
-here from last.pt, not by the toolkit), the step, a complete summary.json, no temp file anywhere, the same
-metrics records (kind, step, epoch), each once, and a stop that says it stopped.
+A trial draws, from its seed alone (the same trial for the same seed, whatever the machine): the world (1
+or 2 gloo ranks), a signal (KILL, TERM, INT, USR2: seed % 4, so any four seeds in a row cover them), the
+rank it hits, a moment, and whether a second SIGKILL hits the resume. A moment is the k-th line rank 0
+prints plus a delay: k is a drawn fraction of LINES, the lines every uninterrupted run prints (the same
+each time; `reference` checks it), short of its last two, so that the signal lands inside the run
+(set-up, a step, a checkpoint write, the profiler's export, an evaluation, the summary), not after it.
+Each trial records whether it landed (sent before the target's last line and its exit) and whether the
+target caught that signal then (its /proc SigCgt): a run may die of TERM, INT or USR2 only where it had
+no handler for it yet. The run is then resumed by the same command until it ends, and checked against
+the uninterrupted run (the oracle): the final weights' sha256 (computed here from last.pt, not by the
+toolkit), the step, a complete summary.json, no temp file anywhere, the same metrics records (kind,
+step, epoch), each once, and a stop that says it stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from trainrun import SMOKE, start_ranks  # noqa: E402
 ARGS = ["--epochs", "2", "--batch-size", "64", "--set", "data.fraction=0.5", "--set", "train.checkpoint_every_steps=3",
         "--set", "train.collective_timeout_s=20", "--set", "train.log_every_steps=2"]
 SIGNALS = ("KILL", "TERM", "INT", "USR2")
+LINES = {1: 25, 2: 19}  # what rank 0 of the uninterrupted run prints, by world size (reference() checks it)
 LOST_SAID = ("lost a peer", "the group did not form", "could not reach the run's store")  # exit 5's lines
 
 
@@ -46,8 +50,8 @@ def command(data_root: Path, run_dir: Path) -> list[str]:
 
 
 class Watch:
-    """The events of a running run: rank 0's stdout lines and the files appearing under its directory,
-    counted in the order they come; `fire` sends `sig` to `target` `delay_s` after event `at`."""
+    """The lines a running run's ranks print, counted on rank 0's stdout as they come; `fire` sends a signal
+    to a rank after rank 0's line `at`, and says whether it landed inside the run."""
 
     def __init__(self, procs: list[subprocess.Popen], run_dir: Path):
         self.procs, self.run_dir = procs, run_dir
@@ -59,41 +63,32 @@ class Watch:
                         for i, p in enumerate(procs)]
         self.readers += [threading.Thread(target=self._read, args=(i, p.stderr, self.err), daemon=True)
                          for i, p in enumerate(procs)]
-        self.files = threading.Thread(target=self._scan, daemon=True)
-        for t in [*self.readers, self.files]:
+        for t in self.readers:
             t.start()
-
-    def _event(self) -> None:
-        with self.lock:
-            self.events += 1
-            self.lock.notify_all()
 
     def _read(self, i: int, stream, sink: dict) -> None:
         for line in stream:
             sink[i].append(line)
             if sink is self.out and i == 0:
-                self._event()
+                with self.lock:
+                    self.events += 1
+                    self.lock.notify_all()
 
-    def _scan(self) -> None:
-        seen: set[str] = set()
-        while any(p.poll() is None for p in self.procs):
-            if self.run_dir.exists():
-                for path in self.run_dir.rglob("*"):
-                    if path.name not in seen and "logs" not in path.parts:
-                        seen.add(path.name)
-                        self._event()
-            time.sleep(0.005)
-
-    def fire(self, at: int, delay_s: float, sig: signal.Signals, target: int) -> bool:
-        """Whether the signal was sent (False: the run ended first)."""
+    def fire(self, at: int, delay_s: float, sig: signal.Signals, target: int, last: int) -> tuple[bool, bool]:
+        """(landed: sent while the target ran and before rank 0's line `last`; caught: the target had a
+        handler for it then)."""
         with self.lock:
             while self.events < at and any(p.poll() is None for p in self.procs):
                 self.lock.wait(0.05)
         time.sleep(delay_s)
-        if self.procs[target].poll() is not None:
-            return False
-        self.procs[target].send_signal(sig)
-        return True
+        proc = self.procs[target]
+        if proc.poll() is not None:
+            return False, False
+        caught = handles(proc.pid, sig)
+        with self.lock:
+            before_end = self.events < last
+        proc.send_signal(sig)
+        return before_end, caught
 
     def finish(self, timeout_s: float = 180) -> list[tuple[int, str, str]]:
         deadline = time.monotonic() + timeout_s
@@ -106,6 +101,17 @@ class Watch:
         for t in self.readers:
             t.join(10)
         return [(p.returncode, "".join(self.out[i]), "".join(self.err[i])) for i, p in enumerate(self.procs)]
+
+
+def handles(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has a handler for `sig` now: its SigCgt mask in /proc (the kernel's own record,
+    not the toolkit's)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(mask >> (int(sig) - 1) & 1)
 
 
 def launch(world: int, data_root: Path, run_dir: Path) -> Watch:
@@ -147,6 +153,7 @@ def reference(world: int, data_root: Path, run_dir: Path) -> Reference:
     watch = launch(world, data_root, run_dir)
     results = watch.finish()
     assert all(rc == 0 for rc, _, _ in results), results
+    assert watch.events == LINES[world], (watch.events, results[0][1])  # the draws' moments are counted on these
     steps = json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"]
     return Reference(watch.events, weights_sha256(run_dir), records(run_dir), steps)
 
@@ -161,32 +168,34 @@ class Trial:
     delay_s: float
     second_kill_at: int | None
     landed: bool = False
+    caught: bool = False  # the target had a handler for the signal when it was sent
     codes: list[int] = dataclasses.field(default_factory=list)
     runs: int = 0
 
 
-def draw(seed: int, refs: dict[int, Reference]) -> Trial:
+def draw(seed: int) -> Trial:
+    """The trial of a seed: from the seed alone (the module doc)."""
     rng = random.Random(seed)
-    world = rng.choice(sorted(refs))
-    events = refs[world].events
-    second = rng.randrange(events) if rng.random() < 0.3 else None
-    return Trial(seed, world, rng.choice(SIGNALS), rng.randrange(world), rng.randrange(events + 1),
+    world = rng.choice((1, 2))
+    lines = LINES[world] - 2  # never at the last two lines: the signal lands inside the run
+    second = int(rng.random() * lines) if rng.random() < 0.3 else None
+    return Trial(seed, world, SIGNALS[seed % len(SIGNALS)], rng.randrange(world), int(rng.random() * lines),
                  round(rng.uniform(0, 0.3), 3), second)
 
 
-def said_it_stopped(trial: Trial, sig: str, results: list[tuple[int, str, str]], early: bool) -> str | None:
+def said_it_stopped(trial: Trial, sig: str, results: list[tuple[int, str, str]], caught: bool) -> str | None:
     """What is wrong with how the faulted run ended, None if nothing."""
     for rank, (rc, out, err) in enumerate(results):
         if rc == 3 and "stopped by signal, checkpoint written" not in out and rank == 0:
             return f"rank {rank} exit 3 without saying it stopped"
         if rc == 5 and not any(said in err for said in LOST_SAID):
             return f"rank {rank} exit 5 without naming the lost peer: {err.strip().splitlines()[-1:]}"
-        # death by the signal itself: SIGKILL always; the others only before the early handler is in
-        # place (`early`: drawn at the very start), else the stop handler must have caught them
-        dies = sig == "KILL" or early
+        # death by the signal itself: SIGKILL always; the others only where the target had no handler for it
+        # when it came (Python's start-up, before the door installs one: /proc's SigCgt said so)
+        dies = sig == "KILL" or not caught
         if rc < 0 and not (dies and rank == trial.target and -rc == signal.Signals[f"SIG{sig}"]):
             return f"rank {rank} died of signal {-rc}"
-        if early and sig == "INT" and rank == trial.target and err.rstrip().endswith("KeyboardInterrupt"):
+        if not caught and sig == "INT" and rank == trial.target and err.rstrip().endswith("KeyboardInterrupt"):
             continue  # Ctrl-C before the door's handler exists (Python's start-up, ~30-60 ms): Python's own
         if rc not in (0, 3, 5) and rc >= 0:
             return f"rank {rank} exit {rc}: {err.strip().splitlines()[-1:] if err.strip() else ''}"
@@ -199,16 +208,17 @@ def run_trial(trial: Trial, ref: Reference, data_root: Path, run_dir: Path) -> s
     """The trial, a second SIGKILL during the resume if drawn, then the resume to the end; what is wrong
     (None: it ended as the reference did)."""
     watch = launch(trial.world, data_root, run_dir)
-    trial.landed = watch.fire(trial.at, trial.delay_s, signal.Signals[f"SIG{trial.sig}"], trial.target)
+    sig = signal.Signals[f"SIG{trial.sig}"]
+    trial.landed, trial.caught = watch.fire(trial.at, trial.delay_s, sig, trial.target, LINES[trial.world])
     results = watch.finish()
     trial.codes, trial.runs = [rc for rc, _, _ in results], 1
-    wrong = said_it_stopped(trial, trial.sig, results, trial.landed and trial.at == 0)
+    wrong = said_it_stopped(trial, trial.sig, results, trial.caught)
     if wrong is None and trial.second_kill_at is not None:
         watch = launch(trial.world, data_root, run_dir)
-        landed = watch.fire(trial.second_kill_at, trial.delay_s, signal.SIGKILL, trial.target)
+        watch.fire(trial.second_kill_at, trial.delay_s, signal.SIGKILL, trial.target, LINES[trial.world])
         results = watch.finish()
         trial.runs += 1
-        wrong = said_it_stopped(trial, "KILL", results, landed)  # (a KILL may always kill)
+        wrong = said_it_stopped(trial, "KILL", results, True)  # (a KILL may always kill)
     if wrong is None:
         results = launch(trial.world, data_root, run_dir).finish()
         trial.runs += 1
@@ -248,7 +258,7 @@ def main() -> int:
     refs = {w: reference(w, data_root, args.work / f"straight{w}-{os.getpid()}") for w in (1, 2)}
     failures, landed, tally = 0, 0, {}
     for i in range(args.trials):
-        trial = draw(args.seed * 100_000 + i, refs)
+        trial = draw(args.seed * 100_000 + i)
         wrong = run_trial(trial, refs[trial.world], data_root, args.work / f"trial{trial.seed}")
         failures += wrong is not None
         landed += trial.landed

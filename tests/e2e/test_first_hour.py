@@ -43,8 +43,8 @@ def test_the_readme_quickstart_as_written(tmp_path):
     at = next(i for i, line in enumerate(lines) if line.startswith("profiled steps, per rank"))
     assert lines[at + 1].split()[:3] == ["rank", "steps", "cpu_time"] and [r.split()[0] for r in lines[at + 2:at + 4]] == ["0", "1"]
     assert lines[at + 4].startswith("verdict: unknown: no device activity in the trace (a CPU run)")
-    assert re.fullmatch(r"job \d+: done", lines[at + 5]) and len(lines) == at + 9
-    assert [line.split(":")[0].strip() for line in lines[at + 6:]] == ["run", "traces", "summary"]
+    assert re.fullmatch(r"job \d+: done", lines[at + 5]) and len(lines) == at + 10
+    assert [line.split(":")[0].strip() for line in lines[at + 6:]] == ["run", "logs", "traces", "summary"]
     run_dir = Path(lines[at + 6].split()[-1])
     assert run_dir.parent == tmp_path / "runs" / "resnet18" and (run_dir / "summary.json").is_file()
     assert sum(line.strip().startswith("run:") for line in lines) == 1  # the paths, once

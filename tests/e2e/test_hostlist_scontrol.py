@@ -13,6 +13,7 @@ from hostlist_gen import expression
 from hpc.core.errors import HostlistError
 from hpc.placement.hostlist import expand_hostlist
 
+pytestmark = pytest.mark.slurm  # scontrol comes with the local cluster (tests/slurm/cluster.sh)
 N_EXPRESSIONS = 4000
 
 

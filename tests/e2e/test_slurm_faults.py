@@ -233,18 +233,17 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_roo
         assert a.keys() == b.keys() and worst <= 1e-2, worst
 
 
-def task_pid(job: str, procid: int) -> int | None:
-    """The pid of task `procid` of a submitit job (the environment of its python says which)."""
+def rank_pid(job: str, rank: int) -> int | None:
+    """The pid of rank `rank`'s training process in a submitit job: the task its runner started (its
+    environment says the job and the rank; the runner, a submitit process, has no RANK)."""
     for pid, cmd in processes().items():
-        if "submitit.core._submit" not in cmd:
+        if "-m hpc.train" not in cmd:
             continue
-        try:  # the task's python, not the srun that starts it (the same words on its command line)
+        try:
             env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-            if not Path(f"/proc/{pid}/comm").read_text().startswith("python"):
-                continue
         except OSError:
             continue
-        if {f"SLURM_JOB_ID={job}".encode(), f"SLURM_PROCID={procid}".encode()} <= env:
+        if {f"SLURM_JOB_ID={job}".encode(), f"RANK={rank}".encode()} <= env:
             return pid
     return None
 
@@ -270,7 +269,7 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(da
     assert frozen.returncode == 0, frozen.stdout + frozen.stderr
     job, run_dir = re.findall(r"^job (\S+): run dir (\S+)", frozen.stdout, flags=re.M)[-1]
     wait_for_steps(Path(run_dir) / "metrics.jsonl", 9)
-    victim = wait_until(lambda: task_pid(job, 0), "rank 0's process", 30)
+    victim = wait_until(lambda: rank_pid(job, 0), "rank 0's process", 30)
     os.kill(victim, signal.SIGSTOP)
     wait_until(lambda: int(job_state(job).get("Restarts", 0)) == 1, f"job {job} requeued", 180, every_s=1)
     wait_gone(job, 600, hurry_requeue=True)

@@ -4,14 +4,15 @@ headless Chromium, with the training scalars alongside."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, free_port, headless_chromium, http_get,
-                      start_tensorboard, tb_operator_row)
+from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, TB_TOKENS, free_port, headless_chromium,
+                      http_get, start_tensorboard, tb_operator_row, tb_url)
 from hpc.training import data
 from trainrun import SMOKE, train
 
@@ -39,6 +40,31 @@ def server(logdir):
     yield port
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def curl(*args: str) -> tuple[int, str, str]:
+    """(HTTP status, headers, body) of a request by curl, as another user of the node would make it."""
+    out = subprocess.run(["curl", "-s", "-D", "-", "--max-time", "30", *args], capture_output=True)
+    head, _, body = out.stdout.decode(errors="replace").partition("\r\n\r\n")  # bytes: the CRLFs kept
+    return int(head.split()[1]), head, body
+
+
+def test_only_its_owner_gets_in(server):
+    """Issue 53: on a shared login node anyone can reach 127.0.0.1; only the printed URL's token (or the
+    cookie it leaves) gets in. Without it, or with another, every path is refused and shows nothing of
+    the runs."""
+    paths = ["/", "/#pytorch_profiler", f"{TB_PLUGIN}/runs", f"{TB_PLUGIN}/index.html", "/data/plugin/scalars/tags",
+             f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1", "/data/runs"]
+    for path in paths:
+        for extra in ([], ["-b", f"hpc_tb_{server}=not-the-token"], ["-G", "--data-urlencode", "token=guess"]):
+            status, _, body = curl(*extra, f"http://127.0.0.1:{server}{path}")
+            assert status == 403 and body.startswith("403: this TensorBoard is its owner's"), (path, body)
+            assert "smoke" not in body and "h100" not in body and "rank0" not in body, (path, body)
+    status, head, _ = curl(tb_url(server, "/"))  # the printed URL: the token becomes this port's cookie
+    assert status == 302 and f"Set-Cookie: hpc_tb_{server}={TB_TOKENS[server]}; Path=/; HttpOnly" in head
+    assert "token=" not in head.split("Location:", 1)[1].splitlines()[0]  # and leaves the address bar
+    status, _, body = curl("-b", f"hpc_tb_{server}={TB_TOKENS[server]}", f"http://127.0.0.1:{server}{TB_PLUGIN}/runs")
+    assert status == 200 and "smoke/traces" in body
 
 
 def test_runs_workers_and_scalars(server):
@@ -122,7 +148,7 @@ def _open_profiler(browser, port: int):
     waits on the page: for the options to be listed, then for the selector to show the label picked."""
     from selenium.webdriver.common.by import By
 
-    browser.get(f"http://127.0.0.1:{port}/#pytorch_profiler")
+    browser.get(tb_url(port, "/") + "#pytorch_profiler")  # the URL the command printed
     browser.switch_to.frame(until(browser, lambda: browser.find_elements(By.TAG_NAME, "iframe"), "the plugin's iframe")[0])
 
     def selectors():
@@ -245,6 +271,6 @@ def test_the_console_keeps_errors_only(logdir):
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[0]
-    assert "TensorBoard on http://127.0.0.1:" in out
+    assert port in TB_TOKENS  # its address line came first (start_tensorboard read it there)
     for noise in ("Tensor Cores eligible", "In 3.0, this warning", "fast data loading", "INFO:pytorch_profiler"):
         assert noise not in out, out[-2000:]

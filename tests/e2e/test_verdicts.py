@@ -75,14 +75,16 @@ EXPECTED = {  # trace: (verdict, secondary, why)
         "8 MI300X ranks: RCCL kernels exposed 64% of the span; all-reduce at 2.6 GB/s bus bandwidth"),
 }
 
-pytestmark = pytest.mark.traces
+needs_shared = pytest.mark.traces  # the tests of ../shared/traces; the toolkit's own trace is committed
 
 
+@needs_shared
 def test_every_shared_trace_has_its_expected_verdict():
     found = sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*.json*"))
     assert sorted(EXPECTED) == found  # no trace left without a stated expectation
 
 
+@needs_shared
 @pytest.mark.parametrize("rel", sorted(EXPECTED))
 def test_verdict_on_a_real_trace(rel):
     bound, secondary, _why = EXPECTED[rel]
@@ -206,6 +208,7 @@ FLIPS = {
 FLIP_CASES = [(rel, bound) for rel, (bound, _, _) in EXPECTED.items() if "param_dlrm" not in rel or "worker1" in rel]
 
 
+@needs_shared
 @pytest.mark.parametrize("rel, bound", FLIP_CASES)
 def test_each_verdict_flips_when_its_cause_is_taken_away(rel, bound, tmp_path):
     change, becomes, _why = FLIPS[bound]
@@ -233,6 +236,7 @@ BORDERLINE = {
 }
 
 
+@needs_shared
 @pytest.mark.parametrize("rel", sorted(BORDERLINE))
 def test_a_borderline_verdict_holds_on_htas_own_breakdown(rel, tmp_path):
     _said, holds = BORDERLINE[rel]
@@ -245,6 +249,7 @@ def test_a_borderline_verdict_holds_on_htas_own_breakdown(rel, tmp_path):
     assert holds(hta), (rel, hta)
 
 
+@needs_shared
 @pytest.mark.parametrize("rel", sorted(EXPECTED))
 def test_every_other_verdict_is_five_points_clear_of_its_thresholds(rel):
     """Where no share lies within 5 points of its threshold the class is not in doubt: the breakdowns agree
