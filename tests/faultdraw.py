@@ -6,9 +6,10 @@ and of its long run by hand:
 A trial draws, from its seed alone (the same trial for the same seed, whatever the machine): the world (1
 or 2 gloo ranks), a signal (KILL, TERM, INT, USR2: seed % 4, so any four seeds in a row cover them), the
 rank it hits, a moment, and whether a second SIGKILL hits the resume. A moment is the k-th line rank 0
-prints plus a delay: k is a drawn fraction of LINES, the lines every uninterrupted run prints (the same
-each time; `reference` checks it), short of its last two, so that the signal lands inside the run
-(set-up, a step, a checkpoint write, the profiler's export, an evaluation, the summary), not after it.
+prints plus a delay of up to 0.1 s: k is a drawn fraction of RUN_LINES, the lines every uninterrupted
+run prints before its last ("done"; the same each time: `reference` checks it), short of its last step,
+and every step takes 0.1 s longer (slow-step), so the signal lands inside the run (set-up, a step, a
+checkpoint write, the profiler's export, an evaluation, the summary), not after it.
 Each trial records whether it landed (sent before the target's last line and its exit) and whether the
 target caught that signal then (its /proc SigCgt): a run may die of TERM, INT or USR2 only where it had
 no handler for it yet. The run is then resumed by the same command until it ends, and checked against
@@ -41,7 +42,8 @@ from trainrun import SMOKE, start_ranks  # noqa: E402
 ARGS = ["--epochs", "2", "--batch-size", "64", "--set", "data.fraction=0.5", "--set", "train.checkpoint_every_steps=3",
         "--set", "train.collective_timeout_s=20", "--set", "train.log_every_steps=2"]
 SIGNALS = ("KILL", "TERM", "INT", "USR2")
-LINES = {1: 25, 2: 19}  # what rank 0 of the uninterrupted run prints, by world size (reference() checks it)
+RUN_LINES = {1: 21, 2: 14}  # the lines rank 0 prints before "done", by world size (reference() checks it)
+SLOW_STEP = {"HPC_FAULT_INJECT": "slow-step:100"}  # each step 0.1 s longer: a signal after line k lands in the run
 LOST_SAID = ("lost a peer", "the group did not form", "could not reach the run's store")  # exit 5's lines
 
 
@@ -75,8 +77,8 @@ class Watch:
                     self.lock.notify_all()
 
     def fire(self, at: int, delay_s: float, sig: signal.Signals, target: int, last: int) -> tuple[bool, bool]:
-        """(landed: sent while the target ran and before rank 0's line `last`; caught: the target had a
-        handler for it then)."""
+        """(landed: sent while the target ran, with at most `last` of rank 0's lines out, its "done" not
+        yet; caught: the target had a handler for it then)."""
         with self.lock:
             while self.events < at and any(p.poll() is None for p in self.procs):
                 self.lock.wait(0.05)
@@ -86,7 +88,7 @@ class Watch:
             return False, False
         caught = handles(proc.pid, sig)
         with self.lock:
-            before_end = self.events < last
+            before_end = self.events <= last
         proc.send_signal(sig)
         return before_end, caught
 
@@ -115,7 +117,7 @@ def handles(pid: int, sig: signal.Signals) -> bool:
 
 
 def launch(world: int, data_root: Path, run_dir: Path) -> Watch:
-    procs = start_ranks(world, command(data_root, run_dir), {"HPC_LOG_LEVEL": "info"})
+    procs = start_ranks(world, command(data_root, run_dir), {"HPC_LOG_LEVEL": "info", **SLOW_STEP})
     return Watch(procs, run_dir)
 
 
@@ -153,7 +155,8 @@ def reference(world: int, data_root: Path, run_dir: Path) -> Reference:
     watch = launch(world, data_root, run_dir)
     results = watch.finish()
     assert all(rc == 0 for rc, _, _ in results), results
-    assert watch.events == LINES[world], (watch.events, results[0][1])  # the draws' moments are counted on these
+    lines = results[0][1].splitlines()
+    assert lines[RUN_LINES[world]] == "done", results[0][1]  # the draws' moments are counted on these lines
     steps = json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"]
     return Reference(watch.events, weights_sha256(run_dir), records(run_dir), steps)
 
@@ -177,10 +180,10 @@ def draw(seed: int) -> Trial:
     """The trial of a seed: from the seed alone (the module doc)."""
     rng = random.Random(seed)
     world = rng.choice((1, 2))
-    lines = LINES[world] - 2  # never at the last two lines: the signal lands inside the run
+    lines = RUN_LINES[world] - 2  # never after the last step's line: the signal lands inside the run
     second = int(rng.random() * lines) if rng.random() < 0.3 else None
     return Trial(seed, world, SIGNALS[seed % len(SIGNALS)], rng.randrange(world), int(rng.random() * lines),
-                 round(rng.uniform(0, 0.3), 3), second)
+                 round(rng.uniform(0, 0.1), 3), second)
 
 
 def said_it_stopped(trial: Trial, sig: str, results: list[tuple[int, str, str]], caught: bool) -> str | None:
@@ -209,13 +212,13 @@ def run_trial(trial: Trial, ref: Reference, data_root: Path, run_dir: Path) -> s
     (None: it ended as the reference did)."""
     watch = launch(trial.world, data_root, run_dir)
     sig = signal.Signals[f"SIG{trial.sig}"]
-    trial.landed, trial.caught = watch.fire(trial.at, trial.delay_s, sig, trial.target, LINES[trial.world])
+    trial.landed, trial.caught = watch.fire(trial.at, trial.delay_s, sig, trial.target, RUN_LINES[trial.world])
     results = watch.finish()
     trial.codes, trial.runs = [rc for rc, _, _ in results], 1
     wrong = said_it_stopped(trial, trial.sig, results, trial.caught)
     if wrong is None and trial.second_kill_at is not None:
         watch = launch(trial.world, data_root, run_dir)
-        watch.fire(trial.second_kill_at, trial.delay_s, signal.SIGKILL, trial.target, LINES[trial.world])
+        watch.fire(trial.second_kill_at, trial.delay_s, signal.SIGKILL, trial.target, RUN_LINES[trial.world])
         results = watch.finish()
         trial.runs += 1
         wrong = said_it_stopped(trial, "KILL", results, True)  # (a KILL may always kill)
