@@ -49,7 +49,10 @@ def test_a_check_that_passes_on_both_ranks_keeps_the_graph_path(data_root, tmp_p
     assert "graph check passed on 2 rank(s)" in results[0][1]
     ranks = summary(tmp_path / "run")["ranks"]
     assert [(r["step_mode"], r["graph_check"]) for r in ranks] == [("graph", "passed")] * 2
-    assert ranks[0]["graph_check_detail"]["update_rel_diff"] == 0.0  # the stand-in is the eager step
+    # 0 by construction here: the CPU stand-in's "replay" is the eager step itself, so this pins only that the
+    # check compared and recorded it; that it sees a difference is shown by graph-mismatch below, which
+    # perturbs the replay, and on a GPU by tests/gpu (a real capture against eager: 0 there too, measured)
+    assert ranks[0]["graph_check_detail"]["update_rel_diff"] == 0.0
     assert same_weights(weights(tmp_path / "run"), eager)
     # every full batch replayed, a smaller last one of each epoch eager: from the data's own size
     first = ranks[0]

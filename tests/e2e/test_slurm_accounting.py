@@ -40,6 +40,26 @@ def test_the_same_jobs_within_their_limits_are_taken(slurm_cluster):
         r = sbatch(*args)
         assert r.returncode == 0, (args, r.stderr)
         wait_gone(r.stdout.strip(), 120)
+        state = job_state(r.stdout.strip())
+        assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), (args, state)  # it ran, `true`
+
+
+def test_the_queue_as_the_launcher_reads_it_from_the_real_squeue_and_sacct(slurm_cluster):
+    """hpc/launch/queue.py against this cluster's squeue and slurmdbd (the unit tier has the literal outputs
+    and the failures a controller can give): an array whose one task sleeps and one waits for it, a job
+    Slurm never had, and the finished tasks' states in sacct."""
+    from hpc.launch import queue
+
+    r = sbatch("-A", "m1234_g", "-q", "debug", "-t", "5", "--array=0-1%1", wrap="sleep 8")
+    assert r.returncode == 0, r.stderr
+    array = r.stdout.strip()
+    states = wait_until(lambda: (s := queue.queued([array])) and "RUNNING" in s.values() and s, "the array running")
+    assert states == {f"{array}_0": "RUNNING", f"{array}_1": "PENDING"}, states  # %1: one task at a time
+    assert queue.queued(["999999"]) == {} and queue.QueueWatch().left("999999")  # never Slurm's: it has left
+    wait_gone(array, 120)
+    accounted = wait_until(lambda: (a := queue.accounted([f"{array}_0", f"{array}_1"])) and len(a) == 2 and a,
+                           "sacct's records of the array", 60, every_s=1)
+    assert accounted == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}, accounted
 
 
 def test_hpc_submit_says_slurms_refusal_in_one_line(slurm_cluster, tmp_path):

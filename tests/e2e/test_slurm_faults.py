@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -150,18 +149,7 @@ def test_a_job_requeued_from_outside_checkpoints_resumes_and_matches(data_root, 
         jobs[name] = r.stdout.strip()
     wait_for_steps(tmp_path / "requeued" / "metrics.jsonl", 5)
     subprocess.run(["scontrol", "requeue", jobs["requeued"]], check=True)
-    deadline, held = time.time() + 600, None
-    while time.time() < deadline:
-        q = subprocess.run(["squeue", "-h", "-j", jobs["requeued"], "-o", "%T %r"], capture_output=True,
-                           text=True).stdout.strip()
-        if not q:
-            break
-        if "BeginTime" in q:  # Slurm holds a requeued job ~2 minutes; cut it short (not at once: see test_slurm_jobs)
-            held = held or time.time()
-            if time.time() - held >= 3:
-                subprocess.run(["scontrol", "update", f"JobId={jobs['requeued']}", "StartTime=now"],
-                               capture_output=True)
-        time.sleep(1)
+    wait_gone(jobs["requeued"], 600, hurry_requeue=True)
     wait_gone(jobs["straight"], 300)
     state = job_state(jobs["requeued"])
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) >= 1, state
@@ -183,7 +171,9 @@ def lose_node_while_running(job: str, run_dir: Path) -> int:
                                 or "comp" in subprocess.run(["sinfo", "-h", "-n", "nid002", "-o", "%t"],
                                                             capture_output=True, text=True).stdout),
                    f"job {job}'s old tasks gone", 120, every_s=0.5)
-        time.sleep(3)  # slurmd's own cleanup of the step after the states above say done: no state to wait on
+        # slurmd's own cleanup of the old steps after the states above say done: their slurmstepd processes
+        wait_until(lambda: not [c for c in processes().values() if f"slurmstepd: [{job}." in c],
+                   f"job {job}'s old steps' slurmstepd gone", 60, every_s=0.2)
         return json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
     finally:
         subprocess.run(["scontrol", "update", "NodeName=nid002", "State=RESUME"], capture_output=True)

@@ -1,12 +1,14 @@
 """python -m analysis.tensorboard: the PyTorch Profiler tab works on today's traces, in a real
 headless Chromium, with the training scalars alongside."""
 
+import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,15 @@ def server(logdir):
     yield port
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def api_json(port: int, route: str) -> dict:
+    """The plugin's API (some routes answer gzip'd whatever was asked), as its owner reads it."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{TB_PLUGIN}/{route}")
+    request.add_header("Cookie", f"hpc_tb_{port}={TB_TOKENS[port]}")
+    with urllib.request.urlopen(request, timeout=60) as r:
+        raw = r.read()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 def curl(*args: str) -> tuple[int, str, str]:
@@ -225,10 +236,23 @@ def test_the_charts_draw_without_a_network(server):
     assert steps["type"] == "bar" and steps["stacked"] and len(steps["drawn"]) == len(series)
     assert steps["labels"] == [str(r[0]) for r in overview["steps"]["rows"]]
     assert all(n == len(overview["steps"]["rows"]) for n in steps["drawn"])
+    # the pies and the curve against the plugin's own API: each pie's slices are the largest of one of its
+    # tables (the page draws the top few), a slice each; the curve a point per row, allocated and reserved
+    query = "run=h100&worker=rank0&span=1"
+    tables = [[name for name, _ in sorted(table["rows"], key=lambda row: -row[1])] for table in
+              (*api_json(server, f"operation?{query}&group_by=Operation").values(),
+               *api_json(server, f"kernel?{query}&group_by=Kernel").values(),
+               *api_json(server, f"kernel/tc_pie?{query}").values())]
     for view in ("Operator", "GPU Kernel"):
-        assert seen[view] and all(c["type"] == "doughnut" and c["drawn"][0] > 1 for c in seen[view]), seen[view]
+        assert seen[view], view
+        for chart in seen[view]:
+            named = [label for label in chart["labels"] if label.lower() != "other"]
+            assert chart["type"] == "doughnut" and chart["drawn"] == [len(chart["labels"])] and len(named) > 1
+            assert any(set(table[: len(named)]) == set(named) for table in tables), (view, chart["labels"])
+    memory = api_json(server, f"memory_curve?{query}")
     (curve,) = seen["Memory"]
-    assert curve["type"] == "line" and len(curve["drawn"]) == 2 and min(curve["drawn"]) > 100  # allocated, reserved
+    rows = memory["rows"][memory["metadata"]["default_device"]]
+    assert curve["type"] == "line" and curve["drawn"] == [len(rows), len(rows)], (curve, len(rows))
 
 
 @pytest.mark.browser

@@ -22,8 +22,7 @@ from hpc.launch.points import split_command
 from hpc.launch.runner import ordered_gpus, rank_env
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submit import build_parser
-from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, python_script,
-                               training_task)
+from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, python_script)
 from hpc.settings.config import load_cluster
 from hpc.placement.distenv import from_environ
 

@@ -1,6 +1,9 @@
-"""The queue (hpc/launch/queue.py) behind a mocked subprocess: squeue's and sacct's outputs as Slurm 22.05
+"""The queue (hpc/launch/queue.py) behind a stand-in subprocess: squeue's and sacct's outputs as Slurm 22.05
 prints them (recorded on the local test cluster and on a slurmdbd site), parsed, and what each caller
-gets when the queue lists a job, has forgotten it, or cannot say."""
+gets when the queue lists a job, has forgotten it, or cannot say. Stood in here for the answers a real
+cluster gives only in a fault (a controller that refuses or hangs, a database that refuses, no Slurm at
+all), in the unit tier; the same calls against the real squeue and slurmdbd are in
+tests/e2e/test_slurm_accounting.py, and a controller killed for real in tests/e2e/test_slurm_controller.py."""
 
 import subprocess
 
