@@ -157,16 +157,21 @@ def has_lines(path: Path, lines: int) -> bool:
     return path.exists() and len(path.read_text().splitlines()) >= lines
 
 
-def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subprocess.Popen:
-    """Start a TensorBoard command; return once the profiler plugin lists its runs. analysis.tensorboard's
-    first line is its URL: its token is kept for http_get and tb_url."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90, log: Path | None = None) -> subprocess.Popen:
+    """Start a TensorBoard command, its output into `log` (else a pipe); return once the profiler plugin
+    lists its runs. analysis.tensorboard's first line is its URL: its token is kept for http_get and tb_url."""
+    sink = open(log, "w") if log is not None else subprocess.PIPE  # noqa: SIM115 (the process holds it)
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.time() + timeout_s
     if "analysis.tensorboard" in cmd:
-        first = proc.stdout.readline()
+        if log is None:
+            first = proc.stdout.readline()
+        else:
+            first = wait_until(lambda: log.read_text().partition("\n")[1] and log.read_text() or proc.poll() is not None
+                               and "(exited)", "TensorBoard's first line", timeout_s)
         found = re.search(r"\?token=([\w-]+)#", first)
         assert found, first
         TB_TOKENS[port] = found.group(1)
-    deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
             runs = json.loads(http_get(port, f"{TB_PLUGIN}/runs"))
@@ -175,7 +180,7 @@ def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90) -> subpr
         except OSError:
             pass
         if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
+            raise AssertionError(log.read_text() if log is not None else proc.stdout.read())
         time.sleep(1)
     proc.kill()
     raise AssertionError("TensorBoard did not come up")

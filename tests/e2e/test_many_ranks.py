@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import wait_until
 from test_slurm_jobs import ENV, PY, REPO, SMOKE, job_ids, job_state, submit, wait_gone
@@ -104,10 +105,13 @@ def test_the_slow_rank_is_named_and_traced_and_the_trace_count_is_bounded(straig
     # profiler.ranks auto over 16 ranks: each node's first rank and the two slowest by own work
     assert leaders | {SLOW_RANK} <= set(traced) and len(traced) <= len(leaders) + 2, traced
     # profiled or not, every rank timed its own work on each of its 20 steps but the first (a warm-up) and
-    # those its profiler recorded (torch's own ProfilerStep#N in the rank's trace, none where untraced)
+    # those its profiler was on for: the steps it recorded (torch's own ProfilerStep#N in the rank's trace,
+    # none where untraced) and the profile's warm-up steps before each recorded cycle (one trace a cycle)
+    warmup = yaml.safe_load(Path(SMOKE).read_text())["profiler"]["warmup"]
     for r in summary["ranks"]:
-        recorded = sum(recorded_steps(p) for p in (run_dir / "traces").glob(f"rank{r['rank']}.*.pt.trace.json*"))
-        assert r["own_step_time_s"]["n"] == 20 - 1 - recorded, (r["rank"], recorded, r["own_step_time_s"])
+        traces = list((run_dir / "traces").glob(f"rank{r['rank']}.*.pt.trace.json*"))
+        on = sum(recorded_steps(p) for p in traces) + warmup * len(traces)
+        assert r["own_step_time_s"]["n"] == 20 - 1 - on, (r["rank"], on, r["own_step_time_s"])
     log = (run_dir / f"{job}_0_log.out").read_text()
     assert f"ranks record traces, each node's first rank and the slowest by own work per step: ranks " \
            f"{','.join(map(str, traced))}" in log, log[-2000:]

@@ -103,6 +103,9 @@ def test_a_failing_rank_on_the_second_node_is_named_and_ends_the_job(slurm_clust
     assert re.search(r"FAILED: rank 2 failed first \(on \S+, local rank 0\): exit 1: .*ValueError: bad batch at step 3",
                      line), line
     run = run_dir_of(r.stdout)
+    # submitit's wait ends at the failing task's result; Slurm then ends the job's other tasks (srun's
+    # --kill-on-bad-exit), which takes seconds, not the rest of the job's time
+    wait_gone(run.name, 60)
     assert job_state(run.name)["JobState"] == "FAILED"
     outcome = subprocess.run([PY, "-m", "hpc.rank", "--run-dir", str(run), "--outcome"], capture_output=True,
                              text=True, env=ENV)

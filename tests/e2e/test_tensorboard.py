@@ -38,7 +38,9 @@ def logdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(logdir):
     port = free_port()
-    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port)
+    log = logdir.parent / "tensorboard.log"  # what the command printed, read by test_the_console_keeps_errors_only
+    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port,
+                             log=log)
     yield port
     proc.terminate()
     proc.wait(timeout=30)
@@ -282,19 +284,15 @@ def test_the_trace_tab_draws_without_a_network(server, run):
         assert shot.stat().st_size > 20_000
 
 
-def test_the_console_keeps_errors_only(logdir):
+def test_the_console_keeps_errors_only(server, logdir):
     """The plugin's per-operator "Tensor Cores eligible" warnings (40 for the H100 trace), TensorBoard's
-    CSP notice on every page, and its fast-loader note are gone; the address line stays."""
-    port = free_port()
-    proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(logdir), "--port", str(port)], port)
-    try:
-        for _ in range(3):
-            http_get(port, f"{TB_PLUGIN}/index.html")
-        http_get(port, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1")
-        http_get(port, f"{TB_PLUGIN}/operation/table?run=h100&worker=rank0&span=1&group_by=Operation")
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
-    assert port in TB_TOKENS  # its address line came first (start_tensorboard read it there)
+    CSP notice on every page, and its fast-loader note are gone; the address line stays. Read from the
+    module's server (its output in a file; stderr is line-buffered), after the pages that would print them."""
+    for _ in range(3):
+        http_get(server, f"{TB_PLUGIN}/index.html")
+    http_get(server, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1")
+    http_get(server, f"{TB_PLUGIN}/operation/table?run=h100&worker=rank0&span=1&group_by=Operation")
+    out = (logdir.parent / "tensorboard.log").read_text()
+    assert out.startswith(f"TensorBoard on http://127.0.0.1:{server}/?token="), out[:300]
     for noise in ("Tensor Cores eligible", "In 3.0, this warning", "fast data loading", "INFO:pytorch_profiler"):
         assert noise not in out, out[-2000:]
