@@ -28,12 +28,44 @@ fi
 export HPC_ARTIFACTS="${HPC_ARTIFACTS:-$PWD/artifacts}"  # the TensorBoard screenshot lands here
 
 export PATH="$PWD/.venv/bin:$PATH"
-set +e
-python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" = 5 ]; then
-    echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
-    exit 1
+if [ "$#" -gt 0 ]; then  # a selection: one pytest, as asked
+    set +e
+    python -m pytest "$@"
+    rc=$?
+    set -e
+    if [ "$rc" = 5 ]; then
+        echo "tests/run.sh: pytest collected no tests; that is a failure" >&2
+        exit 1
+    fi
+    exit "$rc"
 fi
-exit "$rc"
+
+# The whole suite as two pytest runs side by side: the Slurm tier, whose tests mostly wait on the cluster
+# (collective timeouts, requeue holds, a controller's restart, slowed steps), beside the rest, which mostly
+# computes. Each counts its own tiers (tests/tiers.py) in its own temporary folder; the Slurm tier's output
+# follows the rest's. Measured on 2 cores: 46 minutes one after the other, see tests/README.md for both.
+base="$(mktemp -d -t hpc-tests.XXXXXX)"
+slurm_log="$base/slurm-tier.log"
+set +e
+python -m pytest -m slurm -p no:cacheprovider --durations=10 --basetemp "$base/slurm" >"$slurm_log" 2>&1 &
+slurm_pid=$!
+trap 'kill "$slurm_pid" 2>/dev/null' EXIT  # a run stopped here stops the other too
+python -m pytest -m "not slurm" --durations=10 --basetemp "$base/rest"
+rest_rc=$?
+wait "$slurm_pid"
+slurm_rc=$?
+trap - EXIT
+set -e
+echo
+echo "======== the Slurm tier (python -m pytest -m slurm), run beside the rest ========"
+cat "$slurm_log"
+for rc in "$rest_rc" "$slurm_rc"; do
+    if [ "$rc" = 5 ]; then
+        echo "tests/run.sh: a pytest run collected no tests; that is a failure" >&2
+        exit 1
+    fi
+done
+echo "tests/run.sh: the rest exited $rest_rc, the Slurm tier $slurm_rc"
+[ "$rest_rc" = 0 ] && [ "$slurm_rc" = 0 ] && rm -rf "$base"
+[ "$rest_rc" != 0 ] && exit "$rest_rc"
+exit "$slurm_rc"

@@ -196,18 +196,18 @@ def test_a_lost_node_requeues_the_job_which_resumes_from_its_checkpoint(data_roo
     train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "4", "--no-profile",
              "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=4"]
     jobs = {}
-    for name in ("straight", "lost"):
+    # the faulted job on nid001-002 (nid002 is the node lost), the oracle's beside it on two others
+    for name, nodes in (("lost", "--nodelist=nid[001-002]"), ("straight", "--exclude=nid[001-002]")):
         r = subprocess.run(["sbatch", "--parsable", "--export=ALL", "-N", "2", f"--ntasks-per-node={tasks_per_node}",
-                            "-o", str(tmp_path / f"{name}-%j.txt"), "jobs/resnet152.sbatch", *train, "--run-dir",
-                            str(tmp_path / name)], capture_output=True, text=True, cwd=REPO, env=env)
+                            nodes, "-o", str(tmp_path / f"{name}-%j.txt"), "jobs/resnet152.sbatch", *train,
+                            "--run-dir", str(tmp_path / name)], capture_output=True, text=True, cwd=REPO, env=env)
         assert r.returncode == 0, r.stderr
         jobs[name] = r.stdout.strip()
-        if name == "straight":
-            wait_gone(jobs[name], 600)
-            assert job_state(jobs[name])["JobState"] == "COMPLETED", job_state(jobs[name])
     wait_for_steps(tmp_path / "lost" / "metrics.jsonl", 9)
     kept = lose_node_while_running(jobs["lost"], tmp_path / "lost")
     wait_gone(jobs["lost"], 600, hurry_requeue=True)
+    wait_gone(jobs["straight"], 300)
+    assert job_state(jobs["straight"])["JobState"] == "COMPLETED", job_state(jobs["straight"])
     state = job_state(jobs["lost"])
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
     log = (tmp_path / f"lost-{jobs['lost']}.txt").read_text()
@@ -253,8 +253,10 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(da
               "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300", "--epochs", "4",
               "--no-profile", "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=4",
               "--set", "train.collective_timeout_s=10"]
-    straight = hpc(env, "hpc.submit", *common, "--runs-dir", str(tmp_path / "a"), "--wait")
+    # the oracle's job runs beside the faulted one, on two other nodes
+    straight = hpc(env, "hpc.submit", *common, "--runs-dir", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stdout + straight.stderr
+    straight_job, straight_dir = re.findall(r"^job (\S+): run dir (\S+)", straight.stdout, flags=re.M)[-1]
     frozen = hpc(env, "hpc.submit", *common, "--runs-dir", str(tmp_path / "b"))
     assert frozen.returncode == 0, frozen.stdout + frozen.stderr
     job, run_dir = re.findall(r"^job (\S+): run dir (\S+)", frozen.stdout, flags=re.M)[-1]
@@ -267,7 +269,8 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_by_a_survivor_and_resumes(da
     assert state["JobState"] == "COMPLETED" and int(state["Restarts"]) == 1, state
     said = " ".join(p.read_text(errors="replace") for p in Path(run_dir).rglob("*log.err"))
     assert "rank 0 did not requeue it within 31 s; rank 1 did" in said, said[-3000:]
-    straight_dir = re.findall(r"^job \S+: run dir (\S+)", straight.stdout, flags=re.M)[-1]
+    wait_gone(straight_job, 300)
+    assert job_state(straight_job)["JobState"] == "COMPLETED", job_state(straight_job)
     assert same_weights(weights(Path(straight_dir)), weights(Path(run_dir)))
 
 
