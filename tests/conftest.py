@@ -153,6 +153,18 @@ def wait_until(condition, what: str, timeout_s: float = 180, every_s: float = 0.
         time.sleep(every_s)
 
 
+def found(root: Path, pattern: str) -> list[Path]:
+    """root.rglob(pattern), walked again where the tree changed under the walk: a running job makes and
+    removes a folder (the run directory's writability probe, .hpc-probe-*) that a walk may list, then
+    not find."""
+    for _ in range(100):
+        try:
+            return list(root.rglob(pattern))
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"{root} kept changing under a walk for {pattern}")
+
+
 def has_lines(path: Path, lines: int) -> bool:
     return path.exists() and len(path.read_text().splitlines()) >= lines
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import found, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_a_restarted_controller_is_unknown_while_away_and_submits_nothing_twice(
                                "--data-root", str(data_root), "--runs-dir", str(tmp_path / "runs"), "--wait",
                                "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300"],
                               cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=said.open("w"), text=True)
-    wait_until(lambda: list(tmp_path.glob("runs/**/metrics.jsonl")), "a point to start", 240, every_s=0.5)
+    wait_until(lambda: found(tmp_path / "runs", "metrics.jsonl"), "a point to start", 240, every_s=0.5)
     (sweep,) = {p.parent for p in tmp_path.glob("runs/**/index.json")}
     submitted = json.loads((sweep / "index.json").read_text())
     subprocess.run(["pkill", "-x", "slurmctld"], check=True)

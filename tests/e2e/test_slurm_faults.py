@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import has_lines, processes, wait_until
+from conftest import found, has_lines, processes, wait_until
 from test_slurm_jobs import job_state, wait_gone
 from trainrun import same_weights, weights
 
@@ -296,7 +296,7 @@ def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp
               str(data_root), "--runs-dir", str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--export",
               "HPC_FAULT_INJECT=slow-step:300")
     assert run.returncode == 0, run.stdout + run.stderr
-    (sweep,) = {p.parent for p in (tmp_path / "runs").rglob("index.json")}
+    (sweep,) = {p.parent for p in found(tmp_path / "runs", "index.json")}
 
     def point() -> dict:
         status = hpc(env, "hpc.study", "status", str(sweep), "--format", "json")
@@ -304,7 +304,7 @@ def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp
         (row,) = json.loads(status.stdout)
         return row
 
-    metrics = wait_until(lambda: next(iter(sweep.rglob("metrics.jsonl")), None), "the point's metrics.jsonl")
+    metrics = wait_until(lambda: next(iter(found(sweep, "metrics.jsonl")), None), "the point's metrics.jsonl")
     wait_for_steps(metrics, 9)
     job = str(point()["job_id"])
     assert point()["state"] == "running"
