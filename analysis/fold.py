@@ -169,6 +169,17 @@ def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | N
     return out
 
 
+def slowest_step(ranks: list[RankTotals], summary: dict[str, Any] | None) -> str | None:
+    """ "rank R on NODE" for the rank whose profiled steps took longest (its node from summary.json)."""
+    timed = [r for r in ranks if isinstance(r.rank, int) and r.step_time_us_mean]
+    if len(timed) < 2:
+        return None
+    rank = max(timed, key=lambda r: r.step_time_us_mean or 0.0).rank
+    record: dict[str, Any] = next((r for r in (summary or {}).get("ranks") or [] if r.get("rank") == rank), {})
+    node = record.get("node") or record.get("hostname")
+    return f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"
+
+
 def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRecord:
     """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
     comparing the ranks shows (imbalance, skew, straggler)."""
@@ -197,6 +208,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
+        slowest_step=slowest_step(ranks, summary),
         slow_rank=slow_rank((summary or {}).get("ranks") or []),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         **run_facts(first),

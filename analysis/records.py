@@ -223,6 +223,7 @@ class RunRecord:
     step_skew_us: float | None = None  # mean over profiled steps of (slowest rank's step - fastest rank's)
     straggler_rank: int | None = None  # the rank that launched a collective last most often
     straggler_share: float | None = None  # ... and the share of collectives it was last at
+    slowest_step: str | None = None  # "rank R on NODE": the rank whose profiled steps took longest
     # every rank's own work per step from summary.json, profiled or not (analysis/ranks.py's slow_rank)
     slow_rank: dict[str, Any] | None = None
     profiled_ranks: list[int] | None = None  # the ranks whose traces were read (profiler.ranks)

@@ -101,6 +101,7 @@ class Evidence:
     busbw_GBps: float | None = None  # measured all-reduce bus bandwidth
     step_mean_us: float | None = None  # mean over ranks of their mean step
     step_max_us: float | None = None  # the slowest rank's
+    slowest_step: str | None = None  # which rank that is, on which node: no imbalance verdict without it
     straggler_rank: int | None = None
     straggler_share: float | None = None
     slow_rank: dict[str, Any] | None = None  # from every rank's own work per step (analysis/ranks.py)
@@ -153,7 +154,7 @@ def shares(e: Evidence) -> dict[str, float]:
     idle, host = _share(e.idle_us, e.span_us), e.host_gap_share
     if idle is not None and host is not None:
         out[HOST_LAUNCH] = idle * host
-    if e.ranks > 1 and e.step_mean_us and e.step_max_us:
+    if e.ranks > 1 and e.step_mean_us and e.step_max_us and e.slowest_step:
         out[IMBALANCE] = (e.step_max_us - e.step_mean_us) / e.step_max_us
     # Under DDP every rank's step ends at the same all-reduce, so whole steps come out alike: the wait for
     # the slowest rank's own work (all ranks', from summary.json) is the measure that sees a straggler.
@@ -225,7 +226,7 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
             else ""
         )
         return (
-            f"the slowest rank's step takes {(e.step_max_us or 0) / 1e3:.2f} ms against a mean of "
+            f"{e.slowest_step}: its profiled step takes {(e.step_max_us or 0) / 1e3:.2f} ms against a mean of "
             f"{(e.step_mean_us or 0) / 1e3:.2f} ms over ranks: the others wait {_pct(measured[IMBALANCE])} "
             f"of every step{who}"
         )
@@ -338,6 +339,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         busbw_GBps=run.allreduce_busbw_GBps,
         step_mean_us=run.step_time_us_mean.mean,
         step_max_us=run.step_time_us_mean.max,
+        slowest_step=run.slowest_step,
         straggler_rank=run.straggler_rank,
         straggler_share=run.straggler_share,
         slow_rank=run.slow_rank,

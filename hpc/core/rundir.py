@@ -6,6 +6,7 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/runner.py)
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)
+    ranks/rank{R}.stack.txt   its Python stacks, dumped when the runner asked (a hung rank, a failed peer)
     summary.json         the run's outcome and one record per rank, made of those (hpc/core/summary.py)
     config.yaml          the toolkit's training: the resolved config (written at the start; a resume
                          must match it); submitted.yaml the config the job hands it
@@ -116,6 +117,10 @@ class RunPaths:
 
     def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
+
+    def rank_stack(self, rank: int) -> Path:
+        """Every thread's Python stack, dumped on the runner's request (hpc/core/beat.py)."""
+        return self.root / RANKS / f"rank{rank}.stack.txt"
 
     def memory_snapshot(self, rank: int) -> Path:
         return self.root / f"memory_snapshot.rank{rank}.pickle"

@@ -119,6 +119,12 @@ def exit_code_of(record: Mapping[str, Any]) -> int:
     return 128 + int(number) if isinstance(number, signal.Signals) else 1
 
 
+def first_bad(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first rank to end failed or out of memory (an OOM first at the same moment), or None."""
+    bad = [r for r in records if r.get("kind") in ("failed", "oom")]
+    return min(bad, key=lambda r: (r.get("ended_ns") or 0, r["kind"] != "oom", r["rank"])) if bad else None
+
+
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first rank to fail on its own (see the module doc), or None."""
     failed = [r for r in records if r.get("kind") == "failed"]
@@ -130,10 +136,9 @@ def run_outcome(records: list[dict[str, Any]], world_size: int) -> str:
     saved, or killed after the grace time), stopped (ranks saved and stopped: requeue resumes), done
     (every rank exited 0), running."""
     kinds = [r.get("kind") for r in records]
-    if "failed" in kinds:
-        return "failed"
-    if "oom" in kinds:
-        return "oom"
+    first = first_bad(records)
+    if first is not None:  # the first to end so says what the run is (a script's peers fail after its OOM)
+        return str(first["kind"])
     if any(k in ("killed", "interrupted", "peer") for k in kinds):
         return "preempted"
     if "stopped" in kinds:
@@ -145,7 +150,7 @@ def failure_line(records: list[dict[str, Any]], world_size: int) -> str | None:
     """One line naming the failing rank, its host, its exit code or signal, its last stderr line and its
     log, and what became of the others; None when no rank failed."""
     cause = root_cause(records)
-    if cause is None:
+    if cause is None or (first_bad(records) or cause)["kind"] == "oom":  # an OOM's peers failing after it
         return None
     others = [r["rank"] for r in records if r is not cause]
     missing = sorted(set(range(world_size)) - {r["rank"] for r in records})

@@ -22,7 +22,16 @@ from hpc.core.errors import UsageError
 from hpc.settings.config import Layers, read_yaml
 from hpc.settings.flags import FLAGS, SWITCHES, overrides_from_args
 from hpc.settings.schema import ClusterConfig, CommandConfig, SweepConfig
-from hpc.settings.task import Task, check_command, command_task, fill, job_name, point_values, training_task
+from hpc.settings.task import (
+    BATCH_VARIABLE,
+    Task,
+    check_command,
+    command_task,
+    fill,
+    job_name,
+    point_values,
+    training_task,
+)
 
 Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
 COMMAND_SECTIONS = ("profiler", "command")  # what --config, --sweep and --set may hold for a command
@@ -118,7 +127,7 @@ def command_work(args: argparse.Namespace, cluster: ClusterConfig, words: list[s
         raise UsageError(f"command line: no command: give it after -- (e.g. -- python train.py){where}")
     cwd = Path(section.cwd or Path.cwd()).absolute()
     check_command(argv, cwd, in_image=bool(cluster.image))
-    hook = dataclasses.asdict(profiler) if profiler.enabled else None
+    hook = dataclasses.asdict(profiler)  # enabled false: the hook counts and watches, profiles nothing
     sections = {
         "command": {**dataclasses.asdict(section), "run": argv, "cwd": str(cwd)},
         "profiler": dataclasses.asdict(profiler),
@@ -132,7 +141,9 @@ def command_work(args: argparse.Namespace, cluster: ClusterConfig, words: list[s
         source = f"sweep point {values}" if point is not None else "command"
         filled = tuple(fill(word, values, f"{source}: command.args", final=False) for word in section.args)
         env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
-        return command_task(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point)
+        if point is not None and "{batch" in " ".join((*section.args, *section.env.values())):
+            env[BATCH_VARIABLE] = str(point["batch_size"])  # the batch an out-of-memory record names
+        return command_task(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
 
     return Work(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
 

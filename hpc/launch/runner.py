@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpc.core.beat import BEAT_VARIABLE, DUMP_SIGNAL, Beats, beat_pipe
 from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.rundir import RunPaths
@@ -54,6 +55,7 @@ from hpc.core.summary import (
     tail_lines,
     write_run_summary,
 )
+from hpc.launch.hang import HangWatch
 from hpc.launch.pump import Pump
 from hpc.placement.affinity import GPU_ORDER
 from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv, from_environ
@@ -107,11 +109,12 @@ def rank_env(
     gpus = ordered_gpus(env)
     if gpus is not None:
         out["CUDA_VISIBLE_DEVICES"] = gpus
-    if task.profiler is not None and task.profiler.get("enabled", True):
-        out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)
+    out.pop(PROFILER_VARIABLE, None)
+    out.pop(BEAT_VARIABLE, None)  # the runner's own task's, set when it starts
+    if task.profiler is not None:  # the start-up hook: the profiler where enabled, the watch, the OOM record
         out["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
-    else:
-        out.pop(PROFILER_VARIABLE, None)
+        if task.profiler.get("enabled", True):
+            out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)
     return out
 
 
@@ -126,7 +129,7 @@ def failed_peers(paths: RunPaths, attempt: str, me: int) -> list[int]:
     if not failed_mark(paths, attempt).exists():
         return []
     return [r["rank"] for r in read_records(paths) if r["attempt"] == attempt and r["rank"] != me
-            and r.get("kind") == "failed"]  # fmt: skip
+            and r.get("kind") in ("failed", "oom")]  # fmt: skip
 
 
 def wait_for_records(paths: RunPaths, attempt: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:
@@ -169,6 +172,8 @@ class RankRun:
             "logs": {s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
         }
         self.pumps: list[Pump] = []  # the task's stdout and stderr, kept in its logs and passed on
+        self.hang: HangWatch | None = None  # where the start-up hook beats (a command's task)
+        self.hung: str | None = None  # the line naming this rank frozen or hung
         self.stopping_since: float | None = None  # when the task was told to stop
         self.why_stopping: str | None = None  # a stop signal's name, or "rank R failed"
         self.killed = False
@@ -186,21 +191,45 @@ class RankRun:
             for pump in self.pumps:  # the task's last lines are in its logs before its end is recorded
                 pump.finish()
             self.write(**self.ending(code))
-        if self.record["kind"] == "failed":
+        finally:
+            self.end_watch()
+        if self.record["kind"] in ("failed", "oom"):  # the others stop rather than fail in a collective
             with contextlib.suppress(OSError):
                 failed_mark(self.paths, self.attempt).touch()
         elif self.dist.rank == 0:
             wait_for_records(self.paths, self.attempt, self.dist.world_size, SUMMARY_WAIT_S)
-        if self.record["kind"] == "failed" or self.dist.rank == 0:
+        if self.record["kind"] in ("failed", "oom") or self.dist.rank == 0:
             with contextlib.suppress(OSError):  # a full disk: the records still say it
                 write_run_summary(self.paths)
         return self.record
 
     def start(self, words: list[str]) -> subprocess.Popen[bytes]:
         env = rank_env(self.dist, self.paths.root, self.task, self.env, self.attempt)
+        beat_read, beat_write, env[BEAT_VARIABLE] = beat_pipe()
         # Its own session: a terminal's Ctrl-C or a signal to this process group reaches the task only as
         # this rank passes it on, once (Slurm still signals it directly, and then nothing is passed on).
-        proc = subprocess.Popen(
+        try:
+            proc = self.popen(words, env, beat_write)
+        except OSError:
+            os.close(beat_read)
+            raise
+        finally:
+            os.close(beat_write)  # the task's alone: its end (and its workers') closes the pipe
+        assert proc.stdout is not None and proc.stderr is not None  # both piped
+        self.pumps = [
+            Pump(proc.stdout, self.paths.rank_stream(self.dist.rank, "out"), 1),
+            Pump(proc.stderr, self.paths.rank_stream(self.dist.rank, "err"), 2),
+        ]
+        self.write(pid=proc.pid)
+        if self.task.hang_timeout_s is not None:
+            self.hang = HangWatch(proc.pid, Beats(beat_read), self.task.hang_timeout_s,
+                                  self.paths.rank_stack(self.dist.rank), self.peer_failed)  # fmt: skip
+        else:
+            os.close(beat_read)
+        return proc
+
+    def popen(self, words: list[str], env: dict[str, str], beat_write: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             words,
             cwd=self.task.cwd,
             env=env,
@@ -208,14 +237,8 @@ class RankRun:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=(beat_write,),
         )
-        assert proc.stdout is not None and proc.stderr is not None  # both piped just above
-        self.pumps = [
-            Pump(proc.stdout, self.paths.rank_stream(self.dist.rank, "out"), 1),
-            Pump(proc.stderr, self.paths.rank_stream(self.dist.rank, "err"), 2),
-        ]
-        self.write(pid=proc.pid)
-        return proc
 
     def follow(self, proc: subprocess.Popen[bytes]) -> int:
         """Wait for the task; pass stops on, stop it when a peer failed, kill it after the grace time. A
@@ -232,6 +255,11 @@ class RankRun:
                 peers = failed_peers(self.paths, self.attempt, self.dist.rank)
                 if peers:
                     self.begin_stop(proc, f"rank {peers[0]} failed")
+            if self.stopping_since is None and self.hang is not None:
+                self.hung = self.hang.check()
+                if self.hung is not None:
+                    log.error(f"hpc: rank {self.dist.rank} on {self.record['hostname']}: {self.hung}")
+                    self.kill(proc)
             if self.why_stopping is not None and "stop" not in self.record:
                 self.write(stop=self.why_stopping)
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.grace_s():
@@ -243,18 +271,37 @@ class RankRun:
         if self.stopping_since is not None:
             return
         self.why_stopping, self.stopping_since = why, time.monotonic()
+        if why.startswith("rank ") and self.hang is not None and self.hang.beats.ready:
+            with contextlib.suppress(ProcessLookupError):  # where it waited for the failed peer
+                proc.send_signal(DUMP_SIGNAL)
         if why.startswith("rank ") or passes_stops_on(self.env):
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
 
+    def end_watch(self) -> None:
+        """The beat's pipe closed; a stack file never dumped into removed (made at the first step)."""
+        if self.hang is not None:
+            self.hang.beats.close()
+        stack = self.paths.rank_stack(self.dist.rank)
+        with contextlib.suppress(OSError):
+            if stack.stat().st_size == 0:
+                stack.unlink()
+
+    def peer_failed(self) -> bool:
+        return bool(failed_peers(self.paths, self.attempt, self.dist.rank))
+
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL to the task's whole process group (its session's: what it started and did not move)."""
         if self.killed:
             return
-        log.warning(
-            f"hpc: rank {self.dist.rank}: the task did not exit within {self.grace_s():g} s of the stop "
-            f"({self.why_stopping}): killed"
-        )
+        if self.hung is None:
+            log.warning(
+                f"hpc: rank {self.dist.rank}: the task did not exit within {self.grace_s():g} s of the stop "
+                f"({self.why_stopping}): killed"
+            )
         self.killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
 
@@ -275,6 +322,8 @@ class RankRun:
         oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
         kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else "failed"
         after = f" after {self.why_stopping}" if self.why_stopping else ""
+        if self.hung is not None:
+            return {**end, "kind": "failed", "hung": True, "message": self.hung}
         if kind in ("ok", "oom"):
             return {**end, "kind": kind, "message": None if kind == "ok" else last_said(said)}
         if kind == "stopped":  # 3 says it saved; another requeue code (the training's 5) says why in its words

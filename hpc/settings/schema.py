@@ -260,8 +260,14 @@ class CommandConfig:
     args: tuple[str, ...] = ()
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     cwd: str | None = None  # where it starts (default: where it is submitted from)
+    # A rank that makes no optimizer step for this long (after its first), or whose process is stopped
+    # this long, is named and ends the job (hpc/launch/hang.py): longer than any pause between the
+    # script's steps (an evaluation pass, a checkpoint), like torch's own collective timeout.
+    hang_timeout_s: int = 600
 
     def __post_init__(self) -> None:
+        _positive(self, "hang_timeout_s")
+        _at_most(self, "hang_timeout_s", 7 * 24 * 3600, "a week")
         for key in self.env:
             _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")
 

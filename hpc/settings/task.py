@@ -31,6 +31,7 @@ from hpc.core.rundir import SUBMITTED
 
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
 PROFILER_VARIABLE = "HPC_PROFILER"  # the profiler section as JSON: the start-up hook acts on it
+BATCH_VARIABLE = "HPC_POINT_BATCH"  # a sweep point's batch size per GPU: the start-up hook's OOM record
 POINT_FIELDS = ("batch", "fraction", "gpus", "nodes", "ranks")
 RUN_FIELDS = ("run_dir", "python")  # known when the rank starts, not when the job is planned
 TRAINING_MODULE = "hpc.train"
@@ -49,6 +50,7 @@ class Task:
     requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
     profiler: dict[str, Any] | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
     stop_grace_s: int = 60
+    hang_timeout_s: int | None = None  # no step for this long: the runner names the rank hung (hpc/launch/hang.py)
     point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
     config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
 
@@ -101,16 +103,17 @@ def command_task(
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     point: Any = None,
+    hang_timeout_s: int | None = None,
 ) -> Task:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
     as a command (`python -m hpc.train ...`, as jobs/resnet152.sbatch runs it) keeps its requeue codes and
-    profiles itself (its config's profiler section): no start-up hook."""
+    profiles and watches itself (its config's profiler section, its heartbeat): no start-up hook."""
     training = runs_training(argv)
     codes = TRAINING_REQUEUE_CODES if training else COMMAND_REQUEUE_CODES
     words = (*verbatim(argv), *args)
     hook = None if training else profiler
     return Task(words, cwd, job_name(argv), dict(env or {}), codes, hook, stop_grace_s,
-                dict(point) if point else None)  # fmt: skip
+                None if training else hang_timeout_s, dict(point) if point else None)  # fmt: skip
 
 
 def runs_training(argv: Sequence[str]) -> bool:

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.abc
-import importlib.machinery
-import json
+import functools
 import logging
 import os
 import resource
 import socket
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -46,36 +43,8 @@ if TYPE_CHECKING:  # for the annotations only: torch is imported when the script
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_MODULE = "torch.optim.optimizer"
-PROFILER_VARIABLE = "HPC_PROFILER"  # the runner (hpc/launch/runner.py) sets it: the profiler section, as JSON
-RUN_DIR_VARIABLE = "HPC_RUN_DIR"
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then(module)` right after the module `name` is executed, wherever it is imported from."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]):
-        self.name, self.then = name, then
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        loader = spec.loader if spec is not None else None
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module, then = loader.exec_module, self.then
-
-        def exec_then(module: ModuleType) -> None:
-            exec_module(module)
-            then(module)
-
-        loader.exec_module = exec_then  # type: ignore[method-assign]  # this spec's own loader instance
-        return spec
+STEP_HOOK_MODULE = "torch.optim.optimizer"  # holds register_optimizer_step_post_hook
+PROFILER_MODULE = "torch.profiler.profiler"  # holds _KinetoProfile, whose prepare_trace starts any profile
 
 
 def _profiler_running() -> bool:
@@ -88,10 +57,12 @@ def _profiler_running() -> bool:
 
 class StepHook:
     """The global optimizer step hook's state: the clock (the first optimizer seen), the profiler once
-    started, the step times, and the facts file written at each cycle's end and at exit."""
+    started, the step times, what listens to the steps (hpc/training/scriptwatch.py), and the facts file
+    written at each cycle's end and at exit. `settings`: the profiler section (None or enabled false: the
+    steps are counted, nothing is profiled)."""
 
-    def __init__(self, settings: dict[str, Any], run_dir: Path):
-        self.settings, self.paths = settings, RunPaths(run_dir)
+    def __init__(self, settings: dict[str, Any] | None, run_dir: Path):
+        self.settings, self.paths = settings or {"enabled": False}, RunPaths(run_dir)
         self.clock: int | None = None  # id() of the optimizer whose steps count
         self.steps = 0
         self.times: list[float] = []  # seconds between consecutive counted steps
@@ -100,9 +71,22 @@ class StepHook:
         self.context: contextlib.ExitStack | None = None
         self.note: str | None = None
         self.active = False  # the profiler runs (started, and not stood down)
-        self.rank, self.world_size, self.cuda = 0, 1, False
+        self.ours = False  # inside a call of our own profiler: a profile starting now is ours
+        self.script_profiles: str | None = None  # why ours must not start: the script's own runs
+        self.broken = False  # an error of ours turned the hook off
+        self.listeners: list[Callable[[StepHook], None]] = []  # called after each counted step
+        self.oom: dict[str, Any] | None = None  # hpc/training/scriptoom.py's record
+        self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        try:
+            self.on_step(optimizer)
+        except Exception as e:  # never the user's run: ours goes off, theirs goes on
+            self.fail(e)
+
+    def on_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.clock is None:
             self.clock = id(optimizer)
             self.start(optimizer)
@@ -112,15 +96,27 @@ class StepHook:
         if self.last is not None:
             self.times.append(now - self.last)
         self.last, self.steps = now, self.steps + 1
+        for listener in self.listeners:
+            listener(self)
         if not self.active or self.profiling is None:
             return
         if not self.profiling.recording_now() and _profiler_running():
             self.stand_down("the script started a torch.profiler of its own")
             return
         done = len(self.profiling.cycles)
-        self.profiling.step()
+        with self.own_calls():
+            self.profiling.step()
         if len(self.profiling.cycles) > done:
             self.write()
+
+    @contextlib.contextmanager
+    def own_calls(self) -> Iterator[None]:
+        """Our profiler's own calls: a profile that starts inside is ours, not the script's."""
+        self.ours = True
+        try:
+            yield
+        finally:
+            self.ours = False
 
     def start(self, optimizer: torch.optim.Optimizer) -> None:
         """At the first step: who this rank is, where it trains, and the profiler, unless another runs."""
@@ -132,8 +128,10 @@ class StepHook:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
-        if _profiler_running():
-            self.stand_down("the script runs a torch.profiler of its own")
+        if self.script_profiles or _profiler_running():
+            self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
+            return
+        if not self.settings.get("enabled", True):
             return
         from hpc.settings.schema import ProfilerConfig
         from hpc.training.profiling import RankChoice, maybe_profile
@@ -142,10 +140,25 @@ class StepHook:
         self.context = contextlib.ExitStack()
         # profiler.ranks: a script's collectives are its own, so over 16 ranks its node leaders record
         who = RankChoice(self.rank, int(os.environ.get("LOCAL_RANK") or 0), self.world_size)
-        self.profiling = self.context.enter_context(
-            maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
-        )
+        with self.own_calls():
+            self.profiling = self.context.enter_context(
+                maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
+            )
         self.active = self.profiling is not None
+
+    def script_profiler_starts(self) -> None:
+        """A profile the script started (torch's start of a trace, seen before it happens): ours stands
+        down first, or never starts."""
+        if self.ours or self.broken:
+            return
+        try:
+            why = "the script started a torch.profiler of its own"
+            if self.active:
+                self.stand_down(why)
+            elif self.clock is None:
+                self.script_profiles = "the script runs a torch.profiler of its own"
+        except Exception as e:
+            self.fail(e)
 
     def stand_down(self, why: str) -> None:
         self.note = f"{why}: the toolkit's profiler stood down (never two at once) and recorded nothing more"
@@ -154,14 +167,25 @@ class StepHook:
         self.close()
         self.write()
 
+    def fail(self, error: Exception) -> None:
+        """An error of ours: said once, the hook turned off (its profiler closed as far as it can be)."""
+        self.broken, self.active = True, False
+        self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
+        log.warning(f"hpc: rank {self.rank}: {self.note}; the script goes on")
+        with contextlib.suppress(Exception):
+            self.close()
+        self.write()
+
     def close(self) -> None:
         """Stop the profiler: a window still open is exported as far as it got."""
         context, self.context = self.context, None
         if context is not None:
-            context.close()
+            with self.own_calls():
+                context.close()
 
     def finish(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at exit too, never the user's run's end
+            self.close()
         self.write()
 
     def facts(self) -> dict[str, Any]:
@@ -176,7 +200,7 @@ class StepHook:
             run_peak = self.profiling.run_peak_bytes["allocated"] if self.profiling is not None else 0
             peak = max(int(torch.cuda.max_memory_allocated()), run_peak)
         profiling = self.profiling
-        return {
+        facts = {
             "rank": self.rank,
             "world_size": self.world_size,
             "hostname": socket.gethostname(),
@@ -196,6 +220,7 @@ class StepHook:
                 "note": self.note,
             },
         }
+        return {**facts, "oom": self.oom} if self.oom is not None else facts
 
     def write(self) -> None:
         try:
@@ -213,21 +238,27 @@ def register(module: ModuleType, hook: StepHook) -> None:
     add(hook)
 
 
-def arm(env: dict[str, str] | None = None) -> StepHook | None:
-    """Called at start-up (the hook's sitecustomize): the hook, registered as soon as torch's optimizer
-    module exists. None when HPC_PROFILER is not set or not a JSON mapping (said in one line)."""
-    env = dict(os.environ) if env is None else env
-    try:
-        settings = json.loads(env.get(PROFILER_VARIABLE) or "null")
-    except ValueError:
-        settings = None
-    if not isinstance(settings, dict):
-        if env.get(PROFILER_VARIABLE):
-            log.warning(f"hpc: {PROFILER_VARIABLE} is not a JSON mapping: not profiled")
-        return None
-    hook = StepHook(settings, Path(env.get(RUN_DIR_VARIABLE) or "."))
-    if OPTIMIZER_MODULE in sys.modules:
-        register(sys.modules[OPTIMIZER_MODULE], hook)
-    else:
-        sys.meta_path.insert(0, _AfterImport(OPTIMIZER_MODULE, lambda module: register(module, hook)))
-    return hook
+def _yielding(start: Callable[..., Any], hook: StepHook) -> Callable[..., Any]:  # torch's method, any signature
+    @functools.wraps(start)
+    def start_after_ours(*args: Any, **kwargs: Any) -> Any:  # passed on as they came
+        hook.script_profiler_starts()
+        return start(*args, **kwargs)
+
+    return start_after_ours
+
+
+def guard(module: ModuleType, hook: StepHook) -> None:
+    """Never two profilers: every start of a torch profiler (torch.profiler's `prepare_trace`, which each
+    profile, schedule or not, calls before it enables anything; the older torch.autograd.profiler's
+    `__enter__`) makes ours stand down first, while the script's own goes on. Torch has no public hook
+    for a profiler's start, so these two methods are wrapped, on their classes, at import (a profile
+    binds its methods when it is made)."""
+    import torch.autograd.profiler as legacy
+
+    kineto = getattr(module, "_KinetoProfile", None)
+    if kineto is None or not hasattr(kineto, "prepare_trace"):
+        log.warning("hpc: this torch's profiler has no prepare_trace: a profiler of the script's own is "
+                    "seen only once it runs")  # fmt: skip
+        return
+    kineto.prepare_trace = _yielding(kineto.prepare_trace, hook)
+    legacy.profile.__enter__ = _yielding(legacy.profile.__enter__, hook)  # type: ignore[method-assign]

@@ -304,12 +304,15 @@ def test_one_logger_per_module_named_after_it():
         assert all(len(c.args) == 1 and getattr(c.args[0], "id", "") == "__name__" for c in calls), name
 
 
+STARTUP_HOOK_MODULES = ("autoprofile.py", "scriptoom.py")  # loaded in every process of a command: torch only once the script has it
+
+
 def test_the_torch_half_is_typed_with_torchs_types():
     """`Any` in hpc/training only where a value is truly open (JSON payloads' dict[str, Any] aside), each
     with its reason on the line; torch imported at the top, not inside functions (lazy imports stay for
-    torchvision, TensorBoard and torch's private memory profiler, each heavy or optional; and in
-    autoprofile.py, loaded at start-up in every Python process of a user's command, torch is imported
-    only once the user's script has imported it)."""
+    torchvision, TensorBoard and torch's private memory profiler, each heavy or optional; and in the
+    start-up hook's modules, loaded at start-up in every Python process of a user's command, torch is
+    imported only once the user's script has imported it)."""
     open_any, local_torch = [], []
     for path in sorted((REPO / "hpc" / "training").glob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -318,7 +321,7 @@ def test_the_torch_half_is_typed_with_torchs_types():
                 open_any.append(f"{path.name}:{n}")
                 assert "#" in line, f"{path.name}:{n}: an open value says why: {line.strip()}"
             if re.match(r"\s+(import torch\b|from torch\b)", line) and "_memory_profiler" not in line \
-                    and "tensorboard" not in line and path.name != "autoprofile.py":
+                    and "tensorboard" not in line and path.name not in STARTUP_HOOK_MODULES:
                 local_torch.append(f"{path.name}:{n}")
     assert len(open_any) < 15, open_any
     assert not local_torch, local_torch

@@ -1,6 +1,6 @@
 """The toolkit's start-up hook for your own command (the per-rank runner, hpc/launch/runner.py, puts
-this folder first on PYTHONPATH of a profiled rank, with HPC_PROFILER set): Python imports
-`sitecustomize` at start-up, so the script is profiled with no change to it (hpc/training/autoprofile.py).
+this folder first on PYTHONPATH of a command's rank, with HPC_RUN_DIR set): Python imports
+`sitecustomize` at start-up, so the script is profiled and watched with no change to it (hpc/training/scripthooks.py).
 It never stops the script: any failure here is one line on stderr. A sitecustomize the environment had
 before (a site's, a venv's) is run after it, as if this one were not there. Python started with -S or
 -I does not load it.
@@ -16,11 +16,11 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _arm() -> None:
     try:
-        from hpc.training import autoprofile
+        from hpc.training import scripthooks
 
-        autoprofile.arm()
+        scripthooks.arm()
     except Exception as e:  # the user's run matters more than its profile
-        sys.stderr.write(f"hpc: the profiler hook was not installed ({type(e).__name__}: {e})\n")
+        sys.stderr.write(f"hpc: the start-up hook was not installed ({type(e).__name__}: {e})\n")
 
 
 def _chain() -> None:
@@ -36,6 +36,6 @@ def _chain() -> None:
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}\n")
 
 
-if os.environ.get("HPC_PROFILER"):
+if os.environ.get("HPC_RUN_DIR"):
     _arm()
 _chain()

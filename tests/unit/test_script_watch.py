@@ -1,0 +1,122 @@
+"""The parts that name a frozen or hung rank and an out-of-memory script, on literal inputs: faulthandler's
+dump as CPython 3.11 writes it (copied from a dump of tests/scripts/stuck_ddp.py), /proc's stat line,
+the beat pipe's identity check, the run's outcome when a script's OOM is followed by its peers' failures."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
+from hpc.core.summary import run_outcome
+from hpc.launch.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
+from hpc.training.scriptoom import oom_of
+
+STUCK = """Thread 0x00007f3540bff640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/pin_memory.py", line 54 in _pin_memory_loop
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+
+Current thread 0x00007f354c045b80 (most recent call first):
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 327 in wait
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 629 in wait
+  File "/work/main/tests/scripts/stuck_ddp.py", line 17 in fetch_batch
+  File "/work/main/tests/scripts/stuck_ddp.py", line 35 in main
+  File "/work/main/tests/scripts/stuck_ddp.py", line 46 in <module>
+"""
+WAITING = """Current thread 0x00007fa2b5ddeb80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 1072 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 623 in backward
+  File "/work/main/tests/scripts/stuck_ddp.py", line 38 in main
+  File "/work/main/tests/scripts/stuck_ddp.py", line 46 in <module>
+"""
+
+
+def test_the_main_threads_frame_and_the_scripts_own_are_named():
+    frames = main_frames(STUCK)  # the block ending in <module>, not the pin-memory thread listed first
+    assert [m["func"] for m in frames] == ["wait", "wait", "fetch_batch", "main", "<module>"]
+    assert where(frames) == "wait (threading.py:327) called from fetch_batch (stuck_ddp.py:17)"
+    assert not waits_for_a_peer(frames)
+    waiting = main_frames(WAITING)
+    assert waits_for_a_peer(waiting) and where(waiting) == "_engine_run_backward (graph.py:1072) called from main (stuck_ddp.py:38)"
+    assert main_frames("") == [] and where([]) is None
+    assert main_frames("Current thread 0x1 (most recent call first):\n  <no Python frame>\n") == []
+
+
+def test_a_stopped_process_reads_as_stopped_and_a_gone_one_as_none():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_state(child.pid) == "T"
+        os.kill(child.pid, signal.SIGCONT)
+        assert process_state(child.pid) in ("S", "R")
+    finally:
+        child.kill()
+        child.wait()
+    assert process_state(child.pid) is None
+
+
+def test_the_beat_pipe_is_used_only_by_a_process_that_has_that_very_pipe(tmp_path):
+    read_fd, write_fd, value = beat_pipe()
+    try:
+        assert beat_fd({"HPC_BEAT": value}) == write_fd
+        other = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)  # a file that took the number elsewhere
+        assert beat_fd({"HPC_BEAT": f"{other}:{value.split(':')[1]}"}) is None
+        os.close(other)
+        for bad in ("", "x:1", "99999:1", f"{write_fd}:1"):
+            assert beat_fd({"HPC_BEAT": bad}) is None, bad
+        beats = Beats(read_fd)
+        beats.read()
+        assert (beats.steps, beats.last_s, beats.ready) == (0, None, False)
+        os.write(write_fd, STEP + READY + STEP * 3)
+        beats.read()
+        assert beats.steps == 4 and beats.ready and beats.last_s is not None
+    finally:
+        os.close(write_fd)
+    beats.read()  # every writer gone: closed, nothing more counted
+    assert beats.fd is None and beats.steps == 4
+
+
+def test_a_silent_rank_is_named_only_past_the_bound_and_not_when_a_peer_failed(tmp_path):
+    read_fd, write_fd, _ = beat_pipe()
+    peer = {"failed": False}
+    watch = HangWatch(os.getpid(), Beats(read_fd), 10, tmp_path / "stack.txt", lambda: peer["failed"])
+    assert watch.check(now=1e9) is None  # no step yet: a script's start-up is not a hang
+    os.write(write_fd, STEP)
+    watch.check()
+    last = watch.beats.last_s
+    assert watch.check(now=last + 14.9) is None  # the bound and the extra a frozen peer gets first
+    peer["failed"] = True
+    assert watch.check(now=last + 16) is None  # a peer failed: it is the one named, this rank stops after it
+    peer["failed"] = False
+    line = watch.check(now=last + 16)
+    assert line is not None and line.startswith(f"hung: its process (pid {os.getpid()}) made no step for 10 s")
+    os.close(write_fd)
+
+
+def test_the_first_rank_to_end_badly_says_what_the_run_is():
+    oom = {"rank": 1, "kind": "oom", "ended_ns": 100}
+    peer = {"rank": 0, "kind": "failed", "ended_ns": 105}  # its collective failed after the OOM
+    assert run_outcome([peer, oom], 2) == "oom"
+    assert run_outcome([{**peer, "ended_ns": 90}, oom], 2) == "failed"
+    assert run_outcome([{**peer, "kind": "ok"}, {**oom, "kind": "ok"}], 2) == "done"
+
+
+def test_an_out_of_memory_error_is_found_along_the_chain_of_causes():
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    assert oom_of(error) is error
+    try:
+        try:
+            raise error
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError("training step failed") from e  # a framework's wrapper
+    except RuntimeError as wrapped:
+        assert oom_of(wrapped) is error
+    assert oom_of(ValueError("x")) is None and oom_of(None) is None
