@@ -7,6 +7,7 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)
     ranks/rank{R}.stack.txt   its Python stacks, dumped when the runner asked (a hung rank, a failed peer)
+    flight_recorder/rank{R}   NCCL's Flight Recorder dump, when asked or at torch's own timeout
     summary.json         the run's outcome and one record per rank, made of those (hpc/core/summary.py)
     config.yaml          the toolkit's training: the resolved config (written at the start; a resume
                          must match it); submitted.yaml the config the job hands it
@@ -61,8 +62,11 @@ LOGS = "logs"
 LOCK = ".lock"
 TASK = "task.json"
 RANKS = "ranks"
+FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
-RUN_ENTRIES = frozenset({CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS})
+RUN_ENTRIES = frozenset(
+    {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS, FLIGHT_RECORDER}
+)
 
 SWEEP_FILE = "sweep.yaml"
 INDEX = "index.json"
@@ -121,6 +125,16 @@ class RunPaths:
     def rank_stack(self, rank: int) -> Path:
         """Every thread's Python stack, dumped on the runner's request (hpc/core/beat.py)."""
         return self.root / RANKS / f"rank{rank}.stack.txt"
+
+    # NCCL's Flight Recorder (hpc/launch/flightrec.py): torch appends the rank to each; its folder holds
+    # the dumps alone (torch's analyzer reads every file in it), the pipes torch makes are in ranks/
+    flight_recorder_dir = property(lambda self: self.root / FLIGHT_RECORDER)
+    flight_recorder_prefix = property(lambda self: self.root / FLIGHT_RECORDER / "rank")
+    flight_recorder_pipe_prefix = property(lambda self: self.root / RANKS / "flight_recorder_pipe.rank")
+
+    def flight_recorder(self, rank: int) -> tuple[Path, Path]:
+        """A rank's Flight Recorder dump, and the pipe that asks torch for one."""
+        return (Path(f"{self.flight_recorder_prefix}{rank}"), Path(f"{self.flight_recorder_pipe_prefix}{rank}.pipe"))
 
     def memory_snapshot(self, rank: int) -> Path:
         return self.root / f"memory_snapshot.rank{rank}.pickle"

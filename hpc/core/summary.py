@@ -217,6 +217,9 @@ def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[in
     world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
+    hook: dict[str, Any] = (
+        task["profiler"] if isinstance(task.get("profiler"), dict) else {"enabled": False}
+    )  # a command's
     return {
         "kind": "train" if config is not None else "command",
         "run_dir": str(paths.root),
@@ -226,7 +229,7 @@ def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[in
         "attempt": records[0].get("attempt") if records else next((r.get("attempt") for r in ranks), None),
         "outcome": run_outcome(ranks, world),
         "failure": failure_line(ranks, world),
-        "profiled": bool(profiler.get("enabled", True)) if config is not None else task.get("profiler") is not None,
+        "profiled": bool((profiler if config is not None else hook).get("enabled", True)),
         "config": config,
         "oom": ooms[0] if ooms else None,
         "recovered": any(r.get("recovered") for r in ranks),

@@ -13,6 +13,8 @@ works when the task cannot (stopped, or stuck in a collective holding the GIL's 
   a peer: it is named only WAITER_EXTRA_S later, so that the peer it waits for, stuck elsewhere, is
   named first; when every rank waits (a deadlock in collectives), each is named.
 
+Where the task runs NCCL, its Flight Recorder is asked for a dump with the stack (hpc/launch/flightrec.py).
+
 `timeout_s` is command.hang_timeout_s: longer than any pause between the script's optimizer steps
 (an evaluation pass, a checkpoint), as torch's own collective timeout must be.
 """
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc.core.beat import DUMP_SIGNAL, Beats
+from hpc.launch.flightrec import ask_for_dump
 
 FROZEN_EXTRA_S = 2.0
 SILENT_EXTRA_S = 5.0
@@ -75,9 +78,17 @@ def waits_for_a_peer(frames: list[re.Match[str]]) -> bool:
 class HangWatch:
     """One task's watch: `check()` at each of the runner's polls; a line once the task is frozen or hung."""
 
-    def __init__(self, pid: int, beats: Beats, timeout_s: float, stack: Path, peer_failed: Callable[[], bool]):
+    def __init__(
+        self,
+        pid: int,
+        beats: Beats,
+        timeout_s: float,
+        stack: Path,
+        peer_failed: Callable[[], bool],
+        recorder: tuple[Path, Path] | None = None,  # NCCL's Flight Recorder: its dump, and the pipe to ask
+    ):
         self.pid, self.beats, self.timeout_s, self.stack = pid, beats, timeout_s, stack
-        self.peer_failed = peer_failed
+        self.peer_failed, self.recorder = peer_failed, recorder
         self.stopped_since: float | None = None
         self.waiting: tuple[float, str] | None = None  # since when it was seen waiting for a peer, where
         self.dumped: str | None = None  # the stacks dumped in this silence
@@ -111,9 +122,11 @@ class HangWatch:
         return self.hung(f", waiting for a peer in {at}") if now - since >= WAITER_EXTRA_S else None
 
     def hung(self, at: str) -> str:
+        recorded = self.recorder is not None and self.recorder[0].exists()
+        collectives = f"; NCCL's Flight Recorder: {self.recorder[0]}" if self.recorder and recorded else ""
         return (f"hung: its process (pid {self.pid}) made no step for {self.timeout_s:g} s "
                 f"(command.hang_timeout_s) after step {self.beats.steps}{at}; "
-                f"every thread's stack: {self.stack}")  # fmt: skip
+                f"every thread's stack: {self.stack}{collectives}")  # fmt: skip
 
     def dump(self) -> str:
         """Ask the task for its stacks (only once it said it can take the signal); what it wrote."""
@@ -121,6 +134,8 @@ class HangWatch:
             return ""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, DUMP_SIGNAL)
+        if self.recorder is not None:
+            ask_for_dump(self.recorder[1])
         deadline = time.monotonic() + DUMP_WAIT_S
         text = ""
         while time.monotonic() < deadline:

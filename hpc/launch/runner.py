@@ -55,6 +55,7 @@ from hpc.core.summary import (
     tail_lines,
     write_run_summary,
 )
+from hpc.launch.flightrec import recorder_env
 from hpc.launch.hang import HangWatch
 from hpc.launch.pump import Pump
 from hpc.placement.affinity import GPU_ORDER
@@ -112,6 +113,8 @@ def rank_env(
     out.pop(PROFILER_VARIABLE, None)
     out.pop(BEAT_VARIABLE, None)  # the runner's own task's, set when it starts
     if task.profiler is not None:  # the start-up hook: the profiler where enabled, the watch, the OOM record
+        for key, value in recorder_env(RunPaths(run_dir)).items():
+            out.setdefault(key, value)  # the environment's own settings win
         out["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
         if task.profiler.get("enabled", True):
             out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)
@@ -179,12 +182,17 @@ class RankRun:
         self.killed = False
 
     def run(self) -> dict[str, Any]:
-        for folder in (self.paths.ranks, self.paths.rank_stream(0, "out").parent, self.paths.traces):
+        folders: tuple[Path, ...] = (self.paths.ranks, self.paths.rank_stream(0, "out").parent, self.paths.traces)
+        if self.task.profiler is not None:  # a command's: where torch writes NCCL's Flight Recorder dumps
+            folders += (self.paths.flight_recorder_dir,)
+        for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)  # traces/: where a profiled rank's traces go
         words = self.task.words_for(self.paths.root, sys.executable)
         self.write(kind="running", started_ns=time.time_ns(), command=words)
         try:
-            code = self.follow(self.start(words))
+            proc = self.start(words)
+            code = self.follow(proc)
+            self.end_session(proc.pid)
         except OSError as e:  # vanished since it was checked, or not executable on this node
             self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
         else:
@@ -222,8 +230,9 @@ class RankRun:
         ]
         self.write(pid=proc.pid)
         if self.task.hang_timeout_s is not None:
-            self.hang = HangWatch(proc.pid, Beats(beat_read), self.task.hang_timeout_s,
-                                  self.paths.rank_stack(self.dist.rank), self.peer_failed)  # fmt: skip
+            rank = self.dist.rank
+            self.hang = HangWatch(proc.pid, Beats(beat_read), self.task.hang_timeout_s, self.paths.rank_stack(rank),
+                                  self.peer_failed, self.paths.flight_recorder(rank))  # fmt: skip
         else:
             os.close(beat_read)
         return proc
@@ -279,13 +288,27 @@ class RankRun:
                 proc.send_signal(signal.SIGTERM)
 
     def end_watch(self) -> None:
-        """The beat's pipe closed; a stack file never dumped into removed (made at the first step)."""
+        """The beat's pipe closed; a stack file never dumped into removed (made at the first step), and the
+        Flight Recorder's pipe."""
         if self.hang is not None:
             self.hang.beats.close()
         stack = self.paths.rank_stack(self.dist.rank)
         with contextlib.suppress(OSError):
             if stack.stat().st_size == 0:
                 stack.unlink()
+        with contextlib.suppress(OSError):  # torch's, where a killed task left it
+            self.paths.flight_recorder(self.dist.rank)[1].unlink()
+
+    def end_session(self, pid: int) -> None:
+        """What the task started in its session and left running ends with it (SIGKILL to its process
+        group, which outlives its leader while a member lives; none left: nothing to do). A DataLoader's
+        workers on their way out are such members too, so it is recorded, not said on the console."""
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        log.info(f"hpc: rank {self.dist.rank}: processes left in the command's session killed with it")
+        self.write(leftovers_killed=True)
 
     def peer_failed(self) -> bool:
         return bool(failed_peers(self.paths, self.attempt, self.dist.rank))

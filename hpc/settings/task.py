@@ -163,12 +163,44 @@ def python_script(argv: Sequence[str]) -> str | None:
     return None
 
 
+# A launcher inside the command would start one per rank, each its own world (seen: two worlds of two
+# training the same thing apart): refused, naming what to write instead.
+INSTEAD = {
+    "torchrun": "every rank already gets torchrun's variables; for torchrun's agent and its restarts, "
+    "set cluster.launcher: torchrun in the profile",
+    "accelerate launch": "every rank gets the variables Accelerator() reads; accelerate's settings go in "
+    "command.env as its ACCELERATE_* variables",
+    "deepspeed": "every rank gets the variables deepspeed.init_distributed() reads",
+    "mpirun": "the toolkit starts one process per GPU itself",
+}
+
+
+def launcher_in(argv: Sequence[str]) -> str | None:
+    """The launcher a command starts with (torchrun, python -m torch.distributed.run or .launch,
+    accelerate launch, deepspeed, mpirun, mpiexec, srun), as INSTEAD names it; None for anything else."""
+    program, module = Path(argv[0]).name if argv else "", python_module(argv)
+    if program == "torchrun" or module in ("torch.distributed.run", "torch.distributed.launch"):
+        return "torchrun"
+    if (program == "accelerate" and argv[1:2] == ["launch"]) or module == "accelerate.commands.launch":
+        return "accelerate launch"
+    if program in ("deepspeed", "mpirun", "mpiexec", "srun"):
+        return program if program == "deepspeed" else "mpirun"
+    return None
+
+
 def check_command(argv: Sequence[str], cwd: Path, in_image: bool = False) -> None:
-    """UsageError (one line) for a command that cannot start: nothing after `--`, a program not on
-    PATH, a path that is not an executable file, a python script that is not there. A command inside a
-    container image (`in_image`) is found there, not here: only its script is looked for."""
+    """UsageError (one line) for a command that cannot start: nothing after `--`, a launcher inside it
+    (INSTEAD), a program not on PATH, a path that is not an executable file, a python script that is not
+    there. A command inside a container image (`in_image`) is found there, not here: only its script is
+    looked for."""
     if not argv:
         raise UsageError("command line: --: no command after it (e.g. -- python train.py)")
+    launcher = launcher_in(argv)
+    if launcher is not None:
+        raise UsageError(
+            f"command line: -- {shown(argv[0])}: a launcher inside the command would start one on every rank, "
+            f"each its own world; give the script itself (-- python train.py ...): {INSTEAD[launcher]}"
+        )
     program = argv[0]
     if not in_image:
         if "/" in program:

@@ -1,12 +1,14 @@
 """Profiling a script that has never seen this toolkit, with no change to it: the start-up hook
-(hpc/training/startup/sitecustomize.py, put on PYTHONPATH by the launcher with HPC_PROFILER set) calls
-`arm()`, which waits for torch's optimizer module to be imported and then registers one global
+(hpc/training/startup/sitecustomize.py, put on PYTHONPATH by the launcher) arms it
+(hpc/training/scripthooks.py): once torch's optimizer module is imported it registers one global
 optimizer step hook (torch.optim.optimizer.register_optimizer_step_post_hook, torch's public hook,
 the one Kineto's own step tracker uses). From the first optimizer step on, the toolkit's profiler
 (hpc/training/profiling.py: its schedule, its whole-or-nothing trace export) runs in the process and
 steps on every step of that first optimizer (a second optimizer would count each step twice), writing
 RUN/traces/rank{R}.*.pt.trace.json, and what the analysis needs beside the traces (steps, step times,
-peak memory, the device) to RUN/ranks/rank{R}.facts.json, at every cycle's end and at exit.
+each step's own work up to its first gradient, peak memory, the device) to RUN/ranks/rank{R}.facts.json,
+at every cycle's end and at exit. `guard` keeps ours from ever running beside a profiler of the
+script's own; an error of ours turns the hook off (`fail`), never the script.
 
 Limits, said in the README: no torch.optim step, no profile (the launcher says so); a step inside a
 torch.compile'd function may not call the hook; a profiler the script runs itself wins: where one is
@@ -76,6 +78,11 @@ class StepHook:
         self.broken = False  # an error of ours turned the hook off
         self.listeners: list[Callable[[StepHook], None]] = []  # called after each counted step
         self.oom: dict[str, Any] | None = None  # hpc/training/scriptoom.py's record
+        # own work (the step's start to its first gradient: no other rank can hold that part up), per step
+        self.own: list[float | None] = []
+        self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
+        self.first_grad: float | None = None
+        self.grad_hooks: list[Any] = []  # torch's RemovableHandle, one per parameter
         self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
@@ -95,6 +102,9 @@ class StepHook:
         now = time.perf_counter()
         if self.last is not None:
             self.times.append(now - self.last)
+        first_grad, self.first_grad = self.first_grad, None
+        self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
+        self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
         self.last, self.steps = now, self.steps + 1
         for listener in self.listeners:
             listener(self)
@@ -128,6 +138,7 @@ class StepHook:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
+        self.watch_grads(params)
         if self.script_profiles or _profiler_running():
             self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
             return
@@ -145,6 +156,18 @@ class StepHook:
                 maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
             )
         self.active = self.profiling is not None
+
+    def watch_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Each step's first gradient, timed (torch's post-accumulate-grad hook on every parameter the
+        optimizer steps): under DDP a rank's whole step ends at the common all-reduce, so only the part
+        before its gradients are ready tells a slow rank from those that wait for it. A script's own
+        communication hook is left as it is."""
+        if all(hasattr(p, "register_post_accumulate_grad_hook") for p in params):
+            self.grad_hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for p in params if p.requires_grad]
+
+    def on_grad(self, param: torch.Tensor) -> None:
+        if self.first_grad is None:
+            self.first_grad = time.perf_counter()
 
     def script_profiler_starts(self) -> None:
         """A profile the script started (torch's start of a trace, seen before it happens): ours stands
@@ -170,6 +193,9 @@ class StepHook:
     def fail(self, error: Exception) -> None:
         """An error of ours: said once, the hook turned off (its profiler closed as far as it can be)."""
         self.broken, self.active = True, False
+        for handle in self.grad_hooks:
+            with contextlib.suppress(Exception):
+                handle.remove()
         self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
         log.warning(f"hpc: rank {self.rank}: {self.note}; the script goes on")
         with contextlib.suppress(Exception):
@@ -192,7 +218,7 @@ class StepHook:
         """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
         import torch
 
-        from hpc.training.summary import step_time_stats
+        from hpc.training.summary import own_work_basis, step_time_stats
 
         timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
         peak = None
@@ -211,6 +237,7 @@ class StepHook:
             "torch": torch.__version__,
             "steps": self.steps,
             "step_time_s": step_time_stats(timed),
+            "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
             "cuda_max_memory_allocated_bytes": peak,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "profiler": {

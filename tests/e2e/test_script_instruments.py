@@ -183,3 +183,32 @@ def test_memory_by_category_for_a_script_against_its_models_own_tensors(tmp_path
         # SGD with momentum keeps one buffer the size of the weights
         assert categories["parameters"] == weights == categories["optimizer_state"], categories
         assert categories["gradients"] >= weights
+
+
+def test_a_slow_rank_is_named_and_the_scripts_own_comm_hook_still_reduces_every_bucket(tmp_path):
+    r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--", PY,
+               str(SCRIPTS / "comm_hook_ddp.py"), "--slow-rank", "1", "--slow-s", "0.3", "--steps", "12", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_dir_of(r.stdout)
+    for rank in (0, 1):  # the script's own hook, as it counted: one bucket a step, every step
+        said = (run / "logs" / f"rank{rank}.out").read_text()
+        assert f"rank {rank}: done, 12 steps, 12 buckets reduced by my hook" in said, said
+    ranks = {x["rank"]: x for x in summary_of(run)["ranks"]}
+    # the oracle is the script's own sleep: rank 1's work before its gradients takes 300 ms more
+    assert ranks[1]["own_step_time_s"]["median"] >= 0.3 > ranks[0]["own_step_time_s"]["median"]
+    verdict = [line for line in r.stdout.splitlines() if line.startswith("verdict:")]
+    assert verdict and verdict[0].startswith(f"verdict: imbalance: rank 1 on {os.uname().nodename}: own work "
+                                             "(before the gradient sync)"), verdict
+
+
+def test_what_a_command_leaves_running_ends_with_it(tmp_path):
+    """A script that starts a helper and exits without it (issue 52: nothing outlives its job)."""
+    marker = f"hpc-leftover-{os.getpid()}"
+    script = tmp_path / "leaves.py"
+    script.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                      f"'import time; time.sleep(600)', '{marker}'])\nprint('left it', flush=True)\n")
+    r = submit("--local", "--gpus", "1", "--runs-dir", str(tmp_path / "runs"), "--no-profile", "--", PY, str(script))
+    assert r.returncode == 0 and "left it" in r.stdout, r.stdout + r.stderr
+    (rank,) = summary_of(run_dir_of(r.stdout))["ranks"]
+    assert rank["kind"] == "ok" and rank["leftovers_killed"] is True
+    wait_until(lambda: not left_running(marker), "the helper's end", 10)

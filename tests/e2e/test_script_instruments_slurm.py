@@ -85,3 +85,22 @@ def test_a_script_that_profiles_itself_runs_to_its_end_on_slurm(slurm_cluster, t
     assert sorted(p.name.split(".")[0] for p in (tmp_path / "mine").iterdir()) == [f"mine{r}" for r in range(4)]
     summary = json.loads((run_dir_of(r.stdout) / "summary.json").read_text())
     assert summary["outcome"] == "done" and all("stood down" in x["profiler"]["note"] for x in summary["ranks"])
+
+
+def test_a_slow_rank_on_the_second_node_is_named_with_its_node_and_memory_by_category(slurm_cluster, tmp_path):
+    r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--set", "profiler.memory_categories=true", "--wait", "--",
+               PY, str(SCRIPTS / "comm_hook_ddp.py"), "--slow-rank", "3", "--slow-s", "0.3", "--steps", "12")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_dir_of(r.stdout)
+    wait_gone(run.name, 60)
+    second = subprocess.run(["scontrol", "show", "hostnames", job_state(run.name)["NodeList"]], capture_output=True,
+                            text=True, check=True).stdout.split()[1]  # Slurm's block layout: ranks 2-3 there
+    analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
+    (verdict,) = [line for line in analysed.stdout.splitlines() if ": imbalance: " in line]
+    assert f"imbalance: rank 3 on {second}: own work (before the gradient sync)" in verdict, analysed.stdout
+    assert "a slow rank, not a slow node" in verdict  # rank 2, on the same node, is not slow
+    # memory by category on every rank: the weights against comm_hook_ddp.py's model (Linear 64-256-10, fp32)
+    weights = 4 * (64 * 256 + 256 + 256 * 10 + 10)
+    for rank in json.loads((run / "summary.json").read_text())["ranks"]:
+        (cycle,) = rank["profiler"]["cycles"]
+        assert cycle["memory_categories"]["categories"]["parameters"] == weights, cycle["memory_categories"]

@@ -22,7 +22,8 @@ from hpc.launch.points import split_command
 from hpc.launch.runner import ordered_gpus, rank_env
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submit import build_parser
-from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, python_script)
+from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, launcher_in,
+                              python_script)
 from hpc.settings.config import load_cluster
 from hpc.placement.distenv import from_environ
 
@@ -388,3 +389,23 @@ def test_the_one_requeue_rule(code, signum, env, requeued):
 
     assert may_requeue(code, (3, 5), signum, env, 3) is requeued
     assert may_requeue(5, (3,), None, {}, 3) is False  # a user's command asks with 3 alone
+
+
+@pytest.mark.parametrize("argv, instead", [
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "set cluster.launcher: torchrun"),
+    (["/opt/bin/torchrun", "train.py"], "set cluster.launcher: torchrun"),
+    (["python", "-m", "torch.distributed.run", "--standalone", "train.py"], "set cluster.launcher: torchrun"),
+    (["python3", "-u", "-mtorch.distributed.launch", "train.py"], "set cluster.launcher: torchrun"),
+    (["accelerate", "launch", "train.py"], "ACCELERATE_* variables"),
+    (["python", "-m", "accelerate.commands.launch", "train.py"], "ACCELERATE_* variables"),
+    (["deepspeed", "train.py"], "deepspeed.init_distributed()"),
+    (["mpirun", "-n", "4", "python", "train.py"], "one process per GPU itself"),
+    (["srun", "python", "train.py"], "one process per GPU itself"),
+])
+def test_a_launcher_inside_the_command_is_refused_naming_what_to_write(tmp_path, argv, instead):
+    with pytest.raises(UsageError) as e:
+        check_command(argv, tmp_path)
+    said = str(e.value)
+    assert said.startswith(f"command line: -- '{argv[0]}': a launcher inside the command would start one on every "
+                           "rank") and instead in said and "\n" not in said
+    assert launcher_in(["accelerate", "config"]) is None and launcher_in(["python", "-m", "torch.utils.bottleneck"]) is None

@@ -1,6 +1,7 @@
 """The parts that name a frozen or hung rank and an out-of-memory script, on literal inputs: faulthandler's
 dump as CPython 3.11 writes it (copied from a dump of tests/scripts/stuck_ddp.py), /proc's stat line,
-the beat pipe's identity check, the run's outcome when a script's OOM is followed by its peers' failures."""
+the beat pipe's identity check, the run's outcome when a script's OOM is followed by its peers' failures,
+NCCL's Flight Recorder asked through torch's pipe (torch's side stood in for: no NCCL here)."""
 
 import os
 import signal
@@ -11,8 +12,13 @@ import time
 import torch
 
 from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
+from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
+from hpc.launch.flightrec import ask_for_dump
 from hpc.launch.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
+from hpc.launch.runner import rank_env
+from hpc.placement.distenv import from_environ
+from hpc.settings.task import command_task
 from hpc.training.scriptoom import oom_of
 
 STUCK = """Thread 0x00007f3540bff640 (most recent call first):
@@ -120,3 +126,31 @@ def test_an_out_of_memory_error_is_found_along_the_chain_of_causes():
     except RuntimeError as wrapped:
         assert oom_of(wrapped) is error
     assert oom_of(ValueError("x")) is None and oom_of(None) is None
+
+
+def test_nccls_flight_recorder_is_asked_through_torchs_pipe(tmp_path):
+    """torch's side stood in for (no NCCL here): its watchdog makes the fifo and holds it open for reading
+    without blocking, as ProcessGroupNCCL's DumpPipe does; a write there is its request."""
+    pipe = RunPaths(tmp_path).flight_recorder(0)[1]
+    pipe.parent.mkdir()
+    assert pipe.parent.name == "ranks"  # not among the dumps, which torch's analyzer reads every one of
+    assert not ask_for_dump(pipe)  # no NCCL group: nothing made, nothing asked
+    os.mkfifo(pipe)
+    assert not ask_for_dump(pipe)  # made, nobody reading: refused at once, never blocks
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert ask_for_dump(pipe) and os.read(reader, 8) == b"1"
+    finally:
+        os.close(reader)
+
+
+def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_otherwise(tmp_path):
+    task = command_task(["python", "t.py"], "/", {"enabled": False}, 60)
+    env = rank_env(from_environ({}), tmp_path, task, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, "1.0.0")
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's own setting wins
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    dump, pipe = RunPaths(tmp_path).flight_recorder(3)
+    assert f"{env['TORCH_NCCL_DEBUG_INFO_TEMP_FILE']}3" == str(dump) and dump.parent == tmp_path / "flight_recorder"
+    assert f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}3.pipe" == str(pipe)
+    training = command_task(["python", "-m", "hpc.train"], "/", {"enabled": True}, 60)  # records its own way
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in rank_env(from_environ({}), tmp_path, training, {}, "1.0.0")
