@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
+from hpc.training.firstgrad import FirstGrad
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -81,8 +82,7 @@ class StepHook:
         # own work (the step's start to its first gradient: no other rank can hold that part up), per step
         self.own: list[float | None] = []
         self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
-        self.first_grad: float | None = None
-        self.grad_hooks: list[Any] = []  # torch's RemovableHandle, one per parameter
+        self.first_grad = FirstGrad()
         self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
@@ -102,7 +102,7 @@ class StepHook:
         now = time.perf_counter()
         if self.last is not None:
             self.times.append(now - self.last)
-        first_grad, self.first_grad = self.first_grad, None
+        first_grad = self.first_grad.take()
         self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
         self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
         self.last, self.steps = now, self.steps + 1
@@ -138,7 +138,7 @@ class StepHook:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
-        self.watch_grads(params)
+        self.first_grad.watch(params)
         if self.script_profiles or _profiler_running():
             self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
             return
@@ -156,18 +156,6 @@ class StepHook:
                 maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
             )
         self.active = self.profiling is not None
-
-    def watch_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Each step's first gradient, timed (torch's post-accumulate-grad hook on every parameter the
-        optimizer steps): under DDP a rank's whole step ends at the common all-reduce, so only the part
-        before its gradients are ready tells a slow rank from those that wait for it. A script's own
-        communication hook is left as it is."""
-        if all(hasattr(p, "register_post_accumulate_grad_hook") for p in params):
-            self.grad_hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for p in params if p.requires_grad]
-
-    def on_grad(self, param: torch.Tensor) -> None:
-        if self.first_grad is None:
-            self.first_grad = time.perf_counter()
 
     def script_profiler_starts(self) -> None:
         """A profile the script started (torch's start of a trace, seen before it happens): ours stands
@@ -193,9 +181,8 @@ class StepHook:
     def fail(self, error: Exception) -> None:
         """An error of ours: said once, the hook turned off (its profiler closed as far as it can be)."""
         self.broken, self.active = True, False
-        for handle in self.grad_hooks:
-            with contextlib.suppress(Exception):
-                handle.remove()
+        with contextlib.suppress(Exception):
+            self.first_grad.remove()
         self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
         log.warning(f"hpc: rank {self.rank}: {self.note}; the script goes on")
         with contextlib.suppress(Exception):

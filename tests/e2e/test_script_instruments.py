@@ -42,6 +42,14 @@ time.sleep(0.05); dist.destroy_process_group()
 """
 
 
+def model_weights_bytes() -> int:
+    """The oracle for memory by category: torchrun_ddp.py's own model, built by its own function."""
+    spec = importlib.util.spec_from_file_location("users_script", SCRIPTS / "torchrun_ddp.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return sum(p.numel() * p.element_size() for p in script.make_model().parameters())
+
+
 def submit(*args, cwd=REPO, timeout=300):
     return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=cwd, env=ENV,
                           timeout=timeout)
@@ -172,11 +180,7 @@ def test_memory_by_category_for_a_script_against_its_models_own_tensors(tmp_path
                "profiler.memory_categories=true", "--", PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "1",
                "--ckpt", str(tmp_path / "ck.pt"), "--out", str(tmp_path / "w.pt"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    spec = importlib.util.spec_from_file_location("users_script", SCRIPTS / "torchrun_ddp.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    model = script.make_model()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # the oracle: the model itself
+    weights = model_weights_bytes()
     for rank in summary_of(run_dir_of(r.stdout))["ranks"]:
         (cycle,) = rank["profiler"]["cycles"]
         categories = cycle["memory_categories"]["categories"]

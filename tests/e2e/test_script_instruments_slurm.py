@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import processes, wait_until
-from test_script_instruments import HANG_S, OOM_STANDIN
+from test_script_instruments import HANG_S, OOM_STANDIN, model_weights_bytes
 from test_slurm_jobs import job_state, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -37,15 +37,18 @@ def run_dir_of(stdout: str) -> Path:
     return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
 
 
-def test_a_rank_stopped_on_the_second_node_is_named_frozen_and_the_job_ends(slurm_cluster, tmp_path):
+def test_a_rank_stopped_on_the_second_node_is_named_frozen_and_memory_by_category_kept(slurm_cluster, tmp_path):
     ckpt = tmp_path / "ck.pt"
-    proc = subprocess.Popen([PY, "-m", "hpc.submit", *TWO_BY_TWO, "--runs-dir", str(tmp_path), "--no-profile",
-                             "--set", f"command.hang_timeout_s={HANG_S}", "--wait", "--", PY,
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", *TWO_BY_TWO, "--runs-dir", str(tmp_path), "--set",
+                             "profiler.memory_categories=true", "--set", f"command.hang_timeout_s={HANG_S}", "--wait",
+                             "--", PY,
                              str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "100", "--step-sleep", "0.1", "--ckpt",
                              str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     run = run_dir_of(proc.stdout.readline())
     out = run / "logs" / "rank0.out"
     wait_until(lambda: out.exists() and "epoch 0" in out.read_text(), "the first epoch", 180)
+    # the profiled window's end on rank 3 (its facts, written whole once the window's trace is out)
+    wait_until(lambda: (run / "ranks" / "rank3.facts.json").exists(), "rank 3's profiled window", 120)
     record = json.loads((run / "ranks" / "rank3.exit.json").read_text())
     os.kill(record["pid"], signal.SIGSTOP)  # the cluster's nodes share this machine: the pid is here
     stopped = time.monotonic()
@@ -61,6 +64,13 @@ def test_a_rank_stopped_on_the_second_node_is_named_frozen_and_the_job_ends(slur
                                          f"process (pid {record['pid']}) was stopped"), summary["failure"]
     assert record["node"] != json.loads((run / "ranks" / "rank0.exit.json").read_text())["node"]
     assert not [c for c in processes().values() if str(ckpt) in c], "a rank of the job outlived it"
+    # memory by category, recorded at the profiled window's end on every rank (the frozen one's too), against
+    # the model's own weights (torchrun_ddp.py's make_model) and SGD's momentum buffer of the same size
+    weights = model_weights_bytes()
+    for rank in json.loads((run / "summary.json").read_text())["ranks"]:
+        (cycle,) = rank["profiler"]["cycles"]
+        categories = cycle["memory_categories"]["categories"]
+        assert categories["parameters"] == weights == categories["optimizer_state"], (rank["rank"], categories)
 
 
 def test_out_of_memory_in_a_script_is_the_jobs_outcome(slurm_cluster, tmp_path):
@@ -87,9 +97,9 @@ def test_a_script_that_profiles_itself_runs_to_its_end_on_slurm(slurm_cluster, t
     assert summary["outcome"] == "done" and all("stood down" in x["profiler"]["note"] for x in summary["ranks"])
 
 
-def test_a_slow_rank_on_the_second_node_is_named_with_its_node_and_memory_by_category(slurm_cluster, tmp_path):
-    r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--set", "profiler.memory_categories=true", "--wait", "--",
-               PY, str(SCRIPTS / "comm_hook_ddp.py"), "--slow-rank", "3", "--slow-s", "0.3", "--steps", "12")
+def test_a_slow_rank_on_the_second_node_is_named_with_its_node(slurm_cluster, tmp_path):
+    r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--wait", "--", PY, str(SCRIPTS / "comm_hook_ddp.py"),
+               "--slow-rank", "3", "--slow-s", "0.3", "--steps", "12")
     assert r.returncode == 0, r.stdout + r.stderr
     run = run_dir_of(r.stdout)
     wait_gone(run.name, 60)
@@ -99,8 +109,3 @@ def test_a_slow_rank_on_the_second_node_is_named_with_its_node_and_memory_by_cat
     (verdict,) = [line for line in analysed.stdout.splitlines() if ": imbalance: " in line]
     assert f"imbalance: rank 3 on {second}: own work (before the gradient sync)" in verdict, analysed.stdout
     assert "a slow rank, not a slow node" in verdict  # rank 2, on the same node, is not slow
-    # memory by category on every rank: the weights against comm_hook_ddp.py's model (Linear 64-256-10, fp32)
-    weights = 4 * (64 * 256 + 256 + 256 * 10 + 10)
-    for rank in json.loads((run / "summary.json").read_text())["ranks"]:
-        (cycle,) = rank["profiler"]["cycles"]
-        assert cycle["memory_categories"]["categories"]["parameters"] == weights, cycle["memory_categories"]

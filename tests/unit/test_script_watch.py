@@ -19,6 +19,7 @@ from hpc.launch.hang import HangWatch, main_frames, process_state, waits_for_a_p
 from hpc.launch.runner import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.task import command_task
+from hpc.training.firstgrad import FirstGrad
 from hpc.training.scriptoom import oom_of
 
 STUCK = """Thread 0x00007f3540bff640 (most recent call first):
@@ -154,3 +155,21 @@ def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_ot
     assert f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}3.pipe" == str(pipe)
     training = command_task(["python", "-m", "hpc.train"], "/", {"enabled": True}, 60)  # records its own way
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in rank_env(from_environ({}), tmp_path, training, {}, "1.0.0")
+
+
+def test_each_steps_first_gradient_is_timed_and_four_parameters_keep_the_hook():
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])  # 8 parameters
+    first = FirstGrad()
+    assert first.watch(model.parameters()) and len(first.handles) == 8
+    assert first.take() is None  # no backward yet: no gradient this step
+    began = time.perf_counter()
+    model(torch.randn(2, 4)).sum().backward()
+    at = first.take()
+    assert at is not None and began < at < time.perf_counter()
+    # the last layer's gradients come first in backward: they keep the hook, the rest let it go
+    assert set(first.handles) == {id(p) for p in [*model[3].parameters(), *model[2].parameters()]}
+    model(torch.randn(2, 4)).sum().backward()
+    assert first.take() is not None  # still timed with four
+    first.remove()
+    model(torch.randn(2, 4)).sum().backward()
+    assert first.take() is None
