@@ -35,7 +35,7 @@ from hpc.core.cli import Parser, check_output_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, root_cause, write_run_summary
-from hpc.launch.rankcli import profiler_section
+from hpc.launch.rankcli import command_sections
 from hpc.launch.requeue import may_requeue
 from hpc.launch.runner import write_task
 from hpc.launch.site import job_env, srun_words
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     cluster = load_cluster(args.profile or env.get("HPC_PROFILE") or "perlmutter")
     check_command(words, Path.cwd(), in_image=bool(cluster.image))
-    task = command_task(words, os.getcwd(), profiler_section(args.config, args.no_profile, []), cluster.stop_grace_s)
+    profiler, hang_timeout_s = command_sections(args.config, args.no_profile, [])
+    task = command_task(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
     run_dir = run_dir_for(args, words, env, args.name or task.name)
     check_output_dir(run_dir, "--run-dir")
     env = job_environment(cluster, env)

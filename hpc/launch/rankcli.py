@@ -25,23 +25,26 @@ from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, read_records, read_summary, write_run_summary
 from hpc.launch.runner import on_slurm, run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
-from hpc.settings.schema import RUN_SECTIONS, ClusterConfig
+from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 from hpc.settings.task import Task, check_command, command_task
 
 
-def profiler_section(config: str | None, no_profile: bool, sets: list[str]) -> dict[str, Any] | None:
-    """The profiler section a command runs under (--config's, then --set profiler.KEY=VALUE), None when
-    profiling is off. Only that section applies to a command: any other is an error naming it."""
+def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int]:
+    """What a command runs under: the profiler section (--config's, then --set profiler.KEY=VALUE; enabled
+    false with --no-profile: the start-up hook still counts, watches and records an OOM) and
+    command.hang_timeout_s. Only those apply to a command: any other section set is an error naming it."""
     overrides = [(*parse_override(s), set_source(s)) for s in sets]
     for dotted, _, source in overrides:
-        require_section(dotted, ("profiler",), source)
+        require_section(dotted, ("profiler", "command"), source)
     layers = Layers()
     if config:
-        layers.add_file(config, only=RUN_SECTIONS, flag="--config")
+        layers.add_file(config, only=(*RUN_SECTIONS, "command"), flag="--config")
     for dotted, value, source in overrides:
         layers.set(dotted, value, source)
-    profiler = layers.build("profiler")
-    return None if no_profile or not profiler.enabled else dataclasses.asdict(profiler)
+    if no_profile:
+        layers.set("profiler.enabled", False, "--no-profile")
+    command: CommandConfig = layers.build("command")
+    return dataclasses.asdict(layers.build("profiler")), command.hang_timeout_s
 
 
 def task_for(args: Any, words: list[str]) -> Task:
@@ -49,13 +52,13 @@ def task_for(args: Any, words: list[str]) -> Task:
     paths = RunPaths(Path(args.run_dir))
     if words:
         check_command(words, Path.cwd(), in_image=False)
-        profiler = profiler_section(args.config, args.no_profile, args.set)
+        profiler, hang_timeout_s = command_sections(args.config, args.no_profile, args.set)
         grace = args.stop_grace_s
         if grace is None:
             grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
-        return command_task(words, os.getcwd(), profiler, grace)
+        return command_task(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
     saved = read_json(paths.task) if paths.task.is_file() else None
     if not isinstance(saved, dict) or not (saved.get("words") or saved.get("argv")):
         raise UsageError(f"--run-dir {args.run_dir}: no task.json with a task in it; give a command after --")
@@ -67,9 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = Parser(prog="python -m hpc.rank", description=__doc__.split("\n\n")[0], needs_args=True)
     parser.add_argument("--run-dir", required=True, help="the run directory (each rank writes its files there)")
-    parser.add_argument("--config", help="a config YAML whose profiler section applies (the default schedule else)")
+    parser.add_argument("--config", help="a config YAML whose profiler and command sections apply (defaults else)")
     parser.add_argument("--no-profile", action="store_true", help="do not profile the command")
-    parser.add_argument("--set", action="append", default=[], metavar="profiler.KEY=VALUE", help="a profiler key")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a profiler key, or command.hang_timeout_s",
+    )
     parser.add_argument("--profile", help="cluster profile whose stop_grace_s applies (default: 60 s)")
     parser.add_argument("--stop-grace-s", type=int, help="seconds from a stop to a kill (default: the profile's)")
     parser.add_argument("--outcome", action="store_true", help="print how the run ended, in one line, and exit")
