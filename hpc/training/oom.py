@@ -63,24 +63,33 @@ def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
     }
 
 
+def oom_fields(
+    error: BaseException, rank: int, per_gpu: int | None, world: int, cuda: bool, fraction: float | None
+) -> dict[str, Any]:
+    """The record of an OOM, the toolkit's training's and a script's alike (hpc/training/scriptoom.py):
+    the allocator's first line, the allocation it names, the device's memory, the batch where known."""
+    text = str(error).strip()
+    message = text.splitlines()[0] if text else type(error).__name__
+    return {
+        "rank": rank,
+        "batch_size_per_gpu": per_gpu,
+        "global_batch_size": per_gpu * world if per_gpu else None,
+        "requested_bytes": requested_bytes(message),
+        "memory_fraction": fraction,
+        **device_memory(cuda, fraction),
+        "message": message[:500],
+        "snapshot": None,
+    }
+
+
 def record_oom(
     error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool
 ) -> dict[str, Any]:
     """Write what the OOM was (this rank's facts, then summary.json: outcome "oom") and the snapshot if
     recorded; return the record."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     tc = cfg.train
     per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
-    oom: dict[str, Any] = {
-        "rank": rank,
-        "batch_size_per_gpu": per_gpu,
-        "global_batch_size": per_gpu * world,
-        "requested_bytes": requested_bytes(message),
-        "memory_fraction": tc.cuda_memory_fraction,
-        **device_memory(cuda, tc.cuda_memory_fraction),
-        "message": message[:500],
-        "snapshot": None,
-    }
+    oom = oom_fields(error, rank, per_gpu, world, cuda, tc.cuda_memory_fraction)
     if cfg.profiler.memory_snapshot and cuda:
         path = paths.memory_snapshot(rank)
         torch.cuda.memory._dump_snapshot(str(path))

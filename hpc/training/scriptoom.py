@@ -45,22 +45,10 @@ def oom_of(error: BaseException | None) -> BaseException | None:
 
 
 def oom_record(error: BaseException, hook: StepHook, batch: int | None) -> dict[str, Any]:
-    """What the OOM was, as hpc/training/oom.py records it for the toolkit's training."""
-    from hpc.training.oom import device_memory, requested_bytes
+    """What the OOM was, as hpc/training/oom.py records it for the toolkit's training, and at which step."""
+    from hpc.training.oom import oom_fields
 
-    text = str(error).strip()
-    message = text.splitlines()[0] if text else type(error).__name__
-    return {
-        "rank": hook.rank,
-        "batch_size_per_gpu": batch,
-        "global_batch_size": batch * hook.world_size if batch else None,
-        "requested_bytes": requested_bytes(message),
-        "memory_fraction": None,
-        **device_memory(hook.cuda, None),
-        "message": message[:500],
-        "step": hook.steps + 1,
-        "snapshot": None,
-    }
+    return {**oom_fields(error, hook.rank, batch, hook.world_size, hook.cuda, None), "step": hook.steps + 1}
 
 
 def dump_snapshot(hook: StepHook) -> str | None:

@@ -18,13 +18,10 @@ from pathlib import Path
 import pytest
 
 from conftest import processes, wait_until
+from test_own_script import ENV, PY, REPO, SCRIPTS, run_dir_of, submit
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "tests" / "scripts"
 HOOK = REPO / "hpc" / "training" / "startup"
-PY = sys.executable
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
 HANG_S = 5
 # A stand-in for CUDA running out of memory (no GPU on this machine): torch's own error class, raised where
 # the allocator would, with the allocator's own message, at the step of a batch that does not fit.
@@ -48,15 +45,6 @@ def model_weights_bytes() -> int:
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return sum(p.numel() * p.element_size() for p in script.make_model().parameters())
-
-
-def submit(*args, cwd=REPO, timeout=300):
-    return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=cwd, env=ENV,
-                          timeout=timeout)
-
-
-def run_dir_of(stdout: str) -> Path:
-    return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
 
 
 def summary_of(run: Path) -> dict:

@@ -17,24 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import processes, wait_until
+from test_own_script_slurm import ENV, PY, REPO, SCRIPTS, TWO_BY_TWO, run_dir_of, submit
 from test_script_instruments import HANG_S, OOM_STANDIN, model_weights_bytes
 from test_slurm_jobs import job_state, wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "tests" / "scripts"
-PY = sys.executable
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
-TWO_BY_TWO = ["--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--export", "OMP_NUM_THREADS=1"]
-
-
-def submit(*args, timeout=600, cwd=REPO):
-    return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=cwd, env=ENV,
-                          timeout=timeout)
-
-
-def run_dir_of(stdout: str) -> Path:
-    return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
 
 
 def test_a_rank_stopped_on_the_second_node_is_named_frozen_and_memory_by_category_kept(slurm_cluster, tmp_path):
