@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.discover import Warnings, analyze_files, run_traces
-from analysis.ranks import slow_rank, step_skew_us, straggler
+from analysis.ranks import separate_copies, slow_rank, step_skew_us, straggler
 from analysis.records import (
     SPREAD_FIELDS,
     RankTotals,
@@ -188,6 +188,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     first = first_rank(summary)
     step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
     straggler_rank, straggler_share = straggler(records)
+    summary_ranks = (summary or {}).get("ranks") or []
+    alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
     run = RunRecord(
         run_dir=str(run_dir),
@@ -208,8 +210,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
-        slowest_step=slowest_step(ranks, summary),
-        slow_rank=slow_rank((summary or {}).get("ranks") or []),
+        slowest_step=None if alone else slowest_step(ranks, summary),
+        slow_rank=None if alone else slow_rank(summary_ranks),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         **run_facts(first),
         **memory_by_category(summary),

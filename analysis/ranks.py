@@ -65,6 +65,14 @@ def _own_median_s(rank: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def separate_copies(ranks: list[dict[str, Any]]) -> bool:
+    """Whether a run's ranks never communicated: two or more, each said by its start-up hook to be in no
+    process group at its first step (a DataParallel or single-process script started on every GPU). No
+    rank waits for another there, so no imbalance is told of them."""
+    said = [r.get("process_group") for r in ranks if "process_group" in r]
+    return len(ranks) > 1 and bool(said) and not any(said)
+
+
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/parts.py's StepTimer), against the

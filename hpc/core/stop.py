@@ -1,5 +1,8 @@
-"""The stop signals of a training process: SIGTERM/SIGUSR2 (Slurm preemption, a time limit's warning) and
-SIGINT (Ctrl-C) ask for a checkpoint at the next step boundary; the same command then resumes.
+"""The stop signals of a training process: SIGTERM/SIGUSR2 (Slurm preemption, a time limit's warning),
+SIGINT (Ctrl-C) and SIGHUP (a closed terminal) ask for a checkpoint at the next step boundary; the same
+command then resumes. The other signals Slurm or a person sends a job (SIGUSR1: Lightning's requeue
+signal; SIGQUIT) are caught too, never the process's death: a per-rank runner passes them on to its
+command (hpc/launch/runner.py), a training ignores them.
 
 Torch-free, so a command's door installs it before importing torch: that import takes seconds on a
 loaded node, and a SIGUSR2 or SIGTERM arriving in it would otherwise kill the process outright (the
@@ -25,17 +28,19 @@ class StopSignal:
     """Records the last stop signal (`signum`); installed by whoever runs the training and handed in, so
     the handlers are given back afterwards (`restore`)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
+    PASSED = (signal.SIGUSR1, signal.SIGQUIT)  # not a stop: passed on to a command as they came
     _early: StopSignal | None = None  # installed by a door before its heavy imports (see `early`)
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.passed: list[int] = []  # the other signals (PASSED) that came, in order
         self._previous: dict[int, signal._HANDLER] = {}
         self.listener: Callable[[int], None] | None = None  # told at once, in the handler (a launcher passes it on)
 
     def install(self) -> StopSignal:
         if not self._previous:  # installed once: a second install would save our own handler as "previous"
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS + self.PASSED}
         return self
 
     def restore(self) -> None:
@@ -46,7 +51,10 @@ class StopSignal:
             StopSignal._early = None
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
-        self.signum = signum
+        if signum in self.PASSED:
+            self.passed.append(signum)
+        else:
+            self.signum = signum
         if self.listener is not None:
             self.listener(signum)
 
@@ -68,7 +76,7 @@ def ignore_after_run() -> None:
     handlers back, not fatal. SIGUSR2 landing during a finished run's teardown killed it (exit -12, seen
     in the random-fault test); the early handler takes over from here at once, and a command started by
     the run execs with its own."""
-    for sig in StopSignal.SIGNALS:
+    for sig in StopSignal.SIGNALS + StopSignal.PASSED:
         signal.signal(sig, signal.SIG_IGN)
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_OK, EXIT_OOM
+from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.rundir import RunPaths, is_count
 
@@ -108,10 +108,13 @@ def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -
 
 
 def exit_code_of(record: Mapping[str, Any]) -> int:
-    """A rank's exit code as a shell reads it: its task's own, 128 + N for a signal N, 1 when unknown."""
+    """A rank's exit code as a shell reads it: its task's own, 128 + N for a signal N, 1 when unknown; 3
+    for a task stopped that exited 0 without saying it finished (stopped: requeued by the rule)."""
     if record.get("kind") == "ok":
         return EXIT_OK
     code = record.get("exit_code")
+    if record.get("kind") == "stopped" and code == EXIT_OK:
+        return EXIT_PREEMPTED
     if isinstance(code, int) and code > 0:
         return code
     sig = record.get("signal")

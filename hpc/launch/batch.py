@@ -8,7 +8,8 @@ hpc.train`) run after their #SBATCH lines and `module load`. Everything the two 
    $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH);
 3. the task (hpc/settings/task.py) written to RUN/task.json, then one srun step: each task `python -m
    hpc.rank --run-dir RUN` (the per-rank runner), or with HPC_LAUNCHER=torchrun one torchrun per node
-   whose workers are those runners;
+   whose workers are those runners, or with HPC_LAUNCHER=node one runner per node whose command uses
+   every GPU of it (a DataParallel script);
 4. after the step, one line saying how the run ended (the first failing rank named), and the requeue
    rule of every job (hpc/launch/requeue.py `may_requeue`: a requeue code, not a person's stop,
    requeues left: HPC_MAX_REQUEUES or the profile's max_requeues), applied with scontrol here in the
@@ -40,6 +41,7 @@ from hpc.launch.requeue import may_requeue
 from hpc.launch.runner import write_task
 from hpc.launch.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
+from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.config import load_cluster
 from hpc.settings.schema import ClusterConfig
 from hpc.settings.task import Task, check_command, command_task, runs_training
@@ -80,13 +82,16 @@ def step_words(cluster: ClusterConfig, run_dir: Path, env: Mapping[str, str]) ->
     """The job's one srun step: a runner per task, or torchrun per node over runners."""
     rank = ["-m", "hpc.rank", "--run-dir", str(run_dir)]
     srun = ["srun", "--kill-on-bad-exit=1"]
-    if env.get("HPC_LAUNCHER", "srun") != "torchrun":
+    launcher = env.get("HPC_LAUNCHER", "srun")
+    if launcher not in ONE_TASK_PER_NODE:
         return [*srun, *srun_words(cluster), "python", *rank]
     nodes = int(env.get("SLURM_NNODES") or 1)
     nproc = int(env.get("SLURM_NTASKS_PER_NODE", "4").split("(")[0])
     cpus = int(env.get("SLURM_CPUS_PER_TASK") or 1) * nproc
-    torchrun = slurm_torchrun_args(env, nproc, int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts))
     per_node = ["--ntasks-per-node=1", f"--ntasks={nodes}", f"--cpus-per-task={cpus}"]
+    if launcher == "node":  # one process a node with every GPU of it (nn.DataParallel)
+        return [*srun, *per_node, *srun_words(cluster), "python", *rank]
+    torchrun = slurm_torchrun_args(env, nproc, int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts))
     return [*srun, *per_node, *srun_words(cluster), "python", "-m", "torch.distributed.run", *torchrun, *rank]
 
 

@@ -37,7 +37,7 @@ RESEND_S = 2.0  # a rank still setting up ignores SIGINT (inherited); it is told
 
 
 class Interrupts:
-    """SIGINT and SIGTERM recorded (not raised) while a command follows its jobs."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) recorded (not raised) while a command follows its jobs."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -53,7 +53,8 @@ class Interrupts:
         self.signum, self.count = signum, self.count + 1
 
     def __enter__(self) -> Interrupts:
-        self.previous = {sig: signal.signal(sig, self._record) for sig in (signal.SIGINT, signal.SIGTERM)}
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.previous = {sig: signal.signal(sig, self._record) for sig in caught}
         return self
 
     def __exit__(self, *exc: Any) -> None:

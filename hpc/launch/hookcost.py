@@ -24,7 +24,7 @@ from pathlib import Path
 from hpc.core.beat import BEAT_VARIABLE, beat_pipe
 from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK
-from hpc.launch.runner import HOOK_DIR
+from hpc.launch.rankenv import HOOK_DIR
 from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE
 
 WARMUP_STEPS = 20

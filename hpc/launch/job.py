@@ -34,7 +34,7 @@ from hpc.core.errors import EXIT_PEER_LOST
 from hpc.core.logs import configure
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import write_run_summary
+from hpc.core.summary import exit_code_of, write_run_summary
 from hpc.launch.requeue import clear_request, may_requeue, requeue, requeue_if_rank0_does_not, stopped_by_user
 from hpc.launch.runner import run_rank, write_task
 from hpc.settings.task import Task, training_task
@@ -98,7 +98,8 @@ class TaskJob:
     ) -> dict[str, Any]:
         """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
         that failed raises, after its records are written."""
-        kind, code = record.get("kind"), record.get("exit_code")
+        kind = record.get("kind")
+        code = exit_code_of(record) if kind == "stopped" else record.get("exit_code")  # exit 0 unfinished: 3
         if kind == "failed":
             log.error(
                 f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
@@ -148,17 +149,25 @@ class TrainJob(TaskJob):
 
 def run_forwarding(argv: list[str], stop: StopSignal) -> int:
     """Run `argv` (torchrun) to its end with the stop signals passed on to it (and recorded in `stop`);
-    its exit code."""
-    proc = subprocess.Popen(argv)
+    its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
+    SIGUSR1 (Slurm signals every process of the step, and a Lightning job asks for it), its workers left
+    without it; they get Slurm's signal themselves, and pass it on to their command."""
+    proc = subprocess.Popen(argv, preexec_fn=_ignore_passed_signals)
 
     def forward(signum: int) -> None:
-        proc.send_signal(signum)
+        if signum not in StopSignal.PASSED:
+            proc.send_signal(signum)
 
     stop.listener = forward
     try:
         return proc.wait()
     finally:
         stop.listener = None
+
+
+def _ignore_passed_signals() -> None:
+    for sig in StopSignal.PASSED:  # ignored dispositions survive exec; handlers do not
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def torchrun_args_for(job_id: str, nproc_per_node: int, max_restarts: int) -> list[str]:

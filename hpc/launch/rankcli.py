@@ -23,7 +23,8 @@ from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, read_records, read_summary, write_run_summary
-from hpc.launch.runner import on_slurm, run_rank, write_task
+from hpc.launch.rankenv import on_slurm
+from hpc.launch.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 from hpc.settings.task import Task, check_command, command_task

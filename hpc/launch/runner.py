@@ -1,18 +1,22 @@
 """The per-rank runner: `run_rank` starts a rank's task (hpc/settings/task.py: the toolkit's training or a
-user's command) as a child process (its words, no shell) with the rank's environment (`rank_env`:
-torchrun's contract, HPC_RUN_DIR, the GPUs in the profile's order, the profiler's hook where the task
-has one), its stdout and stderr kept in RUN/logs/rank{R}.out and .err and passed on to the runner's own
+user's command) as a child process (its words, no shell) with the rank's environment (hpc/launch/
+rankenv.py: torchrun's contract, HPC_RUN_DIR, the GPUs in the profile's order, the start-up hook where
+the task has one), its stdout and stderr kept in RUN/logs/rank{R}.out and .err and passed on to the runner's own
 (the job's log, a terminal: hpc/launch/pump.py), and records how it ended in
 RUN/ranks/rank{R}.exit.json, whole (written before this process ends, so a failing rank is named even
 when srun kills the others right after). Then summary.json is made again from every rank's records
 (hpc/core/summary.py). No torch import: the task is a process of its own.
 
-Stops. Slurm delivers its signals (the time limit's warning, a preemption's SIGTERM) to every process
-of the step, the task included, so here they are not passed on (but under torchrun, whose agent also
-stops its workers on its own); on this machine (submitit's local executor, a plain shell) a stop signal
-is passed on as SIGTERM. Either way the task then has
-`stop_grace_s` to save and exit; one still running then is killed (SIGKILL) and the rank ends as
-`killed`. A task that exits with one of its requeue codes (3 saved and stopped; the training's 5, a lost
+Signals. Every signal Slurm or a person sends a job is caught here, never this process's death while its
+task runs (hpc/core/stop.py). Slurm delivers its signals (the time limit's warning, a preemption's
+SIGTERM, `scancel --signal`) to every process of the step, the task included, so here they are not
+passed on (but under torchrun, whose agent also stops its workers on its own); on this machine
+(submitit's local executor, a plain shell) a stop signal (TERM, USR2, INT, HUP) is passed on as SIGTERM,
+another (USR1, QUIT) as it came. After a stop the task has `stop_grace_s` to save and exit; one still
+running then is killed (SIGKILL) and the rank ends as `killed`; one that exits 0 without saying it
+finished (the toolkit's training says so in its facts) ends as `stopped`, not done. The task's process
+dies with this one (Linux's parent-death signal), and what it leaves in its session is killed at its
+end. A task that exits with one of its requeue codes (3 saved and stopped; the training's 5, a lost
 peer) ends as `stopped`: the job requeues it (hpc/launch/job.py) and the same task, started again,
 resumes by itself. Exit 4 with an out-of-memory record in its facts ends as `oom`.
 
@@ -28,6 +32,7 @@ would read every record under one lock (a thousand ranks, a parallel file system
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -36,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +51,6 @@ from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import (
-    ATTEMPT_VARIABLE,
     attempt_of,
     kind_of_code,
     last_said,
@@ -55,70 +59,24 @@ from hpc.core.summary import (
     tail_lines,
     write_run_summary,
 )
-from hpc.launch.flightrec import recorder_env
 from hpc.launch.hang import HangWatch
 from hpc.launch.pump import Pump
-from hpc.placement.affinity import GPU_ORDER
-from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv, from_environ
-from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE, Task
+from hpc.launch.rankenv import on_slurm, passes_stops_on, rank_env
+from hpc.placement.distenv import DistEnv, from_environ
+from hpc.settings.task import Task
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 PEER_GRACE_S = 10  # a rank whose peer failed is stopped as for a signal, but given less time
 SUMMARY_WAIT_S = 30  # rank 0 waits this long after its own end for the others' records
-HOOK_DIR = Path(__file__).resolve().parent.parent / "training" / "startup"  # holds sitecustomize.py
-# A job's own launcher variables are not the task's: it is no submitit job, whatever runs it.
-_DROPPED_PREFIXES = ("SUBMITIT_",)
-
-
-def on_slurm(env: Mapping[str, str]) -> bool:
-    """Inside an srun step, where Slurm signals every process of the step itself."""
-    return env.get("SLURM_STEP_ID") not in (None, "") and env.get("SUBMITIT_EXECUTOR") != "local"
-
-
-def passes_stops_on(env: Mapping[str, str]) -> bool:
-    """Whether a stop signal this rank gets is passed on to its task: everywhere but in an srun step,
-    where Slurm signals the task itself; there too under torchrun, whose agent signals its workers alone
-    (a restart of the group), and a task it never told would outlive them."""
-    return not on_slurm(env) or bool(env.get("TORCHELASTIC_RUN_ID"))
-
-
-def ordered_gpus(env: Mapping[str, str]) -> str | None:
-    """CUDA_VISIBLE_DEVICES in the profile's GPU order (HPC_GPU_ORDER, set for whole nodes), so that a
-    rank's `cuda:LOCAL_RANK` is the GPU next to its cores; None where nothing changes."""
-    order, visible = env.get(GPU_ORDER, ""), env.get("CUDA_VISIBLE_DEVICES", "")
-    if not order or not visible:
-        return None
-    devices, picks = visible.split(","), order.split(",")
-    if not all(p.isdigit() for p in picks) or sorted(int(p) for p in picks) != list(range(len(devices))):
-        return None  # fewer visible GPUs than a node (a shared job): nothing to order
-    return ",".join(devices[int(p)] for p in picks)
-
-
-def rank_env(
-    dist: DistEnv, run_dir: Path, task: Task, env: Mapping[str, str], attempt: str, hook_dir: Path = HOOK_DIR
-) -> dict[str, str]:
-    """The whole environment of one rank's process: this one's, less a launcher's own variables, plus
-    the task's, torchrun's contract, HPC_RUN_DIR, the attempt, the ordered GPUs, and the profiler's hook."""
-    out = {k: v for k, v in env.items() if not k.startswith(_DROPPED_PREFIXES)}
-    out.update(task.env_for(run_dir))
-    out.update(dist.torch_env())
-    out[LAUNCHER_VARIABLE] = dist.launcher
-    out[RUN_DIR_VARIABLE] = str(run_dir)
-    out[ATTEMPT_VARIABLE] = attempt
-    gpus = ordered_gpus(env)
-    if gpus is not None:
-        out["CUDA_VISIBLE_DEVICES"] = gpus
-    out.pop(PROFILER_VARIABLE, None)
-    out.pop(BEAT_VARIABLE, None)  # the runner's own task's, set when it starts
-    if task.profiler is not None:  # the start-up hook: the profiler where enabled, the watch, the OOM record
-        for key, value in recorder_env(RunPaths(run_dir)).items():
-            out.setdefault(key, value)  # the environment's own settings win
-        out["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
-        if task.profiler.get("enabled", True):
-            out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)
-    return out
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A task that exits 0 after a stop signal without saying it finished (Lightning's `Bypassing SIGTERM`, a
+# script that returns from its loop on the signal): not done. What the record and the line say.
+UNFINISHED = (
+    "not known to have finished: recorded as stopped, not done, and requeued as a stop is (on Slurm; here, run "
+    "the same command again); it resumes only from a checkpoint of its own: save one on SIGTERM, then exit 3"
+)
 
 
 def failed_mark(paths: RunPaths, attempt: str) -> Path:
@@ -199,6 +157,8 @@ class RankRun:
             for pump in self.pumps:  # the task's last lines are in its logs before its end is recorded
                 pump.finish()
             self.write(**self.ending(code))
+            if self.record["kind"] == "stopped" and code == 0 and self.dist.rank == 0:  # once, not a line a rank
+                log.warning(f"hpc: the command exited 0 after {self.why_stopping}, {UNFINISHED}")
         finally:
             self.end_watch()
         if self.record["kind"] in ("failed", "oom"):  # the others stop rather than fail in a collective
@@ -247,6 +207,7 @@ class RankRun:
             stderr=subprocess.PIPE,
             start_new_session=True,
             pass_fds=(beat_write,),
+            preexec_fn=die_with(os.getpid()),
         )
 
     def follow(self, proc: subprocess.Popen[bytes]) -> int:
@@ -254,7 +215,7 @@ class RankRun:
         stop signal is passed on from its handler, at once: a rank that learns of the stop from its peers
         (an all-reduce of a flag) may otherwise be on its way out when its own signal comes, and a signal
         during Python's exit, its handlers gone, kills it."""
-        self.stop.listener = lambda signum: self.begin_stop(proc, signal.Signals(signum).name)
+        self.stop.listener = lambda signum: self.on_signal(proc, signum)
         if self.stop.signum is not None:  # came before the task started
             self.begin_stop(proc, signal.Signals(self.stop.signum).name)
         while True:
@@ -271,8 +232,19 @@ class RankRun:
                     self.kill(proc)
             if self.why_stopping is not None and "stop" not in self.record:
                 self.write(stop=self.why_stopping)
+            if len(self.stop.passed) != len(self.record.get("signals_passed_on", [])):
+                self.write(signals_passed_on=self.passed_names())
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.grace_s():
                 self.kill(proc)
+
+    def on_signal(self, proc: subprocess.Popen[bytes], signum: int) -> None:
+        """In the handler: a stop signal stops the task; another (SIGUSR1, SIGQUIT) is passed on as it
+        came, where stops are (on Slurm the task has it from Slurm already), never this process's death."""
+        if signum not in StopSignal.PASSED:
+            self.begin_stop(proc, signal.Signals(signum).name)
+        elif passes_stops_on(self.env):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
 
     def begin_stop(self, proc: subprocess.Popen[bytes], why: str) -> None:
         """Tell the task to stop (SIGTERM), once: on a stop signal (on Slurm, which sends the task its
@@ -340,6 +312,7 @@ class RankRun:
             "exit_code": code if code >= 0 else None,
             "signal": signal.Signals(signum).name if signum else None,
             "stderr_tail": said,
+            **({"signals_passed_on": self.passed_names()} if self.stop.passed else {}),
         }
         what = f"exit {code}" if signum is None else f"signal {end['signal']}"
         oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
@@ -347,6 +320,8 @@ class RankRun:
         after = f" after {self.why_stopping}" if self.why_stopping else ""
         if self.hung is not None:
             return {**end, "kind": "failed", "hung": True, "message": self.hung}
+        if kind == "ok" and self.stop.signum is not None and not self.said_complete():
+            return {**end, "kind": "stopped", "message": f"{what} after {self.why_stopping}, {UNFINISHED}"}
         if kind in ("ok", "oom"):
             return {**end, "kind": kind, "message": None if kind == "ok" else last_said(said)}
         if kind == "stopped":  # 3 says it saved; another requeue code (the training's 5) says why in its words
@@ -360,6 +335,13 @@ class RankRun:
             return {**end, "kind": "interrupted", "message": f"{what} after {self.why_stopping}"}
         return {**end, "kind": "failed", "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
 
+    def passed_names(self) -> list[str]:
+        return [signal.Signals(s).name for s in self.stop.passed]
+
+    def said_complete(self) -> bool:
+        """Whether the task said it finished (the toolkit's training does in its facts; a script cannot)."""
+        return (read_facts(self.paths).get(self.dist.rank) or {}).get("complete") is True
+
     def write(self, **fields: Any) -> None:
         """The rank's exit record with `fields` added, whole (a failed write is said, not raised: the
         task's own result matters more)."""
@@ -368,6 +350,20 @@ class RankRun:
             write_atomic(self.paths.rank_exit(self.dist.rank), json.dumps(self.record, indent=1))
         except OSError as e:
             log.warning(f"hpc: rank {self.dist.rank}: {self.paths.rank_exit(self.dist.rank)} not written ({e})")
+
+
+def die_with(parent: int) -> Callable[[], None]:
+    """For the task's process, between fork and exec: SIGKILL when this runner dies, however it dies (a
+    SIGKILL, torchrun's agent ending its worker after its grace): in a session of its own, nothing else
+    would end it with the job. Linux's parent-death signal; the libc call is found before the fork."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the runner died before the line above: nothing would tell it
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
 def run_rank(

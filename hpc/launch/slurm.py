@@ -20,6 +20,7 @@ from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
 from hpc.launch.requeue import teardown_lines
 from hpc.launch.site import STOP_SIGNAL, check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
+from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
 
 
@@ -92,7 +93,8 @@ def slurm_parameters(
     preemption too, on which the training checkpoints and scripts save (USR2, submitit's default, ends a
     script that does not catch it). With the job's `folder`, the batch shell requeues a job that could not
     requeue itself (hpc/launch/requeue.py)."""
-    torchrun = cluster.launcher == "torchrun"  # one task per node: torchrun starts the per-GPU workers
+    # one task per node: torchrun starts the per-GPU workers, or (node) one process uses every GPU
+    torchrun = cluster.launcher in ONE_TASK_PER_NODE
     partial = is_partial(cluster, req.nodes, req.gpus)
     params = {
         "job_name": req.name,
@@ -125,7 +127,7 @@ def local_parameters(cluster: ClusterConfig, req: JobRequest) -> dict[str, Any]:
     """submitit LocalExecutor parameters: the same job on this machine (one node)."""
     return {
         "nodes": 1,
-        "tasks_per_node": 1 if cluster.launcher == "torchrun" else req.gpus,
+        "tasks_per_node": 1 if cluster.launcher in ONE_TASK_PER_NODE else req.gpus,
         "gpus_per_node": req.gpus,
         "timeout_min": req.time_min,
         "signal_delay_s": cluster.signal_delay_s,

@@ -37,6 +37,7 @@ from hpc.launch.follow import wait_for
 from hpc.launch.plan import JobSpec, Plan, make_plan
 from hpc.launch.points import split_command
 from hpc.launch.queue import first_line
+from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import add_training_flags
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> li
     say where each runs."""
     with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
         jobs = [executor.submit(spec.jobs[i]) for i in points]
-    ranks = spec.request.nodes * spec.request.gpus
+    ranks = spec.request.nodes * ranks_per_node(plan.cluster.launcher, spec.request.gpus)
     made = []
     for job, i in zip(jobs, points, strict=True):
         point, task = spec.points[i]

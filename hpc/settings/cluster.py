@@ -39,6 +39,15 @@ MANAGED_SBATCH = frozenset(
 )
 
 
+LAUNCHERS = ("srun", "torchrun", "node")
+ONE_TASK_PER_NODE = ("torchrun", "node")  # the launchers whose Slurm task is a whole node
+
+
+def ranks_per_node(launcher: str, gpus: int) -> int:
+    """A node's ranks: one per GPU, but one process owning them all with the `node` launcher."""
+    return 1 if launcher == "node" else gpus
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
     """Where jobs run. `scheduler: local` runs on this machine (submitit's local executor)."""
@@ -64,6 +73,7 @@ class ClusterConfig:
     max_requeues: int = 3
     # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
     # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
+    # node: one task per node owning every GPU of it, for a single-process script (nn.DataParallel).
     launcher: str = "srun"
     max_restarts: int = 3
     # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
@@ -102,7 +112,7 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         one_of(self, "scheduler", ("slurm", "local"))
-        one_of(self, "launcher", ("srun", "torchrun"))
+        one_of(self, "launcher", LAUNCHERS)
         positive(
             self,
             "gpus_per_node",

@@ -84,6 +84,7 @@ class StepHook:
         self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
         self.first_grad = FirstGrad()
         self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
+        self.grouped: bool | None = None  # in a torch.distributed process group at its first step
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
         if self.broken:
@@ -132,9 +133,11 @@ class StepHook:
         """At the first step: who this rank is, where it trains, and the profiler, unless another runs."""
         import torch.distributed as tdist
 
-        grouped = tdist.is_available() and tdist.is_initialized()
+        grouped = self.grouped = tdist.is_available() and tdist.is_initialized()
         self.rank = tdist.get_rank() if grouped else int(os.environ.get("RANK") or 0)
         self.world_size = tdist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE") or 1)
+        if not grouped and self.world_size > 1 and self.rank == 0:
+            log.warning(f"hpc: {separate_copies(self.world_size)}")
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
@@ -223,6 +226,7 @@ class StepHook:
             "device_name": torch.cuda.get_device_name() if self.cuda else "cpu",
             "torch": torch.__version__,
             "steps": self.steps,
+            "process_group": self.grouped,
             "step_time_s": step_time_stats(timed),
             "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
             "cuda_max_memory_allocated_bytes": peak,
@@ -241,6 +245,16 @@ class StepHook:
             write_facts(self.paths, self.facts())
         except Exception as e:  # never the user's run's end: a full disk loses this file, not the run
             log.warning(f"hpc: rank {self.rank}: {self.paths.rank_facts(self.rank)} not written ({e})")
+
+
+def separate_copies(ranks: int) -> str:
+    """The line for ranks that never join a process group: each trains alone."""
+    return (
+        f"{ranks} ranks each train a separate copy: the script made no torch.distributed process group by its "
+        "first optimizer step, so its ranks never communicate (each trains on the whole data and writes the "
+        "same files); for a single-process script (nn.DataParallel: one process using every GPU of a node) "
+        "use one rank a node: --set cluster.launcher=node (--nodes 1)"
+    )
 
 
 def register(module: ModuleType, hook: StepHook) -> None:

@@ -4,6 +4,7 @@ golden file), the plan of a command line and of a command sweep, and how a run e
 records."""
 
 import json
+import dataclasses
 import os
 import signal
 import string
@@ -19,7 +20,7 @@ from hpc.core.summary import (attempt_of, build_summary, exit_code_of, failure_l
                               root_cause, run_outcome)
 from hpc.launch.plan import make_plan
 from hpc.launch.points import split_command
-from hpc.launch.runner import ordered_gpus, rank_env
+from hpc.launch.rankenv import ordered_gpus, rank_env
 from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submit import build_parser
 from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, launcher_in,
@@ -160,6 +161,14 @@ def test_a_partial_node_job_sees_every_gpu_of_its_job():
     req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", account="m1_g")
     params = slurm_parameters(cluster, req)
     assert params["qos"] == "shared" and params["gpus_per_node"] == 2 and "gpus_per_task" not in params
+
+
+@pytest.mark.parametrize("launcher, tasks, cpus", [("srun", 4, 32), ("torchrun", 1, 128), ("node", 1, 128)])
+def test_a_node_launcher_job_is_one_task_a_node_with_every_gpu(launcher, tasks, cpus):
+    """`launcher: node`: one process a node owning its 4 GPUs (a DataParallel script), its CPUs with it."""
+    cluster = dataclasses.replace(load_cluster("perlmutter"), launcher=launcher)
+    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=30, name="t", account="m1_g"))
+    assert (params["ntasks_per_node"], params["gpus_per_node"], params["cpus_per_task"]) == (tasks, 4, cpus)
 
 
 # --- the plan of a command line -----------------------------------------------------------------------
@@ -329,6 +338,7 @@ def test_an_attempt_is_the_job_and_its_restarts(env, attempt):
     ({"kind": "ok"}, 0), ({"kind": "stopped", "exit_code": 3}, 3), ({"kind": "failed", "exit_code": 7}, 7),
     ({"kind": "failed", "exit_code": None, "signal": "SIGSEGV"}, 139), ({"kind": "killed", "signal": "SIGKILL"}, 137),
     ({"kind": "failed", "exit_code": 127}, 127),
+    ({"kind": "stopped", "exit_code": 0}, 3),  # exit 0 after a stop, unfinished: the stop's code, requeued as one
 ])
 def test_hpc_rank_exits_as_its_command_did(rec, code):
     assert exit_code_of(rec) == code
@@ -340,7 +350,7 @@ BATCH_SHELL = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_NTASKS": "4", "
                "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_CPUS_PER_TASK": "8", "PATH": os.environ["PATH"]}
 
 
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "node"])
 def test_the_batch_shell_runs_one_step_of_runners(tmp_path, launcher):
     """What jobs/resnet152.sbatch runs after `module load`: the training's own --run-dir is the run's, and
     its step is one srun of runners (one a task), or of torchrun over runners (one a node)."""
@@ -356,6 +366,9 @@ def test_the_batch_shell_runs_one_step_of_runners(tmp_path, launcher):
     if launcher == "srun":
         assert step.startswith("srun --kill-on-bad-exit=1 ") and step.endswith(f"python {runner}")
         assert "--ntasks" not in step
+    elif launcher == "node":  # one runner a node, its CPUs for the one process that uses every GPU
+        assert "--ntasks-per-node=1 --ntasks=2 --cpus-per-task=16" in step and step.endswith(f"python {runner}")
+        assert "torch.distributed.run" not in step
     else:  # 2 nodes: one task each, its CPUs for both workers, torchrun's rendezvous at the first node
         assert "--ntasks-per-node=1 --ntasks=2 --cpus-per-task=16" in step and "--nproc-per-node=2" in step
         assert "--rdzv-endpoint=nid001:" in step and step.endswith(runner)

@@ -113,6 +113,18 @@ def test_stop_signal_is_handed_back():
     assert signal.getsignal(signal.SIGUSR2) == before
 
 
+@pytest.mark.parametrize("sig, stops", [(signal.SIGTERM, True), (signal.SIGUSR2, True), (signal.SIGINT, True),
+                                         (signal.SIGHUP, True), (signal.SIGUSR1, False), (signal.SIGQUIT, False)])
+def test_every_signal_a_job_gets_is_caught_a_stop_or_passed_on(sig, stops):
+    """Each of them would end this process by default (QUIT with a core): caught, never this test's death."""
+    before = signal.getsignal(sig)
+    stop = StopSignal().install()
+    os.kill(os.getpid(), sig)
+    assert (stop.signum, stop.passed) == ((sig, []) if stops else (None, [sig]))
+    stop.restore()
+    assert signal.getsignal(sig) == before
+
+
 def test_a_signal_caught_early_is_the_runs():
     """A door installs the handlers before its heavy imports; the run takes them over with what they caught."""
     before = signal.getsignal(signal.SIGTERM)

@@ -16,7 +16,7 @@ from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
 from hpc.launch.flightrec import ask_for_dump
 from hpc.launch.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
-from hpc.launch.runner import rank_env
+from hpc.launch.rankenv import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.task import command_task
 from hpc.training.firstgrad import FirstGrad

@@ -1,0 +1,95 @@
+"""A DataParallel script as the seeds write it (issue 52; tests/scripts/dataparallel.py: one process using
+every GPU it sees, no process group). Started on every GPU it would train a separate copy on each, which
+is said in one line during the run, and its ranks get no imbalance verdict (none waits for another); run
+one process a node (`--set cluster.launcher=node`) it is one rank with the node's GPUs, here and on the
+local Slurm cluster."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.fold import run_record
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "scripts" / "dataparallel.py"
+PY = sys.executable
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+COPIES = "ranks each train a separate copy: the script made no torch.distributed process group"
+
+
+def submit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "hpc.submit", *args], capture_output=True, text=True, cwd=cwd, env=ENV,
+                          timeout=600)
+
+
+def run_dir_of(stdout: str) -> Path:
+    return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
+
+
+@pytest.mark.slow
+def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_alone(tmp_path):
+    r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--", PY, str(SCRIPT), "--out",
+               str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert said.count(COPIES) == 1 and "2 ranks each train a separate copy" in said, said
+    assert "--set cluster.launcher=node" in said
+    run = run_dir_of(r.stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(x["rank"], x["process_group"], x["steps"]) for x in summary["ranks"]] == [(0, False, 16), (1, False, 16)]
+    analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert analysed.returncode == 0, analysed.stderr
+    assert "Verdict:" in analysed.stdout and "imbalance" not in analysed.stdout.split("Verdict:")[1], analysed.stdout
+
+
+def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
+    """The analysis's rule on a summary: rank 1's own work 31x rank 0's. In a process group it is named; the
+    same ranks never grouped get no imbalance (no rank waits for another)."""
+    ranks = [{"rank": r, "node": "nid001", "own_step_time_s": {"n": 8, "median": own},
+              "step_time_s": {"median": 0.6}} for r, own in enumerate([0.01, 0.31])]
+    for grouped, named in ((True, True), (False, False)):
+        summary = {"world_size": 2, "ranks": [{**x, "process_group": grouped} for x in ranks]}
+        verdict = run_record(tmp_path, [], summary).verdict
+        assert (verdict["bound"] == "imbalance") is named, verdict
+        assert ("rank 1 on nid001" in verdict["line"]) is named
+
+
+@pytest.mark.slow
+def test_one_process_a_node_owns_its_gpus_and_is_one_rank(tmp_path):
+    r = submit("--local", "--gpus", "2", "--set", "cluster.launcher=node", "--runs-dir", str(tmp_path / "runs"),
+               "--", PY, str(SCRIPT), "--out", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert COPIES not in r.stdout + r.stderr
+    summary = json.loads((run_dir_of(r.stdout) / "summary.json").read_text())
+    assert summary["world_size"] == 1 and [(x["rank"], x["local_rank"]) for x in summary["ranks"]] == [(0, 0)]
+    assert sorted(p.name for p in tmp_path.glob("CIFAR10_dp_epoch*.pt")) == ["CIFAR10_dp_epoch0.pt",
+                                                                           "CIFAR10_dp_epoch1.pt"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_one_process_a_node_on_slurm_holds_every_gpu_of_its_node(slurm_cluster, tmp_path):
+    """2 nodes x 2 GPUs, launcher node: one task a node (Slurm's own count), each seeing the node's 2 GPUs;
+    the two processes still train separate copies (DataParallel stays on its node), which is said."""
+    # Slurm's count of the GPUs its task's node holds (this cluster's GPUs are names, no devices to see)
+    probe = "import os; print('gpus', os.environ.get('SLURM_GPUS_ON_NODE'), 'tasks', os.environ['SLURM_NTASKS'])"
+    script = tmp_path / "dp_probe.py"
+    script.write_text(f"{probe}\n{SCRIPT.read_text()}")
+    r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--set", "cluster.launcher=node", "--wait",
+               "--runs-dir", str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--", PY, str(script),
+               "--epochs", "1", "--out", str(tmp_path), cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_dir_of(r.stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert [(x["rank"], x["node_rank"], x["local_rank"]) for x in summary["ranks"]] == [(0, 0, 0), (1, 1, 0)]
+    for rank in (0, 1):
+        out = (run / "logs" / f"rank{rank}.out").read_text()
+        seen = re.search(r"gpus (\S+) tasks (\d+)", out)
+        assert seen and (seen[1], seen[2]) == ("2", "2"), out
+    assert COPIES in (run / "logs" / "rank0.err").read_text()
