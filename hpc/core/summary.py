@@ -47,8 +47,10 @@ def attempt_of(env: Mapping[str, str]) -> str:
     restart count (a requeue), and torchrun's restart of its worker group; in a task, its runner's."""
     if env.get(ATTEMPT_VARIABLE):
         return env[ATTEMPT_VARIABLE]
-    job = env.get("SLURM_ARRAY_JOB_ID") and f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
-    job = job or env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or "here"
+    job = env.get("SUBMITIT_LOCAL_JOB_ID")  # first: an outer job's Slurm variables are not a local run's
+    if not job and env.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '')}"
+    job = job or env.get("SLURM_JOB_ID") or "here"
     return f"{job}.{env.get('SLURM_RESTART_COUNT') or 0}.{env.get('TORCHELASTIC_RESTART_COUNT') or 0}"
 
 

@@ -51,7 +51,10 @@ def rank_env(
 ) -> dict[str, str]:
     """The whole environment of one rank's process: this one's, less a launcher's own variables, plus
     the task's, torchrun's contract, HPC_RUN_DIR, the attempt, the ordered GPUs, and the profiler's hook."""
-    out = {k: v for k, v in env.items() if not k.startswith(_DROPPED_PREFIXES)}
+    # --local inside an salloc or sbatch shell: the outer job's SLURM_* would make a framework that reads
+    # them (Lightning's SLURMEnvironment) see that job's ranks, not this run's
+    dropped = _DROPPED_PREFIXES + (("SLURM_",) if env.get("SUBMITIT_EXECUTOR") == "local" else ())
+    out = {k: v for k, v in env.items() if not k.startswith(dropped)}
     out.update(task.env_for(run_dir))
     out.update(dist.torch_env())
     out[LAUNCHER_VARIABLE] = dist.launcher

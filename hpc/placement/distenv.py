@@ -236,8 +236,9 @@ def _from_submitit_local(env: Mapping[str, str]) -> DistEnv:
 def from_environ(env: Mapping[str, str]) -> DistEnv:
     """Work out this process's place in the job from its environment.
 
-    Order: torchrun-style variables already set (RANK, ...) pass through; an srun task (Slurm sets
-    SLURM_STEP_ID only inside a step); submitit's local executor; a Slurm batch-script shell
+    Order: torchrun-style variables already set (RANK, ...) pass through; submitit's local executor
+    (whatever Slurm variables an outer job left); an srun task (Slurm sets SLURM_STEP_ID only inside a
+    step); a Slurm batch-script shell
     (SLURM_JOB_ID but no step: SLURM_PROCID=0 is set there too, yet it is *not* rank 0 of the job's
     tasks, so it is treated as one standalone process); otherwise a single process.
     """
@@ -245,10 +246,10 @@ def from_environ(env: Mapping[str, str]) -> DistEnv:
         return _from_torchrun(env)
     if env.get("WORLD_SIZE") or env.get("LOCAL_RANK"):
         raise DistEnvError("torchrun/env: WORLD_SIZE or LOCAL_RANK is set but RANK is not")
+    if env.get("SUBMITIT_EXECUTOR") == "local" or env.get("SUBMITIT_LOCAL_NTASKS"):
+        return _from_submitit_local(env)  # first: `--local` inside an salloc or srun shell is still local
     if env.get("SLURM_STEP_ID") not in (None, "") or env.get("SLURM_STEPID") not in (None, ""):
         return _from_srun(env)
-    if env.get("SUBMITIT_EXECUTOR") == "local" or env.get("SUBMITIT_LOCAL_NTASKS"):
-        return _from_submitit_local(env)
     if env.get("SLURM_JOB_ID"):
         # Batch shell: rendezvous values for the job's later `srun` steps, but a world of one here.
         hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"]

@@ -59,13 +59,7 @@ def test_a_torchrun_style_script_runs_here_profiled_without_a_change(tmp_path):
     assert [(r["rank"], r["steps"], r["launcher"]) for r in summary["ranks"]] == [(0, 16, "submitit-local"),
                                                                                   (1, 16, "submitit-local")]
     for rank in (0, 1):
-        (trace,) = (run / "traces").glob(f"rank{rank}.*.pt.trace.json*")
-        events = trace_events(trace)
-        steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
-        optimizer_steps = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-                           and e["name"].startswith("Optimizer.step#")]
-        # torch's own record of each optimizer step against the windows the hook opened: one each
-        assert len(steps) == 3 == len(optimizer_steps), (sorted(steps), len(optimizer_steps))
+        assert_a_window_step_an_optimizer_step(run, rank)
         assert (run / "logs" / f"rank{rank}.out").exists() and (run / "logs" / f"rank{rank}.err").exists()
     analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
     assert analysed.returncode == 0, analysed.stderr
@@ -73,6 +67,17 @@ def test_a_torchrun_style_script_runs_here_profiled_without_a_change(tmp_path):
     assert "Verdict:" in analysed.stdout
     assert expected_verdict(run) in analysed.stdout, analysed.stdout
     assert len([line for line in analysed.stdout.splitlines() if ".pt.trace.json" in line]) == 2, rows
+
+
+def assert_a_window_step_an_optimizer_step(run: Path, rank: int, windows: int = 3) -> None:
+    """torch's own record of each optimizer step (`Optimizer.step#` events, whoever wraps the optimizer)
+    against the windows the hook opened (`ProfilerStep#`): one each, in the rank's one trace."""
+    (trace,) = (run / "traces").glob(f"rank{rank}.*.pt.trace.json*")
+    events = trace_events(trace)
+    steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
+    optimizer_steps = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+                       and e["name"].startswith("Optimizer.step#")]
+    assert len(steps) == windows == len(optimizer_steps), (sorted(steps), len(optimizer_steps))
 
 
 def expected_verdict(run: Path) -> str:
@@ -224,3 +229,21 @@ def test_a_sweep_of_a_paper_style_script_reaches_its_report_in_one_command(tmp_p
         assert {r["steps"] for r in summary["ranks"]} == {-(-per_rank // p["batch_size"])}
     report = index.parent / "analysis" / "report.html"
     assert report.is_file() and "paper_ddp.py" in (index.parent / "analysis" / "sweep.csv").read_text()
+
+
+def test_gradient_accumulation_and_a_grad_scaler_profile_one_optimizer_step_a_window_step(tmp_path):
+    """tests/scripts/accumulate_amp_ddp.py: an optimizer step (GradScaler.step) every 4 micro-batches. Each
+    profiled step is one optimizer step with its 4 micro-batches and one gradient sync, in torch's own
+    events; the steps counted are the optimizer's (512 samples, 2 ranks, batch 8, 4 micro-batches: 8)."""
+    r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path), "--", PY,
+               str(SCRIPTS / "accumulate_amp_ddp.py"), "--accumulate", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_dir_of(r.stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(x["rank"], x["steps"]) for x in summary["ranks"]] == [(0, 8), (1, 8)]
+    for rank in (0, 1):
+        (trace,) = (run / "traces").glob(f"rank{rank}.*.pt.trace.json*")
+        names = [e["name"] for e in trace_events(trace) if e.get("ph") == "X"]
+        windows = [n for n in names if n.startswith("ProfilerStep#")]
+        assert len(windows) == 3 == len([n for n in names if n.startswith("Optimizer.step#")])
+        assert names.count("aten::convolution_backward") == 3 * 4 and names.count("c10d::allreduce_") == 3

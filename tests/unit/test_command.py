@@ -120,6 +120,17 @@ def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
     assert PROFILER_VARIABLE not in rank_env(from_environ(SRUN_TASK3), tmp_path, training, SRUN_TASK3, "41.0.0")
 
 
+def test_a_local_ranks_environment_has_no_outer_jobs_slurm_variables(tmp_path):
+    """--local inside an sbatch or salloc shell: Lightning's SLURMEnvironment reads SLURM_NTASKS and
+    SLURM_PROCID; the task gets this run's ranks (torchrun's variables) and none of the outer job's."""
+    outer = {"SLURM_JOB_ID": "55", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_STEP_ID": "0", "HOME": "/h",
+             "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+             "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "991"}
+    env = rank_env(from_environ(outer), tmp_path, command_task(["x"], "/", None, 60), outer, attempt_of(outer))
+    assert not [k for k in env if k.startswith(("SLURM_", "SUBMITIT_"))] and env["HOME"] == "/h"
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "2") and attempt_of(outer) == "991.0.0"
+
+
 def test_a_sweeps_environment_gets_the_run_directory(tmp_path):
     spec = command_task(["x"], "/", None, 60, env={"OUT": "{run_dir}/out", "B": "8"})
     env = rank_env(from_environ({}), tmp_path, spec, {"PYTHONPATH": "/mine"}, "here.0.0")

@@ -121,6 +121,16 @@ def test_submitit_local_and_single():
     assert (single.rank, single.world_size, single.launcher) == (0, 1, "single")
 
 
+def test_local_inside_an_outer_slurm_step_is_still_local():
+    """`hpc.submit --local` from an salloc shell that is a step (SLURM_STEP_ID set, the outer job's rank 5
+    of 8): the local run's own place, not the outer job's."""
+    outer = srun_env(5, 1, 1, SLURM_NTASKS="8")
+    env = {**outer, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+           "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "991"}
+    d = from_environ(env)
+    assert (d.rank, d.world_size, d.launcher) == (1, 2, "submitit-local")
+
+
 @pytest.mark.parametrize("env,needle", [
     (srun_env(7, 0, 3), "SLURM_PROCID=7"),  # rank >= world size
     (srun_env(0, 0, 0, SLURM_NODEID=9), "SLURM_NODEID=9"),

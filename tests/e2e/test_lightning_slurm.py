@@ -1,0 +1,58 @@
+"""PyTorch Lightning on the local Slurm cluster (issue 52): tests/scripts/lightning_ddp.py, unchanged, on 2 nodes
+of one task each through hpc.submit; Lightning finds its ranks in Slurm's variables (its SLURMEnvironment).
+`scancel --signal=TERM` (the time limit's warning, a preemption): Lightning logs `Bypassing SIGTERM`, ends
+its loop and exits 0 unfinished; the toolkit records it stopped (not done), requeues the job once, and the
+second start resumes from Lightning's last.ckpt to the final weights of an uninterrupted run. Two ranks,
+for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why)."""
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from test_lightning import SCRIPT, digest
+from test_own_script_slurm import ENV, PY, REPO, TWO_BY_ONE, run_dir_of
+from test_slurm_jobs import job_state, wait_gone
+
+pytest.importorskip("lightning", reason="Lightning is a test extra (pyproject's [test]); CI installs it")
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def lightning(runs, root, *extra):
+    return [PY, "-m", "hpc.submit", *TWO_BY_ONE, "--runs-dir", str(runs), "--no-profile", "--wait", "--", PY,
+            str(SCRIPT), "--devices", "1", "--num-nodes", "2", "--epochs", "4", "--root", str(root), *extra]
+
+
+def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterrupted_weights(slurm_cluster,
+                                                                                               tmp_path):
+    whole = subprocess.run(lightning(tmp_path / "a", tmp_path / "ra"), capture_output=True, text=True, cwd=REPO,
+                           env=ENV, timeout=600)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    run_a = run_dir_of(whole.stdout)
+    expected = digest((run_a / "logs" / "rank0.out").read_text())
+    summary = json.loads((run_a / "summary.json").read_text())
+    assert summary["world_size"] == 2 and [r["launcher"] for r in summary["ranks"]] == ["slurm"] * 2
+
+    proc = subprocess.Popen(lightning(tmp_path / "b", tmp_path / "rb", "--step-sleep", "0.2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "rb" / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    (run,) = (tmp_path / "b").glob("*/*/")
+    subprocess.run(["scancel", "--signal=TERM", run.name], check=True)
+    wait_gone(run.name, 300, hurry_requeue=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    said = (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
+    assert "Bypassing SIGTERM" in said and "Restoring states from the checkpoint path at" in said, said[-3000:]
+    assert job_state(run.name)["Restarts"] == "1"  # once: the toolkit's requeue, no second
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0"
+    assert digest((run / "logs" / "rank0.out").read_text()) == expected
+    assert json.loads((run / "ranks" / "rank0.exit.json").read_text())["kind"] == "ok"  # the second start's
+    # the first start's end, in the job's log: stopped, not done
+    logs = "".join(p.read_text() for p in run.glob("*_log.err"))
+    assert re.search(r"hpc: the command exited 0 after SIGTERM, not known to have finished", logs), logs[-3000:]

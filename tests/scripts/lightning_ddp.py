@@ -1,0 +1,61 @@
+"""PyTorch Lightning as its documentation writes it: a LightningModule, `L.Trainer(devices=...,
+num_nodes=..., strategy="ddp")`, `ModelCheckpoint(save_last=True)` and `trainer.fit(..., ckpt_path="last")`
+so that a requeued job resumes. Lightning finds its ranks itself (SLURMEnvironment under Slurm; torchrun's
+variables elsewhere). Synthetic CIFAR-shaped data stand in for the download. Prints the final weights'
+digest on rank 0."""
+
+import argparse
+import hashlib
+import time
+
+import lightning as L
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class LitClassifier(L.LightningModule):
+    def __init__(self, step_sleep: float = 0.0):
+        super().__init__()
+        self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                                   nn.Linear(128, 10))
+        self.step_sleep = step_sleep
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        self.log("train_loss", loss)
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--root", default="lightning_logs")
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    args = parser.parse_args()
+
+    L.seed_everything(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(256, 3, 32, 32, generator=g), torch.randint(0, 10, (256,), generator=g))
+    trainer = L.Trainer(accelerator="auto", devices=args.devices, num_nodes=args.num_nodes, strategy="ddp",
+                        max_epochs=args.epochs, default_root_dir=args.root, enable_progress_bar=False,
+                        callbacks=[ModelCheckpoint(dirpath=f"{args.root}/checkpoints", save_last=True)])
+    model = LitClassifier(args.step_sleep)
+    trainer.fit(model, DataLoader(data, batch_size=16), ckpt_path="last")
+    if trainer.is_global_zero:
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+        print(f"final weights sha256 {digest} after {trainer.global_step} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
