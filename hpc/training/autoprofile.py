@@ -30,7 +30,7 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -136,8 +136,9 @@ class StepHook:
         grouped = self.grouped = tdist.is_available() and tdist.is_initialized()
         self.rank = tdist.get_rank() if grouped else int(os.environ.get("RANK") or 0)
         self.world_size = tdist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE") or 1)
-        if not grouped and self.world_size > 1 and self.rank == 0:
-            log.warning(f"hpc: {separate_copies(self.world_size)}")
+        said = separate_copies(self.world_size) if not grouped else world_mismatch(self.world_size, os.environ)
+        if said and self.rank == 0:
+            log.warning(f"hpc: {said}")
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
@@ -247,8 +248,23 @@ class StepHook:
             log.warning(f"hpc: rank {self.rank}: {self.paths.rank_facts(self.rank)} not written ({e})")
 
 
-def separate_copies(ranks: int) -> str:
-    """The line for ranks that never join a process group: each trains alone."""
+def world_mismatch(group_size: int, env: Mapping[str, str]) -> str | None:
+    """The line for a process group whose size is not the job's ranks (WORLD_SIZE): a framework's own
+    world (Lightning's devices x num_nodes) set otherwise than the job's --nodes x --gpus."""
+    job = env.get("WORLD_SIZE", "")
+    if not job.isdigit() or int(job) == group_size:
+        return None
+    return (
+        f"the script's process group has {group_size} rank(s), the job {job}: its own world (Lightning's "
+        "Trainer(devices=..., num_nodes=...), accelerate's num_processes) must be the job's --gpus a node and "
+        "--nodes"
+    )
+
+
+def separate_copies(ranks: int) -> str | None:
+    """The line for ranks that never join a process group: each trains alone (None for one rank)."""
+    if ranks < 2:
+        return None
     return (
         f"{ranks} ranks each train a separate copy: the script made no torch.distributed process group by its "
         "first optimizer step, so its ranks never communicate (each trains on the whole data and writes the "

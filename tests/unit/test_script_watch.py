@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
@@ -173,3 +174,22 @@ def test_each_steps_first_gradient_is_timed_and_four_parameters_keep_the_hook():
     first.remove()
     model(torch.randn(2, 4)).sum().backward()
     assert first.take() is None
+
+
+@pytest.mark.parametrize("group, env, said", [
+    (2, {"WORLD_SIZE": "2"}, None),  # the job's world: nothing to say
+    (1, {"WORLD_SIZE": "2"}, "process group has 1 rank(s), the job 2"),  # Lightning's devices=1 on 2 GPUs
+    (8, {"WORLD_SIZE": "4"}, "process group has 8 rank(s), the job 4"),
+    (3, {}, None),  # no job's world to compare with (run by hand)
+])
+def test_a_process_group_other_than_the_jobs_world_is_said(group, env, said):
+    from hpc.training.autoprofile import world_mismatch
+
+    line = world_mismatch(group, env)
+    assert (line is None) if said is None else (said in line and "--gpus" in line)
+
+
+def test_ranks_without_a_group_are_separate_copies_from_two():
+    from hpc.training.autoprofile import separate_copies
+
+    assert separate_copies(1) is None and "4 ranks each train a separate copy" in separate_copies(4)
