@@ -3,7 +3,8 @@ task the ranks ran (the toolkit's training or a user's command).
 
 Every rank leaves two records in RUN/ranks/:
 - rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/runner.py): kind
-  (ok, stopped, oom, failed, killed, interrupted, peer, running), exit code or signal, host, pid, logs;
+  (ok, stopped, oom, failed, killed, interrupted, peer, running; `lost` in summary.json once the job's
+  step ended with the rank still running), exit code or signal, host, pid, logs;
 - rank{R}.facts.json: what it measured, written by the task itself: the toolkit's training
   (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
   start-up hook in a user's script (hpc/training/autoprofile.py). A CUDA out-of-memory error adds `oom`.
@@ -39,6 +40,11 @@ TAIL_BYTES = 8192
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
 
 
+# A rank whose runner never recorded its end though the job's step ended: what its record says.
+LOST = (
+    "its runner ended without recording how its task ended (killed: a SIGKILL, the kernel's OOM killer, a "
+    "lost node); its task died with it"
+)
 ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (which has no SUBMITIT_* variables)
 
 
@@ -144,7 +150,7 @@ def run_outcome(records: list[dict[str, Any]], world_size: int) -> str:
     first = first_bad(records)
     if first is not None:  # the first to end so says what the run is (a script's peers fail after its OOM)
         return str(first["kind"])
-    if any(k in ("killed", "interrupted", "peer") for k in kinds):
+    if any(k in ("killed", "interrupted", "peer", "lost") for k in kinds):
         return "preempted"
     if "stopped" in kinds:
         return "stopped"
@@ -209,7 +215,9 @@ def task_of(paths: RunPaths) -> dict[str, Any]:
     return {**task, "task_config": task.get("config"), "config": config}
 
 
-def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def build_summary(
+    paths: RunPaths, records: list[dict[str, Any]], facts: dict[int, dict[str, Any]], ended: bool = False
+) -> dict[str, Any]:
     """summary.json's contents: the same top-level keys whatever the task (see the module doc)."""
     task = task_of(paths)
     config = (
@@ -219,6 +227,9 @@ def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[in
     )
     codes = tuple(task.get("requeue_codes") or ())
     ranks = rank_entries(records, facts, codes)
+    for rank in ranks if ended else ():
+        if rank.get("kind") == "running":
+            rank.update(kind="lost", message=LOST)
     world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
@@ -242,15 +253,17 @@ def build_summary(paths: RunPaths, records: list[dict[str, Any]], facts: dict[in
     }
 
 
-def write_run_summary(paths: RunPaths) -> dict[str, Any] | None:
+def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:
     """summary.json made again from the records, under a lock so that two writers do not interleave.
-    Returns it, or None when no rank has left a record. A failed write (a full disk) raises OSError."""
+    Returns it, or None when no rank has left a record. A failed write (a full disk) raises OSError.
+    `ended`: the attempt's every task has ended (its srun step, its job): a rank still `running` then is
+    `lost` (its runner was killed before it could record its task's end)."""
     if not read_records(paths) and not read_facts(paths):
         return None
     paths.ranks.mkdir(parents=True, exist_ok=True)
     with open(paths.ranks / ".summary.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = build_summary(paths, read_records(paths), read_facts(paths))
+        summary = build_summary(paths, read_records(paths), read_facts(paths), ended)
         write_summary(paths, summary)
     return summary
 

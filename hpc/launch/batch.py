@@ -158,7 +158,7 @@ def requeue_after_step(
     task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
 ) -> int:
     """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
-    summary = write_run_summary(RunPaths(run_dir)) or {}
+    summary = write_run_summary(RunPaths(run_dir), ended=True) or {}  # srun ended: every task has
     outcome = summary.get("outcome") or "no rank started"
     log.info(f"hpc.batch: {run_dir}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
     code = run_code(summary, rc, terminated)

@@ -253,7 +253,7 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
     the first failing rank named with its code and last stderr line, and where everything is; a job that
     left no record failed outside its task (its log named). False when it failed."""
     paths = RunPaths(sub.run_dir)
-    summary = write_run_summary(paths) if read_records(paths) else None
+    summary = write_run_summary(paths, ended=True) if read_records(paths) else None  # the job has ended
     if summary is None:
         return print_job_failure(sub, poll_s)
     outcome = summary["outcome"]

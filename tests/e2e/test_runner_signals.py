@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import write_run_summary
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "bypass_sigterm.py"
 PY = sys.executable
@@ -111,6 +114,12 @@ def test_the_command_dies_with_its_runner_however_the_runner_dies(tmp_path):
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid), f"the command (pid {pid}) outlived its runner"
+    # its record still says running; once the job's step has ended (the batch shell's summary, hpc.submit's)
+    # the rank is lost, and the run preempted, not running
+    assert json.loads((run / "ranks" / "rank0.exit.json").read_text())["kind"] == "running"
+    summary = write_run_summary(RunPaths(run), ended=True)
+    assert summary["outcome"] == "preempted" and summary["ranks"][0]["kind"] == "lost"
+    assert "its runner ended without recording" in summary["ranks"][0]["message"]
 
 
 @pytest.mark.slow
