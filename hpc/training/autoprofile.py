@@ -85,6 +85,7 @@ class StepHook:
         self.first_grad = FirstGrad()
         self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
         self.grouped: bool | None = None  # in a torch.distributed process group at its first step
+        self.accelerate: dict[str, str] | None = None  # what the user's accelerate config set (scriptaccelerate.py)
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
         if self.broken:
@@ -239,6 +240,9 @@ class StepHook:
                 "note": self.note,
             },
         }
+        if self.accelerate is not None:
+            facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
+            facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         return {**facts, "oom": self.oom} if self.oom is not None else facts
 
     def write(self) -> None:

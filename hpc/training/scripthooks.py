@@ -7,7 +7,8 @@ hpc/training/startup/sitecustomize.py in every Python process of a command the p
   enabled false, --no-profile: counted, not profiled); `guard` makes ours stand down before any
   profiler the script starts;
 - the beat (hpc/training/scriptwatch.py): a byte a step to the runner, a stack dump on its request;
-- the out-of-memory record (hpc/training/scriptoom.py).
+- the out-of-memory record (hpc/training/scriptoom.py);
+- the user's accelerate config, as `accelerate launch` passes it (hpc/training/scriptaccelerate.py).
 
 Each is armed once torch's module for it is imported, never by importing torch here. Each catches its
 own errors: one line, and it turns itself off; the script goes on.
@@ -25,6 +26,7 @@ from types import ModuleType
 from hpc.settings.task import BATCH_VARIABLE, PROFILER_VARIABLE, RUN_DIR_VARIABLE
 from hpc.training.afterimport import after_import
 from hpc.training.autoprofile import PROFILER_MODULE, STEP_HOOK_MODULE, StepHook, guard, register
+from hpc.training.scriptaccelerate import ACCELERATE_MODULE, apply
 from hpc.training.scriptoom import OomCatcher, record_history
 from hpc.training.scriptwatch import watch
 
@@ -58,11 +60,16 @@ def arm(env: Mapping[str, str] | None = None) -> StepHook | None:
     hook = StepHook(profiler_settings(env), Path(run_dir))
     after_import(STEP_HOOK_MODULE, lambda module: _safely(register, module, hook))
     after_import(PROFILER_MODULE, lambda module: _safely(guard, module, hook))
+    after_import(ACCELERATE_MODULE, lambda module: _safely(_accelerate, module, hook))
     hook.listeners.append(_on_first_step)
     watch(hook, env)
     batch = env.get(BATCH_VARIABLE, "")
     OomCatcher(hook, int(batch) if batch.isdigit() else None).install()
     return hook
+
+
+def _accelerate(module: ModuleType, hook: StepHook) -> None:
+    hook.accelerate = apply(os.environ)
 
 
 def _safely(then: Callable[[ModuleType, StepHook], None], module: ModuleType, hook: StepHook) -> None:

@@ -193,3 +193,21 @@ def test_ranks_without_a_group_are_separate_copies_from_two():
     from hpc.training.autoprofile import separate_copies
 
     assert separate_copies(1) is None and "4 ranks each train a separate copy" in separate_copies(4)
+
+
+@pytest.mark.parametrize("config, world, cuda, expected", [
+    (None, 2, False, {"ACCELERATE_USE_CPU": "true"}),  # CPU ranks, as `accelerate launch --cpu` makes them
+    (None, 1, False, {}),
+    (None, 4, True, {}),
+    ({"mixed_precision": "BF16", "use_cpu": False, "dynamo_config": {"dynamo_backend": "INDUCTOR"}}, 4, True,
+     {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}),
+    ({"mixed_precision": "no", "use_cpu": True, "dynamo_config": {}}, 1, True,
+     {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "true"}),
+])
+def test_an_accelerate_config_becomes_what_accelerate_launch_passes(config, world, cuda, expected):
+    import types
+
+    from hpc.training.scriptaccelerate import launch_env
+
+    loaded = types.SimpleNamespace(**config) if config is not None else None
+    assert launch_env(loaded, world, cuda) == expected

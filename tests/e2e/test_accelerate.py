@@ -1,0 +1,67 @@
+"""HF Accelerate as its documentation writes it (issue 52; tests/scripts/accelerate_ddp.py: `Accelerator()`,
+`prepare`, `accelerator.backward`), through `hpc.submit --local` on two CPU ranks as `accelerate launch`
+would start it: the user's accelerate config (where `accelerate config` writes it, under HF_HOME) applied,
+its mixed precision recorded in summary.json; without a config, the two ranks are still one world of two
+(Accelerate itself prints which process of how many it is: the oracle), profiled through Accelerate's
+wrapped optimizer."""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from test_own_script import ENV, PY, REPO, assert_a_window_step_an_optimizer_step, run_dir_of
+
+pytest.importorskip("accelerate", reason="Accelerate is a test extra (pyproject's [test]); CI installs it")
+pytestmark = pytest.mark.slow
+SCRIPT = REPO / "tests" / "scripts" / "accelerate_ddp.py"
+CONFIG = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: bf16\n" \
+         "num_machines: 1\nnum_processes: 2\nuse_cpu: false\n"
+
+
+def run_accelerate(tmp_path, config: str | None):
+    home = tmp_path / "hf"  # accelerate's default config file is $HF_HOME/accelerate/default_config.yaml
+    if config is not None:
+        (home / "accelerate").mkdir(parents=True)
+        (home / "accelerate" / "default_config.yaml").write_text(config)
+    r = subprocess.run([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--",
+                        PY, str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path,
+                       env={**ENV, "HF_HOME": str(home)}, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = run_dir_of(r.stdout)
+    said = [(run / "logs" / f"rank{rank}.out").read_text() for rank in (0, 1)]
+    return run, json.loads((run / "summary.json").read_text()), said
+
+
+@pytest.mark.parametrize("config, precision", [(CONFIG, "bf16"), (None, "no")])
+def test_accelerate_runs_as_accelerate_launch_would_with_the_users_config(tmp_path, config, precision):
+    run, summary, said = run_accelerate(tmp_path, config)
+    for rank, text in enumerate(said):  # Accelerate's own view of the world it is in
+        assert re.search(rf"process {rank} of 2: mixed precision {precision}, device cpu", text), text
+    # 256 samples, batch 16, split over 2 processes, 2 epochs: 16 optimizer steps each (32 if each trained alone)
+    assert [(r["rank"], r["steps"], r["mixed_precision"]) for r in summary["ranks"]] == [(0, 16, precision),
+                                                                                         (1, 16, precision)]
+    for rank in (0, 1):
+        assert_a_window_step_an_optimizer_step(run, rank)
+
+
+@pytest.mark.slurm
+def test_accelerate_on_two_nodes_of_the_slurm_cluster(slurm_cluster, tmp_path):
+    """2 nodes x 1 task: one world of two across the nodes, the config's mixed precision on both."""
+    from test_own_script_slurm import TWO_BY_ONE
+
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(CONFIG)
+    r = subprocess.run([PY, "-m", "hpc.submit", *TWO_BY_ONE, "--export", f"HF_HOME={home}", "--runs-dir",
+                        str(tmp_path / "runs"), "--no-profile", "--wait", "--", PY, str(SCRIPT)],
+                       capture_output=True, text=True, cwd=REPO, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = run_dir_of(r.stdout)
+    for rank in (0, 1):
+        text = (run / "logs" / f"rank{rank}.out").read_text()
+        assert re.search(rf"process {rank} of 2: mixed precision bf16, device cpu", text), text
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(x["node_rank"], x["steps"], x["mixed_precision"]) for x in summary["ranks"]] == [(0, 16, "bf16"),
+                                                                                              (1, 16, "bf16")]
