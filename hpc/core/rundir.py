@@ -6,6 +6,8 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/runner.py)
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)
+    ranks/earlier/rank{R}.{started_ns}.exit.json   its exit record from an earlier start (a torchrun
+                         restart of the worker group, a requeue), kept when the next one starts
     ranks/rank{R}.stack.txt   its Python stacks, dumped when the runner asked (a hung rank, a failed peer)
     flight_recorder/rank{R}   NCCL's Flight Recorder dump, when asked or at torch's own timeout
     summary.json         the run's outcome and one record per rank, made of those (hpc/core/summary.py)
@@ -64,6 +66,7 @@ TASK = "task.json"
 RANKS = "ranks"
 FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
+EARLIER = "earlier"  # ranks/earlier/: earlier attempts' exit records
 RUN_ENTRIES = frozenset(
     {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS, FLIGHT_RECORDER}
 )
@@ -118,6 +121,12 @@ class RunPaths:
 
     def rank_exit(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[0]}"
+
+    def earlier_exit(self, rank: int, started_ns: int) -> Path:
+        """A rank's exit record of an earlier start of it, by when that started."""
+        return self.earlier / f"rank{rank}.{started_ns}{RANK_SIDE_SUFFIXES[0]}"
+
+    earlier = property(lambda self: self.root / RANKS / EARLIER)
 
     def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"

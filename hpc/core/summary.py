@@ -9,6 +9,9 @@ Every rank leaves two records in RUN/ranks/:
   (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
   start-up hook in a user's script (hpc/training/autoprofile.py). A CUDA out-of-memory error adds `oom`.
 
+An earlier attempt's exit records (a worker group torchrun restarted, a requeued job's last start) are
+moved to RUN/ranks/earlier/ as the next attempt starts: summary.json's `earlier` says how each ended.
+
 `write_run_summary` makes summary.json of them, under a lock (the runner's rank 0 once every rank has
 ended, a failing rank at once, the training's rank 0 at its end, a reader such as `--wait`). A rank
 whose runner has not yet recorded its end but whose task recorded its exit code is judged by that
@@ -45,6 +48,7 @@ LOST = (
     "its runner ended without recording how its task ended (killed: a SIGKILL, the kernel's OOM killer, a "
     "lost node); its task died with it"
 )
+EARLIER_KEPT = 20  # earlier attempts in summary.json (their records all stay on disk)
 ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (which has no SUBMITIT_* variables)
 
 
@@ -86,13 +90,26 @@ def _records(folder: Path, suffix: str) -> list[dict[str, Any]]:
     return found
 
 
+def group_of(record: Mapping[str, Any]) -> str:
+    """Which start of the world a rank's record is of: its `group` (the runner's group_key), else its
+    attempt (a record written before groups were)."""
+    group = record.get("group")
+    return group if isinstance(group, str) else str(record.get("attempt"))
+
+
+def latest_attempt(records: list[dict[str, Any]]) -> str | None:
+    """The highest attempt among a start's records (under torchrun each node counts its own restarts)."""
+    attempts = [r["attempt"] for r in records if isinstance(r.get("attempt"), str)]
+    return max(attempts, key=lambda a: [int(p) if p.isdigit() else -1 for p in a.split(".")[1:]], default=None)
+
+
 def read_records(paths: RunPaths) -> list[dict[str, Any]]:
-    """Every rank's exit record of the latest attempt (the one started last), by rank."""
+    """Every rank's exit record of the latest start of the world (the group started last), by rank."""
     found = [r for r in _records(paths.ranks, ".exit.json") if isinstance(r.get("attempt"), str)]
     if not found:
         return []
-    newest = max(found, key=lambda r: r.get("started_ns") or 0)["attempt"]
-    return sorted((r for r in found if r["attempt"] == newest), key=lambda r: r["rank"])
+    newest = group_of(max(found, key=lambda r: r.get("started_ns") or 0))
+    return sorted((r for r in found if group_of(r) == newest), key=lambda r: r["rank"])
 
 
 def read_facts(paths: RunPaths) -> dict[int, dict[str, Any]]:
@@ -184,14 +201,13 @@ def rank_entries(
     """Each rank's record in summary.json: its facts, then its exit record over them, with `complete`. A
     rank still `running` by its runner's record but whose task recorded its exit code is judged by that
     code; without exit records (no runner), the facts alone make the ranks."""
-    attempt = records[0]["attempt"] if records else None
     by_rank = {r["rank"]: r for r in records} or {
         rank: {"rank": rank, "kind": "running"} for rank, f in facts.items() if "exit_code" in f or "oom" in f
     }
     entries = []
     for rank in sorted(by_rank):
         record, own = by_rank[rank], facts.get(rank) or {}
-        if attempt is not None and own.get("attempt") not in (None, attempt):
+        if "attempt" in record and own.get("attempt") not in (None, record["attempt"]):
             own = {}  # an earlier attempt's measurements are not this one's
         entry = {**own, **record}
         if record.get("kind") == "running" and ("exit_code" in own or "oom" in own):
@@ -201,6 +217,42 @@ def rank_entries(
         entry.setdefault("profiler", {"traces": [], "cycles": [], "failed": [], "note": None})
         entries.append(entry)
     return entries
+
+
+def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
+    """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
+    records its ranks' runners moved aside (hpc/launch/runner.py's keep_earlier): its attempt, outcome,
+    the line naming its first failing rank, and that rank's end in a phrase. A rank still `running`
+    there was lost (its runner never recorded its end)."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for record in _records(paths.earlier, ".exit.json"):
+        if isinstance(record.get("attempt"), str):
+            lost = {"kind": "lost", "message": LOST} if record.get("kind") == "running" else {}
+            by_group.setdefault(group_of(record), []).append({**record, **lost})
+    attempts = []
+    for records in sorted(by_group.values(), key=lambda rs: min(r.get("started_ns") or 0 for r in rs)):
+        records.sort(key=lambda r: r["rank"])
+        attempt = latest_attempt(records)
+        world = max((int(r["world_size"]) for r in records if is_count(r.get("world_size"))), default=len(records))
+        ended = [r for r in records if r.get("kind") != "ok"]
+        first = first_bad(records) or min(ended, key=lambda r: (r.get("ended_ns") or 0, r["rank"]), default=None)
+        said = None if first is None else f"rank {first['rank']} ({first.get('hostname')}): {first.get('message')}"
+        outcome, failure = run_outcome(records, world), failure_line(records, world)
+        attempts.append({"attempt": attempt, "outcome": outcome, "failure": failure, "first": said})
+    return attempts[-EARLIER_KEPT:]
+
+
+def restarts_line(summary: Mapping[str, Any]) -> str | None:
+    """One line on the worker group's restarts inside this start of the job (torchrun's; a requeue is
+    said where it happens), naming the rank each earlier group lost first; None when there were none."""
+    attempt = str(summary.get("attempt") or "")
+    start = attempt.rsplit(".", 1)[0] + "."
+    restarts = [a for a in summary.get("earlier") or [] if str(a.get("attempt", "")).startswith(start)]
+    if not restarts or "." not in attempt:
+        return None
+    ends = "; ".join(f"after {a['attempt']}, {a.get('first') or a.get('outcome')}" for a in restarts)
+    count = f"{len(restarts)} time" + ("s" if len(restarts) > 1 else "")
+    return f"torchrun restarted the worker group {count} (ranks/earlier/ has how each rank ended): {ends}"
 
 
 def task_of(paths: RunPaths) -> dict[str, Any]:
@@ -242,13 +294,14 @@ def build_summary(
         "command": (records[0].get("command") if records else None) or task.get("words"),
         "point": task.get("point") if isinstance(task.get("point"), dict) else None,
         "world_size": world,
-        "attempt": records[0].get("attempt") if records else next((r.get("attempt") for r in ranks), None),
+        "attempt": latest_attempt(records) if records else next((r.get("attempt") for r in ranks), None),
         "outcome": run_outcome(ranks, world),
         "failure": failure_line(ranks, world),
         "profiled": bool((profiler if config is not None else hook).get("enabled", True)),
         "config": config,
         "oom": ooms[0] if ooms else None,
         "recovered": any(r.get("recovered") for r in ranks),
+        "earlier": earlier_attempts(paths),
         "ranks": ranks,
     }
 

@@ -35,12 +35,13 @@ from typing import Any
 from hpc.core.cli import Parser, check_output_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import exit_code_of, root_cause, write_run_summary
+from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.rankcli import command_sections
 from hpc.launch.requeue import may_requeue
 from hpc.launch.runner import write_task
 from hpc.launch.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
+from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.config import load_cluster
 from hpc.settings.schema import ClusterConfig
@@ -96,10 +97,12 @@ def step_words(cluster: ClusterConfig, run_dir: Path, env: Mapping[str, str]) ->
 
 
 def job_environment(cluster: ClusterConfig, env: Mapping[str, str]) -> dict[str, str]:
-    """The profile's environment for this job's shape, under what the job already set."""
+    """The profile's environment for this job's shape (and torchrun's agent's, where it runs), under what
+    the job already set."""
     nodes = int(env.get("SLURM_NNODES") or 1)
     gpus = int(env.get("SLURM_NTASKS") or 1) // max(nodes, 1)
-    return {**job_env(cluster, nodes, gpus), **env}
+    agent = AGENT_ENV if env.get("HPC_LAUNCHER") == "torchrun" else {}
+    return {**agent, **job_env(cluster, nodes, gpus), **env}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +164,9 @@ def requeue_after_step(
     summary = write_run_summary(RunPaths(run_dir), ended=True) or {}  # srun ended: every task has
     outcome = summary.get("outcome") or "no rank started"
     log.info(f"hpc.batch: {run_dir}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
+    restarted = restarts_line(summary)
+    if restarted:
+        log.info(f"hpc.batch: {restarted}")
     code = run_code(summary, rc, terminated)
     if code not in task.requeue_codes:
         return code

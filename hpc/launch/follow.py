@@ -27,7 +27,7 @@ from typing import Any
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
-from hpc.core.summary import read_records, write_run_summary
+from hpc.core.summary import read_records, restarts_line, write_run_summary
 from hpc.launch.points import Point
 from hpc.launch.queue import QueueWatch
 
@@ -259,6 +259,9 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
     outcome = summary["outcome"]
     if outcome == "done" and follow:
         print_run_numbers(sub.run_dir)
+    restarted = restarts_line(summary)
+    if restarted:
+        print(f"job {sub.job_id}: {restarted}", file=sys.stderr)
     if summary.get("failure"):
         print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
     elif outcome != "done":

@@ -37,6 +37,7 @@ from hpc.core.stop import StopSignal
 from hpc.core.summary import exit_code_of, write_run_summary
 from hpc.launch.requeue import clear_request, may_requeue, requeue, requeue_if_rank0_does_not, stopped_by_user
 from hpc.launch.runner import run_rank, write_task
+from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.task import Task, training_task
 
 log = logging.getLogger(__name__)
@@ -148,11 +149,11 @@ class TrainJob(TaskJob):
 
 
 def run_forwarding(argv: list[str], stop: StopSignal) -> int:
-    """Run `argv` (torchrun) to its end with the stop signals passed on to it (and recorded in `stop`);
-    its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
+    """Run `argv` (torchrun) to its end, in AGENT_ENV, with the stop signals passed on to it (and recorded
+    in `stop`); its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
     SIGUSR1 (Slurm signals every process of the step, and a Lightning job asks for it), its workers left
     without it; they get Slurm's signal themselves, and pass it on to their command."""
-    proc = subprocess.Popen(argv, preexec_fn=_ignore_passed_signals)
+    proc = subprocess.Popen(argv, env={**AGENT_ENV, **os.environ}, preexec_fn=_ignore_passed_signals)
 
     def forward(signum: int) -> None:
         if signum not in StopSignal.PASSED:

@@ -51,17 +51,18 @@ from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import (
+    EXCEPTION_LINE,
     attempt_of,
     kind_of_code,
     last_said,
     read_facts,
-    read_records,
     tail_lines,
     write_run_summary,
 )
 from hpc.launch.hang import HangWatch
 from hpc.launch.pump import Pump
 from hpc.launch.rankenv import on_slurm, passes_stops_on, rank_env
+from hpc.launch.rankrecords import failed_mark, failed_peers, group_key, keep_earlier, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
 from hpc.settings.task import Task
 
@@ -78,30 +79,8 @@ UNFINISHED = (
     "the same command again); it resumes only from a checkpoint of its own: save one on SIGTERM, then exit 3"
 )
 
-
-def failed_mark(paths: RunPaths, attempt: str) -> Path:
-    """Made by a rank that failed: one file every other rank can look for with one stat, where reading
-    every rank's record would not scale (a thousand ranks on a parallel file system)."""
-    return paths.ranks / f".failed.{attempt}"
-
-
-def failed_peers(paths: RunPaths, attempt: str, me: int) -> list[int]:
-    """The ranks of `attempt` other than `me` that failed on their own (read only once the mark is there)."""
-    if not failed_mark(paths, attempt).exists():
-        return []
-    return [r["rank"] for r in read_records(paths) if r["attempt"] == attempt and r["rank"] != me
-            and r.get("kind") in ("failed", "oom")]  # fmt: skip
-
-
-def wait_for_records(paths: RunPaths, attempt: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:
-    """Until every rank of `attempt` has recorded its end (one listing and a few reads a poll), or timeout_s:
-    rank 0 then writes the run's summary once, whole."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ended = [r for r in read_records(paths) if r["attempt"] == attempt and r.get("ended_ns")]
-        if len(ended) >= world_size:
-            return
-        time.sleep(poll_s)
+# A task SIGKILLed by nobody of the toolkit, having raised nothing: its last line would only mislead.
+KILLED_FROM_OUTSIDE = "killed from outside the task (a user, the kernel's out-of-memory killer), raising nothing"
 
 
 def write_task(paths: RunPaths, task: Task) -> None:
@@ -120,6 +99,7 @@ class RankRun:
         self.task, self.paths, self.env, self.stop = task, RunPaths(run_dir), dict(env), stop
         self.dist: DistEnv = from_environ(env)
         self.attempt = attempt_of(env)
+        self.group = group_key(self.attempt, self.dist)
         self.record: dict[str, Any] = {
             "rank": self.dist.rank,
             "local_rank": self.dist.local_rank,
@@ -130,6 +110,7 @@ class RankRun:
             "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
             "launcher": self.dist.launcher,
             "attempt": self.attempt,
+            "group": self.group,
             "logs": {s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
         }
         self.pumps: list[Pump] = []  # the task's stdout and stderr, kept in its logs and passed on
@@ -146,6 +127,7 @@ class RankRun:
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)  # traces/: where a profiled rank's traces go
         words = self.task.words_for(self.paths.root, sys.executable)
+        keep_earlier(self.paths, self.dist.rank)
         self.write(kind="running", started_ns=time.time_ns(), command=words)
         try:
             proc = self.start(words)
@@ -163,9 +145,9 @@ class RankRun:
             self.end_watch()
         if self.record["kind"] in ("failed", "oom"):  # the others stop rather than fail in a collective
             with contextlib.suppress(OSError):
-                failed_mark(self.paths, self.attempt).touch()
+                failed_mark(self.paths, self.group).touch()
         elif self.dist.rank == 0:
-            wait_for_records(self.paths, self.attempt, self.dist.world_size, SUMMARY_WAIT_S)
+            wait_for_records(self.paths, self.group, self.dist.world_size, SUMMARY_WAIT_S)
         if self.record["kind"] in ("failed", "oom") or self.dist.rank == 0:
             with contextlib.suppress(OSError):  # a full disk: the records still say it
                 write_run_summary(self.paths)
@@ -222,7 +204,7 @@ class RankRun:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 return proc.wait(timeout=POLL_S)
             if self.stopping_since is None and not on_slurm(self.env):
-                peers = failed_peers(self.paths, self.attempt, self.dist.rank)
+                peers = failed_peers(self.paths, self.group, self.dist.rank)
                 if peers:
                     self.begin_stop(proc, f"rank {peers[0]} failed")
             if self.stopping_since is None and self.hang is not None:
@@ -283,7 +265,7 @@ class RankRun:
         self.write(leftovers_killed=True)
 
     def peer_failed(self) -> bool:
-        return bool(failed_peers(self.paths, self.attempt, self.dist.rank))
+        return bool(failed_peers(self.paths, self.group, self.dist.rank))
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL to the task's whole process group (its session's: what it started and did not move)."""
@@ -333,6 +315,8 @@ class RankRun:
             return {**end, "kind": "peer", "message": f"{what}, stopped because {self.why_stopping}"}
         if self.why_stopping:  # ended by the stop without saying it saved (a requeue code says so)
             return {**end, "kind": "interrupted", "message": f"{what} after {self.why_stopping}"}
+        if signum == signal.SIGKILL and not any(EXCEPTION_LINE.match(line) for line in said):
+            return {**end, "kind": "failed", "message": f"{what}: {KILLED_FROM_OUTSIDE}"}
         return {**end, "kind": "failed", "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
 
     def passed_names(self) -> list[str]:

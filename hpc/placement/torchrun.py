@@ -12,6 +12,13 @@ from pathlib import Path
 # Slurm's warning before the time limit or a preemption (USR2) among them: the workers checkpoint and stop.
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
+# The agent's environment. By default torchrun's agents hand their workers the rendezvous' own store,
+# without a prefix for the restart: a restarted group's process group then reads the dead group's keys
+# (gloo connected to a dead worker's address and failed, and the next restart hung in its set-up, seen
+# here with torch 2.14, plain torchrun too when a worker starts late). Not shared, each start of the
+# group gets a store of its own (on a free port, hosted by its rank 0).
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
 
 def torchrun_args(
     nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str, max_restarts: int, forward_signals: bool

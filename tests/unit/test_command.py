@@ -321,6 +321,40 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
 
 
+def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
+    """A torchrun restart across two nodes: each rank's runner moves its first start's record aside, and
+    summary.json and one line name the rank that start lost first. The node whose worker died counts a
+    restart (9.0.1), the other restarts its worker without counting (9.0.0 again): the group's store
+    (a new one each start) says which records are one start. A requeue (9.1.0) is not torchrun's
+    restart: no line."""
+    from hpc.core.summary import restarts_line
+    from hpc.launch.rankrecords import keep_earlier
+
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    first = [record(0, "interrupted", 6, message="signal SIGTERM after SIGTERM", started_ns=1),
+             record(1, "failed", 5, message="signal SIGKILL: killed from outside", started_ns=2)]
+    first[1].update(hostname="nid002", local_rank=0)  # one rank a node
+    for r in first:
+        paths.rank_exit(r["rank"]).write_text(json.dumps({**r, "world_size": 2, "group": "9.0@nid001:111"}))
+    for rank, attempt in ((0, "9.0.0"), (1, "9.0.1")):
+        keep_earlier(paths, rank)
+        paths.rank_exit(rank).write_text(json.dumps({**record(rank, "ok", 9, started_ns=7 + rank), "world_size": 2,
+                                                     "attempt": attempt, "group": "9.0@nid001:222"}))
+    assert sorted(p.name for p in paths.earlier.iterdir()) == ["rank0.1.exit.json", "rank1.2.exit.json"]
+    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.0.0"), (1, "9.0.1")]
+    summary = build_summary(paths, read_records(paths), {})
+    assert summary["outcome"] == "done" and summary["attempt"] == "9.0.1"
+    assert summary["earlier"] == [{
+        "attempt": "9.0.0", "outcome": "failed", "first": "rank 1 (nid002): signal SIGKILL: killed from outside",
+        "failure": "rank 1 failed first (on nid002, local rank 0): signal SIGKILL: killed from outside; its stderr: "
+                   "/r/logs/rank1.err; rank 0 ended after it"}]
+    assert restarts_line(summary) == (
+        "torchrun restarted the worker group 1 time (ranks/earlier/ has how each rank ended): after 9.0.0, "
+        "rank 1 (nid002): signal SIGKILL: killed from outside")
+    assert restarts_line({**summary, "attempt": "9.1.0"}) is None  # a requeue's earlier start
+
+
 @pytest.mark.parametrize("lines, said", [
     # seen in CI: the script raised, then gloo's threads aborted its exit (SIGABRT)
     (["[rank1]: Traceback (most recent call last):", '[rank1]:   File "crash_ddp.py", line 24, in main',
@@ -384,6 +418,17 @@ def test_the_batch_shell_runs_one_step_of_runners(tmp_path, launcher):
         assert "--ntasks-per-node=1 --ntasks=2 --cpus-per-task=16" in step and "--nproc-per-node=2" in step
         assert "--rdzv-endpoint=nid001:" in step and step.endswith(runner)
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("launcher, env, shared", [
+    ("torchrun", {}, "1"), ("srun", {}, None), ("node", {}, None),
+    ("torchrun", {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}, "0"),  # the job's own setting wins
+])
+def test_torchruns_agent_gives_each_start_of_the_group_a_store_of_its_own(launcher, env, shared):
+    from hpc.launch.batch import job_environment
+
+    got = job_environment(load_cluster("local"), {**BATCH_SHELL, **env, "HPC_LAUNCHER": launcher})
+    assert got.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == shared
 
 
 def test_the_batch_shell_names_a_commands_run_after_its_script(tmp_path, monkeypatch):
