@@ -23,15 +23,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.name:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module, then = loader.exec_module, self.then
 
+        # Out of the meta path only once the module runs: a probe first (importlib.util.find_spec, as
+        # transformers' is_accelerate_available() makes one) gets a spec that is never executed.
         def exec_then(module: ModuleType) -> None:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self)
             exec_module(module)
             then(module)
 

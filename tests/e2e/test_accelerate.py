@@ -1,9 +1,10 @@
-"""HF Accelerate as its documentation writes it (issue 52; tests/scripts/accelerate_ddp.py: `Accelerator()`,
+"""HF Accelerate and HF Trainer as their documentation writes them (issue 52; tests/scripts/accelerate_ddp.py: `Accelerator()`,
 `prepare`, `accelerator.backward`), through `hpc.submit --local` on two CPU ranks as `accelerate launch`
 would start it: the user's accelerate config (where `accelerate config` writes it, under HF_HOME) applied,
 its mixed precision recorded in summary.json; without a config, the two ranks are still one world of two
 (Accelerate itself prints which process of how many it is: the oracle), profiled through Accelerate's
-wrapped optimizer."""
+wrapped optimizer. HF Trainer (tests/scripts/hf_trainer.py) builds the same state: the same config, the
+same world (it probes for accelerate before importing it; the hook waits for the import itself)."""
 
 import json
 import re
@@ -16,17 +17,18 @@ from test_own_script import ENV, PY, REPO, assert_a_window_step_an_optimizer_ste
 pytest.importorskip("accelerate", reason="Accelerate is a test extra (pyproject's [test]); CI installs it")
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "tests" / "scripts" / "accelerate_ddp.py"
+TRAINER = REPO / "tests" / "scripts" / "hf_trainer.py"
 CONFIG = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: bf16\n" \
          "num_machines: 1\nnum_processes: 2\nuse_cpu: false\n"
 
 
-def run_accelerate(tmp_path, config: str | None):
+def run_accelerate(tmp_path, config: str | None, script=SCRIPT):
     home = tmp_path / "hf"  # accelerate's default config file is $HF_HOME/accelerate/default_config.yaml
     if config is not None:
         (home / "accelerate").mkdir(parents=True)
         (home / "accelerate" / "default_config.yaml").write_text(config)
     r = subprocess.run([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--",
-                        PY, str(SCRIPT)], capture_output=True, text=True, cwd=tmp_path,
+                        PY, str(script)], capture_output=True, text=True, cwd=tmp_path,
                        env={**ENV, "HF_HOME": str(home)}, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = run_dir_of(r.stdout)
@@ -42,6 +44,17 @@ def test_accelerate_runs_as_accelerate_launch_would_with_the_users_config(tmp_pa
     # 256 samples, batch 16, split over 2 processes, 2 epochs: 16 optimizer steps each (32 if each trained alone)
     assert [(r["rank"], r["steps"], r["mixed_precision"]) for r in summary["ranks"]] == [(0, 16, precision),
                                                                                          (1, 16, precision)]
+    for rank in (0, 1):
+        assert_a_window_step_an_optimizer_step(run, rank)
+
+
+def test_hf_trainer_runs_in_one_world_with_the_users_accelerate_config(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is a test extra (pyproject's [test]); CI installs it")
+    run, summary, said = run_accelerate(tmp_path, CONFIG, TRAINER)
+    for rank, text in enumerate(said):  # the Trainer's Accelerate state: one world of two, the config's precision
+        assert re.search(rf"process {rank} of 2: mixed precision bf16, device cpu\S*, 16 steps", text), text
+    assert [(r["rank"], r["steps"], r["mixed_precision"]) for r in summary["ranks"]] == [(0, 16, "bf16"),
+                                                                                         (1, 16, "bf16")]
     for rank in (0, 1):
         assert_a_window_step_an_optimizer_step(run, rank)
 

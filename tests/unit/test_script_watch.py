@@ -211,3 +211,25 @@ def test_an_accelerate_config_becomes_what_accelerate_launch_passes(config, worl
 
     loaded = types.SimpleNamespace(**config) if config is not None else None
     assert launch_env(loaded, world, cuda) == expected
+
+
+def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_path, monkeypatch):
+    """transformers asks importlib.util.find_spec("accelerate") before it imports it: the probe's spec is
+    never executed, and the start-up hook's accelerate step must still run at the real import (it did
+    not: HF Trainer's ranks each trained alone)."""
+    import importlib.util
+
+    from hpc.training.afterimport import after_import
+
+    (tmp_path / "probed_module_52.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    after_import("probed_module_52", lambda module: seen.append(module.VALUE))
+    assert importlib.util.find_spec("probed_module_52") is not None and seen == []  # a probe: nothing ran
+    import probed_module_52  # noqa: F401
+
+    assert seen == [7]
+    sys.modules.pop("probed_module_52")
+    import probed_module_52  # noqa: F401,F811  (imported again: the hook has gone)
+
+    assert seen == [7]
