@@ -137,7 +137,7 @@ class StepHook:
         grouped = self.grouped = tdist.is_available() and tdist.is_initialized()
         self.rank = tdist.get_rank() if grouped else int(os.environ.get("RANK") or 0)
         self.world_size = tdist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE") or 1)
-        said = separate_copies(self.world_size) if not grouped else world_mismatch(self.world_size, os.environ)
+        said = separate_copies_line(self.world_size) if not grouped else world_mismatch(self.world_size, os.environ)
         if said and self.rank == 0:
             log.warning(f"hpc: {said}")
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -265,7 +265,7 @@ def world_mismatch(group_size: int, env: Mapping[str, str]) -> str | None:
     )
 
 
-def separate_copies(ranks: int) -> str | None:
+def separate_copies_line(ranks: int) -> str | None:
     """The line for ranks that never join a process group: each trains alone (None for one rank)."""
     if ranks < 2:
         return None

@@ -190,9 +190,9 @@ def test_a_process_group_other_than_the_jobs_world_is_said(group, env, said):
 
 
 def test_ranks_without_a_group_are_separate_copies_from_two():
-    from hpc.training.autoprofile import separate_copies
+    from hpc.training.autoprofile import separate_copies_line
 
-    assert separate_copies(1) is None and "4 ranks each train a separate copy" in separate_copies(4)
+    assert separate_copies_line(1) is None and "4 ranks each train a separate copy" in separate_copies_line(4)
 
 
 @pytest.mark.parametrize("config, world, cuda, expected", [
