@@ -37,7 +37,7 @@ from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.rankcli import command_sections
-from hpc.launch.requeue import may_requeue
+from hpc.launch.requeue import ALREADY, may_requeue, requeued_already
 from hpc.launch.runner import write_task
 from hpc.launch.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
@@ -176,6 +176,9 @@ def requeue_after_step(
         restarts = env.get("SLURM_RESTART_COUNT") or 0
         log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
         return code
+    if requeued_already(job, env):
+        log.info(f"job {job} {ALREADY}")
+        return EXIT_OK
     log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
     said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if said.returncode == 0:

@@ -35,7 +35,15 @@ from hpc.core.logs import configure
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import exit_code_of, write_run_summary
-from hpc.launch.requeue import clear_request, may_requeue, requeue, requeue_if_rank0_does_not, stopped_by_user
+from hpc.launch.requeue import (
+    ALREADY,
+    clear_request,
+    may_requeue,
+    requeue,
+    requeue_if_rank0_does_not,
+    requeued_already,
+    stopped_by_user,
+)
 from hpc.launch.runner import run_rank, write_task
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.task import Task, training_task
@@ -112,7 +120,9 @@ class TaskJob:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         by_user = stopped_by_user(signum, os.environ)
         if may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
-            if job.global_rank == 0 and callable(on_usr2):
+            if job.global_rank == 0 and callable(on_usr2) and requeued_already(job.job_id, os.environ):
+                log.info(f"hpc: job {job.job_id} {ALREADY}")
+            elif job.global_rank == 0 and callable(on_usr2):
                 log.info(f"hpc: the task asked to be requeued (exit {code}): requeueing job {job.job_id}")
                 requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit
             elif code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":

@@ -66,8 +66,7 @@ def rank_env(
     out.pop(PROFILER_VARIABLE, None)
     out.pop(BEAT_VARIABLE, None)  # the runner's own task's, set when it starts
     if task.profiler is not None:  # the start-up hook: the profiler where enabled, the watch, the OOM record
-        for key, value in recorder_env(RunPaths(run_dir)).items():
-            out.setdefault(key, value)  # the environment's own settings win
+        out.update(recorder_env(RunPaths(run_dir), out))  # the environment's own settings win
         out["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
         if task.profiler.get("enabled", True):
             out[PROFILER_VARIABLE] = json.dumps(task.profiler, sort_keys=True)

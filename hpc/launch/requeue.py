@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -40,6 +41,27 @@ def may_requeue(code: int | None, requeue_codes: Any, signum: int | None, env: d
     a person, with requeues left (Slurm's restart count below the profile's max_requeues)."""
     restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
     return code in tuple(requeue_codes) and not stopped_by_user(signum, env) and restarts < max_requeues
+
+
+def restarts_in(scontrol_job: str) -> int | None:
+    """Slurm's restart count of a job in `scontrol show job -o`'s line (Restarts=N), None without one."""
+    found = re.search(r"(?:^|\s)Restarts=(\d+)(?:\s|$)", scontrol_job)
+    return int(found.group(1)) if found else None
+
+
+def requeued_already(job_id: str, env: dict[str, str] | Any) -> bool:
+    """Whether the job was requeued since this start, by someone else: its task (Lightning requeues its
+    own job with scontrol on SIGUSR1) or a person. Slurm's restart count above this start's. No answer
+    counts as not: the requeue is tried (and Slurm refuses a second one of a job already pending)."""
+    try:
+        said = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    except (subprocess.SubprocessError, OSError):
+        return False
+    now = restarts_in(said.stdout)
+    return now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0)
+
+
+ALREADY = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
 
 
 @contextlib.contextmanager

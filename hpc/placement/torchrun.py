@@ -7,6 +7,7 @@ whether this torch's torchrun can forward signals is read from its source.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 # Slurm's warning before the time limit or a preemption (USR2) among them: the workers checkpoint and stop.
@@ -39,13 +40,24 @@ def torchrun_args(
     return args
 
 
-def torchrun_forwards_signals() -> bool:
-    """Whether this torch's torchrun has --signals-to-handle (newer releases), read from its source
-    rather than imported: no torch import here."""
+def torch_source(relative: str) -> str | None:
+    """The text of one of this torch's own files (`distributed/run.py`), read rather than imported (no
+    torch import here); None without torch or the file."""
     spec = importlib.util.find_spec("torch")
     if spec is None or spec.origin is None:
-        return False
+        return None
     try:
-        return "--signals-to-handle" in (Path(spec.origin).parent / "distributed" / "run.py").read_text()
+        return (Path(spec.origin).parent / relative).read_text()
     except OSError:
-        return False
+        return None
+
+
+def torchrun_forwards_signals() -> bool:
+    """Whether this torch's torchrun has --signals-to-handle (newer releases)."""
+    return "--signals-to-handle" in (torch_source("distributed/run.py") or "")
+
+
+def torch_version() -> tuple[int, int] | None:
+    """This torch's major and minor version, from its version.py; None when it cannot be read."""
+    found = re.search(r"__version__\s*=\s*['\"](\d+)\.(\d+)", torch_source("version.py") or "")
+    return (int(found.group(1)), int(found.group(2))) if found else None

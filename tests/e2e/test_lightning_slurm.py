@@ -3,7 +3,9 @@ of one task each through hpc.submit; Lightning finds its ranks in Slurm's variab
 `scancel --signal=TERM` (the time limit's warning, a preemption): Lightning logs `Bypassing SIGTERM`, ends
 its loop and exits 0 unfinished; the toolkit records it stopped (not done), requeues the job once, and the
 second start resumes from Lightning's last.ckpt to the final weights of an uninterrupted run. Two ranks,
-for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why)."""
+for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why). `scancel --signal=USR1`
+(Lightning's own requeue signal): Lightning saves its hpc checkpoint and requeues the job itself; the
+toolkit sees the job requeued already and does not requeue it again: one restart, every step done."""
 
 import json
 import re
@@ -56,3 +58,29 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     # the first start's end, in the job's log: stopped, not done
     logs = "".join(p.read_text() for p in run.glob("*_log.err"))
     assert re.search(r"hpc: the command exited 0 after SIGTERM, not known to have finished", logs), logs[-3000:]
+
+
+def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
+    """Lightning saves its hpc checkpoint mid-epoch, but `fit(ckpt_path="last")` resumes from last.ckpt
+    (an epoch's end): the oracle is its step count at the end (4 epochs of 8 steps a rank: none lost)
+    and Slurm's restart count (one)."""
+    proc = subprocess.Popen(lightning(tmp_path / "c", tmp_path / "rc", "--step-sleep", "0.2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "rc" / "checkpoints" / "last.ckpt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    (run,) = (tmp_path / "c").glob("*/*/")
+    subprocess.run(["scancel", "--signal=USR1", run.name], check=True)
+    wait_gone(run.name, 300, hurry_requeue=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    said = (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
+    assert "Requeued SLURM job" in said and (tmp_path / "rc" / "hpc_ckpt_1.ckpt").is_file(), said[-3000:]  # its own
+    assert job_state(run.name)["Restarts"] == "1", said[-3000:]  # once: Lightning's, not a second by the toolkit
+    assert re.search(r"final weights sha256 \w+ after 32 steps", (run / "logs" / "rank0.out").read_text()), said
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0", summary
+    logs = "".join(p.read_text() for p in run.glob("*_log.*"))
+    assert f"job {run.name} was requeued already since this start" in logs and "requeueing job" not in logs, logs
+    assert [e["outcome"] for e in summary["earlier"]] == ["stopped"]  # the first start: Bypassing SIGTERM, exit 0

@@ -420,6 +420,21 @@ def test_the_batch_shell_runs_one_step_of_runners(tmp_path, launcher):
     assert not (tmp_path / "r").exists()  # a dry run writes nothing
 
 
+@pytest.mark.parametrize("line, restarts", [
+    # scontrol show job -o, Slurm 22.05, as the test cluster prints it for a job requeued once
+    ("JobId=55 JobName=lit UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 Account=m1234_g "
+     "QOS=normal JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 "
+     "ExitCode=0:0 RunTime=00:00:00 TimeLimit=00:10:00", 1),
+    ("JobId=56 JobName=Restarts=9 JobState=RUNNING Restarts=0 BatchFlag=1", 0),  # a job named so is not its count
+    ("slurm_load_jobs error: Invalid job id specified", None),
+    ("", None),
+])
+def test_slurms_restart_count_is_read_from_scontrols_line(line, restarts):
+    from hpc.launch.requeue import restarts_in
+
+    assert restarts_in(line) == restarts
+
+
 @pytest.mark.parametrize("launcher, env, shared", [
     ("torchrun", {}, "1"), ("srun", {}, None), ("node", {}, None),
     ("torchrun", {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}, "0"),  # the job's own setting wins

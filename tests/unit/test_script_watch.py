@@ -149,7 +149,11 @@ def test_nccls_flight_recorder_is_asked_through_torchs_pipe(tmp_path):
 def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_otherwise(tmp_path):
     task = command_task(["python", "t.py"], "/", {"enabled": False}, 60)
     env = rank_env(from_environ({}), tmp_path, task, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, "1.0.0")
-    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"  # the user's own setting wins
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and "TORCH_FR_BUFFER_SIZE" not in env  # the user's wins
+    named = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)  # torch's own answer
+    fresh = rank_env(from_environ({}), tmp_path, task, {}, "1.0.0")  # this torch's own name: no warning
+    assert fresh.get("TORCH_FR_BUFFER_SIZE" if named else "TORCH_NCCL_TRACE_BUFFER_SIZE") == "2000", fresh
+    assert ("TORCH_NCCL_TRACE_BUFFER_SIZE" in fresh) != named
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     dump, pipe = RunPaths(tmp_path).flight_recorder(3)
     assert f"{env['TORCH_NCCL_DEBUG_INFO_TEMP_FILE']}3" == str(dump) and dump.parent == tmp_path / "flight_recorder"
