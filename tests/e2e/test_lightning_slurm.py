@@ -27,6 +27,23 @@ def lightning(runs, root, *extra):
             str(SCRIPT), "--devices", "1", "--num-nodes", "2", "--epochs", "4", "--root", str(root), *extra]
 
 
+def signalled_after_an_epoch(runs, root, signal_name: str):
+    """Lightning on 2 nodes, sent `signal_name` by scancel once its last.ckpt (epoch 0's) is there, to its
+    job's end (through Slurm's requeue hold): its run directory and rank 0's stdout and stderr."""
+    proc = subprocess.Popen(lightning(runs, root, "--step-sleep", "0.2"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (root / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    (run,) = runs.glob("*/*/")
+    subprocess.run(["scancel", f"--signal={signal_name}", run.name], check=True)
+    wait_gone(run.name, 300, hurry_requeue=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    return run, (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
+
+
 def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterrupted_weights(slurm_cluster,
                                                                                                tmp_path):
     whole = subprocess.run(lightning(tmp_path / "a", tmp_path / "ra"), capture_output=True, text=True, cwd=REPO,
@@ -37,18 +54,7 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     summary = json.loads((run_a / "summary.json").read_text())
     assert summary["world_size"] == 2 and [r["launcher"] for r in summary["ranks"]] == ["slurm"] * 2
 
-    proc = subprocess.Popen(lightning(tmp_path / "b", tmp_path / "rb", "--step-sleep", "0.2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "rb" / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    (run,) = (tmp_path / "b").glob("*/*/")
-    subprocess.run(["scancel", "--signal=TERM", run.name], check=True)
-    wait_gone(run.name, 300, hurry_requeue=True)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    said = (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
+    run, said = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM")
     assert "Bypassing SIGTERM" in said and "Restoring states from the checkpoint path at" in said, said[-3000:]
     assert job_state(run.name)["Restarts"] == "1"  # once: the toolkit's requeue, no second
     summary = json.loads((run / "summary.json").read_text())
@@ -64,18 +70,7 @@ def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
     """Lightning saves its hpc checkpoint mid-epoch, but `fit(ckpt_path="last")` resumes from last.ckpt
     (an epoch's end): the oracle is its step count at the end (4 epochs of 8 steps a rank: none lost)
     and Slurm's restart count (one)."""
-    proc = subprocess.Popen(lightning(tmp_path / "c", tmp_path / "rc", "--step-sleep", "0.2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "rc" / "checkpoints" / "last.ckpt").exists():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    (run,) = (tmp_path / "c").glob("*/*/")
-    subprocess.run(["scancel", "--signal=USR1", run.name], check=True)
-    wait_gone(run.name, 300, hurry_requeue=True)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    said = (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
+    run, said = signalled_after_an_epoch(tmp_path / "c", tmp_path / "rc", "USR1")
     assert "Requeued SLURM job" in said and (tmp_path / "rc" / "hpc_ckpt_1.ckpt").is_file(), said[-3000:]  # its own
     assert job_state(run.name)["Restarts"] == "1", said[-3000:]  # once: Lightning's, not a second by the toolkit
     assert re.search(r"final weights sha256 \w+ after 32 steps", (run / "logs" / "rank0.out").read_text()), said
