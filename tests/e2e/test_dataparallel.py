@@ -7,11 +7,14 @@ local Slurm cluster."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from analysis.fold import run_record
 
@@ -60,15 +63,27 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_process_a_node_owns_its_gpus_and_is_one_rank(tmp_path):
-    r = submit("--local", "--gpus", "2", "--set", "cluster.launcher=node", "--runs-dir", str(tmp_path / "runs"),
-               "--", PY, str(SCRIPT), "--out", str(tmp_path), cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert COPIES not in r.stdout + r.stderr
-    summary = json.loads((run_dir_of(r.stdout) / "summary.json").read_text())
+def test_one_process_a_node_owns_its_gpus_is_one_rank_and_stops_keeping_its_epochs(tmp_path):
+    """Stopped by Ctrl-C once an epoch is saved: recorded preempted, not done, the saved epochs whole (the
+    seed's script saves each epoch and never resumes: what it finished is what it keeps), nothing left."""
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--set", "cluster.launcher=node",
+                             "--runs-dir", str(tmp_path / "runs"), "--", PY, str(SCRIPT), "--out", str(tmp_path),
+                             "--epochs", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "CIFAR10_dp_epoch1.pt").exists():  # written after epoch 0's is whole
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "hpc: stopped (SIGINT)" in err and COPIES not in out + err, out + err
+    summary = json.loads((run_dir_of(out) / "summary.json").read_text())
     assert summary["world_size"] == 1 and [(x["rank"], x["local_rank"]) for x in summary["ranks"]] == [(0, 0)]
-    assert sorted(p.name for p in tmp_path.glob("CIFAR10_dp_epoch*.pt")) == ["CIFAR10_dp_epoch0.pt",
-                                                                           "CIFAR10_dp_epoch1.pt"]
+    assert summary["outcome"] == "preempted", summary
+    weights = torch.load(tmp_path / "CIFAR10_dp_epoch0.pt", weights_only=True)
+    assert sorted(weights) == ["module.0.bias", "module.0.weight", "module.4.bias", "module.4.weight"]
+    left = subprocess.run(["pgrep", "-f", f"{SCRIPT} --out {tmp_path}"], capture_output=True, text=True).stdout
+    assert not left.split(), left
 
 
 @pytest.mark.slurm

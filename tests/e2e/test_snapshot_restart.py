@@ -63,7 +63,7 @@ def rank_pid(run: Path, rank: int) -> int:
 def start_run(tmp_path: Path, here: Path) -> tuple[subprocess.Popen, Path]:
     """hpc.submit --local of the snapshot script under torchrun, in `here`; it and its run directory."""
     before = set((tmp_path / "runs" / "snap").glob("*"))
-    proc = subprocess.Popen([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--no-profile", "--name", "snap",
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--name", "snap",
                              "--runs-dir", str(tmp_path / "runs"), "--set", "cluster.launcher=torchrun",
                              "--set", "cluster.max_restarts=2", "--", "sh", "-c", LATE, PY, str(SNAPSHOT), *ARGS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=here, env=ENV)
@@ -114,6 +114,10 @@ def test_a_stopped_run_resumes_and_a_killed_rank_restarts_the_group_to_the_unint
     assert len(resumed) == 2 and 1 <= int(resumed[0]) <= 3 and resumed[1] == "4", log  # no failed restart between
     assert digest_in(log) == expected
     assert script_processes(here) == []
+    # profiled under torchrun, the restarted group too: its trace per rank, its table and verdict
+    assert "profiled steps, per rank" in out and "verdict:" in out, out
+    traced = sorted(p.name.split(".")[0] for p in (run / "traces").glob("*.pt.trace.json*"))
+    assert traced == ["rank0", "rank0", "rank1", "rank1"], traced  # a window in each start of the group
     # the Flight Recorder's variables as this torch names them: no warning of ours on every rank's stderr
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated" not in (run / "logs" / "rank1.err").read_text()
     print(f"killed rank 1 at epoch 4: restarted and done {took_s:.1f} s later")
