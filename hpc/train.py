@@ -1,12 +1,12 @@
-"""`python -m hpc.train` and `hpc-train`: the door to hpc/training/traincli.py. The stop signals are caught
-before that module (and torch: seconds on a loaded node) is imported, so a signal during start-up is a
-clean stop, not a kill (hpc/core/stop.py)."""
+"""`python -m hpc.train`: the door to hpc/training/traincli.py, stop signals caught before torch loads."""
 
+from hpc.core.logs import quiet_torch_cpp
 from hpc.core.stop import StopSignal, exit_now, ignore_after_run
 
 
 def cli(argv: list[str] | None = None, keep_handlers: bool = False) -> int:
-    early = StopSignal.early()  # handed back here if the command ends before a run takes it over
+    quiet_torch_cpp()  # read by torch's C++ core as it loads (hpc/core/logs.py)
+    early = StopSignal.early()  # a signal in start-up is a clean stop; handed back if no run takes it over
     try:
         from hpc.training.traincli import cli as command_cli
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from hpc.core.errors import UsageError
 
@@ -62,3 +62,11 @@ def configure(level: str | None = None, env: Mapping[str, str] | None = None) ->
         logger.setLevel(chosen)
         logger.propagate = False
     return chosen
+
+
+def quiet_torch_cpp(env: MutableMapping[str, str] | None = None) -> None:
+    """Torch's C++ warnings off for the toolkit's training unless `env` (os.environ: read by torch's C++
+    core as it loads) says a level. The training says each failure in one line, which torch's warnings
+    would follow on every rank left: a dead peer's store connection reset, with its C++ frames (the
+    heartbeat's thread, under load). Errors still show; TORCH_CPP_LOG_LEVEL=WARNING shows the rest."""
+    (os.environ if env is None else env).setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -4,8 +4,9 @@ two ranks, profiled (the window's steps against torch's own `Optimizer.step#` ev
 optimizer), analysed; run from inside an outer Slurm job's shell (its SLURM_* variables, which Lightning's
 SLURMEnvironment would read) it still sees this run's two ranks; stopped by SIGTERM (Lightning ends its loop
 and exits 0 unfinished) it is `stopped`, not done, and the same command again resumes from Lightning's own
-last.ckpt to the uninterrupted run's final weights (Lightning's digest printed by rank 0). The same on the
-Slurm cluster: tests/e2e/test_lightning_slurm.py."""
+last.ckpt to the uninterrupted run's final weights (Lightning's digest printed by rank 0), here under
+`cluster.launcher: torchrun` (Lightning's TorchElasticEnvironment). The same on the Slurm cluster:
+tests/e2e/test_lightning_slurm.py."""
 
 import json
 import re
@@ -27,9 +28,10 @@ OUTER_JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": 
              "SLURM_NTASKS_PER_NODE": "4"}
 
 
-def lightning(runs: Path, root: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(runs), "--", PY, str(SCRIPT),
-            "--devices", "2", "--epochs", "4", "--root", str(root), *extra]
+def lightning(runs: Path, root: Path, *extra: str, launcher: str = "srun") -> list[str]:
+    return [PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(runs), "--set",
+            f"cluster.launcher={launcher}", "--", PY, str(SCRIPT), "--devices", "2", "--epochs", "4", "--root",
+            str(root), *extra]
 
 
 def digest(stdout: str) -> str:
@@ -63,8 +65,11 @@ def test_lightning_runs_profiled_stops_unfinished_and_resumes_to_the_uninterrupt
     assert stopped["outcome"] == "stopped", out[-2000:] + err[-2000:]
     assert all(r["kind"] == "stopped" and r["exit_code"] == 0 and "not known to have finished" in r["message"]
                for r in stopped["ranks"]), stopped["ranks"]
-    again = subprocess.run(lightning(tmp_path / "b", tmp_path / "rb"), capture_output=True, text=True, cwd=tmp_path,
-                           env=ENV, timeout=600)
+    # again, under torchrun's agent (Lightning's TorchElasticEnvironment then): the same world, the same weights
+    again = subprocess.run(lightning(tmp_path / "b", tmp_path / "rb", launcher="torchrun"), capture_output=True,
+                           text=True, cwd=tmp_path, env=ENV, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "Restoring states from the checkpoint path at" in again.stdout + again.stderr
     assert digest(again.stdout) == digest(whole.stdout)
+    resumed = json.loads((run_dir_of(again.stdout) / "summary.json").read_text())
+    assert [(r["launcher"], r["process_group"]) for r in resumed["ranks"]] == [("torchrun", True)] * 2
