@@ -119,7 +119,15 @@ def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
         gpus=summary.get("world_size"),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
         oom=oom,
+        gpu_line=gpu_line(summary),
     )
+
+
+def gpu_line(summary: dict[str, Any] | None) -> str | None:
+    """summary.json's line of the node's GPUs as NVML sampled them (hpc/core/gpusample.py), if any."""
+    gpus = (summary or {}).get("gpus")
+    line = gpus.get("line") if isinstance(gpus, dict) else None
+    return line[:2000] if isinstance(line, str) else None
 
 
 def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[Any, int | None] | None = None) -> list[RankTotals]:
@@ -213,6 +221,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         slowest_step=None if alone else slowest_step(ranks, summary),
         slow_rank=None if alone else slow_rank(summary_ranks),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
+        gpu_line=gpu_line(summary),
         **run_facts(first),
         **memory_by_category(summary),
         **spreads,

@@ -277,8 +277,9 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
     several = len(runs) > 1 and all(run.job_id is None for run in runs)  # a folder of runs, not a sweep
     for run in runs:
         label = (f"{Path(run.run_dir).name}: " if several else "") + run_label(run)
+        gpus = [(f"{label}, GPUs", run.gpu_line)] if run.gpu_line else []
         if run.outcome == "oom":
-            out.append((label, "out of memory: no timings to judge"))
+            out += [(label, "out of memory: no timings to judge"), *gpus]
             continue
         if run.verdict:
             # no summary.json: a crashed (or still running) run, or traces copied without it
@@ -286,6 +287,7 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
             out.append((label + partial, run.verdict["line"]))
         if run.scaling_note:
             out.append((f"{label}, scaling", run.scaling_note))
+        out += gpus
     if not runs:
         out += [(Path(t.file).name, t.verdict["line"]) for t in traces if t.verdict]
     return out

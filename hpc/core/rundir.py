@@ -21,6 +21,7 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     tensorboard/         the scalars for TensorBoard
     logs/rank{R}.log     tracebacks of failures reported in one line on the console
     memory_snapshot.rank{R}.pickle   the allocator's history at an OOM, when recorded
+    gpus/{node}.jsonl    NVML samples of the node's GPUs, a few a second (hpc/core/gpusample.py)
     .lock                held by the run's rank 0 while it runs (hpc/core/lock.py): one writer at a time
 
 A sweep directory (`SweepPaths`; hpc.submit --sweep and hpc.study write it):
@@ -43,6 +44,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -65,10 +67,11 @@ LOCK = ".lock"
 TASK = "task.json"
 RANKS = "ranks"
 FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
+GPUS = "gpus"  # NVML samples of each node's GPUs (hpc/core/gpusample.py)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
 EARLIER = "earlier"  # ranks/earlier/: earlier attempts' exit records
 RUN_ENTRIES = frozenset(
-    {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS, FLIGHT_RECORDER}
+    {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS, FLIGHT_RECORDER, GPUS}
 )
 
 SWEEP_FILE = "sweep.yaml"
@@ -144,6 +147,12 @@ class RunPaths:
     def flight_recorder(self, rank: int) -> tuple[Path, Path]:
         """A rank's Flight Recorder dump, and the pipe that asks torch for one."""
         return (Path(f"{self.flight_recorder_prefix}{rank}"), Path(f"{self.flight_recorder_pipe_prefix}{rank}.pipe"))
+
+    gpus = property(lambda self: self.root / GPUS)
+
+    def gpu_samples(self, node: str) -> Path:
+        """One node's NVML samples (its name made safe for a file name)."""
+        return self.root / GPUS / f"{re.sub(r'[^A-Za-z0-9._-]', '_', node)}.jsonl"
 
     def memory_snapshot(self, rank: int) -> Path:
         return self.root / f"memory_snapshot.rank{rank}.pickle"

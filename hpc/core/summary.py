@@ -9,6 +9,8 @@ Every rank leaves two records in RUN/ranks/:
   (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
   start-up hook in a user's script (hpc/training/autoprofile.py). A CUDA out-of-memory error adds `oom`.
 
+Each node's GPUs, sampled by NVML (RUN/gpus/, hpc/core/gpusample.py), are summed up in `gpus`.
+
 An earlier attempt's exit records (a worker group torchrun restarted, a requeued job's last start) are
 moved to RUN/ranks/earlier/ as the next attempt starts: summary.json's `earlier` says how each ended.
 
@@ -35,6 +37,7 @@ from typing import Any
 
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
+from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.rundir import RunPaths, is_count
 
 OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "running")
@@ -302,6 +305,7 @@ def build_summary(
         "oom": ooms[0] if ooms else None,
         "recovered": any(r.get("recovered") for r in ranks),
         "earlier": earlier_attempts(paths),
+        "gpus": summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
         "ranks": ranks,
     }
 

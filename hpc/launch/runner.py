@@ -48,6 +48,7 @@ from typing import Any
 from hpc.core.beat import BEAT_VARIABLE, DUMP_SIGNAL, Beats, beat_pipe
 from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import dump_yaml, write_atomic
+from hpc.core.gpusample import start_sampler
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import (
@@ -129,6 +130,9 @@ class RankRun:
         words = self.task.words_for(self.paths.root, sys.executable)
         keep_earlier(self.paths, self.dist.rank)
         self.write(kind="running", started_ns=time.time_ns(), command=words)
+        # the node's GPUs, sampled by one rank a node (its first) while the task runs
+        node = self.record["node"]
+        sampler = start_sampler(self.paths.gpu_samples(node), node, self.env) if self.dist.local_rank == 0 else None
         try:
             proc = self.start(words)
             code = self.follow(proc)
@@ -143,6 +147,8 @@ class RankRun:
                 log.warning(f"hpc: the command exited 0 after {self.why_stopping}, {UNFINISHED}")
         finally:
             self.end_watch()
+            if sampler is not None:
+                sampler.stop()
         if self.record["kind"] in ("failed", "oom"):  # the others stop rather than fail in a collective
             with contextlib.suppress(OSError):
                 failed_mark(self.paths, self.group).touch()

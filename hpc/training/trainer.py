@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,14 @@ import torch.distributed as tdist
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, PeerLostError, WriteError
 from hpc.core.faults import faults_from_env, graph_standin
+from hpc.core.gpusample import GpuSampler, start_sampler
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
 from hpc.core.stop import StopSignal
 from hpc.placement.distenv import DistEnv
 from hpc.settings.schema import RunConfig
+from hpc.settings.task import RUN_DIR_VARIABLE
 from hpc.training.checkpoint import Checkpointer, restore
 from hpc.training.claim import claim_run_dir, note_start
 from hpc.training.cudagraph import nccl_version
@@ -120,6 +123,7 @@ class Trainer(Loop):
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None
         self.stopped = False  # a stop signal reached every rank: checkpoint and leave the loop
+        self.sampler: GpuSampler | None = None
 
     # --- set-up ----------------------------------------------------------------------------------
     def log(self, msg: str) -> None:  # rank 0's lines; the others' at DEBUG, named (HPC_LOG_LEVEL=debug)
@@ -180,6 +184,10 @@ class Trainer(Loop):
         if self.finished():
             return self.complete_summary()
         self.log_start()
+        # the node's GPUs by NVML, from its first rank, unless a runner (hpc.submit, sbatch) samples them
+        if self.dist.local_rank == 0 and RUN_DIR_VARIABLE not in os.environ:
+            host = socket.gethostname()
+            self.sampler = start_sampler(self.paths.gpu_samples(host), host)
         self.inject.fire("start")
         self.progress.start()
         self.net.model.train()
@@ -256,5 +264,7 @@ class Trainer(Loop):
             self.metrics.close()
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()

@@ -14,13 +14,16 @@
 #                      numbers kept in gpu_tests.json
 #   2. hpc.bench       ResNet152, torchvision stem, batch 128 and 2048: baseline, toolkit, each change
 #                      alone, without DDP, as a CUDA graph, the profiler's cost; 512 and 1024: the main ones
-#   3. hpc.bench       peak memory of a training step for the study's batch sizes
+#   3. hpc.bench       peak memory of a training step for the study's batch sizes (beside phase 1)
 #   4. hpc.bench       the CIFAR stem at batch 512; with HPC_GPU_COMPILE=1 also with torch.compile
 #   5. summarize.py    OUTDIR/results.json (everything, with device, versions, commands) + summary.md
 #   study_point        only with HPC_GPU_PHASES=study_point (its own call: ~5 minutes): the paper-style script
-#                      against hpc.train, whole processes under torchrun (tests/gpu/study_point.py)
-# Phases as measured on an H100 (results/gpu/README.md): pytest 182 s, benchmarks ~6.5 s per
-# configuration, about 9 minutes in all; torch.compile adds 2-3 minutes.
+#                      against hpc.train, whole processes of 3 epochs at the study's points, both under
+#                      torchrun, the toolkit also under hpc.submit --local (tests/gpu/study_point.py;
+#                      HPC_GPU_STUDY_POINTS: fraction:batch,... in place of its default points)
+# The memory phase runs beside the tests (it times nothing); the tests run six at a time where
+# pytest-xdist is installed. Sized to pass in one call under the device's 10-minute limit (about 7 minutes
+# on an H100: results/gpu/); torch.compile adds 2-3 minutes.
 # Exit status: 0 when every phase ran and every GPU test passed, 1 otherwise (the files are written
 # either way); 2 when a needed package is missing (no wheel for it) or the machine has no CUDA GPU.
 set -uo pipefail
@@ -59,6 +62,7 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/hpc-inductor-cach
 
 mkdir -p "$OUTDIR"
 : >"$OUTDIR/phases.jsonl"
+rm -f "$OUTDIR/gpu_tests.json"  # the tests add to it (several workers): this run's alone
 
 MAIN_CONFIGS="baseline,toolkit,toolkit without DDP,toolkit + CUDA graph"
 failed=0
@@ -90,22 +94,33 @@ if want graphed_epoch; then  # the CUDA default end to end: graph check, DDP (NC
             --set profiler.memory_categories=true --set profiler.key_averages=true
     done
 fi
-# HPC_GPU_TESTS: a pytest -k expression picking some of the GPU tests (all by default)
+# The memory phase measures each configuration's peak in its own process (nothing it reports is a time):
+# it runs beside the tests, on the same GPU, to fit the command in one call.
+mem_pid=
+if want memory; then
+    ( failed=0; phase memory 150 $PY -m hpc.bench --arch resnet152 --stem torchvision \
+        --memory-grid 128,256,512,1024,2048 --out "$OUTDIR/memory.json"; exit $failed ) &
+    mem_pid=$!
+fi
+# HPC_GPU_TESTS: a pytest -k expression picking some of the GPU tests (all by default). With pytest-xdist
+# (the GPU machine has it), six at a time on the one GPU: each test's processes are its own, the tests
+# that share the ResNet152 run stay in one worker (xdist_group).
+parallel=()
+$PY -c "import xdist" 2>/dev/null && parallel=(-n "${HPC_GPU_TEST_WORKERS:-6}" --dist loadgroup)
 want pytest && phase pytest 330 $PY -m pytest -m gpu tests -p no:cacheprovider -q -rA --junitxml "$OUTDIR/pytest.xml" \
-    ${HPC_GPU_TESTS:+-k "$HPC_GPU_TESTS"}
+    "${parallel[@]}" ${HPC_GPU_TESTS:+-k "$HPC_GPU_TESTS"}
+if [ -n "$mem_pid" ]; then wait "$mem_pid" || failed=1; fi
 want bench_torchvision && phase bench_torchvision 200 $PY -m hpc.bench --arch resnet152 --stem torchvision \
     --batch 128,2048 --out "$OUTDIR/bench_torchvision.json"
 want bench_torchvision_mid && phase bench_torchvision_mid 100 $PY -m hpc.bench --arch resnet152 --stem torchvision \
     --batch 512,1024 --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_torchvision_mid.json"
-want memory && phase memory 80 $PY -m hpc.bench --arch resnet152 --stem torchvision \
-    --memory-grid 128,256,512,1024,2048 --out "$OUTDIR/memory.json"
 want bench_cifar && phase bench_cifar 70 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 \
     --only "$MAIN_CONFIGS" --out "$OUTDIR/bench_cifar.json"
 if want study_point; then  # the paper-style script against hpc.train, whole processes (tests/gpu/study_point.py)
     DATA=${HPC_GPU_DATA:-/tmp/hpc-gpu-cifar100}
     [ -d "$DATA/cifar-100-python" ] || $PY -m hpc.data synth --root "$DATA" --train 50000 --test 10000 >/dev/null
     phase study_point 570 $PY tests/gpu/study_point.py --data-root "$DATA" --out "$OUTDIR/study_point.json" \
-        --work-dir "$OUTDIR/study_point"
+        --work-dir "$OUTDIR/study_point" ${HPC_GPU_STUDY_POINTS:+--points "$HPC_GPU_STUDY_POINTS"}
 fi
 if [ "${HPC_GPU_COMPILE:-0}" = 1 ]; then  # compiling ResNet152 takes 2-3 minutes of CPU on the H100 host
     phase bench_cifar_compile 240 $PY -m hpc.bench --arch resnet152 --stem cifar --batch 512 --compile \

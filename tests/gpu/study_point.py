@@ -1,18 +1,19 @@
-"""One point of the study, measured as users run it: the paper-style script (tests/gpu/seed_script.py) and
-`hpc.train` on the same files, each as a whole process under torchrun, one after the other:
+"""The study's points measured as users wait for them: the paper-style script (tests/gpu/seed_script.py)
+and `hpc.train` on the same files, each a whole process, one after the other:
 
     python tests/gpu/study_point.py --data-root DATA --out results/gpu/study_point.json \\
-        [--batches 128,1024] [--fraction 1/2] [--epochs 1] [--workers 0,8] [--modes eager,graph] [--arch resnet152]
+        [--points 1/2:128,1/2:1024,1/2:2048,1/10:2048,1:128] [--epochs 3] [--workers 8] [--mode graph] \\
+        [--submit-points 1/2:128,1/10:2048] [--arch resnet152] [--nproc 1] [--no-profile]
 
-Rows, per batch size: the script with each DataLoader worker count; the toolkit in each step mode
-(eager; graph: train.cuda_graph), with and without the profiler. The toolkit runs profiles/study.yaml's
-run sections (the paper's optimizer, no schedule, its profiler window) with the point's data fraction,
-batch and epochs. `whole_s` is the process's wall time (torchrun started to exited); `epoch_s` what the
-process measured per epoch (the script's own timer; the toolkit's metrics.jsonl). `ddp` is what the run
-did (the toolkit's summary.json). `profiler_cycle_extra_s`: the largest whole-process difference
-between a profiled toolkit row and its unprofiled twin. The JSON is written atomically at the end;
-Beside it, the same as a Markdown table (study_point.md: the README's). Exit 1 when a process failed
-(its row keeps its exit status), 2 on bad arguments.
+At each point (data fraction : per-GPU batch) both sides run under torchrun (`--standalone`): the same
+launcher. The toolkit also runs at --submit-points the way it starts its own ranks, `hpc.submit --local`
+(a runner per rank, one torch import per rank, no torchrun agent): its rows say `launcher: submit`.
+The toolkit runs profiles/study.yaml's run sections (the paper's optimizer, its profiler window) at the
+point, in step mode --mode; the script with --workers DataLoader workers (its own timer per epoch).
+`whole_s` is the process's wall time (started to exited); `epoch_s` each epoch as the process measured
+it. The comparisons and their targets: tests/gpu/study_targets.py. The JSON (and study_point.md beside
+it) is written again after each row, atomically: a call cut short keeps the rows it measured. Exit 1
+when a process failed (its row keeps its exit status), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,22 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc.core.files import write_atomic  # noqa: E402  (torch-free: the project's one atomic write)
+from study_targets import comparisons, markdown  # noqa: E402  (beside this file)
 
 SEED_SCRIPT = REPO / "tests" / "gpu" / "seed_script.py"
 STUDY = REPO / "profiles" / "study.yaml"
+POINTS = "1/2:128,1/2:1024,1/2:2048,1/10:2048,1:128"
+
+
+def points(text: str) -> list[tuple[str, int]]:
+    """'1/2:128,1:128' -> [('1/2', 128), ('1', 128)]; ValueError naming the bad one."""
+    out = []
+    for word in filter(None, text.split(",")):
+        fraction, _, batch = word.partition(":")
+        if not (0 < Fraction(fraction) <= 1) or int(batch) < 1:
+            raise ValueError(word)
+        out.append((fraction, int(batch)))
+    return out
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,23 +58,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-root", required=True)
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--work-dir", help="run directories and configs (default: a temporary directory)")
-    p.add_argument("--batches", default="128,1024", help="per-GPU batch sizes, comma-separated")
-    p.add_argument("--fraction", default="1/2")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--workers", default="0,8", help="the script's DataLoader worker counts, comma-separated")
-    p.add_argument("--modes", default="eager,graph", help="the toolkit's step modes: eager, graph")
+    p.add_argument("--points", default=POINTS, help="fraction:batch, comma-separated")
+    p.add_argument("--submit-points", default="1/2:128,1/10:2048",
+                   help="where the toolkit also runs under hpc.submit --local ('' for none)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=8, help="the script's DataLoader workers")
+    p.add_argument("--mode", default="auto", choices=("auto", "graph", "eager"),
+                   help="the toolkit's step mode (auto: graph on CUDA)")
+    p.add_argument("--no-profile", action="store_true", help="the toolkit without the study's profiler window")
     p.add_argument("--arch", default="resnet152", help="for both (a torchvision ResNet name)")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run")
     p.add_argument("--timeout-s", type=float, default=600, help="per process")
     args = p.parse_args(argv)
-    try:
-        args.batches = [int(b) for b in args.batches.split(",")]
-        args.workers = [int(w) for w in args.workers.split(",")]
-    except ValueError as e:
-        p.error(f"--batches/--workers: comma-separated integers expected ({e})")
-    args.modes = args.modes.split(",")
-    if not set(args.modes) <= {"eager", "graph"}:
-        p.error(f"--modes {','.join(args.modes)!r}: eager and/or graph")
+    for name in ("points", "submit_points"):
+        try:
+            setattr(args, name, points(getattr(args, name)))
+        except (ValueError, ZeroDivisionError) as e:
+            p.error(f"--{name.replace('_', '-')}: {e} is not fraction:batch (a fraction in (0, 1], a batch >= 1)")
+    if args.epochs < 1:
+        p.error(f"--epochs {args.epochs}: at least 1")
     return args
 
 
@@ -80,15 +97,19 @@ def torchrun(nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
 
 
-def seed_row(args: argparse.Namespace, work: Path, batch: int, workers: int) -> dict[str, Any]:
-    out = work / f"seed-b{batch}-w{workers}.json"
-    cmd = [*torchrun(args.nproc), str(SEED_SCRIPT), "--data-root", args.data_root, "--fraction", args.fraction,
-           "--batch-size", str(batch), "--epochs", str(args.epochs), "--workers", str(workers), "--arch", args.arch,
-           "--out", str(out)]
+def slug(fraction: str, batch: int) -> str:
+    return f"f{fraction.replace('/', '_')}-b{batch}"
+
+
+def seed_row(args: argparse.Namespace, work: Path, fraction: str, batch: int) -> dict[str, Any]:
+    out = work / f"script-{slug(fraction, batch)}.json"
+    cmd = [*torchrun(args.nproc), str(SEED_SCRIPT), "--data-root", args.data_root, "--fraction", fraction,
+           "--batch-size", str(batch), "--epochs", str(args.epochs), "--workers", str(args.workers),
+           "--arch", args.arch, "--out", str(out)]  # fmt: skip
     rc, whole_s = timed(cmd, args.timeout_s, out.with_suffix(".log"))
     epochs = json.loads(out.read_text())["epoch_s"] if rc == 0 and out.is_file() else []
-    return {"name": "seed script", "mode": "eager", "ddp": True, "profiled": False, "batch": batch,
-            "workers": workers, "whole_s": whole_s, "epoch_s": epochs, "rc": rc}
+    return {"side": "script", "launcher": "torchrun", "fraction": fraction, "batch": batch, "mode": "eager",
+            "ddp": True, "workers": args.workers, "whole_s": whole_s, "epoch_s": epochs, "rc": rc}  # fmt: skip
 
 
 def data_source(root: Path) -> str:
@@ -101,107 +122,79 @@ def data_source(root: Path) -> str:
     return "synthetic" if names and str(names[0]) in ("class_000", "b'class_000'") else "cifar100"
 
 
-def toolkit_config(args: argparse.Namespace, batch: int, mode: str) -> dict[str, Any]:
+def toolkit_config(args: argparse.Namespace, fraction: str, batch: int) -> dict[str, Any]:
     """profiles/study.yaml's run sections for this point (its sweep section is the grid, not a run)."""
     cfg = {k: v for k, v in yaml.safe_load(STUDY.read_text()).items() if k != "sweep"}
-    cfg.setdefault("data", {})["fraction"] = args.fraction
+    cfg.setdefault("data", {})["fraction"] = fraction
     cfg["data"]["source"] = data_source(Path(args.data_root))  # the same files the seed script reads
     cfg["model"]["arch"] = args.arch
-    cfg["train"].update({"batch_size": batch, "epochs": args.epochs, "cuda_graph": mode == "graph"})
+    graph = {"auto": "auto", "graph": True, "eager": False}[args.mode]
+    cfg["train"].update({"batch_size": batch, "epochs": args.epochs, "cuda_graph": graph})
     return cfg
 
 
-def toolkit_row(args: argparse.Namespace, work: Path, batch: int, mode: str, profiled: bool) -> dict[str, Any]:
-    name = f"toolkit-b{batch}-{mode}-{'profiled' if profiled else 'plain'}"
+def toolkit_row(args: argparse.Namespace, work: Path, fraction: str, batch: int, launcher: str) -> dict[str, Any]:
+    name = f"toolkit-{launcher}-{slug(fraction, batch)}"
     config, run_dir = work / f"{name}.yaml", work / name
-    config.write_text(yaml.safe_dump(toolkit_config(args, batch, mode)))
-    cmd = [*torchrun(args.nproc), "-m", "hpc.train", "--config", str(config), "--run-dir", str(run_dir),
-           "--data-root", args.data_root, *([] if profiled else ["--no-profile"])]
+    config.write_text(yaml.safe_dump(toolkit_config(args, fraction, batch)))
+    common = ["--config", str(config), "--data-root", args.data_root, *(["--no-profile"] if args.no_profile else [])]
+    if launcher == "torchrun":
+        cmd = [*torchrun(args.nproc), "-m", "hpc.train", "--run-dir", str(run_dir), *common]
+    else:  # the toolkit's own way: a runner per rank (submitit's local executor here, srun on Slurm)
+        cmd = [sys.executable, "-m", "hpc.submit", "--local", "--gpus", str(args.nproc), "--wait",
+               "--runs-dir", str(work / "submitted"), "--name", name, *common]  # fmt: skip
     rc, whole_s = timed(cmd, args.timeout_s, work / f"{name}.log")
+    if launcher != "torchrun":  # RUNS/NAME/<job id>/
+        run_dir = next(iter(sorted((work / "submitted" / name).glob("*/summary.json"))), run_dir).parent
     metrics = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    summary = run_dir / "summary.json"
-    first = json.loads(summary.read_text())["ranks"][0] if summary.is_file() else {}
-    epochs = [r["epoch_time_s"] for r in records if r["kind"] == "epoch"]
-    median = (first.get("step_time_s") or {}).get("median")
-    after = (first.get("step_time_after_profiler_s") or {}).get("median")
-    steps = first.get("steps_per_epoch")
-    # The first epoch's cost over steady steps (autotuning, lazy loading, capture, the profiler's window):
-    # the epoch's time less its steps at the run's median step time.
-    extra = epochs[0] - steps * median if epochs and median and steps else None
-    return {"name": "toolkit", "mode": first.get("step_mode", mode), "ddp": bool(first.get("ddp")), "profiled": profiled,
-            "batch": batch, "whole_s": whole_s, "epoch_s": epochs, "rc": rc, "step_median_s": median,
-            "after_window_step_median_s": after, "first_epoch_extra_s": extra}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    first = (summary.get("ranks") or [{}])[0]
+    return {"side": "toolkit", "launcher": launcher, "fraction": fraction, "batch": batch,
+            "mode": first.get("step_mode", args.mode), "ddp": bool(first.get("ddp")), "whole_s": whole_s,
+            "epoch_s": [r["epoch_time_s"] for r in records if r["kind"] == "epoch"], "rc": rc,
+            "step_median_s": (first.get("step_time_s") or {}).get("median"), "startup": first.get("startup"),
+            "graph_check": first.get("graph_check"), "gpus": summary.get("gpus"), "run_dir": str(run_dir)}  # fmt: skip
 
 
-def profiled_twins(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(profiled toolkit row, its unprofiled twin: same batch and mode) for every profiled row that has one."""
-    plain = {(r["batch"], r["mode"]): r for r in rows if r["name"] == "toolkit" and not r["profiled"]}
-    return [(r, plain[(r["batch"], r["mode"])]) for r in rows
-            if r["name"] == "toolkit" and r["profiled"] and (r["batch"], r["mode"]) in plain]
+def document(args: argparse.Namespace, rows: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+            "epochs": args.epochs, "workers": args.workers, "mode": args.mode, "profiled": not args.no_profile,
+            "complete": complete, "rows": rows, "comparisons": comparisons(rows)}  # fmt: skip
 
 
-def profiler_cycle_extra_s(rows: list[dict[str, Any]]) -> float | None:
-    """The largest (profiled - unprofiled) whole-process time over the toolkit's twin rows."""
-    extra = [r["whole_s"] - twin["whole_s"] for r, twin in profiled_twins(rows)]
-    return max(extra) if extra else None
-
-
-def after_window_slowdown(rows: list[dict[str, Any]]) -> float | None:
-    """The largest (median step after the profiler's window / median step of the unprofiled twin) - 1."""
-    ratios = [r["after_window_step_median_s"] / twin["step_median_s"] - 1 for r, twin in profiled_twins(rows)
-              if r.get("after_window_step_median_s") and twin.get("step_median_s")]
-    return max(ratios) if ratios else None
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The rows as the README's table: one line per process, the first and the steady epoch apart."""
-    extra, slower = doc["profiler_cycle_extra_s"], doc["after_window_slowdown"]
-    lines = [f"{doc['device']}, torch {doc['torch']}; profiled cycle's extra wall time: "
-             f"{'-' if extra is None else f'{extra:.2f}'} s; steps after the window against unprofiled ones: "
-             f"{'-' if slower is None else f'{100 * slower:+.1f}%'}",
-             "", "| batch | run | mode | DDP | profiled | whole process (s) | first epoch (s) | last epoch (s) "
-             "| first epoch over steady steps (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        run = r["name"] + (f", {r['workers']} workers" if "workers" in r else "")
-        run += f" (exit {r['rc']})" if r["rc"] else ""
-        first, last = (f"{r['epoch_s'][0]:.2f}", f"{r['epoch_s'][-1]:.2f}") if r["epoch_s"] else ("-", "-")
-        warm = "-" if r.get("first_epoch_extra_s") is None else f"{r['first_epoch_extra_s']:.2f}"
-        lines.append(f"| {r['batch']} | {run} | {r['mode']} | {'yes' if r['ddp'] else 'no'} | "
-                     f"{'yes' if r['profiled'] else 'no'} | {r['whole_s']:.1f} | {first} | {last} | {warm} |")
-    return "\n".join(lines) + "\n"
+def write(args: argparse.Namespace, rows: list[dict[str, Any]], complete: bool) -> None:
+    doc = document(args, rows, complete)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, json.dumps(doc, indent=1))
+    write_atomic(out.with_suffix(".md"), markdown(doc))
 
 
 def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    rows = []
-    for batch in args.batches:
-        for workers in args.workers:
-            rows.append(seed_row(args, work, batch, workers))
-            print(json.dumps(rows[-1]), flush=True)
-        for mode in args.modes:
-            for profiled in (True, False):
-                rows.append(toolkit_row(args, work, batch, mode, profiled))
-                print(json.dumps(rows[-1]), flush=True)
+    rows: list[dict[str, Any]] = []
+    for fraction, batch in args.points:
+        launchers = ["torchrun", *(["submit"] if (fraction, batch) in args.submit_points else [])]
+        rows.append(seed_row(args, work, fraction, batch))
+        print(json.dumps(rows[-1]), flush=True)
+        for launcher in launchers:
+            rows.append(toolkit_row(args, work, fraction, batch, launcher))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "gpus"}), flush=True)
+        write(args, rows, complete=False)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    import torch  # after the arguments: a bad flag is answered without loading torch
-
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
         rows = measure(args, work)
-    cuda = torch.cuda.is_available()
-    doc = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__, "rows": rows,
-           "profiler_cycle_extra_s": profiler_cycle_extra_s(rows), "after_window_slowdown": after_window_slowdown(rows)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, json.dumps(doc, indent=1))
-    write_atomic(out.with_suffix(".md"), markdown(doc))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write(args, rows, complete=True)
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}")
     return 1 if any(r["rc"] for r in rows) else 0
 
 

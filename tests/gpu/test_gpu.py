@@ -7,6 +7,7 @@ Nothing here is mocked. Without CUDA every test skips, saying so; `bash tests/gp
 on a GPU machine (with `-m gpu`) and keeps the numbers they measured (HPC_GPU_RESULTS).
 """
 
+import fcntl
 import gzip
 import json
 import math
@@ -40,11 +41,17 @@ MEASURED: dict = {}  # what the tests saw, written for tests/gpu/run.sh's summar
 
 @pytest.fixture(scope="module", autouse=True)
 def keep_measurements():
+    """What this process's tests measured, added to OUTDIR/gpu_tests.json under a lock: with pytest-xdist
+    each worker holds some of the tests."""
     yield
     out = os.environ.get("HPC_GPU_RESULTS")
     if out and MEASURED:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "gpu_tests.json").write_text(json.dumps(MEASURED, indent=2, default=str))
+        path = Path(out) / "gpu_tests.json"
+        with open(Path(out) / ".gpu_tests.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            kept = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps({**kept, **MEASURED}, indent=2, default=str))
 
 
 def keep_trace(path: Path) -> None:
@@ -81,6 +88,7 @@ def resnet152_run(data_root, tmp_path_factory):
     return run
 
 
+@pytest.mark.xdist_group("resnet152_run")  # one worker runs the shared ResNet152 run once
 def test_resnet152_trains_with_nccl_bf16_channels_last(resnet152_run):
     rank = summary(resnet152_run)["ranks"][0]
     assert rank["backend"] == "nccl" and rank["device"].startswith("cuda") and rank["steps"] == RESNET152_STEPS
@@ -94,8 +102,17 @@ def test_resnet152_trains_with_nccl_bf16_channels_last(resnet152_run):
                                  "step_time_median_s": rank["step_time_s"]["median"],
                                  "images_per_s": rank["images_per_s"],
                                  "cuda_max_memory_allocated_bytes": rank["cuda_max_memory_allocated_bytes"]}
+    # NVML's samples of the node's GPU while it trained (hpc/core/gpusample.py), against torch's own figures:
+    # the driver's memory in use covers what this process's allocator reserved; the GPU was busy.
+    gpus = summary(resnet152_run)["gpus"]
+    MEASURED["nvml"] = gpus
+    gpu = next((g for g in gpus["gpus"] if g["name"] == torch.cuda.get_device_name(0)), gpus["gpus"][0])
+    assert gpus["sampled"] and gpu["samples"] >= 2 and gpu["util_max_pct"] > 0 and gpu["power_max_w"] > 0
+    assert gpu["mem_used_max_bytes"] >= rank["cuda_max_memory_reserved_bytes"] > 0
+    assert gpus["line"].startswith("GPUs (NVML): ")
 
 
+@pytest.mark.xdist_group("resnet152_run")  # one worker runs the shared ResNet152 run once
 def test_one_trace_with_kernels_agrees_with_key_averages(resnet152_run):
     rank = summary(resnet152_run)["ranks"][0]
     traces = rank["profiler"]["traces"]
@@ -117,6 +134,7 @@ def test_one_trace_with_kernels_agrees_with_key_averages(resnet152_run):
     assert rec.peak_gpu_mem_bytes <= rank["cuda_max_memory_allocated_bytes"]
 
 
+@pytest.mark.xdist_group("resnet152_run")  # one worker runs the shared ResNet152 run once
 def test_tensorboard_shows_device_time_for_cudnn_convolution(resnet152_run):
     port = free_port()
     proc = start_tensorboard([sys.executable, "-m", "analysis.tensorboard", str(resnet152_run.parent),

@@ -1,0 +1,273 @@
+"""What each node's GPUs did during a run, from NVML (nvidia-ml-py), whoever's command ran on them.
+
+One sampler per node (the runner of the node's local rank 0; the toolkit's training itself when it runs
+without the runner, under torchrun alone) appends to RUN/gpus/{node}.jsonl: a first line naming the GPUs
+(or saying why there is none to sample), then a few samples a second of each GPU's utilisation, memory,
+power and clocks. `summarize` reads every node's file into summary.json's `gpus`, with one line that
+names a GPU allocated to the run but idle. NVML reads the driver's counters, so the sampler costs the
+GPUs nothing; it is a thread, and an error inside it is said once and stops it (never the run).
+
+Why by hand: NVML's Python binding is the library; what none does is keep a run's samples beside its
+other records and say, per GPU, whether it was used. No torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc.core.files import append_line
+
+log = logging.getLogger(__name__)
+
+PERIOD_S = 0.25
+IDLE_UTIL_PCT = 5.0  # a GPU busy less than this on average over the run is named idle
+FIELDS = ("util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "sm_mhz", "mem_mhz")
+
+
+def allocated(env: Mapping[str, str]) -> list[str] | None:
+    """The node's GPUs of this job as NVML indices or UUIDs: Slurm's step (or job) GPUs, else
+    CUDA_VISIBLE_DEVICES; None: every GPU NVML sees."""
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        words = [w.strip() for w in env.get(name, "").split(",") if w.strip()]
+        if words:
+            return words
+    return None
+
+
+def _open(nvml: Any, wanted: list[str] | None) -> list[tuple[Any, dict[str, Any]]]:
+    """(handle, description) of each wanted GPU."""
+    found = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = str(nvml.nvmlDeviceGetUUID(handle))
+        if wanted is not None and str(index) not in wanted and uuid not in wanted:
+            continue
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        found.append((handle, {"index": index, "name": str(nvml.nvmlDeviceGetName(handle)), "uuid": uuid,
+                               "memory_total_bytes": int(memory.total)}))  # fmt: skip
+    return found
+
+
+def _sample(nvml: Any, handle: Any) -> list[float]:
+    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+    return [
+        float(rates.gpu),
+        float(rates.memory),
+        float(nvml.nvmlDeviceGetMemoryInfo(handle).used),
+        nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # milliwatts
+        float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+    ]
+
+
+class GpuSampler:
+    """A daemon thread sampling the node's GPUs into `path` until stop(). start() says in one line when
+    there is nothing to sample (no NVML, no GPU) and returns None."""
+
+    def __init__(self, path: Path, node: str, env: Mapping[str, str], period_s: float = PERIOD_S):
+        self.path, self.node, self.period_s = path, node, period_s
+        self.wanted = allocated(env)
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> GpuSampler | None:
+        try:
+            import pynvml as nvml  # type: ignore[import-untyped]  # nvidia-ml-py
+
+            nvml.nvmlInit()
+        except Exception as e:  # noqa: BLE001  (no library, no driver: a CPU node)
+            self._none(f"no GPU to sample on {self.node} (NVML: {e or type(e).__name__})")
+            return None
+        try:
+            gpus = _open(nvml, self.wanted)
+        except Exception as e:  # noqa: BLE001
+            nvml.nvmlShutdown()
+            self._none(f"no GPU to sample on {self.node} (NVML: {e or type(e).__name__})")
+            return None
+        if not gpus:
+            nvml.nvmlShutdown()
+            self._none(f"no GPU to sample on {self.node} (NVML sees none of {','.join(self.wanted or [])})")
+            return None
+        if not self._write({"node": self.node, "period_s": self.period_s, "fields": FIELDS,
+                            "gpus": [g for _, g in gpus]}):  # fmt: skip
+            nvml.nvmlShutdown()
+            return None
+        self.thread = threading.Thread(target=self._run, args=(nvml, [h for h, _ in gpus]), daemon=True,
+                                       name="hpc-gpu-sampler")  # fmt: skip
+        self.thread.start()
+        return self
+
+    def _none(self, why: str) -> None:
+        log.debug("hpc: %s", why)  # said in summary.json's gpus and the verdict, not on every run's console
+        self._write({"node": self.node, "none": why}, quiet=True)  # a full disk: nothing was to be sampled
+        return None
+
+    def _write(self, record: Mapping[str, Any], quiet: bool = False) -> bool:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            append_line(self.path, json.dumps(record))
+            return True
+        except Exception as e:  # noqa: BLE001  (a full disk: the run goes on unsampled)
+            log.log(logging.DEBUG if quiet else logging.WARNING, "hpc: GPU sampling of %s stopped: %s", self.node, e)
+            return False
+
+    def _run(self, nvml: Any, handles: list[Any]) -> None:
+        try:
+            while not self.done.is_set():
+                try:
+                    sample = [_sample(nvml, h) for h in handles]
+                except Exception as e:  # noqa: BLE001  (a lost GPU, a driver error: said once, then off)
+                    log.warning("hpc: GPU sampling of %s stopped: %s", self.node, e)
+                    return
+                if not self._write({"t": round(time.time(), 3), "g": sample}):
+                    return
+                self.done.wait(self.period_s)
+        finally:
+            nvml.nvmlShutdown()
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+def start_sampler(path: Path, node: str, env: Mapping[str, str] | None = None) -> GpuSampler | None:
+    """The node's sampler, started (None: nothing to sample, said in one line). HPC_GPU_SAMPLE_S sets the
+    period (0 turns sampling off)."""
+    env = os.environ if env is None else env
+    try:
+        period_s = float(env.get("HPC_GPU_SAMPLE_S", PERIOD_S))
+    except ValueError:
+        log.warning(
+            "hpc: HPC_GPU_SAMPLE_S=%r is not a number of seconds: sampling every %s s",
+            env["HPC_GPU_SAMPLE_S"],
+            PERIOD_S,
+        )  # noqa: E501
+        period_s = PERIOD_S
+    if not period_s > 0 or not math.isfinite(period_s):
+        return None
+    return GpuSampler(path, node, env, period_s).start()
+
+
+class _Gpu:
+    """One GPU's running figures over its samples (bounded memory whatever the run's length)."""
+
+    def __init__(self, node: str, about: Mapping[str, Any]):
+        self.node, self.about = node, dict(about)
+        self.n, self.first_t, self.last_t = 0, math.inf, -math.inf
+        self.sums = [0.0] * len(FIELDS)
+        self.maxes = [0.0] * len(FIELDS)
+
+    def add(self, t: float, values: list[float]) -> None:
+        self.n += 1
+        self.first_t, self.last_t = min(self.first_t, t), max(self.last_t, t)
+        for i, v in enumerate(values[: len(FIELDS)]):
+            self.sums[i] += v
+            self.maxes[i] = max(self.maxes[i], v)
+
+    def record(self) -> dict[str, Any]:
+        mean = [s / self.n for s in self.sums] if self.n else [None] * len(FIELDS)
+        return {
+            "node": self.node,
+            **self.about,
+            "samples": self.n,
+            "seconds": round(self.last_t - self.first_t, 3) if self.n else 0.0,
+            "util_mean_pct": mean[0],
+            "util_max_pct": self.maxes[0] if self.n else None,
+            "mem_util_mean_pct": mean[1],
+            "mem_used_max_bytes": int(self.maxes[2]) if self.n else None,
+            "power_mean_w": mean[3],
+            "power_max_w": self.maxes[3] if self.n else None,
+            "sm_mhz_mean": mean[4],
+            "mem_mhz_mean": mean[5],
+        }
+
+
+def _is_sample(record: Any) -> bool:
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("t"), (int, float))
+        and isinstance(record.get("g"), list)
+        and all(isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in record["g"])
+    )
+
+
+def read_node(path: Path, gpus: dict[tuple[str, int], _Gpu], none: list[str]) -> None:
+    """Add one node's file to `gpus` (keyed by node and index) and its 'nothing to sample' lines to `none`.
+    A line cut short or of the wrong shape is skipped."""
+    current: list[_Gpu] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if _is_sample(record):
+                for gpu, values in zip(current, record["g"], strict=False):
+                    gpu.add(float(record["t"]), values)
+            elif isinstance(record, dict) and isinstance(record.get("none"), str):
+                none.append(record["none"])
+            elif isinstance(record, dict) and isinstance(record.get("gpus"), list):
+                node = str(record.get("node", path.stem))
+                about = [g for g in record["gpus"] if isinstance(g, dict) and isinstance(g.get("index"), int)]
+                current = [gpus.setdefault((node, g["index"]), _Gpu(node, g)) for g in about]
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def gpu_line(records: list[dict[str, Any]], idle: list[str], none: list[str]) -> str:
+    """One line for the verdict: each GPU (or, over 8, the spread), then the idle ones named."""
+    if not records:
+        return none[0] if none else "no GPU samples"
+    if len(records) <= 8:
+        each = [
+            f"{r['node']} GPU {r['index']} {r['util_mean_pct']:.0f}% busy, {_gib(r['mem_used_max_bytes'])} of "
+            f"{_gib(r.get('memory_total_bytes'))} GiB, {r['power_mean_w']:.0f} W"
+            for r in records
+            if r["samples"]
+        ]
+        said = "; ".join(each)
+    else:
+        busy = sorted((r for r in records if r["samples"]), key=lambda r: r["util_mean_pct"])
+        said = (
+            f"{len(records)} GPUs: busy {busy[0]['util_mean_pct']:.0f}% ({busy[0]['node']} GPU {busy[0]['index']}) to "
+            f"{busy[-1]['util_mean_pct']:.0f}%"
+            if busy
+            else f"{len(records)} GPUs, no samples"
+        )
+    named = ", ".join(idle[:8]) + (f" and {len(idle) - 8} more" if len(idle) > 8 else "")
+    return f"GPUs (NVML): {said}" + (f"; allocated but idle (under {IDLE_UTIL_PCT:g}% busy): {named}" if idle else "")
+
+
+def summarize(folder: Path, files: Iterable[Path] | None = None) -> dict[str, Any] | None:
+    """summary.json's `gpus`: every sampled GPU's figures, those allocated but idle, the nodes with none
+    to sample, and the verdict's line; None when no node wrote samples (an older run, sampling off)."""
+    paths = sorted(folder.glob("*.jsonl")) if files is None else list(files)
+    gpus: dict[tuple[str, int], _Gpu] = {}
+    none: list[str] = []
+    for path in paths:
+        try:
+            read_node(path, gpus, none)
+        except OSError:
+            continue
+    if not gpus and not none:
+        return None
+    records = [gpus[key].record() for key in sorted(gpus)]
+    idle = [f"{r['node']} GPU {r['index']}" for r in records if r["samples"] and r["util_mean_pct"] < IDLE_UTIL_PCT]
+    return {
+        "sampled": bool(records),
+        "gpus": records,
+        "idle": idle,
+        "none": none,
+        "line": gpu_line(records, idle, none),
+    }

@@ -1,0 +1,131 @@
+"""hpc/core/gpusample.py: the node's GPUs sampled by NVML and summed up for summary.json.
+
+This machine has no GPU and no NVML library: the sampler's thread is run against a stand-in `pynvml`
+(a mock, for the driver alone, which cannot run here) whose counters the test sets; the reading side is
+tested on literal files, its figures worked out by hand. On a GPU, tests/gpu/run.sh's graphed epoch
+records real samples (results/gpu/)."""
+
+import json
+import sys
+import time
+import types
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc.core.gpusample import allocated, start_sampler, summarize
+
+GIB = 2**30
+
+
+def test_allocated_gpus_are_slurms_then_cuda_visible_devices():
+    assert allocated({"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0"}) == ["2", "3"]
+    assert allocated({"SLURM_JOB_GPUS": "0,1,2,3"}) == ["0", "1", "2", "3"]
+    assert allocated({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == ["GPU-aa", "GPU-bb"]
+    assert allocated({"CUDA_VISIBLE_DEVICES": ""}) is None and allocated({}) is None
+
+
+def write_node(path, node, gpus, samples):
+    lines = [json.dumps({"node": node, "period_s": 0.25, "gpus": gpus})]
+    lines += [json.dumps({"t": t, "g": g}) for t, g in samples]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_summary_of_literal_samples_names_the_idle_gpu(tmp_path):
+    gpus = [{"index": 0, "name": "A100", "uuid": "GPU-0", "memory_total_bytes": 40 * GIB},
+            {"index": 3, "name": "A100", "uuid": "GPU-3", "memory_total_bytes": 40 * GIB}]
+    # fields: util %, memory util %, memory used, power W, SM MHz, memory MHz
+    write_node(tmp_path / "nid001.jsonl", "nid001", gpus, [
+        (100.0, [[90, 40, 10 * GIB, 300, 1410, 1215], [0, 0, 1 * GIB, 50, 210, 1215]]),
+        (100.5, [[100, 60, 12 * GIB, 350, 1410, 1215], [2, 0, 1 * GIB, 52, 210, 1215]]),
+    ])
+    with open(tmp_path / "nid001.jsonl", "a") as f:
+        f.write('{"t": 101.0, "g": [[50, 0')  # a kill cut this line short: skipped
+    s = summarize(tmp_path)
+    first, idle = s["gpus"]
+    assert (first["node"], first["index"], first["samples"], first["seconds"]) == ("nid001", 0, 2, 0.5)
+    assert first["util_mean_pct"] == 95 and first["util_max_pct"] == 100 and first["mem_used_max_bytes"] == 12 * GIB
+    assert first["power_mean_w"] == 325 and first["power_max_w"] == 350 and first["sm_mhz_mean"] == 1410
+    assert idle["util_mean_pct"] == 1 and s["idle"] == ["nid001 GPU 3"] and s["sampled"] is True
+    assert s["line"] == ("GPUs (NVML): nid001 GPU 0 95% busy, 12.0 of 40.0 GiB, 325 W; nid001 GPU 3 1% busy, "
+                         "1.0 of 40.0 GiB, 51 W; allocated but idle (under 5% busy): nid001 GPU 3")
+
+
+def test_a_node_with_nothing_to_sample_says_so(tmp_path):
+    (tmp_path / "login1.jsonl").write_text(json.dumps({"node": "login1", "none": "no GPU to sample on login1 (NVML: x)"}) + "\n")
+    s = summarize(tmp_path)
+    assert s == {"sampled": False, "gpus": [], "idle": [], "none": ["no GPU to sample on login1 (NVML: x)"],
+                 "line": "no GPU to sample on login1 (NVML: x)"}
+    assert summarize(tmp_path / "missing") is None
+
+
+def test_this_machine_has_no_gpu_to_sample_and_says_it_in_the_file(tmp_path):
+    path = tmp_path / "gpus" / "here.jsonl"
+    assert start_sampler(path, "here", {}) is None
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert record["node"] == "here" and record["none"].startswith("no GPU to sample on here (NVML: ")
+    assert start_sampler(tmp_path / "off.jsonl", "here", {"HPC_GPU_SAMPLE_S": "0"}) is None
+    assert not (tmp_path / "off.jsonl").exists()  # sampling turned off: nothing written
+
+
+def fake_nvml(count=2, fail_after=None):
+    """A stand-in for nvidia-ml-py's pynvml (no GPU here): fixed counters, optionally failing after N reads."""
+    reads = {"n": 0}
+    nvml = types.SimpleNamespace(NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, shut=[])
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlShutdown = lambda: nvml.shut.append(True)
+    nvml.nvmlDeviceGetCount = lambda: count
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    nvml.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
+    nvml.nvmlDeviceGetName = lambda h: "Fake"
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=40 * GIB, used=(h + 1) * GIB)
+
+    def rates(h):
+        reads["n"] += 1
+        if fail_after is not None and reads["n"] > fail_after:
+            raise RuntimeError("GPU is lost")
+        return types.SimpleNamespace(gpu=80 if h == 0 else 0, memory=10)
+
+    nvml.nvmlDeviceGetUtilizationRates = rates
+    nvml.nvmlDeviceGetPowerUsage = lambda h: 250_000
+    nvml.nvmlDeviceGetClockInfo = lambda h, kind: 1410 if kind == 1 else 1215
+    return nvml
+
+
+def test_the_sampler_thread_samples_the_allocated_gpus_until_stopped(tmp_path, monkeypatch):
+    nvml = fake_nvml(count=4)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    path = tmp_path / "gpus" / "nid001.jsonl"
+    sampler = start_sampler(path, "nid001", {"SLURM_STEP_GPUS": "0,2", "HPC_GPU_SAMPLE_S": "0.02"})
+    assert sampler is not None
+    time.sleep(0.3)
+    sampler.stop()
+    assert not sampler.thread.is_alive() and nvml.shut == [True]
+    s = summarize(path.parent)
+    assert [(g["index"], g["util_mean_pct"], g["mem_used_max_bytes"]) for g in s["gpus"]] == [(0, 80, GIB), (2, 0, 3 * GIB)]
+    assert s["gpus"][0]["samples"] >= 5 and s["idle"] == ["nid001 GPU 2"] and s["gpus"][0]["power_mean_w"] == 250
+
+
+def test_an_error_inside_the_sampler_is_said_once_and_stops_it(tmp_path, monkeypatch, caplog):
+    nvml = fake_nvml(count=1, fail_after=3)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    path = tmp_path / "n.jsonl"
+    sampler = start_sampler(path, "n", {"HPC_GPU_SAMPLE_S": "0.01"})
+    sampler.thread.join(timeout=5)
+    assert not sampler.thread.is_alive() and nvml.shut == [True]
+    said = [r.getMessage() for r in caplog.records if "GPU sampling" in r.getMessage()]
+    assert said == ["hpc: GPU sampling of n stopped: GPU is lost"]
+    assert summarize(tmp_path)["gpus"][0]["samples"] == 3  # what it took before is kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.builds(json.dumps, st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(["t", "g", "gpus", "none", "node", "index"]), kids, max_size=4),
+    max_leaves=12))), max_size=12))
+def test_any_file_reads_without_an_error(tmp_path_factory, lines):
+    folder = tmp_path_factory.mktemp("gpus")
+    (folder / "x.jsonl").write_text("\n".join(lines))
+    s = summarize(folder)
+    assert s is None or isinstance(s["line"], str)
