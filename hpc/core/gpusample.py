@@ -13,6 +13,8 @@ other records and say, per GPU, whether it was used. No torch import.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import math
@@ -23,12 +25,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.files import append_line
+from hpc.core.files import append_line, read_json, write_atomic
 
 log = logging.getLogger(__name__)
 
 PERIOD_S = 0.25
-IDLE_UTIL_PCT = 5.0  # a GPU busy less than this on average over the run is named idle
+SUM_EVERY_S = 5.0  # the running figures written beside the samples: summary.json reads those, not every line
+# A GPU never busier than this in any sample is named idle: one that worked only in part of a short run
+# (set-up, a profiler's host-side analysis) still reached full use in its steps.
+IDLE_UTIL_PCT = 5.0
 FIELDS = ("util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "sm_mhz", "mem_mhz")
 
 
@@ -100,6 +105,7 @@ class GpuSampler:
                             "gpus": [g for _, g in gpus]}):  # fmt: skip
             nvml.nvmlShutdown()
             return None
+        self.sums = _carried(self.path, self.node, [g for _, g in gpus])  # an earlier start's figures go on
         self.thread = threading.Thread(target=self._run, args=(nvml, [h for h, _ in gpus]), daemon=True,
                                        name="hpc-gpu-sampler")  # fmt: skip
         self.thread.start()
@@ -120,6 +126,7 @@ class GpuSampler:
             return False
 
     def _run(self, nvml: Any, handles: list[Any]) -> None:
+        summed_at = time.monotonic()
         try:
             while not self.done.is_set():
                 try:
@@ -127,11 +134,25 @@ class GpuSampler:
                 except Exception as e:  # noqa: BLE001  (a lost GPU, a driver error: said once, then off)
                     log.warning("hpc: GPU sampling of %s stopped: %s", self.node, e)
                     return
-                if not self._write({"t": round(time.time(), 3), "g": sample}):
+                t = round(time.time(), 3)
+                if not self._write({"t": t, "g": sample}):
                     return
+                for gpu, values in zip(self.sums, sample, strict=True):
+                    gpu.add(t, values)
+                if time.monotonic() - summed_at >= SUM_EVERY_S:
+                    self._write_sums()
+                    summed_at = time.monotonic()
                 self.done.wait(self.period_s)
         finally:
+            self._write_sums()
             nvml.nvmlShutdown()
+
+    def _write_sums(self) -> None:
+        """The running figures and how far into the samples file they reach (a reader adds the lines after)."""
+        with contextlib.suppress(Exception):  # a full disk: the samples file still has every line written
+            offset = self.path.stat().st_size
+            write_atomic(sums_path(self.path), json.dumps({"node": self.node, "offset": offset,
+                                                           "gpus": [g.state() for g in self.sums]}))  # fmt: skip
 
     def stop(self) -> None:
         self.done.set()
@@ -173,6 +194,30 @@ class _Gpu:
             self.sums[i] += v
             self.maxes[i] = max(self.maxes[i], v)
 
+    def state(self) -> dict[str, Any]:
+        return {"about": self.about, "n": self.n, "first_t": self.first_t if self.n else None,
+                "last_t": self.last_t if self.n else None, "sums": self.sums, "maxes": self.maxes}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, node: str, state: Any) -> _Gpu | None:
+        """The figures a sampler wrote (None: not of that shape)."""
+        try:
+            gpu = cls(node, state["about"])
+            n, sums, maxes = int(state["n"]), [float(v) for v in state["sums"]], [float(v) for v in state["maxes"]]
+            if (
+                n < 0
+                or len(sums) != len(FIELDS)
+                or len(maxes) != len(FIELDS)
+                or not isinstance(gpu.about["index"], int)
+            ):
+                return None
+            if n:
+                gpu.first_t, gpu.last_t = float(state["first_t"]), float(state["last_t"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        gpu.n, gpu.sums, gpu.maxes = n, sums, maxes
+        return gpu
+
     def record(self) -> dict[str, Any]:
         mean = [s / self.n for s in self.sums] if self.n else [None] * len(FIELDS)
         return {
@@ -191,6 +236,29 @@ class _Gpu:
         }
 
 
+def sums_path(samples: Path) -> Path:
+    """Where a node's running figures are kept, beside its samples (gpus/{node}.sum.json)."""
+    return samples.with_name(samples.name.removesuffix(".jsonl") + ".sum.json")
+
+
+def _read_sums(samples: Path, node: str) -> tuple[list[_Gpu], int] | None:
+    """A node's running figures and the offset in its samples file they reach, or None (none, or damaged)."""
+    doc = read_json(sums_path(samples))
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list) or not isinstance(doc.get("offset"), int):
+        return None
+    gpus = [_Gpu.from_state(str(doc.get("node", node)), g) for g in doc["gpus"]]
+    return None if None in gpus else ([g for g in gpus if g is not None], doc["offset"])
+
+
+def _carried(samples: Path, node: str, gpus: list[dict[str, Any]]) -> list[_Gpu]:
+    """Each GPU's figures from an earlier start of the run on this node (a requeue), else none yet."""
+    earlier: dict[tuple[str, int], _Gpu] = {}
+    with contextlib.suppress(OSError):
+        read_node(samples, earlier, [])
+    by_uuid = {g.about.get("uuid"): g for g in earlier.values() if g.node == node}
+    return [by_uuid.get(about["uuid"]) or _Gpu(node, about) for about in gpus]
+
+
 def _is_sample(record: Any) -> bool:
     return (
         isinstance(record, dict)
@@ -201,10 +269,16 @@ def _is_sample(record: Any) -> bool:
 
 
 def read_node(path: Path, gpus: dict[tuple[str, int], _Gpu], none: list[str]) -> None:
-    """Add one node's file to `gpus` (keyed by node and index) and its 'nothing to sample' lines to `none`.
-    A line cut short or of the wrong shape is skipped."""
+    """Add one node's samples to `gpus` (keyed by node and index) and its 'nothing to sample' lines to
+    `none`: its sampler's running figures and the lines written after them, else every line (a sampler
+    killed before its first figures). A line cut short or of the wrong shape is skipped."""
+    summed = _read_sums(path, path.stem)
     current: list[_Gpu] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    if summed is not None:
+        current = [gpus.setdefault((g.node, g.about["index"]), g) for g in summed[0]]
+    with open(path, "rb") as raw:
+        raw.seek(summed[1] if summed is not None else 0)
+        f = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
         for line in f:
             try:
                 record = json.loads(line)
@@ -246,7 +320,7 @@ def gpu_line(records: list[dict[str, Any]], idle: list[str], none: list[str]) ->
             else f"{len(records)} GPUs, no samples"
         )
     named = ", ".join(idle[:8]) + (f" and {len(idle) - 8} more" if len(idle) > 8 else "")
-    return f"GPUs (NVML): {said}" + (f"; allocated but idle (under {IDLE_UTIL_PCT:g}% busy): {named}" if idle else "")
+    return f"GPUs (NVML): {said}" + (f"; allocated but idle (never {IDLE_UTIL_PCT:g}% busy): {named}" if idle else "")
 
 
 def summarize(folder: Path, files: Iterable[Path] | None = None) -> dict[str, Any] | None:
@@ -263,7 +337,7 @@ def summarize(folder: Path, files: Iterable[Path] | None = None) -> dict[str, An
     if not gpus and not none:
         return None
     records = [gpus[key].record() for key in sorted(gpus)]
-    idle = [f"{r['node']} GPU {r['index']}" for r in records if r["samples"] and r["util_mean_pct"] < IDLE_UTIL_PCT]
+    idle = [f"{r['node']} GPU {r['index']}" for r in records if r["samples"] and r["util_max_pct"] < IDLE_UTIL_PCT]
     return {
         "sampled": bool(records),
         "gpus": records,

@@ -110,7 +110,9 @@ def test_run_level_and_cli_formats(cpu_run, tmp_path):
     # the table's level (the run, its verdict the table's own line) first, the traces under their own key
     table = run_module("analysis", str(cpu_run)).stdout
     said = table.split("Verdict:", 1)[1].split("\n\n", 1)[0]
-    assert doc["level"] == "run" and said.strip().endswith(f": {doc['run']['verdict']['line']}"), said
+    verdict, gpus = said.strip().splitlines()  # the run's verdict, then what NVML saw (here: no GPU to sample)
+    assert doc["level"] == "run" and verdict.endswith(f": {doc['run']['verdict']['line']}"), said
+    assert gpus.split(", GPUs: ")[1] == doc["run"]["gpu_line"] and gpus.split(", GPUs: ")[1].startswith("no GPU to sample on")
     assert doc["run"]["ranks"] == 2 and doc["run"]["traces"] == len(records)
     assert len(records) == 4 and all(r["peak_cpu_mem_bytes"] > 0 for r in records)  # from summary.json
     assert all(r["cuda_time_us"] is None and r["peak_gpu_mem_bytes"] is None for r in records)

@@ -49,7 +49,7 @@ def test_summary_of_literal_samples_names_the_idle_gpu(tmp_path):
     assert first["power_mean_w"] == 325 and first["power_max_w"] == 350 and first["sm_mhz_mean"] == 1410
     assert idle["util_mean_pct"] == 1 and s["idle"] == ["nid001 GPU 3"] and s["sampled"] is True
     assert s["line"] == ("GPUs (NVML): nid001 GPU 0 95% busy, 12.0 of 40.0 GiB, 325 W; nid001 GPU 3 1% busy, "
-                         "1.0 of 40.0 GiB, 51 W; allocated but idle (under 5% busy): nid001 GPU 3")
+                         "1.0 of 40.0 GiB, 51 W; allocated but idle (never 5% busy): nid001 GPU 3")
 
 
 def test_a_node_with_nothing_to_sample_says_so(tmp_path):
@@ -129,3 +129,36 @@ def test_any_file_reads_without_an_error(tmp_path_factory, lines):
     (folder / "x.jsonl").write_text("\n".join(lines))
     s = summarize(folder)
     assert s is None or isinstance(s["line"], str)
+
+
+def test_the_summary_reads_the_running_figures_and_only_the_lines_after_them(tmp_path, monkeypatch):
+    """A long run's samples are not read line by line at its end: the sampler keeps its figures in
+    gpus/{node}.sum.json with the offset they reach; a requeued start carries them on; a damaged figures
+    file falls back to every line."""
+    import hpc.core.gpusample as gs
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(count=1))
+    monkeypatch.setattr(gs, "SUM_EVERY_S", 0.0)
+    path = tmp_path / "gpus" / "nid001.jsonl"
+    env = {"HPC_GPU_SAMPLE_S": "0.01"}
+    sampler = start_sampler(path, "nid001", env)
+    time.sleep(0.2)
+    sampler.stop()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    written = sum(1 for r in lines if "t" in r)
+    sums = json.loads((tmp_path / "gpus" / "nid001.sum.json").read_text())
+    assert sums["offset"] == path.stat().st_size and sums["gpus"][0]["n"] == written > 3
+    # a line after the figures (a sampler killed between two writes of them) is still counted, once
+    with open(path, "a") as f:
+        f.write(json.dumps({"t": 1e10, "g": [[100, 0, 5 * GIB, 300, 1410, 1215]]}) + "\n")
+    (gpu,) = summarize(path.parent)["gpus"]
+    assert gpu["samples"] == written + 1 and gpu["util_max_pct"] == 100 and gpu["mem_used_max_bytes"] == 5 * GIB
+    # the next start (a requeue) carries the figures on
+    again = start_sampler(path, "nid001", env)
+    time.sleep(0.1)
+    again.stop()
+    total = sum(1 for line in path.read_text().splitlines() if '"t"' in line)
+    assert summarize(path.parent)["gpus"][0]["samples"] == total
+    # damaged figures: every line is read instead
+    (tmp_path / "gpus" / "nid001.sum.json").write_text('{"node": "nid001", "offset": 3, "gpus": [{"n": "x"}]}')
+    assert summarize(path.parent)["gpus"][0]["samples"] == total
