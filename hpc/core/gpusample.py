@@ -82,6 +82,7 @@ class GpuSampler:
         self.wanted = allocated(env)
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
+        self.sums: list[_Gpu] = []  # each GPU's running figures, in the order of its samples
 
     def start(self) -> GpuSampler | None:
         try:

@@ -9,7 +9,9 @@ a stop signal; rank 0 writes, every rank learns whether it could) and the files:
 - checkpoints/last.json: what last.pt holds, for readers without torch (hpc/core/runstate.py).
 
 A save copies the state to the host once, checksums it, and writes a temp file, fsync, rename, with
-previous.pt linked first: at every instant last.pt is a whole checkpoint. A failed write (disk full,
+previous.pt linked first: at every instant last.pt is a whole checkpoint. An epoch's end or a periodic
+save that the run goes on from is written in the background (a thread, after the copy), off the steps'
+critical path; the ranks agree on it at the next save or the run's end. A failed write (disk full,
 read-only) is a WriteError naming the file, the earlier checkpoint intact. A load uses
 `weights_only=True`, checks every entry resuming needs and recomputes the checksum over what it read,
 so a byte flipped in a tensor is an error naming the file (offering previous.pt where it is intact),
@@ -22,6 +24,7 @@ import hashlib
 import io
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -80,15 +83,17 @@ def state_digest(state: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def to_host(value: Any) -> Any:  # a checkpoint's nested state, of any shape: returned with the same
-    """The state with every tensor on the CPU: one copy off the device, shared by the checksum and the file."""
+def to_host(value: Any, copy: bool = False) -> Any:  # a checkpoint's nested state, of any shape: the same shape
+    """The state with every tensor on the CPU: one copy off the device, shared by the checksum and the file.
+    `copy`: a tensor already on the CPU is copied too (the state is written while training goes on)."""
 
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        t = value.detach()
+        return t.clone() if copy and t.device.type == "cpu" else t.cpu()
     if isinstance(value, dict):
-        return {k: to_host(v) for k, v in value.items()}
+        return {k: to_host(v, copy) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(to_host(v) for v in value)
+        return type(value)(to_host(v, copy) for v in value)
     return value
 
 
@@ -217,6 +222,8 @@ class Checkpointer:
         self.every_steps = every_steps
         self.is_main, self.agree, self.log, self.inject = is_main, agree, log, inject
         self.saved_step: int | None = None
+        self.in_flight_step: int | None = None  # a checkpoint being written in the background (every rank)
+        self.writer: CheckpointWriter | None = None  # rank 0's thread writing it
 
     def due(self, step: int) -> bool:
         """The periodic policy; epoch ends, the run's end and stop signals save regardless."""
@@ -259,21 +266,83 @@ class Checkpointer:
         os.link(previous, self.path)
         self.log(f"resuming from the previous checkpoint: {self.path.with_name(DAMAGED)} kept aside")
 
-    def save(self, state: dict, reason: str, stop_at: int, complete: bool) -> None:
+    def save(self, state: dict, reason: str, stop_at: int, complete: bool, background: bool = False) -> None:
         """Rank 0 writes; then every rank agrees, and a failure (rank 0's WriteError) stops every rank.
-        `complete`: the run has nothing left to do (last.json says so for readers without torch)."""
-        error: WriteError | None = None
-        if self.is_main:
-            info = {k: state[k] for k in ("step", "epoch", "position")}
-            info |= {"stop_at": stop_at, "complete": complete, "reason": reason}
-            try:
-                save_checkpoint(self.paths, state, info, self.inject)
-                self.log(
-                    f"checkpoint ({reason}): epoch {state['epoch']}, batch {state['position']}, "
-                    f"step {state['step']} -> {self.path}"
-                )
-            except WriteError as e:
-                error = e
+        `complete`: the run has nothing left to do (last.json says so for readers without torch).
+        `background`: rank 0 copies the state off the device now and writes it on a thread while the
+        training goes on; the ranks agree on it at the next save or settle(). A run with faults injected
+        (HPC_FAULT_INJECT, the same on every rank) writes in place: each fault's moment and the checkpoint
+        it leaves are pinned by the fault tests (tests/e2e/test_faults.py)."""
+        self.settle()
+        background = background and not self.inject.faults
+        info = {k: state[k] for k in ("step", "epoch", "position")}
+        info |= {"stop_at": stop_at, "complete": complete, "reason": reason}
+        if background:
+            if self.is_main:
+                self.writer = CheckpointWriter(self.paths, to_host(state, copy=True), info, self.log)
+            self.in_flight_step = state["step"]
+            return
+        error = self._write(state, info) if self.is_main else None
         if self.agree(error is not None):
             raise error or WriteError(f"{self.path}: rank 0 could not write the checkpoint; stopping with it")
         self.saved_step = state["step"]
+
+    def _write(self, state: dict, info: dict[str, Any]) -> WriteError | None:
+        try:
+            save_checkpoint(self.paths, state, info, self.inject)
+        except WriteError as e:
+            return e
+        self.log(saved_line(info, self.path))
+        return None
+
+    def settle(self) -> None:
+        """The checkpoint being written in the background, waited for (rank 0) and agreed on (every rank, at
+        the same point of the run): its WriteError, or rank 0's failure, stops every rank here."""
+        if self.in_flight_step is None:
+            return
+        step, self.in_flight_step = self.in_flight_step, None
+        error = self.writer.wait() if self.writer is not None else None
+        self.writer = None
+        if self.agree(error is not None):
+            raise error or WriteError(f"{self.path}: rank 0 could not write the checkpoint; stopping with it")
+        self.saved_step = step
+
+    def written_step(self) -> int | None:
+        """The step last.pt holds as far as this rank knows without its peers (a lost peer's line): rank 0
+        waits for its own write in flight; another rank may name the one before (a rerun resumes from at
+        least that)."""
+        if self.writer is not None and self.writer.wait() is None and self.in_flight_step is not None:
+            return self.in_flight_step
+        return self.saved_step
+
+    @property
+    def latest_step(self) -> int | None:
+        """The step of the last checkpoint asked for: the one in the background, else the one written."""
+        return self.saved_step if self.in_flight_step is None else self.in_flight_step
+
+
+def saved_line(info: Mapping[str, Any], path: Path) -> str:
+    where = f"epoch {info['epoch']}, batch {info['position']}, step {info['step']}"
+    return f"checkpoint ({info['reason']}): {where} -> {path}"
+
+
+class CheckpointWriter:
+    """One checkpoint written on a thread (checksum, file, last.json): a non-daemon thread, so a process
+    leaving early still finishes it, atomically, before it exits."""
+
+    def __init__(self, paths: RunPaths, host: dict, info: dict[str, Any], log: Callable[[str], None]):
+        self.error: WriteError | None = None
+        self.thread = threading.Thread(target=self._run, args=(paths, host, info, log), name="hpc-checkpoint")
+        self.thread.start()
+
+    def _run(self, paths: RunPaths, host: dict, info: dict[str, Any], log: Callable[[str], None]) -> None:
+        try:
+            save_checkpoint(paths, host, info)
+        except WriteError as e:
+            self.error = e
+            return
+        log(saved_line(info, paths.checkpoint))
+
+    def wait(self) -> WriteError | None:
+        self.thread.join()
+        return self.error

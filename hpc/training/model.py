@@ -68,13 +68,17 @@ def count_flops_per_image(model: nn.Module, image_size: int = 32) -> int:
             hooks.append(m.register_forward_hook(conv_hook))
         elif isinstance(m, nn.Linear):
             hooks.append(m.register_forward_hook(linear_hook))
-    was_training = model.training
+    was_training, autotune = model.training, torch.backends.cudnn.benchmark
     model.eval()
+    # A batch of one is no shape the run trains on: cuDNN's heuristics, not its timing of every algorithm
+    # for each of the model's convolution shapes at a batch used once, in the start-up before the first step.
+    torch.backends.cudnn.benchmark = False
     try:
         with torch.no_grad():
             param = next(model.parameters())
             model(torch.zeros(1, 3, image_size, image_size, device=param.device, dtype=param.dtype))
     finally:
+        torch.backends.cudnn.benchmark = autotune
         for h in hooks:
             h.remove()
         model.train(was_training)

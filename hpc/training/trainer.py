@@ -171,6 +171,8 @@ class Trainer(Loop):
             reason,
             self.plan.stop_at,
             self.finished(),
+            # an epoch's end or a periodic save the run goes on from: written while it trains on
+            background=reason in ("epoch end", "periodic") and not self.finished(),
         )
 
     def finished(self) -> bool:
@@ -199,7 +201,7 @@ class Trainer(Loop):
                 self.run_epoch()
                 # a signal during evaluation stops at the epoch's own checkpoint, not a step later
                 self.stopped = self.stopped or self.group.agree(bool(self.stop.signum))
-            if self.stopped and self.checkpointer.saved_step != st.step:
+            if self.stopped and self.checkpointer.latest_step != st.step:
                 self.checkpoint(f"signal {signal.Signals(self.stop.signum or signal.SIGTERM).name}")
         # a stop signal during the last step still ends a complete run: the epoch's end runs regardless
         return self.finish(EXIT_OK if self.finished() else EXIT_PREEMPTED, profiling)
@@ -225,6 +227,7 @@ class Trainer(Loop):
     def finish(self, exit_code: int, profiling: Profiling | None, recovered: bool = False) -> int:
         """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown. A
         trace that could not be written fails the run once its summary is written."""
+        self.checkpointer.settle()  # an epoch's checkpoint still being written: whole before the summary
         # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which holds
         # NCCL's communicator, before the process group goes. Not in close(): after a failure a replay may
         # still wait on a dead peer, and waiting for it would hang the teardown.
@@ -256,7 +259,9 @@ class Trainer(Loop):
 
     def peer_lost(self, error: BaseException) -> PeerLostError:
         """The one line of a survivor: which peer, at which step, what a rerun resumes from."""
-        return self.group.lost_error(error, self.state.step + 1, self.checkpointer.saved_step, self.checkpointer.path)
+        return self.group.lost_error(
+            error, self.state.step + 1, self.checkpointer.written_step(), self.checkpointer.path
+        )
 
     def close(self) -> None:
         """Teardown, whatever happened: the TensorBoard writer and the process group."""

@@ -455,3 +455,21 @@ def test_the_trainings_door_quiets_torchs_cpp_warnings_before_torch_loads(given,
     env.update({} if given is None else {"TORCH_CPP_LOG_LEVEL": given})
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120).stdout
     assert f"level {[level]}" in out, out
+
+
+def test_the_flop_count_does_not_autotune_cudnn_for_its_batch_of_one():
+    """The count's forward runs with cuDNN's benchmark off (heuristics: its one-image shapes are never
+    trained on), and the run's own setting is put back after. The flag is a global, readable without a GPU."""
+    from hpc.training.model import build_model, count_flops_per_image
+    from hpc.settings.schema import ModelConfig
+
+    model = build_model(ModelConfig(arch="resnet18"))
+    seen = []
+    model.conv1.register_forward_pre_hook(lambda m, args: seen.append(torch.backends.cudnn.benchmark))
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        flops = count_flops_per_image(model)
+        assert seen == [False] and torch.backends.cudnn.benchmark is True and flops > 0
+    finally:
+        torch.backends.cudnn.benchmark = saved

@@ -10,7 +10,6 @@ import sys
 import time
 import types
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
