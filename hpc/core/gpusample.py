@@ -21,7 +21,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +90,15 @@ class GpuSampler:
 
             nvml.nvmlInit()
         except Exception as e:  # noqa: BLE001  (no library, no driver: a CPU node)
-            self._none(f"no GPU to sample on {self.node} (NVML: {e or type(e).__name__})")
+            self._none(f"NVML: {e or type(e).__name__}")
             return None
         try:
-            gpus = _open(nvml, self.wanted)
+            gpus, why = _open(nvml, self.wanted), f"NVML sees none of {','.join(self.wanted or [])}"
         except Exception as e:  # noqa: BLE001
-            nvml.nvmlShutdown()
-            self._none(f"no GPU to sample on {self.node} (NVML: {e or type(e).__name__})")
-            return None
+            gpus, why = [], f"NVML: {e or type(e).__name__}"
         if not gpus:
             nvml.nvmlShutdown()
-            self._none(f"no GPU to sample on {self.node} (NVML sees none of {','.join(self.wanted or [])})")
+            self._none(why)
             return None
         if not self._write({"node": self.node, "period_s": self.period_s, "fields": FIELDS,
                             "gpus": [g for _, g in gpus]}):  # fmt: skip
@@ -112,10 +110,10 @@ class GpuSampler:
         self.thread.start()
         return self
 
-    def _none(self, why: str) -> None:
+    def _none(self, cause: str) -> None:
+        why = f"no GPU to sample on {self.node} ({cause})"
         log.debug("hpc: %s", why)  # said in summary.json's gpus and the verdict, not on every run's console
         self._write({"node": self.node, "none": why}, quiet=True)  # a full disk: nothing was to be sampled
-        return None
 
     def _write(self, record: Mapping[str, Any], quiet: bool = False) -> bool:
         try:
@@ -172,7 +170,7 @@ def start_sampler(path: Path, node: str, env: Mapping[str, str] | None = None) -
             "hpc: HPC_GPU_SAMPLE_S=%r is not a number of seconds: sampling every %s s",
             env["HPC_GPU_SAMPLE_S"],
             PERIOD_S,
-        )  # noqa: E501
+        )
         period_s = PERIOD_S
     if not period_s > 0 or not math.isfinite(period_s):
         return None
@@ -324,10 +322,10 @@ def gpu_line(records: list[dict[str, Any]], idle: list[str], none: list[str]) ->
     return f"GPUs (NVML): {said}" + (f"; allocated but idle (never {IDLE_UTIL_PCT:g}% busy): {named}" if idle else "")
 
 
-def summarize(folder: Path, files: Iterable[Path] | None = None) -> dict[str, Any] | None:
+def summarize(folder: Path) -> dict[str, Any] | None:
     """summary.json's `gpus`: every sampled GPU's figures, those allocated but idle, the nodes with none
     to sample, and the verdict's line; None when no node wrote samples (an older run, sampling off)."""
-    paths = sorted(folder.glob("*.jsonl")) if files is None else list(files)
+    paths = sorted(folder.glob("*.jsonl"))
     gpus: dict[tuple[str, int], _Gpu] = {}
     none: list[str] = []
     for path in paths:

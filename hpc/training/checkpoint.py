@@ -282,18 +282,10 @@ class Checkpointer:
                 self.writer = CheckpointWriter(self.paths, to_host(state, copy=True), info, self.log)
             self.in_flight_step = state["step"]
             return
-        error = self._write(state, info) if self.is_main else None
+        error = save_and_say(self.paths, state, info, self.log, self.inject) if self.is_main else None
         if self.agree(error is not None):
             raise error or WriteError(f"{self.path}: rank 0 could not write the checkpoint; stopping with it")
         self.saved_step = state["step"]
-
-    def _write(self, state: dict, info: dict[str, Any]) -> WriteError | None:
-        try:
-            save_checkpoint(self.paths, state, info, self.inject)
-        except WriteError as e:
-            return e
-        self.log(saved_line(info, self.path))
-        return None
 
     def settle(self) -> None:
         """The checkpoint being written in the background, waited for (rank 0) and agreed on (every rank, at
@@ -321,9 +313,17 @@ class Checkpointer:
         return self.saved_step if self.in_flight_step is None else self.in_flight_step
 
 
-def saved_line(info: Mapping[str, Any], path: Path) -> str:
+def save_and_say(
+    paths: RunPaths, state: dict, info: dict[str, Any], log: Callable[[str], None], inject: Injector = NO_FAULTS
+) -> WriteError | None:
+    """save_checkpoint, then its line; the WriteError returned for the ranks to agree on."""
+    try:
+        save_checkpoint(paths, state, info, inject)
+    except WriteError as e:
+        return e
     where = f"epoch {info['epoch']}, batch {info['position']}, step {info['step']}"
-    return f"checkpoint ({info['reason']}): {where} -> {path}"
+    log(f"checkpoint ({info['reason']}): {where} -> {paths.checkpoint}")
+    return None
 
 
 class CheckpointWriter:
@@ -336,12 +336,7 @@ class CheckpointWriter:
         self.thread.start()
 
     def _run(self, paths: RunPaths, host: dict, info: dict[str, Any], log: Callable[[str], None]) -> None:
-        try:
-            save_checkpoint(paths, host, info)
-        except WriteError as e:
-            self.error = e
-            return
-        log(saved_line(info, paths.checkpoint))
+        self.error = save_and_say(paths, host, info, log)
 
     def wait(self) -> WriteError | None:
         self.thread.join()
