@@ -39,6 +39,7 @@ from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import EXIT_OK, UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
 from hpc.core.logs import TO_STDERR
+from hpc.core.owner import make_dirs
 from hpc.core.rundir import (
     REPORT,
     RUNS_CSV,
@@ -196,7 +197,7 @@ def write_outputs(
     out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, plots: bool
 ) -> list[Path]:
     """The tables and JSON records (and with plots, the figures) under out; the figures written."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out, "--out")
     write_atomic(out / TRACES_JSON, to_json(traces))
     if runs:
         write_atomic(out / RUNS_JSON, to_json(runs))

@@ -22,6 +22,7 @@ from typing import Any
 
 from analysis.records import RunRecord, data_words, ranks_words
 from hpc.core.files import write_atomic
+from hpc.core.owner import make_dirs
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
 STUDY_FIGURE = {
@@ -358,7 +359,7 @@ def memory_category_figure(rows: list[RunRecord], fraction: float, out_dir: Path
 
 def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
     """Every figure the rows have data for (see the module doc); the paths written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir, "--out")
     fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
     written = [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
     written += [efficiency_figure(rows, out_dir), loss_figure(rows, out_dir)]

@@ -1,7 +1,9 @@
 """A TensorBoard only its owner can open: `TokenGate`, a WSGI layer in front of TensorBoard's app. On a
 cluster's login node every user shares 127.0.0.1, so a server there is anyone's; like Jupyter's, this one
 prints a URL carrying a random token. The first request with it (`?token=...`) gets the token as a
-cookie (HttpOnly, SameSite=Strict, for this port) and is sent on to the same page without it; every
+cookie (HttpOnly, SameSite=Strict, its Path the server's own random path prefix: a browser sends a
+cookie of 127.0.0.1 to every port of the host, and only the path keeps it from another user's server
+there) and is sent on to the same page without it; every
 later request (the pages' own XHRs, the trace viewer's iframe) carries the cookie. Any request with
 neither is refused (403) with one line and nothing of the runs. The token is compared in constant
 time. Written here rather than taken from a library because TensorBoard has no authentication of its
@@ -29,10 +31,11 @@ def new_token() -> str:
 
 class TokenGate:
     """`app` behind `token`: see the module doc. `port` names the cookie, so that two TensorBoards on one
-    host (different ports, one browser) do not take each other's."""
+    host (different ports, one browser) do not take each other's; `prefix` (the app's path prefix, '/x')
+    is the cookie's path."""
 
-    def __init__(self, app: App, token: str, port: int):
-        self.app, self.token, self.cookie = app, token, f"hpc_tb_{port}"
+    def __init__(self, app: App, token: str, port: int, prefix: str = ""):
+        self.app, self.token, self.cookie, self.path = app, token, f"hpc_tb_{port}", prefix.rstrip("/") + "/"
 
     def _holds(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
@@ -52,7 +55,7 @@ class TokenGate:
         return [REFUSED]
 
     def _set_cookie(self) -> str:
-        return f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+        return f"{self.cookie}={self.token}; Path={self.path}; HttpOnly; SameSite=Strict"
 
     def _cookie(self, header: str) -> str | None:
         for part in header.split(";"):

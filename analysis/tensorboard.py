@@ -23,22 +23,32 @@ Content-Security-Policy notice go (TORCH_PROFILER_LOG_LEVEL, if set, is kept).
 
 LOGDIR may be a run directory (traces/ and tensorboard/ scalars side by side), a sweep directory or
 any folder of them: TensorBoard shows the training scalars and the profiler traces together.
+
+On a shared login node (docs/security.md): the server answers only under a random path, behind the token
+gate (analysis/tbgate.py), whose cookie is scoped to that path, so a browser never sends it to another
+user's server on another port of the host; the URL with the token goes to a terminal (or to a file of the
+owner's alone: --url-file), never to a log; the port must be free on IPv4 and IPv6 loopback alike; and no
+info file is written in /tmp/.tensorboard-info (world-writable: a link planted there for a future pid was
+followed by TensorBoard's own writer).
 For traces too large for TensorBoard, open them in Perfetto (https://ui.perfetto.dev, "Open trace
 file"; it reads .json and .json.gz) or chrome://tracing.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import secrets
 import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from analysis.tbgate import TokenGate, new_token
-from hpc.core.cli import Parser, inspect_path, run
+from hpc.core.cli import Parser, check_output_file, inspect_path, run
 from hpc.core.errors import UsageError
+from hpc.core.files import write_atomic
 
 PATCHED_CATEGORIES = {"cuda_runtime": "Runtime", "cuda_driver": "Runtime"}
 IGNORED_CATEGORIES = ("gpu_user_annotation",)
@@ -116,9 +126,13 @@ def patch_tb_profiler() -> bool:
 PLUGIN_PATCHED = patch_tb_profiler()
 
 
+LOOPBACKS = ("127.0.0.1", "::1")
+
+
 def check_listen(host: str, port: int) -> None:
     """Before TensorBoard starts (its own failure is tens of lines from child processes): the port is
-    a port, the host an address here, and nothing listens there yet."""
+    a port, the host an address here, and nothing listens there yet; on loopback, on IPv6's too (a
+    browser asked for localhost may go to another user's server on [::1])."""
     import socket
 
     if not 0 <= port <= 65535:
@@ -128,11 +142,59 @@ def check_listen(host: str, port: int) -> None:
     except (socket.gaierror, UnicodeError) as e:
         raise UsageError(f"--host {host!r}: not an address ({e})") from None
     family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    _bind_or_refuse(socket.socket(family, socket.SOCK_STREAM), address, f"--host {host!r} --port {port}")
+    if address[0] in LOOPBACKS and port:
+        other = LOOPBACKS[1 - LOOPBACKS.index(address[0])]
+        family = socket.AF_INET6 if ":" in other else socket.AF_INET
         try:
-            s.bind(address)
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 here: nothing can listen there either
+            return
+        _bind_or_refuse(probe, (other, port), f"--port {port} (on {other}, the other loopback)", absent_ok=True)
+
+
+def _bind_or_refuse(sock: Any, address: Any, what: str, absent_ok: bool = False) -> None:
+    import socket
+
+    with sock:
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
         except OSError as e:
-            raise UsageError(f"--host {host!r} --port {port}: cannot listen there ({e.strerror or e})") from None
+            if absent_ok and e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                return  # that loopback does not exist here
+            raise UsageError(f"{what}: cannot listen there ({e.strerror or e})") from None
+
+
+def gated_server(app: Any, flags: Any, token: str, port: int, prefix: str) -> Any:
+    """TensorBoard's server with the token gate in front, and without its own "serving at" line, which
+    would print the random path to stderr (a log)."""
+    from tensorboard import program
+
+    server = program.WerkzeugServer(TokenGate(app, token, port, prefix), flags)
+    server.print_serving_message = lambda: None
+    return server
+
+
+def tell_url(url: str, url_file: str | None) -> str:
+    """Where the URL with its token goes: --url-file (the owner's alone), else the terminal (stdout when
+    it is one, else the controlling terminal), never a log file or pipe. Returns where it went, in words;
+    UsageError when there is nowhere to show it."""
+    if url_file:
+        write_atomic(url_file, url + "\n", mode=0o600)
+        return f"in {url_file}"
+    if sys.stdout.isatty():
+        return "below"
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"{url}\n")
+        return "on your terminal"
+    except OSError:
+        raise UsageError(
+            "no terminal to show the URL on (its token opens the server, and stdout is a file or a pipe): give "
+            "--url-file PATH (written for you alone)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logdir", help="a run directory, a sweep directory, or a folder of them")
     parser.add_argument("--port", type=int, default=6006)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    parser.add_argument(
+        "--url-file",
+        metavar="PATH",
+        help="write the URL (its token opens the server) to this file, readable by you alone, instead of to "
+        "the terminal",
+    )
     args = parser.parse_args(argv)
     logdir = Path(args.logdir)
     status = inspect_path(logdir, "logdir")
@@ -152,13 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"{args.logdir}: not a directory")
     if not PLUGIN_PATCHED:
         raise UsageError("torch-tb-profiler is not installed (pip install torch-tb-profiler)")
+    check_output_file(args.url_file, "--url-file")
     check_listen(args.host, args.port)
     from tensorboard import program
 
-    token = new_token()
-    tb = program.TensorBoard(
-        server_class=lambda app, flags: program.WerkzeugServer(TokenGate(app, token, args.port), flags)
-    )
+    token, prefix = new_token(), "/" + secrets.token_urlsafe(12)  # the prefix scopes the token's cookie
+    tb = program.TensorBoard(server_class=lambda app, flags: gated_server(app, flags, token, args.port, prefix))
+    # No info file: TensorBoard writes one per server into /tmp/.tensorboard-info (made 0777, not sticky, by
+    # whoever came first), following a link planted at its name; only `tensorboard --list` reads them.
+    tb._register_info = lambda server: None
     tb.configure(
         argv=[
             sys.argv[0],
@@ -168,18 +238,29 @@ def main(argv: list[str] | None = None) -> int:
             str(args.port),
             "--host",
             args.host,
+            "--path_prefix",
+            prefix,
             "--reload_interval",
             "5",
             "--load_fast",
             "false",  # the Python loader: no "experimental fast data loading" notice, same scalars here
         ]
     )
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{args.port}{prefix}/?token={token}#pytorch_profiler"
+    where = tell_url(url, args.url_file)
+    print_started(host, args.port, logdir, where, url if where == "below" else None)
+    return tb.main()
+
+
+def print_started(host: str, port: int, logdir: Path, where: str, url: str | None) -> None:
     print(
-        f"TensorBoard on http://{args.host}:{args.port}/?token={token}#pytorch_profiler (logdir {logdir}; only this "
-        "URL's token gets in: it is yours); Ctrl-C stops it",
+        f"TensorBoard on {host}:{port} (logdir {logdir}); the URL that opens it is {where} (its token is yours: "
+        "only it gets in); Ctrl-C stops it",
         flush=True,
     )
-    return tb.main()
+    if url is not None:
+        print(url, flush=True)
 
 
 def cli(argv: list[str] | None = None) -> int:

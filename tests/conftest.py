@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -121,19 +122,25 @@ def free_port() -> int:
     raise AssertionError("no free port below the ephemeral range")
 
 
-TB_TOKENS: dict[int, str] = {}  # port -> the token analysis.tensorboard printed (start_tensorboard reads it)
+TB_TOKENS: dict[int, str] = {}  # port -> the token of analysis.tensorboard's URL (start_tensorboard reads it)
+TB_PREFIXES: dict[int, str] = {}  # port -> the random path it serves under ('/Xy..'), from the same URL
+
+
+def tb_base(port: int) -> str:
+    """http://127.0.0.1:PORT and the server's path prefix, where it has one."""
+    return f"http://127.0.0.1:{port}{TB_PREFIXES.get(port, '')}"
 
 
 def tb_url(port: int, path: str = "/") -> str:
-    """The URL analysis.tensorboard printed, for another path: its token in the query."""
+    """The URL analysis.tensorboard gave, for another path: its token in the query."""
     sep = "&" if "?" in path else "?"
-    return f"http://127.0.0.1:{port}{path}" + (f"{sep}token={TB_TOKENS[port]}" if port in TB_TOKENS else "")
+    return tb_base(port) + path + (f"{sep}token={TB_TOKENS[port]}" if port in TB_TOKENS else "")
 
 
 def http_get(port: int, path: str, timeout: float = 30) -> str:
     """GET a path of a server here; of one started by start_tensorboard, with its owner's cookie (what a
-    browser holds once it opened the printed URL)."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    browser holds once it opened the URL it gave)."""
+    request = urllib.request.Request(tb_base(port) + path)
     if port in TB_TOKENS:
         request.add_header("Cookie", f"hpc_tb_{port}={TB_TOKENS[port]}")
     with urllib.request.urlopen(request, timeout=timeout) as r:
@@ -171,19 +178,20 @@ def has_lines(path: Path, lines: int) -> bool:
 
 def start_tensorboard(cmd: list[str], port: int, timeout_s: float = 90, log: Path | None = None) -> subprocess.Popen:
     """Start a TensorBoard command, its output into `log` (else a pipe); return once the profiler plugin
-    lists its runs. analysis.tensorboard's first line is its URL: its token is kept for http_get and tb_url."""
+    lists its runs. analysis.tensorboard is given --url-file (its URL goes to a terminal or that file, never
+    to its output): the URL's path prefix and token are kept for http_get and tb_url."""
+    if "analysis.tensorboard" in cmd:
+        url_file = Path(tempfile.mkdtemp(prefix="tb-url-")) / "url"
+        cmd = [*cmd, "--url-file", str(url_file)]
     sink = open(log, "w") if log is not None else subprocess.PIPE  # noqa: SIM115 (the process holds it)
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     deadline = time.time() + timeout_s
     if "analysis.tensorboard" in cmd:
-        if log is None:
-            first = proc.stdout.readline()
-        else:
-            first = wait_until(lambda: log.read_text().partition("\n")[1] and log.read_text() or proc.poll() is not None
-                               and "(exited)", "TensorBoard's first line", timeout_s)
-        found = re.search(r"\?token=([\w-]+)#", first)
-        assert found, first
-        TB_TOKENS[port] = found.group(1)
+        url = wait_until(lambda: url_file.exists() and url_file.read_text() or proc.poll() is not None and "(exited)",
+                         "TensorBoard's URL file", timeout_s)
+        found = re.fullmatch(r"http://127\.0\.0\.1:\d+(/[\w-]+)/\?token=([\w-]+)#pytorch_profiler\n", url)
+        assert found, url + (log.read_text() if log is not None else "")
+        TB_PREFIXES[port], TB_TOKENS[port] = found.groups()
     while time.time() < deadline:
         try:
             runs = json.loads(http_get(port, f"{TB_PLUGIN}/runs"))

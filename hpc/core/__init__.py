@@ -3,11 +3,13 @@ project.
 
 - errors.py: `HpcError` and its kinds, the exit codes;
 - cli.py: the one error path of every command (`run`), the parser, the checks made before any work;
+- owner.py: what a command makes is its owner's (the umask, HPC_GROUP, directories checked, new files);
 - files.py: atomic writes, JSON and strict YAML;
 - rundir.py: the run and sweep directories, every file's name and its reader and writer;
 - summary.py: summary.json, made of the ranks' exit records and facts by its one writer;
 - runstate.py: a run's state from its files alone; lock.py: the run directory's one writer;
 - stop.py: the stop signals (SIGTERM, SIGUSR2, SIGINT), caught before torch is imported;
 - logs.py: logging's set-up;
-- faults.py: HPC_FAULT_INJECT's grammar.
+- faults.py: HPC_FAULT_INJECT's grammar;
+- gpusample.py: each node's GPUs sampled by NVML during a run; beat.py: a script's beat to its runner.
 """

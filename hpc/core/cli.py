@@ -9,7 +9,8 @@ traceback or a usage block.
 - `run(prog, main, argv)`: calls main; any `HpcError` becomes `prog: error: <message>`, cut to one
   line of at most MAX_MESSAGE characters, and the error's exit code.
 - `shown(value)`: a value as a message quotes it, cut (a YAML anchor expansion can be megabytes).
-- the checks every command makes before any work: output directories and files, names.
+- the checks every command makes before any work: output directories (the owner's: hpc/core/owner.py)
+  and files, names.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any, NoReturn
 
 from hpc.core.errors import EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
 from hpc.core.logs import LEVELS, LOG_LEVEL_ENV, configure
+from hpc.core.owner import refuse_unsafe, take_umask
+from hpc.core.rundir import RunPaths
 
 MAX_MESSAGE = 600
 MAX_VALUE = 120
@@ -202,7 +205,22 @@ def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
     if not stat.S_ISDIR(status.st_mode):
         what = "a file" if stat.S_ISREG(status.st_mode) else "not a directory"
         raise UsageError(f"{flag} {shown(str(path))}: {shown(str(existing))} is {what}, not a directory")
+    refuse_unsafe(existing, flag)  # another user's, or one another user can write in: never written in
     _probe_writable(existing, flag, path)
+
+
+def check_run_dir(path: str | os.PathLike, flag: str = "--run-dir") -> None:
+    """Before any work: an output directory (check_output_dir) that, where it exists, is empty or holds a
+    run. Every door that writes a run (hpc.train, hpc.rank, hpc.batch) writes task.json, logs/, ranks/
+    and more into it, and must not scatter them into a directory of other things (`--run-dir ~`, /etc)."""
+    check_output_dir(path, flag)
+    if not RunPaths(Path(path)).is_run_or_empty():
+        names = sorted(p.name for p in Path(path).iterdir())
+        shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise UsageError(
+            f"{flag} {shown(str(path))}: holds other files ({shown_names}), not a run; "
+            "give a new directory, or an existing run's to resume it"
+        )
 
 
 def _check_name_part(part: str, path: Path, flag: str) -> None:
@@ -227,6 +245,7 @@ def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
     parent = inspect_path(target.parent, flag)
     if parent is None or not stat.S_ISDIR(parent.st_mode):
         raise UsageError(f"{flag} {shown(str(path))}: directory {shown(str(target.parent))} does not exist")
+    refuse_unsafe(target.parent, flag)
     _probe_writable(target.parent, flag, target)
 
 
@@ -272,14 +291,44 @@ def fail(prog: str, message: str, code: int = 2) -> int:
     return code
 
 
+# Terminal controls: C0 but tab, line feed and carriage return (a progress bar's), DEL, and C1 (0x9b is
+# an escape sequence's start too). A trace's names, a job's log or a summary are other people's data.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every terminal control written out (ESC as the four characters \\x1b): printed, it
+    shows what is there and moves, recolours or retitles nothing."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class EscapedStream:
+    """A text stream whose writes reach `stream` with their terminal controls escaped (escape_controls);
+    everything else (flush, fileno, encoding) is the stream's."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(escape_controls(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Call main(argv); an HpcError becomes `prog: error: <message>` and its exit code. Names a command
-    prints as it was given them (bytes that are not UTF-8 arrive as surrogates) go out as those bytes."""
+    prints as it was given them (bytes that are not UTF-8 arrive as surrogates) go out as those bytes; no
+    terminal control goes out as one (EscapedStream on stdout and stderr while it runs)."""
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:
         reconfigure(errors="surrogateescape")
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapedStream(sys.stdout), EscapedStream(sys.stderr)
     try:
         configure()  # from HPC_LOG_LEVEL until the command line is read
+        take_umask()  # what it and every process it starts make is the owner's (hpc/core/owner.py)
         return main(argv)
     except NoArguments as e:  # the usage block, as it is
         print(str(e), file=sys.stderr, flush=True)
@@ -289,3 +338,5 @@ def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | No
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout, sys.stderr = streams

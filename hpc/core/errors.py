@@ -16,7 +16,9 @@ stderr and the error's `exit_code`: 2 for anything the user gave (a flag, a file
 - `PeerLostError`: another rank of the run died or stopped answering: exit 5, on which torchrun restarts
   the worker group and the sbatch script and hpc.submit's job requeue (the run resumes from its last
   checkpoint);
-- `QueueError`: Slurm's controller did not answer (squeue, sbatch, scontrol): exit 1.
+- `QueueError`: Slurm's controller did not answer (squeue, sbatch, scontrol): exit 1;
+- `StoreError`: the run's store cannot be trusted or held (its port taken, a value not sealed with the
+  run's secret: hpc/core/meet.py): exit 1, never requeued.
 """
 
 from __future__ import annotations
@@ -81,5 +83,11 @@ class PeerLostError(HpcError, RuntimeError):
 
 class QueueError(HpcError, RuntimeError):
     """Slurm's controller could not be asked (squeue, sbatch, scontrol failed or timed out)."""
+
+    exit_code = EXIT_FAILED
+
+
+class StoreError(HpcError, RuntimeError):
+    """The run's store cannot be trusted or held: its port taken, no secret, a value another wrote."""
 
     exit_code = EXIT_FAILED

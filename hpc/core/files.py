@@ -1,7 +1,9 @@
 """Writing and reading the toolkit's files: atomic writes, JSON and strict YAML.
 
 - `write_atomic`: a temp file in the same directory, fsync, rename; a reader never sees half a file, and
-  a write that fails (disk full, read-only) is a WriteError naming the file, the previous one intact.
+  a write that fails (disk full, read-only) is a WriteError naming the file, the previous one intact. The
+  temp file is made new (O_EXCL | O_NOFOLLOW, a name no one can guess: a link planted there is never
+  followed) with the owner's mode (hpc/core/owner.py), whatever the umask.
 - `append_line`: one line added to a log whole, or not at all.
 - `temp_name` / `is_temp_name`: the one naming rule of temp files, so a later run can find and remove
   those a killed writer left.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import yaml
 
 from hpc.core.errors import WriteError
+from hpc.core.owner import open_append, open_new
 
 Warn = Callable[[str], None]
 
@@ -46,22 +50,26 @@ def write_failure(path: str | os.PathLike, error: OSError, kept: bool) -> WriteE
     return WriteError(f"{path}: could not be written ({error.strerror or type(error).__name__}); {state}")
 
 
-def write_atomic(path: str | os.PathLike, text: str | bytes) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file. A
-    failure is a WriteError naming the file and the cause; the temp file is removed, the old file kept."""
+def write_atomic(path: str | os.PathLike, text: str | bytes, mode: int | None = None) -> None:
+    """Write via a new temp file in the same directory and rename, so readers never see half a file. A
+    failure is a WriteError naming the file and the cause; the temp file is removed, the old file kept.
+    `mode`: the file's (default: the owner's, hpc/core/owner.py `file_mode`)."""
     path = Path(path)
-    tmp = temp_name(path)
     # surrogateescape: a name given as undecodable bytes (argv, the environment) is written back as those bytes
     data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    tmp = path.with_name(f"{temp_name(path).name}.{secrets.token_hex(4)}")
+    made = False
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(open_new(tmp, mode), "wb") as f:
+            made = True
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)  # a failed write (disk full, a signal) leaves no temp file behind
+        if made:  # a failed write (disk full, a signal) leaves no temp file behind
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         if isinstance(e, OSError) and not isinstance(e, WriteError):
             raise write_failure(path, e, path.exists()) from None
         raise
@@ -73,7 +81,7 @@ def append_line(path: Path, line: str) -> None:
     data = line.encode("utf-8", "surrogateescape") + b"\n"
     size = None
     try:
-        with open(path, "a+b") as f:
+        with os.fdopen(open_append(path), "a+b") as f:
             size = f.seek(0, os.SEEK_END)
             if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
                 data = b"\n" + data

@@ -23,6 +23,7 @@ import socket
 from pathlib import Path
 
 from hpc.core.errors import UsageError
+from hpc.core.owner import file_mode
 
 # errnos of a file system that does not lock at all (as opposed to a lock someone holds)
 NO_LOCKING = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -43,7 +44,7 @@ class RunLock:
         """Take the lock, or raise UsageError naming `what` and the holder. Returns None, or a line saying
         why the run goes on unguarded (the file system does not lock)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -66,6 +66,8 @@ LOGS = "logs"
 LOCK = ".lock"
 TASK = "task.json"
 RANKS = "ranks"
+MEETING = "meeting.json"  # ranks/meeting.json: the run's store and its secret, for the owner alone (hpc/core/meet.py)
+AGENTS_MEETING = "agents.json"  # ranks/agents.json: torchrun's agents' rendezvous port, on Slurm through submitit
 FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
 GPUS = "gpus"  # NVML samples of each node's GPUs (hpc/core/gpusample.py)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
@@ -89,7 +91,9 @@ TRACES_JSON = "traces.json"  # every trace's record
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
-SIDE_FILES = frozenset({SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, Path(CHECKPOINT_INFO).name})
+SIDE_FILES = frozenset(
+    {SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, MEETING, AGENTS_MEETING, Path(CHECKPOINT_INFO).name}
+)
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
 
@@ -117,6 +121,8 @@ class RunPaths:
     lock = property(lambda self: self.root / LOCK)
     task = property(lambda self: self.root / TASK)
     ranks = property(lambda self: self.root / RANKS)
+    meeting = property(lambda self: self.root / RANKS / MEETING)
+    agents_meeting = property(lambda self: self.root / RANKS / AGENTS_MEETING)
 
     def rank_stream(self, rank: int, stream: str) -> Path:
         """A command's rank's `out` or `err` stream."""

@@ -38,6 +38,7 @@ from typing import Any
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.gpusample import summarize as summarize_gpus
+from hpc.core.owner import open_append
 from hpc.core.rundir import RunPaths, is_count
 
 OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "running")
@@ -318,7 +319,7 @@ def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | 
     if not read_records(paths) and not read_facts(paths):
         return None
     paths.ranks.mkdir(parents=True, exist_ok=True)
-    with open(paths.ranks / ".summary.lock", "a") as lock:
+    with os.fdopen(open_append(paths.ranks / ".summary.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         summary = build_summary(paths, read_records(paths), read_facts(paths), ended)
         write_summary(paths, summary)

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     profiler, hang_timeout_s = command_sections(args.config, args.no_profile, [])
     task = command_task(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
     run_dir = run_dir_for(args, words, env, args.name or task.name)
-    check_output_dir(run_dir, "--run-dir")
+    check_run_dir(run_dir)
     env = job_environment(cluster, env)
     step = step_words(cluster, run_dir, env)
     if args.dry_run:

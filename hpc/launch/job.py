@@ -30,11 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_PEER_LOST
+from hpc.core.errors import EXIT_PEER_LOST, StoreError
 from hpc.core.logs import configure
+from hpc.core.meet import MEET_TIMEOUT_S, Meeting, await_meeting, free_port, publish
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import exit_code_of, write_run_summary
+from hpc.core.summary import attempt_of, exit_code_of, write_run_summary
 from hpc.launch.requeue import (
     ALREADY,
     clear_request,
@@ -95,7 +96,7 @@ class TaskJob:
         stop = StopSignal.take()
         try:
             if self.launcher == "torchrun":
-                record = self.run_torchrun(paths, job.job_id, stop)
+                record = self.run_torchrun(paths, job.job_id, stop, job.global_rank == 0)
             else:
                 record = run_rank(task, paths.root, stop=stop)
         finally:
@@ -129,11 +130,14 @@ class TaskJob:
                 requeue_if_rank0_does_not(job.job_id, job.global_rank, paths.root)  # rank 0 may be the peer lost
         return {"status": "stopped", "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
-    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal) -> dict[str, Any]:
+    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
         task.json); the stop signals passed on to it. This task's end as the run's records say once
         torchrun has ended: an exit record's kind and code."""
-        args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts)
+        try:
+            args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, first, stop)
+        except StoreError as e:
+            return {"kind": "interrupted" if stop.signum else "failed", "exit_code": None, "message": str(e)}
         rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
         rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
         summary = write_run_summary(paths) or {}
@@ -181,19 +185,37 @@ def _ignore_passed_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def torchrun_args_for(job_id: str, nproc_per_node: int, max_restarts: int) -> list[str]:
-    """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm; on this
-    machine (--local), one node at 127.0.0.1."""
-    from hpc.placement.distenv import master_port_for_job, slurm_torchrun_args
+def torchrun_args_for(
+    job_id: str, nproc_per_node: int, max_restarts: int, paths: RunPaths, first: bool, stop: StopSignal
+) -> list[str]:
+    """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm, on a port
+    its first node picked (`first`: this is it); on this machine (--local), one node at 127.0.0.1."""
+    from hpc.placement.distenv import slurm_torchrun_args
     from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
 
     if os.environ.get("SLURM_JOB_ID"):
-        return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts)
-    return torchrun_args(
-        1,
-        nproc_per_node,
-        f"127.0.0.1:{master_port_for_job(job_id)}",
-        job_id,
-        max_restarts,
-        torchrun_forwards_signals(),
-    )
+        return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts, agents_port(paths, first, stop))
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    return torchrun_args(1, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())
+
+
+def agents_port(paths: RunPaths, first: bool, stop: StopSignal) -> int:
+    """The port torchrun's agents meet on, the same on every node and computed from nothing public: the
+    first node's pick, published in RUN/ranks/agents.json for the others (StoreError when it does not
+    come, or a stop signal comes first)."""
+    from hpc.placement.hostlist import expand_hostlist
+
+    group = attempt_of(os.environ)
+    if first:
+        host = (expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"])[0]
+        port = free_port(host)
+        publish(paths.agents_meeting, Meeting(group, host, port, ""))
+        return port
+
+    def give_up() -> str | None:
+        return f"{signal.Signals(stop.signum).name} came first" if stop.signum is not None else None
+
+    meeting, why = await_meeting(paths.agents_meeting, group, MEET_TIMEOUT_S, give_up)
+    if meeting is None:
+        raise StoreError(f"torchrun's agents: {why}")
+    return meeting.port

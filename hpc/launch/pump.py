@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from hpc.core.owner import open_append
+
 CHUNK = 1 << 16
 FINISH_S = 10.0  # how long the end of a task waits for its output: a grandchild may hold the pipe open
 
@@ -27,7 +29,7 @@ class Pump:
         self.thread.start()
 
     def _copy(self) -> None:
-        with open(self.kept, "ab") as kept:
+        with os.fdopen(open_append(self.kept), "ab") as kept:
             while chunk := self._read():
                 kept.write(chunk)
                 kept.flush()

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.cli import Parser, check_output_dir, run
+from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.outcome:
         return print_outcome(RunPaths(Path(args.run_dir)))
-    check_output_dir(args.run_dir, "--run-dir")
+    check_run_dir(args.run_dir)
     task = task_for(args, words)
     paths = RunPaths(Path(args.run_dir))
     if words:

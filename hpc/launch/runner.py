@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -49,6 +50,8 @@ from hpc.core.beat import BEAT_VARIABLE, DUMP_SIGNAL, Beats, beat_pipe
 from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.gpusample import start_sampler
+from hpc.core.meet import LISTEN_FD_VARIABLE, Meeting
+from hpc.core.owner import make_dirs
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import (
@@ -63,6 +66,7 @@ from hpc.core.summary import (
 from hpc.launch.hang import HangWatch
 from hpc.launch.pump import Pump
 from hpc.launch.rankenv import on_slurm, passes_stops_on, rank_env
+from hpc.launch.rankmeet import Unmet, meet
 from hpc.launch.rankrecords import failed_mark, failed_peers, group_key, keep_earlier, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
 from hpc.settings.task import Task
@@ -87,8 +91,9 @@ KILLED_FROM_OUTSIDE = "killed from outside the task (a user, the kernel's out-of
 def write_task(paths: RunPaths, task: Task) -> None:
     """task.json, and the training's config (submitted.yaml): what the run's ranks run (each writes the
     same; the rename makes it whole)."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths.task, json.dumps(task.to_dict(), indent=1))
+    make_dirs(paths.root, "run directory")
+    # its command.env may hold secrets: the owner's alone, even where HPC_GROUP shares the run
+    write_atomic(paths.task, json.dumps(task.to_dict(), indent=1), mode=0o600)
     if task.config is not None:
         write_atomic(paths.submitted, dump_yaml(task.config))
 
@@ -134,9 +139,11 @@ class RankRun:
         node = self.record["node"]
         sampler = start_sampler(self.paths.gpu_samples(node), node, self.env) if self.dist.local_rank == 0 else None
         try:
-            proc = self.start(words)
+            proc = self.start(words, *meet(self.paths, self.dist, self.group, self.task.requeue_codes, self.stop))
             code = self.follow(proc)
             self.end_session(proc.pid)
+        except Unmet as e:  # the task never started: where its run meets did not come, or could not be held
+            self.write(ended_ns=time.time_ns(), **e.args[0])
         except OSError as e:  # vanished since it was checked, or not executable on this node
             self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
         else:
@@ -159,18 +166,26 @@ class RankRun:
                 write_run_summary(self.paths)
         return self.record
 
-    def start(self, words: list[str]) -> subprocess.Popen[bytes]:
-        env = rank_env(self.dist, self.paths.root, self.task, self.env, self.attempt)
+    def start(self, words: list[str], meeting: Meeting, listener: socket.socket | None) -> subprocess.Popen[bytes]:
+        """The task's process, in the rank's environment and where its run meets (rank 0's with the socket
+        its store serves on)."""
+        self.dist = dataclasses.replace(self.dist, master_port=meeting.port)
+        env = {**rank_env(self.dist, self.paths.root, self.task, self.env, self.attempt), **meeting.env()}
         beat_read, beat_write, env[BEAT_VARIABLE] = beat_pipe()
+        kept = (beat_write,) if listener is None else (beat_write, listener.fileno())
+        if listener is not None:
+            env[LISTEN_FD_VARIABLE] = str(listener.fileno())
         # Its own session: a terminal's Ctrl-C or a signal to this process group reaches the task only as
         # this rank passes it on, once (Slurm still signals it directly, and then nothing is passed on).
         try:
-            proc = self.popen(words, env, beat_write)
+            proc = self.popen(words, env, kept)
         except OSError:
             os.close(beat_read)
             raise
         finally:
             os.close(beat_write)  # the task's alone: its end (and its workers') closes the pipe
+            if listener is not None:
+                listener.close()  # the task's now
         assert proc.stdout is not None and proc.stderr is not None  # both piped
         self.pumps = [
             Pump(proc.stdout, self.paths.rank_stream(self.dist.rank, "out"), 1),
@@ -185,7 +200,7 @@ class RankRun:
             os.close(beat_read)
         return proc
 
-    def popen(self, words: list[str], env: dict[str, str], beat_write: int) -> subprocess.Popen[bytes]:
+    def popen(self, words: list[str], env: dict[str, str], kept: tuple[int, ...]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             words,
             cwd=self.task.cwd,
@@ -194,7 +209,7 @@ class RankRun:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            pass_fds=(beat_write,),
+            pass_fds=kept,
             preexec_fn=die_with(os.getpid()),
         )
 

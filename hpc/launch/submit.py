@@ -32,6 +32,7 @@ from typing import Any
 
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
+from hpc.core.owner import make_dirs
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
 from hpc.launch.follow import wait_for
 from hpc.launch.plan import JobSpec, Plan, make_plan
@@ -162,6 +163,7 @@ def submission(folder: Path, what: str, params: dict[str, Any] | None = None) ->
 
     parent = folder.parent  # submitit writes a job's files beside its "%j" folder until it has an id
     made = first_missing(parent, "job folder")
+    make_dirs(parent, "job folder")  # the owner's, before submitit writes into it
     before = set(parent.iterdir()) if made is None else set()
     told = io.StringIO()  # submitit prints sbatch's stderr itself before raising: keep it for the one line
     try:
@@ -223,7 +225,7 @@ def execute(plan: Plan, wait: bool) -> int:
     and an index.json lists only what was submitted."""
     made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
     if plan.sweep_dir is not None and plan.sweep_file is not None:
-        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(plan.sweep_dir, "sweep directory")
         write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file)
     done: list[Submission] = []
     try:

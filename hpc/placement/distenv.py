@@ -18,7 +18,6 @@ parser disagrees with Slurm's (hpc/placement/hostlist.py follows Slurm's own and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shlex
@@ -26,6 +25,7 @@ from collections.abc import Mapping
 
 from hpc.core.cli import Parser, run
 from hpc.core.errors import EXIT_OK, DistEnvError, HostlistError
+from hpc.core.meet import free_port
 from hpc.placement.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
 from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
 
@@ -33,16 +33,10 @@ from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
 # Distributed environment
 # ----------------------------------------------------------------------------------------------
 
-# Below Linux's default ephemeral range (32768-60999), so no outgoing connection on the node can
-# already hold the port; wide enough that two jobs sharing a node rarely collide.
-_PORT_BASE, _PORT_SPAN = 20000, 12000
 LAUNCHER_VARIABLE = "HPC_RANK_LAUNCHER"  # what placed a rank that sees torchrun's variables (the runner sets it)
-
-
-def master_port_for_job(job_id: str) -> int:
-    """A port every task of the job computes alike (the job id is all they share before rendezvous)."""
-    digest = hashlib.sha256(str(job_id).encode("utf-8", "surrogateescape")).digest()
-    return _PORT_BASE + int.from_bytes(digest[:4], "big") % _PORT_SPAN
+# No port is computed from the job id any more: it is in `squeue` and every rank's argv, so another user
+# of the node could take that port first or host a store there. The ranks' store's port is rank 0's
+# runner's pick (hpc/core/meet.py); a batch shell picks one for what it exports and for torchrun's agents.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +48,7 @@ class DistEnv:
     node_rank: int
     num_nodes: int
     master_addr: str
-    master_port: int
+    master_port: int | None  # None: not decided here (rank 0's runner picks it: hpc/core/meet.py)
     launcher: str  # "torchrun" | "slurm" | "submitit-local" | "slurm-batch" | "single"
     # Under torchrun with its agent's store (TORCHELASTIC_USE_AGENT_STORE): which start of the worker
     # group this is (TORCHELASTIC_RESTART_COUNT). The process group keys its rendezvous by it.
@@ -71,7 +65,7 @@ class DistEnv:
             ),
             (self.num_nodes >= 1, f"number of nodes {self.num_nodes} < 1"),
             (0 <= self.node_rank < self.num_nodes, f"node rank {self.node_rank} not in [0, {self.num_nodes})"),
-            (0 < self.master_port < 65536, f"master port {self.master_port} out of range"),
+            (self.master_port is None or 0 < self.master_port < 65536, f"master port {self.master_port} out of range"),
         ]
         for ok, message in checks:
             if not ok:
@@ -82,7 +76,8 @@ class DistEnv:
         return self.world_size > 1
 
     def torch_env(self) -> dict[str, str]:
-        """The variables torch.distributed's env:// rendezvous reads (plus torchrun's extras)."""
+        """The variables torch.distributed's env:// rendezvous reads (plus torchrun's extras); MASTER_PORT
+        where it is decided."""
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
@@ -90,7 +85,7 @@ class DistEnv:
             "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
+            **({"MASTER_PORT": str(self.master_port)} if self.master_port is not None else {}),
         }
 
 
@@ -116,11 +111,12 @@ def _require(env: Mapping[str, str], keys: list[str], source: str, because: str)
         raise DistEnvError(f"{source}: {because} but {', '.join(missing)} not set")
 
 
-def _master_port(env: Mapping[str, str], job_id: str | None, source: str) -> int:
-    for key in ("MASTER_PORT", "HPC_MASTER_PORT"):  # explicit overrides win
+def _master_port(env: Mapping[str, str], source: str) -> int | None:
+    """An explicit port (MASTER_PORT exported by a batch shell, HPC_MASTER_PORT); None: rank 0's pick."""
+    for key in ("MASTER_PORT", "HPC_MASTER_PORT"):
         if env.get(key):
-            return env_int(env, key, source)
-    return master_port_for_job(job_id) if job_id else 29500
+            return env_int(env, key, source, minimum=1)
+    return None
 
 
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
@@ -206,7 +202,7 @@ def _from_srun(env: Mapping[str, str]) -> DistEnv:
         node_rank=node_rank,
         num_nodes=num_nodes,
         master_addr=env.get("MASTER_ADDR") or hosts[0],
-        master_port=_master_port(env, env["SLURM_JOB_ID"], src),
+        master_port=_master_port(env, src),
         launcher="slurm",
     )
 
@@ -228,7 +224,7 @@ def _from_submitit_local(env: Mapping[str, str]) -> DistEnv:
         node_rank=0,
         num_nodes=1,
         master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=_master_port(env, env.get("SUBMITIT_LOCAL_JOB_ID"), src),
+        master_port=_master_port(env, src),
         launcher="submitit-local",
     )
 
@@ -261,26 +257,35 @@ def from_environ(env: Mapping[str, str]) -> DistEnv:
             0,
             1,
             env.get("MASTER_ADDR") or hosts[0],
-            _master_port(env, env["SLURM_JOB_ID"], "slurm batch"),
+            _master_port(env, "slurm batch"),
             "slurm-batch",
         )
-    return DistEnv(0, 1, 0, 1, 0, 1, env.get("MASTER_ADDR") or "127.0.0.1", _master_port(env, None, "single"), "single")
+    return DistEnv(0, 1, 0, 1, 0, 1, env.get("MASTER_ADDR") or "127.0.0.1", _master_port(env, "single"), "single")
 
 
 def export_lines(dist: DistEnv) -> list[str]:
     """Shell lines for `eval "$(python -m hpc.distenv)"`.
 
     In a batch-script shell only MASTER_ADDR/MASTER_PORT are exported: exporting RANK=0 there would
-    be inherited by every task of a later `srun` and make them all claim rank 0.
+    be inherited by every task of a later `srun` and make them all claim rank 0. A task's lines need its
+    MASTER_PORT (the batch shell's export): DistEnvError where it has none.
     """
+    if dist.master_port is None:
+        raise DistEnvError(
+            f"{dist.launcher}: MASTER_PORT is not set: export it from the batch script first "
+            '(eval "$(python -m hpc.distenv)" there picks a free port of the first node)'
+        )
     items = dist.torch_env()
     if dist.launcher == "slurm-batch":
         items = {k: items[k] for k in ("MASTER_ADDR", "MASTER_PORT")}
     return [f"export {k}={shlex.quote(v)}" for k, v in items.items()]
 
 
-def slurm_torchrun_args(env: Mapping[str, str], nproc_per_node: int, max_restarts: int) -> list[str]:
-    """torchrun_args for the Slurm job `env` describes: its node count, first node and job id."""
+def slurm_torchrun_args(
+    env: Mapping[str, str], nproc_per_node: int, max_restarts: int, port: int | None = None
+) -> list[str]:
+    """torchrun_args for the Slurm job `env` describes: its node count, first node and job id; the agents'
+    rendezvous on `port`, else a free port of this node (the batch shell's, the job's first node)."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         raise DistEnvError("--torchrun-args: SLURM_JOB_ID is not set (run it inside a Slurm job)")
@@ -288,7 +293,7 @@ def slurm_torchrun_args(env: Mapping[str, str], nproc_per_node: int, max_restart
         raise DistEnvError(f"--torchrun-args {nproc_per_node} --max-restarts {max_restarts}: must be >= 1 and >= 0")
     hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"]
     nnodes = env_int(env, "SLURM_NNODES", "slurm") if env.get("SLURM_NNODES") else len(hosts)
-    endpoint = f"{hosts[0]}:{master_port_for_job(job_id)}"
+    endpoint = f"{hosts[0]}:{port if port is not None else free_port(hosts[0])}"
     return torchrun_args(nnodes, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())
 
 
@@ -320,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(shlex.quote(a) for a in slurm_torchrun_args(os.environ, args.torchrun_args, args.max_restarts)))
         return EXIT_OK
     dist = from_environ(os.environ)
+    if dist.launcher == "slurm-batch" and dist.master_port is None and not args.json:  # for the job's srun steps
+        dist = dataclasses.replace(dist, master_port=free_port(dist.master_addr))
     print(json.dumps(dataclasses.asdict(dist), sort_keys=True) if args.json else "\n".join(export_lines(dist)))
     return EXIT_OK
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import logging
 import math
 import os
 import stat
@@ -27,6 +28,8 @@ from hpc.core.cli import inspect_path, shown, suggestion
 from hpc.core.errors import ConfigError
 from hpc.core.files import load_yaml_text
 from hpc.settings.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
+
+log = logging.getLogger(__name__)
 
 # Installed: the profiles ship as package data in hpc/profiles/ (pyproject.toml maps profiles/ there);
 # from a source tree (or an editable install): the repository's profiles/.
@@ -147,12 +150,32 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
         raise ConfigError(f"{where}: {name}.{e.key} = {shown(value)}: {e.reason}{other}") from None
 
 
-def resolve_profile_path(name_or_path: str) -> Path:
-    """'perlmutter' -> profiles/perlmutter.yaml; a path is taken as it is."""
+def packaged_profiles() -> list[str]:
+    """The cluster profiles shipped (local, perlmutter): the packaged files with a cluster section."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if "\ncluster:" in "\n" + p.read_text())
+
+
+def resolve_profile_path(name_or_path: str, source: str = "--profile") -> Path:
+    """A name is a packaged profile ('perlmutter' -> profiles/perlmutter.yaml, wherever the command runs); a
+    file is read only when given as a path (a '/' or a .yaml name: `--profile ./mine.yaml`). A file in the
+    current directory named as a packaged profile is not read, and said in one line: on a shared machine a
+    file planted where a user submits from would otherwise replace the profile, its setup lines with it."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path or inspect_path(path, "--profile") is not None:
+    if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
         return path
-    return PROFILES_DIR / f"{name_or_path}.yaml"
+    packaged = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not packaged.is_file():
+        raise ConfigError(
+            f"{source} {shown(name_or_path)}: no packaged profile of that name ({', '.join(packaged_profiles())}); "
+            f"a file of yours is given as a path, e.g. {source} ./{name_or_path}.yaml"
+        )
+    here = [name for name in (name_or_path, f"{name_or_path}.yaml") if inspect_path(Path(name), source) is not None]
+    if here:
+        log.warning(
+            f"hpc: ./{here[0]} is not read: {source} {name_or_path} is the packaged profile ({packaged}); "
+            f"to use the file, give it as a path: {source} ./{here[0]}"
+        )
+    return packaged
 
 
 def read_yaml(path: str | os.PathLike, flag: str = "") -> dict[str, dict[str, Any]]:

@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch.distributed as tdist
 
-from hpc.core.errors import PeerLostError
+from hpc.core.errors import PeerLostError, StoreError
+from hpc.core.owner import open_append
 from hpc.placement.distenv import DistEnv
 from hpc.placement.hostlist import expand_hostlist
+from hpc.training.runstore import run_store, sealed
 
 BEAT_S = 2.0  # a heartbeat's period
 SILENCE_S = 2.5 * BEAT_S  # a count that does not move for this long: the rank is not running
@@ -73,12 +75,15 @@ def cause_of(error: BaseException) -> str:
 
 
 def open_store(dist: DistEnv, timeout: dt.timedelta, master: bool) -> tdist.Store:
-    """The run's store: rank 0 hosts it (`master`), the others connect; under torchrun the agent hosts it
-    and keeps it across restarts, so each start of the worker group has its own keys."""
+    """The run's store: rank 0 hosts it (`master`: on its runner's socket), the others connect; sealed with
+    the run's secret (hpc/training/runstore.py); under torchrun's shared store the agent hosts it and keeps
+    it across restarts, so each start of the worker group has its own keys."""
+    if dist.master_port is None:
+        raise StoreError(f"rank {dist.rank}: MASTER_PORT is not set (a runner sets it: hpc/core/meet.py)")
     if dist.elastic_attempt is not None:
         base = tdist.TCPStore(dist.master_addr, dist.master_port, dist.world_size, is_master=False, timeout=timeout)
-        return tdist.PrefixStore(f"hpc/attempt{dist.elastic_attempt}/", base)
-    return tdist.TCPStore(
+        return sealed(tdist.PrefixStore(f"hpc/attempt{dist.elastic_attempt}/", base))
+    return run_store(
         dist.master_addr, dist.master_port, dist.world_size, is_master=master, timeout=timeout, wait_for_workers=False
     )
 
@@ -93,7 +98,7 @@ def stderr_to(path: Path | None) -> Iterator[None]:
         if path is None:
             raise OSError
         path.parent.mkdir(parents=True, exist_ok=True)
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        target = open_append(path)
     except OSError:
         yield
         return

@@ -8,7 +8,9 @@ hpc/training/startup/sitecustomize.py in every Python process of a command the p
   profiler the script starts;
 - the beat (hpc/training/scriptwatch.py): a byte a step to the runner, a stack dump on its request;
 - the out-of-memory record (hpc/training/scriptoom.py);
-- the user's accelerate config, as `accelerate launch` passes it (hpc/training/scriptaccelerate.py).
+- the user's accelerate config, as `accelerate launch` passes it (hpc/training/scriptaccelerate.py);
+- the run's store (hpc/training/runstore.py): the script's `init_process_group` hosts it on the socket
+  its runner holds and seals it with the run's secret, as the toolkit's training does.
 
 Each is armed once torch's module for it is imported, never by importing torch here. Each catches its
 own errors: one line, and it turns itself off; the script goes on.
@@ -31,6 +33,8 @@ from hpc.training.scriptoom import OomCatcher, record_history
 from hpc.training.scriptwatch import watch
 
 log = logging.getLogger(__name__)
+
+RENDEZVOUS_MODULE = "torch.distributed.rendezvous"  # where torch makes an init_process_group's store
 
 
 def profiler_settings(env: Mapping[str, str]) -> dict[str, object] | None:
@@ -61,11 +65,22 @@ def arm(env: Mapping[str, str] | None = None) -> StepHook | None:
     after_import(STEP_HOOK_MODULE, lambda module: _safely(register, module, hook))
     after_import(PROFILER_MODULE, lambda module: _safely(guard, module, hook))
     after_import(ACCELERATE_MODULE, lambda module: _safely(_accelerate, module, hook))
+    after_import(RENDEZVOUS_MODULE, lambda module: _safely(_run_store, module, hook))
     hook.listeners.append(_on_first_step)
     watch(hook, env)
     batch = env.get(BATCH_VARIABLE, "")
     OomCatcher(hook, int(batch) if batch.isdigit() else None).install()
     return hook
+
+
+def _run_store(module: ModuleType, hook: StepHook) -> None:
+    from hpc.training.runstore import patch_rendezvous, unheld  # torch's: only once the script imported it
+
+    try:
+        patch_rendezvous(module)
+    except Exception:
+        unheld()  # torch's own store then: it binds the port itself, unsealed (the warning says the hook is off)
+        raise
 
 
 def _accelerate(module: ModuleType, hook: StepHook) -> None:

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from hpc.core.cli import Parser, check_output_dir, first_missing, run, shown
-from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, PeerLostError, UsageError
+from hpc.core.cli import Parser, check_run_dir, first_missing, run, shown
+from hpc.core.errors import EXIT_OOM, ConfigError, HpcError, PeerLostError, StoreError, UsageError
 from hpc.core.faults import faults_from_env
 from hpc.core.files import temp_name
 from hpc.core.lock import RunLock
+from hpc.core.owner import make_dirs, open_append
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.placement.distenv import DistEnv, from_environ
@@ -76,21 +77,9 @@ def default_run_dir(env: Mapping[str, str], dist: DistEnv) -> Path:
     return Path("runs") / "train" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def check_is_run_dir(path: Path) -> None:
-    """An existing --run-dir is empty or a run directory: training writes config.yaml, checkpoints/ and
-    more into it, and must not scatter them into a directory of other things (`--run-dir ~`)."""
-    if not RunPaths(path).is_run_or_empty():
-        names = sorted(p.name for p in path.iterdir())
-        shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise UsageError(
-            f"--run-dir {shown(str(path))}: holds other files ({shown_names}), not a run; "
-            "give a new directory, or an existing run's to resume it"
-        )
-
-
 def prepare_run_dir(path: Path) -> Path:
     try:
-        RunPaths(path).checkpoints.mkdir(parents=True, exist_ok=True)
+        make_dirs(RunPaths(path).checkpoints, "--run-dir")
         probe = temp_name(path / "write-test")
         probe.write_text("ok")
         probe.unlink(missing_ok=True)
@@ -132,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     faults_from_env(os.environ)  # a typo in the test hook is an input error now, not a silent no-op later
     dist = from_environ(os.environ)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(os.environ, dist)
-    check_output_dir(run_dir, "--run-dir")
+    check_run_dir(run_dir)
     created = first_missing(RunPaths(run_dir).checkpoints)  # what prepare_run_dir will make
-    check_is_run_dir(run_dir)
     try:
         prepare_run_dir(run_dir)
         check_resumable(run_dir, cfg)
@@ -155,6 +143,7 @@ def train_or_oom(
 
     from hpc.training.oom import describe, record_oom
     from hpc.training.rendezvous import is_peer_failure
+    from hpc.training.runstore import REFUSED
     from hpc.training.trainer import Trainer
 
     stop = StopSignal.take(stop)  # the door's, installed before torch was imported
@@ -169,6 +158,8 @@ def train_or_oom(
         log.warning(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}")
         return EXIT_OOM
     except Exception as e:
+        if REFUSED in str(e) and not isinstance(e, HpcError):  # said by the sealed store, through torch's C++
+            raise StoreError(" ".join(str(e).split())[:300]) from None
         if isinstance(e, HpcError) or not is_peer_failure(e):
             raise
         kept = keep_traceback(RunPaths(run_dir), dist.rank)
@@ -192,7 +183,7 @@ def keep_traceback(paths: RunPaths, rank: int) -> Path:
     path = paths.rank_log(rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
+        with os.fdopen(open_append(path), "a") as f:
             f.write(f"--- {dt.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}\n")
             traceback.print_exc(file=f)
     except OSError:

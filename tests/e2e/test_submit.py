@@ -135,7 +135,8 @@ def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):
     (["--name", "a\nb"], ["--name"]),
     (["--export", "NOEQUALS"], ["--export 'NOEQUALS'"]),
     (["--max-parallel", "0"], ["--max-parallel 0"]),
-    (["--profile", "nosuch"], ["nosuch.yaml", "cannot read"]),
+    (["--profile", "nosuch"], ["--profile 'nosuch': no packaged profile", "local, perlmutter"]),
+    (["--profile", "nosuch.yaml"], ["nosuch.yaml", "cannot read"]),
 ])
 def test_bad_requests_fail_before_submitting(tmp_path, args, needles):
     proc = run_module("hpc.submit", "--runs-dir", str(tmp_path), "--dry-run", *args)

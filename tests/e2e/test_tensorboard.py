@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, TB_TOKENS, free_port, headless_chromium,
-                      http_get, start_tensorboard, tb_operator_row, tb_url)
+from conftest import (OWN_GPU_TRACE, REPO, SHARED_TRACES, TB_PLUGIN, TB_PREFIXES, TB_TOKENS, free_port,
+                      headless_chromium, http_get, start_tensorboard, tb_base, tb_operator_row, tb_url)
 from hpc.training import data
 from trainrun import SMOKE, train
 
@@ -48,7 +48,7 @@ def server(logdir):
 
 def api_json(port: int, route: str) -> dict:
     """The plugin's API (some routes answer gzip'd whatever was asked), as its owner reads it."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{TB_PLUGIN}/{route}")
+    request = urllib.request.Request(f"{tb_base(port)}{TB_PLUGIN}/{route}")
     request.add_header("Cookie", f"hpc_tb_{port}={TB_TOKENS[port]}")
     with urllib.request.urlopen(request, timeout=60) as r:
         raw = r.read()
@@ -69,14 +69,17 @@ def test_only_its_owner_gets_in(server):
     paths = ["/", "/#pytorch_profiler", f"{TB_PLUGIN}/runs", f"{TB_PLUGIN}/index.html", "/data/plugin/scalars/tags",
              f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1", "/data/runs"]
     for path in paths:
-        for extra in ([], ["-b", f"hpc_tb_{server}=not-the-token"], ["-G", "--data-urlencode", "token=guess"]):
-            status, _, body = curl(*extra, f"http://127.0.0.1:{server}{path}")
-            assert status == 403 and body.startswith("403: this TensorBoard is its owner's"), (path, body)
-            assert "smoke" not in body and "h100" not in body and "rank0" not in body, (path, body)
-    status, head, _ = curl(tb_url(server, "/"))  # the printed URL: the token becomes this port's cookie
-    assert status == 302 and f"Set-Cookie: hpc_tb_{server}={TB_TOKENS[server]}; Path=/; HttpOnly" in head
+        for base in (f"http://127.0.0.1:{server}", tb_base(server)):  # at the root, and under its random path
+            for extra in ([], ["-b", f"hpc_tb_{server}=not-the-token"], ["-G", "--data-urlencode", "token=guess"]):
+                status, _, body = curl(*extra, f"{base}{path}")
+                assert status == 403 and body.startswith("403: this TensorBoard is its owner's"), (path, body)
+                assert "smoke" not in body and "h100" not in body and "rank0" not in body, (path, body)
+    status, head, _ = curl(tb_url(server, "/"))  # the URL it gave: the token becomes this port's cookie...
+    prefix = TB_PREFIXES[server]
+    assert len(prefix) >= 16  # ... for its random path alone: a browser sends it to no other server of the host
+    assert status == 302 and f"Set-Cookie: hpc_tb_{server}={TB_TOKENS[server]}; Path={prefix}/; HttpOnly" in head
     assert "token=" not in head.split("Location:", 1)[1].splitlines()[0]  # and leaves the address bar
-    status, _, body = curl("-b", f"hpc_tb_{server}={TB_TOKENS[server]}", f"http://127.0.0.1:{server}{TB_PLUGIN}/runs")
+    status, _, body = curl("-b", f"hpc_tb_{server}={TB_TOKENS[server]}", f"{tb_base(server)}{TB_PLUGIN}/runs")
     assert status == 200 and "smoke/traces" in body
 
 
@@ -293,6 +296,7 @@ def test_the_console_keeps_errors_only(server, logdir):
     http_get(server, f"{TB_PLUGIN}/overview?run=h100&worker=rank0&span=1")
     http_get(server, f"{TB_PLUGIN}/operation/table?run=h100&worker=rank0&span=1&group_by=Operation")
     out = (logdir.parent / "tensorboard.log").read_text()
-    assert out.startswith(f"TensorBoard on http://127.0.0.1:{server}/?token="), out[:300]
+    assert out.startswith(f"TensorBoard on 127.0.0.1:{server} (logdir {logdir}); the URL that opens it is in "), out[:300]
+    assert TB_TOKENS[server] not in out and TB_PREFIXES[server] not in out  # the URL never reaches a log
     for noise in ("Tensor Cores eligible", "In 3.0, this warning", "fast data loading", "INFO:pytorch_profiler"):
         assert noise not in out, out[-2000:]

@@ -91,7 +91,8 @@ CASES = {
     "set: sweep without --sweep": ((*CONFIG, "--set", "sweep.name=x"), None, ("--set sweep.name=x", "'sweep' is not used here")),
     "set: huge value is cut": ((*CONFIG, "--set", "train.batch_size=" + "9" * 5000), None, ("--set train.batch_size=999", "expected an integer")),
     # --- cluster profiles and sweeps -----------------------------------------------------------------
-    "profile: missing": ((*CONFIG, "--profile", "nonexistent"), None, ("nonexistent.yaml", "cannot read")),
+    "profile: missing": ((*CONFIG, "--profile", "nonexistent"), None, ("--profile 'nonexistent'", "no packaged profile", "./nonexistent.yaml")),
+    "profile: missing file": ((*CONFIG, "--profile", "./nonexistent.yaml"), None, ("nonexistent.yaml", "cannot read")),
     "profile: random bytes": ((*CONFIG, "--profile", "{H}/random.bin"), None, ("random.bin", "UTF-8")),
     "profile: run sections only": ((*CONFIG, "--profile", "{H}/run_only_profile.yaml"), None, ("run_only_profile.yaml", "'train' is not used here")),
     "profile: zero GPUs": ((*CONFIG, "--profile", "{H}/profile_zero_gpus.yaml"), None, ("profile_zero_gpus.yaml", "cluster.gpus_per_node = 0")),

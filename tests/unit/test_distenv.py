@@ -1,12 +1,13 @@
 """hpc.distenv: hostlists (literal cases; against scontrol in test_hostlist_scontrol) and env mapping."""
 
+import dataclasses
 
 import pytest
 
 from conftest import run_module
 from hpc.core.errors import DistEnvError, HostlistError
 from hpc.placement import distenv, torchrun
-from hpc.placement.distenv import export_lines, from_environ, master_port_for_job
+from hpc.placement.distenv import export_lines, from_environ
 from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
 
 # Literal cases whose answers were read off `scontrol show hostnames` (Slurm 22.05), so they hold
@@ -80,16 +81,16 @@ def test_srun_task_heterogeneous_nodes():
     assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes) == (6, 7, 0, 1, 3, 4)
     assert d.master_addr == "nid002"  # first host of the *step* nodelist
     assert d.launcher == "slurm"
-    assert d.master_port == master_port_for_job("4242")
-    # every task of the job computes the same port
-    assert {from_environ(srun_env(r, r % 2, r // 2)).master_port for r in range(6)} == {d.master_port}
+    # no task computes the port from the job id (public: squeue, argv): rank 0's runner picks it (issue 62)
+    assert {from_environ(srun_env(r, r % 2, r // 2)).master_port for r in range(6)} == {None}
+    assert "MASTER_PORT" not in d.torch_env()
+    with pytest.raises(DistEnvError, match="MASTER_PORT is not set: export it from the batch script"):
+        export_lines(d)
 
 
-def test_master_port_override_and_spread():
+def test_master_port_override():
     assert from_environ(srun_env(0, 0, 0, MASTER_PORT=12345)).master_port == 12345
     assert from_environ(srun_env(0, 0, 0, HPC_MASTER_PORT=23456)).master_port == 23456
-    ports = {master_port_for_job(str(j)) for j in range(1000)}
-    assert all(20000 <= p < 32000 for p in ports) and len(ports) > 900
 
 
 def test_torchrun_passthrough_wins():
@@ -107,8 +108,8 @@ def test_batch_shell_is_not_rank_zero_of_the_job():
            "SLURM_TASKS_PER_NODE": "2(x2)"}
     d = from_environ(env)
     assert d.world_size == 1 and d.launcher == "slurm-batch"
-    assert d.master_addr == "nid001" and d.master_port == master_port_for_job("77")
-    lines = export_lines(d)
+    assert d.master_addr == "nid001" and d.master_port is None  # the command picks a free one to export
+    lines = export_lines(dataclasses.replace(d, master_port=40001))
     assert [line.split("=")[0] for line in lines] == ["export MASTER_ADDR", "export MASTER_PORT"]
 
 
@@ -153,10 +154,12 @@ def test_inconsistent_environments_are_named(env, needle):
 
 
 def test_cli_exports_and_errors():
-    ok = run_module("hpc.distenv", env=srun_env(4, 0, 2))
+    ok = run_module("hpc.distenv", env=srun_env(4, 0, 2, MASTER_PORT=40001))  # the batch shell's export
     assert ok.returncode == 0, ok.stderr
     assert "export RANK=4" in ok.stdout and "export WORLD_SIZE=7" in ok.stdout
-    assert "export MASTER_ADDR=nid002" in ok.stdout
+    assert "export MASTER_ADDR=nid002" in ok.stdout and "export MASTER_PORT=40001" in ok.stdout
+    unset = run_module("hpc.distenv", env=srun_env(4, 0, 2))
+    assert unset.returncode == 2 and "MASTER_PORT is not set: export it from the batch script" in unset.stderr
     bad = run_module("hpc.distenv", env=srun_env(9, 0, 2))
     assert bad.returncode == 2 and "SLURM_PROCID=9" in bad.stderr and "Traceback" not in bad.stderr
     hl = run_module("hpc.distenv", "--hostlist", "n[1-2]")
@@ -174,9 +177,8 @@ def test_distenv_does_not_import_torch():
 
 def test_torchrun_args_for_a_slurm_job():
     env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_NNODES": "2"}
-    args = distenv.slurm_torchrun_args(env, 4, 3)
-    port = distenv.master_port_for_job("4242")
-    assert args[:6] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=nid001:{port}",
+    args = distenv.slurm_torchrun_args(env, 4, 3, port=40123)
+    assert args[:6] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=nid001:40123",
                         "--rdzv-id=4242", "--max-restarts=3"]
     assert args[6:] in ([], ["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"])
     assert torchrun.torchrun_args(1, 2, "h:1", "j", 0, forward_signals=True)[-1].endswith("SIGUSR2")
@@ -209,10 +211,24 @@ def test_an_empty_host_name_is_no_master_address():
         from_environ(env)
 
 
-def test_a_job_id_of_undecodable_bytes_still_gives_a_port_and_torchrun_args():
+def test_a_job_id_of_undecodable_bytes_still_gives_torchrun_args():
     """The environment may hold bytes that are not UTF-8 (Python reads them as surrogates): found by the
     property tests as a UnicodeEncodeError traceback."""
-    port = master_port_for_job("\udc80")
-    assert 20000 <= port < 32000 and port == master_port_for_job("\udc80")
-    args = distenv.slurm_torchrun_args({"SLURM_JOB_ID": "\udc80", "SLURM_JOB_NODELIST": "n1"}, 2, 1)
-    assert f"--rdzv-endpoint=n1:{port}" in args
+    args = distenv.slurm_torchrun_args({"SLURM_JOB_ID": "\udc80", "SLURM_JOB_NODELIST": "n1"}, 2, 1, port=40000)
+    assert "--rdzv-endpoint=n1:40000" in args and "--rdzv-id=\udc80" in args
+
+
+def test_the_agents_port_is_a_free_one_of_this_node_not_the_job_ids():
+    """Without a port given, a batch shell's torchrun arguments name a port the kernel finds free here
+    (its node is the job's first): another user can neither compute it nor already hold it."""
+    import socket
+
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1"}
+    ports = set()
+    for _ in range(3):
+        endpoint = next(a for a in distenv.slurm_torchrun_args(env, 2, 1) if a.startswith("--rdzv-endpoint="))
+        port = int(endpoint.rsplit(":", 1)[1])
+        with socket.socket() as s:  # the oracle: the kernel lets a socket bind it
+            s.bind(("localhost", port))
+        ports.add(port)
+    assert len(ports) == 3

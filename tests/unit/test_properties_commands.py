@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,8 @@ def check(module: str, argv: list[str], work: Path, sources: tuple[str, ...], en
     outcome = call(module, argv, env)
     assert outcome.code in (0, 2), (argv, outcome.code, outcome.stderr[-2000:])
     assert "Traceback" not in outcome.stderr, (argv, outcome.stderr[-3000:])
+    said = [c for c in outcome.stdout + outcome.stderr if unicodedata.category(c) == "Cc" and c not in "\t\n\r"]
+    assert not said, (argv, said)  # no terminal control reaches the terminal (issue 62)
     if outcome.code == 2:
         assert_refused(outcome, module)
         assert tree(work) == before, (argv, outcome.lines)
@@ -107,11 +110,18 @@ def check(module: str, argv: list[str], work: Path, sources: tuple[str, ...], en
     return outcome
 
 
+def as_shown(text: str) -> str:
+    """`text` as a terminal is shown it: each control character (Unicode's Cc: C0, DEL, C1) but tab, line
+    feed and carriage return written out as \\xNN."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\t\n\r" else c for c in text)
+
+
 def names(outcome: Outcome, sources: tuple[str, ...]) -> None:
     """The refusal's line, after `module: error: `, names one of the sources: as given, as Python quotes
     it, or with its runs of white space made one space (hpc/core/cli.py keeps the line one line)."""
     said = outcome.lines[0].split(": error: ", 1)[1]
-    forms = {form for s in sources if s.strip() for form in (s, repr(s)[1:-1], " ".join(s.split()))}
+    forms = {form for s in sources if s.strip()
+             for form in (s, repr(s)[1:-1], " ".join(s.split()), as_shown(" ".join(s.split())))}
     shown = {form[:30] for form in forms}  # a long value is shortened in the line; its start is kept
     assert any(form in said for form in shown), (sorted(shown), said)
 
@@ -220,7 +230,8 @@ def test_distenv_hostlist_any_text(expr):
     with workspace() as work:
         outcome = check("hpc.distenv", ["--hostlist", expr], work, ("--hostlist",))
         if outcome.code == 0:  # the hosts Slurm's own parser expands it to, one per line
-            assert outcome.stdout.split("\n")[:-1] == slurm_hostnames(expr), (expr, outcome.stdout)
+            expected = [as_shown(host) for host in slurm_hostnames(expr)]
+            assert outcome.stdout.split("\n")[:-1] == expected, (expr, outcome.stdout)
 
 
 @given(nproc=NUMBER_TEXT, restarts=NUMBER_TEXT, env=st.dictionaries(
