@@ -205,7 +205,7 @@ def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
     if not stat.S_ISDIR(status.st_mode):
         what = "a file" if stat.S_ISREG(status.st_mode) else "not a directory"
         raise UsageError(f"{flag} {shown(str(path))}: {shown(str(existing))} is {what}, not a directory")
-    refuse_unsafe(existing, flag)  # another user's, or one another user can write in: never written in
+    refuse_unsafe(existing, flag, made_in=existing != path)  # another user's, or one they can write in
     _probe_writable(existing, flag, path)
 
 

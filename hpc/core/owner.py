@@ -8,7 +8,8 @@ whatever the umask; and a directory that another user could change is never writ
   or 027 with HPC_GROUP. Every command sets it first (hpc/core/cli.py `run`).
 - `unsafe(path)`: why a directory may not be written in, or None: it, or a directory above it, is owned
   by another user or writable by one (a world-writable one above with the sticky bit, as /tmp, is fine:
-  nobody can move what is ours out of it), or it is not a directory.
+  nobody can move what is ours out of it; so is making a folder of ours in it: `made_in`), or it is not
+  a directory.
 - `make_dirs(path, source)`: a directory the toolkit writes in, made where missing (0700; with HPC_GROUP
   0750, the group's, set-group-id so what is made inside keeps the group), refused in one line where
   `unsafe`.
@@ -107,24 +108,25 @@ def _problem(path: Path, status: os.stat_result, written_in: bool) -> str | None
     return None
 
 
-def unsafe(path: str | os.PathLike) -> str | None:
-    """Why the existing directory `path` may not be written in, or None (see the module doc). Links are
-    followed: what counts is where the files land, and every directory on the way there."""
+def unsafe(path: str | os.PathLike, made_in: bool = False) -> str | None:
+    """Why the existing directory `path` may not be written in, or None (see the module doc); `made_in`:
+    only a directory of ours is made in it. Links are followed: what counts is where the files land, and
+    every directory on the way there."""
     real = Path(os.path.realpath(path))
     for i, folder in enumerate([real, *real.parents]):
         try:
             status = os.stat(folder)
         except OSError as e:
             return f"{folder}: cannot be checked ({e.strerror or e})"
-        problem = _problem(folder, status, written_in=i == 0)
+        problem = _problem(folder, status, written_in=i == 0 and not made_in)
         if problem:
             return problem
     return None
 
 
-def refuse_unsafe(path: str | os.PathLike, source: str) -> None:
-    """UsageError naming `source` when `unsafe(path)` (path exists)."""
-    problem = unsafe(path)
+def refuse_unsafe(path: str | os.PathLike, source: str, made_in: bool = False) -> None:
+    """UsageError naming `source` when `unsafe(path, made_in)` (path exists)."""
+    problem = unsafe(path, made_in)
     if problem:
         raise UsageError(f"{source} {path}: not written in: {problem} (docs/security.md)")
 
@@ -140,7 +142,7 @@ def make_dirs(path: str | os.PathLike, source: str = "directory") -> Path:
             raise UsageError(f"{source} {path}: {top} is not a directory")
         missing.append(top)
         top = top.parent
-    refuse_unsafe(top if missing else path, source)
+    refuse_unsafe(top if missing else path, source, made_in=bool(missing))
     for folder in reversed(missing):
         try:
             os.mkdir(folder, dir_mode())
