@@ -83,6 +83,38 @@ def test_only_its_owner_gets_in(server):
     assert status == 200 and "smoke/traces" in body
 
 
+@pytest.mark.browser
+def test_the_cookie_reaches_no_other_server_of_the_host(server):
+    """Issue 62: a browser sends a cookie of 127.0.0.1 to every port of it; another user's server on another
+    port (which records what it is sent, as theirs would) must get nothing of the token after the owner
+    opened the URL, wherever the attacker lures the browser (the root, TensorBoard's own paths)."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(f"{self.path} {self.headers.get('Cookie')}")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>theirs</html>")
+
+        def log_message(self, *args):
+            pass
+
+    theirs = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=theirs.serve_forever, daemon=True).start()
+    with headless_chromium() as browser:
+        browser.get(tb_url(server, "/"))  # the owner opens the URL: the cookie is set
+        assert any(c["name"] == f"hpc_tb_{server}" for c in browser.get_cookies())
+        for path in ("/", "/data/plugin/pytorch_profiler/runs", "/#pytorch_profiler"):
+            browser.get(f"http://127.0.0.1:{theirs.server_port}{path}")
+    theirs.shutdown()
+    assert len(seen) >= 3 and not [line for line in seen if TB_TOKENS[server] in line], seen
+
+
 def test_runs_workers_and_scalars(server):
     runs = json.loads(http_get(server, f"{TB_PLUGIN}/runs"))["runs"]
     assert "smoke/traces" in runs
