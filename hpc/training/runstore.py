@@ -98,6 +98,8 @@ class SealedStore(tdist.Store):
         while True:
             current = self.base.get(name) if self.base.check([name]) else b""
             value = (int(self._open(key, name, current)) if current else 0) + amount
+            if current and not amount:  # a read (a roll call of the heartbeats): nothing to write
+                return value
             new = self._seal(name, str(value))
             if self.base.compare_set(name, current, new) == new:
                 return value
