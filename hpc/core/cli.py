@@ -313,6 +313,10 @@ class EscapedStream:
         self.stream.write(escape_controls(text))
         return len(text)
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 

@@ -207,14 +207,18 @@ def test_a_kill_before_the_last_evaluation_is_recorded_leaves_it_owed_and_a_reru
 
 @contextlib.contextmanager
 def mounted(target: Path, *options: str):
-    """A tmpfs (options: size=...) or a read-only bind mount of `target` itself ("ro-bind"), unmounted after."""
+    """A tmpfs (options: size=...; the owner's alone, as a run's folder is), a read-only bind mount of
+    `target` itself ("ro-bind"), or a file bound on `target` ("bind=/dev/full"), unmounted after."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs or a read-only bind needs root (tests/run.sh runs as root)")
-    target.mkdir(parents=True, exist_ok=True)
-    if options == ("ro-bind",):
+    if options[0].startswith("bind="):
+        steps = [["mount", "--bind", options[0].split("=", 1)[1], str(target)]]
+    elif options == ("ro-bind",):
+        target.mkdir(parents=True, exist_ok=True)
         steps = [["mount", "--bind", str(target), str(target)], ["mount", "-o", "remount,ro,bind", str(target)]]
     else:
-        steps = [["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(target)]]
+        target.mkdir(parents=True, exist_ok=True)
+        steps = [["mount", "-t", "tmpfs", "-o", ",".join(["mode=0700", *options]), "tmpfs", str(target)]]
     for step in steps:
         r = subprocess.run(step, capture_output=True, text=True)
         if r.returncode:
@@ -293,12 +297,14 @@ def test_a_summary_that_cannot_be_written_is_one_line_and_a_rerun_writes_it(data
 
 
 def test_a_metrics_line_the_disk_refuses_stops_every_rank(data_root, tmp_path):
-    """metrics.jsonl is /dev/full (ENOSPC on every write, from the kernel): rank 0 names the file, rank 1
-    learns it at the step's agreement; neither waits in a collective for the other."""
+    """metrics.jsonl is /dev/full (ENOSPC on every write, from the kernel; bind-mounted on the file: a log
+    is never opened through a link, docs/security.md): rank 0 names the file, rank 1 learns it at the
+    step's agreement; neither waits in a collective for the other."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "metrics.jsonl").symlink_to("/dev/full")
-    results = run(data_root, run_dir, "", 2, "--no-profile", timeout=120)
+    (run_dir / "metrics.jsonl").touch()
+    with mounted(run_dir / "metrics.jsonl", "bind=/dev/full"):
+        results = run(data_root, run_dir, "", 2, "--no-profile", timeout=120)
     assert [code for code, _, _ in results] == [1, 1]
     assert "metrics.jsonl: could not be written (No space left on device)" in results[0][2]
     assert "rank 0 could not write metrics.jsonl" in results[1][2]

@@ -3,7 +3,8 @@
 # Perlmutter): `bash tests/gpu/run.sh [OUTDIR]`. Installs nothing from the network: the project's
 # dependencies (pyproject.toml's [project] dependencies, the one list) that the machine's python lacks
 # come from wheels in $HPC_WHEELS (default ./.whl), made beforehand on a machine with an index:
-#   python tests/gpu/requirements.py     # on the GPU machine: what it lacks (there: msgspec, isal, submitit, torch-tb-profiler)
+#   python tests/gpu/requirements.py     # on the GPU machine: what it lacks (there: msgspec, isal, submitit,
+#                                        # torch-tb-profiler, cryptography, cffi)
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl <those>
 # A requirement with no wheel stops the command with exit 2 before any phase.
 # Then, under a time limit per phase (so one stuck phase cannot eat the others):
