@@ -213,6 +213,31 @@ def test_no_report_is_written_where_another_user_can_plant(other, shared, tmp_pa
     assert victim_file.read_text() == "mine\n" and not (shared / "out" / "report.html").exists()
 
 
+def test_a_private_run_linked_into_a_shared_folder_reaches_no_report_they_can_read(other, shared, tmp_path):
+    """The other user links the victim's private trace into a folder they share with the victim; the victim
+    analyses that folder: the report (made in a folder of the victim's own, made in the shared one as in
+    /tmp) and its tables are the victim's alone."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    trace = REPO / "results" / "gpu" / "resnet152_rank0.pt.trace.json.gz"
+    (private / "rank0.1.pt.trace.json.gz").write_bytes(trace.read_bytes())
+    planted = attack(other, f"Path({str(shared)!r}, 'rank0.1.pt.trace.json.gz').symlink_to("
+                            f"{str(private / 'rank0.1.pt.trace.json.gz')!r})")
+    assert planted.returncode == 0, planted.stderr
+    into_shared = run_module("analysis", str(shared), "--report", "--out", str(shared / "analysis"), timeout=300)
+    assert into_shared.returncode == 0, into_shared.stderr
+    report = shared / "analysis" / "report.html"
+    read = attack(other, f"""
+        for p in ({str(report)!r}, {str(shared / "analysis")!r} + "/runs.json"):
+            try:
+                open(p).read(1); print("read")
+            except OSError as e:
+                print(e.strerror)
+    """)
+    assert report.is_file() and read.stdout.split() == ["Permission", "denied", "Permission", "denied"], read.stdout
+    assert oct(report.stat().st_mode & 0o777) == "0o600" and oct((shared / "analysis").stat().st_mode & 0o777) == "0o700"
+
+
 def test_everything_a_run_writes_is_its_owners_whatever_the_umask(other, tmp_path, data_root):
     """umask 022 (many sites' default): the checkpoints, traces, logs, task.json (command.env holds secrets)
     and summary are still the owner's alone; the other user reads none of them."""
