@@ -32,10 +32,11 @@ from typing import Any
 
 from hpc.core.errors import EXIT_PEER_LOST, StoreError
 from hpc.core.logs import configure
-from hpc.core.meet import MEET_TIMEOUT_S, Meeting, await_meeting, free_port, publish
+from hpc.core.meet import free_port
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import attempt_of, exit_code_of, write_run_summary
+from hpc.core.summary import exit_code_of, write_run_summary
+from hpc.launch.rankmeet import agents_port
 from hpc.launch.requeue import (
     ALREADY,
     clear_request,
@@ -197,25 +198,3 @@ def torchrun_args_for(
         return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts, agents_port(paths, first, stop))
     endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
     return torchrun_args(1, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())
-
-
-def agents_port(paths: RunPaths, first: bool, stop: StopSignal) -> int:
-    """The port torchrun's agents meet on, the same on every node and computed from nothing public: the
-    first node's pick, published in RUN/ranks/agents.json for the others (StoreError when it does not
-    come, or a stop signal comes first)."""
-    from hpc.placement.hostlist import expand_hostlist
-
-    group = attempt_of(os.environ)
-    if first:
-        host = (expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"])[0]
-        port = free_port(host)
-        publish(paths.agents_meeting, Meeting(group, host, port, ""))
-        return port
-
-    def give_up() -> str | None:
-        return f"{signal.Signals(stop.signum).name} came first" if stop.signum is not None else None
-
-    meeting, why = await_meeting(paths.agents_meeting, group, MEET_TIMEOUT_S, give_up)
-    if meeting is None:
-        raise StoreError(f"torchrun's agents: {why}")
-    return meeting.port
