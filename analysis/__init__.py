@@ -1,8 +1,16 @@
 """The analysis: profiler traces -> the study's numbers, tables, figures and report (no torch import).
 
-reader.py, events.py and trace.py read one trace (a streaming reader feeding per-concern accumulators);
-fold.py and sweep.py fold records into runs and sweeps; diff.py and compare.py set two runs side by side;
-tables.py, figures.py and html.py write them out; __main__.py is `python -m analysis`; api.py is the
-one entry the launcher uses; tensorboard.py starts TensorBoard with the profiler plugin fixed; bench.py
-times the analysis against other tools.
+Its stages, one room each:
+
+- read/: a trace file streamed and decoded a window at a time; traces found under a folder;
+- measure/: one trace's numbers (the CPU side, the device timeline, memory, collectives) and its record;
+- runs/: records folded into runs and sweeps; ranks compared; two runs side by side;
+- explain/: the why, in words (verdicts), and the report's explanations of a series;
+- report/: tables, figures, report.html, human units;
+- records.py: the typed records every stage passes on;
+- api.py: the one entry the launcher uses;
+- __main__.py: `python -m analysis`;
+- tensorboard.py: `python -m analysis.tensorboard`, TensorBoard with the profiler plugin fixed;
+  tbgate.py: the token gate in front of it; static/: the plugin's fixed pages;
+- bench/: the analysis's benchmark against torch-tb-profiler and HolisticTraceAnalysis.
 """

@@ -1,5 +1,5 @@
 """python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots] [--report]
-   python -m analysis compare A B            (why two runs differ: analysis/compare.py)
+   python -m analysis compare A B            (why two runs differ: analysis/runs/compare.py)
 
 PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
 Prints the most aggregated table for PATH (json: that level's records, with their verdicts, and the
@@ -17,15 +17,12 @@ import logging
 import sys
 from pathlib import Path
 
-from analysis import compare
-from analysis.discover import Warnings, analyze_files, print_warnings
-from analysis.figures import plot_sweep
-from analysis.fold import analyze_run, why_no_trace
-from analysis.html import SWEEPS_COLUMNS, render_report, sweeps_section
+from analysis.explain.series import sweeps_side_by_side
+from analysis.read.discover import Warnings, analyze_files, print_warnings
 from analysis.records import RunRecord, TraceRecord
-from analysis.series import sweeps_side_by_side
-from analysis.sweep import analyze_sweep
-from analysis.tables import (
+from analysis.report.figures import plot_sweep
+from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
+from analysis.report.tables import (
     RUN_COLUMNS,
     TRACE_COLUMNS,
     json_document,
@@ -35,6 +32,9 @@ from analysis.tables import (
     to_json,
     why_tables,
 )
+from analysis.runs import compare
+from analysis.runs.fold import analyze_run, why_no_trace
+from analysis.runs.sweep import analyze_sweep
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.errors import EXIT_OK, UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["compare"]:  # python -m analysis compare A B (analysis/compare.py)
+    if argv[:1] == ["compare"]:  # python -m analysis compare A B (analysis/runs/compare.py)
         return compare.main(argv[1:])
     args = parse_args(argv)
     path = Path(args.path)

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.discover import print_warnings
-from analysis.fold import analyze_run
+from analysis.explain.verdict import headline
+from analysis.read.discover import print_warnings
 from analysis.records import RunRecord, TraceRecord
-from analysis.tables import render
-from analysis.verdict import headline
+from analysis.report.tables import render
+from analysis.runs.fold import analyze_run
 
 __all__ = ["render", "report", "run_numbers", "run_verdict", "verdict_headline"]
 

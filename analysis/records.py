@@ -39,7 +39,7 @@ class CpuTotals:
 @dataclass(kw_only=True, frozen=True)
 class DeviceTotals:
     """DeviceActivity's result; every field None when the trace has no device activity (a CPU run).
-    Definitions: analysis/device.py and analysis/collective.py."""
+    Definitions: analysis/measure/device.py and analysis/measure/collective.py."""
 
     cuda_time_us: float | None = None
     kernel_time_us: float | None = None
@@ -74,7 +74,7 @@ class MemoryPeaks:
 @dataclass(kw_only=True, frozen=True)
 class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     """One trace file (one rank, one profiling cycle): its identity, then what the three accumulators
-    measured (the fields of CpuTotals, DeviceTotals, MemoryPeaks). Definitions: analysis/trace.py."""
+    measured (the fields of CpuTotals, DeviceTotals, MemoryPeaks). Definitions: analysis/measure/trace.py."""
 
     file: str
     rank: int | None = None
@@ -90,7 +90,7 @@ class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     key_averages: dict[str, Any] | None = None  # the profiler's own totals for the same cycle, if recorded
     point: dict[str, Any] | None = None  # the sweep point the trace belongs to
     device_name: str | None = None  # the trace's first device (deviceProperties), where recorded
-    verdict: dict[str, Any] | None = None  # what bounds this trace (analysis/verdict.py)
+    verdict: dict[str, Any] | None = None  # what bounds this trace (analysis/explain/verdict.py)
 
 
 def per_step(value: float | None, steps: int) -> float | None:
@@ -114,7 +114,7 @@ class RankTotals:
     cuda_time_us: float | None = None
     gpu_busy_us: float | None = None
     kernel_calls: int | None = None
-    # what the profiled steps launched (the per-step figures' basis; see analysis/device.py)
+    # what the profiled steps launched (the per-step figures' basis; see analysis/measure/device.py)
     cuda_time_in_steps_us: float | None = None
     kernel_calls_in_steps: int | None = None
     comm_time_us: float | None = None
@@ -224,7 +224,7 @@ class RunRecord:
     straggler_rank: int | None = None  # the rank that launched a collective last most often
     straggler_share: float | None = None  # ... and the share of collectives it was last at
     slowest_step: str | None = None  # "rank R on NODE": the rank whose profiled steps took longest
-    # every rank's own work per step from summary.json, profiled or not (analysis/ranks.py's slow_rank)
+    # every rank's own work per step from summary.json, profiled or not (analysis/runs/ranks.py's slow_rank)
     slow_rank: dict[str, Any] | None = None
     gpu_line: str | None = None  # what NVML saw of each GPU during the run (summary.json's gpus), in words
     profiled_ranks: list[int] | None = None  # the ranks whose traces were read (profiler.ranks)
@@ -232,8 +232,8 @@ class RunRecord:
     allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
     loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (sweep.py)
     predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
-    verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/verdict.py)
-    scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/verdict.py)
+    verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/explain/verdict.py)
+    scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/explain/verdict.py)
     device_kind: str | None = None  # cpu | cuda: what its ranks trained on (summary.json), for the words
     data_source: str | None = None  # cifar100 | synthetic (summary.json's data_source)
     train_images: int | None = None  # the training images of its data fraction

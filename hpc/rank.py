@@ -1,6 +1,6 @@
-"""`python -m hpc.rank`: the door to hpc/launch/rankcli.py (one rank of your own command)."""
+"""`python -m hpc.rank`: the door to hpc/launch/rank/rankcli.py (one rank of your own command)."""
 
-from hpc.launch.rankcli import cli, main
+from hpc.launch.rank.rankcli import cli, main
 
 __all__ = ["cli", "main"]
 

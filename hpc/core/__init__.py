@@ -3,6 +3,7 @@ project.
 
 - errors.py: `HpcError` and its kinds, the exit codes;
 - cli.py: the one error path of every command (`run`), the parser, the checks made before any work;
+- meet.py: where one start of a run meets (its port and secret, published for its ranks alone);
 - owner.py: what a command makes is its owner's (the umask, HPC_GROUP, directories checked, new files);
 - files.py: atomic writes, JSON and strict YAML;
 - rundir.py: the run and sweep directories, every file's name and its reader and writer;

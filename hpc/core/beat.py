@@ -1,9 +1,9 @@
-"""A rank's beat: how the per-rank runner (hpc/launch/runner.py) knows that its task still makes steps,
+"""A rank's beat: how the per-rank runner (hpc/launch/rank/runner.py) knows that its task still makes steps,
 with no file written per step (a thousand ranks on a parallel file system) and no torch here.
 
 The runner makes a pipe and hands its writing end to the task (HPC_BEAT = "FD:INODE": a process of the
 command that did not inherit that very pipe, a grandchild started with close_fds, finds another inode
-there and writes nothing). The start-up hook in the task (hpc/training/scriptwatch.py) writes one STEP
+there and writes nothing). The start-up hook in the task (hpc/training/hook/scriptwatch.py) writes one STEP
 byte per optimizer step, and READY once its stack dump is armed: from then on DUMP_SIGNAL makes it write
 every thread's Python stack (faulthandler) to RUN/ranks/rank{R}.stack.txt. Before READY the runner never
 sends that signal: a real-time signal's default action ends a process.

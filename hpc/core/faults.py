@@ -44,7 +44,7 @@ SIGNALS = ("KILL", "TERM", "INT", "USR2", "STOP")  # STOP: a rank that hangs, al
 MOMENTS = ("start", "step", "checkpoint", "trace", "eval", "summary")
 _SIGNAL = re.compile(rf"signal:({'|'.join(SIGNALS)})@({'|'.join(MOMENTS)})(?::(\d{{1,9}}))?(?:@rank=(\d{{1,6}}))?")
 KILL_DURING_CHECKPOINT = "kill-during-checkpoint"
-GRAPH_FAULTS = ("capture-fail", "mismatch", "slow")  # what the graph check (hpc/training/graphcheck.py) meets
+GRAPH_FAULTS = ("capture-fail", "mismatch", "slow")  # what the graph check (hpc/training/graph/graphcheck.py) meets
 GRAPH_STANDIN = "graph-standin"
 _SLOW = re.compile(r"slow-step:(\d{1,7})(?:@rank=(\d{1,6}))?")
 _GRAPH = re.compile(rf"graph-({'|'.join(GRAPH_FAULTS)})(?:@rank=(\d{{1,6}}))?")

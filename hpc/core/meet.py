@@ -15,7 +15,7 @@ alike), by the per-rank runners before any task starts:
   directory that is the owner's: hpc/core/owner.py), with the start they belong to (`group`), and each
   rank's task in its environment (MASTER_PORT, HPC_STORE_SECRET; a process's environment is its owner's);
 - the store's every key is named and every value sealed with keys drawn from the secret
-  (hpc/training/runstore.py): a user without it sees names that say nothing and values it can neither
+  (hpc/training/distributed/runstore.py): a user without it sees names that say nothing and values it can neither
   read nor forge, and a value it writes is refused, in one line, by the rank that reads it.
 
 Under `cluster.launcher: torchrun`, torchrun picks the port (its own free-port pick) and its agents' own

@@ -3,7 +3,7 @@
 A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study read it):
 
     task.json            what every rank runs (hpc/settings/task.py): its words, where, with what
-    logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/runner.py)
+    logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/rank/runner.py)
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)
     ranks/earlier/rank{R}.{started_ns}.exit.json   its exit record from an earlier start (a torchrun
@@ -144,7 +144,7 @@ class RunPaths:
         """Every thread's Python stack, dumped on the runner's request (hpc/core/beat.py)."""
         return self.root / RANKS / f"rank{rank}.stack.txt"
 
-    # NCCL's Flight Recorder (hpc/launch/flightrec.py): torch appends the rank to each; its folder holds
+    # NCCL's Flight Recorder (hpc/launch/rank/flightrec.py): torch appends the rank to each; its folder holds
     # the dumps alone (torch's analyzer reads every file in it), the pipes torch makes are in ranks/
     flight_recorder_dir = property(lambda self: self.root / FLIGHT_RECORDER)
     flight_recorder_prefix = property(lambda self: self.root / FLIGHT_RECORDER / "rank")

@@ -2,7 +2,7 @@
 SIGINT (Ctrl-C) and SIGHUP (a closed terminal) ask for a checkpoint at the next step boundary; the same
 command then resumes. The other signals Slurm or a person sends a job (SIGUSR1: Lightning's requeue
 signal; SIGQUIT) are caught too, never the process's death: a per-rank runner passes them on to its
-command (hpc/launch/runner.py), a training ignores them.
+command (hpc/launch/rank/runner.py), a training ignores them.
 
 Torch-free, so a command's door installs it before importing torch: that import takes seconds on a
 loaded node, and a SIGUSR2 or SIGTERM arriving in it would otherwise kill the process outright (the

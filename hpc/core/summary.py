@@ -2,12 +2,12 @@
 task the ranks ran (the toolkit's training or a user's command).
 
 Every rank leaves two records in RUN/ranks/:
-- rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/runner.py): kind
+- rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/rank/runner.py): kind
   (ok, stopped, oom, failed, killed, interrupted, peer, running; `lost` in summary.json once the job's
   step ended with the rank still running), exit code or signal, host, pid, logs;
 - rank{R}.facts.json: what it measured, written by the task itself: the toolkit's training
   (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
-  start-up hook in a user's script (hpc/training/autoprofile.py). A CUDA out-of-memory error adds `oom`.
+  start-up hook in a user's script (hpc/training/hook/autoprofile.py). A CUDA out-of-memory error adds `oom`.
 
 Each node's GPUs, sampled by NVML (RUN/gpus/, hpc/core/gpusample.py), are summed up in `gpus`.
 
@@ -95,10 +95,8 @@ def _records(folder: Path, suffix: str) -> list[dict[str, Any]]:
 
 
 def group_of(record: Mapping[str, Any]) -> str:
-    """Which start of the world a rank's record is of: its `group` (the runner's group_key), else its
-    attempt (a record written before groups were)."""
-    group = record.get("group")
-    return group if isinstance(group, str) else str(record.get("attempt"))
+    """Which start of the world a rank's record is of: its `group` (the runner's group_key)."""
+    return str(record.get("group"))
 
 
 def latest_attempt(records: list[dict[str, Any]]) -> str | None:
@@ -225,7 +223,7 @@ def rank_entries(
 
 def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
     """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
-    records its ranks' runners moved aside (hpc/launch/runner.py's keep_earlier): its attempt, outcome,
+    records its ranks' runners moved aside (hpc/launch/rank/runner.py's keep_earlier): its attempt, outcome,
     the line naming its first failing rank, and that rank's end in a phrase. A rank still `running`
     there was lost (its runner never recorded its end)."""
     by_group: dict[str, list[dict[str, Any]]] = {}

@@ -3,7 +3,7 @@ jobs/run.sbatch (your own command) and jobs/resnet152.sbatch (the toolkit's trai
 hpc.train`) run after their #SBATCH lines and `module load`. Everything the two scripts do is here, once:
 
 1. the profile's environment for the job's shape (a variable already set in the job wins) and srun's
-   extra words (CPU binding, the container: hpc/launch/site.py), as `hpc.submit` takes them;
+   extra words (CPU binding, the container: hpc/launch/submission/site.py), as `hpc.submit` takes them;
 2. the run directory: --run-dir, or the training's own --run-dir among its words, else
    $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH);
 3. the task (hpc/settings/task.py) written to RUN/task.json, then one srun step: each task `python -m
@@ -36,10 +36,10 @@ from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
-from hpc.launch.rankcli import command_sections
+from hpc.launch.rank.rankcli import command_sections
+from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import ALREADY, may_requeue, requeued_already
-from hpc.launch.runner import write_task
-from hpc.launch.site import job_env, srun_words
+from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.cluster import ONE_TASK_PER_NODE

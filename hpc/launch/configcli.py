@@ -1,6 +1,6 @@
 """`python -m hpc.config`: check config files and print the resolved configuration, and for
 jobs/resnet152.sbatch the profile's environment for a job's shape and srun's extra words
-(hpc/launch/site.py). The loading itself is hpc/settings/config.py. No torch import."""
+(hpc/launch/submission/site.py). The loading itself is hpc/settings/config.py. No torch import."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 from hpc.core.cli import Parser, run
 from hpc.core.errors import EXIT_OK, ConfigError
 from hpc.core.files import dump_yaml
-from hpc.launch.site import job_env, shell_words, srun_words
+from hpc.launch.submission.site import job_env, shell_words, srun_words
 from hpc.settings.config import Layers, load_cluster, load_run_config, parse_override, require_section, set_source
 from hpc.settings.schema import RUN_SECTIONS
 
 
 def print_profile_lines(args: Any) -> int:
-    """--exports / --srun-args: what jobs/resnet152.sbatch takes from the profile (hpc/launch/site.py)."""
+    """--exports / --srun-args: what jobs/resnet152.sbatch takes from the profile (hpc/launch/submission/site.py)."""
     if not args.profile:
         raise ConfigError(f"command line: {'--exports' if args.exports else '--srun-args'} needs --profile")
     cluster = load_cluster(args.profile)

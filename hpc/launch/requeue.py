@@ -36,7 +36,7 @@ def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
 
 def may_requeue(code: int | None, requeue_codes: Any, signum: int | None, env: dict[str, str] | Any,
                 max_requeues: int) -> bool:  # fmt: skip
-    """The requeue rule, the one place it is written (the job's own path, hpc/launch/job.py, and the
+    """The requeue rule, the one place it is written (the job's own path, hpc/launch/submission/job.py, and the
     batch shell's, hpc/launch/batch.py): a task that exited with one of its requeue codes, not stopped by
     a person, with requeues left (Slurm's restart count below the profile's max_requeues)."""
     restarts = int(env.get("SLURM_RESTART_COUNT") or 0)

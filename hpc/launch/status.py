@@ -21,7 +21,7 @@ from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
 from hpc.core.runstate import run_state
-from hpc.launch.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
+from hpc.launch.submission.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
 STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing", "unknown")
 STATUS_COLUMNS = [
@@ -145,7 +145,7 @@ def reported_verdicts(sweep: SweepPaths) -> dict[str, str]:
 
 
 def verdict_of(run_dir: Path, reported: dict[str, str]) -> str | None:
-    """What bounds a finished point (analysis/verdict.py): the class, and the next one. From the report
+    """What bounds a finished point (analysis/explain/verdict.py): the class, and the next one. From the report
     where it has the point (reading every point's traces at each status would take a minute on a full
     study), else from the point's own traces."""
     if run_dir.name in reported:

@@ -24,13 +24,13 @@ from analysis.api import report
 from hpc.core.cli import Parser, command_name, run, suggestion
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
-from hpc.launch.follow import Interrupts
-from hpc.launch.plan import Plan
-from hpc.launch.queue import QueueWatch
-from hpc.launch.site import accounts, charge_lines
-from hpc.launch.slurm import analysis_parameters, sbatch_text
 from hpc.launch.status import existing_sweep, status_command, sweep_status
-from hpc.launch.submit import STUDY_RUN, execute, make_executor, plan_for, print_plan, submission
+from hpc.launch.submission.follow import Interrupts
+from hpc.launch.submission.plan import Plan
+from hpc.launch.submission.queue import QueueWatch
+from hpc.launch.submission.site import accounts, charge_lines
+from hpc.launch.submission.slurm import analysis_parameters, sbatch_text
+from hpc.launch.submission.submit import STUDY_RUN, execute, make_executor, plan_for, print_plan, submission
 from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,7 @@ COMMANDS = ("run", "status", "resubmit")
 
 
 class AnalysisJob:
-    """The submitted callable: analyses the sweep directory into SWEEP/analysis (tables, figures, report).
-    Jobs already queued hold a pickle of `hpc.study.AnalysisJob`: that name stays importable."""
+    """The submitted callable: analyses the sweep directory into SWEEP/analysis (tables, figures, report)."""
 
     def __init__(self, sweep_dir: str):
         self.sweep_dir = sweep_dir
@@ -134,7 +133,7 @@ def run_command(argv: list[str]) -> int:
 
 
 def plan_charges(plan: Plan) -> list[str]:
-    """Per QOS: the points and the most node-hours they can be charged (hpc/launch/site.py)."""
+    """Per QOS: the points and the most node-hours they can be charged (hpc/launch/submission/site.py)."""
     shapes = [
         (str(spec.charge.get("qos") or "-"), len(spec.points), spec.request.nodes, spec.request.gpus,
          spec.request.time_min)

@@ -1,5 +1,5 @@
 """Where a rank sits: the GPU it takes and the cores it may run on. Pure functions over the environment
-(HPC_GPU_ORDER, which a cluster profile's `gpu_order` sets for whole-node jobs: hpc/launch/site.py) and
+(HPC_GPU_ORDER, which a cluster profile's `gpu_order` sets for whole-node jobs: hpc/launch/submission/site.py) and
 the CPU set the OS reports; the training half calls them, and records what they say. No torch import.
 
 On Perlmutter Slurm binds local rank i to the cores next to GPU 3-i (`--cpu-bind=cores`), so the

@@ -144,7 +144,7 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
         num_nodes=max(num_nodes, node_rank + 1),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=env_int(env, "MASTER_PORT", src) if env.get("MASTER_PORT") else 29500,
-        # a rank started by the toolkit's runner keeps the launcher that placed the runner (hpc/launch/runner.py)
+        # a rank started by the toolkit's runner keeps the launcher that placed the runner (hpc/launch/rank/runner.py)
         launcher=env.get(LAUNCHER_VARIABLE) or "torchrun",
         elastic_attempt=(
             env_int(env, "TORCHELASTIC_RESTART_COUNT", src) if env.get("TORCHELASTIC_RESTART_COUNT") else 0

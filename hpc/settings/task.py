@@ -1,7 +1,7 @@
 """What every rank of a job runs, as data (the way TorchX's `Role` describes one): a `Task`. The toolkit's
 own training is one task (`training_task`: `python -m hpc.train` on the run directory, requeued on exit
 3 and 5), a user's command another (`command_task`: its words verbatim, requeued on exit 3). The plan,
-the sbatch text, the per-rank runner (hpc/launch/runner.py), the outcome and the printer are the same
+the sbatch text, the per-rank runner (hpc/launch/rank/runner.py), the outcome and the printer are the same
 for both. Pure functions of plain values; no torch import.
 
 - `Task`: the words (templates: {run_dir} and {python}, the rank's run directory and interpreter, are
@@ -50,7 +50,7 @@ class Task:
     requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
     profiler: dict[str, Any] | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
     stop_grace_s: int = 60
-    hang_timeout_s: int | None = None  # no step for this long: the runner names the rank hung (hpc/launch/hang.py)
+    hang_timeout_s: int | None = None  # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py)
     point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
     config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
 
@@ -59,13 +59,9 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Task:
-        """A task as task.json holds it; one of an earlier release's command.json (verbatim `argv`, then
-        `args` templates) too."""
+        """A task as task.json holds it."""
         fields = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {k: v for k, v in data.items() if k in fields}
-        if "words" not in values and "argv" in data:
-            values["words"] = [*verbatim(data["argv"]), *data.get("args", ())]
-            values.setdefault("name", job_name(data["argv"]))
         for key in ("words", "requeue_codes"):
             values[key] = tuple(values.get(key) or ())
         return cls(**values)

@@ -1,8 +1,17 @@
-"""The torch half: one rank's training run and what it is made of.
+"""The torch half: one rank's training run and what it is made of. Its rooms:
 
-command.py is `python -m hpc.train` (flags, the run directory's policy, stop signals, OOM as an
-outcome); trainer.py the Trainer and its loop; setup.py the device, process group and optimizer;
-parts.py the trainer's small parts (state, timer, divergence guard, stop signal); metrics.py the
-throughput and metrics bookkeeping; summary.py summary.json's per-rank record; checkpoint.py,
-profiling.py, oom.py, cudagraph.py, data.py, model.py; bench.py and benchsteps.py the benchmark.
+- traincli.py: `python -m hpc.train` (flags, the run directory's policy, stop signals, OOM as an outcome);
+- trainer.py: the `Trainer`, one class: set-up, resume, the loop of epochs and steps, the end;
+- setup.py: what a run is built from (the step plan, the device, the process group, data, model, optimizer);
+- parts.py: the trainer's small parts (state, step timer, divergence guard, evaluation);
+- metrics.py: what a run reports as it goes; summary.py: a training rank's record for summary.json;
+- checkpoint.py: when to save, the atomic save with its checksum, the checked load; claim.py: taking a
+  run directory and reading where it left off;
+- profiling.py: torch.profiler around the loop; memcat.py: peak memory by category; oom.py: CUDA out of
+  memory as a result;
+- data.py: CIFAR-100 (`python -m hpc.data`); model.py: torchvision ResNets and a tiny CNN;
+- inject.py: what HPC_FAULT_INJECT's entries do in a training process;
+- distributed/: how the ranks meet and stay one (the run's sealed store, the group, NCCL's network);
+- graph/: the step as a replayed CUDA graph (whether, how, and the check that it can be trusted);
+- hook/: the start-up hook's instruments in a user's unmodified script (its startup folder goes on PYTHONPATH).
 """

@@ -159,8 +159,7 @@ def load_checkpoint(path: Path) -> dict | None:
             )
     if min(ckpt["epoch"], ckpt["position"], ckpt["step"]) < 0:
         raise UsageError(f"{path}: negative epoch/position/step in the checkpoint")
-    # Written by this toolkit since checksums exist; an older checkpoint has none to check.
-    if DIGEST in ckpt and ckpt[DIGEST] != state_digest(ckpt):
+    if ckpt.get(DIGEST) != state_digest(ckpt):  # a checkpoint without one was not written whole by this toolkit
         raise UsageError(f"{path}: damaged: its contents do not match the checksum written with it")
     return ckpt
 

@@ -22,7 +22,7 @@ from hpc.core.files import write_failure
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_checkpoint_info, truncate_metrics, write_checkpoint_info, write_yaml
 from hpc.training.checkpoint import Checkpointer
-from hpc.training.group import RankGroup
+from hpc.training.distributed.group import RankGroup
 
 
 def remove_debris(paths: RunPaths) -> list[str]:

@@ -66,7 +66,7 @@ def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
 def oom_fields(
     error: BaseException, rank: int, per_gpu: int | None, world: int, cuda: bool, fraction: float | None
 ) -> dict[str, Any]:
-    """The record of an OOM, the toolkit's training's and a script's alike (hpc/training/scriptoom.py):
+    """The record of an OOM, the toolkit's training's and a script's alike (hpc/training/hook/scriptoom.py):
     the allocator's first line, the allocation it names, the device's memory, the batch where known."""
     text = str(error).strip()
     message = text.splitlines()[0] if text else type(error).__name__

@@ -23,10 +23,10 @@ from hpc.core.errors import UsageError
 from hpc.placement.affinity import cores_text, gpu_index
 from hpc.placement.distenv import DistEnv
 from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
-from hpc.training.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
 from hpc.training.data import DeviceBatches, Split
-from hpc.training.graphmode import DDP_WARMUP_ITERS, GraphMode
-from hpc.training.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
+from hpc.training.distributed.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
+from hpc.training.graph.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
+from hpc.training.graph.graphmode import DDP_WARMUP_ITERS, GraphMode
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
@@ -133,7 +133,7 @@ def before_process_group(graphed: bool, dist: DistEnv, log_dir: Path) -> bool:
 
 
 def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], log: Callable[[str], None]) -> str | None:
-    """After the first communicator is up: the network NCCL chose (hpc/training/netcheck.py); a run across
+    """After the first communicator is up: the network NCCL chose (hpc/training/distributed/netcheck.py); a run across
     nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
     together, or warns. Returns the network, for summary.json."""
     network = read_network(os.environ, log_dir, dist.rank)

@@ -141,9 +141,9 @@ def train_or_oom(
     the run's logs/). The stop signals (`stop`: the caller's, to see which one came) are handed back and
     the process group torn down whatever happens (a failed run must not leave them to the next)."""
 
+    from hpc.training.distributed.rendezvous import is_peer_failure
+    from hpc.training.distributed.runstore import REFUSED
     from hpc.training.oom import describe, record_oom
-    from hpc.training.rendezvous import is_peer_failure
-    from hpc.training.runstore import REFUSED
     from hpc.training.trainer import Trainer
 
     stop = StopSignal.take(stop)  # the door's, installed before torch was imported

@@ -52,7 +52,7 @@ def test_memory_grid_on_cpu_has_no_gpu_figures(tmp_path):
 
 
 def test_profiler_overhead_is_counted_against_an_epoch():
-    from hpc.training.trainspeed import profiler_overhead
+    from hpc.bench.trainspeed import profiler_overhead
 
     plain = {"batch": 500, "wall_time_s": 10.0, "step_time_median_s": 0.1}
     prof = {"batch": 500, "wall_time_s": 11.0, "step_time_median_s": 0.11}

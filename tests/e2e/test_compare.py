@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.kernels import classify_kernel
-from analysis.trace import analyze_trace
+from analysis.measure.kernels import classify_kernel
+from analysis.measure.trace import analyze_trace
 from conftest import assert_one_line_error
 from test_analysis import cpu_run  # noqa: F401  (the fixture: a 2-rank CPU run with traces)
 
@@ -151,9 +151,9 @@ def test_the_report_explains_the_gpu_series_and_sets_two_sweeps_side_by_side(tmp
 
 @needs_traces
 def test_the_benchmarks_big_trace_is_the_same_run_laid_end_to_end(tmp_path):
-    """analysis/bigtrace.py (the benchmark's million-event trace): N copies read as N times the steps,
+    """analysis/bench/bigtrace.py (the benchmark's million-event trace): N copies read as N times the steps,
     kernels and device time of one, every correlation id unique, the copies one after another."""
-    from analysis.bigtrace import build
+    from analysis.bench.bigtrace import build
 
     source = TRACES / "hta_single/nccl_data.json.gz"
     size = build(source, 3, tmp_path / "three.json")

@@ -2,7 +2,7 @@
 event's name, a gzip bomb of whitespace, events nested a million deep, and millions of tiny events in one
 step. Each is refused in one line naming the file, exit 2, no traceback, under a 2 GiB address-space
 limit (a reader that held one of them whole would die of it instead), within a hang guard. The bounds
-are analysis/reader.py's: a value of 64 MiB, 16 MiB of whitespace in a row, a .gz inflating past 100x its
+are analysis/read/reader.py's: a value of 64 MiB, 16 MiB of whitespace in a row, a .gz inflating past 100x its
 size once past 256 MiB. A real trace of other people's GPU run (the largest of ../shared/traces) still
 reads under the same limit."""
 

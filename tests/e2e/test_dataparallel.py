@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.fold import run_record
+from analysis.runs.fold import run_record
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "dataparallel.py"

@@ -70,7 +70,7 @@ def documented() -> list[tuple[str, str]]:
     for script in sorted((REPO / "jobs").glob("*.sbatch")):
         out += [(script.name, m.split("  #")[0].strip()) for m in re.findall(r"^#   (.*sbatch .+)$", script.read_text(), re.M)]
     for module in ("submit", "study"):
-        doc = (REPO / "hpc" / "launch" / f"{module}.py").read_text().split('"""')[1]
+        doc = (REPO / "hpc" / "launch" / ("submission" if module == "submit" else "") / f"{module}.py").read_text().split('"""')[1]
         out += [(f"hpc.{module} --help", c) for c in commands([l.strip() for l in doc.splitlines()
                                                                if l.strip().startswith("python -m")])]
     return out

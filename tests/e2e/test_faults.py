@@ -373,10 +373,10 @@ TIMEOUT_S = 10  # train.collective_timeout_s in the frozen-rank tests: the bound
 def test_a_frozen_rank_is_named_with_its_host_within_the_timeout(data_root, tmp_path, frozen, moment):
     """A rank stops itself (SIGSTOP: alive, silent) inside a step (its peer waits in the gradients'
     all-reduce) or before its first step (its peer waits for it at the first collective); the survivor
-    ends within train.collective_timeout_s + the heartbeat's silence (hpc/training/rendezvous.py) with
+    ends within train.collective_timeout_s + the heartbeat's silence (hpc/training/distributed/rendezvous.py) with
     one line naming the frozen rank, its host and pid, and saying it is stopped (rank 0, which hosts the
     run's store, too). The oracle for the name: the pid the test itself started, and /proc's state T."""
-    from hpc.training.rendezvous import SILENCE_S
+    from hpc.training.distributed.rendezvous import SILENCE_S
 
     run_dir = tmp_path / "run"
     procs = start_ranks(2, command(data_root, run_dir, "--no-profile", "--set", f"train.collective_timeout_s={TIMEOUT_S}"),

@@ -50,7 +50,7 @@ def third_party_imports() -> set[str]:
 
 # A user's script's own packages: the start-up hook imports them only once the script has (inside a function,
 # checked below), to serve that script; the toolkit never needs them installed.
-USERS_OWN = {"accelerate": REPO / "hpc" / "training" / "scriptaccelerate.py"}
+USERS_OWN = {"accelerate": REPO / "hpc" / "training" / "hook" / "scriptaccelerate.py"}
 
 
 def test_a_users_own_package_is_imported_only_inside_functions():

@@ -1,6 +1,6 @@
 """The graph check with two ranks over gloo on the CPU: hpc.train as users start it, one process per
 rank, with HPC_FAULT_INJECT failing the check on rank 1 only. The capture is the one part stood in for
-(graph-standin: no GPU here; the stand-in replays the step eagerly, hpc/training/cudagraph.py), so
+(graph-standin: no GPU here; the stand-in replays the step eagerly, hpc/training/graph/cudagraph.py), so
 the check, the ranks' agreement over the control group, the fallback and the stop are the real code.
 
 Under train.cuda_graph = auto a failure on one rank makes both ranks eager: they agree, finish, exit 0

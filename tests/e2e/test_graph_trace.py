@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.trace import analyze_trace
+from analysis.measure.trace import analyze_trace
 from conftest import GPU_RESULTS, OWN_GPU_TRACE
 
 GRAPH = GPU_RESULTS / "resnet152_graph_rank0.pt.trace.json.gz"
@@ -65,7 +65,7 @@ def test_a_graphed_trace_counts_what_its_steps_launched_as_an_eager_one_does():
 def test_a_rank_folded_over_its_cycles_keeps_what_the_steps_launched():
     """A run's figures (tables, figures, verdict) come from each rank's cycles folded together: per step
     and per epoch they use the steps' own launches too, not the window's total."""
-    from analysis.fold import rank_totals
+    from analysis.runs.fold import rank_totals
 
     graph = by_launch(GRAPH)
     rec = analyze_trace(GRAPH)

@@ -1,5 +1,5 @@
 """The part of graph mode under DDP that does not need a GPU, on the CPU with DDP over gloo, 2 ranks: the
-11 eager DDP iterations that capture needs (hpc/training/cudagraph.py GraphedStep.warm_up) leave no trace.
+11 eager DDP iterations that capture needs (hpc/training/graph/cudagraph.py GraphedStep.warm_up) leave no trace.
 After them the model, its BatchNorm buffers and the momentum are as before, and the steps that follow
 are bit-identical to a twin that never warmed up, on every rank. The capture itself (CUDA streams, NCCL
 inside a graph) runs only on a GPU: tests/gpu/test_gpu.py.
@@ -25,8 +25,8 @@ def rank_main(out_dir: str) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hpc.training.cudagraph import GraphedStep, whole_step
-    from hpc.training.graphmode import DDP_WARMUP_ITERS
+    from hpc.training.graph.cudagraph import GraphedStep, whole_step
+    from hpc.training.graph.graphmode import DDP_WARMUP_ITERS
 
     tdist.init_process_group("gloo")
     rank = tdist.get_rank()

@@ -59,7 +59,7 @@ def test_console_scripts_are_installed_and_share_the_error_path(installed):
 def test_the_installed_toolkit_profiles_a_command_through_its_own_start_up_hook(installed, tmp_path):
     """The hook folder ships in the wheel (package data, not a package) and is the one put on PYTHONPATH."""
     site, elsewhere = installed
-    assert (site / "hpc" / "training" / "startup" / "sitecustomize.py").is_file()
+    assert (site / "hpc" / "training" / "hook" / "startup" / "sitecustomize.py").is_file()
     loop = ("import os, sys, torch; m = torch.nn.Linear(4, 4); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
             "for _ in range(8):\n    o.zero_grad(); m(torch.randn(2, 4)).sum().backward(); o.step()\n"
             "print(sys.path[1], [p for p in os.environ['PYTHONPATH'].split(os.pathsep) if 'startup' in p])")
@@ -68,5 +68,5 @@ def test_the_installed_toolkit_profiles_a_command_through_its_own_start_up_hook(
                          "-c", loop)
     assert proc.returncode == 0, proc.stderr
     said = (run / "logs" / "rank0.out").read_text()
-    assert str(site / "hpc" / "training" / "startup") in said, said
+    assert str(site / "hpc" / "training" / "hook" / "startup") in said, said
     assert len(list((run / "traces").glob("rank0.*.pt.trace.json"))) == 1

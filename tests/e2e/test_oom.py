@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from analysis.figures import plot_sweep
-from analysis.fold import analyze_run
-from analysis.sweep import analyze_sweep
-from analysis.tables import RUN_COLUMNS, render
+from analysis.report.figures import plot_sweep
+from analysis.runs.fold import analyze_run
+from analysis.runs.sweep import analyze_sweep
+from analysis.report.tables import RUN_COLUMNS, render
 from conftest import run_module
 from hpc.core.errors import EXIT_OOM, UsageError
 from hpc.core.faults import Fault, parse_faults

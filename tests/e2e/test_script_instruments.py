@@ -21,7 +21,7 @@ from conftest import processes, wait_until
 from test_own_script import ENV, PY, REPO, SCRIPTS, run_dir_of, submit
 
 pytestmark = pytest.mark.slow
-HOOK = REPO / "hpc" / "training" / "startup"
+HOOK = REPO / "hpc" / "training" / "hook" / "startup"
 HANG_S = 5
 # A stand-in for CUDA running out of memory (no GPU on this machine): torch's own error class, raised where
 # the allocator would, with the allocator's own message, at the step of a batch that does not fit.

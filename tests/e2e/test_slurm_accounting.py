@@ -45,10 +45,10 @@ def test_the_same_jobs_within_their_limits_are_taken(slurm_cluster):
 
 
 def test_the_queue_as_the_launcher_reads_it_from_the_real_squeue_and_sacct(slurm_cluster):
-    """hpc/launch/queue.py against this cluster's squeue and slurmdbd (the unit tier has the literal outputs
+    """hpc/launch/submission/queue.py against this cluster's squeue and slurmdbd (the unit tier has the literal outputs
     and the failures a controller can give): an array whose one task sleeps and one waits for it, a job
     Slurm never had, and the finished tasks' states in sacct."""
-    from hpc.launch import queue
+    from hpc.launch.submission import queue
 
     r = sbatch("-A", "m1234_g", "-q", "debug", "-t", "5", "--array=0-1%1", wrap="sleep 8")
     assert r.returncode == 0, r.stderr

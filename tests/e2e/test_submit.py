@@ -10,7 +10,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_module
 from hpc.settings.config import load_cluster
-from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -157,9 +157,9 @@ def test_no_sbatch_points_to_local(tmp_path):
 
 
 def test_forwarded_training_options_land_in_the_job(tmp_path):
-    from hpc.launch.job import TaskJob
-    from hpc.launch.plan import make_plan
-    from hpc.launch.submit import build_parser
+    from hpc.launch.submission.job import TaskJob
+    from hpc.launch.submission.plan import make_plan
+    from hpc.launch.submission.submit import build_parser
     from hpc.settings.config import load_run_config, run_config_from_dict
 
     args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5",
@@ -238,7 +238,7 @@ def test_a_submission_reads_top_to_bottom(slurm_cluster, tmp_path, kind):
     """Issue 50: followed from `execute` (the plan made), a submission to Slurm enters at most 5 of the
     launcher's modules and never comes back to one it left; the plan (its parameters and sbatch text)
     is made once, before it. The jobs run on the local cluster afterwards; they are cancelled here."""
-    from hpc.launch.submit import execute, plan_for
+    from hpc.launch.submission.submit import execute, plan_for
 
     what = {"training": ["--config", "profiles/smoke.yaml"], "command": ["--", sys.executable, "-c", "pass"],
             "sweep": ["--sweep", "profiles/study-smoke.yaml"]}[kind]
@@ -247,13 +247,13 @@ def test_a_submission_reads_top_to_bottom(slurm_cluster, tmp_path, kind):
     ids = [p.name for p in tmp_path.rglob("*_submitted.pkl")]
     subprocess.run(["scancel", *{name.split("_")[0] for name in ids}], check=False)
     assert ids and len(set(made)) == len(made) <= 5, made
-    assert made[0] == "hpc.launch.submit"
+    assert made[0] == "hpc.launch.submission.submit"
 
 
 def test_a_local_submission_reads_top_to_bottom(tmp_path, capsys):
     """The same for a run here: submitted, then followed to its printed result (submit -> follow), the
     follower reading the run's records through the core, not back through the launcher."""
-    from hpc.launch.submit import execute, plan_for
+    from hpc.launch.submission.submit import execute, plan_for
 
     _, plan = plan_for(["--local", "--gpus", "1", "--runs-dir", str(tmp_path), "--no-profile", "--",
                         sys.executable, "-c", "print('hello from the task')"])
@@ -266,4 +266,4 @@ def test_a_local_submission_reads_top_to_bottom(tmp_path, capsys):
     made = launch_path(run)
     out = capsys.readouterr().out
     assert code == 0 and "hello from the task" in out and "job " in out and ": done" in out, out
-    assert made == ["hpc.launch.submit", "hpc.launch.follow"], made
+    assert made == ["hpc.launch.submission.submit", "hpc.launch.submission.follow"], made

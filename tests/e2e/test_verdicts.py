@@ -1,4 +1,4 @@
-"""The verdict (analysis/verdict.py) on real traces: every trace in ../shared/traces and the toolkit's own H100
+"""The verdict (analysis/explain/verdict.py) on real traces: every trace in ../shared/traces and the toolkit's own H100
 trace, each with the verdict it should get and why; and each verdict flipped by a change to the trace that
 should flip it (the idle gaps closed, the collectives or the DataLoader taken out, the kernels spread apart),
 into the class the change leaves, derived from the trace itself, not read off the tool. The shares quoted in
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.kernels import classify_kernel
-from analysis.trace import analyze_trace
+from analysis.measure.kernels import classify_kernel
+from analysis.measure.trace import analyze_trace
 from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, headless_chromium, run_module
 from test_analysis_oracles import _hta_breakdowns
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hpc.core.files import write_atomic  # noqa: E402
-from hpc.training.trainspeed import markdown  # noqa: E402
+from hpc.bench.trainspeed import markdown  # noqa: E402
 
 A100_40GB_BYTES = 40e9  # what a Perlmutter GPU has; the CUDA context takes ~0.5 GB of it
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.trace import analyze_trace
+from analysis.measure.trace import analyze_trace
 from conftest import free_port, start_tensorboard, tb_operator_row
 from hpc.training import data
 from trainrun import SMOKE, metrics, same_weights, summary, train, weights
@@ -184,7 +184,7 @@ def test_deterministic_resume_is_bit_identical(data_root, deterministic_straight
 
 
 def test_cuda_graph_run_resumes_and_matches_eager(data_root, deterministic_straight, tmp_path):
-    """The graphed step with DDP over NCCL (hpc/training/cudagraph.py) takes the same steps as the eager
+    """The graphed step with DDP over NCCL (hpc/training/graph/cudagraph.py) takes the same steps as the eager
     one, bit for bit under --deterministic: its warm-up is undone, its learning rate follows the
     schedule, and it resumes from a checkpoint (captured again after the restart)."""
     run = tmp_path / "graphed"

@@ -17,7 +17,7 @@ DIST_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 def entry(module: str):
     """The command's own entry function: what `python -m` and the console script call."""
-    return importlib.import_module("analysis.__main__" if module == "analysis" else module).cli
+    return importlib.import_module(f"{module}.__main__" if module in ("analysis", "hpc.bench") else module).cli
 
 
 @contextlib.contextmanager

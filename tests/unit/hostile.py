@@ -150,6 +150,7 @@ def checkpoints(h: Path) -> None:
         "ck_rng_junk": saved(dict(good, rng={"torch": torch.zeros(3), "python": [1]})),
         "ck_flipped": bytes(flipped),
         "ck_stale_checksum": saved(dict(good, step=1), checksum=False),
+        "ck_no_checksum": saved({k: v for k, v in good.items() if k != "sha256"}),
     }
     for name, content in runs.items():
         write(h / name / "checkpoints" / "last.pt", content)

@@ -18,11 +18,11 @@ from hpc.core.errors import UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import (attempt_of, build_summary, exit_code_of, failure_line, last_said, read_records,
                               root_cause, run_outcome)
-from hpc.launch.plan import make_plan
-from hpc.launch.points import split_command
-from hpc.launch.rankenv import ordered_gpus, rank_env
-from hpc.launch.slurm import JobRequest, sbatch_text, slurm_parameters
-from hpc.launch.submit import build_parser
+from hpc.launch.submission.plan import make_plan
+from hpc.launch.submission.points import split_command
+from hpc.launch.rank.rankenv import ordered_gpus, rank_env
+from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.launch.submission.submit import build_parser
 from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, launcher_in,
                               python_script)
 from hpc.settings.config import load_cluster
@@ -310,8 +310,8 @@ def test_a_runs_outcome_from_its_ranks(kinds, outcome):
 def test_only_the_latest_attempt_is_read(tmp_path):
     paths = RunPaths(tmp_path)
     paths.ranks.mkdir()
-    old = {**record(0, "failed", 1), "attempt": "9.0.0", "started_ns": 100}
-    new = {**record(0, "ok", 2), "attempt": "9.1.0", "started_ns": 200}
+    old = {**record(0, "failed", 1), "attempt": "9.0.0", "group": "9.0.0", "started_ns": 100}
+    new = {**record(0, "ok", 2), "attempt": "9.1.0", "group": "9.1.0", "started_ns": 200}
     paths.rank_exit(0).write_text(json.dumps(new))
     paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
     paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
@@ -328,7 +328,7 @@ def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
     (a new one each start) says which records are one start. A requeue (9.1.0) is not torchrun's
     restart: no line."""
     from hpc.core.summary import restarts_line
-    from hpc.launch.rankrecords import keep_earlier
+    from hpc.launch.rank.rankrecords import keep_earlier
 
     paths = RunPaths(tmp_path)
     paths.ranks.mkdir()
@@ -467,7 +467,7 @@ def test_the_batch_shell_names_a_commands_run_after_its_script(tmp_path, monkeyp
     (3, None, {"SLURM_RESTART_COUNT": "3"}, False),  # no requeue left
 ])
 def test_the_one_requeue_rule(code, signum, env, requeued):
-    """may_requeue, the rule both the job (hpc/launch/job.py) and the batch shell apply; the training's
+    """may_requeue, the rule both the job (hpc/launch/submission/job.py) and the batch shell apply; the training's
     codes (3 saved and stopped, 5 a lost peer), a budget of 3."""
     from hpc.launch.requeue import may_requeue
 

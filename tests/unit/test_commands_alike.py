@@ -29,7 +29,7 @@ HELPS = [
     ("hpc.batch", [], "python -m hpc.batch"),
     ("analysis", [], "python -m analysis"),
     ("analysis", ["compare"], "python -m analysis compare"),
-    ("analysis.speed", [], "python -m analysis.speed"),
+    ("analysis.bench.speed", [], "python -m analysis.bench.speed"),
     ("analysis.tensorboard", [], "python -m analysis.tensorboard"),
 ]
 

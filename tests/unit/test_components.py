@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, Spread, TraceRecord, as_row
-from analysis.tables import RUN_COLUMNS
-from analysis.fold import rank_totals, run_record
-from analysis.sweep import with_scaling
-from analysis.trace import trace_record
+from analysis.report.tables import RUN_COLUMNS
+from analysis.runs.fold import rank_totals, run_record
+from analysis.runs.sweep import with_scaling
+from analysis.measure.trace import trace_record
 from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.rundir import read_index
 from hpc.core.summary import read_summary
-from hpc.launch.plan import make_plan
+from hpc.launch.submission.plan import make_plan
 from hpc.settings.schema import TrainConfig
 from hpc.launch.status import point_state
-from hpc.launch.submit import build_parser, print_plan
+from hpc.launch.submission.submit import build_parser, print_plan
 from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
 from hpc.training.metrics import MetricsLog
 from hpc.core.stop import StopSignal
@@ -409,7 +409,7 @@ def test_a_finished_run_without_its_summary_is_done_and_says_what_is_missing(tmp
 def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):
     """`python -m analysis /` must not walk the disk (found by the property tests: minutes under /proc): traces
     are looked for at most three levels down, and looking stops after MAX_ENTRIES entries."""
-    from analysis import discover
+    from analysis.read import discover
 
     for depth in range(1, 6):
         d = tmp_path.joinpath(*["d"] * depth)
@@ -428,7 +428,7 @@ def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):
 def test_a_memory_figure_without_categories_says_how_to_get_them():
     """The study's profile leaves memory by category off (its cost): its memory figures say how to turn it
     on, and say nothing once a run has recorded them (their own figure is drawn)."""
-    from analysis.figures import memory_note
+    from analysis.report.figures import memory_note
     from analysis.records import RunRecord
 
     plain = RunRecord(run_dir="a", gpus=1, batch_size_per_gpu=8, data_fraction=1.0)

@@ -21,8 +21,8 @@ from hpc.core.files import append_line, write_atomic
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
 from hpc.core.runstate import run_state
-from hpc.training.group import _ended, pid_alive
-from hpc.training.rendezvous import cause_of, is_peer_failure
+from hpc.training.distributed.group import _ended, pid_alive
+from hpc.training.distributed.rendezvous import cause_of, is_peer_failure
 from hpc.training.inject import Injector
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ def test_a_silent_rank_is_the_one_whose_heartbeat_stops_and_a_busy_one_is_not(mo
 
     import torch.distributed as tdist
 
-    from hpc.training import rendezvous
+    from hpc.training.distributed import rendezvous
 
     monkeypatch.setattr(rendezvous, "SILENCE_S", 0.5)
     store = tdist.HashStore()
@@ -246,7 +246,7 @@ def test_a_missing_rank_is_placed_where_slurms_block_layout_puts_it():
     """srun's default block distribution: 4 tasks a node, ranks 0-3 on the first host, 4-7 on the second;
     outside Slurm, or with uneven nodes, no host is guessed."""
     from hpc.placement.distenv import DistEnv
-    from hpc.training.rendezvous import expected_host, named
+    from hpc.training.distributed.rendezvous import expected_host, named
 
     dist = DistEnv(0, 8, 0, 4, 0, 2, "nid001", 29500, "slurm")
     env = {"SLURM_JOB_NODELIST": "nid[001-002]"}

@@ -1,4 +1,4 @@
-"""The graph check (hpc/training/graphcheck.py) in-process on the CPU, world size 1: the comparison on
+"""The graph check (hpc/training/graph/graphcheck.py) in-process on the CPU, world size 1: the comparison on
 literal tensors, the ranks' agreement on literal outcomes, and the whole check on a small model with
 the CPU stand-in for capture (cudagraph.StandInStep: a GPU cannot run here; the stand-in replays the
 step eagerly, so everything else in the check is the real code). Two ranks over gloo:
@@ -15,8 +15,8 @@ from torch import nn
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, parse_faults
 from hpc.settings.schema import TrainConfig
-from hpc.training.cudagraph import StandInStep, whole_step
-from hpc.training.graphcheck import (
+from hpc.training.graph.cudagraph import StandInStep, whole_step
+from hpc.training.graph.graphcheck import (
     LOSS_RTOL,
     UPDATE_RTOL,
     GraphCheck,

@@ -1,4 +1,4 @@
-"""train.cuda_graph: auto | true | false, resolved before the process group exists (hpc/training/graphmode.py),
+"""train.cuda_graph: auto | true | false, resolved before the process group exists (hpc/training/graph/graphmode.py),
 on literal configs and NCCL versions: no GPU is needed to decide, only to capture (tests/gpu/test_gpu.py)."""
 
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from hpc.core.errors import ConfigError, UsageError
 from hpc.settings.config import load_run_config
-from hpc.training.graphmode import MIN_NCCL, decide_graph_mode, graph_obstacle
+from hpc.training.graph.graphmode import MIN_NCCL, decide_graph_mode, graph_obstacle
 
 NCCL = (2, 28, 9)  # the GPU machine's
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.ranks import slow_rank, slow_rank_words
+from analysis.runs.ranks import slow_rank, slow_rank_words
 from hpc.core.errors import UsageError
 from hpc.settings.profranks import ALL_RANKS_UP_TO, SLOWEST, check_setting, chosen, static_choice
 
@@ -126,7 +126,7 @@ def test_a_process_start_time_from_proc_is_when_it_was_started():
 
 def test_the_startup_benchmark_reads_where_the_start_went():
     """Two ranks with known start-up records (literal times): the figures are their differences."""
-    from hpc.launch.startuptime import figures, parse_ranks
+    from hpc.bench.startuptime import figures, parse_ranks
 
     rank = {"process_start_unix": 100.0, "group_join_start_unix": 104.0, "group_join_s": 3.0,
             "first_step_end_unix": 110.0}

@@ -286,7 +286,7 @@ def test_bench_any_flag(flag, value):
             assert flag == "--scaling-step-ms" and "nan" not in outcome.stdout.lower()
 
 
-# --- analysis, analysis.tensorboard, analysis.speed -------------------------------------------------------
+# --- analysis, analysis.tensorboard, analysis.bench.speed -------------------------------------------------------
 
 GOOD_TRACE = '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}'
 
@@ -320,7 +320,7 @@ def test_analysis_bench_any_output(json_out, repeat):
         argv = [str(work / "t.json"), "--repeat", repeat, "--json", fill(json_out, work)]
         if (_as_int(repeat) or 0) >= 1:
             argv[2] = "0"  # a valid count would run the other tools for real: keep to refusals
-        outcome = check("analysis.speed", argv, work, ("--repeat", "--json"))
+        outcome = check("analysis.bench.speed", argv, work, ("--repeat", "--json"))
         assert outcome.code == 2
 
 
@@ -360,13 +360,13 @@ BASES = {
     "hpc.distenv": ["--hostlist", "n1"],
     "hpc.data": ["synth", "--root", "/proc/none"],  # every size lands on the refused root, or on its own check
     "hpc.bench": ["--arch", "tiny", "--only", "none-such"],
-    "analysis.speed": ["{T}/file", "--json", "/proc/none.json"],
+    "analysis.bench.speed": ["{T}/file", "--json", "/proc/none.json"],
     "analysis.tensorboard": ["{T}/dir", "--host", "192.0.2.1"],
     "analysis": ["compare", "{T}/a", "{T}/b"],
     "hpc.rank": ["--outcome", "--run-dir", "{T}/none"],
 }
 BASE_SOURCES = {  # what a base's own, later refusal names (a valid number reaches it)
-    "hpc.data": ("--root", "data root"), "hpc.bench": ("--only",), "analysis.speed": ("--json",),
+    "hpc.data": ("--root", "data root"), "hpc.bench": ("--only",), "analysis.bench.speed": ("--json",),
     "analysis.tensorboard": ("--host",), "analysis": ("{T}/a",), "hpc.rank": ("--run-dir",),
 }
 NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as the completeness test checks
@@ -376,7 +376,7 @@ NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as 
     ("hpc.distenv", "--torchrun-args", int), ("hpc.distenv", "--max-restarts", int),
     ("hpc.data", "--train", int), ("hpc.data", "--test", int), ("hpc.data", "--seed", int),
     ("hpc.bench", "--steps", int), ("hpc.bench", "--warmup", int), ("hpc.bench", "--scaling-step-ms", float),
-    ("analysis.speed", "--repeat", int), ("analysis.tensorboard", "--port", int), ("analysis", "--rank", int),
+    ("analysis.bench.speed", "--repeat", int), ("analysis.tensorboard", "--port", int), ("analysis", "--rank", int),
     ("hpc.rank", "--stop-grace-s", int),
 ]
 

@@ -1,4 +1,4 @@
-"""The queue (hpc/launch/queue.py) behind a stand-in subprocess: squeue's and sacct's outputs as Slurm 22.05
+"""The queue (hpc/launch/submission/queue.py) behind a stand-in subprocess: squeue's and sacct's outputs as Slurm 22.05
 prints them (recorded on the local test cluster and on a slurmdbd site), parsed, and what each caller
 gets when the queue lists a job, has forgotten it, or cannot say. Stood in here for the answers a real
 cluster gives only in a fault (a controller that refuses or hangs, a database that refuses, no Slurm at
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from hpc.core.errors import QueueError
-from hpc.launch import queue
+from hpc.launch.submission import queue
 
 # `squeue -h -r -o '%i %T' -j 320,321`: array tasks one by one, a pending array task, a plain job
 SQUEUE = "320_0 RUNNING\n320_1 PENDING\n321 COMPLETING\n"

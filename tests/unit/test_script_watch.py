@@ -15,13 +15,13 @@ import torch
 from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
-from hpc.launch.flightrec import ask_for_dump
-from hpc.launch.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
-from hpc.launch.rankenv import rank_env
+from hpc.launch.rank.flightrec import ask_for_dump
+from hpc.launch.rank.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
+from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.task import command_task
-from hpc.training.firstgrad import FirstGrad
-from hpc.training.scriptoom import oom_of
+from hpc.training.hook.firstgrad import FirstGrad
+from hpc.training.hook.scriptoom import oom_of
 
 STUCK = """Thread 0x00007f3540bff640 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
@@ -187,14 +187,14 @@ def test_each_steps_first_gradient_is_timed_and_four_parameters_keep_the_hook():
     (3, {}, None),  # no job's world to compare with (run by hand)
 ])
 def test_a_process_group_other_than_the_jobs_world_is_said(group, env, said):
-    from hpc.training.autoprofile import world_mismatch
+    from hpc.training.hook.autoprofile import world_mismatch
 
     line = world_mismatch(group, env)
     assert (line is None) if said is None else (said in line and "--gpus" in line)
 
 
 def test_ranks_without_a_group_are_separate_copies_from_two():
-    from hpc.training.autoprofile import separate_copies_line
+    from hpc.training.hook.autoprofile import separate_copies_line
 
     assert separate_copies_line(1) is None and "4 ranks each train a separate copy" in separate_copies_line(4)
 
@@ -211,7 +211,7 @@ def test_ranks_without_a_group_are_separate_copies_from_two():
 def test_an_accelerate_config_becomes_what_accelerate_launch_passes(config, world, cuda, expected):
     import types
 
-    from hpc.training.scriptaccelerate import launch_env
+    from hpc.training.hook.scriptaccelerate import launch_env
 
     loaded = types.SimpleNamespace(**config) if config is not None else None
     assert launch_env(loaded, world, cuda) == expected
@@ -223,7 +223,7 @@ def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_
     not: HF Trainer's ranks each trained alone)."""
     import importlib.util
 
-    from hpc.training.afterimport import after_import
+    from hpc.training.hook.afterimport import after_import
 
     (tmp_path / "probed_module_52.py").write_text("VALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,6 +1,6 @@
 """The parts that keep a run its owner's on a shared machine (issue 62, docs/security.md), in-process: which
 directories may be written in (hpc/core/owner.py), files made new and never through a link, where a run
-meets (hpc/core/meet.py) and its sealed store (hpc/training/runstore.py). The attacks themselves, as a
+meets (hpc/core/meet.py) and its sealed store (hpc/training/distributed/runstore.py). The attacks themselves, as a
 second user of this machine, are tests/e2e/test_shared_machine.py."""
 
 import datetime as dt
@@ -22,7 +22,7 @@ from hpc.core import meet, owner
 from hpc.core.errors import StoreError, UsageError
 from hpc.core.files import temp_name, write_atomic
 from hpc.core.rundir import RunPaths
-from hpc.training.runstore import REFUSED, SealedStore, sealed
+from hpc.training.distributed.runstore import REFUSED, SealedStore, sealed
 
 NOBODY = pwd.getpwnam("nobody")
 NOGROUP = grp.getgrgid(NOBODY.pw_gid)
@@ -213,7 +213,7 @@ def test_a_scripts_process_group_is_hosted_on_the_runners_socket_and_sealed(tmp_
     code = f"""
 import datetime as dt, os, sys, torch.distributed as d
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-from hpc.training.runstore import patch_rendezvous
+from hpc.training.distributed.runstore import patch_rendezvous
 patch_rendezvous(sys.modules["torch.distributed.rendezvous"])
 d.init_process_group("gloo")
 import gc; gc.collect()  # the store must outlive the Python objects torch's rendezvous dropped

@@ -9,13 +9,13 @@ import random
 import numpy as np
 import pytest
 
-from analysis import cpu, device
-from analysis.cpu import CpuOps, _grouped, _merged_only_children, _nested_parents, _stack_parents
-from analysis.device import DeviceActivity, Launches
-from analysis.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
-from analysis.memory import DeviceMemory
+from analysis.measure import cpu, device
+from analysis.measure.cpu import CpuOps, _grouped, _merged_only_children, _nested_parents, _stack_parents
+from analysis.measure.device import DeviceActivity, Launches
+from analysis.read.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
+from analysis.measure.memory import DeviceMemory
 from analysis.records import DeviceTotals, MemoryPeaks
-from analysis.trace import analyze_trace
+from analysis.measure.trace import analyze_trace
 from tests.gputrace import rank_trace
 
 

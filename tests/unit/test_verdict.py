@@ -1,4 +1,4 @@
-"""analysis/verdict.py on literal evidence: each class decided by its own share against its threshold, the
+"""analysis/explain/verdict.py on literal evidence: each class decided by its own share against its threshold, the
 secondary class, the cases where the evidence does not decide, the sweep note and the human units.
 The real traces are judged in tests/e2e/test_verdicts.py."""
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import verdict as v
-from analysis.fold import step_mode
+from analysis.explain import verdict as v
+from analysis.runs.fold import step_mode
 from analysis.records import RunRecord
-from analysis.units import human_column
+from analysis.report.units import human_column
 
 SPAN = 100_000.0  # µs
 

@@ -1,0 +1,5 @@
+"""The why, in words.
+
+- verdict.py: what bounds a trace, a run and a sweep point, with its evidence and remedy;
+- series.py: the report's explanations of each series of points and of two sweeps.
+"""

@@ -1,0 +1,155 @@
+"""report.html: one self-contained page (figures embedded as data URIs, no script, no network) with
+the study's figures, the sweep table, the efficiency loss, and for each run its per-rank breakdown,
+collectives, top kernels and operators, and links to its traces for TensorBoard and Perfetto."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import os
+from pathlib import Path
+
+from analysis.explain.series import gpu_series
+from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
+from analysis.report.tables import (
+    LOSS_COLUMNS,
+    RUN_COLUMNS,
+    human_cells,
+    loss_rows,
+    mode_words,
+    run_tables,
+    verdict_lines,
+)
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+th { background: #f3f3f3; } td.text { text-align: left; } tr.oom td { color: #b00; }
+.figures { display: flex; flex-wrap: wrap; gap: 8px; } .figures img { width: 480px; border: 1px solid #eee; }
+details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; } code { background: #f6f6f6; }
+"""
+
+
+TEXT_COLUMNS = ("file", "name", "kind", "class", "arch", "outcome", "largest_term", "why")  # left-aligned
+
+
+def table(records: list, columns: list[str]) -> str:
+    """A table in human units (the unit in each header; the raw numbers are in the JSON and CSV files)."""
+    headers, rows = human_cells(records, columns)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for r, shown in zip(map(as_row, records), rows, strict=True):
+        cls = ' class="oom"' if r.get("outcome") == "oom" else ""
+        cells = "".join(
+            f"<td{' class=text' if c in TEXT_COLUMNS else ''}>{html.escape(cell)}</td>"
+            for c, cell in zip(columns, shown, strict=True)
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def verdict_section(traces: list[TraceRecord], runs: list[RunRecord]) -> str:
+    """What bounds each run (and why a multi-GPU point falls short of linear), first on the page."""
+    items = "".join(
+        f"<li><b>{html.escape(what)}</b>: {html.escape(text)}</li>" for what, text in verdict_lines(traces, runs)
+    )
+    return f'<h2 id="verdict">Verdict</h2><ul class="verdict">{items}</ul>' if items else ""
+
+
+def figure_tags(paths: list[Path]) -> str:
+    tags = []
+    for p in paths:
+        data = base64.b64encode(p.read_bytes()).decode("ascii")
+        tags.append(
+            f'<img alt="{html.escape(p.stem)}" title="{html.escape(p.name)}" src="data:image/png;base64,{data}">'
+        )
+    return f'<div class="figures">{"".join(tags)}</div>'
+
+
+def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Path) -> str:
+    """One run: where its time went, its collectives and top kernels and operators, links to its traces."""
+    run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
+    traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
+    title = (
+        f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu} per rank, {ranks_words(run.gpus, run.on_cpu)}"
+        + mode_words(run)
+        + f": {run.outcome}"
+        if run and run.data_fraction is not None
+        else str(run_dir)
+    )
+    parts = [
+        f"<details><summary>{html.escape(title)}</summary>",
+        f'<p>traces: <a href="{html.escape(os.path.relpath(traces_dir, report_dir))}">'
+        f"{html.escape(str(traces_dir))}</a> &mdash; TensorBoard: <code>python -m analysis.tensorboard "
+        f"{html.escape(str(run_dir))}</code>; Perfetto: open a trace file at https://ui.perfetto.dev</p>",
+    ]
+    parts += [
+        f"<h3>{html.escape(heading)}</h3>" + table(rows, columns) for heading, rows, columns in run_tables(traces)
+    ]
+    return "".join(parts) + "</details>"
+
+
+def render_report(
+    path: Path,
+    source: Path,
+    traces: list[TraceRecord],
+    runs: list[RunRecord],
+    figures: list[Path],
+    extra: list[str] | None = None,
+) -> str:
+    """The page's text (the caller writes it atomically to `path`); `extra`: sections of HTML placed
+    before the figures (a second sweep compared with this one)."""
+    extra = extra or []
+    report_dir = path.parent
+    by_run: dict[str, list[TraceRecord]] = {}
+    for t in traces:
+        run_dir = Path(t.file).parent.parent if Path(t.file).parent.name == "traces" else Path(t.file).parent
+        by_run.setdefault(str(run_dir), []).append(t)
+    sections = [
+        f"<h1>{html.escape(str(source))}</h1><p>python -m analysis, "
+        f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
+        f"{len(traces)} trace(s)</p>"
+    ]
+    sections.append(verdict_section(traces, runs))
+    if runs:
+        sections.append("<h2>Runs</h2>" + table(runs, RUN_COLUMNS))
+    if loss_rows(runs):
+        sections.append(
+            "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
+            + table(loss_rows(runs), LOSS_COLUMNS)
+        )
+    series = gpu_series(traces)
+    if series:
+        items = "".join(f"<li><b>{html.escape(what)}</b>: {html.escape(why)}</li>" for what, why in series)
+        sections.append(
+            "<h2>Why the step changes with the GPU count</h2><p>Each step up in GPUs against the one before it "
+            "(rank 0's traces; <code>python -m analysis compare</code> gives every figure):</p>"
+            f"<ul>{items}</ul>"
+        )
+    sections += extra
+    if figures:
+        sections.append("<h2>Figures</h2>" + figure_tags(figures))
+    sections.append("<h2>Each run</h2>")
+    for run in runs:
+        sections.append(run_section(run, by_run.get(run.run_dir, []), report_dir))
+    if not runs:
+        sections.append(run_section(None, traces, report_dir))
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n"
+    )
+
+
+SWEEPS_COLUMNS = ["name", "step_time_us_a", "step_time_us_b", "largest_term", "why"]
+
+
+def sweeps_section(rows: list[dict], label_a: str, label_b: str) -> str:
+    """Two sweeps of one grid, point by point (analysis/explain/series.py)."""
+    if not rows:
+        return f"<h2>{html.escape(label_a)} against {html.escape(label_b)}</h2><p>No point is in both sweeps.</p>"
+    return f"<h2>{html.escape(label_a)} (a) against {html.escape(label_b)} (b), point by point</h2>" + table(
+        rows, SWEEPS_COLUMNS
+    )

@@ -1,0 +1,344 @@
+"""One run: its per-trace records, with what summary.json knows about each rank attached, folded per rank
+(one trace per profiling cycle) and spread over ranks into the run's record (analysis/records.py).
+
+A run directory is what hpc.train writes (hpc/core/rundir.py: traces/, summary.json, metrics.jsonl);
+its files are read through the core's readers, and anything of the wrong shape is warned about and
+left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from analysis.explain.verdict import judge, run_evidence
+from analysis.read.discover import Warnings, analyze_files, run_traces
+from analysis.records import (
+    SPREAD_FIELDS,
+    RankTotals,
+    RunRecord,
+    Spread,
+    TraceRecord,
+    in_steps,
+    max_present,
+    mean_present,
+)
+from analysis.runs.ranks import separate_copies, slow_rank, step_skew_us, straggler
+from hpc.core.rundir import RunPaths, is_count, read_metrics
+from hpc.core.summary import read_summary
+
+BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
+
+
+def number_or_none(value: Any) -> Any:
+    return value if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def _sum_or_none(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def analyze_run(
+    run_dir: Path, warnings: Warnings, records: list[TraceRecord] | None = None
+) -> tuple[list[TraceRecord], RunRecord | None]:
+    """Per-trace records of a run (with the run's summary attached) and the run-level record; the
+    records are made here unless given (a sweep analyses all its points' traces at once)."""
+    records = analyze_files(run_traces(run_dir, warnings), warnings) if records is None else records
+    summary = read_summary(RunPaths(run_dir).summary, warnings.append)
+    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
+    records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
+    # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
+    oom = oom_record(run_dir, summary) if summary is not None else None
+    if oom is not None or not records:
+        return records, oom
+    return records, run_record(run_dir, records, summary)
+
+
+def with_summary(rec: TraceRecord, rank_summary: dict[str, Any]) -> TraceRecord:
+    """The record with what summary.json knows about its rank: the peak RSS, and the profiler's own
+    totals for the same cycle (trace i <-> cycle i), for cross-checking."""
+    profiler = _of_type(rank_summary.get("profiler"), dict, {})
+    names = _of_type(profiler.get("traces"), list, [])
+    cycles = _of_type(profiler.get("cycles"), list, [])
+    name = Path(rec.file).name
+    key_averages = rec.key_averages
+    if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
+        cycle = cycles[names.index(name)]
+        key_averages = {
+            k: number_or_none(cycle.get(k))
+            for k in ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")
+        }
+    return dataclasses.replace(
+        rec, peak_cpu_mem_bytes=number_or_none(rank_summary.get("peak_rss_bytes")), key_averages=key_averages
+    )
+
+
+def _of_type(value: Any, kind: type, default: Any) -> Any:
+    return value if isinstance(value, kind) else default
+
+
+def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
+    body = cfg.get(section)
+    value = body.get(key) if isinstance(body, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def first_rank(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """Rank 0's record in summary.json, where the run-wide facts are; {} without one."""
+    return ((summary or {}).get("ranks") or [{}])[0]
+
+
+def step_mode(summary: dict[str, Any] | None) -> str | None:
+    """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
+    written before it had one, its config."""
+    first = first_rank(summary)
+    if first.get("step_mode") in ("eager", "graph"):
+        return str(first["step_mode"])
+    cfg = (summary or {}).get("config")
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    graphed = train.get("cuda_graph") if isinstance(train, dict) else None
+    return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
+
+
+def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
+    """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
+    oom = summary.get("oom")
+    if summary.get("outcome") != "oom" or not isinstance(oom, dict):
+        return None
+    cfg = summary.get("config") or {}
+    batch = oom.get("batch_size_per_gpu")
+    return RunRecord(
+        run_dir=str(run_dir),
+        outcome="oom",
+        arch=config_value(cfg, "model", "arch", str),
+        step_mode=step_mode(summary),
+        batch_size_per_gpu=batch if is_count(batch) else None,
+        gpus=summary.get("world_size"),
+        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        oom=oom,
+        gpu_line=gpu_line(summary),
+    )
+
+
+def gpu_line(summary: dict[str, Any] | None) -> str | None:
+    """summary.json's line of the node's GPUs as NVML sampled them (hpc/core/gpusample.py), if any."""
+    gpus = (summary or {}).get("gpus")
+    line = gpus.get("line") if isinstance(gpus, dict) else None
+    return line[:2000] if isinstance(line, str) else None
+
+
+def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[Any, int | None] | None = None) -> list[RankTotals]:
+    """Fold each rank's traces (one per profiling cycle) into one: sums of counts and times, peaks' max."""
+    by_rank: dict[Any, list[TraceRecord]] = {}
+    for rec in records:
+        by_rank.setdefault(rec.rank, []).append(rec)
+    return [_fold_rank(rank, recs, (steps_per_epoch or {}).get(rank)) for rank, recs in by_rank.items()]
+
+
+def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) -> RankTotals:
+    step_means = [r.step_time_us_mean for r in recs if r.step_time_us_mean is not None]
+    breakdown = {
+        k: _sum_or_none([r.temporal_breakdown_us[k] if r.temporal_breakdown_us else None for r in recs])
+        for k in BREAKDOWN_PARTS
+    }
+    return RankTotals(
+        rank=rank,
+        steps=sum(r.steps for r in recs),
+        steps_per_epoch=steps_per_epoch,
+        cpu_time_us=_sum_or_none([r.cpu_time_us for r in recs]),
+        cuda_time_us=_sum_or_none([r.cuda_time_us for r in recs]),
+        gpu_busy_us=_sum_or_none([r.gpu_busy_us for r in recs]),
+        kernel_calls=_sum_or_none([r.kernel_calls for r in recs]),
+        cuda_time_in_steps_us=_sum_or_none([in_steps(r.cuda_time_in_steps_us, r.cuda_time_us) for r in recs]),
+        kernel_calls_in_steps=_sum_or_none([in_steps(r.kernel_calls_in_steps, r.kernel_calls) for r in recs]),
+        comm_time_us=_sum_or_none([r.comm_time_us for r in recs]),
+        step_time_us_mean=sum(step_means) / len(step_means) if step_means else None,
+        peak_gpu_mem_bytes=max_present([r.peak_gpu_mem_bytes for r in recs]),
+        peak_gpu_reserved_bytes=max_present([r.peak_gpu_reserved_bytes for r in recs]),
+        peak_cpu_mem_bytes=max_present([r.peak_cpu_mem_bytes for r in recs]),
+        **breakdown,
+    )
+
+
+def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | None]:
+    """Optimizer steps per epoch of each rank: as recorded, else from its data and batch (older runs:
+    the sampler gives each rank ceil(images / ranks) images)."""
+    out = {}
+    for r in (summary or {}).get("ranks", []):
+        value = r.get("steps_per_epoch")
+        if not is_count(value):
+            images, world, batch = r.get("train_images"), r.get("world_size"), r.get("batch_size_per_gpu")
+            ok = all(type(v) is int and v > 0 for v in (images, world, batch))
+            value = math.ceil(math.ceil(images / world) / batch) if ok else None
+        out[r["rank"]] = value
+    return out
+
+
+def slowest_step(ranks: list[RankTotals], summary: dict[str, Any] | None) -> str | None:
+    """ "rank R on NODE" for the rank whose profiled steps took longest (its node from summary.json)."""
+    timed = [r for r in ranks if isinstance(r.rank, int) and r.step_time_us_mean]
+    if len(timed) < 2:
+        return None
+    rank = max(timed, key=lambda r: r.step_time_us_mean or 0.0).rank
+    record: dict[str, Any] = next((r for r in (summary or {}).get("ranks") or [] if r.get("rank") == rank), {})
+    node = record.get("node") or record.get("hostname")
+    return f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"
+
+
+def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRecord:
+    """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
+    comparing the ranks shows (imbalance, skew, straggler)."""
+    ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
+    cfg = (summary or {}).get("config") or {}
+    first = first_rank(summary)
+    step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
+    straggler_rank, straggler_share = straggler(records)
+    summary_ranks = (summary or {}).get("ranks") or []
+    alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
+    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
+    run = RunRecord(
+        run_dir=str(run_dir),
+        traces=len(records),
+        ranks=len(ranks),
+        arch=config_value(cfg, "model", "arch", str) or command_name(summary),
+        step_mode=step_mode(summary),
+        batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
+        gpus=(summary or {}).get("world_size") or len(ranks),
+        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        images_per_s=number_or_none(first.get("global_images_per_s")),
+        # no summary.json: the run crashed (or, in a live sweep, is still running)
+        outcome=outcome_of(summary, first),
+        epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
+        step_skew_us=step_skew_us(records),
+        allreduce_busbw_GBps=mean_present([_all_reduce(r, "busbw_GBps") for r in records]),
+        allreduce_bytes_per_step=mean_present([_all_reduce_bytes_per_step(r) for r in records]),
+        rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
+        straggler_rank=straggler_rank,
+        straggler_share=straggler_share,
+        slowest_step=None if alone else slowest_step(ranks, summary),
+        slow_rank=None if alone else slow_rank(summary_ranks),
+        profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
+        gpu_line=gpu_line(summary),
+        **run_facts(first),
+        **memory_by_category(summary),
+        **spreads,
+    )
+    verdict = judge(run_evidence(records, run, model_facts(summary)))
+    return dataclasses.replace(run, verdict=verdict.as_dict())
+
+
+def why_no_trace(run_dir: Path) -> str | None:
+    """Why your own command's run left no trace, from its summary.json, or None (not such a run)."""
+    summary = read_summary(RunPaths(run_dir).summary)
+    if (summary or {}).get("kind") != "command":
+        return None
+    assert summary is not None
+    if not summary.get("profiled"):
+        return "the command ran with profiling off (--no-profile, or profiler.enabled: false)"
+    ranks = summary.get("ranks") or []
+    notes = [str(p["note"]) for r in ranks if isinstance(p := r.get("profiler"), dict) and p.get("note")]
+    if notes:
+        return notes[0]
+    steps = [r.get("steps") for r in ranks if is_count(r.get("steps"))]
+    if not steps:
+        return (
+            "no torch.optim optimizer step was seen (the profiler steps on torch's optimizer step hook; a script "
+            "that updates its weights by hand, or only inside torch.compile, is not profiled)"
+        )
+    return f"it made {max(steps)} optimizer step(s), fewer than the profiler's window (wait + warmup + active) needs"
+
+
+def outcome_of(summary: dict[str, Any] | None, first: dict[str, Any]) -> str:
+    """done, stopped, or unfinished (no summary.json: crashed, or still running); a command's run says
+    its own (failed, preempted...: hpc/core/summary.py)."""
+    said = (summary or {}).get("outcome")
+    if (summary or {}).get("kind") == "command" and isinstance(said, str):
+        return said[:20]
+    return "done" if first.get("complete") else ("stopped" if summary else "unfinished")
+
+
+def command_name(summary: dict[str, Any] | None) -> str | None:
+    """Your own command's run: the script it ran (`python train.py` -> train.py), else its program."""
+    words = (summary or {}).get("command")
+    if (summary or {}).get("kind") != "command" or not isinstance(words, list) or not words:
+        return None
+    scripts = [w for w in words[1:] if isinstance(w, str) and w.endswith(".py")]
+    return Path(scripts[0] if scripts else str(words[0])).name[:60]
+
+
+def run_facts(first: dict[str, Any]) -> dict[str, Any]:
+    """What the ranks trained on, from rank 0's summary record: the device kind and the data."""
+    device = str(first["device"]) if isinstance(first.get("device"), str) else ""
+    source = first.get("data_source")
+    images = first.get("train_images")
+    return {
+        "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
+        "data_source": source if source in ("cifar100", "synthetic", "script") else None,
+        "train_images": images if is_count(images) else None,
+        "wall_time_s": number_or_none(first.get("wall_time_s")),
+        **graph_check(first.get("graph_check")),
+    }
+
+
+def graph_check(said: object) -> dict[str, str]:
+    """summary.json's graph_check ("passed", or "failed on rank R: cause") as the short word for tables
+    and the cause for JSON; nothing for a run that was not graphed (or was written before the check)."""
+    if not isinstance(said, str) or not said:
+        return {}
+    short, _, cause = said.partition(": ")
+    return {"graph_check": short[:40], "graph_check_cause": cause} if cause else {"graph_check": short[:40]}
+
+
+def memory_by_category(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """The categories at the largest peak torch's memory profiler saw, over every rank and cycle
+    (hpc/training/memcat.py); nothing where no cycle recorded them."""
+    best: dict[str, Any] | None = None
+    for rank in (summary or {}).get("ranks", []):
+        cycles = _of_type(_of_type(rank, dict, {}).get("profiler"), dict, {}).get("cycles")
+        for cycle in _of_type(cycles, list, []):
+            found = _of_type(_of_type(cycle, dict, {}).get("memory_categories"), dict, {})
+            peak, cats = found.get("peak_bytes"), found.get("categories")
+            if _bytes(peak) and isinstance(cats, dict) and all(_bytes(v) for v in cats.values()):
+                if best is None or peak > best["peak_mem_categorised_bytes"]:
+                    best = {"peak_mem_categorised_bytes": peak, "peak_mem_by_category": dict(cats)}
+    return best or {}
+
+
+def _bytes(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 50
+
+
+def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
+    the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
+    first = first_rank(summary)
+    amp = config_value((summary or {}).get("config") or {}, "train", "amp", str)
+    device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
+    flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")
+    return {
+        "flops_per_image": number_or_none(flops),
+        "batch_size_per_gpu": batch if is_count(batch) else None,
+        "device_name": device,
+        "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
+        "graphed": step_mode(summary) == "graph",
+        "script": (summary or {}).get("kind") == "command",
+    }
+
+
+def _all_reduce(rec: TraceRecord, key: str) -> Any:
+    return next((c[key] for c in rec.collectives or [] if c["kind"] == "all_reduce"), None)
+
+
+def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
+    per_call, calls = _all_reduce(rec, "bytes_per_call"), _all_reduce(rec, "calls")
+    return per_call * calls / rec.steps if per_call is not None and rec.steps else None
+
+
+def epoch_time_s(metrics: Path) -> float | None:
+    """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
+    return mean_present(
+        [number_or_none(r.get("epoch_time_s")) for r in read_metrics(metrics) if r.get("kind") == "epoch"]
+    )

@@ -1,0 +1,111 @@
+"""Time to the first step against the job's size, on a Slurm cluster (a benchmark, not a test).
+
+    python -m hpc.bench.startuptime --ranks 4,8,16,32 --account m1234_g -- --config profiles/smoke.yaml \
+        --data-root DATA --batch-size 8 --epochs 1
+
+Submits the same training at each size through hpc.submit (4 ranks a node, as Perlmutter's GPU nodes; the
+words after `--` go to the training), waits for it, and prints where its start-up went, from Slurm's
+StartTime and each rank's `startup` record in summary.json (hpc/training/summary.py):
+- to process: the job's start to the last rank's process start (srun spawning the tasks);
+- imports + set-up: a rank's process start to its joining the group (Python, torch, the config, the device);
+- group: the last rank's arrival to the group formed (the store's handshake), and the longest any rank waited;
+- to first step: the job's start to the last rank's first step end;
+- RSS: each rank's peak resident memory (getrusage), median and max over ranks.
+StartTime has a resolution of one second. No torch import.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, counts, run
+from hpc.core.errors import EXIT_OK, UsageError
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import read_summary
+
+PER_NODE = 4
+
+
+def parse_ranks(text: str) -> list[int]:
+    return counts(text, "--ranks", 1, "4,8,16,32")
+
+
+def job_start_unix(job: str) -> float:
+    """Slurm's StartTime of the job (its last start, for a requeued one), in Unix seconds."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"\bStartTime=(\S+)", out)
+    if not found:
+        raise UsageError(f"job {job}: scontrol shows no StartTime")
+    return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S"))
+
+
+def figures(ranks: list[dict[str, Any]], started: float) -> dict[str, float]:
+    """The start-up of one job from its ranks' records (hpc/training/summary.py's startup_record)."""
+    s = [r["startup"] for r in ranks]
+    arrived = [x["group_join_start_unix"] for x in s]
+    formed = max(x["group_join_start_unix"] + x["group_join_s"] for x in s)
+    rss = [r["peak_rss_bytes"] / 2**20 for r in ranks if r.get("peak_rss_bytes")]
+    return {
+        "to_process_s": max(x["process_start_unix"] for x in s) - started,
+        "setup_s": statistics.median(a - x["process_start_unix"] for a, x in zip(arrived, s, strict=True)),
+        "group_after_last_s": formed - max(arrived),
+        "longest_wait_s": max(x["group_join_s"] for x in s),
+        "to_first_step_s": max(x["first_step_end_unix"] for x in s) - started,
+        "rss_median_mib": statistics.median(rss) if rss else 0.0,
+        "rss_max_mib": max(rss) if rss else 0.0,
+    }
+
+
+def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[str, float]:
+    nodes, gpus = max(1, -(-count // PER_NODE)), min(PER_NODE, count)
+    args = ["--nodes", str(nodes), "--gpus", str(gpus), "--account", account, "--runs-dir", str(runs_dir)]
+    args += ["--name", f"start{count}", "--export", "OMP_NUM_THREADS=1", *train, "--wait"]
+    out = subprocess.run([sys.executable, "-m", "hpc.submit", *args], capture_output=True, text=True)
+    found = re.search(r"^job (\S+): run dir (\S+)", out.stdout, flags=re.M)
+    if out.returncode != 0 or not found:
+        raise UsageError(f"{count} ranks: hpc.submit failed (exit {out.returncode}): {out.stderr.strip()[-300:]}")
+    summary = read_summary(RunPaths(Path(found.group(2))).summary)
+    if not summary:
+        raise UsageError(f"{count} ranks: {found.group(2)} has no readable summary")
+    ranks = summary["ranks"]
+    return {"ranks": count, "nodes": nodes, **figures(ranks, job_start_unix(found.group(1)))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train = argv[argv.index("--") + 1 :] if "--" in argv else []
+    p = Parser(prog="python -m hpc.bench.startuptime", description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", default="4,8,16,32", help="rank counts to time (4 a node)")
+    p.add_argument("--account", default="m1234_g", help="Slurm account (-A)")
+    p.add_argument("--runs-dir", default="runs/startuptime", help="where the runs go")
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    rank_counts = parse_ranks(args.ranks)  # before any output: a bad list is one line, nothing printed
+    print(
+        "| ranks | nodes | to process (s) | imports + set-up (s) | group after last (s) | longest wait (s) "
+        "| to first step (s) | RSS median / max (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for count in rank_counts:
+        f = measure(count, args.account, Path(args.runs_dir), train)
+        print(
+            f"| {count} | {f['nodes']} | {f['to_process_s']:.1f} | {f['setup_s']:.1f} | {f['group_after_last_s']:.2f} "
+            f"| {f['longest_wait_s']:.1f} | {f['to_first_step_s']:.1f} | {f['rss_median_mib']:.0f} / "
+            f"{f['rss_max_mib']:.0f} |",
+            flush=True,
+        )
+    return EXIT_OK
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.bench.startuptime`): errors as one line, exit 2."""
+    return run("hpc.bench.startuptime", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

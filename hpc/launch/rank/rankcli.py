@@ -1,0 +1,114 @@
+"""`python -m hpc.rank`: one rank of a job's task (the toolkit's training or your own command), for the
+batch scripts' srun (hpc/launch/batch.py) and torchrun's workers; what every task of `hpc.submit` runs,
+as a command of its own.
+
+    srun python -m hpc.rank --run-dir RUN -- python train.py --epochs 3   # each task: one rank
+    python -m hpc.rank --run-dir RUN                                      # the task in RUN/task.json again
+    python -m hpc.rank --run-dir RUN --outcome                            # how the run ended, one line
+
+The rank's environment, logs, stops and exit record: hpc/launch/rank/runner.py. Exits as the task did (3 when
+it asked to be requeued, which the batch script does); 1 when a stop killed it. No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, check_run_dir, run
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.files import read_json
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import exit_code_of, read_records, read_summary, write_run_summary
+from hpc.launch.rank.rankenv import on_slurm
+from hpc.launch.rank.runner import run_rank, write_task
+from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
+from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
+from hpc.settings.task import Task, check_command, command_task
+
+
+def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int]:
+    """What a command runs under: the profiler section (--config's, then --set profiler.KEY=VALUE; enabled
+    false with --no-profile: the start-up hook still counts, watches and records an OOM) and
+    command.hang_timeout_s. Only those apply to a command: any other section set is an error naming it."""
+    overrides = [(*parse_override(s), set_source(s)) for s in sets]
+    for dotted, _, source in overrides:
+        require_section(dotted, ("profiler", "command"), source)
+    layers = Layers()
+    if config:
+        layers.add_file(config, only=(*RUN_SECTIONS, "command"), flag="--config")
+    for dotted, value, source in overrides:
+        layers.set(dotted, value, source)
+    if no_profile:
+        layers.set("profiler.enabled", False, "--no-profile")
+    command: CommandConfig = layers.build("command")
+    return dataclasses.asdict(layers.build("profiler")), command.hang_timeout_s
+
+
+def task_for(args: Any, words: list[str]) -> Task:
+    """The task to run: the words after --, or the run directory's task.json."""
+    paths = RunPaths(Path(args.run_dir))
+    if words:
+        check_command(words, Path.cwd(), in_image=False)
+        profiler, hang_timeout_s = command_sections(args.config, args.no_profile, args.set)
+        grace = args.stop_grace_s
+        if grace is None:
+            grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
+        if grace < 0:
+            raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
+        return command_task(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
+    saved = read_json(paths.task) if paths.task.is_file() else None
+    if not isinstance(saved, dict) or not (saved.get("words") or saved.get("argv")):
+        raise UsageError(f"--run-dir {args.run_dir}: no task.json with a task in it; give a command after --")
+    return Task.from_dict(saved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    words = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = Parser(prog="python -m hpc.rank", description=__doc__.split("\n\n")[0], needs_args=True)
+    parser.add_argument("--run-dir", required=True, help="the run directory (each rank writes its files there)")
+    parser.add_argument("--config", help="a config YAML whose profiler and command sections apply (defaults else)")
+    parser.add_argument("--no-profile", action="store_true", help="do not profile the command")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a profiler key, or command.hang_timeout_s",
+    )
+    parser.add_argument("--profile", help="cluster profile whose stop_grace_s applies (default: 60 s)")
+    parser.add_argument("--stop-grace-s", type=int, help="seconds from a stop to a kill (default: the profile's)")
+    parser.add_argument("--outcome", action="store_true", help="print how the run ended, in one line, and exit")
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.outcome:
+        return print_outcome(RunPaths(Path(args.run_dir)))
+    check_run_dir(args.run_dir)
+    task = task_for(args, words)
+    paths = RunPaths(Path(args.run_dir))
+    if words:
+        write_task(paths, task)
+    record = run_rank(task, paths.root)
+    if record.get("rank") == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
+        summary = read_summary(paths.summary) or {}
+        print(
+            f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
+        )
+    return exit_code_of(record)
+
+
+def print_outcome(paths: RunPaths) -> int:
+    """`--outcome`: the run's outcome, and the failing rank when one failed; exit 0 done, 3 stopped, 1 else
+    (2: no command ran there)."""
+    summary = write_run_summary(paths) if read_records(paths) else None
+    if summary is None:
+        raise UsageError(f"--run-dir {paths.root}: no rank of a task has started there (no {paths.ranks})")
+    print(f"hpc.rank: {paths.root}: {summary['outcome']}" + (f": {summary['failure']}" if summary["failure"] else ""))
+    return {"done": EXIT_OK, "stopped": EXIT_PREEMPTED}.get(summary["outcome"], EXIT_FAILED)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    return run("hpc.rank", main, argv)

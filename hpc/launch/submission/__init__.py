@@ -1,0 +1,11 @@
+"""From a command line to jobs and back (torch-free at module level).
+
+- plan.py: what a submission command line asks for, as a pure plan;
+- points.py: the sweep's grid and each point's task;
+- site.py: a cluster profile's site practices as a job's settings;
+- slurm.py: a job's request, its sbatch parameters and script (pure functions, pinned by golden files);
+- submit.py: `python -m hpc.submit`;
+- job.py: `TaskJob`, what submitit runs in every task;
+- follow.py: following submitted jobs to one printed result; stopping a local run;
+- queue.py: the Slurm queue through squeue and sacct.
+"""

@@ -1,0 +1,291 @@
+"""Following jobs once submitted: waiting for them, echoing a local run's output, reporting how each ended,
+and stopping a local run cleanly.
+
+A local run (`hpc.submit --local`, `hpc.study run --local`) stops on Ctrl-C or SIGTERM (`timeout`, a
+closed terminal's parent): every rank's runner gets SIGINT and tells its task (SIGTERM), which finishes
+its step, writes its checkpoint and exits; the command then prints one line saying where the checkpoint
+is and the command that resumes it, and exits 3 (EXIT_PREEMPTED). submitit's local controller must not
+see Ctrl-C itself (it would kill the ranks a second later, mid-checkpoint), so it is started with SIGINT
+ignored (hpc/launch/submission/submit.py), which it and its tasks inherit; the runner installs its own handler. A
+second Ctrl-C kills every process of the run at once. Without --local, Ctrl-C only stops the waiting:
+the jobs run on in Slurm. No torch import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from analysis.api import render, run_numbers
+from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from hpc.core.rundir import RunPaths, read_checkpoint_info
+from hpc.core.summary import read_records, restarts_line, write_run_summary
+from hpc.launch.submission.points import Point
+from hpc.launch.submission.queue import QueueWatch
+
+log = logging.getLogger(__name__)
+
+RESEND_S = 2.0  # a rank still setting up ignores SIGINT (inherited); it is told again until it listens
+
+
+class Interrupts:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) recorded (not raised) while a command follows its jobs."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+        self.sent_at = 0.0  # when the ranks were last told to stop (monotonic)
+        self.previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "-"
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.signum, self.count = signum, self.count + 1
+
+    def __enter__(self) -> Interrupts:
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.previous = {sig: signal.signal(sig, self._record) for sig in caught}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc children lists), depth first."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in map(int, children):
+        found += [child, *descendants(child)]
+    return found
+
+
+def _same_group(pid: int, other: int) -> bool:
+    try:
+        return os.getpgid(pid) == os.getpgid(other)
+    except OSError:
+        return False
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
+    """After an interrupt: SIGINT to the local jobs' ranks, the runners in their controller's process
+    group (again every RESEND_S, for ranks still starting), each of which tells its task (hpc/launch/
+    runner.py: the task runs in a session of its own); after a second one, SIGKILL to every process
+    below the controllers, and to them."""
+    if interrupts.signum is None or not pending:
+        return
+    controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
+    below = [pid for controller in controllers for pid in descendants(controller)]
+    if interrupts.count >= 2:
+        _signal_all(below + controllers, signal.SIGKILL)
+        return
+    if time.monotonic() - interrupts.sent_at >= RESEND_S:
+        if not interrupts.sent_at:
+            log.info(f"hpc: {interrupts.name}: every rank stops its task at a step's end (again to kill them)")
+        runners = [pid for c in controllers for pid in descendants(c) if _same_group(pid, c)]
+        _signal_all(runners, signal.SIGINT)
+        interrupts.sent_at = time.monotonic()
+
+
+def resume_command(run_dir: Path, ranks: int) -> str:
+    """What resumes a run here: its task again (hpc.rank on its task.json), under torchrun for several ranks."""
+    again = f"-m hpc.rank --run-dir {shlex.quote(str(run_dir))}"
+    if ranks == 1:
+        return f"python {again}"
+    return f"python -m torch.distributed.run --standalone --nproc-per-node {ranks} {again}"
+
+
+def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
+    """One line per stopped local run: what it kept and what resumes it. EXIT_PREEMPTED."""
+    for sub in subs:
+        paths, resume = RunPaths(sub.run_dir), resume_command(sub.run_dir, sub.ranks)
+        info = read_checkpoint_info(paths)
+        if info is not None:
+            log.warning(
+                f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
+                f"{info['stop_at']}; resume with: {resume}"
+            )
+        elif sub.training:
+            log.warning(
+                f"hpc: stopped ({interrupts.name}) before a checkpoint of {sub.run_dir}: nothing to resume; "
+                "run the same command again to start afresh"
+            )
+        else:
+            log.warning(
+                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); if it saves its state, "
+                f"run it again to resume, here in {sub.run_dir} with: {resume}"
+            )
+    return EXIT_PREEMPTED
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    run_dir: Path
+    logs: tuple[Path, Path]  # stdout, stderr of task 0
+    job: Any  # submitit's Job
+    point: Point | None = None
+    ranks: int = 1  # the run's world size (for the command that resumes it)
+    training: bool = False  # the toolkit's training, which says where its checkpoint is
+
+    @classmethod
+    def of(cls, job: Any, point: Point | None, ranks: int, training: bool) -> Submitted:
+        paths = job.paths
+        return cls(
+            job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks, training
+        )
+
+    def ended(self, watch: QueueWatch | None) -> bool:
+        """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
+        hpc/launch/submission/queue.py: without slurmdbd submitit's own done() waits forever on a killed job)."""
+        if watch is None or not _is_slurm_job(self.job):
+            return bool(self.job.done())
+        return self.job.paths.result_pickle.exists() or watch.left(self.job_id)
+
+
+def _is_slurm_job(job: Any) -> bool:
+    from submitit.slurm.slurm import SlurmJob
+
+    return isinstance(job, SlurmJob)
+
+
+RUN_NUMBERS = [
+    "rank",
+    "steps",
+    "cpu_time_us",
+    "cuda_time_us",
+    "kernel_calls",
+    "peak_gpu_mem_bytes",
+    "peak_cpu_mem_bytes",
+]
+
+
+def print_run_numbers(run_dir: Path) -> None:
+    """The run's numbers from its own traces, per rank: what a local run ends with (no torch import)."""
+    traces, run = run_numbers(run_dir)
+    if traces:
+        print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
+        print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
+    if run is not None and run.verdict:
+        print(f"verdict: {run.verdict['line']}")
+
+
+class _LogFollower:
+    """Echoes what the jobs' rank 0 writes to stdout and stderr (RUN/logs/rank0.out, .err), as it comes
+    (local runs)."""
+
+    def __init__(self, subs: list[Submitted]):
+        self.subs = subs
+        self.offsets: dict[Path, int] = {}
+
+    def echo(self) -> None:
+        for sub in self.subs:
+            for stream in ("out", "err"):
+                self.copy(RunPaths(sub.run_dir).rank_stream(0, stream))
+
+    def copy(self, log: Path) -> None:
+        if not log.exists():
+            return
+        with open(log, errors="replace") as f:
+            f.seek(self.offsets.get(log, 0))
+            text = f.read()
+            self.offsets[log] = f.tell()
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+Submission = tuple[Any, Point | None, int, bool]  # submitit's job, its point, its ranks, whether it trains
+
+
+def wait_for(submitted: list[Submission], poll_s: float = 2.0, follow: bool = False) -> int:
+    """Wait until every job has ended; report each: how its run ended, or FAILED with its log. With follow
+    (local runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see
+    stop_here). Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
+    subs = [Submitted.of(*s) for s in submitted]
+    pending = list(subs)
+    follower = _LogFollower(subs)
+    watch = QueueWatch() if any(_is_slurm_job(sub.job) for sub in subs) else None
+    with Interrupts() as interrupts:
+        while pending:
+            pending = [sub for sub in pending if not sub.ended(watch)]
+            if follow:
+                stop_here(pending, interrupts)
+                follower.echo()
+            elif interrupts.signum is not None:
+                ids = " ".join(sub.job_id for sub in pending)
+                log.warning(
+                    f"hpc: stopped waiting ({interrupts.name}); still on Slurm: squeue -j {ids}; scancel {ids} ends "
+                    "them"
+                )
+                return EXIT_INTERRUPTED
+            if pending:
+                time.sleep(poll_s if not follow else 0.5)
+    for sub in subs:  # submitit leaves the unexpanded '%j' folder behind, empty, once a job has ended
+        with contextlib.suppress(OSError):  # not there, or not empty: leave it
+            (sub.run_dir.parent / "%j").rmdir()
+    if follow and interrupts.signum is not None:
+        return said_stopped(subs, interrupts)
+    return EXIT_FAILED if sum(not print_result(sub, poll_s, follow) for sub in subs) else EXIT_OK
+
+
+def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
+    """How an ended job's run ended, from its ranks' records: done (with its numbers, followed here), or
+    the first failing rank named with its code and last stderr line, and where everything is; a job that
+    left no record failed outside its task (its log named). False when it failed."""
+    paths = RunPaths(sub.run_dir)
+    summary = write_run_summary(paths, ended=True) if read_records(paths) else None  # the job has ended
+    if summary is None:
+        return print_job_failure(sub, poll_s)
+    outcome = summary["outcome"]
+    if outcome == "done" and follow:
+        print_run_numbers(sub.run_dir)
+    restarted = restarts_line(summary)
+    if restarted:
+        print(f"job {sub.job_id}: {restarted}", file=sys.stderr)
+    if summary.get("failure"):
+        print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
+    elif outcome != "done":
+        said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
+        print(f"job {sub.job_id}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
+    print(
+        f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
+        f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
+    )
+    return outcome in ("done", "oom", "stopped", "preempted")
+
+
+def print_job_failure(sub: Submitted, poll_s: float) -> bool:
+    """A job whose task never recorded a start: what submitit says of it (its exception), in one line."""
+    try:
+        if not sub.job.paths.result_pickle.exists():
+            time.sleep(poll_s)  # a result written as the job left the queue
+        if not sub.job.paths.result_pickle.exists():
+            raise RuntimeError("no result: the job was killed or failed outside Python")
+        sub.job.results()  # re-raises the job's own exception, whatever it is
+        raise RuntimeError("the job ended without running its task")
+    except Exception as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(
+            f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
+        )
+    return False

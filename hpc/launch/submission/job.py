@@ -1,0 +1,183 @@
+"""The job submitit runs in every task: `TaskJob`, one for every task (the toolkit's training and a user's
+command alike: hpc/settings/task.py), checkpointable for submitit's requeue.
+
+With srun (one task per GPU) each task is one rank: the per-rank runner (hpc/launch/rank/runner.py) starts
+the task's process and records how it ended. With torchrun (one task per node) each task runs torchrun,
+whose workers are `python -m hpc.rank` on the run directory, a runner each, so the ranks are recorded
+alike; a worker that dies restarts the group, which resumes from the task's own checkpoint. The job's
+signal is SIGTERM (`--signal=TERM@<delay>`, hpc/launch/submission/slurm.py), sent by Slurm to every process of the
+step before the time limit and at a preemption. Then:
+
+- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) is
+  requeued by rank 0 through submitit's handler (the rule: hpc/launch/requeue.py `may_requeue`), and the
+  requeued job runs the same task, which resumes by itself; a lost peer that was rank 0 itself is
+  requeued by the lowest survivor after a grace time;
+- a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted;
+- a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
+  their own task on seeing it), after its exit record and summary.json are written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc.core.errors import EXIT_PEER_LOST, StoreError
+from hpc.core.logs import configure
+from hpc.core.meet import free_port
+from hpc.core.rundir import RunPaths
+from hpc.core.stop import StopSignal
+from hpc.core.summary import exit_code_of, write_run_summary
+from hpc.launch.rank.rankmeet import agents_port
+from hpc.launch.rank.runner import run_rank, write_task
+from hpc.launch.requeue import (
+    ALREADY,
+    clear_request,
+    may_requeue,
+    requeue,
+    requeue_if_rank0_does_not,
+    requeued_already,
+    stopped_by_user,
+)
+from hpc.placement.torchrun import AGENT_ENV
+from hpc.settings.task import Task
+
+log = logging.getLogger(__name__)
+
+# how a run ended (summary.json's outcome) -> how a torchrun job's task ended (an exit record's kind)
+KIND_OF_OUTCOME = {"done": "ok", "failed": "failed", "stopped": "stopped", "oom": "oom"}
+STATUS_OF_KIND = {"ok": "done", "oom": "oom", "stopped": "stopped"}  # any other: preempted
+
+
+class TaskJob:
+    """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
+    Task's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
+    node, `nproc_per_node` workers, `max_restarts`) are the cluster profile's. Its state is in the run
+    directory, so resubmitting the same job resumes it."""
+
+    def __init__(
+        self,
+        task: dict[str, Any],
+        max_requeues: int,
+        launcher: str = "srun",
+        nproc_per_node: int = 1,
+        max_restarts: int = 0,
+    ):
+        self.task = task
+        self.max_requeues = max_requeues
+        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+
+    def the_task(self) -> Task:
+        return Task.from_dict(self.task)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        configure()  # HPC_LOG_LEVEL, exported with the job
+        submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
+        job = submitit.JobEnvironment()
+        paths = RunPaths(Path(job.paths.folder))
+        task = self.the_task()
+        write_task(paths, task)
+        if job.global_rank == 0:
+            clear_request(paths.root)
+        stop = StopSignal.take()
+        try:
+            if self.launcher == "torchrun":
+                record = self.run_torchrun(paths, job.job_id, stop, job.global_rank == 0)
+            else:
+                record = run_rank(task, paths.root, stop=stop)
+        finally:
+            stop.restore()
+        return self.ended(record, stop.signum, task, job, paths, submitit_on_usr2)
+
+    def ended(
+        self, record: dict[str, Any], signum: int | None, task: Task, job: Any, paths: RunPaths, on_usr2: Any
+    ) -> dict[str, Any]:
+        """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
+        that failed raises, after its records are written."""
+        kind = record.get("kind")
+        code = exit_code_of(record) if kind == "stopped" else record.get("exit_code")  # exit 0 unfinished: 3
+        if kind == "failed":
+            log.error(
+                f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
+            )
+            raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
+        status = STATUS_OF_KIND.get(str(kind), "preempted")  # preempted: killed, interrupted, stopped for a peer
+        if status != "stopped":
+            return {"status": status, "run_dir": str(paths.root)}
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        by_user = stopped_by_user(signum, os.environ)
+        if may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
+            if job.global_rank == 0 and callable(on_usr2) and requeued_already(job.job_id, os.environ):
+                log.info(f"hpc: job {job.job_id} {ALREADY}")
+            elif job.global_rank == 0 and callable(on_usr2):
+                log.info(f"hpc: the task asked to be requeued (exit {code}): requeueing job {job.job_id}")
+                requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit
+            elif code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+                requeue_if_rank0_does_not(job.job_id, job.global_rank, paths.root)  # rank 0 may be the peer lost
+        return {"status": "stopped", "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
+
+    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:
+        """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
+        task.json); the stop signals passed on to it. This task's end as the run's records say once
+        torchrun has ended: an exit record's kind and code."""
+        try:
+            args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, first, stop)
+        except StoreError as e:
+            return {"kind": "interrupted" if stop.signum else "failed", "exit_code": None, "message": str(e)}
+        rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
+        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
+        summary = write_run_summary(paths) or {}
+        outcome = str(summary.get("outcome"))
+        kind = KIND_OF_OUTCOME.get(outcome, "preempted") if rc == 0 or outcome != "done" else "failed"
+        codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == kind]
+        message = summary.get("failure") or f"torchrun exited {rc} ({outcome})"
+        return {"kind": kind, "exit_code": codes[0] if codes else rc, "message": message}
+
+
+def run_forwarding(argv: list[str], stop: StopSignal) -> int:
+    """Run `argv` (torchrun) to its end, in AGENT_ENV, with the stop signals passed on to it (and recorded
+    in `stop`); its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
+    SIGUSR1 (Slurm signals every process of the step, and a Lightning job asks for it), its workers left
+    without it; they get Slurm's signal themselves, and pass it on to their command."""
+    proc = subprocess.Popen(argv, env={**AGENT_ENV, **os.environ}, preexec_fn=_ignore_passed_signals)
+
+    def forward(signum: int) -> None:
+        if signum not in StopSignal.PASSED:
+            proc.send_signal(signum)
+
+    stop.listener = forward
+    try:
+        return proc.wait()
+    finally:
+        stop.listener = None
+
+
+def _ignore_passed_signals() -> None:
+    for sig in StopSignal.PASSED:  # ignored dispositions survive exec; handlers do not
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def torchrun_args_for(
+    job_id: str, nproc_per_node: int, max_restarts: int, paths: RunPaths, first: bool, stop: StopSignal
+) -> list[str]:
+    """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm, on a port
+    its first node picked (`first`: this is it); on this machine (--local), one node at 127.0.0.1."""
+    from hpc.placement.distenv import slurm_torchrun_args
+    from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
+
+    if os.environ.get("SLURM_JOB_ID"):
+        return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts, agents_port(paths, first, stop))
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
+    return torchrun_args(1, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())

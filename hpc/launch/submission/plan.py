@@ -1,0 +1,219 @@
+"""What a submission command line asks for, as a pure plan, assembled here in one place: the cluster
+profile, each job's request (nodes x GPUs per node, checked), the task every rank of each point runs
+(hpc/launch/submission/points.py: the toolkit's training or a user's command), and each job's submitit parameters
+and sbatch text, computed once. A single job is a sweep of one point; a sweep is one job array per job
+shape. Nothing written or submitted: `hpc.submit` and `hpc.study` print, run or submit plans. No torch
+import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import check_name, check_output_dir
+from hpc.core.errors import UsageError
+from hpc.core.rundir import point_key
+from hpc.launch.submission.job import TaskJob
+from hpc.launch.submission.points import (
+    COMMAND_SECTIONS,
+    Point,
+    Work,
+    command_work,
+    grid_points,
+    is_command_sweep,
+    refuse_training_flags,
+    training_work,
+)
+from hpc.launch.submission.site import accounts, node_share
+from hpc.launch.submission.slurm import (
+    JobRequest,
+    job_python,
+    local_parameters,
+    parse_exports,
+    sbatch_text,
+    slurm_parameters,
+)
+from hpc.settings.config import check_request, load_cluster, require_section
+from hpc.settings.flags import overrides_from_args
+from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
+from hpc.settings.task import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """One submission: a job shape, the points it carries with the task each runs, and how it is
+    submitted (submitit's parameters, and the sbatch text they make on Slurm; None with --local)."""
+
+    request: JobRequest
+    folder: Path  # submitit's folder, with %j for the job id: each run directory
+    points: tuple[tuple[Point | None, Task], ...]  # point None: a single job
+    array: bool  # submitted as a job array (a sweep), or as a plain job
+    parameters: dict[str, Any]
+    sbatch: str | None
+    charge: dict[str, Any]  # what index.json says each point ran in, for the report's node-hours (site.py)
+    jobs: tuple[TaskJob, ...]  # what submitit runs in every task of each point, in the points' order
+    python: str | None  # the python each task runs (None: this one; a container's own `python`)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a command line asks for, validated, before anything is submitted or written."""
+
+    cluster: ClusterConfig
+    specs: tuple[JobSpec, ...]
+    local: bool
+    sweep: SweepConfig | None = None
+    sweep_dir: Path | None = None
+    sweep_file: dict[str, Any] | None = None  # sweep.yaml: the sweep and what its points run, as resolved
+
+
+Request = Callable[[int, int, str, str], JobRequest]
+
+
+def make_plan(
+    args: argparse.Namespace,
+    words: list[str] | None,
+    now: dt.datetime | None = None,
+    into: tuple[Path, set[tuple[Any, ...]]] | None = None,
+) -> Plan:
+    """The plan of a command line (`words`: the command after `--`, None for the training or a sweep's
+    own command section): every shape and every point validated, nothing written. `into`: a sweep
+    directory that exists, and the keys of its points to submit again there (`hpc.study resubmit`)."""
+    command = words is not None or is_command_sweep(args.sweep)
+    if command:
+        refuse_training_flags(args)
+    cluster = load_cluster_for(args, COMMAND_SECTIONS if command else RUN_SECTIONS)
+    work: Work = command_work(args, cluster, words) if command else training_work(args, cluster)
+    request, runs_dir = job_basics(args, cluster)
+    name = args.name if args.name is not None else work.name
+    if work.sweep is None:
+        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        points: tuple[tuple[Point | None, Task], ...] = ((None, work.task_for(None)),)
+        shapes = [(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", points, False)]
+        sweep_dir = None
+    else:
+        sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
+        grid = grid_points(work.sweep)
+        if into is not None:
+            sweep_dir, keys = into
+            grid = [p for p in grid if point_key(p) in keys]
+        shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], request, name, sweep_dir, args.sweep)
+    specs = tuple(job_spec(cluster, args.local, args.max_parallel, *shape) for shape in shapes)
+    record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
+    return Plan(cluster, specs, args.local, work.sweep, sweep_dir, record)
+
+
+def job_spec(
+    cluster: ClusterConfig,
+    local: bool,
+    max_parallel: int | None,
+    request: JobRequest,
+    folder: Path,
+    points: tuple[tuple[Point | None, Task], ...],
+    array: bool,
+) -> JobSpec:
+    """A job of the plan with its parameters, sbatch text and charge, made once."""
+    if local:
+        params, text = local_parameters(cluster, request), None
+    else:
+        params = slurm_parameters(cluster, request, max_parallel, folder)
+        text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
+    charge = {"qos": params.get("qos"), "node_share": node_share(cluster, request.nodes, request.gpus)}
+    jobs = tuple(
+        TaskJob(task.to_dict(), cluster.max_requeues, cluster.launcher, request.gpus, cluster.max_restarts)
+        for _, task in points
+    )
+    return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
+
+
+def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> ClusterConfig:
+    """The cluster profile (with --set cluster.* values), checked against what the command line asks;
+    --set may name the cluster section and `sections` (and the sweep's, with --sweep)."""
+    overrides = overrides_from_args(args)
+    for dotted, _, source in overrides:
+        require_section(dotted, sections + ("cluster",) + (("sweep",) if args.sweep else ()), source)
+    cluster = load_cluster(
+        args.profile or ("local" if args.local else "perlmutter"), [o for o in overrides if o[0].startswith("cluster.")]
+    )
+    if args.local and cluster.max_nodes < args.nodes:
+        raise UsageError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
+    if args.max_parallel is not None and args.max_parallel < 1:
+        raise UsageError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
+    if not args.local and cluster.scheduler != "slurm":
+        raise UsageError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
+    if not args.local and not args.dry_run and not shutil.which("sbatch"):
+        raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
+    return cluster
+
+
+def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Request, Path]:
+    """What every job of a command line shares: a maker of checked job requests (nodes, GPUs per node,
+    job name, where the shape came from), and the runs directory."""
+    time_min = args.time if args.time is not None else cluster.time_limit_min
+    if args.name is not None:
+        check_name(args.name, "command line: --name")
+    exports, sbatch = parse_exports(args.export), parse_exports(args.sbatch, "--sbatch")
+    account = check_account(cluster, args.account, needed=not (args.dry_run or args.local))
+    runs_dir = runs_dir_for(args.runs_dir, cluster).absolute()
+    check_output_dir(runs_dir, "command line: --runs-dir")
+
+    def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
+        check_request(cluster, nodes, gpus, time_min, source=source)
+        return JobRequest(nodes, gpus, time_min, job_name, account, args.qos, args.partition, exports, sbatch)
+
+    return request, runs_dir
+
+
+def check_account(cluster: ClusterConfig, account: str | None, needed: bool) -> str | None:
+    """The GPU jobs' account, checked against the profile's rule (hpc/launch/submission/site.py) before anything is
+    submitted; a profile with a rule needs one to submit (a dry run does not)."""
+    account, _ = accounts(cluster, account, None)
+    if needed and account is None and cluster.account_suffix:
+        raise UsageError(
+            f"command line: --account: profile {cluster.name!r} needs one, a GPU allocation's (it ends with "
+            f"{cluster.account_suffix!r})"
+        )
+    return account
+
+
+def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
+    """--runs-dir, else the profile's runs_dir (Perlmutter: on $SCRATCH), else ./runs. A profile path whose
+    variable is not set here (no $SCRATCH on a laptop) falls back to ./runs."""
+    if flag is not None:
+        return Path(flag)
+    if cluster.runs_dir:
+        expanded = os.path.expanduser(os.path.expandvars(cluster.runs_dir))
+        if "$" not in expanded:
+            return Path(expanded)
+    return Path("runs")
+
+
+def sweep_shapes(
+    points: list[tuple[Point, Task]], request: Request, name: str, sweep_dir: Path, source: str
+) -> list[tuple[JobRequest, Path, tuple[tuple[Point | None, Task], ...], bool]]:
+    """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
+    (`request`) before anything is submitted."""
+    by_shape: dict[tuple[int, int], list[tuple[Point | None, Task]]] = {}
+    for point, task in points:
+        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, task))
+    return [
+        (
+            request(
+                nodes,
+                gpus,
+                f"{name}-{nodes}n{gpus}g" if nodes > 1 else f"{name}-{gpus}gpu",
+                f"{source}: sweep.nodes={nodes}, sweep.gpus={gpus}",
+            ),
+            sweep_dir / "%j",
+            tuple(group),
+            True,
+        )
+        for (nodes, gpus), group in by_shape.items()
+    ]

@@ -1,0 +1,297 @@
+"""Submit a job (one task per GPU) to Slurm, or run it here, through submitit: `python -m hpc.submit`.
+
+    python -m hpc.submit --nodes 1 --gpus 4 --account m1234_g --config profiles/smoke.yaml
+    python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
+    python -m hpc.submit --sweep profiles/study.yaml --account m1234_g --max-parallel 4
+    python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g --dry-run      # print the sbatch script
+    python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
+
+A submission reads top to bottom: the command line is parsed here, becomes a plan (hpc/launch/submission/plan.py:
+the cluster, each job's request, the task every rank runs, the sbatch parameters and text), is printed
+(--dry-run), or written and submitted here (each point a `TaskJob`, hpc/launch/submission/job.py; a sweep one job
+array per shape, its points in the sweep's index.json), then followed (hpc/launch/submission/follow.py). The
+toolkit's training and your own command take the same road. Job handling is submitit's. No torch import
+here (fast CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import logging
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hpc.core.cli import Parser, first_missing, run, shown
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
+from hpc.core.owner import make_dirs
+from hpc.core.rundir import SweepPaths, write_index, write_yaml
+from hpc.launch.submission.follow import wait_for
+from hpc.launch.submission.plan import JobSpec, Plan, make_plan
+from hpc.launch.submission.points import split_command
+from hpc.launch.submission.queue import first_line
+from hpc.settings.cluster import ranks_per_node
+from hpc.settings.flags import add_training_flags
+
+log = logging.getLogger(__name__)
+
+STUDY_RUN = "python -m hpc.study run"
+
+
+def build_parser(prog: str = "python -m hpc.submit") -> Parser:
+    """hpc.submit's command line; as `hpc.study run` (prog STUDY_RUN) the sweep YAML comes first and
+    --wait waits for the report."""
+    study = prog == STUDY_RUN
+    parser = Parser(
+        prog=prog,
+        description="Submit the study (a sweep's job arrays, then its analysis job) and say where its report will be."
+        if study
+        else "Submit DDP training (one task per GPU) with submitit: to Slurm by default, here with --local.",
+        epilog="Every hpc.train option below is forwarded to the training. Your own command instead: everything "
+        "after -- (e.g. -- python train.py --epochs 3), run as given by every rank, profiled (--config's profiler "
+        "section, --no-profile). Exit codes: 0 submitted (or, with --wait, all jobs done), 1 a job failed, 2 bad "
+        "input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
+        needs_args=True,
+    )
+    if study:
+        parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
+    add_job_options(parser.add_argument_group("job"))
+    add_submission_options(parser.add_argument_group("submission"), study)
+    add_training_flags(parser.add_argument_group("training (forwarded to hpc.train)"))
+    return parser
+
+
+def add_job_options(g: argparse._ArgumentGroup) -> None:
+    """The job's shape and where it runs: nodes, GPUs, profile, time, account, QOS, partition, name."""
+    g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    g.add_argument("--gpus", type=int, default=None, help="GPUs per node, one task each (default: the profile's)")
+    g.add_argument(
+        "--profile", default=None, help="cluster profile name or YAML (default perlmutter; local with --local)"
+    )
+    g.add_argument(
+        "--time", type=int, default=None, metavar="MIN", help="time limit in minutes (default: the profile's)"
+    )
+    g.add_argument("--account", help="Slurm account (-A); Perlmutter needs one")
+    g.add_argument("--qos", help="Slurm QOS (-q), default: the profile's")
+    g.add_argument("--partition", help="Slurm partition")
+    g.add_argument("--name", help="job name; runs go to RUNS/<name>/<job id>/ (default: the arch)")
+    g.add_argument("--runs-dir", help="where run directories go (default: the profile's runs_dir, else ./runs)")
+    repeated: dict[str, Any] = {"action": "append", "default": [], "metavar": "KEY=VALUE"}
+    g.add_argument(
+        "--export", **repeated, help="extra environment for the job (repeatable; overrides the profile's env)"
+    )
+    g.add_argument(
+        "--sbatch", **repeated, help="another sbatch option, as --KEY=VALUE (repeatable; e.g. mail-type=END)"
+    )
+
+
+def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
+    """How the plan is used: printed, run here, swept, waited for."""
+    if study:
+        g.add_argument("--analysis-account", help="the analysis job's account (default: --account's CPU allocation)")
+    g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
+    g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
+    if not study:
+        g.add_argument("--sweep", help="sweep YAML: submit its grid as job arrays, one per resource shape")
+    g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
+    g.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the report" if study else "wait for the job(s), report how they ended",
+    )
+
+
+def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:
+    """The parsed options and the plan (your own command's after `--`, or the toolkit's training);
+    `into`: make_plan's (a resubmission)."""
+    own, words = split_command(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser(prog).parse_args(own)
+    return args, make_plan(args, words, into=into)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, plan = plan_for(argv)
+    if args.dry_run:
+        print_plan(plan)
+        return EXIT_OK
+    return execute(plan, wait=args.wait)
+
+
+def print_plan(plan: Plan) -> None:
+    """--dry-run: what each rank of every job runs, and its sbatch script (what submitit would hand to
+    sbatch), submitting nothing."""
+    for spec in plan.specs:
+        if plan.local:
+            what = f"{len(spec.points)} point(s), one at a time" if spec.array else "one job"
+            print(f"# --local: {what}, {spec.request.gpus} task(s) each, through submitit's local executor")
+        elif spec.array:
+            print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
+        for point, task in spec.points:
+            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, spec.python or sys.executable))
+            print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
+        if spec.sbatch is not None:
+            print(spec.sbatch, end="" if not spec.array else "\n")
+
+
+# sbatch's words when Slurm itself turns a job down (its accounting enforces accounts, QOS and their limits):
+# the user's input, not a controller that failed.
+REFUSALS = (
+    "Invalid account",
+    "Invalid qos",
+    "violates accounting/QOS policy",
+    "Invalid partition",
+    "Requested time limit is invalid",
+    "Invalid feature specification",
+    "Requested node configuration is not available",
+)
+
+
+@contextlib.contextmanager
+def submission(folder: Path, what: str, params: dict[str, Any] | None = None) -> Iterator[None]:
+    """sbatch through submitit, as one line when it fails, and what submitit wrote for it (its pickle, its
+    script, folders it made) removed again: a UsageError when Slurm refused the job (REFUSALS), naming the
+    job's account, QOS and partition (`params`) and Slurm's words; else a QueueError with sbatch's reason."""
+    import submitit
+
+    parent = folder.parent  # submitit writes a job's files beside its "%j" folder until it has an id
+    made = first_missing(parent, "job folder")
+    make_dirs(parent, "job folder")  # the owner's, before submitit writes into it
+    before = set(parent.iterdir()) if made is None else set()
+    told = io.StringIO()  # submitit prints sbatch's stderr itself before raising: keep it for the one line
+    try:
+        with contextlib.redirect_stderr(told):
+            yield
+    except (submitit.core.utils.FailedJobError, OSError, subprocess.SubprocessError) as e:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            for leftover in set(parent.iterdir()) - before:
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        text = str(e) or told.getvalue()
+        if any(words in text for words in REFUSALS):
+            raise refused(what, text, params or {}) from None
+        raise QueueError(f"sbatch could not submit {what} ({first_line(text)})") from None
+
+
+def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
+    said = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in sbatch_said.splitlines() if line.strip())
+    given = ", ".join(
+        f"--{key} {shown(str(params[key]))}" for key in ("account", "qos", "partition") if params.get(key)
+    )
+    return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
+
+
+def make_executor(
+    params: dict[str, Any], folder: Path, max_requeues: int, local: bool, python: str | None = None
+) -> Any:
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor)."""
+    import submitit
+
+    executor: Any
+    if local:
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=max_requeues)
+    else:
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=python)
+    executor.update_parameters(**params)
+    return executor
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while local jobs start: their controller inherits it so (submission/follow.py says why)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+Submission = tuple[Any, dict[str, Any] | None, int, bool]  # submitit's job, its point (and charge), ranks, trains
+
+
+def execute(plan: Plan, wait: bool) -> int:
+    """Write and submit every spec, then follow: here one point at a time (each followed as it runs), on
+    Slurm each spec at once (an array for a sweep). Returns 0, 1 when a job that was waited for failed, 3
+    when a local run was stopped (Ctrl-C, SIGTERM: hpc/launch/submission/follow.py), 130 when waiting was. An sbatch
+    that fails is one line (QueueError): a new sweep directory with nothing submitted into it is removed,
+    and an index.json lists only what was submitted."""
+    made = first_missing(plan.sweep_dir, "sweep directory") if plan.sweep_dir is not None else None
+    if plan.sweep_dir is not None and plan.sweep_file is not None:
+        make_dirs(plan.sweep_dir, "sweep directory")
+        write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file)
+    done: list[Submission] = []
+    try:
+        code = submit_specs(plan, done)
+    except (QueueError, UsageError) as e:  # sbatch failed, or Slurm refused the job
+        if made is not None and not done:
+            shutil.rmtree(made, ignore_errors=True)
+        before = f"; before it: job(s) {' '.join(str(d[0].job_id) for d in done)}" if done else ""
+        raise type(e)(f"{e}{before or '; nothing was submitted'}") from None
+    if plan.sweep_dir is not None:
+        log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
+    if wait and not plan.local:
+        code = wait_for(done)
+    return code
+
+
+def submit_specs(plan: Plan, done: list[Submission]) -> int:
+    """Submit every spec (adding to `done` as they go); here each point followed as it runs, and a stopped
+    one ends the sweep. The exit code of what was followed (see execute)."""
+    failures = 0
+    cluster = plan.cluster
+    for n, spec in enumerate(plan.specs, 1):
+        what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
+        with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
+            executor = make_executor(spec.parameters, spec.folder, cluster.max_requeues, plan.local, spec.python)
+            if not plan.local:
+                done.extend(submit_points(plan, executor, range(len(spec.points)), spec))
+        if not plan.local:
+            record_index(plan, done)
+        for i in range(len(spec.points)) if plan.local else ():  # this machine: a point at a time, followed
+            with interrupts_ignored():  # submitit's controller must not see Ctrl-C (follow.py)
+                done.extend(submit_points(plan, executor, range(i, i + 1), spec))
+            record_index(plan, done)
+            code = wait_for(done[-1:], follow=True)  # which drops submitit's '%j' placeholder once it ended
+            if code == EXIT_PREEMPTED:
+                return code
+            failures += code
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> list[Submission]:
+    """Submit the points' jobs (`points`: their places in the spec; as one array for a sweep's spec) and
+    say where each runs."""
+    with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
+        jobs = [executor.submit(spec.jobs[i]) for i in points]
+    ranks = spec.request.nodes * ranks_per_node(plan.cluster.launcher, spec.request.gpus)
+    made = []
+    for job, i in zip(jobs, points, strict=True):
+        point, task = spec.points[i]
+        made.append((job, {**point, **spec.charge} if point else None, ranks, task.is_training))
+        logs = ", ".join(str(p) for p in (job.paths.stdout, job.paths.stderr))
+        log.info(f"job {job.job_id}: run dir {job.paths.folder}\n  logs: {logs}")
+    return made
+
+
+def record_index(plan: Plan, done: list[Submission]) -> None:
+    """The sweep's index.json: every point submitted so far, with its job id and run directory."""
+    if plan.sweep_dir is None or plan.sweep is None:
+        return
+    header = {"sweep": dataclasses.asdict(plan.sweep), "cluster": plan.cluster.name}
+    points = [
+        {**(point or {}), "job_id": job.job_id, "run_dir": Path(job.paths.folder).name} for job, point, *_ in done
+    ]
+    write_index(SweepPaths(plan.sweep_dir), header, points)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.submit`, or its console script): errors as one line, exit 2."""
+    return run("hpc.submit", main, argv)

@@ -1,0 +1,312 @@
+"""Profiling a script that has never seen this toolkit, with no change to it: the start-up hook
+(hpc/training/hook/startup/sitecustomize.py, put on PYTHONPATH by the launcher) arms it
+(hpc/training/hook/scripthooks.py): once torch's optimizer module is imported it registers one global
+optimizer step hook (torch.optim.optimizer.register_optimizer_step_post_hook, torch's public hook,
+the one Kineto's own step tracker uses). From the first optimizer step on, the toolkit's profiler
+(hpc/training/profiling.py: its schedule, its whole-or-nothing trace export) runs in the process and
+steps on every step of that first optimizer (a second optimizer would count each step twice), writing
+RUN/traces/rank{R}.*.pt.trace.json, and what the analysis needs beside the traces (steps, step times,
+each step's own work up to its first gradient, peak memory, the device) to RUN/ranks/rank{R}.facts.json,
+at every cycle's end and at exit. `guard` keeps ours from ever running beside a profiler of the
+script's own; an error of ours turns the hook off (`fail`), never the script.
+
+Limits, said in the README: no torch.optim step, no profile (the launcher says so); a step inside a
+torch.compile'd function may not call the hook; a profiler the script runs itself wins: where one is
+seen running (at the first step, or between our windows), ours stands down, says so in one line and
+records nothing more, never two at once (a second torch.profiler silently cancels the first).
+
+Torch is imported only when the script imports it: this module is loaded at start-up in every Python
+process of the command (DataLoader workers started with spawn, helper scripts), most of which never
+train.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import os
+import resource
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import attempt_of, write_facts
+from hpc.training.hook.firstgrad import FirstGrad
+
+if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
+    import torch
+
+    from hpc.training.profiling import Profiling
+
+log = logging.getLogger(__name__)
+
+STEP_HOOK_MODULE = "torch.optim.optimizer"  # holds register_optimizer_step_post_hook
+PROFILER_MODULE = "torch.profiler.profiler"  # holds _KinetoProfile, whose prepare_trace starts any profile
+
+
+def _profiler_running() -> bool:
+    """Whether a torch profiler is enabled in this process now (ours or another's)."""
+    import torch
+
+    enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    return bool(enabled()) if callable(enabled) else False
+
+
+class StepHook:
+    """The global optimizer step hook's state: the clock (the first optimizer seen), the profiler once
+    started, the step times, what listens to the steps (hpc/training/hook/scriptwatch.py), and the facts file
+    written at each cycle's end and at exit. `settings`: the profiler section (None or enabled false: the
+    steps are counted, nothing is profiled)."""
+
+    def __init__(self, settings: dict[str, Any] | None, run_dir: Path):
+        self.settings, self.paths = settings or {"enabled": False}, RunPaths(run_dir)
+        self.clock: int | None = None  # id() of the optimizer whose steps count
+        self.steps = 0
+        self.times: list[float] = []  # seconds between consecutive counted steps
+        self.last: float | None = None
+        self.profiling: Profiling | None = None
+        self.context: contextlib.ExitStack | None = None
+        self.note: str | None = None
+        self.active = False  # the profiler runs (started, and not stood down)
+        self.ours = False  # inside a call of our own profiler: a profile starting now is ours
+        self.script_profiles: str | None = None  # why ours must not start: the script's own runs
+        self.broken = False  # an error of ours turned the hook off
+        self.listeners: list[Callable[[StepHook], None]] = []  # called after each counted step
+        self.oom: dict[str, Any] | None = None  # hpc/training/hook/scriptoom.py's record
+        # own work (the step's start to its first gradient: no other rank can hold that part up), per step
+        self.own: list[float | None] = []
+        self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
+        self.first_grad = FirstGrad()
+        self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
+        self.grouped: bool | None = None  # in a torch.distributed process group at its first step
+        self.accelerate: dict[str, str] | None = None  # what the user's accelerate config set (scriptaccelerate.py)
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        try:
+            self.on_step(optimizer)
+        except Exception as e:  # never the user's run: ours goes off, theirs goes on
+            self.fail(e)
+
+    def on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.clock is None:
+            self.clock = id(optimizer)
+            self.start(optimizer)
+        if id(optimizer) != self.clock:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            self.times.append(now - self.last)
+        first_grad = self.first_grad.take()
+        self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
+        self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
+        self.last, self.steps = now, self.steps + 1
+        for listener in self.listeners:
+            listener(self)
+        if not self.active or self.profiling is None:
+            return
+        if not self.profiling.recording_now() and _profiler_running():
+            self.stand_down("the script started a torch.profiler of its own")
+            return
+        done = len(self.profiling.cycles)
+        with self.own_calls():
+            self.profiling.step()
+        if len(self.profiling.cycles) > done:
+            self.write()
+
+    @contextlib.contextmanager
+    def own_calls(self) -> Iterator[None]:
+        """Our profiler's own calls: a profile that starts inside is ours, not the script's."""
+        self.ours = True
+        try:
+            yield
+        finally:
+            self.ours = False
+
+    def start(self, optimizer: torch.optim.Optimizer) -> None:
+        """At the first step: who this rank is, where it trains, and the profiler, unless another runs."""
+        import torch.distributed as tdist
+
+        grouped = self.grouped = tdist.is_available() and tdist.is_initialized()
+        self.rank = tdist.get_rank() if grouped else int(os.environ.get("RANK") or 0)
+        self.world_size = tdist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE") or 1)
+        said = separate_copies_line(self.world_size) if not grouped else world_mismatch(self.world_size, os.environ)
+        if said and self.rank == 0:
+            log.warning(f"hpc: {said}")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.cuda = bool(params) and params[0].device.type == "cuda"
+        atexit.register(self.finish)
+        self.first_grad.watch(params)
+        if self.script_profiles or _profiler_running():
+            self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
+            return
+        if not self.settings.get("enabled", True):
+            return
+        from hpc.settings.schema import ProfilerConfig
+        from hpc.training.profiling import RankChoice, maybe_profile
+
+        fields = {k: v for k, v in self.settings.items() if k in ProfilerConfig.__dataclass_fields__}
+        self.context = contextlib.ExitStack()
+        # profiler.ranks: a script's collectives are its own, so over 16 ranks its node leaders record
+        who = RankChoice(self.rank, int(os.environ.get("LOCAL_RANK") or 0), self.world_size)
+        with self.own_calls():
+            self.profiling = self.context.enter_context(
+                maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
+            )
+        self.active = self.profiling is not None
+
+    def script_profiler_starts(self) -> None:
+        """A profile the script started (torch's start of a trace, seen before it happens): ours stands
+        down first, or never starts."""
+        if self.ours or self.broken:
+            return
+        try:
+            why = "the script started a torch.profiler of its own"
+            if self.active:
+                self.stand_down(why)
+            elif self.clock is None:
+                self.script_profiles = "the script runs a torch.profiler of its own"
+        except Exception as e:
+            self.fail(e)
+
+    def stand_down(self, why: str) -> None:
+        self.note = f"{why}: the toolkit's profiler stood down (never two at once) and recorded nothing more"
+        log.warning(f"hpc: rank {self.rank}: {self.note}")
+        self.active = False
+        self.close()
+        self.write()
+
+    def fail(self, error: Exception) -> None:
+        """An error of ours: said once, the hook turned off (its profiler closed as far as it can be)."""
+        self.broken, self.active = True, False
+        with contextlib.suppress(Exception):
+            self.first_grad.remove()
+        self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
+        log.warning(f"hpc: rank {self.rank}: {self.note}; the script goes on")
+        with contextlib.suppress(Exception):
+            self.close()
+        self.write()
+
+    def close(self) -> None:
+        """Stop the profiler: a window still open is exported as far as it got."""
+        context, self.context = self.context, None
+        if context is not None:
+            with self.own_calls():
+                context.close()
+
+    def finish(self) -> None:
+        with contextlib.suppress(Exception):  # at exit too, never the user's run's end
+            self.close()
+        self.write()
+
+    def facts(self) -> dict[str, Any]:
+        """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
+        import torch
+
+        from hpc.training.summary import own_work_basis, step_time_stats
+
+        timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
+        peak = None
+        if self.cuda:
+            run_peak = self.profiling.run_peak_bytes["allocated"] if self.profiling is not None else 0
+            peak = max(int(torch.cuda.max_memory_allocated()), run_peak)
+        profiling = self.profiling
+        facts = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "attempt": attempt_of(os.environ),
+            "device": "cuda" if self.cuda else "cpu",
+            "device_name": torch.cuda.get_device_name() if self.cuda else "cpu",
+            "torch": torch.__version__,
+            "steps": self.steps,
+            "process_group": self.grouped,
+            "step_time_s": step_time_stats(timed),
+            "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
+            "cuda_max_memory_allocated_bytes": peak,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            "profiler": {
+                "cycles": profiling.cycles if profiling is not None else [],
+                "traces": self.paths.rank_traces(self.rank),
+                "failed": profiling.failed if profiling is not None else [],
+                "note": self.note,
+            },
+        }
+        if self.accelerate is not None:
+            facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
+            facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        return {**facts, "oom": self.oom} if self.oom is not None else facts
+
+    def write(self) -> None:
+        try:
+            write_facts(self.paths, self.facts())
+        except Exception as e:  # never the user's run's end: a full disk loses this file, not the run
+            log.warning(f"hpc: rank {self.rank}: {self.paths.rank_facts(self.rank)} not written ({e})")
+
+
+def world_mismatch(group_size: int, env: Mapping[str, str]) -> str | None:
+    """The line for a process group whose size is not the job's ranks (WORLD_SIZE): a framework's own
+    world (Lightning's devices x num_nodes) set otherwise than the job's --nodes x --gpus."""
+    job = env.get("WORLD_SIZE", "")
+    if not job.isdigit() or int(job) == group_size:
+        return None
+    return (
+        f"the script's process group has {group_size} rank(s), the job {job}: its own world (Lightning's "
+        "Trainer(devices=..., num_nodes=...), accelerate's num_processes) must be the job's --gpus a node and "
+        "--nodes"
+    )
+
+
+def separate_copies_line(ranks: int) -> str | None:
+    """The line for ranks that never join a process group: each trains alone (None for one rank)."""
+    if ranks < 2:
+        return None
+    return (
+        f"{ranks} ranks each train a separate copy: the script made no torch.distributed process group by its "
+        "first optimizer step, so its ranks never communicate (each trains on the whole data and writes the "
+        "same files); for a single-process script (nn.DataParallel: one process using every GPU of a node) "
+        "use one rank a node: --set cluster.launcher=node (--nodes 1)"
+    )
+
+
+def register(module: ModuleType, hook: StepHook) -> None:
+    """The global optimizer step hook, on torch's optimizer module (just imported)."""
+    add = getattr(module, "register_optimizer_step_post_hook", None)
+    if add is None:
+        log.warning("hpc: this torch has no global optimizer step hook (torch >= 2.0 has): not profiled")
+        return
+    add(hook)
+
+
+def _yielding(start: Callable[..., Any], hook: StepHook) -> Callable[..., Any]:  # torch's method, any signature
+    @functools.wraps(start)
+    def start_after_ours(*args: Any, **kwargs: Any) -> Any:  # passed on as they came
+        hook.script_profiler_starts()
+        return start(*args, **kwargs)
+
+    return start_after_ours
+
+
+def guard(module: ModuleType, hook: StepHook) -> None:
+    """Never two profilers: every start of a torch profiler (torch.profiler's `prepare_trace`, which each
+    profile, schedule or not, calls before it enables anything; the older torch.autograd.profiler's
+    `__enter__`) makes ours stand down first, while the script's own goes on. Torch has no public hook
+    for a profiler's start, so these two methods are wrapped, on their classes, at import (a profile
+    binds its methods when it is made)."""
+    import torch.autograd.profiler as legacy
+
+    kineto = getattr(module, "_KinetoProfile", None)
+    if kineto is None or not hasattr(kineto, "prepare_trace"):
+        log.warning("hpc: this torch's profiler has no prepare_trace: a profiler of the script's own is "
+                    "seen only once it runs")  # fmt: skip
+        return
+    kineto.prepare_trace = _yielding(kineto.prepare_trace, hook)
+    legacy.profile.__enter__ = _yielding(legacy.profile.__enter__, hook)  # type: ignore[method-assign]
