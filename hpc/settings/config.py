@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
 from hpc.core.cli import inspect_path, shown, suggestion
@@ -46,81 +47,67 @@ INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integ
 # ----------------------------------------------------------------------------------------------
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+def _expected(tp: Any) -> str:
+    """What an annotation asks for, in a person's words (the error's "expected ...")."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(a) for a in args if a is not type(None))
+    if origin is tuple:
+        return f"a list of {getattr(args[0], '__name__', args[0])}"
+    if origin is dict:
+        return "a mapping of names to scalar values"
+    words = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
+    return words.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def _number(value: Any) -> float | None:
-    """An int, a float or a fraction string ("1/10" reads better than 0.1 for data fractions)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf
-    if isinstance(value, float):
-        return value
-    if isinstance(value, str) and len(value) < 64:
+def _wants(tp: Any, kind: type) -> bool:
+    return tp is kind or kind in typing.get_args(tp)
+
+
+def _prepared(value: Any, tp: Any) -> Any:
+    """The value as msgspec should see it: a fraction string read as a number where a number is wanted
+    ("1/10" reads better than 0.1 for data fractions), a mapping's scalars as the strings it holds."""
+    if typing.get_origin(tp) is tuple and isinstance(value, (list, tuple)):
+        return [_prepared(v, typing.get_args(tp)[0]) for v in value]
+    if typing.get_origin(tp) is dict and isinstance(value, dict):
+        scalar = (str, int, float, bool)
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, scalar) else v
+                for k, v in value.items()}  # fmt: skip
+    if _wants(tp, float) and isinstance(value, str) and len(value) < 64:
         try:
             return float(fractions.Fraction(value.strip()))
         except (ValueError, ZeroDivisionError, OverflowError):
-            return None
+            return value
+    return value
+
+
+def _out_of_range(value: Any) -> str | None:
+    """What msgspec lets through that a run cannot take: a number torch cannot hold, a NUL in a string."""
+    if isinstance(value, (tuple, list)):
+        return next((e for e in map(_out_of_range, value) if e), None)
+    if isinstance(value, dict):
+        return next((e for e in map(_out_of_range, value.values()) if e), None)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        return f"an integer within +-{INT64_MAX}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number"
+    if isinstance(value, str) and "\0" in value:
+        return "a string without NUL characters"
     return None
 
 
-def _coerce(value: Any, tp: Any) -> Any:
-    """Check `value` against the annotation `tp`; raise TypeError(expected) when it does not fit."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        expected = []
-        for tp_one in inner:  # the first that fits: `bool | str` takes true as a boolean, "auto" as a string
-            try:
-                return _coerce(value, tp_one)
-            except TypeError as e:
-                expected.append(str(e))
-        raise TypeError(" or ".join(expected))
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise TypeError("a boolean (true/false)")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= INT64_MAX:
-            return value
-        raise TypeError(
-            "an integer"
-            if not isinstance(value, int) or isinstance(value, bool)
-            else f"an integer within +-{INT64_MAX}"
-        )
-    if tp is float:
-        number = _number(value)
-        if number is None:
-            raise TypeError("a number")
-        if not math.isfinite(number):
-            raise TypeError("a finite number")
-        return number
-    if tp is str:
-        if isinstance(value, str) and "\0" not in value:
-            return value
-        raise TypeError("a string" if not isinstance(value, str) else "a string without NUL characters")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"a list of {_type_name(args[0])}")
-        return tuple(_coerce(v, args[0]) for v in value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError("a mapping of strings")
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
-                raise TypeError("a mapping of names to scalar values")
-            out[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
-        return out
-    raise TypeError(_type_name(tp))  # pragma: no cover - every annotation above is handled
+def typed_value(value: Any, tp: Any) -> Any:
+    """`value` as the annotation `tp` types it (msgspec.convert, strict: no true for 1, no "3" for 3);
+    raise TypeError(what was expected) when it does not fit."""
+    try:
+        typed = msgspec.convert(_prepared(value, tp), tp, strict=True)
+    except msgspec.ValidationError:
+        raise TypeError(_expected(tp)) from None
+    except UnicodeEncodeError:  # bytes of no encoding, passed on by the shell as surrogates
+        raise TypeError(f"{_expected(tp)} of valid UTF-8 text") from None
+    if problem := _out_of_range(typed):
+        raise TypeError(problem)
+    return typed
 
 
 def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str]) -> Any:
@@ -132,13 +119,10 @@ def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str])
     for key, value in raw.items():
         where = sources.get(key, "defaults")
         if key not in fields:
-            renamed = f"{name}.{key}" in LEGACY_KEYS and f"; now {LEGACY_KEYS[f'{name}.{key}'](True)[0]}: synthetic"
-            hint = renamed or suggestion(str(key), fields) or "; python -m hpc.config [--profile P] prints every key"
+            hint = suggestion(str(key), fields) or "; python -m hpc.config [--profile P] prints every key"
             raise ConfigError(f"{where}: unknown key {name}.{shown(key)[1:-1]}{hint}")
-        if key in getattr(cls, "SCALAR_AS_LIST", ()) and not isinstance(value, (list, tuple)):
-            value = [value]
         try:
-            values[key] = _coerce(value, hints[key])
+            values[key] = typed_value(value, hints[key])
         except TypeError as e:
             raise ConfigError(f"{where}: {name}.{key} = {shown(value)}: expected {e}") from None
     try:
@@ -297,21 +281,14 @@ def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -
     return layers.build("cluster")
 
 
-# Keys an earlier release wrote, as today's: jobs queued then hold them in their pickled config.
-LEGACY_KEYS = {"data.synthesize_if_missing": lambda value: ("data.source", "synthetic" if value else "cifar100")}
-
-
 def run_config_from_dict(data: Mapping[str, Any], source: str) -> RunConfig:
-    """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections), an earlier
-    release's keys read as today's (LEGACY_KEYS)."""
+    """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections)."""
     layers = Layers()
     for section, body in data.items():
         if section not in RUN_SECTIONS:
             continue
         for key, value in (body or {}).items():
-            dotted = f"{section}.{key}"
-            dotted, value = LEGACY_KEYS[dotted](value) if dotted in LEGACY_KEYS else (dotted, value)
-            layers.set(dotted, value, source)
+            layers.set(f"{section}.{key}", value, source)
     return layers.run_config()
 
 

@@ -24,7 +24,7 @@ from hpc.settings.fields import positive as _positive
 from hpc.settings.fields import resumable
 from hpc.settings.profranks import SETTINGS, is_setting
 
-__all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py and older callers
+__all__ = ["ClusterConfig", "_Invalid", "resumable"]  # also read from here by config.py
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "tiny")
 
@@ -127,12 +127,12 @@ class TrainConfig:
     # uninterrupted one on a GPU too. The CPU path is deterministic without it.
     deterministic: bool = False
     # Capture forward + backward (DDP's all-reduce included) + optimizer step once as a CUDA graph and
-    # replay it (hpc/training/cudagraph.py): launch-bound models (ResNet152 on 32x32 images) run several
+    # replay it (hpc/training/graph/cudagraph.py): launch-bound models (ResNet152 on 32x32 images) run several
     # times faster. auto: on where it can run (CUDA, NCCL >= 2.9.6, whole steps, static shapes), else
     # eager with a line saying why; true: on, or stop naming what prevents it; false: eager.
     cuda_graph: bool | str = "auto"
     # Before the first counted step a graphed run checks its graph against an eager step from the same
-    # state (hpc/training/graphcheck.py); a check that takes longer than this on any rank is a failed
+    # state (hpc/training/graph/graphcheck.py); a check that takes longer than this on any rank is a failed
     # one (auto: every rank runs eager; true: the run stops).
     graph_check_timeout_s: int = resumable(300)
     # cuDNN autotuning (cudnn.benchmark) times every algorithm for each new input shape, seconds per
@@ -238,8 +238,6 @@ class SweepConfig:
     gpus: tuple[int, ...] = (1, 2, 4)  # per node
     nodes: tuple[int, ...] = (1,)  # multi-node scaling of the same study: e.g. [1, 2, 4]
 
-    SCALAR_AS_LIST = frozenset({"nodes"})  # `nodes: 1`, as sweeps wrote it before it was an axis
-
     def __post_init__(self) -> None:
         for key in ("data_fractions", "batch_sizes", "gpus", "nodes"):
             _check(len(getattr(self, key)) > 0, key, "must not be empty")
@@ -261,7 +259,7 @@ class CommandConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     cwd: str | None = None  # where it starts (default: where it is submitted from)
     # A rank that makes no optimizer step for this long (after its first), or whose process is stopped
-    # this long, is named and ends the job (hpc/launch/hang.py): longer than any pause between the
+    # this long, is named and ends the job (hpc/launch/rank/hang.py): longer than any pause between the
     # script's steps (an evaluation pass, a checkpoint), like torch's own collective timeout.
     hang_timeout_s: int = 600
 
