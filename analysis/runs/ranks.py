@@ -75,7 +75,7 @@ def separate_copies(ranks: list[dict[str, Any]]) -> bool:
 
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
-    own work per step (the part before its gradient sync, hpc/training/parts.py's StepTimer), against the
+    own work per step (the part before its gradient sync, hpc/training/steps.py's StepTimer), against the
     median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
     `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
     MIN_OWN_STEPS steps or more."""

@@ -25,7 +25,7 @@ from hpc.core.beat import BEAT_VARIABLE, beat_pipe
 from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK
 from hpc.launch.rank.rankenv import HOOK_DIR
-from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE
+from hpc.settings.rankcommand import PROFILER_VARIABLE, RUN_DIR_VARIABLE
 
 WARMUP_STEPS = 20
 LOOP = """import json, sys, time, torch

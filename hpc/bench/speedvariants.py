@@ -28,12 +28,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hpc.core.errors import UsageError
 from hpc.core.faults import faults_from_env
 from hpc.settings.schema import ModelConfig, ProfilerConfig, TrainConfig
+from hpc.training.build import ModelParts, graph_step, wrap_ddp
 from hpc.training.data import Split
 from hpc.training.graph.cudagraph import Step, whole_step
 from hpc.training.graph.graphcheck import GraphRun
 from hpc.training.graph.graphmode import GraphMode
 from hpc.training.profiling import Profiling
-from hpc.training.setup import ModelParts, graph_step, wrap_ddp
 from hpc.training.summary import percentile
 
 log = logging.getLogger(__name__)

@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     from hpc.core.faults import faults_from_env, graph_standin
     from hpc.placement.distenv import from_environ
     from hpc.training import data as data_mod
+    from hpc.training.build import before_process_group, setup_device
     from hpc.training.distributed.rendezvous import join
-    from hpc.training.setup import before_process_group, setup_device
 
     cuda = torch.cuda.is_available()
     variants = variants_for(cuda or graph_standin(faults_from_env(os.environ)), args.compile, args.only)

@@ -2,7 +2,7 @@
 
 A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study read it):
 
-    task.json            what every rank runs (hpc/settings/task.py): its words, where, with what
+    task.json            what every rank runs (hpc/settings/rankcommand.py): its words, where, with what
     logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/rank/runner.py)
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)

@@ -6,7 +6,7 @@ hpc.train`) run after their #SBATCH lines and `module load`. Everything the two 
    extra words (CPU binding, the container: hpc/launch/submission/site.py), as `hpc.submit` takes them;
 2. the run directory: --run-dir, or the training's own --run-dir among its words, else
    $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH);
-3. the task (hpc/settings/task.py) written to RUN/task.json, then one srun step: each task `python -m
+3. the task (hpc/settings/rankcommand.py) written to RUN/task.json, then one srun step: each task `python -m
    hpc.rank --run-dir RUN` (the per-rank runner), or with HPC_LAUNCHER=torchrun one torchrun per node
    whose workers are those runners, or with HPC_LAUNCHER=node one runner per node whose command uses
    every GPU of it (a DataParallel script);
@@ -44,8 +44,8 @@ from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.config import load_cluster
+from hpc.settings.rankcommand import RankCommand, check_command, runs_training, user_command
 from hpc.settings.schema import ClusterConfig
-from hpc.settings.task import Task, check_command, command_task, runs_training
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = load_cluster(args.profile or env.get("HPC_PROFILE") or "perlmutter")
     check_command(words, Path.cwd(), in_image=bool(cluster.image))
     profiler, hang_timeout_s = command_sections(args.config, args.no_profile, [])
-    task = command_task(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
+    task = user_command(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
     run_dir = run_dir_for(args, words, env, args.name or task.name)
     check_run_dir(run_dir)
     env = job_environment(cluster, env)
@@ -158,7 +158,7 @@ def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
 
 
 def requeue_after_step(
-    task: Task, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
+    task: RankCommand, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
 ) -> int:
     """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
     summary = write_run_summary(RunPaths(run_dir), ended=True) or {}  # srun ended: every task has

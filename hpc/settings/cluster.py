@@ -66,7 +66,7 @@ class ClusterConfig:
     max_time_limit_min: int | None = None
     setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
-    signal_delay_s: int = 120  # USR2 this long before the time limit
+    signal_delay_s: int = 120  # SIGTERM (--signal=TERM@...) this long before the time limit
     # Your own command (hpc.submit -- COMMAND): after the stop signal (TERM: Slurm's warning, a
     # preemption) it has this long to save and exit before it is killed and the job ends as preempted.
     stop_grace_s: int = 60

@@ -250,7 +250,7 @@ class SweepConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CommandConfig:
-    """A sweep of your own command (hpc/settings/task.py): `run`, the command as given (or the words after
+    """A sweep of your own command (hpc/settings/rankcommand.py): `run`, the command as given (or the words after
     `--`, which win), then `args` and `env` with each point's values filled in: {batch}, {fraction},
     {gpus}, {nodes}, {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
 

@@ -2,8 +2,8 @@
 
 - traincli.py: `python -m hpc.train` (flags, the run directory's policy, stop signals, OOM as an outcome);
 - trainer.py: the `Trainer`, one class: set-up, resume, the loop of epochs and steps, the end;
-- setup.py: what a run is built from (the step plan, the device, the process group, data, model, optimizer);
-- parts.py: the trainer's small parts (state, step timer, divergence guard, evaluation);
+- build.py: what a run is built from (the step plan, the device, the process group, data, model, optimizer);
+- steps.py: a step's bookkeeping (where the run is, the step timer, the divergence guard) and evaluation;
 - metrics.py: what a run reports as it goes; summary.py: a training rank's record for summary.json;
 - checkpoint.py: when to save, the atomic save with its checksum, the checked load; claim.py: taking a
   run directory and reading where it left off;

@@ -20,11 +20,11 @@ from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts, write_run_summary
 from hpc.placement.distenv import DistEnv
+from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
-from hpc.settings.task import RUN_DIR_VARIABLE
-from hpc.training.parts import StepTimer
+from hpc.training.build import StepPlan, placement
 from hpc.training.profiling import Profiling
-from hpc.training.setup import StepPlan, placement
+from hpc.training.steps import StepTimer
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -38,8 +38,8 @@ from hpc.core.stop import StopSignal
 from hpc.placement.distenv import DistEnv, from_environ
 from hpc.settings.config import load_run_config, read_yaml
 from hpc.settings.flags import add_training_flags, overrides_from_args
+from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig, may_change_on_resume
-from hpc.settings.task import RUN_DIR_VARIABLE
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The training run of one rank as a Trainer of named parts (the shape of torchtitan's Trainer).
 
 `Trainer(cfg, run_dir, dist, stop, lock)` sets up the device, the process group, the data, the model and
-the optimizer (hpc/training/setup.py), takes the run directory and resumes from its checkpoint;
+the optimizer (hpc/training/build.py), takes the run directory and resumes from its checkpoint;
 `train()` is the loop (an epoch's micro-batches from where a resume left, each forward and backward or
 the graph's replay, the optimizer step's end, the epoch's end), `close()` the teardown. A write that fails on
 rank 0 (a full disk) is agreed at once, so every rank stops with one line and none waits in a
@@ -38,22 +38,9 @@ from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
 from hpc.core.stop import StopSignal
 from hpc.placement.distenv import DistEnv
+from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
-from hpc.settings.task import RUN_DIR_VARIABLE
-from hpc.training.checkpoint import Checkpointer, restore
-from hpc.training.claim import claim_run_dir, note_start
-from hpc.training.distributed.group import RankGroup
-from hpc.training.distributed.rendezvous import Heartbeat, join
-from hpc.training.graph.cudagraph import nccl_version
-from hpc.training.graph.graphcheck import GraphRun
-from hpc.training.graph.graphmode import decide_graph_mode
-from hpc.training.inject import Injector, raise_at_step
-from hpc.training.metrics import MetricsLog, Throughput, format_duration
-from hpc.training.model import count_flops_per_image
-from hpc.training.oom import start_memory_history
-from hpc.training.parts import DivergenceGuard, StepTimer, TrainState, evaluate
-from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
-from hpc.training.setup import (
+from hpc.training.build import (
     batch_plan,
     before_process_group,
     check_fabric,
@@ -66,6 +53,19 @@ from hpc.training.setup import (
     start_line,
     step_plan,
 )
+from hpc.training.checkpoint import Checkpointer, restore
+from hpc.training.claim import claim_run_dir, note_start
+from hpc.training.distributed.group import RankGroup
+from hpc.training.distributed.rendezvous import Heartbeat, join
+from hpc.training.graph.cudagraph import nccl_version
+from hpc.training.graph.graphcheck import GraphRun
+from hpc.training.graph.graphmode import decide_graph_mode
+from hpc.training.inject import Injector, raise_at_step
+from hpc.training.metrics import MetricsLog, Throughput, format_duration
+from hpc.training.model import count_flops_per_image
+from hpc.training.oom import start_memory_history
+from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
+from hpc.training.steps import DivergenceGuard, StepTimer, TrainState, evaluate
 from hpc.training.summary import RunSummary, closing_lines, recovered_record, startup_record, weights_digest
 
 log = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ def test_forwarded_training_options_land_in_the_job(tmp_path):
     assert task.words[1:3] == ("-m", "hpc.train") and task.requeue_codes == (3, 5)
     job = TaskJob(task.to_dict(), 3)
     assert job.checkpoint().function is job  # a requeued job runs the same callable again
-    assert job.the_task() == task  # and the same task, read back from its pickled dict
+    assert job.the_command() == task  # and the same task, read back from its pickled dict
     assert load_run_config(None).train.batch_size == 128
 
 

@@ -187,7 +187,7 @@ def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_thei
     """The exit codes live in hpc/core/errors.py; the requeue rule in hpc/launch/requeue.py, which the
     batch shell (hpc/launch/batch.py) and the job (hpc/launch/submission/job.py) both call; the sbatch scripts hand
     over to that batch shell and hold no exit code, requeue or launch of their own (issue 50)."""
-    from hpc.settings.task import TRAINING_REQUEUE_CODES
+    from hpc.settings.rankcommand import TRAINING_REQUEUE_CODES
 
     for name, path in MODULES.items():
         if name != "hpc.core.errors":

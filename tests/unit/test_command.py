@@ -23,7 +23,7 @@ from hpc.launch.submission.points import split_command
 from hpc.launch.rank.rankenv import ordered_gpus, rank_env
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.launch.submission.submit import build_parser
-from hpc.settings.task import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, command_task, fill, launcher_in,
+from hpc.settings.rankcommand import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, user_command, fill, launcher_in,
                               python_script)
 from hpc.settings.config import load_cluster
 from hpc.placement.distenv import from_environ
@@ -100,7 +100,7 @@ def test_filling_any_word_either_fills_or_names_the_problem(word):
 # --- each rank's environment ---------------------------------------------------------------------------
 
 def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
-    spec = command_task(["python", "t.py"], "/work", {"enabled": True, "wait": 1}, 60)
+    spec = user_command(["python", "t.py"], "/work", {"enabled": True, "wait": 1}, 60)
     env = rank_env(from_environ(SRUN_TASK3), tmp_path, spec, SRUN_TASK3, "41.0.0", hook_dir=Path("/hook"))
     # the oracle: the literal values above, as Slurm's documentation defines them
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")} == {
@@ -111,11 +111,11 @@ def test_a_rank_gets_torchruns_contract_from_sruns_variables(tmp_path):
     assert not [k for k in env if k.startswith("SUBMITIT_")]  # the command is no submitit job
     assert json.loads(env[PROFILER_VARIABLE])["wait"] == 1 and env["PYTHONPATH"] == "/hook"
     assert env["HPC_ATTEMPT"] == "41.0.0" and env["HPC_RANK_LAUNCHER"] == "slurm"  # the runner's, for the task
-    off = rank_env(from_environ(SRUN_TASK3), tmp_path, command_task(["x"], "/", None, 60),
+    off = rank_env(from_environ(SRUN_TASK3), tmp_path, user_command(["x"], "/", None, 60),
                    {**SRUN_TASK3, PROFILER_VARIABLE: "{}"}, "41.0.0")
     assert PROFILER_VARIABLE not in off and "PYTHONPATH" not in off
     # the toolkit's training profiles itself: no hook, whatever profiler section came with it
-    training = command_task(["python", "-m", "hpc.train", "--epochs", "1"], "/", {"enabled": True}, 60)
+    training = user_command(["python", "-m", "hpc.train", "--epochs", "1"], "/", {"enabled": True}, 60)
     assert training.profiler is None and training.requeue_codes == (3, 5)
     assert PROFILER_VARIABLE not in rank_env(from_environ(SRUN_TASK3), tmp_path, training, SRUN_TASK3, "41.0.0")
 
@@ -126,13 +126,13 @@ def test_a_local_ranks_environment_has_no_outer_jobs_slurm_variables(tmp_path):
     outer = {"SLURM_JOB_ID": "55", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_STEP_ID": "0", "HOME": "/h",
              "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
              "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "991"}
-    env = rank_env(from_environ(outer), tmp_path, command_task(["x"], "/", None, 60), outer, attempt_of(outer))
+    env = rank_env(from_environ(outer), tmp_path, user_command(["x"], "/", None, 60), outer, attempt_of(outer))
     assert not [k for k in env if k.startswith(("SLURM_", "SUBMITIT_"))] and env["HOME"] == "/h"
     assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "2") and attempt_of(outer) == "991.0.0"
 
 
 def test_a_sweeps_environment_gets_the_run_directory(tmp_path):
-    spec = command_task(["x"], "/", None, 60, env={"OUT": "{run_dir}/out", "B": "8"})
+    spec = user_command(["x"], "/", None, 60, env={"OUT": "{run_dir}/out", "B": "8"})
     env = rank_env(from_environ({}), tmp_path, spec, {"PYTHONPATH": "/mine"}, "here.0.0")
     assert env["OUT"] == f"{tmp_path}/out" and env["B"] == "8" and env["RANK"] == "0" and env["WORLD_SIZE"] == "1"
 
@@ -316,7 +316,7 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
     paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
     assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.1.0")]
-    (tmp_path / "task.json").write_text(json.dumps(command_task(["x"], "/", None, 60).to_dict()))
+    (tmp_path / "task.json").write_text(json.dumps(user_command(["x"], "/", None, 60).to_dict()))
     summary = build_summary(paths, read_records(paths), {})
     assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
 

@@ -92,7 +92,7 @@ def test_one_step_of_own_work_names_no_straggler():
 
 def test_a_steps_own_work_ends_at_its_sync():
     """Known pauses: 30 ms before the sync mark, 40 ms after; the own work is the first, the step both."""
-    from hpc.training.parts import StepTimer
+    from hpc.training.steps import StepTimer
 
     timer = StepTimer(use_cuda=False)
     for _ in range(3):

@@ -26,8 +26,8 @@ from hpc.core.summary import exit_code_of, read_records, read_summary, write_run
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
+from hpc.settings.rankcommand import RankCommand, check_command, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
-from hpc.settings.task import Task, check_command, command_task
 
 
 def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int]:
@@ -48,7 +48,7 @@ def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> t
     return dataclasses.asdict(layers.build("profiler")), command.hang_timeout_s
 
 
-def task_for(args: Any, words: list[str]) -> Task:
+def task_for(args: Any, words: list[str]) -> RankCommand:
     """The task to run: the words after --, or the run directory's task.json."""
     paths = RunPaths(Path(args.run_dir))
     if words:
@@ -59,11 +59,11 @@ def task_for(args: Any, words: list[str]) -> Task:
             grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
-        return command_task(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
+        return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
     saved = read_json(paths.task) if paths.task.is_file() else None
     if not isinstance(saved, dict) or not (saved.get("words") or saved.get("argv")):
         raise UsageError(f"--run-dir {args.run_dir}: no task.json with a task in it; give a command after --")
-    return Task.from_dict(saved)
+    return RankCommand.from_dict(saved)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from hpc.core.summary import ATTEMPT_VARIABLE
 from hpc.launch.rank.flightrec import recorder_env
 from hpc.placement.affinity import GPU_ORDER
 from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv
-from hpc.settings.task import PROFILER_VARIABLE, RUN_DIR_VARIABLE, Task
+from hpc.settings.rankcommand import PROFILER_VARIABLE, RUN_DIR_VARIABLE, RankCommand
 
 HOOK_DIR = Path(__file__).resolve().parents[2] / "training" / "hook" / "startup"  # holds sitecustomize.py
 # A job's own launcher variables are not the task's: it is no submitit job, whatever runs it.
@@ -47,7 +47,7 @@ def ordered_gpus(env: Mapping[str, str]) -> str | None:
 
 
 def rank_env(
-    dist: DistEnv, run_dir: Path, task: Task, env: Mapping[str, str], attempt: str, hook_dir: Path = HOOK_DIR
+    dist: DistEnv, run_dir: Path, task: RankCommand, env: Mapping[str, str], attempt: str, hook_dir: Path = HOOK_DIR
 ) -> dict[str, str]:
     """The whole environment of one rank's process: this one's, less a launcher's own variables, plus
     the task's, torchrun's contract, HPC_RUN_DIR, the attempt, the ordered GPUs, and the profiler's hook."""

@@ -1,4 +1,4 @@
-"""The per-rank runner: `run_rank` starts a rank's task (hpc/settings/task.py: the toolkit's training or a
+"""The per-rank runner: `run_rank` starts a rank's task (hpc/settings/rankcommand.py: the toolkit's training or a
 user's command) as a child process (its words, no shell) with the rank's environment (hpc/launch/
 rankenv.py: torchrun's contract, HPC_RUN_DIR, the GPUs in the profile's order, the start-up hook where
 the task has one), its stdout and stderr kept in RUN/logs/rank{R}.out and .err and passed on to the runner's own
@@ -69,7 +69,7 @@ from hpc.launch.rank.rankenv import on_slurm, passes_stops_on, rank_env
 from hpc.launch.rank.rankmeet import Unmet, meet
 from hpc.launch.rank.rankrecords import failed_mark, failed_peers, group_key, keep_earlier, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
-from hpc.settings.task import Task
+from hpc.settings.rankcommand import RankCommand
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ UNFINISHED = (
 KILLED_FROM_OUTSIDE = "killed from outside the task (a user, the kernel's out-of-memory killer), raising nothing"
 
 
-def write_task(paths: RunPaths, task: Task) -> None:
+def write_task(paths: RunPaths, task: RankCommand) -> None:
     """task.json, and the training's config (submitted.yaml): what the run's ranks run (each writes the
     same; the rename makes it whole)."""
     make_dirs(paths.root, "run directory")
@@ -101,7 +101,7 @@ def write_task(paths: RunPaths, task: Task) -> None:
 class RankRun:
     """One rank's task from start to its exit record (see the module doc)."""
 
-    def __init__(self, task: Task, run_dir: Path, env: Mapping[str, str], stop: StopSignal):
+    def __init__(self, task: RankCommand, run_dir: Path, env: Mapping[str, str], stop: StopSignal):
         self.task, self.paths, self.env, self.stop = task, RunPaths(run_dir), dict(env), stop
         self.dist: DistEnv = from_environ(env)
         self.attempt = attempt_of(env)
@@ -372,7 +372,7 @@ def die_with(parent: int) -> Callable[[], None]:
 
 
 def run_rank(
-    task: Task, run_dir: Path, env: Mapping[str, str] | None = None, stop: StopSignal | None = None
+    task: RankCommand, run_dir: Path, env: Mapping[str, str] | None = None, stop: StopSignal | None = None
 ) -> dict[str, Any]:
     """Run one rank of the task here; its exit record. The stop signals are caught while it runs (in
     `stop`, the caller's, to see which one came)."""

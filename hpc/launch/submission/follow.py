@@ -214,14 +214,10 @@ class _LogFollower:
         sys.stdout.flush()
 
 
-Submission = tuple[Any, Point | None, int, bool]  # submitit's job, its point, its ranks, whether it trains
-
-
-def wait_for(submitted: list[Submission], poll_s: float = 2.0, follow: bool = False) -> int:
+def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
     """Wait until every job has ended; report each: how its run ended, or FAILED with its log. With follow
     (local runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see
     stop_here). Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
-    subs = [Submitted.of(*s) for s in submitted]
     pending = list(subs)
     follower = _LogFollower(subs)
     watch = QueueWatch() if any(_is_slurm_job(sub.job) for sub in subs) else None

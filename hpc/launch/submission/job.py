@@ -1,5 +1,5 @@
 """The job submitit runs in every task: `TaskJob`, one for every task (the toolkit's training and a user's
-command alike: hpc/settings/task.py), checkpointable for submitit's requeue.
+command alike: hpc/settings/rankcommand.py), checkpointable for submitit's requeue.
 
 With srun (one task per GPU) each task is one rank: the per-rank runner (hpc/launch/rank/runner.py) starts
 the task's process and records how it ended. With torchrun (one task per node) each task runs torchrun,
@@ -45,7 +45,7 @@ from hpc.launch.requeue import (
     stopped_by_user,
 )
 from hpc.placement.torchrun import AGENT_ENV
-from hpc.settings.task import Task
+from hpc.settings.rankcommand import RankCommand
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ STATUS_OF_KIND = {"ok": "done", "oom": "oom", "stopped": "stopped"}  # any other
 
 class TaskJob:
     """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
-    Task's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
+    RankCommand's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
     node, `nproc_per_node` workers, `max_restarts`) are the cluster profile's. Its state is in the run
     directory, so resubmitting the same job resumes it."""
 
@@ -72,8 +72,8 @@ class TaskJob:
         self.max_requeues = max_requeues
         self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
 
-    def the_task(self) -> Task:
-        return Task.from_dict(self.task)
+    def the_command(self) -> RankCommand:
+        return RankCommand.from_dict(self.task)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
@@ -87,7 +87,7 @@ class TaskJob:
         submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
         paths = RunPaths(Path(job.paths.folder))
-        task = self.the_task()
+        task = self.the_command()
         write_task(paths, task)
         if job.global_rank == 0:
             clear_request(paths.root)
@@ -102,7 +102,7 @@ class TaskJob:
         return self.ended(record, stop.signum, task, job, paths, submitit_on_usr2)
 
     def ended(
-        self, record: dict[str, Any], signum: int | None, task: Task, job: Any, paths: RunPaths, on_usr2: Any
+        self, record: dict[str, Any], signum: int | None, task: RankCommand, job: Any, paths: RunPaths, on_usr2: Any
     ) -> dict[str, Any]:
         """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
         that failed raises, after its records are written."""

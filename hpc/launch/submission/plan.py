@@ -24,12 +24,12 @@ from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
     COMMAND_SECTIONS,
     Point,
-    Work,
-    command_work,
+    Points,
+    command_points,
     grid_points,
     is_command_sweep,
     refuse_training_flags,
-    training_work,
+    training_points,
 )
 from hpc.launch.submission.site import accounts, node_share
 from hpc.launch.submission.slurm import (
@@ -42,8 +42,20 @@ from hpc.launch.submission.slurm import (
 )
 from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.flags import overrides_from_args
+from hpc.settings.rankcommand import RankCommand
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
-from hpc.settings.task import Task
+
+PointCommand = tuple[Point | None, RankCommand]  # a point (None: a single job) and what its ranks run
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The jobs of one shape (nodes x GPUs per node): their request, submitit's folder, their points."""
+
+    request: JobRequest
+    folder: Path  # submitit's folder, with %j for the job id: each run directory
+    points: tuple[PointCommand, ...]
+    array: bool  # submitted as a job array (a sweep), or as a plain job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +65,7 @@ class JobSpec:
 
     request: JobRequest
     folder: Path  # submitit's folder, with %j for the job id: each run directory
-    points: tuple[tuple[Point | None, Task], ...]  # point None: a single job
+    points: tuple[PointCommand, ...]
     array: bool  # submitted as a job array (a sweep), or as a plain job
     parameters: dict[str, Any]
     sbatch: str | None
@@ -90,13 +102,13 @@ def make_plan(
     if command:
         refuse_training_flags(args)
     cluster = load_cluster_for(args, COMMAND_SECTIONS if command else RUN_SECTIONS)
-    work: Work = command_work(args, cluster, words) if command else training_work(args, cluster)
+    work: Points = command_points(args, cluster, words) if command else training_points(args, cluster)
     request, runs_dir = job_basics(args, cluster)
     name = args.name if args.name is not None else work.name
     if work.sweep is None:
         gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
-        points: tuple[tuple[Point | None, Task], ...] = ((None, work.task_for(None)),)
-        shapes = [(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", points, False)]
+        single = ((None, work.task_for(None)),)
+        shapes = [Shape(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", single, False)]
         sweep_dir = None
     else:
         sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
@@ -105,7 +117,7 @@ def make_plan(
             sweep_dir, keys = into
             grid = [p for p in grid if point_key(p) in keys]
         shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], request, name, sweep_dir, args.sweep)
-    specs = tuple(job_spec(cluster, args.local, args.max_parallel, *shape) for shape in shapes)
+    specs = tuple(job_spec(cluster, args.local, args.max_parallel, shape) for shape in shapes)
     record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
     return Plan(cluster, specs, args.local, work.sweep, sweep_dir, record)
 
@@ -114,12 +126,10 @@ def job_spec(
     cluster: ClusterConfig,
     local: bool,
     max_parallel: int | None,
-    request: JobRequest,
-    folder: Path,
-    points: tuple[tuple[Point | None, Task], ...],
-    array: bool,
+    shape: Shape,
 ) -> JobSpec:
     """A job of the plan with its parameters, sbatch text and charge, made once."""
+    request, folder, points, array = shape.request, shape.folder, shape.points, shape.array
     if local:
         params, text = local_parameters(cluster, request), None
     else:
@@ -196,15 +206,15 @@ def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
 
 
 def sweep_shapes(
-    points: list[tuple[Point, Task]], request: Request, name: str, sweep_dir: Path, source: str
-) -> list[tuple[JobRequest, Path, tuple[tuple[Point | None, Task], ...], bool]]:
+    points: list[tuple[Point, RankCommand]], request: Request, name: str, sweep_dir: Path, source: str
+) -> list[Shape]:
     """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
     (`request`) before anything is submitted."""
-    by_shape: dict[tuple[int, int], list[tuple[Point | None, Task]]] = {}
+    by_shape: dict[tuple[int, int], list[PointCommand]] = {}
     for point, task in points:
         by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, task))
     return [
-        (
+        Shape(
             request(
                 nodes,
                 gpus,
@@ -213,7 +223,7 @@ def sweep_shapes(
             ),
             sweep_dir / "%j",
             tuple(group),
-            True,
+            array=True,
         )
         for (nodes, gpus), group in by_shape.items()
     ]

@@ -1,5 +1,5 @@
 """What a submission's points run, as data: the sweep's grid (one loop, the study's and a command's), and
-each point's task (hpc/settings/task.py): the toolkit's training on the point's run config, or a user's
+each point's task (hpc/settings/rankcommand.py): the toolkit's training on the point's run config, or a user's
 command (`hpc.submit [job options] -- COMMAND [ARG ...]`, or a sweep's `command` section) with the
 point's values filled in. Nothing written; no torch import.
 
@@ -21,17 +21,17 @@ from typing import Any
 from hpc.core.errors import UsageError
 from hpc.settings.config import Layers, read_yaml
 from hpc.settings.flags import FLAGS, SWITCHES, overrides_from_args
-from hpc.settings.schema import ClusterConfig, CommandConfig, SweepConfig
-from hpc.settings.task import (
+from hpc.settings.rankcommand import (
     BATCH_VARIABLE,
-    Task,
+    RankCommand,
     check_command,
-    command_task,
     fill,
     job_name,
     point_values,
-    training_task,
+    training_command,
+    user_command,
 )
+from hpc.settings.schema import ClusterConfig, CommandConfig, SweepConfig
 
 Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
 COMMAND_SECTIONS = ("profiler", "command")  # what --config, --sweep and --set may hold for a command
@@ -39,11 +39,11 @@ AXES = {"data_fractions": "fraction", "batch_sizes": "batch"}  # the axes a comm
 
 
 @dataclasses.dataclass(frozen=True)
-class Work:
+class Points:
     """What every point of a command line runs: each point's task (None: a single job), the name a job
     takes by default, the grid (None: a single job), and the sections sweep.yaml records."""
 
-    task_for: Callable[[Point | None], Task]
+    task_for: Callable[[Point | None], RankCommand]
     name: str
     sweep: SweepConfig | None
     sections: dict[str, Any]
@@ -88,22 +88,22 @@ def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> La
     return layers
 
 
-def training_work(args: argparse.Namespace, cluster: ClusterConfig) -> Work:
+def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
     """The toolkit's training at every point: the run config with the point's data fraction and batch."""
     layers = layers_for(args, None)
     base = layers.run_config()  # validates the run config before anything is submitted
     sweep = layers.build("sweep") if args.sweep else None
     cwd = os.getcwd()
 
-    def task_for(point: Point | None) -> Task:
+    def task_for(point: Point | None) -> RankCommand:
         cfg = base
         if point is not None:
             layers.set("data.fraction", point["data_fraction"], f"sweep point fraction={point['data_fraction']:g}")
             layers.set("train.batch_size", point["batch_size"], f"sweep point batch={point['batch_size']}")
             cfg = layers.run_config()
-        return training_task(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point)
+        return training_command(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point)
 
-    return Work(task_for, sweep.name if sweep else base.model.arch, sweep, base.to_dict())
+    return Points(task_for, sweep.name if sweep else base.model.arch, sweep, base.to_dict())
 
 
 def refuse_training_flags(args: argparse.Namespace) -> None:
@@ -116,7 +116,7 @@ def refuse_training_flags(args: argparse.Namespace) -> None:
             )
 
 
-def command_work(args: argparse.Namespace, cluster: ClusterConfig, words: list[str] | None) -> Work:
+def command_points(args: argparse.Namespace, cluster: ClusterConfig, words: list[str] | None) -> Points:
     """A user's command at every point: its words verbatim, the section's args and env filled."""
     layers = layers_for(args, COMMAND_SECTIONS)
     profiler = layers.build("profiler")
@@ -136,16 +136,16 @@ def command_work(args: argparse.Namespace, cluster: ClusterConfig, words: list[s
     if sweep is None:
         check_unfilled(section, args)
 
-    def task_for(point: Point | None) -> Task:
+    def task_for(point: Point | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
         source = f"sweep point {values}" if point is not None else "command"
         filled = tuple(fill(word, values, f"{source}: command.args", final=False) for word in section.args)
         env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
         if point is not None and "{batch" in " ".join((*section.args, *section.env.values())):
             env[BATCH_VARIABLE] = str(point["batch_size"])  # the batch an out-of-memory record names
-        return command_task(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
+        return user_command(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
 
-    return Work(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
+    return Points(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
 
 
 def check_unfilled(section: CommandConfig, args: argparse.Namespace) -> None:

@@ -34,7 +34,7 @@ from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.owner import make_dirs
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
-from hpc.launch.submission.follow import wait_for
+from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
@@ -214,9 +214,6 @@ def interrupts_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-Submission = tuple[Any, dict[str, Any] | None, int, bool]  # submitit's job, its point (and charge), ranks, trains
-
-
 def execute(plan: Plan, wait: bool) -> int:
     """Write and submit every spec, then follow: here one point at a time (each followed as it runs), on
     Slurm each spec at once (an array for a sweep). Returns 0, 1 when a job that was waited for failed, 3
@@ -227,13 +224,13 @@ def execute(plan: Plan, wait: bool) -> int:
     if plan.sweep_dir is not None and plan.sweep_file is not None:
         make_dirs(plan.sweep_dir, "sweep directory")
         write_yaml(SweepPaths(plan.sweep_dir).sweep_file, plan.sweep_file)
-    done: list[Submission] = []
+    done: list[Submitted] = []
     try:
         code = submit_specs(plan, done)
     except (QueueError, UsageError) as e:  # sbatch failed, or Slurm refused the job
         if made is not None and not done:
             shutil.rmtree(made, ignore_errors=True)
-        before = f"; before it: job(s) {' '.join(str(d[0].job_id) for d in done)}" if done else ""
+        before = f"; before it: job(s) {' '.join(d.job_id for d in done)}" if done else ""
         raise type(e)(f"{e}{before or '; nothing was submitted'}") from None
     if plan.sweep_dir is not None:
         log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
@@ -242,7 +239,7 @@ def execute(plan: Plan, wait: bool) -> int:
     return code
 
 
-def submit_specs(plan: Plan, done: list[Submission]) -> int:
+def submit_specs(plan: Plan, done: list[Submitted]) -> int:
     """Submit every spec (adding to `done` as they go); here each point followed as it runs, and a stopped
     one ends the sweep. The exit code of what was followed (see execute)."""
     failures = 0
@@ -266,7 +263,7 @@ def submit_specs(plan: Plan, done: list[Submission]) -> int:
     return EXIT_FAILED if failures else EXIT_OK
 
 
-def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> list[Submission]:
+def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> list[Submitted]:
     """Submit the points' jobs (`points`: their places in the spec; as one array for a sweep's spec) and
     say where each runs."""
     with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
@@ -274,21 +271,19 @@ def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> li
     ranks = spec.request.nodes * ranks_per_node(plan.cluster.launcher, spec.request.gpus)
     made = []
     for job, i in zip(jobs, points, strict=True):
-        point, task = spec.points[i]
-        made.append((job, {**point, **spec.charge} if point else None, ranks, task.is_training))
+        point, command = spec.points[i]
+        made.append(Submitted.of(job, {**point, **spec.charge} if point else None, ranks, command.is_training))
         logs = ", ".join(str(p) for p in (job.paths.stdout, job.paths.stderr))
         log.info(f"job {job.job_id}: run dir {job.paths.folder}\n  logs: {logs}")
     return made
 
 
-def record_index(plan: Plan, done: list[Submission]) -> None:
+def record_index(plan: Plan, done: list[Submitted]) -> None:
     """The sweep's index.json: every point submitted so far, with its job id and run directory."""
     if plan.sweep_dir is None or plan.sweep is None:
         return
     header = {"sweep": dataclasses.asdict(plan.sweep), "cluster": plan.cluster.name}
-    points = [
-        {**(point or {}), "job_id": job.job_id, "run_dir": Path(job.paths.folder).name} for job, point, *_ in done
-    ]
+    points = [{**(s.point or {}), "job_id": s.job_id, "run_dir": s.run_dir.name} for s in done]
     write_index(SweepPaths(plan.sweep_dir), header, points)
 
 

@@ -91,7 +91,7 @@ class RankGroup:
         return bool(self.all_max([int(failed)])[0])
 
     def sync_buffers(self, model: torch.nn.Module) -> None:
-        # DDP does not broadcast buffers here (broadcast_buffers=False, hpc/training/setup.py): each rank's
+        # DDP does not broadcast buffers here (broadcast_buffers=False, hpc/training/build.py): each rank's
         # BatchNorm running stats follow its own batches. Rank 0's are made everyone's where they are read,
         # so evaluation and the final weights are rank 0's everywhere.
 

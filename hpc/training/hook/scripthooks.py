@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
-from hpc.settings.task import BATCH_VARIABLE, PROFILER_VARIABLE, RUN_DIR_VARIABLE
+from hpc.settings.rankcommand import BATCH_VARIABLE, PROFILER_VARIABLE, RUN_DIR_VARIABLE
 from hpc.training.hook.afterimport import after_import
 from hpc.training.hook.autoprofile import PROFILER_MODULE, STEP_HOOK_MODULE, StepHook, guard, register
 from hpc.training.hook.scriptaccelerate import ACCELERATE_MODULE, apply

@@ -1,10 +1,10 @@
-"""What every rank of a job runs, as data (the way TorchX's `Role` describes one): a `Task`. The toolkit's
-own training is one task (`training_task`: `python -m hpc.train` on the run directory, requeued on exit
-3 and 5), a user's command another (`command_task`: its words verbatim, requeued on exit 3). The plan,
+"""What every rank of a job runs, as data (the way TorchX's `Role` describes one): a `RankCommand`. The toolkit's
+own training is one task (`training_command`: `python -m hpc.train` on the run directory, requeued on exit
+3 and 5), a user's command another (`user_command`: its words verbatim, requeued on exit 3). The plan,
 the sbatch text, the per-rank runner (hpc/launch/rank/runner.py), the outcome and the printer are the same
 for both. Pure functions of plain values; no torch import.
 
-- `Task`: the words (templates: {run_dir} and {python}, the rank's run directory and interpreter, are
+- `RankCommand`: the words (templates: {run_dir} and {python}, the rank's run directory and interpreter, are
   filled when the rank starts; {{ and }} are braces), where they start, the environment they add, the
   exit codes that mean "requeue me", the profiler hook's section (None: no hook), the time from a stop
   to a kill, the sweep point it belongs to, and the training's config (written as RUN/submitted.yaml).
@@ -42,7 +42,7 @@ _PYTHON = re.compile(r"python[0-9.]*")
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class RankCommand:
     words: tuple[str, ...]  # templates (see the module doc)
     cwd: str
     name: str  # the job's name when none is given, and the runs directory's folder
@@ -58,7 +58,7 @@ class Task:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+    def from_dict(cls, data: Mapping[str, Any]) -> RankCommand:
         """A task as task.json holds it."""
         fields = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {k: v for k, v in data.items() if k in fields}
@@ -84,14 +84,16 @@ def verbatim(words: Sequence[str]) -> list[str]:
     return [w.replace("{", "{{").replace("}", "}}") for w in words]
 
 
-def training_task(config: Mapping[str, Any], cwd: str, name: str, stop_grace_s: int, point: Any = None) -> Task:
+def training_command(
+    config: Mapping[str, Any], cwd: str, name: str, stop_grace_s: int, point: Any = None
+) -> RankCommand:
     """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config."""
     words = ("{python}", "-m", TRAINING_MODULE, "--config", "{run_dir}/" + SUBMITTED, "--run-dir", "{run_dir}")
-    return Task(words, cwd, name, requeue_codes=TRAINING_REQUEUE_CODES, stop_grace_s=stop_grace_s,
+    return RankCommand(words, cwd, name, requeue_codes=TRAINING_REQUEUE_CODES, stop_grace_s=stop_grace_s,
                 point=dict(point) if point else None, config=dict(config))  # fmt: skip
 
 
-def command_task(
+def user_command(
     argv: Sequence[str],
     cwd: str,
     profiler: dict[str, Any] | None,
@@ -100,7 +102,7 @@ def command_task(
     env: Mapping[str, str] | None = None,
     point: Any = None,
     hang_timeout_s: int | None = None,
-) -> Task:
+) -> RankCommand:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
     as a command (`python -m hpc.train ...`, as jobs/resnet152.sbatch runs it) keeps its requeue codes and
     profiles and watches itself (its config's profiler section, its heartbeat): no start-up hook."""
@@ -108,7 +110,7 @@ def command_task(
     codes = TRAINING_REQUEUE_CODES if training else COMMAND_REQUEUE_CODES
     words = (*verbatim(argv), *args)
     hook = None if training else profiler
-    return Task(words, cwd, job_name(argv), dict(env or {}), codes, hook, stop_grace_s,
+    return RankCommand(words, cwd, job_name(argv), dict(env or {}), codes, hook, stop_grace_s,
                 None if training else hang_timeout_s, dict(point) if point else None)  # fmt: skip
 
 

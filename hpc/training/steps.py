@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from hpc.placement.distenv import DistEnv
 from hpc.settings.profranks import typical
 from hpc.settings.schema import DataConfig
+from hpc.training.build import DataParts
 from hpc.training.checkpoint import rng_state, set_rng_state
-from hpc.training.setup import DataParts
 
 
 @dataclasses.dataclass
