@@ -34,10 +34,23 @@ def run_dir_of(stdout: str) -> Path:
     return Path(re.findall(r"^job \S+: run dir (\S+)", stdout, flags=re.M)[-1])
 
 
+# Rank 1 made several times slower in its own work (a sleep before every module's forward), so that ranks
+# judged as one run would be named imbalanced: the oracle of "judged alone" is a real uneven run, not noise.
+SLOWED = """import os, runpy, sys, time
+if os.environ.get("RANK") == "1":
+    import torch
+    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: time.sleep(0.004))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_alone(tmp_path):
-    r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--", PY, str(SCRIPT), "--out",
-               str(tmp_path), cwd=tmp_path)
+    slowed = tmp_path / "slowed.py"
+    slowed.write_text(SLOWED)
+    r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--", PY, str(slowed), str(SCRIPT),
+               "--out", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     said = r.stdout + r.stderr
     assert said.count(COPIES) == 1 and "2 ranks each train a separate copy" in said, said
@@ -48,6 +61,8 @@ def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_al
     analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
     assert analysed.returncode == 0, analysed.stderr
     assert "Verdict:" in analysed.stdout and "imbalance" not in analysed.stdout.split("Verdict:")[1], analysed.stdout
+    own = [x["own_step_time_s"]["median"] for x in sorted(summary["ranks"], key=lambda x: x["rank"])]
+    assert own[1] > 3 * own[0], own  # the run really is uneven: ranks judged as one would be imbalanced
 
 
 def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):

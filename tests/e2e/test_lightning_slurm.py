@@ -7,6 +7,7 @@ for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why). `sca
 (Lightning's own requeue signal): Lightning saves its hpc checkpoint and requeues the job itself; the
 toolkit sees the job requeued already and does not requeue it again: one restart, every step done."""
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -18,7 +19,8 @@ from test_lightning import SCRIPT, digest
 from test_own_script_slurm import ENV, PY, REPO, TWO_BY_ONE, run_dir_of
 from test_slurm_jobs import job_state, wait_gone
 
-pytest.importorskip("lightning", reason="Lightning is a test extra (pyproject's [test]); CI installs it")
+# A test extra (pyproject's [test]): without it these tests fail to collect; they never vanish.
+assert importlib.util.find_spec("lightning"), "Lightning is a test extra: pip install -e .[test]"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 

@@ -6,6 +6,7 @@ was; torch's OutOfMemoryError (a stand-in raised on the CPU: no GPU here, said i
 outcome and its sweep point's. The same on the local Slurm cluster: tests/e2e/test_script_instruments_slurm.py."""
 
 import importlib.util
+import html
 import json
 import os
 import re
@@ -160,7 +161,12 @@ def test_out_of_memory_in_a_script_is_the_runs_outcome_and_its_sweep_points(tmp_
     assert any("16" in row and "oom" in row for row in rows), status.stdout
     assert any("8" in row and "done" in row for row in rows), status.stdout
     report = (index.parent / "analysis" / "report.html").read_text()
-    assert re.search(r"\boom\b", report, flags=re.I), "the report marks the point"
+    marked = re.findall(r'<tr class="oom">(.*?)</tr>', report)  # not the stylesheet's tr.oom: a row of it
+    assert len(marked) == 1, marked
+    table = report[report.rfind("<table>", 0, report.find('<tr class="oom">')):]
+    headers = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("</tr>", 1)[0])]
+    row = dict(zip(headers, (html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", marked[0])), strict=True))
+    assert row["outcome"] == "oom" and row["batch_size_per_gpu"] == "16", row
 
 
 def test_memory_by_category_for_a_script_against_its_models_own_tensors(tmp_path):

@@ -161,3 +161,36 @@ def test_the_summary_reads_the_running_figures_and_only_the_lines_after_them(tmp
     # damaged figures: every line is read instead
     (tmp_path / "gpus" / "nid001.sum.json").write_text('{"node": "nid001", "offset": 3, "gpus": [{"n": "x"}]}')
     assert summarize(path.parent)["gpus"][0]["samples"] == total
+
+
+def test_a_gpu_busy_in_part_of_a_short_run_is_not_named_idle(tmp_path):
+    """The rule is "never 5% busy", not a low mean: a GPU that worked at 90% in one sample of twenty (a
+    short run's steps after its set-up) has a mean of 4.5% and is not idle; one never above 2% is."""
+    gpus = [{"index": 0, "name": "A100", "uuid": "GPU-0", "memory_total_bytes": 40 * GIB},
+            {"index": 1, "name": "A100", "uuid": "GPU-1", "memory_total_bytes": 40 * GIB}]
+    samples = [(100.0 + i, [[90 if i == 19 else 0, 0, GIB, 60, 210, 1215], [2, 0, GIB, 50, 210, 1215]])
+               for i in range(20)]
+    write_node(tmp_path / "nid001.jsonl", "nid001", gpus, samples)
+    s = summarize(tmp_path)
+    busy_once, never = s["gpus"]
+    assert busy_once["util_mean_pct"] == 4.5 and busy_once["util_max_pct"] == 90  # a mean rule would name it
+    assert s["idle"] == ["nid001 GPU 1"], s["idle"]
+
+
+def test_the_summary_takes_the_running_figures_and_reads_only_the_lines_after_their_offset(tmp_path):
+    """The oracle is a figures file that disagrees with the lines before its offset (100 samples where
+    the file holds 2): a reader that reads every line counts 3, one that takes the figures counts 101."""
+    about = {"index": 0, "name": "A100", "uuid": "GPU-0", "memory_total_bytes": 40 * GIB}
+    path = tmp_path / "nid001.jsonl"
+    write_node(path, "nid001", [about], [(0.0, [[10, 0, GIB, 100, 1000, 1215]]),
+                                         (1.0, [[10, 0, GIB, 100, 1000, 1215]])])
+    figures = {"about": about, "n": 100, "first_t": 0.0, "last_t": 99.0, "sums": [5000.0, 0.0, 100.0 * GIB,
+               20000.0, 100000.0, 121500.0], "maxes": [80.0, 0.0, 2.0 * GIB, 300.0, 1410.0, 1215.0]}
+    (tmp_path / "nid001.sum.json").write_text(json.dumps({"node": "nid001", "offset": path.stat().st_size,
+                                                          "gpus": [figures]}))
+    with open(path, "a") as f:
+        f.write(json.dumps({"t": 100.0, "g": [[100, 0, 3 * GIB, 400, 1410, 1215]]}) + "\n")
+    (gpu,) = summarize(tmp_path)["gpus"]
+    assert gpu["samples"] == 101 and gpu["seconds"] == 100.0
+    assert gpu["util_mean_pct"] == (5000 + 100) / 101 and gpu["util_max_pct"] == 100
+    assert gpu["mem_used_max_bytes"] == 3 * GIB and gpu["power_max_w"] == 400

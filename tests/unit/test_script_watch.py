@@ -19,7 +19,7 @@ from hpc.launch.rank.flightrec import ask_for_dump
 from hpc.launch.rank.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
 from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
-from hpc.settings.task import command_task
+from hpc.settings.rankcommand import user_command
 from hpc.training.hook.firstgrad import FirstGrad
 from hpc.training.hook.scriptoom import oom_of
 
@@ -147,7 +147,7 @@ def test_nccls_flight_recorder_is_asked_through_torchs_pipe(tmp_path):
 
 
 def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_otherwise(tmp_path):
-    task = command_task(["python", "t.py"], "/", {"enabled": False}, 60)
+    task = user_command(["python", "t.py"], "/", {"enabled": False}, 60)
     env = rank_env(from_environ({}), tmp_path, task, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}, "1.0.0")
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and "TORCH_FR_BUFFER_SIZE" not in env  # the user's wins
     named = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)  # torch's own answer
@@ -158,7 +158,7 @@ def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_ot
     dump, pipe = RunPaths(tmp_path).flight_recorder(3)
     assert f"{env['TORCH_NCCL_DEBUG_INFO_TEMP_FILE']}3" == str(dump) and dump.parent == tmp_path / "flight_recorder"
     assert f"{env['TORCH_NCCL_DEBUG_INFO_PIPE_FILE']}3.pipe" == str(pipe)
-    training = command_task(["python", "-m", "hpc.train"], "/", {"enabled": True}, 60)  # records its own way
+    training = user_command(["python", "-m", "hpc.train"], "/", {"enabled": True}, 60)  # records its own way
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in rank_env(from_environ({}), tmp_path, training, {}, "1.0.0")
 
 
@@ -199,22 +199,52 @@ def test_ranks_without_a_group_are_separate_copies_from_two():
     assert separate_copies_line(1) is None and "4 ranks each train a separate copy" in separate_copies_line(4)
 
 
-@pytest.mark.parametrize("config, world, cuda, expected", [
-    (None, 2, False, {"ACCELERATE_USE_CPU": "true"}),  # CPU ranks, as `accelerate launch --cpu` makes them
-    (None, 1, False, {}),
-    (None, 4, True, {}),
-    ({"mixed_precision": "BF16", "use_cpu": False, "dynamo_config": {"dynamo_backend": "INDUCTOR"}}, 4, True,
-     {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}),
-    ({"mixed_precision": "no", "use_cpu": True, "dynamo_config": {}}, 1, True,
-     {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "true"}),
+@pytest.mark.parametrize("world, cuda, expected", [
+    (2, False, {"ACCELERATE_USE_CPU": "true"}),  # CPU ranks, as `accelerate launch --cpu` makes them
+    (1, False, {}),
+    (4, True, {}),
 ])
-def test_an_accelerate_config_becomes_what_accelerate_launch_passes(config, world, cuda, expected):
-    import types
+def test_no_accelerate_config_adds_only_cpu_ranks(world, cuda, expected):
+    from hpc.training.hook.scriptaccelerate import launch_env
+
+    assert launch_env(None, world, cuda) == expected
+
+
+ACCELERATE_CONFIGS = {
+    "bf16, inductor with every dynamo option": "mixed_precision: bf16\nuse_cpu: false\ndynamo_config:\n"
+    "  dynamo_backend: INDUCTOR\n  dynamo_mode: max-autotune\n  dynamo_use_fullgraph: true\n"
+    "  dynamo_use_dynamic: true\n  dynamo_use_regional_compilation: true\n",
+    "inductor, its options left out": "mixed_precision: fp16\nuse_cpu: false\ndynamo_config:\n"
+    "  dynamo_backend: inductor\n",
+    "no precision, CPU, no dynamo": "mixed_precision: 'no'\nuse_cpu: true\ndynamo_config: {}\n",
+    "dynamo backend no": "mixed_precision: bf16\nuse_cpu: false\ndynamo_config:\n  dynamo_backend: 'NO'\n",
+}
+
+
+@pytest.mark.parametrize("body", ACCELERATE_CONFIGS.values(), ids=list(ACCELERATE_CONFIGS))
+def test_an_accelerate_config_becomes_what_accelerate_launch_passes(body, tmp_path):
+    """The oracle is accelerate's own launcher: its parser and config loading (`accelerate launch
+    --config_file`) and the environment its simple launcher gives the processes."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     from hpc.training.hook.scriptaccelerate import launch_env
 
-    loaded = types.SimpleNamespace(**config) if config is not None else None
-    assert launch_env(loaded, world, cuda) == expected
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+                    f"num_processes: 4\n{body}")
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    _validate_launch_command(args)
+    theirs = {k: v for k, v in prepare_simple_launcher_cmd_env(args)[1].items() if k.startswith("ACCELERATE_")}
+    ours = launch_env(load_config_from_file(str(path)), 4, True)
+    assert ours.get("ACCELERATE_USE_CPU", "false").lower() == theirs["ACCELERATE_USE_CPU"].lower()
+    assert ours["ACCELERATE_MIXED_PRECISION"] == theirs["ACCELERATE_MIXED_PRECISION"]
+    if theirs["ACCELERATE_DYNAMO_BACKEND"] == "NO":  # accelerate reads an absent backend as NO
+        assert not [k for k in ours if k.startswith("ACCELERATE_DYNAMO_")], ours
+    else:
+        assert {k: v for k, v in ours.items() if k.startswith("ACCELERATE_DYNAMO_")} == {
+            k: v for k, v in theirs.items() if k.startswith("ACCELERATE_DYNAMO_")}
 
 
 def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_path, monkeypatch):

@@ -2,8 +2,9 @@
 script imports `accelerate` (hpc/training/hook/scripthooks.py arms this), the user's accelerate config - the
 file `accelerate config` writes, where accelerate looks for it (`$HF_HOME/accelerate/default_config.yaml`),
 or the one ACCELERATE_CONFIG_FILE names - becomes the ACCELERATE_* variables `accelerate launch` passes
-its processes: mixed precision, CPU, dynamo. On a machine without a GPU, ranks of more than one are CPU
-ranks (ACCELERATE_USE_CPU), as `accelerate launch --cpu` makes them: without it each rank trained alone.
+its processes: mixed precision, CPU, dynamo (backend, mode, fullgraph, dynamic, regional compilation).
+On a machine without a GPU, ranks of more than one are CPU ranks (ACCELERATE_USE_CPU), as
+`accelerate launch --cpu` makes them: without it each rank trained alone.
 The environment's own ACCELERATE_* settings win. Read with accelerate's own config loader; FSDP and
 DeepSpeed settings are not passed on (said in one line when the config has them).
 """
@@ -39,9 +40,13 @@ def launch_env(config: Any, world_size: int, cuda: bool) -> dict[str, str]:  # A
             out["ACCELERATE_MIXED_PRECISION"] = str(config.mixed_precision).lower()
         if config.use_cpu:
             out["ACCELERATE_USE_CPU"] = "true"
-        backend = (getattr(config, "dynamo_config", None) or {}).get("dynamo_backend")
-        if backend and str(backend).upper() != "NO":
+        dynamo = getattr(config, "dynamo_config", None) or {}
+        backend = dynamo.get("dynamo_backend")
+        if backend and str(backend).upper() != "NO":  # as accelerate's launcher words them (utils/launch.py)
             out["ACCELERATE_DYNAMO_BACKEND"] = str(backend).upper()
+            out["ACCELERATE_DYNAMO_MODE"] = str(dynamo.get("dynamo_mode") or "default")
+            for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation"):
+                out[f"ACCELERATE_DYNAMO_{key.upper()}"] = str(bool(dynamo.get(f"dynamo_{key}")))
     if not cuda and world_size > 1:
         out.setdefault("ACCELERATE_USE_CPU", "true")
     return out
