@@ -3,7 +3,7 @@ point of the same data fraction and per-GPU batch: speed-up, scaling efficiency,
 time went (`loss_us`, parts that add up to the measured difference), and what the scaling model
 (hpc/placement/scaling.py) predicts from the point's own measured bandwidth.
 
-A sweep directory is what `hpc.submit --sweep` and `hpc.study` write (hpc/core/rundir.py): index.json
+A sweep directory is what `hpc.study run` writes (hpc/core/rundir.py): index.json
 names each point's run directory.
 """
 

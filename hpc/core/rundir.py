@@ -24,7 +24,7 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     gpus/{node}.jsonl    NVML samples of the node's GPUs, a few a second (hpc/core/gpusample.py)
     .lock                held by the run's rank 0 while it runs (hpc/core/lock.py): one writer at a time
 
-A sweep directory (`SweepPaths`; hpc.submit --sweep and hpc.study write it):
+A sweep directory (`SweepPaths`; hpc.study writes it):
 
     sweep.yaml           the sweep and what its points run, as resolved
     index.json           every point: its fields, job id, run directory (a name inside the sweep), history

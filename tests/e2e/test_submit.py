@@ -88,14 +88,16 @@ def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
 
 
 def test_sweep_dry_run_makes_one_array_per_shape(tmp_path):
-    proc = run_module("hpc.submit", "--sweep", "profiles/study.yaml", "--account", "m1_g", "--max-parallel", "3",
+    proc = run_module("hpc.study", "run", "profiles/study.yaml", "--account", "m1_g", "--max-parallel", "3",
                       "--runs-dir", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("#!/bin/bash") == 3  # 1, 2 and 4 GPUs
-    assert proc.stdout.count("#SBATCH --array=0-11%3") == 3  # 3 fractions x 4 batch sizes each
-    assert "#SBATCH --gpus-per-node=4" in proc.stdout and proc.stdout.count("#SBATCH --qos=shared") == 2
-    assert proc.stdout.count("#SBATCH --gpus-per-node=1") == proc.stdout.count("#SBATCH --gpus-per-node=2") == 1
-    assert "gpus-per-task" not in proc.stdout  # 1 and 2 GPUs: the shared QOS, the job's GPUs seen by every task
+    arrays, analysis = proc.stdout.split("# then the analysis job", 1)
+    assert arrays.count("#!/bin/bash") == 3 and analysis.count("#!/bin/bash") == 1  # 1, 2 and 4 GPUs; the report's
+    assert arrays.count("#SBATCH --array=0-11%3") == 3  # 3 fractions x 4 batch sizes each
+    assert "#SBATCH --gpus-per-node=4" in arrays and arrays.count("#SBATCH --qos=shared") == 2
+    assert arrays.count("#SBATCH --gpus-per-node=1") == arrays.count("#SBATCH --gpus-per-node=2") == 1
+    assert "gpus-per-task" not in arrays  # 1 and 2 GPUs: the shared QOS, the job's GPUs seen by every task
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
 def test_the_training_and_a_command_differ_only_in_what_each_rank_runs(tmp_path):
@@ -147,7 +149,7 @@ def test_bad_requests_fail_before_submitting(tmp_path, args, needles):
 def test_sweep_gpus_above_the_node_are_refused(tmp_path):
     sweep = tmp_path / "s.yaml"
     sweep.write_text("sweep:\n  gpus: [1, 8]\n")
-    assert_one_line_error(run_module("hpc.submit", "--sweep", str(sweep), "--dry-run"), str(sweep), "--gpus 8")
+    assert_one_line_error(run_module("hpc.study", "run", str(sweep), "--dry-run"), str(sweep), "--gpus 8")
 
 
 def test_no_sbatch_points_to_local(tmp_path):
@@ -183,7 +185,6 @@ def test_slurm_parameters_quote_environment():
 
 @pytest.mark.parametrize("command", [
     ["hpc.submit", "--dry-run", "--account", "m1_g", "--nodes", "2", "--gpus", "4"],
-    ["hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", "profiles/study.yaml"],
     ["hpc.study", "run", "profiles/study.yaml", "--account", "m1_g", "--dry-run"],
 ])
 def test_a_dry_run_needs_no_scheduler(command, tmp_path):
@@ -238,11 +239,13 @@ def test_a_submission_reads_top_to_bottom(slurm_cluster, tmp_path, kind):
     """Issue 50: followed from `execute` (the plan made), a submission to Slurm enters at most 5 of the
     launcher's modules and never comes back to one it left; the plan (its parameters and sbatch text)
     is made once, before it. The jobs run on the local cluster afterwards; they are cancelled here."""
-    from hpc.launch.submission.submit import execute, plan_for
+    from hpc.launch.submission.submit import STUDY_RUN, execute, plan_for
 
     what = {"training": ["--config", "profiles/smoke.yaml"], "command": ["--", sys.executable, "-c", "pass"],
-            "sweep": ["--sweep", "profiles/study-smoke.yaml"]}[kind]
-    _, plan = plan_for(["--runs-dir", str(tmp_path), "--account", "m1234_g", "--time", "5", *what])
+            "sweep": ["profiles/study-smoke.yaml"]}[kind]
+    prog = STUDY_RUN if kind == "sweep" else "python -m hpc.submit"  # the study's plan is the sweep's one road
+    _, plan = plan_for([*what[:1 if kind == "sweep" else 0], "--runs-dir", str(tmp_path), "--account", "m1234_g",
+                        "--time", "5", *what[1 if kind == "sweep" else 0:]], prog)
     made = launch_path(lambda: execute(plan, wait=False))
     ids = [p.name for p in tmp_path.rglob("*_submitted.pkl")]
     subprocess.run(["scancel", *{name.split("_")[0] for name in ids}], check=False)

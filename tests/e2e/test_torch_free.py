@@ -36,7 +36,7 @@ def test_the_shadow_really_blocks_torch(no_torch):
 
 @pytest.mark.parametrize("args", [
     ["-m", "hpc.submit", "--dry-run", "--account", "m1_g", "--nodes", "2", "--gpus", "4", "--config", SMOKE],
-    ["-m", "hpc.submit", "--dry-run", "--account", "m1_g", "--sweep", str(REPO / "profiles" / "study.yaml")],
+    ["-m", "hpc.study", "run", str(REPO / "profiles" / "study.yaml"), "--dry-run", "--account", "m1_g"],
     ["-m", "hpc.study", "run", str(REPO / "profiles" / "study.yaml"), "--account", "m1_g", "--dry-run"],
     ["-m", "hpc.config", "--profile", "perlmutter", "--config", SMOKE],
     ["-m", "hpc.distenv", "--hostlist", "nid[001-004]"],

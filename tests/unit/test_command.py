@@ -22,7 +22,7 @@ from hpc.launch.submission.plan import make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.rank.rankenv import ordered_gpus, rank_env
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
-from hpc.launch.submission.submit import build_parser
+from hpc.launch.submission.submit import STUDY_RUN, build_parser
 from hpc.settings.rankcommand import (PROFILER_VARIABLE, RUN_DIR_VARIABLE, check_command, user_command, fill, launcher_in,
                               python_script)
 from hpc.settings.config import load_cluster
@@ -185,7 +185,12 @@ def test_a_node_launcher_job_is_one_task_a_node_with_every_gpu(launcher, tasks, 
 # --- the plan of a command line -----------------------------------------------------------------------
 
 def plan_of(tmp_path, argv):
+    """hpc.submit's plan of `argv`; a sweep (--sweep FILE) is hpc.study run's, as the commands take them."""
     own, words = split_command(argv)
+    if "--sweep" in own:
+        at = own.index("--sweep")
+        own = [own[at + 1], *own[:at], *own[at + 2:]]
+        return make_plan(build_parser(STUDY_RUN).parse_args(["--runs-dir", str(tmp_path), *own]), words)
     return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
 
 

@@ -25,7 +25,7 @@ from hpc.core.summary import read_summary
 from hpc.launch.submission.plan import make_plan
 from hpc.settings.schema import TrainConfig
 from hpc.launch.status import point_state
-from hpc.launch.submission.submit import build_parser, print_plan
+from hpc.launch.submission.submit import STUDY_RUN, build_parser, print_plan
 from hpc.training.checkpoint import Checkpointer, load_checkpoint, state_digest
 from hpc.training.metrics import MetricsLog
 from hpc.core.stop import StopSignal
@@ -214,6 +214,12 @@ def test_a_failed_write_is_one_error_on_every_rank(tmp_path):
 # --- submission plan ----------------------------------------------------------------------------------
 
 def plan_for(*argv, tmp_path):
+    """hpc.submit's plan; with --sweep FILE, hpc.study run's (the one way to submit a sweep)."""
+    argv = list(argv)
+    if "--sweep" in argv:
+        at = argv.index("--sweep")
+        argv = [argv[at + 1], *argv[:at], *argv[at + 2:]]
+        return make_plan(build_parser(STUDY_RUN).parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]), None)
     return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]), None)
 
 

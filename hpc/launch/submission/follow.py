@@ -14,7 +14,6 @@ the jobs run on in Slurm. No torch import.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shlex
@@ -23,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
@@ -138,8 +139,9 @@ def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
     return EXIT_PREEMPTED
 
 
-@dataclasses.dataclass(frozen=True)
-class Submitted:
+class Submitted(msgspec.Struct, frozen=True):
+    """A job as submitted, from hpc.submit to its follower (a typed record, built where it is submitted)."""
+
     job_id: str
     run_dir: Path
     logs: tuple[Path, Path]  # stdout, stderr of task 0
@@ -147,13 +149,6 @@ class Submitted:
     point: Point | None = None
     ranks: int = 1  # the run's world size (for the command that resumes it)
     training: bool = False  # the toolkit's training, which says where its checkpoint is
-
-    @classmethod
-    def of(cls, job: Any, point: Point | None, ranks: int, training: bool) -> Submitted:
-        paths = job.paths
-        return cls(
-            job.job_id, Path(paths.folder), (Path(paths.stdout), Path(paths.stderr)), job, point, ranks, training
-        )
 
     def ended(self, watch: QueueWatch | None) -> bool:
         """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see

@@ -2,7 +2,6 @@
 
     python -m hpc.submit --nodes 1 --gpus 4 --account m1234_g --config profiles/smoke.yaml
     python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
-    python -m hpc.submit --sweep profiles/study.yaml --account m1234_g --max-parallel 4
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g --dry-run      # print the sbatch script
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
 
@@ -99,8 +98,8 @@ def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
         g.add_argument("--analysis-account", help="the analysis job's account (default: --account's CPU allocation)")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
     g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
-    if not study:
-        g.add_argument("--sweep", help="sweep YAML: submit its grid as job arrays, one per resource shape")
+    if not study:  # one way to submit a sweep: hpc.study run (its arrays, then its report)
+        g.add_argument("--sweep", help=argparse.SUPPRESS)
     g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
     g.add_argument(
         "--wait",
@@ -114,6 +113,11 @@ def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: A
     `into`: make_plan's (a resubmission)."""
     own, words = split_command(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(prog).parse_args(own)
+    if prog != STUDY_RUN and args.sweep is not None:
+        raise UsageError(
+            f"--sweep {args.sweep}: a sweep is submitted by python -m hpc.study run {args.sweep} "
+            "(its job arrays, then the analysis job that writes its report)"
+        )
     return args, make_plan(args, words, into=into)
 
 
@@ -272,9 +276,11 @@ def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> li
     made = []
     for job, i in zip(jobs, points, strict=True):
         point, command = spec.points[i]
-        made.append(Submitted.of(job, {**point, **spec.charge} if point else None, ranks, command.is_training))
-        logs = ", ".join(str(p) for p in (job.paths.stdout, job.paths.stderr))
-        log.info(f"job {job.job_id}: run dir {job.paths.folder}\n  logs: {logs}")
+        paths = job.paths
+        logs = (Path(paths.stdout), Path(paths.stderr))
+        point_charged = {**point, **spec.charge} if point else None
+        made.append(Submitted(job.job_id, Path(paths.folder), logs, job, point_charged, ranks, command.is_training))
+        log.info(f"job {job.job_id}: run dir {paths.folder}\n  logs: {', '.join(str(p) for p in logs)}")
     return made
 
 
