@@ -35,7 +35,10 @@ class TokenGate:
     is the cookie's path."""
 
     def __init__(self, app: App, token: str, port: int, prefix: str = ""):
-        self.app, self.token, self.cookie, self.path = app, token, f"hpc_tb_{port}", prefix.rstrip("/") + "/"
+        self.app = app
+        self.token = token
+        self.cookie = f"hpc_tb_{port}"
+        self.path = prefix.rstrip("/") + "/"
 
     def _holds(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
@@ -45,8 +48,15 @@ class TokenGate:
         if self._holds(query.get("token")):
             rest = urlencode([(k, v) for k, v in query.items() if k != "token"])
             where = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "/") + (f"?{rest}" if rest else "")
-            start_response("302 Found", [("Location", where or "/"), ("Set-Cookie", self._set_cookie()),
-                                         ("Cache-Control", "no-store"), ("Content-Length", "0")])  # fmt: skip
+            start_response(
+                "302 Found",
+                [
+                    ("Location", where or "/"),
+                    ("Set-Cookie", self._set_cookie()),
+                    ("Cache-Control", "no-store"),
+                    ("Content-Length", "0"),
+                ],
+            )
             return [b""]
         if self._holds(self._cookie(environ.get("HTTP_COOKIE", ""))):
             return self.app(environ, start_response)

@@ -32,7 +32,10 @@ DATALOADER_PREFIX = "enumerate(DataLoader)"  # the profiler's range around each 
 _NAME, _THREAD = attrgetter("name"), attrgetter("pid", "tid")
 MAX_COMPRESSED_THREADS = 16  # more threads than this are grouped by a sort (see _grouped)
 
-_OP, _ANNOTATION, _RUNTIME, _OTHER = 0, 1, 2, 3
+_OP = 0
+_ANNOTATION = 1
+_RUNTIME = 2
+_OTHER = 3
 CATEGORIES = {
     **dict.fromkeys(OP_CATS, _OP),
     **dict.fromkeys(ANNOTATION_CATS, _ANNOTATION),

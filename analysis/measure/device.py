@@ -38,14 +38,18 @@ from analysis.measure.kernels import KERNEL_CLASSES, classify_kernel
 from analysis.read.events import all_args, field, int_args, interned, pick
 from analysis.records import DeviceTotals
 
-COMPUTE, COMMUNICATION, MEMORY = 0, 1, 2
+COMPUTE = 0
+COMMUNICATION = 1
+MEMORY = 2
 _NAME = attrgetter("name")
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay default (30, in the trace's µs)
 TOP_N = 10
 KERNEL_CATS = {"kernel", "Kernel"}
 MEMCPY_CATS = {"gpu_memcpy", "Memcpy"}
 MEMSET_CATS = {"gpu_memset", "Memset"}
-_KERNEL, _MEMCPY, _MEMSET = 0, 1, 2
+_KERNEL = 0
+_MEMCPY = 1
+_MEMSET = 2
 COPY_KERNEL = re.compile(r"mem(cpy|set)\d+(_\w+)?")  # a graph's memcpy/memset node, run as a kernel
 CATEGORIES = {
     **dict.fromkeys(KERNEL_CATS, _KERNEL),
@@ -78,7 +82,9 @@ def idle_breakdown(start: np.ndarray, end: np.ndarray, stream: np.ndarray, launc
     busiest = streams[np.argmax(np.bincount(inverse, weights=end - start))]
     sel = stream == busiest
     order = np.argsort(start[sel], kind="stable")
-    s, e, la = start[sel][order], end[sel][order], launch[sel][order]
+    s = start[sel][order]
+    e = end[sel][order]
+    la = launch[sel][order]
     gap = s[1:] - e[:-1]
     host = la[1:] > e[:-1]  # launched after the stream went idle; a NaN launch (not found) is not
     kernel = ~host & (gap < KERNEL_WAIT_US)

@@ -56,7 +56,11 @@ __all__ = ["TraceError", "analyze_trace", "trace_record"]
 RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # What becomes of an event: skipped, a memory event, or an X event (>= _OTHER) that is not read, or read
 # by CpuOps or DeviceActivity: their base plus the event's kind there, so that the category is looked up once.
-_SKIP, _MEMORY, _OTHER, _CPU, _DEVICE = 0, 1, 2, 10, 20
+_SKIP = 0
+_MEMORY = 1
+_OTHER = 2
+_CPU = 10
+_DEVICE = 20
 _TIMES = attrgetter("ts", "dur")
 _ROUTE: dict[object, int] = {
     **{c: _CPU + k for c, k in cpu.CATEGORIES.items()},
@@ -99,7 +103,10 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
         sane = np.flatnonzero(~np.isnan(ts) & ~garbage)
         if accumulator is not None and sane.size:
             if sane.size < len(mine):
-                mine, ts, dur, idx = pick(mine, sane), ts[sane], dur[sane], idx[sane]
+                mine = pick(mine, sane)
+                ts = ts[sane]
+                dur = dur[sane]
+                idx = idx[sane]
             accumulator.add(mine, ts, dur, code[idx] - low)
             taken += len(mine)
     return bad, taken
@@ -109,7 +116,9 @@ def analyze_trace(path: str | Path, top_n: int | None = TOP_N) -> TraceRecord:
     """The per-trace record (see the module doc), with `top_n` kernels and operators in its top lists
     (None: every one, for a comparison). Raises TraceError when the file is unusable."""
     path = Path(path)
-    cpu_ops, device_activity, memory = CpuOps(), DeviceActivity(), DeviceMemory()
+    cpu_ops = CpuOps()
+    device_activity = DeviceActivity()
+    memory = DeviceMemory()
     n_events = bad_events = taken = 0
     reader = Reader()
     with _collector_paused():

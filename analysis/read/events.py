@@ -198,7 +198,9 @@ def _memory_args(value: Any) -> MemoryArgs | None:
 def admit(e: _LooseEvent) -> Event | Instant | None | bool:
     """A leniently decoded event as an Event; None when the analysis does not read it; False when it
     would be read but a field it needs has the wrong type (a string ts, a list for a name ...)."""
-    ph, name, ts = e.ph, e.name, e.ts
+    ph = e.ph
+    name = e.name
+    ts = e.ts
     if ph == "X":
         if ts is None:
             return None

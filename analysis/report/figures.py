@@ -56,7 +56,12 @@ class Metric:
         scale: float,
         study: str | None = None,
     ):
-        self.key, self.value, self.title, self.ylabel, self.scale, self.study = key, value, title, ylabel, scale, study
+        self.key = key
+        self.value = value
+        self.title = title
+        self.ylabel = ylabel
+        self.scale = scale
+        self.study = study
 
 
 STUDY_METRICS = [

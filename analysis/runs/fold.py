@@ -170,7 +170,9 @@ def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | N
     for r in (summary or {}).get("ranks", []):
         value = r.get("steps_per_epoch")
         if not is_count(value):
-            images, world, batch = r.get("train_images"), r.get("world_size"), r.get("batch_size_per_gpu")
+            images = r.get("train_images")
+            world = r.get("world_size")
+            batch = r.get("batch_size_per_gpu")
             ok = all(type(v) is int and v > 0 for v in (images, world, batch))
             value = math.ceil(math.ceil(images / world) / batch) if ok else None
         out[r["rank"]] = value

@@ -106,7 +106,9 @@ def step_parts_us(r: RunRecord) -> dict[str, float] | None:
     computation, exposed communication and memory time on the device, the rest of the mean step
     (`idle`: the device waiting on the host, on data, on other ranks), and the slowest rank's excess
     over the mean (`imbalance`)."""
-    comp, comm, mem = r.computation_us_per_step.mean, r.communication_us_per_step.mean, r.memory_us_per_step.mean
+    comp = r.computation_us_per_step.mean
+    comm = r.communication_us_per_step.mean
+    mem = r.memory_us_per_step.mean
     mean, slowest = r.step_time_us_mean.mean, r.step_time_us_mean.max
     if comp is None or comm is None or mem is None or mean is None or slowest is None:
         return None

@@ -57,8 +57,9 @@ def one_process(way: str, steps: int, layers: int, run_dir: Path) -> dict[str, o
             env[PROFILER_VARIABLE] = json.dumps({"enabled": True})
     try:  # the beat is read by nobody: the pipe's buffer takes a step's byte until it is full, then drops it
         words = [sys.executable, "-c", LOOP, str(steps), str(layers), str(WARMUP_STEPS)]
-        out = subprocess.run(words, capture_output=True, text=True, env=env, pass_fds=fds, check=True,
-                             timeout=600).stdout  # fmt: skip
+        out = subprocess.run(
+            words, capture_output=True, text=True, env=env, pass_fds=fds, check=True, timeout=600
+        ).stdout
     finally:
         for fd in (*fds, *((read_fd,) if read_fd is not None else ())):
             os.close(fd)

@@ -65,7 +65,8 @@ class Beats:
                 return
             steps = data.count(STEP)
             if steps:
-                self.steps, self.last_s = self.steps + steps, time.monotonic()
+                self.steps = self.steps + steps
+                self.last_s = time.monotonic()
             self.ready = self.ready or READY in data
 
     def close(self) -> None:

@@ -56,8 +56,17 @@ def _open(nvml: Any, wanted: list[str] | None) -> list[tuple[Any, dict[str, Any]
         if wanted is not None and str(index) not in wanted and uuid not in wanted:
             continue
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        found.append((handle, {"index": index, "name": str(nvml.nvmlDeviceGetName(handle)), "uuid": uuid,
-                               "memory_total_bytes": int(memory.total)}))  # fmt: skip
+        found.append(
+            (
+                handle,
+                {
+                    "index": index,
+                    "name": str(nvml.nvmlDeviceGetName(handle)),
+                    "uuid": uuid,
+                    "memory_total_bytes": int(memory.total),
+                },
+            )
+        )
     return found
 
 
@@ -78,7 +87,9 @@ class GpuSampler:
     there is nothing to sample (no NVML, no GPU) and returns None."""
 
     def __init__(self, path: Path, node: str, env: Mapping[str, str], period_s: float = PERIOD_S):
-        self.path, self.node, self.period_s = path, node, period_s
+        self.path = path
+        self.node = node
+        self.period_s = period_s
         self.wanted = allocated(env)
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
@@ -100,13 +111,15 @@ class GpuSampler:
             nvml.nvmlShutdown()
             self._none(why)
             return None
-        if not self._write({"node": self.node, "period_s": self.period_s, "fields": FIELDS,
-                            "gpus": [g for _, g in gpus]}):  # fmt: skip
+        if not self._write(
+            {"node": self.node, "period_s": self.period_s, "fields": FIELDS, "gpus": [g for _, g in gpus]}
+        ):
             nvml.nvmlShutdown()
             return None
         self.sums = _carried(self.path, self.node, [g for _, g in gpus])  # an earlier start's figures go on
-        self.thread = threading.Thread(target=self._run, args=(nvml, [h for h, _ in gpus]), daemon=True,
-                                       name="hpc-gpu-sampler")  # fmt: skip
+        self.thread = threading.Thread(
+            target=self._run, args=(nvml, [h for h, _ in gpus]), daemon=True, name="hpc-gpu-sampler"
+        )
         self.thread.start()
         return self
 
@@ -150,8 +163,10 @@ class GpuSampler:
         """The running figures and how far into the samples file they reach (a reader adds the lines after)."""
         with contextlib.suppress(Exception):  # a full disk: the samples file still has every line written
             offset = self.path.stat().st_size
-            write_atomic(sums_path(self.path), json.dumps({"node": self.node, "offset": offset,
-                                                           "gpus": [g.state() for g in self.sums]}))  # fmt: skip
+            write_atomic(
+                sums_path(self.path),
+                json.dumps({"node": self.node, "offset": offset, "gpus": [g.state() for g in self.sums]}),
+            )
 
     def stop(self) -> None:
         self.done.set()
@@ -181,28 +196,40 @@ class _Gpu:
     """One GPU's running figures over its samples (bounded memory whatever the run's length)."""
 
     def __init__(self, node: str, about: Mapping[str, Any]):
-        self.node, self.about = node, dict(about)
-        self.n, self.first_t, self.last_t = 0, math.inf, -math.inf
+        self.node = node
+        self.about = dict(about)
+        self.n = 0
+        self.first_t = math.inf
+        self.last_t = -math.inf
         self.sums = [0.0] * len(FIELDS)
         self.maxes = [0.0] * len(FIELDS)
 
     def add(self, t: float, values: list[float]) -> None:
         self.n += 1
-        self.first_t, self.last_t = min(self.first_t, t), max(self.last_t, t)
+        self.first_t = min(self.first_t, t)
+        self.last_t = max(self.last_t, t)
         for i, v in enumerate(values[: len(FIELDS)]):
             self.sums[i] += v
             self.maxes[i] = max(self.maxes[i], v)
 
     def state(self) -> dict[str, Any]:
-        return {"about": self.about, "n": self.n, "first_t": self.first_t if self.n else None,
-                "last_t": self.last_t if self.n else None, "sums": self.sums, "maxes": self.maxes}  # fmt: skip
+        return {
+            "about": self.about,
+            "n": self.n,
+            "first_t": self.first_t if self.n else None,
+            "last_t": self.last_t if self.n else None,
+            "sums": self.sums,
+            "maxes": self.maxes,
+        }
 
     @classmethod
     def from_state(cls, node: str, state: Any) -> _Gpu | None:
         """The figures a sampler wrote (None: not of that shape)."""
         try:
             gpu = cls(node, state["about"])
-            n, sums, maxes = int(state["n"]), [float(v) for v in state["sums"]], [float(v) for v in state["maxes"]]
+            n = int(state["n"])
+            sums = [float(v) for v in state["sums"]]
+            maxes = [float(v) for v in state["maxes"]]
             if (
                 n < 0
                 or len(sums) != len(FIELDS)

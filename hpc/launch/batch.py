@@ -120,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
         return EXIT_OK
     write_task(RunPaths(run_dir), task)
-    log.info(f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
-             f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}")  # fmt: skip
+    log.info(
+        f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
+        f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}"
+    )
     rc, terminated = run_step(step, env)
     return requeue_after_step(task, run_dir, rc, terminated, env, cluster)
 

@@ -34,8 +34,9 @@ def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
     return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
 
 
-def may_requeue(code: int | None, requeue_codes: Any, signum: int | None, env: dict[str, str] | Any,
-                max_requeues: int) -> bool:  # fmt: skip
+def may_requeue(
+    code: int | None, requeue_codes: Any, signum: int | None, env: dict[str, str] | Any, max_requeues: int
+) -> bool:
     """The requeue rule, the one place it is written (the job's own path, hpc/launch/submission/job.py, and the
     batch shell's, hpc/launch/batch.py): a task that exited with one of its requeue codes, not stopped by
     a person, with requeues left (Slurm's restart count below the profile's max_requeues)."""

@@ -135,10 +135,15 @@ def run_command(argv: list[str]) -> int:
 def plan_charges(plan: Plan) -> list[str]:
     """Per QOS: the points and the most node-hours they can be charged (hpc/launch/submission/site.py)."""
     shapes = [
-        (str(spec.charge.get("qos") or "-"), len(spec.points), spec.request.nodes, spec.request.gpus,
-         spec.request.time_min)
+        (
+            str(spec.charge.get("qos") or "-"),
+            len(spec.points),
+            spec.request.nodes,
+            spec.request.gpus,
+            spec.request.time_min,
+        )
         for spec in plan.specs
-    ]  # fmt: skip
+    ]
     return charge_lines(plan.cluster, shapes)
 
 

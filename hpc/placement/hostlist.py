@@ -89,7 +89,9 @@ def _push_ranges(out: list[str], prefix: str, ranges: list[tuple[int, int, int]]
         for lo, hi, width in ranges:
             out.extend(f"{prefix}{v:0{width}d}" for v in range(lo, hi + 1))
         return
-    head, inner, tail = prefix[:open_at], prefix[open_at + 1 : close_at], prefix[close_at + 1 :]
+    head = prefix[:open_at]
+    inner = prefix[open_at + 1 : close_at]
+    tail = prefix[close_at + 1 :]
     try:
         prefix_ranges = _parse_range_list(inner, expr)
     except HostlistError:

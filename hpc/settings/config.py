@@ -71,8 +71,10 @@ def _prepared(value: Any, tp: Any) -> Any:
         return [_prepared(v, typing.get_args(tp)[0]) for v in value]
     if typing.get_origin(tp) is dict and isinstance(value, dict):
         scalar = (str, int, float, bool)
-        return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, scalar) else v
-                for k, v in value.items()}  # fmt: skip
+        return {
+            k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, scalar) else v
+            for k, v in value.items()
+        }
     if _wants(tp, float) and isinstance(value, str) and len(value) < 64:
         try:
             return float(fractions.Fraction(value.strip()))

@@ -89,8 +89,15 @@ def training_command(
 ) -> RankCommand:
     """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config."""
     words = ("{python}", "-m", TRAINING_MODULE, "--config", "{run_dir}/" + SUBMITTED, "--run-dir", "{run_dir}")
-    return RankCommand(words, cwd, name, requeue_codes=TRAINING_REQUEUE_CODES, stop_grace_s=stop_grace_s,
-                point=dict(point) if point else None, config=dict(config))  # fmt: skip
+    return RankCommand(
+        words,
+        cwd,
+        name,
+        requeue_codes=TRAINING_REQUEUE_CODES,
+        stop_grace_s=stop_grace_s,
+        point=dict(point) if point else None,
+        config=dict(config),
+    )
 
 
 def user_command(
@@ -110,8 +117,17 @@ def user_command(
     codes = TRAINING_REQUEUE_CODES if training else COMMAND_REQUEUE_CODES
     words = (*verbatim(argv), *args)
     hook = None if training else profiler
-    return RankCommand(words, cwd, job_name(argv), dict(env or {}), codes, hook, stop_grace_s,
-                None if training else hang_timeout_s, dict(point) if point else None)  # fmt: skip
+    return RankCommand(
+        words,
+        cwd,
+        job_name(argv),
+        dict(env or {}),
+        codes,
+        hook,
+        stop_grace_s,
+        None if training else hang_timeout_s,
+        dict(point) if point else None,
+    )
 
 
 def runs_training(argv: Sequence[str]) -> bool:

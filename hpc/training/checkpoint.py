@@ -219,7 +219,10 @@ class Checkpointer:
         self.paths = RunPaths(run_dir)
         self.path = self.paths.checkpoint
         self.every_steps = every_steps
-        self.is_main, self.agree, self.log, self.inject = is_main, agree, log, inject
+        self.is_main = is_main
+        self.agree = agree
+        self.log = log
+        self.inject = inject
         self.saved_step: int | None = None
         self.in_flight_step: int | None = None  # a checkpoint being written in the background (every rank)
         self.writer: CheckpointWriter | None = None  # rank 0's thread writing it

@@ -30,7 +30,9 @@ class Throughput:
     epoch, `add()` after each micro-batch; `interval()` and `epoch()` give what to log."""
 
     def __init__(self, stop_at: int, resumed_from_step: int, device: torch.device):
-        self.stop_at, self.resumed_from_step, self.device = stop_at, resumed_from_step, device
+        self.stop_at = stop_at
+        self.resumed_from_step = resumed_from_step
+        self.device = device
         self.t_start = self.t_log = self.t_epoch = time.perf_counter()
         self.images_since_log = 0
         self.loss_sum = torch.zeros(())
@@ -57,7 +59,8 @@ class Throughput:
         now = time.perf_counter()
         ips = self.images_since_log / max(now - self.t_log, 1e-9)
         eta = (self.stop_at - step) * (now - self.t_start) / max(1, step - self.resumed_from_step)
-        self.t_log, self.images_since_log = now, 0
+        self.t_log = now
+        self.images_since_log = 0
         return {"images_per_s": ips, "eta_s": eta}
 
     def epoch(self) -> dict[str, float]:

@@ -95,8 +95,18 @@ def record_oom(
         torch.cuda.memory._dump_snapshot(str(path))
         oom["snapshot"] = path.name
     # Every rank may hit it at once: each records its own, and summary.json names rank 0's (or the lowest's).
-    write_facts(paths, {"rank": rank, "world_size": world, "attempt": attempt_of(os.environ), "exit_code": EXIT_OOM,
-                        "complete": False, "oom": oom, "config": cfg.to_dict()})  # fmt: skip
+    write_facts(
+        paths,
+        {
+            "rank": rank,
+            "world_size": world,
+            "attempt": attempt_of(os.environ),
+            "exit_code": EXIT_OOM,
+            "complete": False,
+            "oom": oom,
+            "config": cfg.to_dict(),
+        },
+    )
     write_run_summary(paths)
     return oom
 

@@ -99,7 +99,8 @@ class Choice:
     own work so far (all ranks call `decide` at the same step, as a collective needs)."""
 
     def __init__(self, setting: str, who: RankChoice, wait: int = 0):
-        self.setting, self.who = setting, who
+        self.setting = setting
+        self.who = who
         static = static_choice(setting, who.rank, who.world_size)
         if static is None and (setting == "leaders" or who.gather is None):
             static = who.local_rank == 0
@@ -148,7 +149,8 @@ class Profiling:
         choice: Choice,
     ):
         self._prof = prof
-        self._base, self.choice = choice.shifted(base), choice
+        self._base = choice.shifted(base)
+        self.choice = choice
         self._schedule = choice.schedule(base)
         self._cuda = cuda
         self._steps = 0

@@ -40,7 +40,9 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_rng_state(state["rng"], self.use_cuda)
-        self.epoch, self.position, self.step = state["epoch"], state["position"], state["step"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
+        self.step = state["step"]
 
 
 class StepTimer:
@@ -71,7 +73,10 @@ class StepTimer:
         return event
 
     def start(self) -> None:
-        self.started, self.sync_at, self.sync_event, self.in_step = time.perf_counter(), None, None, True
+        self.started = time.perf_counter()
+        self.sync_at = None
+        self.sync_event = None
+        self.in_step = True
         self.start_event = self._event() if self.use_cuda else None
 
     def synced(self) -> None:
@@ -147,7 +152,8 @@ class DivergenceGuard:
         return float(torch.stack(self.losses).float().mean())
 
     def reset(self) -> None:
-        self.losses, self.steps = [], []
+        self.losses = []
+        self.steps = []
 
 
 def evaluate(

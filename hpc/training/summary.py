@@ -119,7 +119,11 @@ class RunSummary:
         flops_per_image: int | None = None,
         graphed: bool = False,
     ):
-        self.cfg, self.paths, self.dist, self.device, self.plan = cfg, RunPaths(run_dir), dist, device, plan
+        self.cfg = cfg
+        self.paths = RunPaths(run_dir)
+        self.dist = dist
+        self.device = device
+        self.plan = plan
         self.use_cuda = device.type == "cuda"
         self.where = placement(device)  # its cores and GPU (hpc/placement/affinity.py)
         self.facts = {

@@ -78,7 +78,10 @@ class Trainer:
         self, cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal, lock: RunLock, resume_from: str = "last"
     ):
         """`stop` and `lock` are the caller's (installed, and released, whatever happens to the Trainer)."""
-        self.cfg, self.dist, self.stop, self.paths = cfg, dist, stop, RunPaths(run_dir)
+        self.cfg = cfg
+        self.dist = dist
+        self.stop = stop
+        self.paths = RunPaths(run_dir)
         self.is_main = dist.rank == 0
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
         self.lock = lock
@@ -232,7 +235,9 @@ class Trainer:
         """This rank's micro-batches of the epoch from the current position on."""
         from hpc.training import data as data_mod
 
-        st, dc, micro = self.state, self.cfg.data, self.plan.micro
+        st = self.state
+        dc = self.cfg.data
+        micro = self.plan.micro
         if self.data.train_data is None:
             left = order[st.position * micro :]
             loader = (dc.augment, dc.num_workers, dc.pin_memory, self.device)

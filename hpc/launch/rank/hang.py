@@ -87,8 +87,12 @@ class HangWatch:
         peer_failed: Callable[[], bool],
         recorder: tuple[Path, Path] | None = None,  # NCCL's Flight Recorder: its dump, and the pipe to ask
     ):
-        self.pid, self.beats, self.timeout_s, self.stack = pid, beats, timeout_s, stack
-        self.peer_failed, self.recorder = peer_failed, recorder
+        self.pid = pid
+        self.beats = beats
+        self.timeout_s = timeout_s
+        self.stack = stack
+        self.peer_failed = peer_failed
+        self.recorder = recorder
         self.stopped_since: float | None = None
         self.waiting: tuple[float, str] | None = None  # since when it was seen waiting for a peer, where
         self.dumped: str | None = None  # the stacks dumped in this silence
@@ -99,9 +103,11 @@ class HangWatch:
         if process_state(self.pid) == "T":
             self.stopped_since = self.stopped_since or now
             if now - self.stopped_since >= self.timeout_s + FROZEN_EXTRA_S:
-                return (f"frozen: its process (pid {self.pid}) was stopped (SIGSTOP, or a debugger) for "
-                        f"{self.timeout_s:g} s (command.hang_timeout_s), after step {self.beats.steps}; a "
-                        "stopped process gives no stack")  # fmt: skip
+                return (
+                    f"frozen: its process (pid {self.pid}) was stopped (SIGSTOP, or a debugger) for "
+                    f"{self.timeout_s:g} s (command.hang_timeout_s), after step {self.beats.steps}; a "
+                    "stopped process gives no stack"
+                )
             return None
         self.stopped_since = None
         last = self.beats.last_s
@@ -124,9 +130,11 @@ class HangWatch:
     def hung(self, at: str) -> str:
         recorded = self.recorder is not None and self.recorder[0].exists()
         collectives = f"; NCCL's Flight Recorder: {self.recorder[0]}" if self.recorder and recorded else ""
-        return (f"hung: its process (pid {self.pid}) made no step for {self.timeout_s:g} s "
-                f"(command.hang_timeout_s) after step {self.beats.steps}{at}; "
-                f"every thread's stack: {self.stack}{collectives}")  # fmt: skip
+        return (
+            f"hung: its process (pid {self.pid}) made no step for {self.timeout_s:g} s "
+            f"(command.hang_timeout_s) after step {self.beats.steps}{at}; "
+            f"every thread's stack: {self.stack}{collectives}"
+        )
 
     def dump(self) -> str:
         """Ask the task for its stacks (only once it said it can take the signal); what it wrote."""

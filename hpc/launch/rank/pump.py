@@ -24,7 +24,9 @@ class Pump:
     the file descriptor `passed_to` (1 or 2), until `source` ends."""
 
     def __init__(self, source: IO[bytes], kept: Path, passed_to: int):
-        self.source, self.kept, self.passed_to = source, kept, passed_to
+        self.source = source
+        self.kept = kept
+        self.passed_to = passed_to
         self.thread = threading.Thread(target=self._copy, name=f"pump {kept.name}", daemon=True)
         self.thread.start()
 

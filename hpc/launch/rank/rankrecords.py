@@ -38,8 +38,11 @@ def failed_peers(paths: RunPaths, group: str, me: int) -> list[int]:
     """The ranks of `group` other than `me` that failed on their own (read only once the mark is there)."""
     if not failed_mark(paths, group).exists():
         return []
-    return [r["rank"] for r in read_records(paths) if group_of(r) == group and r["rank"] != me
-            and r.get("kind") in ("failed", "oom")]  # fmt: skip
+    return [
+        r["rank"]
+        for r in read_records(paths)
+        if group_of(r) == group and r["rank"] != me and r.get("kind") in ("failed", "oom")
+    ]
 
 
 def wait_for_records(paths: RunPaths, group: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:

@@ -102,7 +102,10 @@ class RankRun:
     """One rank's task from start to its exit record (see the module doc)."""
 
     def __init__(self, task: RankCommand, run_dir: Path, env: Mapping[str, str], stop: StopSignal):
-        self.task, self.paths, self.env, self.stop = task, RunPaths(run_dir), dict(env), stop
+        self.task = task
+        self.paths = RunPaths(run_dir)
+        self.env = dict(env)
+        self.stop = stop
         self.dist: DistEnv = from_environ(env)
         self.attempt = attempt_of(env)
         self.group = group_key(self.attempt, self.dist)
@@ -194,8 +197,14 @@ class RankRun:
         self.write(pid=proc.pid)
         if self.task.hang_timeout_s is not None:
             rank = self.dist.rank
-            self.hang = HangWatch(proc.pid, Beats(beat_read), self.task.hang_timeout_s, self.paths.rank_stack(rank),
-                                  self.peer_failed, self.paths.flight_recorder(rank))  # fmt: skip
+            self.hang = HangWatch(
+                proc.pid,
+                Beats(beat_read),
+                self.task.hang_timeout_s,
+                self.paths.rank_stack(rank),
+                self.peer_failed,
+                self.paths.flight_recorder(rank),
+            )
         else:
             os.close(beat_read)
         return proc
@@ -254,7 +263,8 @@ class RankRun:
         own, only noted), or when a peer failed. No file is written here: this runs in a signal handler."""
         if self.stopping_since is not None:
             return
-        self.why_stopping, self.stopping_since = why, time.monotonic()
+        self.why_stopping = why
+        self.stopping_since = time.monotonic()
         if why.startswith("rank ") and self.hang is not None and self.hang.beats.ready:
             with contextlib.suppress(ProcessLookupError):  # where it waited for the failed peer
                 proc.send_signal(DUMP_SIGNAL)

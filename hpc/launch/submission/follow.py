@@ -51,7 +51,8 @@ class Interrupts:
         return signal.Signals(self.signum).name if self.signum else "-"
 
     def _record(self, signum: int, frame: Any) -> None:
-        self.signum, self.count = signum, self.count + 1
+        self.signum = signum
+        self.count = self.count + 1
 
     def __enter__(self) -> Interrupts:
         caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

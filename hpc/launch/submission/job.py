@@ -70,7 +70,9 @@ class TaskJob:
     ):
         self.task = task
         self.max_requeues = max_requeues
-        self.launcher, self.nproc_per_node, self.max_restarts = launcher, nproc_per_node, max_restarts
+        self.launcher = launcher
+        self.nproc_per_node = nproc_per_node
+        self.max_restarts = max_restarts
 
     def the_command(self) -> RankCommand:
         return RankCommand.from_dict(self.task)

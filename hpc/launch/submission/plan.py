@@ -129,7 +129,10 @@ def job_spec(
     shape: Shape,
 ) -> JobSpec:
     """A job of the plan with its parameters, sbatch text and charge, made once."""
-    request, folder, points, array = shape.request, shape.folder, shape.points, shape.array
+    request = shape.request
+    folder = shape.folder
+    points = shape.points
+    array = shape.array
     if local:
         params, text = local_parameters(cluster, request), None
     else:

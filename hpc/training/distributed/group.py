@@ -57,7 +57,9 @@ class RankGroup:
     `store` the run's store (None: one rank), where the heartbeats are read."""
 
     def __init__(self, dist: DistEnv, control: tdist.ProcessGroup | None, store: tdist.Store | None = None):
-        self.dist, self.control, self.store = dist, control, store
+        self.dist = dist
+        self.control = control
+        self.store = store
         self.roster: list[tuple[str, int]] = [(socket.gethostname(), os.getpid())]
 
     def gather_roster(self) -> None:

@@ -46,7 +46,10 @@ class GraphedStep:
         warmup_iters: int = 3,
         stream: torch.cuda.Stream | None = None,
     ):
-        self.core, self.model, self.optimizer, self.warmup_iters = core, model, optimizer, warmup_iters
+        self.core = core
+        self.model = model
+        self.optimizer = optimizer
+        self.warmup_iters = warmup_iters
         self.stream = stream  # the side stream to warm up and capture on (DDP's); None: a new one
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured = False
@@ -101,7 +104,8 @@ class GraphedStep:
 
     def hold(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The static inputs, copies of the first batch."""
-        self.x, self.y = x.clone(), y.clone()
+        self.x = x.clone()
+        self.y = y.clone()
         return self.x, self.y
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -126,7 +130,8 @@ class GraphedStep:
         after a failed graph check (nothing to wait for; a failed capture may leave an error to raise)."""
         if self.graph is not None and wait:
             torch.cuda.synchronize()
-        self.graph, self.captured = None, False
+        self.graph = None
+        self.captured = False
 
 
 class StandInStep(GraphedStep):

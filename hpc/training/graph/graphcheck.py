@@ -139,10 +139,16 @@ class GraphCheck:
         timeout_s: float,
         faults: tuple[Fault, ...] = (),
     ):
-        self.step, self.eager, self.rank, self.gather = step, step.core, rank, gather
-        self.exact, self.timeout_s, self.faults = exact, timeout_s, faults
+        self.step = step
+        self.eager = step.core
+        self.rank = rank
+        self.gather = gather
+        self.exact = exact
+        self.timeout_s = timeout_s
+        self.faults = faults
         named = list(step.model.named_parameters())
-        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
 
     def run(self, x: torch.Tensor, y: torch.Tensor) -> CheckResult:
         """Check, agree, and leave the state as it was; after a failure the graph is released."""
@@ -255,7 +261,9 @@ class GraphRun:
         faults: tuple[Fault, ...] = (),
         say: Callable[[str], None] = log.info,
     ):
-        self.step, self.setting, self.say = step, tc.cuda_graph, say
+        self.step = step
+        self.setting = tc.cuda_graph
+        self.say = say
         exact, timeout_s = tc.deterministic, tc.graph_check_timeout_s
         self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s, faults) if step else None
         self.result: CheckResult | None = None

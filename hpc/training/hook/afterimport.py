@@ -16,7 +16,8 @@ from types import ModuleType
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, then: Callable[[ModuleType], None]):
-        self.name, self.then = name, then
+        self.name = name
+        self.then = then
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None

@@ -65,7 +65,8 @@ class StepHook:
     steps are counted, nothing is profiled)."""
 
     def __init__(self, settings: dict[str, Any] | None, run_dir: Path):
-        self.settings, self.paths = settings or {"enabled": False}, RunPaths(run_dir)
+        self.settings = settings or {"enabled": False}
+        self.paths = RunPaths(run_dir)
         self.clock: int | None = None  # id() of the optimizer whose steps count
         self.steps = 0
         self.times: list[float] = []  # seconds between consecutive counted steps
@@ -83,7 +84,9 @@ class StepHook:
         self.own: list[float | None] = []
         self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
         self.first_grad = FirstGrad()
-        self.rank, self.world_size, self.cuda = int(os.environ.get("RANK") or 0), 1, False
+        self.rank = int(os.environ.get("RANK") or 0)
+        self.world_size = 1
+        self.cuda = False
         self.grouped: bool | None = None  # in a torch.distributed process group at its first step
         self.accelerate: dict[str, str] | None = None  # what the user's accelerate config set (scriptaccelerate.py)
 
@@ -107,7 +110,8 @@ class StepHook:
         first_grad = self.first_grad.take()
         self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
         self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
-        self.last, self.steps = now, self.steps + 1
+        self.last = now
+        self.steps = self.steps + 1
         for listener in self.listeners:
             listener(self)
         if not self.active or self.profiling is None:
@@ -185,7 +189,8 @@ class StepHook:
 
     def fail(self, error: Exception) -> None:
         """An error of ours: said once, the hook turned off (its profiler closed as far as it can be)."""
-        self.broken, self.active = True, False
+        self.broken = True
+        self.active = False
         with contextlib.suppress(Exception):
             self.first_grad.remove()
         self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
@@ -305,8 +310,9 @@ def guard(module: ModuleType, hook: StepHook) -> None:
 
     kineto = getattr(module, "_KinetoProfile", None)
     if kineto is None or not hasattr(kineto, "prepare_trace"):
-        log.warning("hpc: this torch's profiler has no prepare_trace: a profiler of the script's own is "
-                    "seen only once it runs")  # fmt: skip
+        log.warning(
+            "hpc: this torch's profiler has no prepare_trace: a profiler of the script's own is seen only once it runs"
+        )
         return
     kineto.prepare_trace = _yielding(kineto.prepare_trace, hook)
     legacy.profile.__enter__ = _yielding(legacy.profile.__enter__, hook)  # type: ignore[method-assign]

@@ -75,7 +75,8 @@ class OomCatcher:
     """The excepthook's wrapper and the last exit handler (see the module doc)."""
 
     def __init__(self, hook: StepHook, batch: int | None):
-        self.hook, self.batch = hook, batch
+        self.hook = hook
+        self.batch = batch
         self.previous = sys.excepthook
 
     def install(self) -> None:
