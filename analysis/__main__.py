@@ -95,14 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots and out is None:
         raise UsageError(f"{flag} with the trace file {args.path}: give --out DIR for the figures")
     check_output_dir(out, "--out" if args.out else f"{flag} (writes {out})")  # before any work
+    return analyse(path, out, args.format, args.plots, args.report, Path(args.other) if args.other else None)
+
+
+def analyse(path: Path, out: Path | None, fmt: str, plots: bool, report: bool, other: Path | None = None) -> int:
+    """The analysis of `path` printed in `fmt`, and (with `out`, checked by the caller) its tables, with
+    plots its figures, with report its report.html written there; `other`: a second sweep beside it."""
     traces, runs, sweep_rows = analyze_path(path)
-    print_tables(traces, runs, sweep_rows, args.format)
-    extra = print_second_sweep(path, Path(args.other), traces, args.format) if args.other else []
+    print_tables(traces, runs, sweep_rows, fmt)
+    extra = print_second_sweep(path, other, traces, fmt) if other is not None else []
     if out is None:
         return EXIT_OK
     try:  # each file is written whole (write_atomic); a folder that cannot be made is one line too
-        figures = write_outputs(out, traces, runs, sweep_rows, args.plots)
-        if args.report:
+        figures = write_outputs(out, traces, runs, sweep_rows, plots)
+        if report:
             write_atomic(out / REPORT, render_report(out / REPORT, path, traces, runs, figures, extra))
             log.info(f"report: {out / REPORT}", extra=TO_STDERR)
     except OSError as e:

@@ -5,7 +5,6 @@ torch import; every function takes and returns plain paths, records and text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,8 @@ from analysis.read.discover import print_warnings
 from analysis.records import RunRecord, TraceRecord
 from analysis.report.tables import render
 from analysis.runs.fold import analyze_run
+from hpc.core.cli import check_output_dir
+from hpc.core.rundir import SweepPaths
 
 __all__ = ["render", "report", "run_numbers", "run_verdict", "verdict_headline"]
 
@@ -41,8 +42,11 @@ def run_verdict(run_dir: Path) -> str | None:
     return verdict_headline(run.verdict) if run is not None else None
 
 
-def report(path: Path, extra_args: Sequence[str] = ()) -> int:
-    """`python -m analysis PATH --report ...`: the tables, figures and report.html; its exit code."""
-    from analysis.__main__ import main
+def report(sweep_dir: Path, fmt: str = "table") -> int:
+    """What `python -m analysis SWEEP --report` does, from values: the tables (printed in `fmt`), figures
+    and report.html in SWEEP/analysis; its exit code."""
+    from analysis.__main__ import analyse
 
-    return main([str(path), "--report", *extra_args])
+    out = SweepPaths(sweep_dir).analysis
+    check_output_dir(out, f"the report (writes {out})")
+    return analyse(sweep_dir, out, fmt, plots=True, report=True)

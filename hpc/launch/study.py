@@ -21,16 +21,26 @@ import time
 from pathlib import Path
 
 from analysis.api import report
-from hpc.core.cli import Parser, command_name, run, suggestion
+from hpc.core.cli import command_name, run, suggestion
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
 from hpc.launch.status import existing_sweep, status_command, sweep_status
 from hpc.launch.submission.follow import Interrupts
-from hpc.launch.submission.plan import Plan
+from hpc.launch.submission.plan import Plan, make_plan
+from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import QueueWatch
 from hpc.launch.submission.site import accounts, charge_lines
 from hpc.launch.submission.slurm import analysis_parameters, sbatch_text
-from hpc.launch.submission.submit import STUDY_RUN, execute, make_executor, plan_for, print_plan, submission
+from hpc.launch.submission.submit import (
+    STUDY_RESUBMIT,
+    STUDY_RUN,
+    build_parser,
+    execute,
+    make_executor,
+    plan_for,
+    print_plan,
+    submission,
+)
 from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +55,7 @@ class AnalysisJob:
         self.sweep_dir = sweep_dir
 
     def __call__(self) -> str:
-        report(Path(self.sweep_dir), ["--format", "md"])
+        report(Path(self.sweep_dir), fmt="md")
         return str(SweepPaths(Path(self.sweep_dir)).report)
 
 
@@ -156,12 +166,8 @@ def analysis_sbatch_text(plan: Plan, account: str | None) -> str:
 
 def resubmit_command(argv: list[str]) -> int:
     """Submit the failed and/or missing points again into the same sweep, and a new analysis job."""
-    p = Parser(
-        prog="python -m hpc.study resubmit",
-        description="Submit chosen points of a sweep again.",
-        epilog="Other options (--account, --profile, --export, --max-parallel, --local ...) are hpc.submit's.",
-        needs_args=True,
-    )
+    p = build_parser(STUDY_RESUBMIT)  # hpc.study run's options, parsed once with the choice of points
+    p.description = "Submit chosen points of a sweep again (into it), then a new analysis job."
     p.add_argument("sweep_dir")
     p.add_argument(
         "--failed",
@@ -169,8 +175,8 @@ def resubmit_command(argv: list[str]) -> int:
         help="points that failed or timed out (they start afresh, in a new run directory)",
     )
     p.add_argument("--missing", action="store_true", help="points never run (no run directory, not queued)")
-    p.add_argument("--wait", action="store_true", help="wait for the new report and print the sweep table")
-    args, rest = p.parse_known_args(argv)
+    own, words = split_command(argv)
+    args = p.parse_args(own)
     sweep_dir = existing_sweep(args.sweep_dir)
     if not (args.failed or args.missing):
         raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")
@@ -182,9 +188,13 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return EXIT_OK
-    submit_args, plan = plan_for([str(SweepPaths(sweep_dir).sweep_file), *rest], STUDY_RUN, into=(sweep_dir, keys))
+    args.sweep = str(SweepPaths(sweep_dir).sweep_file)  # the sweep as it was submitted, a value
+    plan = make_plan(args, words, into=(sweep_dir, keys))
+    if args.dry_run:
+        print_plan(plan)
+        return EXIT_OK
     print(f"resubmitting {sum(len(s.points) for s in plan.specs)} point(s) into {sweep_dir}")
-    analysis_account = accounts(plan.cluster, submit_args.account, submit_args.analysis_account)[1]
+    analysis_account = accounts(plan.cluster, args.account, args.analysis_account)[1]
     return submit_and_analyse(plan, analysis_account, args.wait)
 
 

@@ -43,12 +43,14 @@ from hpc.settings.flags import add_training_flags
 log = logging.getLogger(__name__)
 
 STUDY_RUN = "python -m hpc.study run"
+STUDY_RESUBMIT = "python -m hpc.study resubmit"
 
 
 def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     """hpc.submit's command line; as `hpc.study run` (prog STUDY_RUN) the sweep YAML comes first and
-    --wait waits for the report."""
-    study = prog == STUDY_RUN
+    --wait waits for the report; as `hpc.study resubmit` the sweep is its directory's (a value, set by
+    the caller) and the caller adds its own choice of points."""
+    study = prog in (STUDY_RUN, STUDY_RESUBMIT)
     parser = Parser(
         prog=prog,
         description="Submit the study (a sweep's job arrays, then its analysis job) and say where its report will be."
@@ -60,7 +62,7 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         "input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
         needs_args=True,
     )
-    if study:
+    if prog == STUDY_RUN:
         parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
     add_job_options(parser.add_argument_group("job"))
     add_submission_options(parser.add_argument_group("submission"), study)
@@ -108,12 +110,16 @@ def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
     )
 
 
+def study_prog(prog: str) -> bool:
+    return prog in (STUDY_RUN, STUDY_RESUBMIT)
+
+
 def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:
     """The parsed options and the plan (your own command's after `--`, or the toolkit's training);
     `into`: make_plan's (a resubmission)."""
     own, words = split_command(sys.argv[1:] if argv is None else list(argv))
     args = build_parser(prog).parse_args(own)
-    if prog != STUDY_RUN and args.sweep is not None:
+    if not study_prog(prog) and args.sweep is not None:
         raise UsageError(
             f"--sweep {args.sweep}: a sweep is submitted by python -m hpc.study run {args.sweep} "
             "(its job arrays, then the analysis job that writes its report)"
