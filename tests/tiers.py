@@ -30,7 +30,8 @@ REQUIRED = "HPC_REQUIRE_TIERS"
 # every part: (a piece of the test's id, the reason). Short on purpose.
 ALLOWED_SKIPS = (
     ("test_slurm_jobs.py::test_torchrun_launcher_checkpoints_on_usr2_and_requeues",
-     "a torch older than 2.5 has no torchrun --signals-to-handle, so it cannot pass SIGUSR2 to its workers"),
+     "a torch older than 2.9 has no torchrun --signals-to-handle (pytorch/pytorch#160690), so it cannot pass "
+     "SIGUSR2 to its workers; decided from torch's version"),
 )
 
 
@@ -59,8 +60,8 @@ def browser_missing() -> str | None:
 
 
 def tiers_of(item: pytest.Item) -> list[str]:
-    folder = Path(str(item.path)).parent.name
-    own = [folder] if folder in ("unit", "e2e") else []
+    # unit or e2e by its folder, the nearest of its parents so named (tests/unit/core/test_x.py is unit)
+    own = [name for name in reversed(Path(str(item.path)).parts[:-1]) if name in ("unit", "e2e")][:1]
     return own + [name for name in NEEDS if item.get_closest_marker(name) is not None]
 
 

@@ -1,7 +1,7 @@
 """An epoch's checkpoint written in the background (hpc/training/checkpoint.py), with the process ending
 while the write is in flight: by itself (the write completes first) or by SIGKILL in the middle of the
 file (the earlier checkpoint stays whole). A real process, real files; the unit tests of the same path
-are in tests/unit/test_checkpoint_background.py."""
+are in tests/unit/training/test_checkpoint_background.py."""
 
 import os
 import signal

@@ -5,7 +5,7 @@ and then its batch shell), a real time
 limit, NERSC's container (a stand-in `shifter` on PATH that records its arguments and runs the
 command, without `scontrol` inside, as in a container), and the NCCL network check on two nodes with
 NCCL's lines replayed (CPU ranks run gloo, which has no NCCL). The sbatch texts themselves are pinned by
-golden files (tests/e2e/test_submit.py); the rules by tests/unit/test_site.py."""
+golden files (tests/e2e/test_submit.py); the rules by tests/unit/launch/test_site.py."""
 
 import json
 import os
@@ -191,7 +191,7 @@ def test_the_container_runs_every_task_and_the_batch_shell_requeues_for_it(data_
     assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["complete"]
 
 
-# NCCL's line for each choice, as it writes them (see tests/unit/test_site.py).
+# NCCL's line for each choice, as it writes them (see tests/unit/launch/test_site.py).
 NCCL = {"Socket": "nid001:811:811 [0] NCCL INFO Using network Socket\n",
         "AWS Libfabric": "nid001:811:811 [0] NCCL INFO Using network AWS Libfabric\n"}
 

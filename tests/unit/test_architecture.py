@@ -356,3 +356,18 @@ def test_the_torch_half_is_typed_with_torchs_types():
                 local_torch.append(f"{path.name}:{n}")
     assert len(open_any) < 15, open_any
     assert not local_torch, local_torch
+
+
+UNIT_ROOMS = ("core", "settings", "placement", "training", "launch", "analysis")  # the floors' packages
+SPANNING = {"test_architecture.py", "test_bad_input.py", "test_commands_alike.py", "test_properties_commands.py",
+            "test_properties_files.py", "test_shared_machine_parts.py", "test_study_targets.py", "test_tiers.py"}
+
+
+def test_unit_tests_are_laid_out_like_the_packages():
+    """A package's unit tests live in tests/unit/<its name>/; at the top only what spans the packages."""
+    unit = REPO / "tests" / "unit"
+    top = {p.name for p in unit.glob("test_*.py")}
+    assert top <= SPANNING, sorted(top - SPANNING)
+    rooms = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(UNIT_ROOMS), rooms
+    assert all(any((unit / room).glob("test_*.py")) for room in UNIT_ROOMS)

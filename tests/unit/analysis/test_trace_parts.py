@@ -10,12 +10,26 @@ import numpy as np
 import pytest
 
 from analysis.measure import cpu, device
-from analysis.measure.cpu import CpuOps, _grouped, _merged_only_children, _nested_parents, _stack_parents
+from analysis.measure.cpu import (
+    CpuOps,
+    _grouped,
+    _merged_only_children,
+    _nested_parents,
+    _stack_parents,
+)
 from analysis.measure.device import DeviceActivity, Launches
-from analysis.read.events import Args, Event, Instant, MemoryArgs, _LooseEvent, admit, int_args
 from analysis.measure.memory import DeviceMemory
-from analysis.records import DeviceTotals, MemoryPeaks
 from analysis.measure.trace import analyze_trace
+from analysis.read.events import (
+    Args,
+    Event,
+    Instant,
+    MemoryArgs,
+    _LooseEvent,
+    admit,
+    int_args,
+)
+from analysis.records import DeviceTotals, MemoryPeaks
 from tests.gputrace import rank_trace
 
 

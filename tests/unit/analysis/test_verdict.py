@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis.explain import verdict as v
-from analysis.runs.fold import step_mode
 from analysis.records import RunRecord
 from analysis.report.units import human_column
+from analysis.runs.fold import step_mode
 
 SPAN = 100_000.0  # µs
 

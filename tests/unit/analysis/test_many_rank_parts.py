@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from analysis.runs.ranks import slow_rank, slow_rank_words
 from hpc.core.errors import UsageError
-from hpc.settings.profranks import ALL_RANKS_UP_TO, SLOWEST, check_setting, chosen, static_choice
+from hpc.settings.profranks import (
+    ALL_RANKS_UP_TO,
+    SLOWEST,
+    check_setting,
+    chosen,
+    static_choice,
+)
 
 
 @given(st.integers(1, 2048), st.data())

@@ -3,8 +3,8 @@
 import dataclasses
 
 import pytest
-
 from conftest import run_module
+
 from hpc.core.errors import DistEnvError, HostlistError
 from hpc.placement import distenv, torchrun
 from hpc.placement.distenv import export_lines, from_environ
@@ -170,7 +170,8 @@ def test_distenv_does_not_import_torch():
     r = run_module("hpc.distenv", "--json")
     assert r.returncode == 0
     code = "import sys, hpc.distenv, hpc.config; print('torch' in sys.modules)"
-    import subprocess, sys
+    import subprocess
+    import sys
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
 

@@ -25,7 +25,7 @@ from hpc.training.distributed.group import _ended, pid_alive
 from hpc.training.distributed.rendezvous import cause_of, is_peer_failure
 from hpc.training.inject import Injector
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_a_refused_write_names_the_file_keeps_the_old_one_and_leaves_no_temp_file(tmp_path):

@@ -8,11 +8,23 @@ import subprocess
 import pytest
 
 from hpc.core.errors import ConfigError, DistEnvError, UsageError
+from hpc.launch.requeue import teardown_lines
+from hpc.launch.submission.site import (
+    accounts,
+    charge_lines,
+    check_sbatch_options,
+    container_prefix,
+    job_env,
+    node_share,
+)
 from hpc.placement.affinity import cores_text, gpu_index
 from hpc.settings.config import load_cluster
-from hpc.training.distributed.netcheck import debug_env, network_of, verdict, wants_check
-from hpc.launch.requeue import teardown_lines
-from hpc.launch.submission.site import accounts, charge_lines, check_sbatch_options, container_prefix, job_env, node_share
+from hpc.training.distributed.netcheck import (
+    debug_env,
+    network_of,
+    verdict,
+    wants_check,
+)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,18 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error, run_module
-from hpc.core.errors import ConfigError
-from hpc.settings.config import Layers, check_request, load_cluster, load_run_config, resolve_profile_path
 
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+from hpc.core.errors import ConfigError
+from hpc.settings.config import (
+    Layers,
+    check_request,
+    load_cluster,
+    load_run_config,
+    resolve_profile_path,
+)
+
+PROFILES = Path(__file__).resolve().parents[3] / "profiles"
 
 
 def test_shipped_profiles_load():

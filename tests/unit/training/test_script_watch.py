@@ -16,7 +16,13 @@ from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
 from hpc.launch.rank.flightrec import ask_for_dump
-from hpc.launch.rank.hang import HangWatch, main_frames, process_state, waits_for_a_peer, where
+from hpc.launch.rank.hang import (
+    HangWatch,
+    main_frames,
+    process_state,
+    waits_for_a_peer,
+    where,
+)
 from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.rankcommand import user_command
@@ -226,7 +232,10 @@ def test_an_accelerate_config_becomes_what_accelerate_launch_passes(body, tmp_pa
     """The oracle is accelerate's own launcher: its parser and config loading (`accelerate launch
     --config_file`) and the environment its simple launcher gives the processes."""
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.commands.launch import (
+        _validate_launch_command,
+        launch_command_parser,
+    )
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     from hpc.training.hook.scriptaccelerate import launch_env

@@ -1,0 +1,118 @@
+"""hpc/core/summary.py: how a run ended, from literal rank records."""
+
+import json
+
+import pytest
+
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import (
+    attempt_of,
+    build_summary,
+    failure_line,
+    last_said,
+    read_records,
+    root_cause,
+    run_outcome,
+)
+from hpc.settings.rankcommand import user_command
+
+
+def record(rank, kind, ended, **more):
+    return {"rank": rank, "kind": kind, "ended_ns": ended, "attempt": "9.0.0", "hostname": f"nid00{rank // 2 + 1}",
+            "local_rank": rank % 2, "world_size": 4, "message": more.pop("message", f"{kind} {rank}"),
+            "logs": {"err": f"/r/logs/rank{rank}.err"}, **more}
+
+
+def test_the_root_cause_is_the_first_rank_to_fail_on_its_own():
+    records = [record(0, "peer", 50), record(1, "failed", 30, message="exit 1: ValueError: x"),
+               record(2, "failed", 20, message="signal SIGSEGV: "), record(3, "peer", 10)]
+    assert root_cause(records)["rank"] == 2  # the victims ended first, yet are never the cause
+    assert run_outcome(records, 4) == "failed"
+    line = failure_line(records, 4)
+    assert line.startswith("rank 2 failed first (on nid002, local rank 0): signal SIGSEGV")
+    assert "/r/logs/rank2.err" in line and "ranks 0,1,3 ended after it" in line
+    assert "left no record" in failure_line(records[1:3], 4) and "ranks 0,3 left no record" in failure_line(records[1:3], 4)
+    tie = [record(3, "failed", 5), record(1, "failed", 5)]
+    assert root_cause(tie)["rank"] == 1
+
+
+@pytest.mark.parametrize("kinds, outcome", [
+    (["ok"] * 4, "done"), (["ok"] * 3, "running"), (["stopped"] * 4, "stopped"), (["ok", "stopped"] * 2, "stopped"),
+    (["stopped", "killed", "stopped", "stopped"], "preempted"), (["interrupted"] * 4, "preempted"),
+    (["running", "ok", "ok", "ok"], "running"),
+])
+def test_a_runs_outcome_from_its_ranks(kinds, outcome):
+    assert run_outcome([record(r, k, r) for r, k in enumerate(kinds)], 4) == outcome
+    assert failure_line([record(r, k, r) for r, k in enumerate(kinds)], 4) is None
+
+
+def test_only_the_latest_attempt_is_read(tmp_path):
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    old = {**record(0, "failed", 1), "attempt": "9.0.0", "group": "9.0.0", "started_ns": 100}
+    new = {**record(0, "ok", 2), "attempt": "9.1.0", "group": "9.1.0", "started_ns": 200}
+    paths.rank_exit(0).write_text(json.dumps(new))
+    paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
+    paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
+    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.1.0")]
+    (tmp_path / "task.json").write_text(json.dumps(user_command(["x"], "/", None, 60).to_dict()))
+    summary = build_summary(paths, read_records(paths), {})
+    assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
+
+
+def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
+    """A torchrun restart across two nodes: each rank's runner moves its first start's record aside, and
+    summary.json and one line name the rank that start lost first. The node whose worker died counts a
+    restart (9.0.1), the other restarts its worker without counting (9.0.0 again): the group's store
+    (a new one each start) says which records are one start. A requeue (9.1.0) is not torchrun's
+    restart: no line."""
+    from hpc.core.summary import restarts_line
+    from hpc.launch.rank.rankrecords import keep_earlier
+
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    first = [record(0, "interrupted", 6, message="signal SIGTERM after SIGTERM", started_ns=1),
+             record(1, "failed", 5, message="signal SIGKILL: killed from outside", started_ns=2)]
+    first[1].update(hostname="nid002", local_rank=0)  # one rank a node
+    for r in first:
+        paths.rank_exit(r["rank"]).write_text(json.dumps({**r, "world_size": 2, "group": "9.0@nid001:111"}))
+    for rank, attempt in ((0, "9.0.0"), (1, "9.0.1")):
+        keep_earlier(paths, rank)
+        paths.rank_exit(rank).write_text(json.dumps({**record(rank, "ok", 9, started_ns=7 + rank), "world_size": 2,
+                                                     "attempt": attempt, "group": "9.0@nid001:222"}))
+    assert sorted(p.name for p in paths.earlier.iterdir()) == ["rank0.1.exit.json", "rank1.2.exit.json"]
+    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.0.0"), (1, "9.0.1")]
+    summary = build_summary(paths, read_records(paths), {})
+    assert summary["outcome"] == "done" and summary["attempt"] == "9.0.1"
+    assert summary["earlier"] == [{
+        "attempt": "9.0.0", "outcome": "failed", "first": "rank 1 (nid002): signal SIGKILL: killed from outside",
+        "failure": "rank 1 failed first (on nid002, local rank 0): signal SIGKILL: killed from outside; its stderr: "
+                   "/r/logs/rank1.err; rank 0 ended after it"}]
+    assert restarts_line(summary) == (
+        "torchrun restarted the worker group 1 time (ranks/earlier/ has how each rank ended): after 9.0.0, "
+        "rank 1 (nid002): signal SIGKILL: killed from outside")
+    assert restarts_line({**summary, "attempt": "9.1.0"}) is None  # a requeue's earlier start
+
+
+@pytest.mark.parametrize("lines, said", [
+    # seen in CI: the script raised, then gloo's threads aborted its exit (SIGABRT)
+    (["[rank1]: Traceback (most recent call last):", '[rank1]:   File "crash_ddp.py", line 24, in main',
+      "[rank1]: ValueError: bad batch at step 3 on rank 1 (pid 9)", "terminate called without an active exception"],
+     "[rank1]: ValueError: bad batch at step 3 on rank 1 (pid 9)"),
+    (["Traceback (most recent call last):", "torch.distributed.DistBackendError: [../gloo] Connection closed"],
+     "torch.distributed.DistBackendError: [../gloo] Connection closed"),
+    (["loading", "Segmentation fault (core dumped)"], "Segmentation fault (core dumped)"),
+    ([], None),
+])
+def test_a_failed_rank_is_said_by_its_exception_where_it_raised_one(lines, said):
+    assert last_said(lines) == said
+
+
+@pytest.mark.parametrize("env, attempt", [
+    ({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}, "12.2.0"),
+    ({"SLURM_JOB_ID": "13", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "1"}, "12_1.0.0"),
+    ({"SUBMITIT_LOCAL_JOB_ID": "777", "TORCHELASTIC_RESTART_COUNT": "1"}, "777.0.1"),
+    ({}, "here.0.0"),
+])
+def test_an_attempt_is_the_job_and_its_restarts(env, attempt):
+    assert attempt_of(env) == attempt

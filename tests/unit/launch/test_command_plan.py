@@ -1,0 +1,113 @@
+"""The plan of a user's command line and of a command sweep (hpc/launch/submission/points.py, plan.py)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpc.core.errors import UsageError
+from hpc.launch.submission.plan import make_plan
+from hpc.launch.submission.points import split_command
+from hpc.launch.submission.submit import STUDY_RUN, build_parser
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+SCRIPT = str(REPO / "tests" / "scripts" / "torchrun_ddp.py")
+
+
+def plan_of(tmp_path, argv):
+    """hpc.submit's plan of `argv`; a sweep (--sweep FILE) is hpc.study run's, as the commands take them."""
+    own, words = split_command(argv)
+    if "--sweep" in own:
+        at = own.index("--sweep")
+        own = [own[at + 1], *own[:at], *own[at + 2:]]
+        return make_plan(build_parser(STUDY_RUN).parse_args(["--runs-dir", str(tmp_path), *own]), words)
+    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
+
+
+def test_split_command_keeps_the_words_after_the_first_double_dash():
+    assert split_command(["--nodes", "2", "--", "python", "t.py", "--", "x"]) == (["--nodes", "2"],
+                                                                                  ["python", "t.py", "--", "x"])
+    assert split_command(["--dry-run"]) == (["--dry-run"], None)
+
+
+def test_a_command_plan_keeps_the_words_verbatim(tmp_path):
+    words = ["python", SCRIPT, "--name", "a b; $HOME *", "{batch}"]
+    plan = plan_of(tmp_path, ["--dry-run", "--gpus", "2", "--", *words])
+    (spec,) = plan.specs
+    ((point, command),) = spec.points
+    assert point is None and command.words_for(Path("/r"), "py") == words
+    assert spec.folder == tmp_path / "torchrun_ddp" / "%j" and command.cwd == os.getcwd()
+    assert command.profiler["enabled"] and command.stop_grace_s == 120  # perlmutter's
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--batch-size", "8", "--", "python", SCRIPT], "--batch-size: a flag of the toolkit's own training"),
+    (["--set", "train.lr=1", "--", "python", SCRIPT], "section 'train' is not used here"),
+    (["--", "python", "nope.py"], "'nope.py': no such script"),
+    (["--"], "no command"),
+])
+def test_a_bad_command_line_is_one_line(tmp_path, argv, needle):
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", *argv])
+    assert needle in str(e.value)
+
+
+def test_a_single_jobs_config_may_add_words_but_not_a_points_field(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("command:\n  args: [--out, '{run_dir}/w.pt']\n  env: {SEED: '7'}\nprofiler: {active: 2}\n")
+    ((_, command),) = plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT]).specs[0].points
+    assert command.words_for(Path("/r"), "py") == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
+    config.write_text("command:\n  args: [--batch-size, '{batch}']\n")
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT])
+    assert str(e.value).startswith(f"--config {config}: command: '{{batch}}': no value for {{batch}}")
+
+
+def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1, 2]\n"
+                     "command:\n  args: [--batch-size, '{batch}', --out, '{run_dir}/w.pt']\n  env: {N: '{ranks}'}\n")
+    plan = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    points = [(p, c) for spec in plan.specs for p, c in spec.points]
+    # data_fractions defaults to three values, but no word uses {fraction}: one each, not three copies
+    assert sorted((p["batch_size"], p["gpus"]) for p, _ in points) == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    for p, c in points:
+        assert c.words[2:] == ("--batch-size", str(p["batch_size"]), "--out", "{run_dir}/w.pt")
+        # and the batch the start-up hook's out-of-memory record names (the words use {batch})
+        assert c.env == {"N": str(p["gpus"]), "HPC_POINT_BATCH": str(p["batch_size"])} and c.point == p
+        assert c.words_for(Path("/r/7"), "py")[-1] == "/r/7/w.pt"
+    sweep.write_text("sweep:\n  data_fractions: [1, 0.5]\ncommand:\n  args: ['{batch}']\n")
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    assert "sweep.data_fractions has 2 values but the command never uses {fraction}" in str(e.value)
+
+
+def test_a_command_sweep_planned_again_from_its_sweep_file_is_the_same(tmp_path):
+    """`hpc.study resubmit` plans the points again from sweep.yaml alone, from any directory."""
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1]\ncommand:\n  args: ['{batch}']\n"
+                     "  env: {OUT: '{run_dir}'}\nprofiler: {active: 2}\n")
+    first = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(yaml.safe_dump(first.sweep_file))
+    cwd = os.getcwd()
+    os.chdir("/")
+    try:
+        again = plan_of(tmp_path, ["--dry-run", "--sweep", str(saved)])
+    finally:
+        os.chdir(cwd)
+    points = lambda plan: [(p, c.to_dict()) for spec in plan.specs for p, c in spec.points]  # noqa: E731
+    assert points(again) == points(first) and points(first)[0][1]["profiler"]["active"] == 2
+
+
+def test_a_dry_run_says_what_each_rank_runs(tmp_path):
+    from commands import call
+
+    out = call("hpc.submit", ["--dry-run", "--nodes", "2", "--runs-dir", str(tmp_path), "--", "python", SCRIPT, "a b"])
+    assert out.code == 0, out.stderr
+    assert f"# each rank runs: python {SCRIPT} 'a b'" in out.stdout and "#SBATCH --signal=TERM@180" in out.stdout
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing

@@ -1,0 +1,80 @@
+"""A job's Slurm side (hpc/launch/submission/slurm.py, hpc/launch/requeue.py): the sbatch text pinned by a
+golden file, partial and whole nodes, Slurm's restart count, the one requeue rule."""
+
+import dataclasses
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.settings.config import load_cluster
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+GOLDEN = REPO / "tests" / "golden" / "perlmutter_command_2x4.sbatch"
+
+
+def command_sbatch_text() -> str:
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", account="m1234_g")
+    folder = Path("/scratch/runs/train/%j")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
+
+
+def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
+    text = command_sbatch_text()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "sbatch text changed; rerun with UPDATE_GOLDEN=1 if intended"
+    assert "#SBATCH --signal=TERM@180" in text and "USR2" not in text  # scripts save on SIGTERM
+
+
+def test_a_partial_node_job_sees_every_gpu_of_its_job():
+    """A script's `cuda:LOCAL_RANK` needs the job's GPUs visible to every task: not one per task. One
+    policy for every task (issue 50): the training takes `cuda:LOCAL_RANK` too."""
+    cluster = load_cluster("perlmutter")
+    req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", account="m1_g")
+    params = slurm_parameters(cluster, req)
+    assert params["qos"] == "shared" and params["gpus_per_node"] == 2 and "gpus_per_task" not in params
+
+
+@pytest.mark.parametrize("launcher, tasks, cpus", [("srun", 4, 32), ("torchrun", 1, 128), ("node", 1, 128)])
+def test_a_node_launcher_job_is_one_task_a_node_with_every_gpu(launcher, tasks, cpus):
+    """`launcher: node`: one process a node owning its 4 GPUs (a DataParallel script), its CPUs with it."""
+    cluster = dataclasses.replace(load_cluster("perlmutter"), launcher=launcher)
+    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=30, name="t", account="m1_g"))
+    assert (params["ntasks_per_node"], params["gpus_per_node"], params["cpus_per_task"]) == (tasks, 4, cpus)
+
+
+@pytest.mark.parametrize("line, restarts", [
+    # scontrol show job -o, Slurm 22.05, as the test cluster prints it for a job requeued once
+    ("JobId=55 JobName=lit UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0 Account=m1234_g "
+     "QOS=normal JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 "
+     "ExitCode=0:0 RunTime=00:00:00 TimeLimit=00:10:00", 1),
+    ("JobId=56 JobName=Restarts=9 JobState=RUNNING Restarts=0 BatchFlag=1", 0),  # a job named so is not its count
+    ("slurm_load_jobs error: Invalid job id specified", None),
+    ("", None),
+])
+def test_slurms_restart_count_is_read_from_scontrols_line(line, restarts):
+    from hpc.launch.requeue import restarts_in
+
+    assert restarts_in(line) == restarts
+
+
+@pytest.mark.parametrize("code, signum, env, requeued", [
+    (3, None, {}, True), (5, None, {}, True), (0, None, {}, False), (1, None, {}, False),
+    (3, signal.SIGINT, {}, False),  # Ctrl-C: a person's stop
+    (3, signal.SIGTERM, {"SUBMITIT_EXECUTOR": "local"}, False),  # SIGTERM here is a person's too
+    (3, signal.SIGTERM, {"SUBMITIT_EXECUTOR": "slurm"}, True),  # on Slurm, a preemption
+    (3, None, {"SLURM_RESTART_COUNT": "3"}, False),  # no requeue left
+])
+def test_the_one_requeue_rule(code, signum, env, requeued):
+    """may_requeue, the rule both the job (hpc/launch/submission/job.py) and the batch shell apply; the training's
+    codes (3 saved and stopped, 5 a lost peer), a budget of 3."""
+    from hpc.launch.requeue import may_requeue
+
+    assert may_requeue(code, (3, 5), signum, env, 3) is requeued
+    assert may_requeue(5, (3,), None, {}, 3) is False  # a user's command asks with 3 alone
