@@ -4,6 +4,7 @@
     python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml --wait
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g --dry-run      # print the sbatch script
     python -m hpc.submit --nodes 2 --gpus 4 --account m1234_g -- python train.py --epochs 3  # your own
+    python -m hpc.study run profiles/study.yaml --account m1234_g --max-parallel 4  # a sweep: hpc.study's
 
 A submission reads top to bottom: the command line is parsed here, becomes a plan (hpc/launch/submission/plan.py:
 the cluster, each job's request, the task every rank runs, the sbatch parameters and text), is printed
