@@ -81,8 +81,12 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
 def test_one_process_a_node_owns_its_gpus_is_one_rank_and_stops_keeping_its_epochs(tmp_path):
     """Stopped by Ctrl-C once an epoch is saved: recorded preempted, not done, the saved epochs whole (the
     seed's script saves each epoch and never resumes: what it finished is what it keeps), nothing left."""
+    # what the one process is given: every GPU of the node (submitit's local job holds 2), as one rank
+    probe = "import os; print('sees', os.environ.get('CUDA_VISIBLE_DEVICES'), 'world', os.environ.get('WORLD_SIZE'))"
+    script = tmp_path / "dp_probe.py"
+    script.write_text(f"{probe}\n{SCRIPT.read_text()}")
     proc = subprocess.Popen([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--set", "cluster.launcher=node",
-                             "--runs-dir", str(tmp_path / "runs"), "--", PY, str(SCRIPT), "--out", str(tmp_path),
+                             "--runs-dir", str(tmp_path / "runs"), "--", PY, str(script), "--out", str(tmp_path),
                              "--epochs", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, env=ENV)
     deadline = time.monotonic() + 300
@@ -92,12 +96,14 @@ def test_one_process_a_node_owns_its_gpus_is_one_rank_and_stops_keeping_its_epoc
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "hpc: stopped (SIGINT)" in err and COPIES not in out + err, out + err
-    summary = json.loads((run_dir_of(out) / "summary.json").read_text())
+    run = run_dir_of(out)
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 1 and [(x["rank"], x["local_rank"]) for x in summary["ranks"]] == [(0, 0)]
+    assert re.search(r"^sees 0,1 world 1$", (run / "logs" / "rank0.out").read_text(), re.M), out
     assert summary["outcome"] == "preempted", summary
     weights = torch.load(tmp_path / "CIFAR10_dp_epoch0.pt", weights_only=True)
     assert sorted(weights) == ["module.0.bias", "module.0.weight", "module.4.bias", "module.4.weight"]
-    left = subprocess.run(["pgrep", "-f", f"{SCRIPT} --out {tmp_path}"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"{script} --out {tmp_path}"], capture_output=True, text=True).stdout
     assert not left.split(), left
 
 
