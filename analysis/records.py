@@ -1,7 +1,7 @@
 """The analysis's typed records: what one trace, one rank and one run (a sweep point) measure.
 
-`trace.py` builds `TraceRecord`s, `fold.py` folds them into `RankTotals` and `RunRecord`s, `sweep.py`
-compares a sweep's runs; everything else reads them by field. Records are frozen: a step that adds to
+`measure/trace.py` builds `TraceRecord`s, `runs/fold.py` folds them into `RankTotals` and `RunRecord`s,
+`runs/sweep.py` compares a sweep's runs; everything else reads them by field. Records are frozen: a step that adds to
 one (a run's summary, a sweep point's scaling) makes a new one with `dataclasses.replace`.
 
 Output (JSON, CSV, tables) goes through `as_row`, the one place where a record becomes a flat mapping:
@@ -230,7 +230,7 @@ class RunRecord:
     profiled_ranks: list[int] | None = None  # the ranks whose traces were read (profiler.ranks)
     allreduce_busbw_GBps: float | None = None  # measured, mean over ranks
     allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
-    loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (sweep.py)
+    loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (runs/sweep.py)
     predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
     verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/explain/verdict.py)
     scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/explain/verdict.py)

@@ -1,7 +1,7 @@
 """One Chrome/Kineto trace (PyTorch profiler) -> the study's numbers, streaming, no torch import.
 
-Three pieces, as in HolisticTraceAnalysis: reading (reader.py, events.py: the file's events a window at a
-time as typed structs, the file's problems as TraceError), per-concern accumulators (`cpu.CpuOps`,
+Three pieces, as in HolisticTraceAnalysis: reading (read/reader.py, read/events.py: the file's events a
+window at a time as typed structs, the file's problems as TraceError), per-concern accumulators (`cpu.CpuOps`,
 `device.DeviceActivity`, `memory.DeviceMemory`, each fed a window's events it cares about, column-wise),
 and the record (`trace_record`, a `records.TraceRecord`).
 

@@ -3,13 +3,13 @@
 `Trainer(cfg, run_dir, dist, stop, lock)` sets up the device, the process group, the data, the model and
 the optimizer (hpc/training/build.py), takes the run directory and resumes from its checkpoint;
 `train()` is the loop (an epoch's micro-batches from where a resume left, each forward and backward or
-the graph's replay, the optimizer step's end, the epoch's end), `close()` the teardown. A write that fails on
-rank 0 (a full disk) is agreed at once, so every rank stops with one line and none waits in a
+the graph's replay, the optimizer step's end, the epoch's end), `close()` the teardown. A write that
+fails on rank 0 (a full disk) is agreed at once, so every rank stops with one line and none waits in a
 collective for it. The parts own their policy and state and get only their config section: TrainState,
-StepTimer, DivergenceGuard, evaluate (parts.py); Checkpointer (checkpoint.py: when to save, the atomic
-save, the checked load); RankGroup (group.py: what the ranks agree on, who a lost peer was);
+StepTimer, DivergenceGuard, evaluate (steps.py); Checkpointer (checkpoint.py: when to save, the atomic
+save, the checked load); RankGroup (distributed/group.py: what the ranks agree on, who a lost peer was);
 claim_run_dir (claim.py: the directory's lock, debris, where it left off); Throughput and MetricsLog
-(metrics.py); RunSummary (summary.py: each rank's facts); GraphRun (graphcheck.py: the graphed step,
+(metrics.py); RunSummary (summary.py: each rank's facts); GraphRun (graph/graphcheck.py: the graphed step,
 checked before its first replay); maybe_profile (profiling.py).
 """
 

@@ -92,7 +92,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
     """After an interrupt: SIGINT to the local jobs' ranks, the runners in their controller's process
     group (again every RESEND_S, for ranks still starting), each of which tells its task (hpc/launch/
-    runner.py: the task runs in a session of its own); after a second one, SIGKILL to every process
+    rank/runner.py: the task runs in a session of its own); after a second one, SIGKILL to every process
     below the controllers, and to them."""
     if interrupts.signum is None or not pending:
         return
