@@ -73,7 +73,10 @@ def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
     (an epoch's end): the oracle is its step count at the end (4 epochs of 8 steps a rank: none lost)
     and Slurm's restart count (one)."""
     run, said = signalled_after_an_epoch(tmp_path / "c", tmp_path / "rc", "USR1")
-    assert "Requeued SLURM job" in said and (tmp_path / "rc" / "hpc_ckpt_1.ckpt").is_file(), said[-3000:]  # its own
+    # Lightning's own handler ran: its hpc checkpoint, saved before it asks Slurm to requeue. Not its
+    # "Requeued SLURM job" line: a TERM of the job's processes can end its scontrol before it prints it
+    # (issue 60), while Slurm has requeued the job; Slurm's restart count and the steps are the facts.
+    assert (tmp_path / "rc" / "hpc_ckpt_1.ckpt").is_file(), said[-3000:]
     assert job_state(run.name)["Restarts"] == "1", said[-3000:]  # once: Lightning's, not a second by the toolkit
     assert re.search(r"final weights sha256 \w+ after 32 steps", (run / "logs" / "rank0.out").read_text()), said
     summary = json.loads((run / "summary.json").read_text())
