@@ -80,3 +80,18 @@ def assert_refused(outcome: Outcome, module: str, *needles: str) -> None:
     for needle in needles:
         assert needle in line, (needle, line)
     assert outcome.stdout == "", outcome.stdout[-2000:]
+
+
+def plan_of(runs_dir, argv):
+    """The plan of a submission command line, as the commands make it: hpc.submit's, or with --sweep FILE
+    hpc.study run's (the one way to submit a sweep; its FILE comes first there). Nothing is written."""
+    from hpc.launch.submission.plan import make_plan
+    from hpc.launch.submission.points import split_command
+    from hpc.launch.submission.submit import STUDY_RUN, build_parser
+
+    own, words = split_command(list(argv))
+    prog = "python -m hpc.submit"
+    if "--sweep" in own:
+        at = own.index("--sweep")
+        own, prog = [own[at + 1], *own[:at], *own[at + 2:]], STUDY_RUN
+    return make_plan(build_parser(prog).parse_args(["--runs-dir", str(runs_dir), *own]), words)

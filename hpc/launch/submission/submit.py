@@ -47,11 +47,16 @@ STUDY_RUN = "python -m hpc.study run"
 STUDY_RESUBMIT = "python -m hpc.study resubmit"
 
 
+def study_prog(prog: str) -> bool:
+    """Whether the command line is hpc.study's (run or resubmit) rather than hpc.submit's."""
+    return prog in (STUDY_RUN, STUDY_RESUBMIT)
+
+
 def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     """hpc.submit's command line; as `hpc.study run` (prog STUDY_RUN) the sweep YAML comes first and
     --wait waits for the report; as `hpc.study resubmit` the sweep is its directory's (a value, set by
     the caller) and the caller adds its own choice of points."""
-    study = prog in (STUDY_RUN, STUDY_RESUBMIT)
+    study = study_prog(prog)
     parser = Parser(
         prog=prog,
         description="Submit the study (a sweep's job arrays, then its analysis job) and say where its report will be."
@@ -109,10 +114,6 @@ def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
         action="store_true",
         help="wait for the report" if study else "wait for the job(s), report how they ended",
     )
-
-
-def study_prog(prog: str) -> bool:
-    return prog in (STUDY_RUN, STUDY_RESUBMIT)
 
 
 def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:

@@ -3,12 +3,11 @@
 import os
 from pathlib import Path
 
+import commands
 import pytest
 
 from hpc.core.errors import UsageError
-from hpc.launch.submission.plan import make_plan
 from hpc.launch.submission.points import split_command
-from hpc.launch.submission.submit import STUDY_RUN, build_parser
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -17,13 +16,7 @@ SCRIPT = str(REPO / "tests" / "scripts" / "torchrun_ddp.py")
 
 
 def plan_of(tmp_path, argv):
-    """hpc.submit's plan of `argv`; a sweep (--sweep FILE) is hpc.study run's, as the commands take them."""
-    own, words = split_command(argv)
-    if "--sweep" in own:
-        at = own.index("--sweep")
-        own = [own[at + 1], *own[:at], *own[at + 2:]]
-        return make_plan(build_parser(STUDY_RUN).parse_args(["--runs-dir", str(tmp_path), *own]), words)
-    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path), *own]), words)
+    return commands.plan_of(tmp_path, argv)
 
 
 def test_split_command_keeps_the_words_after_the_first_double_dash():

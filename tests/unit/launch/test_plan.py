@@ -2,20 +2,15 @@
 
 from pathlib import Path
 
-from hpc.launch.submission.plan import make_plan
-from hpc.launch.submission.submit import STUDY_RUN, build_parser, print_plan
+import commands
+
+from hpc.launch.submission.submit import print_plan
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def plan_for(*argv, tmp_path):
-    """hpc.submit's plan; with --sweep FILE, hpc.study run's (the one way to submit a sweep)."""
-    argv = list(argv)
-    if "--sweep" in argv:
-        at = argv.index("--sweep")
-        argv = [argv[at + 1], *argv[:at], *argv[at + 2:]]
-        return make_plan(build_parser(STUDY_RUN).parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]), None)
-    return make_plan(build_parser().parse_args(["--runs-dir", str(tmp_path / "runs"), *argv]), None)
+    return commands.plan_of(tmp_path / "runs", argv)
 
 
 def test_a_single_job_is_a_plan_of_one_point(tmp_path):
