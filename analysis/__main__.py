@@ -13,12 +13,13 @@ Unusable files are warned about and skipped; exit 2 when nothing was usable. No 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
 from analysis.explain.series import sweeps_side_by_side
-from analysis.read.discover import Warnings, analyze_files, print_warnings
+from analysis.read.discover import Warnings, analyze_files, print_warnings, run_traces
 from analysis.records import RunRecord, TraceRecord
 from analysis.report.figures import plot_sweep
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
@@ -33,6 +34,7 @@ from analysis.report.tables import (
     why_tables,
 )
 from analysis.runs import compare
+from analysis.runs.apart import runs_in_folder, trace_runs
 from analysis.runs.fold import analyze_run, why_no_trace
 from analysis.runs.sweep import analyze_sweep
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
@@ -144,11 +146,18 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
         for run_dir in several:
             some, one = analyze_run(run_dir, warnings)
             traces, runs = traces + some, runs + ([one] if one else [])
-        names = ", ".join(d.name for d in several[:6]) + (", ..." if len(several) > 6 else "")
-        log.info(f"analysis: {path} holds {len(several)} runs, each analysed on its own: {names}", extra=TO_STDERR)
-    else:
+        say_apart(path, [d.name for d in several])
+    elif RunPaths(path).holds_run():
         traces, one = analyze_run(path, warnings)
         runs = [one] if one else []
+    else:  # traces in a folder: TensorBoard's layout, or gathered; one run only where they can be one
+        traces = analyze_files(run_traces(path, warnings), warnings)
+        found = trace_runs(path, traces)
+        for name, some in found:
+            _, one = analyze_run(path, warnings, some)
+            runs += [dataclasses.replace(one, run_dir=name if len(found) > 1 else one.run_dir)] if one else []
+        if len(found) > 1:
+            say_apart(path, [name for name, _ in found])
     if not traces and not runs:  # the skipped files are the reason: one line, naming the first
         said = why_no_trace(path) if path.is_dir() else None
         if said is not None:
@@ -159,16 +168,9 @@ def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[R
     return traces, runs, sweep_rows
 
 
-def runs_in_folder(path: Path) -> list[Path]:
-    """The run directories right under `path` when it is a folder of runs (runs/resnet18/ after a few
-    local runs), not a run itself; [] otherwise."""
-    if RunPaths(path).holds_run():
-        return []
-    try:
-        found = sorted(d for d in path.iterdir() if d.is_dir() and RunPaths(d).holds_run())
-    except OSError:
-        return []
-    return found if len(found) > 1 else []
+def say_apart(path: Path, names: list[str]) -> None:
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    log.info(f"analysis: {path} holds {len(names)} runs, each analysed on its own: {shown}", extra=TO_STDERR)
 
 
 def print_tables(

@@ -276,7 +276,9 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
     out: list[tuple[str, str]] = []
     several = len(runs) > 1 and all(run.job_id is None for run in runs)  # a folder of runs, not a sweep
     for run in runs:
-        label = (f"{Path(run.run_dir).name}: " if several else "") + run_label(run)
+        label = run_label(run)
+        name = Path(run.run_dir).name
+        label = f"{name}: {label}" if several and not label.startswith(name) else label
         gpus = [(f"{label}, GPUs", run.gpu_line)] if run.gpu_line else []
         if run.outcome == "oom":
             out += [(label, "out of memory: no timings to judge"), *gpus]

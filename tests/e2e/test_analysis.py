@@ -52,6 +52,46 @@ def test_both_ranks_of_a_real_two_rank_set(tmp_path):
     assert all(r["steps"] == 2 and r["comm_time_us"] > 0 for r in records)
 
 
+def _world_of(trace: Path) -> tuple:
+    """The oracle: what the trace file itself says of its world (json.load, not our reader)."""
+    with gzip.open(trace) as f:
+        doc = json.load(f)
+    info = doc.get("distributedInfo") or {}
+    return info.get("world_size"), info.get("backend"), (doc.get("deviceProperties") or [{}])[0].get("name")
+
+
+@needs_shared
+def test_a_folder_in_tensorboards_layout_is_analysed_run_by_run():
+    # torch-tb-profiler's own two sample runs: logdir/RUN/*.pt.trace.json, one folder a run
+    logdir = SHARED_TRACES / "kineto_tb_plugin_samples"
+    folders = sorted(d.name for d in logdir.iterdir() if any(d.glob("*.pt.trace.json*")))
+    proc = run_module("analysis", str(logdir), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(proc.stdout)["runs"]
+    assert sorted(r["run_dir"] for r in runs) == folders and len(folders) == 2
+    assert all(r["traces"] == 1 and r["ranks"] == 1 and r["verdict"]["line"] for r in runs)
+    table = run_module("analysis", str(logdir))
+    assert f"holds 2 runs, each analysed on its own: {', '.join(folders)}" in table.stderr
+    verdicts = table.stdout.split("Verdict:")[1].split("\n\n")[0].strip().splitlines()
+    assert [v.split(" (")[0].strip() for v in verdicts] == folders  # a verdict each, named once
+
+
+@needs_shared
+def test_traces_of_different_worlds_are_never_one_run(tmp_path):
+    # HTA's trace_diff pair: one rank of an 8-GPU A100 run and one of a 2-GPU V100 run, side by side
+    pair = sorted((SHARED_TRACES / "more/hta_trace_diff").glob("*.json.gz"))
+    for f in pair:
+        shutil.copy(f, tmp_path / f.name)
+    worlds = {_world_of(f) for f in pair}
+    assert len(worlds) == 2
+    proc = run_module("analysis", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads(proc.stdout)["runs"]
+    assert len(runs) == 2 and all(r["ranks"] == 1 and r["rank_imbalance"] == 1.0 for r in runs)
+    assert all("imbalance" not in r["verdict"]["line"] for r in runs)
+    assert {f"world {w[0]}, {w[1]}, {w[2]}" for w in worlds} == {r["run_dir"].split(" (")[1][:-1] for r in runs}
+
+
 def test_kernel_classes():
     assert classify_kernel("ncclKernel_AllReduce_RING_LL_Sum_float") == "communication"
     assert classify_kernel("sm80_xmma_fprop_implicit_gemm_f16f16_f16f32") == "convolution"
