@@ -287,6 +287,8 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
             # no summary.json: a crashed (or still running) run, or traces copied without it
             partial = " (no summary: judged from the traces alone)" if run.outcome == "unfinished" else ""
             out.append((label + partial, run.verdict["line"]))
+        if run.separate_copies:
+            out.append((f"{label}, ranks", f"{run.separate_copies}; no imbalance is judged"))
         if run.scaling_note:
             out.append((f"{label}, scaling", run.scaling_note))
         out += gpus

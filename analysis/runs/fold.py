@@ -220,6 +220,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         rank_imbalance=max(step_times) / min(step_times) if len(step_times) > 1 else (1.0 if step_times else None),
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
+        separate_copies=alone,
         slowest_step=None if alone else slowest_step(ranks, summary),
         slow_rank=None if alone else slow_rank(summary_ranks),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),

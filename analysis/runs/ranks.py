@@ -65,12 +65,46 @@ def _own_median_s(rank: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def separate_copies(ranks: list[dict[str, Any]]) -> bool:
-    """Whether a run's ranks never communicated: two or more, each said by its start-up hook to be in no
-    process group at its first step (a DataParallel or single-process script started on every GPU). No
-    rank waits for another there, so no imbalance is told of them."""
+# Ranks talk when a collective ran in at least this part of the intervals between their optimizer steps:
+# under DDP every interval has one; a script that only shares a sampler has one an epoch (a metric's
+# all-reduce at validation), which makes no rank wait for another's steps.
+TALKING_SHARE = 0.5
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
+    """Why a run's ranks never waited for each other, in words, or None: two or more ranks, each said by its
+    start-up hook to be in no process group at its first step (a DataParallel or single-process script
+    started on every GPU), or to have run a collective in under TALKING_SHARE of its step intervals
+    (a process group, no DDP: pytorch/examples' imagenet/main.py on a CPU). No imbalance is told of them."""
+    if len(ranks) < 2:
+        return None
     said = [r.get("process_group") for r in ranks if "process_group" in r]
-    return len(ranks) > 1 and bool(said) and not any(said)
+    if said and not any(said):
+        return f"{len(ranks)} ranks each trained a separate copy: no torch.distributed process group"
+    counts: list[tuple[int, int]] = []
+    for r in ranks:
+        c = r.get("collectives_in_steps")
+        n, w = (c.get("intervals"), c.get("with_collectives")) if isinstance(c, dict) else (None, None)
+        if isinstance(n, int) and isinstance(w, int) and _count(n) and n > 0 and _count(w):
+            counts.append((n, w))
+    if len(counts) < len(ranks):  # a rank that did not measure it (or said nonsense): not said
+        return None
+    if any(w >= TALKING_SHARE * n for n, w in counts):
+        return None
+    most, fewest = max(w for _, w in counts), min(n for n, _ in counts)
+    talk = (
+        f"no collective in any of their {fewest} or more step intervals"
+        if most == 0
+        else f"a collective in only {most} of their {fewest} or more step intervals"
+    )
+    return (
+        f"{len(ranks)} ranks each trained a separate copy: a process group, but {talk} (no "
+        "DistributedDataParallel), so no rank waited for another"
+    )
 
 
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -58,6 +58,9 @@ def test_a_torchrun_style_script_runs_here_profiled_without_a_change(tmp_path):
     # 512 samples, 2 ranks, batch 32, 2 epochs: 8 optimizer steps an epoch on each rank (the script's arithmetic)
     assert [(r["rank"], r["steps"], r["launcher"]) for r in summary["ranks"]] == [(0, 16, "submitit-local"),
                                                                                   (1, 16, "submitit-local")]
+    # DDP all-reduces the gradients in every backward: a collective between any two optimizer steps
+    assert [r["collectives_in_steps"] for r in summary["ranks"]] == [{"intervals": 15, "with_collectives": 15}] * 2
+    assert "separate copy" not in r.stdout + r.stderr
     for rank in (0, 1):
         assert_a_window_step_an_optimizer_step(run, rank)
         assert (run / "logs" / f"rank{rank}.out").exists() and (run / "logs" / f"rank{rank}.err").exists()

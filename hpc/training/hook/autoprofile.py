@@ -58,6 +58,66 @@ def _profiler_running() -> bool:
     return bool(enabled()) if callable(enabled) else False
 
 
+def collectives_so_far() -> int | None:
+    """How many collectives this process's groups have run: the sum of their sequence numbers (each of
+    gloo's and NCCL's collectives counts one, DDP's gradient all-reduces included, whatever group the
+    script made them in). None where this torch cannot say (the counter is c10d's, not public API)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        groups: list[Any] = list(c10d._world.pg_map)  # the counter is no public API: untyped
+        return sum(int(group._get_sequence_number_for_group()) for group in groups)
+    except Exception:  # a backend without the counter, or a torch without the map: unknown, not zero
+        return None
+
+
+class Traffic:
+    """Whether a rank's steps communicate: of the intervals between its optimizer steps, how many saw a
+    collective. Under DDP every one does (the gradients' all-reduce); ranks that only share a process
+    group (pytorch/examples' imagenet/main.py on a CPU: a sampler, no DDP) see none, or one an epoch."""
+
+    SAY_AFTER = 4  # intervals without a collective before it is said during the run
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.intervals = 0
+        self.talking = 0  # intervals with a collective
+        self.said = False
+        self.unknown = False
+
+    def count(self) -> bool:
+        """At a step: one more interval counted (False where the counter is unknown)."""
+        if self.unknown:
+            return False
+        now = collectives_so_far()
+        if now is None:
+            self.unknown = True
+            return False
+        if self.last is not None:
+            self.intervals = self.intervals + 1
+            self.talking = self.talking + (now > self.last)
+        self.last = now
+        return True
+
+    def silent_line(self, ranks: int) -> str | None:
+        """The line, once, for a process group whose first SAY_AFTER step intervals ran no collective."""
+        if self.said or self.intervals != self.SAY_AFTER or self.talking:
+            return None
+        self.said = True
+        return (
+            f"{ranks} ranks each train a separate copy: the script's process group ran no collective in its "
+            f"first {self.SAY_AFTER + 1} optimizer steps (no DistributedDataParallel, no all-reduce of the "
+            "gradients), so its ranks never wait for each other and each updates its own weights; wrap the "
+            "model in torch.nn.parallel.DistributedDataParallel to train one model on every rank's data"
+        )
+
+    def record(self) -> dict[str, int] | None:
+        """summary.json's `collectives_in_steps`: {intervals, with_collectives}; None: not measured."""
+        if self.unknown or not self.intervals:
+            return None
+        return {"intervals": self.intervals, "with_collectives": self.talking}
+
+
 class StepHook:
     """The global optimizer step hook's state: the clock (the first optimizer seen), the profiler once
     started, the step times, what listens to the steps (hpc/training/hook/scriptwatch.py), and the facts file
@@ -88,6 +148,7 @@ class StepHook:
         self.world_size = 1
         self.cuda = False
         self.grouped: bool | None = None  # in a torch.distributed process group at its first step
+        self.traffic = Traffic()  # whether collectives ran between the steps (ranks that never talk: copies)
         self.accelerate: dict[str, str] | None = None  # what the user's accelerate config set (scriptaccelerate.py)
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, Any]) -> None:
@@ -112,6 +173,10 @@ class StepHook:
         self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
         self.last = now
         self.steps = self.steps + 1
+        if self.grouped and self.traffic.count() and self.rank == 0:
+            said = self.traffic.silent_line(self.world_size)
+            if said:
+                log.warning(f"hpc: {said}")
         for listener in self.listeners:
             listener(self)
         if not self.active or self.profiling is None:
@@ -234,6 +299,7 @@ class StepHook:
             "torch": torch.__version__,
             "steps": self.steps,
             "process_group": self.grouped,
+            "collectives_in_steps": self.traffic.record(),
             "step_time_s": step_time_stats(timed),
             "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
             "cuda_max_memory_allocated_bytes": peak,

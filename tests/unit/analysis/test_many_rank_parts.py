@@ -190,3 +190,21 @@ def test_the_schema_and_the_choice_read_one_grammar():
     with pytest.raises(Exception, match="ranks"):
         ProfilerConfig(ranks="²")
     assert ProfilerConfig(ranks=(0, 13)).ranks == "0,13" and check_setting("0, 13") == (0, 13)
+
+
+def test_ranks_in_a_group_that_never_talk_between_steps_are_separate_copies():
+    from analysis.runs.ranks import separate_copies
+
+    def talk(*counts):  # (intervals, with_collectives) per rank, as the start-up hook records them
+        return [{"rank": i, "process_group": True, "collectives_in_steps": {"intervals": n, "with_collectives": w}}
+                for i, (n, w) in enumerate(counts)]
+
+    assert "no collective in any of their 20 or more" in separate_copies(talk((20, 0), (21, 0)))
+    assert "only 1 of their 40 or more" in separate_copies(talk((40, 1), (40, 0)))  # a metric all-reduce an epoch
+    assert separate_copies(talk((15, 15), (15, 15))) is None  # DDP: every interval
+    assert separate_copies(talk((20, 0), (20, 10))) is None  # one rank talks half its steps: they wait
+    assert separate_copies(talk((20, 0))) is None  # one rank
+    unknown = [{"rank": 0, "process_group": True, "collectives_in_steps": None}, *talk((20, 0), (20, 0))[1:]]
+    assert separate_copies(unknown) is None  # not measured on every rank: not said
+    alone = [{"rank": 0, "process_group": False}, {"rank": 1, "process_group": False}]
+    assert "no torch.distributed process group" in separate_copies(alone)

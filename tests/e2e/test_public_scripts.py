@@ -1,0 +1,65 @@
+"""Public scripts as their authors wrote them (tests/public/, kept byte for byte): pytorch/examples'
+imagenet/main.py on CPUs makes a process group and a DistributedSampler but never wraps its model in
+DistributedDataParallel, so each rank trains its own copy. The toolkit says so once during the run and
+in the analysis, and judges no imbalance between ranks that never wait for each other."""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+PUBLIC = REPO / "tests" / "public"
+IMAGENET = PUBLIC / "imagenet_main.py"
+IMAGENET_SHA256 = "f67ca2cd730bf91afe0504694abf07b88cbd03ac8c8a0426023620d29175c158"  # pytorch/examples 77f55b9
+PY = sys.executable
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+SAID = "ranks each train a separate copy: the script's process group ran no collective"
+
+
+def test_the_public_scripts_are_as_their_authors_wrote_them():
+    assert hashlib.sha256(IMAGENET.read_bytes()).hexdigest() == IMAGENET_SHA256
+
+
+def stop_after(proc: subprocess.Popen, steps: int, log: Path, timeout_s: float = 240) -> None:
+    """SIGINT to hpc.submit (a Ctrl-C) once rank 0 printed `steps` of its own progress lines."""
+    deadline = time.monotonic() + timeout_s
+    while len(re.findall(r"^Epoch: \[0\]", log.read_text(errors="replace"), re.M)) < steps:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+
+
+def test_imagenet_example_on_cpus_is_said_to_train_separate_copies(tmp_path):
+    log = tmp_path / "submit.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--",
+             PY, str(IMAGENET), "--dummy", "-a", "resnet18", "-b", "4", "-p", "1", "-j", "0",
+             "--dist-url", "env://", "--dist-backend", "gloo"],
+            cwd=tmp_path, env=ENV, stdout=out, stderr=subprocess.STDOUT, text=True)
+        stop_after(proc, 10, log)
+    said = log.read_text()
+    assert said.count(SAID) == 1 and "2 ranks each train a separate copy" in said, said[-3000:]
+    assert "using CPU, this will be slow" in said  # the script's own word: no DDP on this path
+    run = Path(re.findall(r"^job \S+: run dir (\S+)", said, flags=re.M)[-1])
+    summary = json.loads((run / "summary.json").read_text())
+    ranks = sorted(summary["ranks"], key=lambda r: r["rank"])
+    assert [r["process_group"] for r in ranks] == [True, True]
+    assert all(r["collectives_in_steps"]["with_collectives"] == 0 for r in ranks), ranks
+    analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
+    assert analysed.returncode == 0, analysed.stderr
+    verdicts = analysed.stdout.split("Verdict:")[1]
+    assert "2 ranks each trained a separate copy: a process group, but no collective" in verdicts, verdicts
+    assert "imbalance:" not in verdicts and "then imbalance" not in verdicts, verdicts
+    left = subprocess.run(["pgrep", "-f", str(IMAGENET)], capture_output=True, text=True).stdout
+    assert not left.split(), left
