@@ -226,6 +226,7 @@ class RunRecord:
     slowest_step: str | None = None  # "rank R on NODE": the rank whose profiled steps took longest
     # every rank's own work per step from summary.json, profiled or not (analysis/runs/ranks.py's slow_rank)
     slow_rank: dict[str, Any] | None = None
+    slowest_step_not_named: str | None = None  # why the profiled steps name no slowest rank (no consistency)
     separate_copies: str | None = None  # why its ranks never waited for each other (analysis/runs/ranks.py)
     gpu_line: str | None = None  # what NVML saw of each GPU during the run (summary.json's gpus), in words
     profiled_ranks: list[int] | None = None  # the ranks whose traces were read (profiler.ranks)

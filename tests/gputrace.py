@@ -53,11 +53,11 @@ def _launch(cpu_ts: float, corr: int, op: str, kernel: str, gpu_ts: float, gpu_u
 
 
 def write_run(run_dir: Path, world: int, batch: int, fraction: float = 1.0, slow_rank: int | None = None,
-              slow_us: float = 0.0) -> None:
+              slow_us: float = 0.0, steps: int = 3) -> None:
     """A run directory as hpc.train leaves it on a GPU machine: traces/, summary.json, metrics.jsonl."""
     (run_dir / "traces").mkdir(parents=True)
     for rank in range(world):
-        trace = rank_trace(rank, world, slow_us=slow_us if rank == slow_rank else 0.0)
+        trace = rank_trace(rank, world, steps, slow_us=slow_us if rank == slow_rank else 0.0)
         (run_dir / "traces" / f"rank{rank}.1.pt.trace.json").write_text(json.dumps(trace))
     ranks = [{"rank": r, "world_size": world, "batch_size_per_gpu": batch, "global_batch_size": batch * world,
               "train_images": int(50_000 * fraction), "steps": 30, "steps_per_epoch": 25, "epochs_completed": 1,
@@ -68,11 +68,12 @@ def write_run(run_dir: Path, world: int, batch: int, fraction: float = 1.0, slow
     (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "epoch", "epoch": 1, "epoch_time_s": 12.5}) + "\n")
 
 
-def write_sweep(sweep_dir: Path, slow_us: float = 60.0) -> None:
-    """Two points of one fraction and per-GPU batch: 1 GPU, and 2 GPUs whose rank 1 is slow."""
+def write_sweep(sweep_dir: Path, slow_us: float = 60.0, steps: int = 3) -> None:
+    """Two points of one fraction and per-GPU batch: 1 GPU, and 2 GPUs whose rank 1 is slow; `steps`
+    profiled steps a trace (10 or more for ranks to be compared step by step)."""
     points = []
     for i, gpus in enumerate((1, 2)):
-        write_run(sweep_dir / f"9_{i}", gpus, 128, slow_rank=1 if gpus > 1 else None, slow_us=slow_us)
+        write_run(sweep_dir / f"9_{i}", gpus, 128, slow_rank=1 if gpus > 1 else None, slow_us=slow_us, steps=steps)
         points.append({"data_fraction": 1.0, "batch_size": 128, "gpus": gpus, "nodes": 1, "job_id": f"9_{i}",
                        "run_dir": f"9_{i}"})
     (sweep_dir / "index.json").write_text(json.dumps({"sweep": {}, "cluster": "local", "points": points}))

@@ -105,6 +105,8 @@ class Evidence:
     straggler_rank: int | None = None
     straggler_share: float | None = None
     slow_rank: dict[str, Any] | None = None  # from every rank's own work per step (analysis/runs/ranks.py)
+    # why no straggler is named where a mean says one (its evidence does not hold step by step)
+    imbalance_unproven: str | None = None
     achieved_tflops: float | None = None  # where the model's FLOPs are known
     peak_tflops: float | None = None
     graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
@@ -158,7 +160,7 @@ def shares(e: Evidence) -> dict[str, float]:
         out[IMBALANCE] = (e.step_max_us - e.step_mean_us) / e.step_max_us
     # Under DDP every rank's step ends at the same all-reduce, so whole steps come out alike: the wait for
     # the slowest rank's own work (all ranks', from summary.json) is the measure that sees a straggler.
-    waited = (e.slow_rank or {}).get("wait_share")
+    waited = (e.slow_rank or {}).get("wait_share") if (e.slow_rank or {}).get("holds") else None
     if waited is not None and waited > (out.get(IMBALANCE) or 0.0):
         out[IMBALANCE] = waited
     return {k: min(max(v, 0.0), 1.0) for k, v in out.items() if v is not None}
@@ -184,7 +186,8 @@ def judge(e: Evidence) -> Verdict:
     named = sorted(eligible(e, measured).items(), key=lambda kv: -kv[1])
     found = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
     if not found:
-        return Verdict(UNKNOWN, None, measured, undecided(e, measured), None)
+        unproven = f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
+        return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
     remedy = (
@@ -192,7 +195,10 @@ def judge(e: Evidence) -> Verdict:
         if bound == HOST_LAUNCH and e.graphed
         else (SCRIPT_REMEDIES if e.script else REMEDIES).get(bound)
     )
-    return Verdict(bound, secondary, measured, describe(bound, e, measured), remedy)
+    said = describe(bound, e, measured) + (
+        f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
+    )
+    return Verdict(bound, secondary, measured, said, remedy)
 
 
 def _pct(value: float | None) -> str:
@@ -343,12 +349,26 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         straggler_rank=run.straggler_rank,
         straggler_share=run.straggler_share,
         slow_rank=run.slow_rank,
+        imbalance_unproven=unproven_imbalance(run),
         achieved_tflops=achieved,
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
         # the run's summary says so, or its traces do (kernels replayed from a graph)
         graphed=bool(model.get("graphed")) or any(r.graph_kernel_calls for r in records),
         script=bool(model.get("script")),
     )
+
+
+def unproven_imbalance(run: RunRecord) -> str | None:
+    """Why no straggler is named where a mean alone would have named one (its share at the threshold or
+    more): the step-by-step rule's words (analysis/runs/ranks.py), else None."""
+    said = []
+    s = run.slow_rank or {}
+    if not s.get("holds") and (s.get("wait_share") or 0.0) >= THRESHOLDS[IMBALANCE] and s.get("why_not"):
+        said.append(f"own work: {s['why_not']}")
+    mean, worst = run.step_time_us_mean.mean, run.step_time_us_mean.max
+    if run.slowest_step_not_named and mean and worst and (worst - mean) / worst >= THRESHOLDS[IMBALANCE]:
+        said.append(run.slowest_step_not_named)
+    return "; ".join(said) or None
 
 
 # --- a sweep point against its 1-GPU point ------------------------------------------------------------------

@@ -25,7 +25,7 @@ from analysis.records import (
     max_present,
     mean_present,
 )
-from analysis.runs.ranks import separate_copies, slow_rank, step_skew_us, straggler
+from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
 from hpc.core.rundir import RunPaths, is_count, read_metrics
 from hpc.core.summary import read_summary
 
@@ -179,15 +179,22 @@ def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | N
     return out
 
 
-def slowest_step(ranks: list[RankTotals], summary: dict[str, Any] | None) -> str | None:
-    """ "rank R on NODE" for the rank whose profiled steps took longest (its node from summary.json)."""
+def slowest_step(
+    ranks: list[RankTotals], summary: dict[str, Any] | None, records: list[TraceRecord]
+) -> tuple[str | None, str | None]:
+    """("rank R on NODE", None) for the rank whose profiled steps took longest (its node from summary.json),
+    where it was slower step by step (analysis/runs/ranks.py's consistency); else (None, why not, or None
+    where fewer than two ranks were timed)."""
     timed = [r for r in ranks if isinstance(r.rank, int) and r.step_time_us_mean]
     if len(timed) < 2:
-        return None
+        return None, None
     rank = max(timed, key=lambda r: r.step_time_us_mean or 0.0).rank
+    evidence = profiled_step_consistency(records, rank)
+    if not evidence["holds"]:
+        return None, f"profiled steps: {evidence['why_not']}"
     record: dict[str, Any] = next((r for r in (summary or {}).get("ranks") or [] if r.get("rank") == rank), {})
     node = record.get("node") or record.get("hostname")
-    return f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"
+    return (f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"), None
 
 
 def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRecord:
@@ -200,6 +207,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     straggler_rank, straggler_share = straggler(records)
     summary_ranks = (summary or {}).get("ranks") or []
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
+    slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
     run = RunRecord(
         run_dir=str(run_dir),
@@ -221,7 +229,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         straggler_rank=straggler_rank,
         straggler_share=straggler_share,
         separate_copies=alone,
-        slowest_step=None if alone else slowest_step(ranks, summary),
+        slowest_step=slowest,
+        slowest_step_not_named=not_slowest,
         slow_rank=None if alone else slow_rank(summary_ranks),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         gpu_line=gpu_line(summary),

@@ -5,6 +5,7 @@ clocks need not agree.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,11 @@ def step_skew_us(records: list[TraceRecord]) -> float | None:
     common = set.intersection(*(set(steps) for steps in by_rank.values()))
     skews = [max(s[n] for s in by_rank.values()) - min(s[n] for s in by_rank.values()) for n in common]
     return sum(skews) / len(skews) if skews else None
+
+
+def profiled_step_consistency(records: list[TraceRecord], rank: Any) -> dict[str, Any]:
+    """The rule (consistency) on the profiled steps' times, each rank's step by its ProfilerStep number."""
+    return consistency(_by_rank_and_step(records, lambda r: r.step_time_us), rank, 1e-3)
 
 
 def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
@@ -107,12 +113,99 @@ def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
     )
 
 
+# A straggler is named only on evidence that holds across the steps, not in a mean (README, "Verdicts"):
+# compared step by step over at least MIN_COMPARED_STEPS steps that every rank measured, it is above the
+# others' median in at least MOST_STEPS of them, and its median excess over them is more than SPREADS
+# times the run's own step-to-step spread (the median over ranks of each rank's interquartile range). A
+# busy machine's noise moves from rank to rank, and one rank a little behind on a loaded machine stays
+# within its spread; a slow rank is slow in nearly every step, by more than the noise.
+MIN_COMPARED_STEPS = 10
+MOST_STEPS = 0.75
+SPREADS = 2.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: float) -> dict[str, Any]:
+    """Whether `candidate` is slower than the others step by step (the rule above), from each rank's
+    {step: time}: the steps compared, those it was above the others' median in, its median excess and the
+    run's spread (in the values' unit; `to_ms` makes them ms for the words), whether that holds, and if
+    not, why, in words."""
+    others = [r for r in by_rank if r != candidate]
+    common = sorted(set(by_rank.get(candidate, {})).intersection(*(set(by_rank[r]) for r in others)))
+    out: dict[str, Any] = {"steps_compared": len(common), "steps_above": None, "excess": None, "spread": None}
+    if not others or len(common) < MIN_COMPARED_STEPS:
+        few = f"{len(common)} step(s) measured by every rank, {MIN_COMPARED_STEPS} needed to compare ranks"
+        return {**out, "holds": False, "why_not": few}
+    excesses = [by_rank[candidate][n] - statistics.median(by_rank[r][n] for r in others) for n in common]
+    above = sum(e > 0 for e in excesses)
+    excess = statistics.median(excesses)
+    spread = statistics.median(
+        _quantile([v[n] for n in common], 0.75) - _quantile([v[n] for n in common], 0.25) for v in by_rank.values()
+    )
+    holds = above >= MOST_STEPS * len(common) and excess > SPREADS * spread
+    why = (
+        None
+        if holds
+        else f"rank {candidate} was above the others in {above} of {len(common)} steps (a straggler: "
+        f"{MOST_STEPS:.0%} or more), by a median {excess * to_ms:.2f} ms against the run's step-to-step spread "
+        f"of {spread * to_ms:.2f} ms (a straggler: over {SPREADS:g}x)"
+    )
+    return {**out, "steps_above": above, "excess": excess, "spread": spread, "holds": holds, "why_not": why}
+
+
+# A rank whose own work exceeds the others' because it waited for a core (runnable, not running: other
+# processes on its CPUs) did no more work: at least this part of its excess spent so is the machine's load.
+STARVED_PART = 0.5
+
+
+def starved(ranks: list[dict[str, Any]], candidate: Any, evidence: dict[str, Any]) -> str | None:
+    """Why a straggler by wall time is a rank that waited for a core, in words; None where its wait for a
+    core (own_step_series' queued_ms) explains under STARVED_PART of its excess, or is not known."""
+    queued = {r["rank"]: own_series(r, "queued_ms") for r in ranks if isinstance(r.get("rank"), int)}
+    if not evidence.get("holds") or len(queued) < 2 or not all(queued.values()) or candidate not in queued:
+        return None
+    others = [r for r in queued if r != candidate]
+    common = sorted(set(queued[candidate]).intersection(*(set(queued[r]) for r in others)))
+    if len(common) < MIN_COMPARED_STEPS:
+        return None
+    waited = statistics.median(queued[candidate][n] - statistics.median(queued[r][n] for r in others) for n in common)
+    if waited < STARVED_PART * evidence["excess"]:
+        return None
+    return (
+        f"rank {candidate}'s own work took a median {evidence['excess'] * 1e3:.2f} ms more than the others' a step, "
+        f"{waited * 1e3:.2f} ms of it waiting for a core (other processes on its CPUs: the machine's load), "
+        "not more work"
+    )
+
+
+def own_series(rank: dict[str, Any], key: str = "ms") -> dict[int, float]:
+    """{step: own work in seconds} of a rank's summary record (own_step_series, hpc/training/steptimes.py);
+    `key` queued_ms: its wait for a core in the same spans."""
+    series = rank.get("own_step_series")
+    if not isinstance(series, dict) or type(first := series.get("first_step")) is not int:
+        return {}
+    values = series.get(key)
+    return {
+        first + i: v / 1e3
+        for i, v in enumerate(values if isinstance(values, list) else [])
+        if type(v) in (int, float) and math.isfinite(v) and v >= 0
+    }
+
+
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/steps.py's StepTimer), against the
     median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
     `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
-    MIN_OWN_STEPS steps or more."""
+    MIN_OWN_STEPS steps or more. `holds`: the rule above (consistency), without which no straggler is named;
+    `why_not` says why it does not hold."""
     own = {r["rank"]: v for r in ranks if isinstance(r.get("rank"), int) and (v := _own_median_s(r)) is not None}
     if len(own) < 2:
         return None
@@ -124,7 +217,12 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     steps = [s["median"] for r in ranks if isinstance(s := r.get("step_time_s"), dict) and s.get("median")]
     step = statistics.median(steps) if steps else None
     excess = own[slowest] - median
+    evidence = consistency({r["rank"]: own_series(r) for r in ranks if r.get("rank") in own}, slowest, 1e3)
+    waited_for_a_core = starved([r for r in ranks if r.get("rank") in own], slowest, evidence)
+    if waited_for_a_core:
+        evidence = {**evidence, "holds": False, "why_not": waited_for_a_core}
     return {
+        **evidence,
         "rank": slowest,
         "node": node[slowest],
         "own_s": own[slowest],
@@ -148,7 +246,13 @@ def slow_rank_words(s: dict[str, Any]) -> str:
         if mates is not None
         else "no other rank on its node"
     )
+    steps = (
+        f", above the others in {s['steps_above']} of {s['steps_compared']} steps"
+        if s.get("steps_above") is not None
+        else ""
+    )
     return (
         f"rank {s['rank']} on {s['node']}: own work (before the gradient sync) {s['own_s'] * 1e3:.1f} ms a step "
-        f"against a median of {s['median_own_s'] * 1e3:.1f} ms over {s['ranks_measured']} ranks{ratio}; {node}"
+        f"against a median of {s['median_own_s'] * 1e3:.1f} ms over {s['ranks_measured']} ranks{ratio}{steps}; "
+        f"{node}"
     )

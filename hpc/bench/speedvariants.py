@@ -34,7 +34,7 @@ from hpc.training.graph.cudagraph import Step, whole_step
 from hpc.training.graph.graphcheck import GraphRun
 from hpc.training.graph.graphmode import GraphMode
 from hpc.training.profiling import Profiling
-from hpc.training.summary import percentile
+from hpc.training.steptimes import percentile
 
 log = logging.getLogger(__name__)
 

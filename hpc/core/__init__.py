@@ -10,6 +10,7 @@ project.
 - summary.py: summary.json, made of the ranks' exit records and facts by its one writer;
 - runstate.py: a run's state from its files alone; lock.py: the run directory's one writer;
 - stop.py: the stop signals (SIGTERM, SIGUSR2, SIGINT), caught before torch is imported;
+- proc.py: what /proc says of a process (its state, children, CPU and disk work);
 - logs.py: logging's set-up;
 - faults.py: HPC_FAULT_INJECT's grammar;
 - gpusample.py: each node's GPUs sampled by NVML during a run; beat.py: a script's beat to its runner.

@@ -30,6 +30,8 @@ from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import SUBMITTED
 
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
+# off | warn | stop: what a multi-node run does when NCCL would use sockets (cluster.nccl_fabric)
+NCCL_FABRIC_VARIABLE = "HPC_NCCL_FABRIC"
 PROFILER_VARIABLE = "HPC_PROFILER"  # the profiler section as JSON: the start-up hook acts on it
 BATCH_VARIABLE = "HPC_POINT_BATCH"  # a sweep point's batch size per GPU: the start-up hook's OOM record
 POINT_FIELDS = ("batch", "fraction", "gpus", "nodes", "ranks")

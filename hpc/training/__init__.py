@@ -5,6 +5,7 @@
 - build.py: what a run is built from (the step plan, the device, the process group, data, model, optimizer);
 - steps.py: a step's bookkeeping (where the run is, the step timer, the divergence guard) and evaluation;
 - metrics.py: what a run reports as it goes; summary.py: a training rank's record for summary.json;
+- steptimes.py: a rank's step times and own work, one definition for the training and a user's script;
 - checkpoint.py: when to save, the atomic save with its checksum, the checked load; claim.py: taking a
   run directory and reading where it left off;
 - profiling.py: torch.profiler around the loop; memcat.py: peak memory by category; oom.py: CUDA out of

@@ -22,9 +22,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hpc.core.errors import UsageError
 from hpc.placement.affinity import cores_text, gpu_index
 from hpc.placement.distenv import DistEnv
+from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
 from hpc.training.data import DeviceBatches, Split
-from hpc.training.distributed.netcheck import FABRIC, debug_env, read_network, verdict, wants_check
+from hpc.training.distributed.netcheck import debug_env, read_network, verdict, wants_check
 from hpc.training.graph.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
 from hpc.training.graph.graphmode import DDP_WARMUP_ITERS, GraphMode
 
@@ -137,7 +138,7 @@ def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], lo
     nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
     together, or warns. Returns the network, for summary.json."""
     network = read_network(os.environ, log_dir, dist.rank)
-    said = verdict(network, os.environ.get(FABRIC, "off"), nodes_of(dist))
+    said = verdict(network, os.environ.get(NCCL_FABRIC_VARIABLE, "off"), nodes_of(dist))
     if agree(said is not None and said[0] == "stop"):
         raise UsageError(said[1] if said else f"rank {dist.rank}: stopping: rank 0's NCCL uses TCP sockets")
     if said:

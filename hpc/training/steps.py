@@ -22,6 +22,7 @@ from hpc.settings.profranks import typical
 from hpc.settings.schema import DataConfig
 from hpc.training.build import DataParts
 from hpc.training.checkpoint import rng_state, set_rng_state
+from hpc.training.steptimes import queued_s
 
 
 @dataclasses.dataclass
@@ -59,8 +60,11 @@ class StepTimer:
         self.marks: list[tuple[torch.cuda.Event, torch.cuda.Event | None]] = []  # per step: start, sync
         self.seconds: list[float] = []
         self.own_seconds: list[float | None] = []
+        self.own_queued_seconds: list[float | None] = []  # a CPU rank's wait for a core in its own work
         self.started = 0.0
+        self.started_queued: float | None = None
         self.sync_at: float | None = None
+        self.sync_queued: float | None = None
         self.sync_event: torch.cuda.Event | None = None
         self.start_event: torch.cuda.Event | None = None
         self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
@@ -74,7 +78,9 @@ class StepTimer:
 
     def start(self) -> None:
         self.started = time.perf_counter()
+        self.started_queued = None if self.use_cuda else queued_s()
         self.sync_at = None
+        self.sync_queued = None
         self.sync_event = None
         self.in_step = True
         self.start_event = self._event() if self.use_cuda else None
@@ -85,6 +91,7 @@ class StepTimer:
             self.sync_event = self._event()
         else:
             self.sync_at = time.perf_counter()
+            self.sync_queued = queued_s()
 
     def stop(self, profiled: bool = False) -> None:
         """The step's end (`profiled`: the profiler was on during it)."""
@@ -99,6 +106,10 @@ class StepTimer:
         else:
             self.seconds.append(time.perf_counter() - self.started)
             self.own_seconds.append(None if self.sync_at is None else self.sync_at - self.started)
+            waited = None
+            if self.sync_queued is not None and self.started_queued is not None:
+                waited = self.sync_queued - self.started_queued
+            self.own_queued_seconds.append(waited)
 
     def times(self) -> list[float]:
         if self.use_cuda:

@@ -7,7 +7,6 @@ summary.json is made of them by its one writer (hpc/core/summary.py), as for any
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import resource
 import socket
@@ -25,27 +24,7 @@ from hpc.settings.schema import RunConfig
 from hpc.training.build import StepPlan, placement
 from hpc.training.profiling import Profiling
 from hpc.training.steps import StepTimer
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def step_time_stats(timed: list[float]) -> dict[str, Any]:
-    mean = sum(timed) / len(timed) if timed else None
-    return {
-        "n": len(timed),
-        "mean": mean,
-        "median": percentile(timed, 0.5),
-        "p90": percentile(timed, 0.9),
-        "min": min(timed) if timed else None,
-        "max": max(timed) if timed else None,
-    }
+from hpc.training.steptimes import own_work_basis, own_work_series, step_time_stats
 
 
 def process_started_unix(pid: int | None = None) -> float | None:
@@ -60,15 +39,6 @@ def process_started_unix(pid: int | None = None) -> float | None:
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]:
-    """The steps a rank's own work is judged on: measured, the first (which warms caches) left out, and the
-    profiler's steps left out where others remain (recording slows a CPU rank's operators unevenly)."""
-    steps = list(zip(own, [*profiled[: len(own)], *[False] * (len(own) - len(profiled))], strict=True))
-    steps = steps[1:] if len(steps) > 2 else steps
-    plain = [t for t, p in steps if t is not None and not p]
-    return plain or [t for t, _ in steps if t is not None]
 
 
 def startup_record(join_began: float, join_ended: float, first_step_unix: float | None) -> dict[str, Any]:
@@ -195,6 +165,7 @@ class RunSummary:
             # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
             # each step's own work, before its gradient sync (StepTimer): what tells a straggler under DDP
             "own_step_time_s": step_time_stats(own_timed) if own_timed else None,
+            "own_step_series": own_work_series(own, timer.profiled, None if cuda else timer.own_queued_seconds),
             "step_time_after_profiler_s": step_time_stats(step_times[max(ends) :]) if ends else None,
             "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
             "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,
@@ -231,6 +202,7 @@ class RunSummary:
 MEASURED = (
     "step_time_s",
     "own_step_time_s",
+    "own_step_series",
     "startup",
     "step_time_after_profiler_s",
     "images_per_s",

@@ -68,7 +68,8 @@ def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_al
 def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
     """The analysis's rule on a summary: rank 1's own work 31x rank 0's. In a process group it is named; the
     same ranks never grouped get no imbalance (no rank waits for another)."""
-    ranks = [{"rank": r, "node": "nid001", "own_step_time_s": {"n": 8, "median": own},
+    ranks = [{"rank": r, "node": "nid001", "own_step_time_s": {"n": 12, "median": own},
+              "own_step_series": {"first_step": 1, "ms": [own * 1e3] * 12},
               "step_time_s": {"median": 0.6}} for r, own in enumerate([0.01, 0.31])]
     for grouped, named in ((True, True), (False, False)):
         summary = {"world_size": 2, "ranks": [{**x, "process_group": grouped} for x in ranks]}

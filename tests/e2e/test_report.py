@@ -58,11 +58,18 @@ def test_a_sweeps_json_says_what_its_table_says(sweep):
     assert f"2 GPUs: {two['verdict']['line']}" in table
 
 
-def test_a_rank_late_by_half_a_kernel_is_named_the_straggler(tmp_path):
-    write_sweep(tmp_path / "sweep", slow_us=600.0)
+@pytest.mark.parametrize("steps", [3, 12])
+def test_a_rank_late_by_half_a_kernel_is_named_the_straggler_over_enough_steps(tmp_path, steps):
+    """Late in every profiled step: named over 12 steps; over 3 (under the README's 10) not named, and the
+    verdict says why instead."""
+    write_sweep(tmp_path / "sweep", slow_us=600.0, steps=steps)
     proc = run_module("analysis", str(tmp_path / "sweep"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     two = next(r for r in json.loads((tmp_path / "out" / "runs.json").read_text()) if r["gpus"] == 2)
+    if steps < 10:
+        assert two["verdict"]["bound"] != "imbalance" and two["verdict"]["secondary"] != "imbalance", two["verdict"]
+        assert "no straggler named: profiled steps: 3 step(s) measured by every rank, 10 needed" in two["verdict"]["line"]
+        return
     assert two["verdict"]["bound"] == "imbalance" and "rank 1 launched collectives last 100.0%" in two["verdict"]["line"]
     assert "most of it the slowest rank's excess over the mean" in two["scaling_note"]
     said = proc.stdout.split("Verdict:", 1)[1]

@@ -86,7 +86,7 @@ def test_a_script_that_profiles_itself_runs_to_its_end_on_slurm(slurm_cluster, t
 
 def test_a_slow_rank_on_the_second_node_is_named_with_its_node(slurm_cluster, tmp_path):
     r = submit(*TWO_BY_TWO, "--runs-dir", str(tmp_path), "--wait", "--", PY, str(SCRIPTS / "comm_hook_ddp.py"),
-               "--slow-rank", "3", "--slow-s", "0.3", "--steps", "12")
+               "--slow-rank", "3", "--slow-s", "0.3", "--steps", "20")
     assert r.returncode == 0, r.stdout + r.stderr
     run = run_dir_of(r.stdout)
     wait_gone(run.name, 60)

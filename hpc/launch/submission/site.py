@@ -14,11 +14,11 @@ from hpc.core.cli import shown
 from hpc.core.errors import UsageError
 from hpc.placement.affinity import GPU_ORDER
 from hpc.settings.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
+from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 
 # The job's stop signal, before the time limit and at a preemption: the training checkpoints on it and
 # scripts save on it (a script that does not catch USR2 is ended by it).
 STOP_SIGNAL = "TERM"
-NCCL_FABRIC = "HPC_NCCL_FABRIC"  # off | warn | stop: what a multi-node run does when NCCL would use sockets
 
 
 def is_partial(cluster: ClusterConfig, nodes: int, gpus: int) -> bool:
@@ -39,7 +39,7 @@ def job_env(cluster: ClusterConfig, nodes: int, gpus: int) -> dict[str, str]:
     if nodes > 1:
         env.update(cluster.multinode_env)
         if cluster.nccl_fabric != "off":
-            env[NCCL_FABRIC] = cluster.nccl_fabric
+            env[NCCL_FABRIC_VARIABLE] = cluster.nccl_fabric
     if cluster.gpu_order and gpus == cluster.gpus_per_node:
         env[GPU_ORDER] = ",".join(str(g) for g in cluster.gpu_order)
     return env

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 
 from hpc.core.errors import PeerLostError
+from hpc.core.proc import proc_stat, process_state
 from hpc.placement.distenv import DistEnv
 from hpc.training.distributed.rendezvous import SILENCE_S, cause_of, first_few, silent_ranks
 
@@ -42,14 +43,6 @@ def pid_alive(pid: int) -> bool:
     if fields is None or len(fields) < 21:
         return True
     return fields[0] not in ("Z", "X") and fields[20] != "0"  # state; vsize, the 23rd field
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first), None if they cannot be read."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
-    except OSError:
-        return None
 
 
 class RankGroup:
@@ -145,12 +138,6 @@ class RankGroup:
         state = process_state(pid) if host == socket.gethostname() else None
         said = {"T": ", stopped: SIGSTOP or a debugger", "t": ", stopped by a debugger", "D": ", stuck in I/O"}
         return f"rank {rank} on {host} (pid {pid}{said.get(state or '', '')})"
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of process `pid` of this host (R, S, D, T, Z ...), None if it cannot be read."""
-    fields = proc_stat(pid)
-    return fields[0] if fields else None
 
 
 def _ended(peers: list[tuple[int, int]], grace_s: float = DYING_GRACE_S) -> list[str]:

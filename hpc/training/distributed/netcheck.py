@@ -19,14 +19,15 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-FABRIC = "HPC_NCCL_FABRIC"
+from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
+
 REPLAY = "HPC_NCCL_LOG_REPLAY"
 SOCKETS = "Socket"
 _USING = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 
 
 def wants_check(env: Mapping[str, str], nodes: int) -> bool:
-    return nodes > 1 and env.get(FABRIC, "off") in ("warn", "stop")
+    return nodes > 1 and env.get(NCCL_FABRIC_VARIABLE, "off") in ("warn", "stop")
 
 
 def debug_env(env: Mapping[str, str], log_dir: Path, rank: int) -> dict[str, str]:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
 from hpc.training.hook.firstgrad import FirstGrad
+from hpc.training.steptimes import own_work_basis, own_work_series, queued_s, step_time_stats
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -142,6 +143,8 @@ class StepHook:
         self.oom: dict[str, Any] | None = None  # hpc/training/hook/scriptoom.py's record
         # own work (the step's start to its first gradient: no other rank can hold that part up), per step
         self.own: list[float | None] = []
+        self.own_queued: list[float | None] = []  # the main thread's wait for a core in the same span
+        self.last_queued: float | None = None
         self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
         self.first_grad = FirstGrad()
         self.rank = int(os.environ.get("RANK") or 0)
@@ -166,10 +169,17 @@ class StepHook:
         if id(optimizer) != self.clock:
             return
         now = time.perf_counter()
+        queued_now = queued_s()
         if self.last is not None:
             self.times.append(now - self.last)
+        queued_then = self.first_grad.queued_at
         first_grad = self.first_grad.take()
         self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
+        waited = None
+        if first_grad is not None and queued_then is not None and self.last_queued is not None:
+            waited = queued_then - self.last_queued
+        self.own_queued.append(waited)
+        self.last_queued = queued_now
         self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
         self.last = now
         self.steps = self.steps + 1
@@ -280,8 +290,6 @@ class StepHook:
         """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
         import torch
 
-        from hpc.training.summary import own_work_basis, step_time_stats
-
         timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
         peak = None
         if self.cuda:
@@ -302,6 +310,7 @@ class StepHook:
             "collectives_in_steps": self.traffic.record(),
             "step_time_s": step_time_stats(timed),
             "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
+            "own_step_series": own_work_series(self.own, self.profiled_steps, self.own_queued),
             "cuda_max_memory_allocated_bytes": peak,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "profiler": {

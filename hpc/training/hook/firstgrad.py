@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from hpc.training.steptimes import queued_s
+
 KEEP = 4
 
 
@@ -22,6 +24,7 @@ class FirstGrad:
     def __init__(self) -> None:
         self.handles: dict[int, Any] = {}  # id(parameter) -> torch's RemovableHandle
         self.at: float | None = None  # perf_counter of this step's first gradient
+        self.queued_at: float | None = None  # the main thread's wait for a core so far, then (queued_s)
         self.fired: list[int] = []  # the first parameters to fire, in the step that chooses them
         self.pruned = False
 
@@ -35,13 +38,15 @@ class FirstGrad:
     def __call__(self, param: Any) -> None:  # torch.Tensor, from autograd
         if self.at is None:
             self.at = time.perf_counter()
+            self.queued_at = queued_s()
         if not self.pruned and len(self.fired) < KEEP:
             self.fired.append(id(param))
 
     def take(self) -> float | None:
         """This step's first gradient's time (None: none came), at the step's end; the first step that
         had gradients chooses the parameters that keep the hook."""
-        at, self.at = self.at, None
+        at = self.at
+        self.at = None
         if not self.pruned and self.fired:
             keep = set(self.fired)
             for key in [k for k in self.handles if k not in keep]:

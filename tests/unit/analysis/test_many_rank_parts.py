@@ -208,3 +208,75 @@ def test_ranks_in_a_group_that_never_talk_between_steps_are_separate_copies():
     assert separate_copies(unknown) is None  # not measured on every rank: not said
     alone = [{"rank": 0, "process_group": False}, {"rank": 1, "process_group": False}]
     assert "no torch.distributed process group" in separate_copies(alone)
+
+
+def with_series(own_by_rank: list[list[float]], per_node: int = 4, step: float = 0.6) -> list[dict]:
+    """Summary records as the start-up hook writes them: the medians and the series of own work (ms)."""
+    import statistics
+
+    return [{"rank": r, "node": f"nid{r // per_node + 1:03d}", "step_time_s": {"median": step},
+             "own_step_time_s": {"n": len(v), "median": statistics.median(v)},
+             "own_step_series": {"first_step": 1, "ms": [x * 1e3 for x in v]}} for r, v in enumerate(own_by_rank)]
+
+
+@pytest.mark.parametrize("ranks_n", [2, 4, 32])
+def test_noise_alone_names_no_straggler(ranks_n):
+    """Every rank's own work drawn from one distribution (10 ms, a busy machine's spread: lognormal, and a
+    rank descheduled 20 ms in one step of ten): whichever rank has the largest median is no straggler. The
+    oracle is the generator: no rank is slower by construction; 200 seeded runs, none named."""
+    import random
+
+    from analysis.runs.ranks import consistency
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        runs = [[0.01 * rng.lognormvariate(0, 0.3) + (0.02 if rng.random() < 0.1 else 0) for _ in range(60)]
+                for _ in range(ranks_n)]
+        s = slow_rank(with_series(runs))
+        assert s is not None and not s["holds"], (seed, s)
+        by_rank = {r: dict(enumerate(v)) for r, v in enumerate(runs)}
+        assert not consistency(by_rank, s["rank"], 1e3)["holds"]
+
+
+@pytest.mark.parametrize("ranks_n", [2, 4, 32])
+def test_a_rank_slowed_in_every_step_is_named_through_the_same_noise(ranks_n):
+    import random
+
+    for seed in range(50):
+        rng = random.Random(seed)
+        runs = [[0.01 * rng.lognormvariate(0, 0.3) + (0.02 if rng.random() < 0.1 else 0) for _ in range(60)]
+                for _ in range(ranks_n)]
+        slowed = seed % ranks_n
+        runs[slowed] = [x + 0.03 for x in runs[slowed]]  # 30 ms more own work each step: 3x the typical
+        s = slow_rank(with_series(runs))
+        assert s["holds"] and s["rank"] == slowed and s["steps_above"] >= 0.75 * 60, (seed, s)
+        assert f"above the others in {s['steps_above']} of 60 steps" in slow_rank_words(s)
+
+
+def test_too_few_steps_compared_names_no_straggler_and_says_so():
+    s = slow_rank(with_series([[0.01] * 9, [0.31] * 9]))  # 9 steps compared, 10 needed
+    assert s["rank"] == 1 and not s["holds"] and s["why_not"] == (
+        "9 step(s) measured by every rank, 10 needed to compare ranks")
+    s = slow_rank(with_series([[0.01] * 12, [0.31] * 12]))
+    assert s["holds"] and s["steps_compared"] == 12
+
+
+def test_a_rank_that_waited_for_a_core_is_no_straggler():
+    """Rank 1's own work 3.5 ms longer in every step, as a rank sharing its core with another process shows
+    it: 3 ms of it runnable but not running (queued_ms). The same excess without the wait (a sleep, or more
+    work) is a straggler. The oracle is how each run was built."""
+    import random
+
+    rng = random.Random(7)
+    base = [[0.0024 + rng.uniform(0, 2e-4) for _ in range(20)] for _ in range(2)]
+    wall = [list(base[0]), [c + 0.0035 for c in base[1]]]
+    queued = [[1e-5] * 20, [0.003] * 20]
+    starved_run = with_series(wall)
+    for rec, q in zip(starved_run, queued, strict=True):
+        rec["own_step_series"]["queued_ms"] = [x * 1e3 for x in q]
+    s = slow_rank(starved_run)
+    assert s["rank"] == 1 and not s["holds"] and "2.99 ms of it waiting for a core" in s["why_not"], s
+    slept = with_series(wall)
+    for rec in slept:
+        rec["own_step_series"]["queued_ms"] = [0.01] * 20
+    assert slow_rank(slept)["holds"]

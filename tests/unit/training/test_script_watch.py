@@ -16,13 +16,8 @@ from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
 from hpc.launch.rank.flightrec import ask_for_dump
-from hpc.launch.rank.hang import (
-    HangWatch,
-    main_frames,
-    process_state,
-    waits_for_a_peer,
-    where,
-)
+from hpc.core.proc import process_state
+from hpc.launch.rank.hang import HangWatch, main_frames, waits_for_a_peer, where
 from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.rankcommand import user_command

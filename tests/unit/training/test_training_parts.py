@@ -13,7 +13,7 @@ from hpc.settings.schema import TrainConfig
 from hpc.training.build import batch_plan, lr_factor
 from hpc.training.metrics import MetricsLog
 from hpc.training.steps import DivergenceGuard, StepTimer, TrainState
-from hpc.training.summary import percentile
+from hpc.training.steptimes import percentile
 
 
 @pytest.mark.parametrize("kw, world, expected", [

@@ -1,0 +1,48 @@
+"""What /proc says of a process of this host: its state (running, sleeping, stopped...), its children, and
+the work it has done (CPU time, bytes moved to and from storage). One definition for the runner's hang
+watch (hpc/launch/rank/hang.py) and the training's account of a lost peer (hpc/training/distributed/
+group.py). Linux only; None or nothing where /proc does not say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, D, T, t, Z...), None when it is gone."""
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (which may hold spaces), state first; None if unread."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split() or None
+
+
+def family(pid: int) -> list[int]:
+    """The process and its children (a DataLoader's workers), from /proc's children lists of its threads."""
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                kids += [int(k) for k in (task / "children").read_text().split()]
+    return [pid, *kids]
+
+
+def progress(pid: int) -> tuple[int, int]:
+    """(CPU clock ticks, bytes read from or written to storage) so far by the process and its children."""
+    ticks = moved = 0
+    for member in family(pid):
+        fields = proc_stat(member)
+        if fields is not None and len(fields) > 12:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        with contextlib.suppress(OSError, ValueError):
+            io = dict(line.split(": ") for line in Path(f"/proc/{member}/io").read_text().splitlines())
+            moved += int(io.get("read_bytes", 0)) + int(io.get("write_bytes", 0))
+    return ticks, moved
