@@ -49,6 +49,7 @@ class Beats:
         self.fd: int | None = read_fd
         self.steps = 0
         self.last_s: float | None = None  # monotonic time of the last step seen
+        self.longest_gap_s = 0.0  # the longest time between steps seen so far
         self.ready = False
 
     def read(self) -> None:
@@ -65,8 +66,11 @@ class Beats:
                 return
             steps = data.count(STEP)
             if steps:
+                now = time.monotonic()
+                if self.last_s is not None:  # the run's own pace, read every poll (a gap to within a poll)
+                    self.longest_gap_s = max(self.longest_gap_s, now - self.last_s)
                 self.steps = self.steps + steps
-                self.last_s = time.monotonic()
+                self.last_s = now
             self.ready = self.ready or READY in data
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study 
     ranks/earlier/rank{R}.{started_ns}.exit.json   its exit record from an earlier start (a torchrun
                          restart of the worker group, a requeue), kept when the next one starts
     ranks/rank{R}.stack.txt   its Python stacks, dumped when the runner asked (a hung rank, a failed peer)
+    ranks/rank{R}.busy        touched by its runner while the rank makes no step but works (its peers are not hung)
     flight_recorder/rank{R}   NCCL's Flight Recorder dump, when asked or at torch's own timeout
     summary.json         the run's outcome and one record per rank, made of those (hpc/core/summary.py)
     config.yaml          the toolkit's training: the resolved config (written at the start; a resume
@@ -139,6 +140,11 @@ class RunPaths:
 
     def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
+
+    def rank_busy(self, rank: int) -> Path:
+        """Touched by a rank's runner while its task makes no step but works (hpc/launch/rank/hang.py): its
+        peers, waiting for it in a collective, are not hung."""
+        return self.root / RANKS / f"rank{rank}.busy"
 
     def rank_stack(self, rank: int) -> Path:
         """Every thread's Python stack, dumped on the runner's request (hpc/core/beat.py)."""

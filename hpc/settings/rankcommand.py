@@ -52,7 +52,8 @@ class RankCommand:
     requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
     profiler: dict[str, Any] | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
     stop_grace_s: int = 60
-    hang_timeout_s: int | None = None  # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py)
+    # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py); None: its learned bounds
+    hang_timeout_s: int | None = None
     point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
     config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
 

@@ -259,9 +259,10 @@ class CommandConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     cwd: str | None = None  # where it starts (default: where it is submitted from)
     # A rank that makes no optimizer step for this long (after its first), or whose process is stopped
-    # this long, is named and ends the job (hpc/launch/rank/hang.py): longer than any pause between the
-    # script's steps (an evaluation pass, a checkpoint), like torch's own collective timeout.
-    hang_timeout_s: int = 600
+    # this long, is named and ends the job (hpc/launch/rank/hang.py), busy or not. None (the default): the
+    # run's own bounds: stopped a minute is frozen; silent 10x its longest step gap (60-90 s) and idle (no
+    # CPU, no disk) is hung, while a rank busy in an evaluation or a checkpoint never is.
+    hang_timeout_s: int | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "hang_timeout_s")

@@ -60,6 +60,7 @@ from hpc.training.distributed.rendezvous import Heartbeat, join
 from hpc.training.graph.cudagraph import nccl_version
 from hpc.training.graph.graphcheck import GraphRun
 from hpc.training.graph.graphmode import decide_graph_mode
+from hpc.training.hook.scriptwatch import beat_watch
 from hpc.training.inject import Injector, raise_at_step
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
@@ -127,6 +128,7 @@ class Trainer:
         )
         self.summary.facts["nccl_network"] = network  # the fabric NCCL chose across nodes (None: not asked)
         self.timer = StepTimer(self.use_cuda)
+        self.beat = beat_watch(os.environ)  # the runner's liveness watch, as a script's (hpc/launch/rank/hang.py)
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None
         self.stopped = False  # a stop signal reached every rank: checkpoint and leave the loop
@@ -308,6 +310,8 @@ class Trainer:
         if self.profiling is not None:
             self.profiling.step(replayed=graphed)
         self.timer.stop(profiled)
+        if self.beat is not None:
+            self.beat.step(self.paths, self.dist.rank)
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
         bad_step = self.guard.bad_step(at_log, group_size)
         write_failed = self.metrics is not None and self.metrics.failed is not None

@@ -1,22 +1,29 @@
 """A rank that stopped making progress, named by its runner (hpc/launch/rank/runner.py), for any task the
-start-up hook watches (a user's script; hpc/core/beat.py): torch-free, from outside the task, so it
+start-up hook or the training beats for (hpc/core/beat.py): torch-free, from outside the task, so it
 works when the task cannot (stopped, or stuck in a collective holding the GIL's owner in C).
 
-- frozen: the task's process is stopped (state T in /proc: SIGSTOP, a node's job freezer) for
-  `timeout_s` + FROZEN_EXTRA_S; no stack can be had from it (a stopped process runs no handler). The
-  extra lets its peers, silent since the same step, dump their stacks first: they dump at `timeout_s`
-  of silence, while they still wait for it (once it is killed, their collectives fail at once).
-- hung: the task made steps, then none for `timeout_s` + SILENT_EXTRA_S (the extra lets a frozen peer,
-  whose silence began at the same step, be named first), and no peer failed meanwhile; its stack is
-  dumped first (faulthandler, on DUMP_SIGNAL), and the line says where its main thread was. A rank
-  whose main thread waits inside torch.distributed or autograd's engine (DDP's gradient sync) waits for
-  a peer: it is named only WAITER_EXTRA_S later, so that the peer it waits for, stuck elsewhere, is
-  named first; when every rank waits (a deadlock in collectives), each is named.
+By default (command.hang_timeout_s unset) the bounds are the run's own:
+- frozen: the task's process is stopped (state T in /proc: SIGSTOP, a node's job freezer) for FROZEN_S
+  (70 s: a stopped process makes no progress whatever it was doing, so nothing needs learning; its
+  idle peers' stacks are dumped first); no stack can be had from it (a stopped process runs no handler).
+- hung: after its first steps, no step for the learned bound (LEARNED_FACTOR times the longest time
+  between its steps so far, within LEARNED_MIN_S..LEARNED_MAX_S) and, over the last PROGRESS_WINDOW_S,
+  no progress: its process and its children (DataLoader workers) used under BUSY_CPU_SHARE of a core
+  and moved under BUSY_BYTES to or from storage. A rank busy in a long evaluation or checkpoint (minutes
+  without an optimizer step, its CPU or its disk busy) is never called hung; its runner touches
+  RUN/ranks/rank{R}.busy meanwhile, so that its peers, waiting for it in a collective, are not either.
+  Its stack is dumped first (faulthandler, on DUMP_SIGNAL), and the line says where its main thread was.
+  A rank whose main thread waits inside torch.distributed or autograd's engine (DDP's gradient sync)
+  waits for a peer: it is named only WAITER_EXTRA_S later, so that the peer it waits for, stuck
+  elsewhere, is named first; when every rank waits (a deadlock in collectives), each is named.
+  Every bound together stays under 2 minutes. A rank spinning on the GPU's result (a CUDA sync in a
+  collective that never ends) looks busy: NCCL's own timeout ends it.
+
+With command.hang_timeout_s set, the user's bound wins: frozen after it (+ FROZEN_EXTRA_S), hung after it
+of silence (+ SILENT_EXTRA_S), busy or not. The extras let a frozen peer, silent since the same step, be
+named first: its peers dump their stacks at the bound, while they still wait for it.
 
 Where the task runs NCCL, its Flight Recorder is asked for a dump with the stack (hpc/launch/rank/flightrec.py).
-
-`timeout_s` is command.hang_timeout_s: longer than any pause between the script's optimizer steps
-(an evaluation pass, a checkpoint), as torch's own collective timeout must be.
 """
 
 from __future__ import annotations
@@ -29,23 +36,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc.core.beat import DUMP_SIGNAL, Beats
+from hpc.core.proc import process_state, progress
 from hpc.launch.rank.flightrec import ask_for_dump
 
 FROZEN_EXTRA_S = 2.0
 SILENT_EXTRA_S = 5.0
 WAITER_EXTRA_S = 10.0
+LEARNED_FACTOR = 10.0  # learned bounds (the module doc): silent this many times its longest step gap...
+LEARNED_MIN_S = 60.0  # ...but never under a minute...
+LEARNED_MAX_S = 90.0  # ...nor over a minute and a half: with the extras, named within 2 minutes
+PROGRESS_WINDOW_S = 10.0  # progress is judged over this much of the latest silence
+BUSY_CPU_SHARE = 0.05  # of one core, over the window: a blocked process uses next to none
+BUSY_BYTES = 1 << 20  # to or from storage over the window (a checkpoint; its own stack dump is a few KB)
+# Stopped this long is frozen: once its peers, silent since the same step and idle, have had their stacks
+# dumped (the learned floor and half a window), so that the line says where they waited for it.
+FROZEN_S = LEARNED_MIN_S + PROGRESS_WINDOW_S / 2 + 5.0
 _WAITING_IN = ("/torch/distributed/", "/torch/autograd/")  # a collective, or backward waiting on DDP's
 DUMP_WAIT_S = 3.0  # for faulthandler's file to fill (it writes at once, from its signal handler)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-
-
-def process_state(pid: int) -> str | None:
-    """The process's state letter from /proc (R, S, D, T, t, Z...), None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :][:1] or None  # after the command name, which may hold spaces
 
 
 def main_frames(stack_text: str) -> list[re.Match[str]]:
@@ -76,16 +84,20 @@ def waits_for_a_peer(frames: list[re.Match[str]]) -> bool:
 
 
 class HangWatch:
-    """One task's watch: `check()` at each of the runner's polls; a line once the task is frozen or hung."""
+    """One task's watch: `check()` at each of the runner's polls; a line once the task is frozen or hung.
+    `timeout_s` None: the learned bounds (the module doc); `busy` marks this rank busy for its peers,
+    `peer_busy` says whether a peer is."""
 
     def __init__(
         self,
         pid: int,
         beats: Beats,
-        timeout_s: float,
+        timeout_s: float | None,
         stack: Path,
         peer_failed: Callable[[], bool],
         recorder: tuple[Path, Path] | None = None,  # NCCL's Flight Recorder: its dump, and the pipe to ask
+        busy: Callable[[], None] = lambda: None,
+        peer_busy: Callable[[], bool] = lambda: False,
     ):
         self.pid = pid
         self.beats = beats
@@ -93,47 +105,86 @@ class HangWatch:
         self.stack = stack
         self.peer_failed = peer_failed
         self.recorder = recorder
+        self.busy = busy
+        self.peer_busy = peer_busy
         self.stopped_since: float | None = None
         self.waiting: tuple[float, str] | None = None  # since when it was seen waiting for a peer, where
         self.dumped: str | None = None  # the stacks dumped in this silence
+        self.samples: list[tuple[float, int, int]] = []  # (when, CPU ticks, bytes moved) in this silence
+
+    def bound_s(self) -> float:
+        """How long a silence may last: the user's bound, else the learned one."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return min(max(LEARNED_FACTOR * self.beats.longest_gap_s, LEARNED_MIN_S), LEARNED_MAX_S)
+
+    def words(self, bound: float) -> str:
+        """Where the bound came from, for the line."""
+        if self.timeout_s is not None:
+            return f"{bound:g} s (command.hang_timeout_s)"
+        return f"{bound:g} s (learned: {LEARNED_FACTOR:g}x its longest step gap, {LEARNED_MIN_S:g}-{LEARNED_MAX_S:g} s)"
 
     def check(self, now: float | None = None) -> str | None:
         now = time.monotonic() if now is None else now
         self.beats.read()
         if process_state(self.pid) == "T":
             self.stopped_since = self.stopped_since or now
-            if now - self.stopped_since >= self.timeout_s + FROZEN_EXTRA_S:
+            frozen = FROZEN_S if self.timeout_s is None else self.timeout_s + FROZEN_EXTRA_S
+            if now - self.stopped_since >= frozen:
+                setting = "" if self.timeout_s is None else " (command.hang_timeout_s)"
                 return (
                     f"frozen: its process (pid {self.pid}) was stopped (SIGSTOP, or a debugger) for "
-                    f"{self.timeout_s:g} s (command.hang_timeout_s), after step {self.beats.steps}; a "
-                    "stopped process gives no stack"
+                    f"{frozen:g} s{setting}, after step {self.beats.steps}; a stopped process gives no stack"
                 )
             return None
         self.stopped_since = None
         last = self.beats.last_s
-        if last is None or now - last < self.timeout_s:
+        bound = self.bound_s()
+        if last is None or now - last < bound:
+            self.waiting = self.dumped = None
+            self.samples = []
+            return None
+        working = self.working(now) if self.timeout_s is None else False
+        if working is None:  # not yet a window of this silence seen: not judged
+            return None
+        if working:
+            self.busy()  # its peers, waiting for it, are not hung either
             self.waiting = self.dumped = None
             return None
         if self.dumped is None:
             self.dumped = self.dump()
-        if now - last < self.timeout_s + SILENT_EXTRA_S or self.peer_failed():
+        if now - last < bound + SILENT_EXTRA_S or self.peer_failed():
             return None
         if self.waiting is None:
             frames = main_frames(self.dumped)
             at = where(frames)
             if not waits_for_a_peer(frames):
-                return self.hung(f", in {at}" if at else "")
+                return self.hung(f", in {at}" if at else "", bound)
             self.waiting = (now, at or "?")
         since, at = self.waiting
-        return self.hung(f", waiting for a peer in {at}") if now - since >= WAITER_EXTRA_S else None
+        if self.timeout_s is None and self.peer_busy():
+            self.waiting = (now, at)  # it waits for a peer that works: not hung while that lasts
+            return None
+        return self.hung(f", waiting for a peer in {at}", bound) if now - since >= WAITER_EXTRA_S else None
 
-    def hung(self, at: str) -> str:
+    def working(self, now: float) -> bool | None:
+        """Whether the task made progress over the last PROGRESS_WINDOW_S of this silence (CPU, or storage
+        I/O, by it or its children); None until half a window of it has been seen."""
+        ticks, moved = progress(self.pid)
+        self.samples = [s for s in self.samples if now - s[0] <= PROGRESS_WINDOW_S] + [(now, ticks, moved)]
+        then, ticks_then, moved_then = self.samples[0]
+        if now - then < PROGRESS_WINDOW_S / 2:
+            return None
+        used = (ticks - ticks_then) / os.sysconf("SC_CLK_TCK")
+        return used >= BUSY_CPU_SHARE * (now - then) or moved - moved_then >= BUSY_BYTES
+
+    def hung(self, at: str, bound: float) -> str:
         recorded = self.recorder is not None and self.recorder[0].exists()
         collectives = f"; NCCL's Flight Recorder: {self.recorder[0]}" if self.recorder and recorded else ""
+        idle = "" if self.timeout_s is not None else ", idle (no CPU, no disk)"
         return (
-            f"hung: its process (pid {self.pid}) made no step for {self.timeout_s:g} s "
-            f"(command.hang_timeout_s) after step {self.beats.steps}{at}; "
-            f"every thread's stack: {self.stack}{collectives}"
+            f"hung: its process (pid {self.pid}) made no step for {self.words(bound)}{idle} "
+            f"after step {self.beats.steps}{at}; every thread's stack: {self.stack}{collectives}"
         )
 
     def dump(self) -> str:

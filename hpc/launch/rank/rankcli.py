@@ -30,7 +30,7 @@ from hpc.settings.rankcommand import RankCommand, check_command, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 
 
-def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int]:
+def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int | None]:
     """What a command runs under: the profiler section (--config's, then --set profiler.KEY=VALUE; enabled
     false with --no-profile: the start-up hook still counts, watches and records an OOM) and
     command.hang_timeout_s. Only those apply to a command: any other section set is an error naming it."""

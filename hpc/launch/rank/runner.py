@@ -195,18 +195,17 @@ class RankRun:
             Pump(proc.stderr, self.paths.rank_stream(self.dist.rank, "err"), 2),
         ]
         self.write(pid=proc.pid)
-        if self.task.hang_timeout_s is not None:
-            rank = self.dist.rank
-            self.hang = HangWatch(
-                proc.pid,
-                Beats(beat_read),
-                self.task.hang_timeout_s,
-                self.paths.rank_stack(rank),
-                self.peer_failed,
-                self.paths.flight_recorder(rank),
-            )
-        else:
-            os.close(beat_read)
+        rank = self.dist.rank
+        self.hang = HangWatch(  # every task, the training and a user's command: one liveness watch
+            proc.pid,
+            Beats(beat_read),
+            self.task.hang_timeout_s,
+            self.paths.rank_stack(rank),
+            self.peer_failed,
+            self.paths.flight_recorder(rank),
+            busy=lambda: touch_mark(self.paths.rank_busy(rank)),
+            peer_busy=lambda: busy_peers(self.paths, rank),
+        )
         return proc
 
     def popen(self, words: list[str], env: dict[str, str], kept: tuple[int, ...]) -> subprocess.Popen[bytes]:
@@ -281,6 +280,8 @@ class RankRun:
         with contextlib.suppress(OSError):
             if stack.stat().st_size == 0:
                 stack.unlink()
+        with contextlib.suppress(OSError):
+            self.paths.rank_busy(self.dist.rank).unlink()
         with contextlib.suppress(OSError):  # torch's, where a killed task left it
             self.paths.flight_recorder(self.dist.rank)[1].unlink()
 
@@ -365,6 +366,30 @@ class RankRun:
             write_atomic(self.paths.rank_exit(self.dist.rank), json.dumps(self.record, indent=1))
         except OSError as e:
             log.warning(f"hpc: rank {self.dist.rank}: {self.paths.rank_exit(self.dist.rank)} not written ({e})")
+
+
+BUSY_FRESH_S = 3.0  # a peer's busy mark touched this recently: it still works (its runner polls every POLL_S)
+
+
+def touch_mark(path: Path) -> None:
+    """The rank's busy mark, made or touched (its runner's, the owner's file; a failed touch is no error)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+
+def busy_peers(paths: RunPaths, me: int) -> bool:
+    """Whether another rank's runner said, within BUSY_FRESH_S, that its task works without stepping."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for mark in paths.ranks.glob("rank*.busy"):
+            with contextlib.suppress(OSError):
+                if mark != paths.rank_busy(me) and now - mark.stat().st_mtime < BUSY_FRESH_S:
+                    return True
+    return False
 
 
 def die_with(parent: int) -> Callable[[], None]:

@@ -15,8 +15,8 @@ import torch
 from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import run_outcome
-from hpc.launch.rank.flightrec import ask_for_dump
 from hpc.core.proc import process_state
+from hpc.launch.rank.flightrec import ask_for_dump
 from hpc.launch.rank.hang import HangWatch, main_frames, waits_for_a_peer, where
 from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
@@ -271,3 +271,80 @@ def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_
     import probed_module_52  # noqa: F401,F811  (imported again: the hook has gone)
 
     assert seen == [7]
+
+
+def _child(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_by_default_the_bound_is_learned_and_a_working_rank_is_never_hung(tmp_path):
+    """No hang_timeout_s: silent past 10x its longest step gap (at least 60 s), a rank is named only when
+    idle. Two real processes are watched: one computing (a busy loop, as an evaluation pass), one asleep
+    (as a lost wake-up); the oracle is what each does, read by the kernel's own counters."""
+    from hpc.launch.rank.hang import LEARNED_MIN_S, SILENT_EXTRA_S
+
+    busy, idle = _child("while True: pass"), _child("import time; time.sleep(600)")
+    pipes = [beat_pipe() for _ in range(2)]
+    marked = []
+    watches = [HangWatch(p.pid, Beats(r), None, tmp_path / f"stack{i}.txt", lambda: False,
+                         busy=lambda i=i: marked.append(i))
+               for i, (p, (r, _, _)) in enumerate(zip((busy, idle), pipes, strict=True))]
+    try:
+        for (_, w, _), watch in zip(pipes, watches, strict=True):
+            for _ in range(3):  # three steps, 0.2 s apart: a longest gap far under the floor
+                os.write(w, STEP)
+                watch.check()
+                time.sleep(0.2)
+        assert all(watch.bound_s() == LEARNED_MIN_S for watch in watches)
+        start = max(watch.beats.last_s for watch in watches)
+        for k in range(100):  # polls over 20 s of the silence past the bound, in 4 s of real time
+            now = start + LEARNED_MIN_S + SILENT_EXTRA_S + 1 + 0.2 * k
+            said = [watch.check(now=now) for watch in watches]
+            time.sleep(0.04)
+        assert said[0] is None and 0 in marked  # computing: not hung, and its peers are told it works
+        assert said[1] is not None and said[1].startswith(f"hung: its process (pid {idle.pid}) made no step for 60 s"
+                                                           " (learned"), said
+        assert "idle (no CPU, no disk)" in said[1] and 1 not in marked
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+        for r, w, _ in pipes:
+            os.close(w)
+
+
+def test_by_default_a_stopped_rank_is_frozen_after_a_minute_and_a_waiter_behind_a_busy_peer_is_not_hung(tmp_path):
+    from hpc.launch.rank.hang import FROZEN_S
+
+    child = _child("import time; time.sleep(600)")
+    read_fd, write_fd, _ = beat_pipe()
+    watch = HangWatch(child.pid, Beats(read_fd), None, tmp_path / "stack.txt", lambda: False)
+    try:
+        os.write(write_fd, STEP)
+        watch.check()
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while process_state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        assert watch.check(now=t0) is None and watch.check(now=t0 + FROZEN_S - 1) is None
+        line = watch.check(now=t0 + FROZEN_S)
+        assert line is not None and line.startswith(f"frozen: its process (pid {child.pid}) was stopped") and \
+            f"for {FROZEN_S:g} s, after step 1" in line and FROZEN_S + 5 <= 120
+    finally:
+        child.kill()
+        child.wait()
+        os.close(write_fd)
+    # a rank waiting for a peer in a collective (its stack says so) is not hung while a peer is busy
+    peer = {"busy": True}
+    waiter = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, tmp_path / "s.txt", lambda: False,
+                       peer_busy=lambda: peer["busy"])
+    waiter.dumped = 'Thread 0x1 (most recent call first):\n  File "/x/torch/distributed/c10d.py", line 1 in wait\n' \
+                    '  File "/me/train.py", line 9 in <module>\n'
+    waiter.working = lambda now: False  # type: ignore[method-assign]  # idle, as a rank blocked in gloo's is
+    waiter.beats.last_s = 0.0
+    assert waiter.check(now=100.0) is None and waiter.check(now=200.0) is None  # the peer works
+    peer["busy"] = False
+    assert waiter.check(now=205.0) is None  # the waiter's extra starts now
+    said = waiter.check(now=216.0)
+    assert said is not None and "waiting for a peer in wait (c10d.py:1)" in said
