@@ -74,6 +74,14 @@ SCRIPT_REMEDIES = {
     "the GPU when it fits",
     MEMORY: "pin_memory=True and .to(device, non_blocking=True), or the whole set on the GPU when it fits",
 }
+# A run with no device timeline (CPU ranks): its steps wait on the CPU, and no GPU remedy applies.
+CPU_REMEDIES = {
+    DATA: "more data.num_workers (each worker a core of its own; on a CPU run they share the ranks' cores)",
+}
+CPU_SCRIPT_REMEDIES = {
+    DATA: "more DataLoader num_workers with persistent_workers=True (each worker a core of its own; on a CPU "
+    "run they share the ranks' cores)",
+}
 # A run whose step is already one CUDA graph waits on the host between replays, not inside them.
 GRAPHED_HOST_REMEDY = (
     "the step is already a CUDA graph: the wait is between replays (the batch's copy, the loop's Python); "
@@ -110,7 +118,9 @@ class Evidence:
     achieved_tflops: float | None = None  # where the model's FLOPs are known
     peak_tflops: float | None = None
     graphed: bool = False  # the run's step is a replayed CUDA graph (train.cuda_graph)
-    script: bool = False  # your own script's run: remedies in its terms, not the toolkit's settings
+    # whose run: a script's (remedies in its terms), the toolkit's training (its keys), or None: traces alone,
+    # whoever's (both)
+    script: bool | None = None
 
     @property
     def host_gap_share(self) -> float | None:
@@ -190,15 +200,23 @@ def judge(e: Evidence) -> Verdict:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
-    remedy = (
-        GRAPHED_HOST_REMEDY
-        if bound == HOST_LAUNCH and e.graphed
-        else (SCRIPT_REMEDIES if e.script else REMEDIES).get(bound)
-    )
+    remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else remedy_for(bound, e)
     said = describe(bound, e, measured) + (
         f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
     )
     return Verdict(bound, secondary, measured, said, remedy)
+
+
+def remedy_for(bound: str, e: Evidence) -> str | None:
+    """The remedy the run's owner can apply: the toolkit's keys for its training, a script's own levers
+    for a script, both for traces whose owner is unknown; a CPU run's (no device timeline) without the
+    GPU's."""
+    cpu = e.span_us is None
+    toolkit = (CPU_REMEDIES if cpu else REMEDIES).get(bound)
+    script = (CPU_SCRIPT_REMEDIES if cpu else SCRIPT_REMEDIES).get(bound)
+    if e.script is None and toolkit and script:
+        return f"{toolkit} (the toolkit's training); in a script of your own, {script}"
+    return script if e.script else toolkit
 
 
 def _pct(value: float | None) -> str:
@@ -220,7 +238,8 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
     if bound == COMMUNICATION:
         return f"collectives not hidden by compute took {_pct(measured[COMMUNICATION])} of the span{bandwidth(e)}"
     if bound == DATA:
-        return f"the DataLoader took {_pct(measured[DATA])} of the profiled steps, the GPU waiting for batches"
+        waits = "the GPU waiting for batches" if e.span_us is not None else "each step waiting for its batch"
+        return f"the DataLoader took {_pct(measured[DATA])} of the profiled steps, {waits}"
     if bound == MEMORY:
         return f"memory copies and sets no kernel covered took {_pct(measured[MEMORY])} of the span"
     if bound == IMBALANCE and e.slow_rank is not None and e.slow_rank.get("wait_share") == measured[IMBALANCE]:
@@ -354,7 +373,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
         peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
         # the run's summary says so, or its traces do (kernels replayed from a graph)
         graphed=bool(model.get("graphed")) or any(r.graph_kernel_calls for r in records),
-        script=bool(model.get("script")),
+        script=model.get("script"),
     )
 
 

@@ -336,7 +336,7 @@ def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
         "device_name": device,
         "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
         "graphed": step_mode(summary) == "graph",
-        "script": (summary or {}).get("kind") == "command",
+        "script": {"train": False, "command": True}.get(str((summary or {}).get("kind"))),  # None: no summary
     }
 
 

@@ -18,7 +18,9 @@ SPAN = 100_000.0  # µs
 
 
 def gpu(compute=0.0, comm=0.0, memory=0.0, host=0.0, kernel=0.0, other=0.0, **more) -> v.Evidence:
-    """Evidence for one device span: shares of SPAN busy, the rest idle, its gaps split host/kernel/other."""
+    """Evidence for one device span: shares of SPAN busy, the rest idle, its gaps split host/kernel/other;
+    the toolkit's own training's unless `script` says otherwise."""
+    more = {"script": False, **more}
     idle = SPAN * (1 - compute - comm - memory)
     gaps = host + kernel + other or 1.0
     return v.Evidence(span_us=SPAN, computation_us=SPAN * compute, communication_us=SPAN * comm,
@@ -118,6 +120,17 @@ def test_compute_is_never_the_secondary_and_a_secondary_needs_its_share():
 def test_a_cpu_run_has_no_device_verdict():
     got = v.judge(v.Evidence(dataloader_us=5.0, step_us=100.0))
     assert got.bound == v.UNKNOWN and "a CPU run" in got.evidence and "5.0% of the steps" in got.evidence
+
+
+@pytest.mark.parametrize("script", [True, False, None])
+def test_a_cpu_run_bound_by_its_dataloader_speaks_of_the_cpu_and_its_owners_levers(script):
+    """No device timeline: no GPU in the words nor in the remedy; a script gets its own DataLoader's levers,
+    the toolkit's training its data.num_workers, traces of an unknown owner both."""
+    got = v.judge(v.Evidence(dataloader_us=40.0, step_us=100.0, script=script))
+    assert got.bound == v.DATA and "GPU" not in got.evidence + got.remedy and "waiting for its batch" in got.evidence
+    assert ("DataLoader num_workers" in got.remedy) is (script is not False)
+    assert ("data.num_workers" in got.remedy) is (script is not True)
+    assert "data.loader" not in got.remedy
 
 
 ALONE = {  # evidence where one class has the share s and every other class stays under its threshold
