@@ -46,7 +46,7 @@ def job_start_unix(job: str) -> float:
 
 
 def figures(ranks: list[dict[str, Any]], started: float) -> dict[str, float]:
-    """The start-up of one job from its ranks' records (hpc/training/summary.py's startup_record)."""
+    """The start-up of one job from its ranks' records (hpc/training/steptimes.py's startup_record)."""
     s = [r["startup"] for r in ranks]
     arrived = [x["group_join_start_unix"] for x in s]
     formed = max(x["group_join_start_unix"] + x["group_join_s"] for x in s)

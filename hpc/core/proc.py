@@ -7,6 +7,7 @@ group.py). Linux only; None or nothing where /proc does not say.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 
@@ -46,3 +47,17 @@ def progress(pid: int) -> tuple[int, int]:
             io = dict(line.split(": ") for line in Path(f"/proc/{member}/io").read_text().splitlines())
             moved += int(io.get("read_bytes", 0)) + int(io.get("write_bytes", 0))
     return ticks, moved
+
+
+def process_started_unix(pid: int | None = None) -> float | None:
+    """When the process started, in Unix seconds (Linux: its start in clock ticks after boot, field 22 of
+    /proc/PID/stat, plus the boot time from /proc/stat); None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after the command name, which may hold spaces
+        boot = next(
+            int(w[1]) for w in map(str.split, Path("/proc/stat").read_text().splitlines()) if w[:1] == ["btime"]
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

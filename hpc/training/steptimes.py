@@ -10,9 +10,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hpc.core.proc import process_started_unix
+
 # The last steps whose own work each rank keeps one by one (summary.json's own_step_series): enough to see
 # one rank slower in most of them (analysis/runs/ranks.py), few enough for a thousand ranks' summary.
 SERIES_STEPS = 128
+# The measurement keys of every rank's record in summary.json, the toolkit's training's and a script's
+# alike (hpc/training/summary.py adds what only the training knows: images a second).
+RANK_MEASURES = (
+    "step_time_s",
+    "own_step_time_s",
+    "own_step_series",
+    "startup",
+    "step_time_after_profiler_s",
+    "wall_time_s",
+    "cuda_max_memory_allocated_bytes",
+    "cuda_max_memory_reserved_bytes",
+    "peak_rss_bytes",
+)
 
 
 def queued_s() -> float | None:
@@ -78,3 +93,17 @@ def own_work_series(
     if queued is not None and len(queued) == len(own):
         series["queued_ms"] = kept(queued)
     return series
+
+
+def startup_record(join_began: float | None, join_ended: float | None, first_step_unix: float | None) -> dict[str, Any]:
+    """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
+    began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
+    start (Slurm's StartTime) they give its time to the first step (docs/scale.md)."""
+    started = process_started_unix()
+    return {
+        "process_start_unix": started,
+        "group_join_start_unix": join_began,
+        "group_join_s": join_ended - join_began if join_ended is not None and join_began is not None else None,
+        "first_step_end_unix": first_step_unix,
+        "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
+    }

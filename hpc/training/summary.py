@@ -24,35 +24,7 @@ from hpc.settings.schema import RunConfig
 from hpc.training.build import StepPlan, placement
 from hpc.training.profiling import Profiling
 from hpc.training.steps import StepTimer
-from hpc.training.steptimes import own_work_basis, own_work_series, step_time_stats
-
-
-def process_started_unix(pid: int | None = None) -> float | None:
-    """When the process started, in Unix seconds (Linux: its start in clock ticks after boot, field 22 of
-    /proc/PID/stat, plus the boot time from /proc/stat); None where /proc does not say."""
-    try:
-        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after the command name, which may hold spaces
-        boot = next(
-            int(w[1]) for w in map(str.split, Path("/proc/stat").read_text().splitlines()) if w[:1] == ["btime"]
-        )
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def startup_record(join_began: float, join_ended: float, first_step_unix: float | None) -> dict[str, Any]:
-    """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
-    began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
-    start (Slurm's StartTime) they give its time to the first step (docs/scale.md)."""
-    started = process_started_unix()
-    return {
-        "process_start_unix": started,
-        "group_join_start_unix": join_began,
-        "group_join_s": join_ended - join_began,
-        "first_step_end_unix": first_step_unix,
-        "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
-    }
+from hpc.training.steptimes import RANK_MEASURES, own_work_basis, own_work_series, step_time_stats
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -199,19 +171,10 @@ class RunSummary:
 
 # What a rank measures while it trains; a rerun that only writes a finished run's missing summary saw
 # none of it, so it records none of it (null) rather than its own few seconds.
-MEASURED = (
-    "step_time_s",
-    "own_step_time_s",
-    "own_step_series",
-    "startup",
-    "step_time_after_profiler_s",
-    "images_per_s",
-    "global_images_per_s",
-    "wall_time_s",
-    "cuda_max_memory_allocated_bytes",
-    "cuda_max_memory_reserved_bytes",
-    "peak_rss_bytes",
-)
+# What a rank measures while it trains (the training's and a script's alike: RANK_MEASURES), and what only
+# the training can (its batch); a rerun that only writes a finished run's missing summary saw none of it,
+# so it records none of it (null) rather than its own few seconds.
+MEASURED = (*RANK_MEASURES, "images_per_s", "global_images_per_s")
 
 
 def recovered_record(record: dict[str, Any]) -> dict[str, Any]:

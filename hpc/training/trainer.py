@@ -67,7 +67,8 @@ from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
 from hpc.training.steps import DivergenceGuard, StepTimer, TrainState, evaluate
-from hpc.training.summary import RunSummary, closing_lines, recovered_record, startup_record, weights_digest
+from hpc.training.steptimes import startup_record
+from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
 
 log = logging.getLogger(__name__)
 

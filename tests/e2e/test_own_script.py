@@ -59,6 +59,9 @@ def test_a_torchrun_style_script_runs_here_profiled_without_a_change(tmp_path):
     # 512 samples, 2 ranks, batch 32, 2 epochs: 8 optimizer steps an epoch on each rank (the script's arithmetic)
     assert [(r["rank"], r["steps"], r["launcher"]) for r in summary["ranks"]] == [(0, 16, "submitit-local"),
                                                                                   (1, 16, "submitit-local")]
+    for rank in summary["ranks"]:  # the measurements the toolkit's training records, a script's rank too
+        assert rank["startup"]["to_first_step_s"] > 0 and rank["step_time_after_profiler_s"]["n"] > 0, rank
+        assert rank["wall_time_s"] > 0 and len(rank["own_step_series"]["ms"]) == 16
     # DDP all-reduces the gradients in every backward: a collective between any two optimizer steps
     assert [r["collectives_in_steps"] for r in summary["ranks"]] == [{"intervals": 15, "with_collectives": 15}] * 2
     assert "separate copy" not in r.stdout + r.stderr

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
 from hpc.training.hook.firstgrad import FirstGrad
-from hpc.training.steptimes import own_work_basis, own_work_series, queued_s, step_time_stats
+from hpc.training.steptimes import own_work_basis, own_work_series, queued_s, startup_record, step_time_stats
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -143,6 +143,7 @@ class StepHook:
         self.oom: dict[str, Any] | None = None  # hpc/training/hook/scriptoom.py's record
         # own work (the step's start to its first gradient: no other rank can hold that part up), per step
         self.own: list[float | None] = []
+        self.first_step_unix: float | None = None  # when the first counted step ended (start-up's end)
         self.own_queued: list[float | None] = []  # the main thread's wait for a core in the same span
         self.last_queued: float | None = None
         self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
@@ -172,6 +173,8 @@ class StepHook:
         queued_now = queued_s()
         if self.last is not None:
             self.times.append(now - self.last)
+        else:
+            self.first_step_unix = time.time()
         queued_then = self.first_grad.queued_at
         first_grad = self.first_grad.take()
         self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
@@ -291,10 +294,11 @@ class StepHook:
         import torch
 
         timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
-        peak = None
-        if self.cuda:
-            run_peak = self.profiling.run_peak_bytes["allocated"] if self.profiling is not None else 0
-            peak = max(int(torch.cuda.max_memory_allocated()), run_peak)
+        peak = reserved = None
+        if self.cuda:  # the profiler resets the allocator's peaks as each window opens: the run's maximum
+            run_peak = self.profiling.run_peak_bytes if self.profiling is not None else {}
+            peak = max(int(torch.cuda.max_memory_allocated()), run_peak.get("allocated", 0))
+            reserved = max(int(torch.cuda.max_memory_reserved()), run_peak.get("reserved", 0))
         profiling = self.profiling
         facts = {
             "rank": self.rank,
@@ -309,9 +313,15 @@ class StepHook:
             "process_group": self.grouped,
             "collectives_in_steps": self.traffic.record(),
             "step_time_s": step_time_stats(timed),
+            "startup": startup_record(None, None, self.first_step_unix),
+            # the steps after the profiler's last window: unprofiled speed, as the training records it
+            "step_time_after_profiler_s": self.after_profiler(),
             "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
             "own_step_series": own_work_series(self.own, self.profiled_steps, self.own_queued),
             "cuda_max_memory_allocated_bytes": peak,
+            "cuda_max_memory_reserved_bytes": reserved,
+            # from the first counted step's end to now: the steps' wall time, as the training's loop
+            "wall_time_s": time.time() - self.first_step_unix if self.first_step_unix is not None else None,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "profiler": {
                 "cycles": profiling.cycles if profiling is not None else [],
@@ -324,6 +334,12 @@ class StepHook:
             facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
             facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         return {**facts, "oom": self.oom} if self.oom is not None else facts
+
+    def after_profiler(self) -> dict[str, Any] | None:
+        """Step-time statistics of the steps after the profiler's last window (None before one ends)."""
+        cycles = self.profiling.cycles if self.profiling is not None else []
+        ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
+        return step_time_stats(self.times[max(ends) :]) if ends else None
 
     def write(self) -> None:
         try:

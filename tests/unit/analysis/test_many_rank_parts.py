@@ -116,7 +116,7 @@ def test_a_steps_own_work_ends_at_its_sync():
 
 
 def test_a_process_start_time_from_proc_is_when_it_was_started():
-    from hpc.training.summary import process_started_unix
+    from hpc.core.proc import process_started_unix
 
     before = time.time()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])

@@ -348,3 +348,23 @@ def test_by_default_a_stopped_rank_is_frozen_after_a_minute_and_a_waiter_behind_
     assert waiter.check(now=205.0) is None  # the waiter's extra starts now
     said = waiter.check(now=216.0)
     assert said is not None and "waiting for a peer in wait (c10d.py:1)" in said
+
+
+def test_a_scripts_rank_record_carries_every_measurement_the_trainings_does(tmp_path):
+    """One set of instruments: the step hook's facts hold each key of RANK_MEASURES, the list the toolkit's
+    training's records are nulled by when recovered (hpc/training/summary.py's MEASURED holds it whole)."""
+    from hpc.training.hook.autoprofile import StepHook
+    from hpc.training.steptimes import RANK_MEASURES
+    from hpc.training.summary import MEASURED
+
+    hook = StepHook(None, tmp_path)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+        hook(optimizer, (), {})
+    facts = hook.facts()
+    assert set(RANK_MEASURES) <= set(facts) and set(RANK_MEASURES) <= set(MEASURED)
+    assert facts["startup"]["first_step_end_unix"] is not None and facts["wall_time_s"] > 0
+    assert facts["own_step_series"]["first_step"] == 0 and len(facts["own_step_series"]["ms"]) == 4
