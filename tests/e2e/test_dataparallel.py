@@ -60,7 +60,9 @@ def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_al
     assert [(x["rank"], x["process_group"], x["steps"]) for x in summary["ranks"]] == [(0, False, 16), (1, False, 16)]
     analysed = subprocess.run([PY, "-m", "analysis", str(run)], capture_output=True, text=True, env=ENV, timeout=120)
     assert analysed.returncode == 0, analysed.stderr
-    assert "Verdict:" in analysed.stdout and "imbalance" not in analysed.stdout.split("Verdict:")[1], analysed.stdout
+    verdicts = analysed.stdout.split("Verdict:")[1].split("\n\n")[0]
+    assert ": imbalance" not in verdicts and "then imbalance" not in verdicts, analysed.stdout  # no class named
+    assert "2 ranks each trained a separate copy: no torch.distributed process group" in verdicts, verdicts
     own = [x["own_step_time_s"]["median"] for x in sorted(summary["ranks"], key=lambda x: x["rank"])]
     assert own[1] > 3 * own[0], own  # the run really is uneven: ranks judged as one would be imbalanced
 

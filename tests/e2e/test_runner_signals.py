@@ -144,3 +144,31 @@ def test_a_closed_terminal_stops_a_local_run_and_nothing_is_left(tmp_path):
     assert [(r["kind"], r["exit_code"]) for r in summary["ranks"]] == [("stopped", 0)] * 2
     assert stderr.count("hpc: stopped (SIGHUP): the command was told to stop (SIGTERM)") == 1, stderr
     assert not any(alive(pid) for s in said for pid in script_pids(s))
+
+
+# The runner's door run as `python -m hpc.rank` does, with SIGUSR2 sent to itself the moment its launcher
+# module starts to import: a signal during the runner's imports, on time every time.
+SIGNAL_IN_IMPORT = """import importlib.abc, os, runpy, signal, sys
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "hpc.launch.rank.rankcli":
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return None
+sys.meta_path.insert(0, Hook())
+sys.argv = ["hpc.rank", *sys.argv[1:]]
+runpy.run_module("hpc.rank", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_stop_signal_in_the_runners_start_up_is_a_clean_stop_not_its_death(tmp_path):
+    """A time limit's warning (SIGUSR2) that lands while the runner is still importing (seconds on a loaded
+    node): once its death (exit -12, no rank started; seen in CI as a Slurm job's exit 140); now caught from
+    its door's first line, the command is started and stopped and the run recorded. The oracle is the
+    process's own exit."""
+    run = tmp_path / "run"
+    proc = subprocess.run([PY, "-c", SIGNAL_IN_IMPORT, "--run-dir", str(run), "--no-profile", "--", PY, "-c",
+                           "import time; time.sleep(30)"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert proc.returncode != -signal.SIGUSR2, proc.stderr
+    assert f"hpc.rank: {run}: preempted" in proc.stdout, proc.stdout + proc.stderr
+    record = json.loads(RunPaths(run).rank_exit(0).read_text())
+    assert "after SIGUSR2" in record["message"] and record["ended_ns"], record
