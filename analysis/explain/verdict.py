@@ -195,16 +195,13 @@ def judge(e: Evidence) -> Verdict:
     measured = shares(e)
     named = sorted(eligible(e, measured).items(), key=lambda kv: -kv[1])
     found = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
+    unproven = f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
     if not found:
-        unproven = f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
         return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
     remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else remedy_for(bound, e)
-    said = describe(bound, e, measured) + (
-        f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
-    )
-    return Verdict(bound, secondary, measured, said, remedy)
+    return Verdict(bound, secondary, measured, describe(bound, e, measured) + unproven, remedy)
 
 
 def remedy_for(bound: str, e: Evidence) -> str | None:

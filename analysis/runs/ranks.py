@@ -77,10 +77,6 @@ def _own_median_s(rank: dict[str, Any]) -> float | None:
 TALKING_SHARE = 0.5
 
 
-def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
 def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
     """Why a run's ranks never waited for each other, in words, or None: two or more ranks, each said by its
     start-up hook to be in no process group at its first step (a DataParallel or single-process script
@@ -95,7 +91,7 @@ def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
     for r in ranks:
         c = r.get("collectives_in_steps")
         n, w = (c.get("intervals"), c.get("with_collectives")) if isinstance(c, dict) else (None, None)
-        if isinstance(n, int) and isinstance(w, int) and _count(n) and n > 0 and _count(w):
+        if type(n) is int and type(w) is int and n > 0 and w >= 0:  # counts, not bools or floats
             counts.append((n, w))
     if len(counts) < len(ranks):  # a rank that did not measure it (or said nonsense): not said
         return None
@@ -124,12 +120,19 @@ MOST_STEPS = 0.75
 SPREADS = 2.0
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+def _excesses(by_rank: dict[Any, dict[int, float]], candidate: Any) -> tuple[list[int], list[float]]:
+    """The steps every rank measured, and at each the candidate's value over the others' median."""
+    others = [r for r in by_rank if r != candidate]
+    common = sorted(set(by_rank.get(candidate, {})).intersection(*(set(by_rank[r]) for r in others)))
+    if not others:
+        return [], []
+    return common, [by_rank[candidate][n] - statistics.median(by_rank[r][n] for r in others) for n in common]
+
+
+def _iqr(values: list[float]) -> float:
+    """The interquartile range, linear interpolation between ranks' values (the stdlib's inclusive method)."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: float) -> dict[str, Any]:
@@ -137,18 +140,14 @@ def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: flo
     {step: time}: the steps compared, those it was above the others' median in, its median excess and the
     run's spread (in the values' unit; `to_ms` makes them ms for the words), whether that holds, and if
     not, why, in words."""
-    others = [r for r in by_rank if r != candidate]
-    common = sorted(set(by_rank.get(candidate, {})).intersection(*(set(by_rank[r]) for r in others)))
+    common, excesses = _excesses(by_rank, candidate)
     out: dict[str, Any] = {"steps_compared": len(common), "steps_above": None, "excess": None, "spread": None}
-    if not others or len(common) < MIN_COMPARED_STEPS:
+    if len(common) < MIN_COMPARED_STEPS:
         few = f"{len(common)} step(s) measured by every rank, {MIN_COMPARED_STEPS} needed to compare ranks"
         return {**out, "holds": False, "why_not": few}
-    excesses = [by_rank[candidate][n] - statistics.median(by_rank[r][n] for r in others) for n in common]
     above = sum(e > 0 for e in excesses)
     excess = statistics.median(excesses)
-    spread = statistics.median(
-        _quantile([v[n] for n in common], 0.75) - _quantile([v[n] for n in common], 0.25) for v in by_rank.values()
-    )
+    spread = statistics.median(_iqr([v[n] for n in common]) for v in by_rank.values())
     holds = above >= MOST_STEPS * len(common) and excess > SPREADS * spread
     why = (
         None
@@ -171,11 +170,10 @@ def starved(ranks: list[dict[str, Any]], candidate: Any, evidence: dict[str, Any
     queued = {r["rank"]: own_series(r, "queued_ms") for r in ranks if isinstance(r.get("rank"), int)}
     if not evidence.get("holds") or len(queued) < 2 or not all(queued.values()) or candidate not in queued:
         return None
-    others = [r for r in queued if r != candidate]
-    common = sorted(set(queued[candidate]).intersection(*(set(queued[r]) for r in others)))
+    common, waits = _excesses(queued, candidate)
     if len(common) < MIN_COMPARED_STEPS:
         return None
-    waited = statistics.median(queued[candidate][n] - statistics.median(queued[r][n] for r in others) for n in common)
+    waited = statistics.median(waits)
     if waited < STARVED_PART * evidence["excess"]:
         return None
     return (

@@ -1,5 +1,6 @@
-"""What /proc says of a process of this host: its state (running, sleeping, stopped...), its children, and
-the work it has done (CPU time, bytes moved to and from storage). One definition for the runner's hang
+"""What /proc says of a process of this host: its state (running, sleeping, stopped...), its children, the
+work it has done (CPU time, bytes moved to and from storage), when it started, and (for this process)
+how long it has waited for a core. One definition for the runner's hang
 watch (hpc/launch/rank/hang.py) and the training's account of a lost peer (hpc/training/distributed/
 group.py). Linux only; None or nothing where /proc does not say.
 """
@@ -61,3 +62,14 @@ def process_started_unix(pid: int | None = None) -> float | None:
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def queued_s() -> float | None:
+    """How long this process's main thread has been runnable but not running, waiting for a core (Linux's
+    /proc/self/schedstat, its second field, ns): a rank that shares its cores with other processes gains
+    it, one that sleeps or does more work does not. None where /proc does not say (about 10 us a read)."""
+    try:
+        with open("/proc/self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
+from hpc.core.proc import queued_s
 from hpc.placement.distenv import DistEnv
 from hpc.settings.profranks import typical
 from hpc.settings.schema import DataConfig
 from hpc.training.build import DataParts
 from hpc.training.checkpoint import rng_state, set_rng_state
-from hpc.training.steptimes import queued_s
 
 
 @dataclasses.dataclass

@@ -30,17 +30,6 @@ RANK_MEASURES = (
 )
 
 
-def queued_s() -> float | None:
-    """How long this process's main thread has been runnable but not running, waiting for a core (Linux's
-    /proc/self/schedstat, its second field, ns): a rank that shares its cores with other processes gains
-    it, one that sleeps or does more work does not. None where /proc does not say (about 10 us a read)."""
-    try:
-        with open("/proc/self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -76,8 +65,9 @@ def own_work_series(
 ) -> dict[str, Any] | None:
     """The last SERIES_STEPS steps' own work in ms, each step in its place (null: not measured, the first
     step, or a profiled one), and the number of the first: ranks are compared step by step by it.
-    `queued`: the time the rank's main thread waited for a core in the same spans (queued_s), kept beside
-    (`queued_ms`): a rank slower because other processes share its cores is not a slower rank."""
+    `queued`: the time the rank's main thread waited for a core in the same spans (hpc/core/proc.py's
+    queued_s), kept beside (`queued_ms`): a rank slower because other processes share its cores is not a
+    slower rank."""
     if not own:
         return None
     first = max(0, len(own) - SERIES_STEPS)

@@ -35,10 +35,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from hpc.core.proc import queued_s
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
 from hpc.training.hook.firstgrad import FirstGrad
-from hpc.training.steptimes import own_work_basis, own_work_series, queued_s, startup_record, step_time_stats
+from hpc.training.steptimes import own_work_basis, own_work_series, startup_record, step_time_stats
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from hpc.training.steptimes import queued_s
+from hpc.core.proc import queued_s
 
 KEEP = 4
 
