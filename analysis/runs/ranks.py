@@ -199,7 +199,7 @@ def own_series(rank: dict[str, Any], key: str = "ms") -> dict[int, float]:
 
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
-    own work per step (the part before its gradient sync, hpc/training/steps.py's StepTimer), against the
+    own work per step (the part before its gradient sync, hpc/training/steptimes.py's StepClock), against the
     median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
     `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
     MIN_OWN_STEPS steps or more. `holds`: the rule above (consistency), without which no straggler is named;

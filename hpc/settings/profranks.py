@@ -4,7 +4,7 @@ large one. Pure functions of the setting, the job's shape and each rank's step t
     all       every rank
     auto      every rank up to ALL_RANKS_UP_TO ranks; beyond, each node's first rank (local rank 0) plus
               the SLOWEST ranks by their own work per step (the part of a step before its gradient sync,
-              which no other rank holds up: hpc/training/steps.py's StepTimer), gathered from every rank
+              which no other rank holds up: hpc/training/steptimes.py's StepClock), gathered from every rank
               once, before the profiler's first window, over the steps after the first (the window opens
               late enough for two: hpc/training/profiling.py's Choice)
     leaders   each node's first rank

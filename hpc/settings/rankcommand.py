@@ -88,9 +88,15 @@ def verbatim(words: Sequence[str]) -> list[str]:
 
 
 def training_command(
-    config: Mapping[str, Any], cwd: str, name: str, stop_grace_s: int, point: Any = None
+    config: Mapping[str, Any],
+    cwd: str,
+    name: str,
+    stop_grace_s: int,
+    point: Any = None,
+    hang_timeout_s: int | None = None,
 ) -> RankCommand:
-    """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config."""
+    """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config, watched
+    as a command is (command.hang_timeout_s: the one bound of the runner's watch, unset by default)."""
     words = ("{python}", "-m", TRAINING_MODULE, "--config", "{run_dir}/" + SUBMITTED, "--run-dir", "{run_dir}")
     return RankCommand(
         words,
@@ -98,6 +104,7 @@ def training_command(
         name,
         requeue_codes=TRAINING_REQUEUE_CODES,
         stop_grace_s=stop_grace_s,
+        hang_timeout_s=hang_timeout_s,
         point=dict(point) if point else None,
         config=dict(config),
     )
@@ -115,7 +122,7 @@ def user_command(
 ) -> RankCommand:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
     as a command (`python -m hpc.train ...`, as jobs/resnet152.sbatch runs it) keeps its requeue codes and
-    profiles and watches itself (its config's profiler section, its heartbeat): no start-up hook."""
+    profiles itself (its config's profiler section): no start-up hook; the runner watches it as any task."""
     training = runs_training(argv)
     codes = TRAINING_REQUEUE_CODES if training else COMMAND_REQUEUE_CODES
     words = (*verbatim(argv), *args)
@@ -128,7 +135,7 @@ def user_command(
         codes,
         hook,
         stop_grace_s,
-        None if training else hang_timeout_s,
+        hang_timeout_s,
         dict(point) if point else None,
     )
 

@@ -261,7 +261,8 @@ class CommandConfig:
     # A rank that makes no optimizer step for this long (after its first), or whose process is stopped
     # this long, is named and ends the job (hpc/launch/rank/hang.py), busy or not. None (the default): the
     # run's own bounds: stopped a minute is frozen; silent 10x its longest step gap (60-90 s) and idle (no
-    # CPU, no disk) is hung, while a rank busy in an evaluation or a checkpoint never is.
+    # CPU, no disk) is hung, while a rank busy in an evaluation or a checkpoint never is. The one key of the
+    # runner's watch, for the toolkit's training too (train.collective_timeout_s is torch's collectives' own).
     hang_timeout_s: int | None = None
 
     def __post_init__(self) -> None:

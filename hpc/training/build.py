@@ -321,7 +321,7 @@ def setup_model(
 
 # BatchNorm's running stats are made rank 0's where they are read (evaluation, the checkpoint:
 # RankGroup.sync_buffers; rank 0's never change by it), not at every forward: one collective a step fewer,
-# and the gradient all-reduce is the step's one sync point (StepTimer's own work). Newer torch names it
+# and the gradient all-reduce is the step's one sync point (where StepClock's own work ends). Newer torch names it
 # forward_sync_buffers (and warns at broadcast_buffers); both still sync the buffers once, at DDP's start.
 NO_FORWARD_BUFFER_SYNC: dict[str, Any] = (
     {"forward_sync_buffers": False}

@@ -188,7 +188,7 @@ class Profiling:
         self._host_s += time.perf_counter() - start
         self._steps += 1
         if len(self.cycles) > done:
-            # end_step: this process's steps up to the cycle's end (the index in StepTimer's times)
+            # end_step: this process's steps up to the cycle's end (the index in StepClock's times)
             self.cycles[-1].update(profiler_host_s=round(self._host_s, 4), end_step=self._steps)
             self._host_s = 0.0
         if self._cuda and self._recording(self._steps) and not self._recording(self._steps - 1):

@@ -1,6 +1,5 @@
 """The trainer's small parts, each owning one job and its state:
 - TrainState: where the run is (epoch, micro-batch position, optimizer step) and its RNG state;
-- StepTimer: optimizer-step times, CUDA events on a GPU (no per-step sync), perf_counter on a CPU;
 - DivergenceGuard: the first non-finite loss, checked every step on a CPU, at log steps on a GPU;
 - evaluate(): every test image exactly once across ranks.
 """
@@ -9,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,9 +15,7 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from hpc.core.proc import queued_s
 from hpc.placement.distenv import DistEnv
-from hpc.settings.profranks import typical
 from hpc.settings.schema import DataConfig
 from hpc.training.build import DataParts
 from hpc.training.checkpoint import rng_state, set_rng_state
@@ -44,96 +40,6 @@ class TrainState:
         self.epoch = state["epoch"]
         self.position = state["position"]
         self.step = state["step"]
-
-
-class StepTimer:
-    """Optimizer-step times, and each step's own work: from its start to its gradient sync (`synced()`,
-    called before the backward pass that all-reduces), the part no other rank can hold up. Under DDP every
-    rank's whole step ends at the same all-reduce, so whole steps come out alike on every rank and only the
-    own work tells the straggler from the ranks that wait for it. On a GPU events are recorded (start, sync,
-    end) and read once at the end (after a synchronize); on a CPU perf_counter. A graph replay has no sync
-    point the host sees: its own work is not measured (None)."""
-
-    def __init__(self, use_cuda: bool):
-        self.use_cuda = use_cuda
-        self.events: list[torch.cuda.Event] = []
-        self.marks: list[tuple[torch.cuda.Event, torch.cuda.Event | None]] = []  # per step: start, sync
-        self.seconds: list[float] = []
-        self.own_seconds: list[float | None] = []
-        self.own_queued_seconds: list[float | None] = []  # a CPU rank's wait for a core in its own work
-        self.started = 0.0
-        self.started_queued: float | None = None
-        self.sync_at: float | None = None
-        self.sync_queued: float | None = None
-        self.sync_event: torch.cuda.Event | None = None
-        self.start_event: torch.cuda.Event | None = None
-        self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
-        self.in_step = False
-        self.profiled: list[bool] = []  # per step: the profiler was on (its window slows a CPU rank)
-
-    def _event(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def start(self) -> None:
-        self.started = time.perf_counter()
-        self.started_queued = None if self.use_cuda else queued_s()
-        self.sync_at = None
-        self.sync_queued = None
-        self.sync_event = None
-        self.in_step = True
-        self.start_event = self._event() if self.use_cuda else None
-
-    def synced(self) -> None:
-        """The step's gradient sync begins now (its last backward pass)."""
-        if self.use_cuda:
-            self.sync_event = self._event()
-        else:
-            self.sync_at = time.perf_counter()
-            self.sync_queued = queued_s()
-
-    def stop(self, profiled: bool = False) -> None:
-        """The step's end (`profiled`: the profiler was on during it)."""
-        self.in_step = False
-        self.profiled.append(profiled)
-        if self.first_step_unix is None:
-            self.first_step_unix = time.time()
-        if self.use_cuda:
-            self.events.append(self._event())
-            if self.start_event is not None:
-                self.marks.append((self.start_event, self.sync_event))
-        else:
-            self.seconds.append(time.perf_counter() - self.started)
-            self.own_seconds.append(None if self.sync_at is None else self.sync_at - self.started)
-            waited = None
-            if self.sync_queued is not None and self.started_queued is not None:
-                waited = self.sync_queued - self.started_queued
-            self.own_queued_seconds.append(waited)
-
-    def times(self) -> list[float]:
-        if self.use_cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:], strict=False)]
-        return self.seconds
-
-    def own_so_far_s(self) -> float | None:
-        """The median own work of the steps so far after the first (which warms caches; it alone where there
-        is no other), the step in progress included once its sync is marked (profiler.ranks chooses inside a
-        step's end, before the step is stopped)."""
-        own = self.own_times()
-        if self.in_step and self.use_cuda and self.start_event is not None and self.sync_event is not None:
-            own = [*own, self.start_event.elapsed_time(self.sync_event) / 1000]
-        elif self.in_step and self.sync_at is not None:
-            own = [*own, self.sync_at - self.started]
-        return typical(own[1:] if len(own) > 1 else own)
-
-    def own_times(self) -> list[float | None]:
-        """Each step's own work in seconds (None where it was not measured), in step order."""
-        if self.use_cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1000 if b is not None else None for a, b in self.marks]
-        return self.own_seconds
 
 
 class DivergenceGuard:

@@ -1,16 +1,27 @@
-"""A rank's step times, one definition for the toolkit's training (hpc/training/steps.py's StepTimer) and a
-user's script (the start-up hook, hpc/training/hook/autoprofile.py): their statistics, the steps a rank's
-own work is judged on, and the last steps' own work kept one by one, so that the analysis can compare
-ranks step by step (analysis/runs/ranks.py: a straggler is a rank slower in most steps, not in a mean).
-Torch-free.
+"""A rank's step times, one instrument for the toolkit's training (hpc/training/trainer.py) and a user's
+script (the start-up hook, hpc/training/hook/autoprofile.py): `StepClock` marks each optimizer step's end
+and its own work, `measures` makes the rank's measurement record of summary.json from it (the same keys on
+both roads: RANK_MEASURES), and the last steps' own work is kept one by one, so that the analysis can
+compare ranks step by step (analysis/runs/ranks.py: a straggler is a rank slower in most steps, not in a
+mean). Torch is imported only where a GPU's events are asked for: the hook loads this in every process.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any
+import resource
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from hpc.core.proc import process_started_unix
+from hpc.core.proc import process_started_unix, queued_s
+from hpc.settings.profranks import typical
+
+if TYPE_CHECKING:
+    from hpc.training.profiling import Profiling
+
+log = logging.getLogger(__name__)
 
 # The last steps whose own work each rank keeps one by one (summary.json's own_step_series): enough to see
 # one rank slower in most of them (analysis/runs/ranks.py), few enough for a thousand ranks' summary.
@@ -97,3 +108,159 @@ def startup_record(join_began: float | None, join_ended: float | None, first_ste
         "first_step_end_unix": first_step_unix,
         "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
     }
+
+
+# A Python call per parameter per backward costs about 3 us on a CPU (1.4 ms a step for ResNet152's 470
+# parameters): after the first step only the KEEP parameters whose gradients came first keep the hook.
+KEEP = 4
+Mark = Any  # a perf_counter reading on a CPU, a recorded torch.cuda.Event on a GPU
+
+
+class StepClock:
+    """Each optimizer step's end (`ended()`) and its own work: from the previous step's end to the first
+    gradient of the step's last backward pass (under DDP every rank's whole step ends at the common
+    all-reduce, so only that part, which no other rank can hold up, tells a slow rank from those that wait
+    for it). The gradients are seen by torch's post-accumulate-grad hook (public, torch >= 2.1) on the
+    parameters `watch` is given: the same definition for the toolkit's training and a script, with no call
+    inside their backward. On a GPU the marks are CUDA events (the device's time, not the host's launch
+    time, read once after a synchronize); on a CPU perf_counter, with the main thread's wait for a core in
+    the same span (queued_s: a rank slower because others share its cores is not a slower rank). A step
+    with no gradient seen (a CUDA graph's replay, which runs no hook) has no own work (None). An error
+    inside the hook is said once and turns the hook off; the run goes on."""
+
+    def __init__(self, cuda: bool = False):
+        self.cuda = cuda
+        self.ends: list[Mark] = []  # each step's end
+        self.spans: list[tuple[Mark, Mark] | None] = []  # each step's own work: (previous end, first gradient)
+        self.queued: list[float | None] = []  # the main thread's wait for a core in that span (CPU)
+        self.profiled: list[bool] = []  # per step: the profiler was on (its window slows a CPU rank)
+        self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
+        self.since: tuple[Mark, float | None] | None = None  # the last end, and queued_s then
+        self.grad: tuple[Mark, float | None] | None = None  # this step's first gradient so far
+        self.handles: dict[int, Any] = {}  # id(parameter) -> torch's RemovableHandle
+        self.fired: list[int] = []  # the first parameters to fire, in the step that chooses them
+        self.pruned = False
+
+    def _mark(self) -> tuple[Mark, float | None]:
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event, None
+        return time.perf_counter(), queued_s()
+
+    def watch(self, params: Iterable[Any]) -> bool:
+        """Hook the parameters' gradients (torch.nn.Parameter); False: none, or this torch has no such hook."""
+        params = [p for p in params if p.requires_grad]
+        if not all(hasattr(p, "register_post_accumulate_grad_hook") for p in params):
+            return False
+        self.handles = {id(p): p.register_post_accumulate_grad_hook(self) for p in params}
+        return bool(self.handles)
+
+    def __call__(self, param: Any) -> None:  # torch.Tensor, from autograd
+        try:
+            if self.cuda and _capturing():
+                return  # a CUDA graph being captured: its replays run no hook
+            # each backward pass's first gradient is its first kept parameter's: with gradient accumulation
+            # the step's own work runs to its last backward's, the one that synchronizes under DDP
+            if self.grad is None or (self.pruned and self.fired and id(param) == self.fired[0]):
+                self.grad = self._mark()
+            if not self.pruned and len(self.fired) < KEEP:
+                self.fired.append(id(param))
+        except Exception as e:  # inside autograd: never the run's failure
+            log.warning(f"hpc: the step clock's gradient hook failed ({type(e).__name__}: {e}) and turned itself off")
+            self.remove()
+
+    def ended(self, profiled: bool = False) -> None:
+        """The optimizer step ends now (`profiled`: the profiler was on during it)."""
+        now = self._mark()
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
+        since, grad = self.since, self.grad
+        self.spans.append((since[0], grad[0]) if since is not None and grad is not None else None)
+        waited = None
+        if since is not None and grad is not None and since[1] is not None and grad[1] is not None:
+            waited = grad[1] - since[1]
+        self.queued.append(waited)
+        self.ends.append(now[0])
+        self.profiled.append(profiled)
+        self.since, self.grad = now, None
+        if not self.pruned and self.fired:  # the first step with gradients chooses who keeps the hook
+            keep = set(self.fired)
+            for key in [k for k in self.handles if k not in keep]:
+                self.handles.pop(key).remove()
+            self.pruned = True
+
+    def remove(self) -> None:
+        for handle in self.handles.values():
+            handle.remove()
+        self.handles = {}
+
+    def _seconds(self, a: Mark, b: Mark) -> float:
+        return float(a.elapsed_time(b)) / 1000 if self.cuda else float(b - a)
+
+    def _synchronized(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def times(self) -> list[float]:
+        """Seconds between consecutive step ends (one fewer than the steps)."""
+        self._synchronized()
+        return [self._seconds(a, b) for a, b in zip(self.ends, self.ends[1:], strict=False)]
+
+    def own_times(self) -> list[float | None]:
+        """Each step's own work in seconds (None where it was not measured), in step order."""
+        self._synchronized()
+        return [self._seconds(*span) if span is not None else None for span in self.spans]
+
+    def own_so_far_s(self) -> float | None:
+        """The median own work of the steps so far after the first (which warms caches; it alone where there
+        is no other), the step in progress included once its first gradient came (profiler.ranks chooses
+        inside a step's end, before the step's end is marked)."""
+        own = self.own_times()
+        if self.since is not None and self.grad is not None:
+            own = [*own, self._seconds(self.since[0], self.grad[0])]
+        return typical(own[1:] if len(own) > 1 else own)
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def measures(
+    clock: StepClock, profiling: Profiling | None, wall_s: float | None, startup: dict[str, Any], device: Any = None
+) -> dict[str, Any]:
+    """A rank's measurements for summary.json (RANK_MEASURES), the training's and a script's from the same
+    clock: step times (the first, which warms caches, left out), own work, start-up, the speed after the
+    profiler's last window, wall time and memory peaks (the profiler resets the allocator's peaks as each
+    window opens: the run's maximum is kept). `device`: the CUDA device, where the clock's is not current."""
+    times, own = clock.times(), clock.own_times()
+    timed = times[1:] if len(times) > 2 else times
+    cycles = profiling.cycles if profiling is not None else []
+    ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
+    peak = reserved = None
+    if clock.cuda:
+        import torch
+
+        run_peak = profiling.run_peak_bytes if profiling is not None else {}
+        peak = max(int(torch.cuda.max_memory_allocated(device)), run_peak.get("allocated", 0))
+        reserved = max(int(torch.cuda.max_memory_reserved(device)), run_peak.get("reserved", 0))
+    basis = own_work_basis(own, clock.profiled)
+    record = {
+        "step_time_s": step_time_stats(timed),
+        "own_step_time_s": step_time_stats(basis) if basis else None,
+        "own_step_series": own_work_series(own, clock.profiled, None if clock.cuda else clock.queued),
+        "startup": startup,
+        # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
+        "step_time_after_profiler_s": step_time_stats(times[max(ends) :]) if ends else None,
+        "wall_time_s": wall_s,
+        "cuda_max_memory_allocated_bytes": peak,
+        "cuda_max_memory_reserved_bytes": reserved,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+    }
+    return record

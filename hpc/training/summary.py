@@ -1,14 +1,13 @@
 """What a training rank measured, for summary.json: `RunSummary` knows the run's fixed facts from its
 set-up and makes each rank's record at the end (step times, throughput, memory, the profiler's cycles,
-the weights' digest); rank 0 writes them all as the ranks' facts (RUN/ranks/rank{R}.facts.json) and
-summary.json is made of them by its one writer (hpc/core/summary.py), as for any task.
+the weights' digest); each rank writes its own facts (RUN/ranks/rank{R}.facts.json), as a script's rank
+does, and rank 0 makes summary.json of them by its one writer (hpc/core/summary.py), as for any task.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import resource
 import socket
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
 from hpc.training.build import StepPlan, placement
 from hpc.training.profiling import Profiling
-from hpc.training.steps import StepTimer
-from hpc.training.steptimes import RANK_MEASURES, own_work_basis, own_work_series, step_time_stats
+from hpc.training.steptimes import RANK_MEASURES, StepClock, measures
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -106,61 +104,50 @@ class RunSummary:
         self,
         step: int,
         epoch: int,
-        timer: StepTimer,
+        clock: StepClock,
         exit_code: int,
         profiling: Profiling | None,
         wall_s: float,
+        startup: dict[str, Any],
     ) -> dict[str, Any]:
-        """This rank's entry: the facts, where it stopped, its step times (the first step, which warms
-        caches, left out), throughput, memory peaks, the environment, the profiler's cycles and the traces
-        it wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's
-        Profiling, or None."""
-        cycles = profiling.cycles if profiling is not None else []
-        peaks = profiling.run_peak_bytes if profiling is not None else {"allocated": 0, "reserved": 0}
-        failed = profiling.failed if profiling is not None else []
-        step_times, own = timer.times(), timer.own_times()
-        timed = step_times[1:] if len(step_times) > 2 else step_times
-        stats = step_time_stats(timed)
-        own_timed = own_work_basis(own, timer.profiled)
-        ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
-        mean_step = stats["mean"]
-        cuda, device = self.use_cuda, self.device
+        """This rank's entry: the facts, where it stopped, its measurements (hpc/training/steptimes.py's
+        `measures`, as a script's), throughput, the environment, the profiler's cycles and the traces it
+        wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's Profiling,
+        or None."""
+        measured = measures(clock, profiling, wall_s, startup, self.device if self.use_cuda else None)
+        mean_step = measured["step_time_s"]["mean"]
         return {
             **self.facts,
-            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "device_name": torch.cuda.get_device_name(self.device) if self.use_cuda else "cpu",
             "torch": torch.__version__,
             "steps": step,
             "epochs_completed": epoch,
             "exit_code": exit_code,
             "complete": exit_code == 0,
-            "step_time_s": stats,
-            # the steps after the profiler's last window: unprofiled speed, if the profiler left nothing behind
-            # each step's own work, before its gradient sync (StepTimer): what tells a straggler under DDP
-            "own_step_time_s": step_time_stats(own_timed) if own_timed else None,
-            "own_step_series": own_work_series(own, timer.profiled, None if cuda else timer.own_queued_seconds),
-            "step_time_after_profiler_s": step_time_stats(step_times[max(ends) :]) if ends else None,
+            **measured,
             "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
             "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,
-            "wall_time_s": wall_s,
-            # The profiler resets the allocator's peaks as each recorded window opens: keep the run's maximum.
-            "cuda_max_memory_allocated_bytes": max(torch.cuda.max_memory_allocated(device), peaks["allocated"])
-            if cuda
-            else None,
-            "cuda_max_memory_reserved_bytes": max(torch.cuda.max_memory_reserved(device), peaks["reserved"])
-            if cuda
-            else None,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "env": performance_env(),
-            "profiler": {"cycles": cycles, "traces": self.paths.rank_traces(self.dist.rank), "failed": failed},
+            "profiler": {
+                "cycles": profiling.cycles if profiling is not None else [],
+                "traces": self.paths.rank_traces(self.dist.rank),
+                "failed": profiling.failed if profiling is not None else [],
+            },
         }
 
-    def write(self, records: list[dict[str, Any]], recovered: bool = False) -> Path:
-        """Every rank's facts (rank 0 calls this with the gathered records), then summary.json made of
-        them. `recovered`: written by a rerun of a finished run whose summary was missing (see
-        recovered_record). A write that fails is a WriteError naming the file."""
+    def write_own(self, record: dict[str, Any]) -> None:
+        """This rank's facts (RUN/ranks/rank{R}.facts.json), written by the rank itself as a script's are.
+        A write that fails is a WriteError naming the file."""
         try:
-            for record in records:
-                write_facts(self.paths, {**record, "recovered": recovered} if recovered else record)
+            write_facts(self.paths, record)
+        except WriteError:
+            raise
+        except OSError as e:  # the ranks/ folder could not be made
+            raise WriteError(f"{self.paths.rank_facts(self.dist.rank)}: not written ({e.strerror or e})") from None
+
+    def write(self) -> Path:
+        """summary.json made of every rank's facts (rank 0, once all have written theirs) by its one writer."""
+        try:
             write_run_summary(self.paths)
         except WriteError:
             raise
@@ -169,8 +156,6 @@ class RunSummary:
         return self.paths.summary
 
 
-# What a rank measures while it trains; a rerun that only writes a finished run's missing summary saw
-# none of it, so it records none of it (null) rather than its own few seconds.
 # What a rank measures while it trains (the training's and a script's alike: RANK_MEASURES), and what only
 # the training can (its batch); a rerun that only writes a finished run's missing summary saw none of it,
 # so it records none of it (null) rather than its own few seconds.

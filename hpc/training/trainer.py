@@ -6,7 +6,8 @@ the optimizer (hpc/training/build.py), takes the run directory and resumes from 
 the graph's replay, the optimizer step's end, the epoch's end), `close()` the teardown. A write that
 fails on rank 0 (a full disk) is agreed at once, so every rank stops with one line and none waits in a
 collective for it. The parts own their policy and state and get only their config section: TrainState,
-StepTimer, DivergenceGuard, evaluate (steps.py); Checkpointer (checkpoint.py: when to save, the atomic
+DivergenceGuard, evaluate (steps.py); StepClock (steptimes.py: each step's end and own work, the
+instrument a script's start-up hook uses); Checkpointer (checkpoint.py: when to save, the atomic
 save, the checked load); RankGroup (distributed/group.py: what the ranks agree on, who a lost peer was);
 claim_run_dir (claim.py: the directory's lock, debris, where it left off); Throughput and MetricsLog
 (metrics.py); RunSummary (summary.py: each rank's facts); GraphRun (graph/graphcheck.py: the graphed step,
@@ -66,8 +67,8 @@ from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
-from hpc.training.steps import DivergenceGuard, StepTimer, TrainState, evaluate
-from hpc.training.steptimes import startup_record
+from hpc.training.steps import DivergenceGuard, TrainState, evaluate
+from hpc.training.steptimes import StepClock, startup_record
 from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,8 @@ class Trainer:
             cfg, run_dir, dist, self.device, self.backend, self.plan, len(self.data.subset), flops, self.graph_mode.on
         )
         self.summary.facts["nccl_network"] = network  # the fabric NCCL chose across nodes (None: not asked)
-        self.timer = StepTimer(self.use_cuda)
+        self.timer = StepClock(self.use_cuda)  # a script's own clock (hpc/training/hook/autoprofile.py)
+        self.timer.watch(self.net.model.parameters())
         self.beat = beat_watch(os.environ)  # the runner's liveness watch, as a script's (hpc/launch/rank/hang.py)
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None
@@ -157,10 +159,12 @@ class Trainer:
         self.stop_if_write_failed(error)
         return st.step
 
-    def stop_if_write_failed(self, error: WriteError | None, what: str = "a file of the run") -> None:
-        """Every rank learns whether rank 0's write failed; then all stop, rank 0 with its own line."""
+    def stop_if_write_failed(
+        self, error: WriteError | None, what: str = "a file of the run", who: str = "rank 0"
+    ) -> None:
+        """Every rank learns whether `who`'s write failed; then all stop, the one that failed with its own line."""
         if self.group.agree(error is not None):
-            raise error or WriteError(f"{self.paths.root}: rank 0 could not write {what}; stopping with it")
+            raise error or WriteError(f"{self.paths.root}: {who} could not write {what}; stopping with it")
 
     def untuned(self, other_shape: bool) -> contextlib.AbstractContextManager[None]:
         """cuDNN's heuristics for a batch of another shape than the step's (train.cudnn_autotune: step)."""
@@ -263,8 +267,7 @@ class Trainer:
         self.progress.start_epoch()
         batches = self.epoch_batches(order)
         while st.position < plan.batches_per_epoch:
-            if st.position % plan.grad_accum == 0:  # an optimizer step's first micro-batch, data included
-                self.timer.start()
+            if st.position % plan.grad_accum == 0:  # an optimizer step's first micro-batch
                 raise_at_step(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size, self.dist.rank)
             if self.micro_step(*next(batches)):
                 break
@@ -290,8 +293,6 @@ class Trainer:
                 with net.autocast():
                     loss = F.cross_entropy(net.forward(x), y)
                 self.inject.fire("step")
-                if last_micro:  # this backward pass all-reduces: the step's own work ends here
-                    self.timer.synced()
                 (loss / group_size).backward()
         self.guard.add(loss, st.step + 1)
         self.progress.add(loss, y.numel() * self.dist.world_size)
@@ -310,7 +311,7 @@ class Trainer:
         profiled = self.profiling is not None and self.profiling.on_now()
         if self.profiling is not None:
             self.profiling.step(replayed=graphed)
-        self.timer.stop(profiled)
+        self.timer.ended(profiled)
         if self.beat is not None:
             self.beat.step(self.paths, self.dist.rank)
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
@@ -375,8 +376,8 @@ class Trainer:
 
     # --- the end -----------------------------------------------------------------------------------
     def finish(self, exit_code: int, profiling: Profiling | None, recovered: bool = False) -> int:
-        """summary.json (one record per rank, gathered to rank 0), the closing lines, a joint teardown. A
-        trace that could not be written fails the run once its summary is written."""
+        """summary.json (every rank writes its own facts, then rank 0 the summary), the closing lines, a joint
+        teardown. A trace that could not be written fails the run once its summary is written."""
         self.checkpointer.settle()  # an epoch's checkpoint still being written: whole before the summary
         # Every replay is done (the last step's flags were agreed by all ranks): drop the graph, which holds
         # NCCL's communicator, before the process group goes. Not in close(): after a failure a replay may
@@ -384,19 +385,26 @@ class Trainer:
         self.graph.release()
         self.summary.facts.update(self.graph.facts())
         st = self.state
-        record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, self.progress.wall_s())
-        record["startup"] = startup_record(*self.joining, self.timer.first_step_unix)
+        startup = startup_record(*self.joining, self.timer.first_step_unix)
+        wall_s = self.progress.wall_s()
+        record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, wall_s, startup)
         record = recovered_record(record) if recovered else record
         self.group.sync_buffers(self.net.model)
         record["weights_sha256"] = weights_digest(self.net.model)
+        own_error = None
+        try:  # every rank writes its own facts, as a script's rank does (hpc/training/hook/autoprofile.py)
+            self.summary.write_own(record)
+        except WriteError as e:
+            own_error = e
+        self.stop_if_write_failed(own_error, "its facts file", who="a rank")
         gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size
-        tdist.all_gather_object(gathered, record, group=self.group.control)
+        tdist.all_gather_object(gathered, record, group=self.group.control)  # the closing lines' traces
         records = [r for r in gathered if r is not None]  # every rank's: all_gather_object fills each slot
         self.inject.fire("summary")
         error = self.metrics.failed if self.metrics is not None else None
-        if self.is_main:
+        if self.is_main and error is None:
             try:
-                self.summary.write(records, recovered)
+                self.summary.write()
             except WriteError as e:
                 error = e
         self.stop_if_write_failed(error, self.paths.summary.name)

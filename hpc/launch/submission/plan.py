@@ -101,7 +101,7 @@ def make_plan(
     command = words is not None or is_command_sweep(args.sweep)
     if command:
         refuse_training_flags(args)
-    cluster = load_cluster_for(args, COMMAND_SECTIONS if command else RUN_SECTIONS)
+    cluster = load_cluster_for(args, COMMAND_SECTIONS if command else (*RUN_SECTIONS, "command"))
     work: Points = command_points(args, cluster, words) if command else training_points(args, cluster)
     request, runs_dir = job_basics(args, cluster)
     name = args.name if args.name is not None else work.name

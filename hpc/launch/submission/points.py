@@ -92,6 +92,16 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
     """The toolkit's training at every point: the run config with the point's data fraction and batch."""
     layers = layers_for(args, None)
     base = layers.run_config()  # validates the run config before anything is submitted
+    watch: CommandConfig = layers.build("command")  # the training's task reads its hang bound only
+    others = {
+        k for k, v in dataclasses.asdict(watch).items() if k != "hang_timeout_s" and v != CommandConfig().__dict__[k]
+    }
+    if others:
+        raise UsageError(
+            f"command.{sorted(others)[0]}: a key of a user's command; the toolkit's training takes only "
+            "command.hang_timeout_s of that section"
+        )
+    hang_timeout_s = watch.hang_timeout_s
     sweep = layers.build("sweep") if args.sweep else None
     cwd = os.getcwd()
 
@@ -101,7 +111,7 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
             layers.set("data.fraction", point["data_fraction"], f"sweep point fraction={point['data_fraction']:g}")
             layers.set("train.batch_size", point["batch_size"], f"sweep point batch={point['batch_size']}")
             cfg = layers.run_config()
-        return training_command(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point)
+        return training_command(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point, hang_timeout_s)
 
     return Points(task_for, sweep.name if sweep else base.model.arch, sweep, base.to_dict())
 

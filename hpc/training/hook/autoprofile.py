@@ -6,7 +6,8 @@ the one Kineto's own step tracker uses). From the first optimizer step on, the t
 (hpc/training/profiling.py: its schedule, its whole-or-nothing trace export) runs in the process and
 steps on every step of that first optimizer (a second optimizer would count each step twice), writing
 RUN/traces/rank{R}.*.pt.trace.json, and what the analysis needs beside the traces (steps, step times,
-each step's own work up to its first gradient, peak memory, the device) to RUN/ranks/rank{R}.facts.json,
+each step's own work up to its first gradient (hpc/training/steptimes.py's StepClock, the training's
+instrument too), peak memory, the device) to RUN/ranks/rank{R}.facts.json,
 at every cycle's end and at exit. `guard` keeps ours from ever running beside a profiler of the
 script's own; an error of ours turns the hook off (`fail`), never the script.
 
@@ -27,7 +28,6 @@ import contextlib
 import functools
 import logging
 import os
-import resource
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,11 +35,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from hpc.core.proc import queued_s
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
-from hpc.training.hook.firstgrad import FirstGrad
-from hpc.training.steptimes import own_work_basis, own_work_series, startup_record, step_time_stats
+from hpc.training.steptimes import StepClock, measures, startup_record
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -129,10 +127,10 @@ class StepHook:
     def __init__(self, settings: dict[str, Any] | None, run_dir: Path):
         self.settings = settings or {"enabled": False}
         self.paths = RunPaths(run_dir)
-        self.clock: int | None = None  # id() of the optimizer whose steps count
+        self.counted: int | None = None  # id() of the optimizer whose steps count
         self.steps = 0
-        self.times: list[float] = []  # seconds between consecutive counted steps
-        self.last: float | None = None
+        # each counted step's end and own work (to its last backward's first gradient), as the training's
+        self.clock = StepClock()
         self.profiling: Profiling | None = None
         self.context: contextlib.ExitStack | None = None
         self.note: str | None = None
@@ -142,13 +140,6 @@ class StepHook:
         self.broken = False  # an error of ours turned the hook off
         self.listeners: list[Callable[[StepHook], None]] = []  # called after each counted step
         self.oom: dict[str, Any] | None = None  # hpc/training/hook/scriptoom.py's record
-        # own work (the step's start to its first gradient: no other rank can hold that part up), per step
-        self.own: list[float | None] = []
-        self.first_step_unix: float | None = None  # when the first counted step ended (start-up's end)
-        self.own_queued: list[float | None] = []  # the main thread's wait for a core in the same span
-        self.last_queued: float | None = None
-        self.profiled_steps: list[bool] = []  # per step: our profiler was on (it slows a CPU rank unevenly)
-        self.first_grad = FirstGrad()
         self.rank = int(os.environ.get("RANK") or 0)
         self.world_size = 1
         self.cuda = False
@@ -165,27 +156,12 @@ class StepHook:
             self.fail(e)
 
     def on_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.clock is None:
-            self.clock = id(optimizer)
+        if self.counted is None:
+            self.counted = id(optimizer)
             self.start(optimizer)
-        if id(optimizer) != self.clock:
+        if id(optimizer) != self.counted:
             return
-        now = time.perf_counter()
-        queued_now = queued_s()
-        if self.last is not None:
-            self.times.append(now - self.last)
-        else:
-            self.first_step_unix = time.time()
-        queued_then = self.first_grad.queued_at
-        first_grad = self.first_grad.take()
-        self.own.append(first_grad - self.last if first_grad is not None and self.last is not None else None)
-        waited = None
-        if first_grad is not None and queued_then is not None and self.last_queued is not None:
-            waited = queued_then - self.last_queued
-        self.own_queued.append(waited)
-        self.last_queued = queued_now
-        self.profiled_steps.append(self.active and self.profiling is not None and self.profiling.on_now())
-        self.last = now
+        self.clock.ended(self.active and self.profiling is not None and self.profiling.on_now())
         self.steps = self.steps + 1
         if self.grouped and self.traffic.count() and self.rank == 0:
             said = self.traffic.silent_line(self.world_size)
@@ -224,9 +200,9 @@ class StepHook:
         if said and self.rank == 0:
             log.warning(f"hpc: {said}")
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.cuda = bool(params) and params[0].device.type == "cuda"
+        self.cuda = self.clock.cuda = bool(params) and params[0].device.type == "cuda"
         atexit.register(self.finish)
-        self.first_grad.watch(params)
+        self.clock.watch(params)
         if self.script_profiles or _profiler_running():
             self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
             return
@@ -254,7 +230,7 @@ class StepHook:
             why = "the script started a torch.profiler of its own"
             if self.active:
                 self.stand_down(why)
-            elif self.clock is None:
+            elif self.counted is None:
                 self.script_profiles = "the script runs a torch.profiler of its own"
         except Exception as e:
             self.fail(e)
@@ -271,7 +247,7 @@ class StepHook:
         self.broken = True
         self.active = False
         with contextlib.suppress(Exception):
-            self.first_grad.remove()
+            self.clock.remove()
         self.note = f"the toolkit's step hook failed ({type(error).__name__}: {error}) and turned itself off"
         log.warning(f"hpc: rank {self.rank}: {self.note}; the script goes on")
         with contextlib.suppress(Exception):
@@ -294,13 +270,9 @@ class StepHook:
         """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
         import torch
 
-        timed = self.times[1:] if len(self.times) > 2 else self.times  # the first step warms caches
-        peak = reserved = None
-        if self.cuda:  # the profiler resets the allocator's peaks as each window opens: the run's maximum
-            run_peak = self.profiling.run_peak_bytes if self.profiling is not None else {}
-            peak = max(int(torch.cuda.max_memory_allocated()), run_peak.get("allocated", 0))
-            reserved = max(int(torch.cuda.max_memory_reserved()), run_peak.get("reserved", 0))
-        profiling = self.profiling
+        clock, profiling = self.clock, self.profiling
+        # from the first counted step's end to now: the steps' wall time, as the training's loop
+        wall_s = time.time() - clock.first_step_unix if clock.first_step_unix is not None else None
         facts = {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -313,17 +285,7 @@ class StepHook:
             "steps": self.steps,
             "process_group": self.grouped,
             "collectives_in_steps": self.traffic.record(),
-            "step_time_s": step_time_stats(timed),
-            "startup": startup_record(None, None, self.first_step_unix),
-            # the steps after the profiler's last window: unprofiled speed, as the training records it
-            "step_time_after_profiler_s": self.after_profiler(),
-            "own_step_time_s": step_time_stats(own_work_basis(self.own, self.profiled_steps)),
-            "own_step_series": own_work_series(self.own, self.profiled_steps, self.own_queued),
-            "cuda_max_memory_allocated_bytes": peak,
-            "cuda_max_memory_reserved_bytes": reserved,
-            # from the first counted step's end to now: the steps' wall time, as the training's loop
-            "wall_time_s": time.time() - self.first_step_unix if self.first_step_unix is not None else None,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            **measures(clock, profiling, wall_s, startup_record(None, None, clock.first_step_unix)),
             "profiler": {
                 "cycles": profiling.cycles if profiling is not None else [],
                 "traces": self.paths.rank_traces(self.rank),
@@ -335,12 +297,6 @@ class StepHook:
             facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
             facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         return {**facts, "oom": self.oom} if self.oom is not None else facts
-
-    def after_profiler(self) -> dict[str, Any] | None:
-        """Step-time statistics of the steps after the profiler's last window (None before one ends)."""
-        cycles = self.profiling.cycles if self.profiling is not None else []
-        ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
-        return step_time_stats(self.times[max(ends) :]) if ends else None
 
     def write(self) -> None:
         try:

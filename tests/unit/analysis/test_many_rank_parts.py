@@ -96,23 +96,46 @@ def test_one_step_of_own_work_names_no_straggler():
     assert slow_rank(few)["rank"] == 2 and slow_rank(few)["ranks_measured"] == 2
 
 
-def test_a_steps_own_work_ends_at_its_sync():
-    """Known pauses: 30 ms before the sync mark, 40 ms after; the own work is the first, the step both."""
-    from hpc.training.steps import StepTimer
+def test_a_steps_own_work_runs_from_the_last_step_to_its_last_backwards_first_gradient():
+    """Known pauses around real backward passes: 30 ms before the backward, 40 ms after it, then the step's
+    end; own work is the first part, the step both. With two backward passes (gradient accumulation) 50 ms
+    apart, own work runs to the second's first gradient, the one that synchronizes under DDP."""
+    import torch
 
-    timer = StepTimer(use_cuda=False)
+    from hpc.training.steptimes import StepClock
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    clock = StepClock()
+    assert clock.watch(model.parameters())
+    clock.ended()  # the previous step's end
     for _ in range(3):
-        timer.start()
         time.sleep(0.03)
-        timer.synced()
-        assert timer.own_so_far_s() is not None  # the step in progress counts once its sync is marked
+        model(torch.randn(4, 8)).sum().backward()
+        assert clock.own_so_far_s() is not None  # the step in progress counts once its gradient came
         time.sleep(0.04)
-        timer.stop()
-    own, steps = timer.own_times(), timer.times()
+        clock.ended()
+    own, steps = clock.own_times()[1:], clock.times()
     assert all(0.03 <= o < 0.07 for o in own) and all(s >= 0.07 for s in steps), (own, steps)
-    timer.start()
-    timer.stop()  # a step with no sync point (a graph replay): not measured
-    assert timer.own_times()[-1] is None and timer.first_step_unix is not None
+    for _ in range(2):  # the kept parameters chosen, each backward pass restarts the mark
+        model(torch.randn(4, 8)).sum().backward()
+        time.sleep(0.05)
+        model(torch.randn(4, 8)).sum().backward()
+        clock.ended()
+    assert all(o >= 0.05 for o in clock.own_times()[-2:]), clock.own_times()
+    clock.ended()  # a step with no gradient seen (a graph's replay): not measured
+    assert clock.own_times()[-1] is None and clock.first_step_unix is not None
+
+
+def test_both_roads_record_every_rank_measure_from_one_clock():
+    """The training's record and a script's facts take their measurements from steptimes.measures: its keys
+    are RANK_MEASURES, in order, and nothing else."""
+    from hpc.training.steptimes import RANK_MEASURES, StepClock, measures, startup_record
+
+    clock = StepClock()
+    for _ in range(3):
+        clock.ended()
+    record = measures(clock, None, 1.0, startup_record(None, None, clock.first_step_unix))
+    assert tuple(record) == RANK_MEASURES and record["step_time_s"]["n"] == 2 and record["wall_time_s"] == 1.0
 
 
 def test_a_process_start_time_from_proc_is_when_it_was_started():
@@ -150,7 +173,7 @@ def test_the_startup_benchmark_reads_where_the_start_went():
 
 
 def test_own_work_is_judged_outside_the_profilers_window_where_it_can_be():
-    from hpc.training.summary import own_work_basis
+    from hpc.training.steptimes import own_work_basis
 
     # the first step (caches warming) left out; of the rest, the unprofiled ones; unmeasured ones never
     assert own_work_basis([9.0, 1.0, 5.0, 6.0, 2.0], [False, False, True, True, False]) == [1.0, 2.0]

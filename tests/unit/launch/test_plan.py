@@ -1,5 +1,6 @@
 """hpc/launch/submission/plan.py: a single job and the study as plans."""
 
+import sys
 from pathlib import Path
 
 import commands
@@ -30,3 +31,21 @@ def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
     print_plan(plan)
     out = capsys.readouterr().out
     assert out.count("#SBATCH --array=0-11") == 3 and not (tmp_path / "runs").exists()
+
+
+def test_the_trainings_task_takes_the_one_hang_bound_a_commands_does(tmp_path):
+    """One liveness watch, one key: command.hang_timeout_s reaches the runner's watch for the toolkit's
+    training as for a user's command; unset, both learn their bounds; the section's other keys are a
+    command's and refused for the training, in one line."""
+    import pytest
+
+    from hpc.core.errors import UsageError
+
+    def bound(*argv):
+        (spec,) = plan_for("--dry-run", "--local", "--gpus", "1", *argv, tmp_path=tmp_path).specs
+        return spec.points[0][1].hang_timeout_s
+
+    assert bound() is None and bound("--set", "command.hang_timeout_s=90") == 90
+    assert bound("--set", "command.hang_timeout_s=90", "--", sys.executable, "-c", "pass") == 90
+    with pytest.raises(UsageError, match=r"^command\.cwd: a key of a user's command"):
+        bound("--set", "command.cwd=/")

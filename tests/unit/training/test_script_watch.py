@@ -21,7 +21,7 @@ from hpc.launch.rank.hang import HangWatch, main_frames, waits_for_a_peer, where
 from hpc.launch.rank.rankenv import rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.rankcommand import user_command
-from hpc.training.hook.firstgrad import FirstGrad
+from hpc.training.steptimes import StepClock
 from hpc.training.hook.scriptoom import oom_of
 
 STUCK = """Thread 0x00007f3540bff640 (most recent call first):
@@ -165,20 +165,21 @@ def test_a_commands_rank_gets_the_flight_recorder_unless_its_environment_says_ot
 
 def test_each_steps_first_gradient_is_timed_and_four_parameters_keep_the_hook():
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])  # 8 parameters
-    first = FirstGrad()
-    assert first.watch(model.parameters()) and len(first.handles) == 8
-    assert first.take() is None  # no backward yet: no gradient this step
-    began = time.perf_counter()
+    clock = StepClock()
+    assert clock.watch(model.parameters()) and len(clock.handles) == 8
+    clock.ended()  # the first step's end: its own work has no start, and no gradient came
     model(torch.randn(2, 4)).sum().backward()
-    at = first.take()
-    assert at is not None and began < at < time.perf_counter()
+    clock.ended()
+    assert clock.own_times()[0] is None and clock.own_times()[1] is not None
     # the last layer's gradients come first in backward: they keep the hook, the rest let it go
-    assert set(first.handles) == {id(p) for p in [*model[3].parameters(), *model[2].parameters()]}
+    assert set(clock.handles) == {id(p) for p in [*model[3].parameters(), *model[2].parameters()]}
     model(torch.randn(2, 4)).sum().backward()
-    assert first.take() is not None  # still timed with four
-    first.remove()
+    clock.ended()
+    assert clock.own_times()[2] is not None  # still timed with four
+    clock.remove()
     model(torch.randn(2, 4)).sum().backward()
-    assert first.take() is None
+    clock.ended()
+    assert clock.own_times()[3] is None
 
 
 @pytest.mark.parametrize("group, env, said", [

@@ -12,7 +12,8 @@ from hpc.core.errors import UsageError
 from hpc.settings.schema import TrainConfig
 from hpc.training.build import batch_plan, lr_factor
 from hpc.training.metrics import MetricsLog
-from hpc.training.steps import DivergenceGuard, StepTimer, TrainState
+from hpc.training.steps import DivergenceGuard, TrainState
+from hpc.training.steptimes import StepClock
 from hpc.training.steptimes import percentile
 
 
@@ -72,14 +73,14 @@ def test_divergence_guard_finds_the_first_bad_step_on_cpu():
     assert guard.losses == [] and guard.steps == []
 
 
-def test_step_timer_on_cpu():
-    timer = StepTimer(use_cuda=False)
+def test_step_clock_on_cpu():
+    clock = StepClock(cuda=False)
+    clock.ended()
     for pause_s in (0.01, 0.02, 0.03):
-        timer.start()
         time.sleep(pause_s)
-        timer.stop()
+        clock.ended()
     # each at least the pause it timed (sleep never returns early), in order: not a clock's noise
-    assert len(timer.times()) == 3 and all(t >= p for t, p in zip(timer.times(), (0.01, 0.02, 0.03), strict=True))
+    assert len(clock.times()) == 3 and all(t >= p for t, p in zip(clock.times(), (0.01, 0.02, 0.03), strict=True))
 
 
 def test_metrics_log_off_rank_writes_nothing(tmp_path):
