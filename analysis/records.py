@@ -32,6 +32,7 @@ class CpuTotals:
     # `enumerate(DataLoader)` ranges inside the profiled steps (all, without steps); None: no DataLoader
     # in the trace (data.loader: device feeds batches without one)
     dataloader_us: float | None = None
+    dataloader_step_us: list[float] | None = None  # of it, each profiled step's (in step order)
     cpu_span_us: float | None = None  # the CPU events' first start to last end
     runtime_us: float | None = None  # host time in runtime calls (cudaLaunchKernel, cudaMemcpyAsync ...)
 

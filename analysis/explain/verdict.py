@@ -102,6 +102,7 @@ class Evidence:
     kernel_wait_us: float | None = None
     other_wait_us: float | None = None
     dataloader_us: float | None = None  # DataLoader ranges in the profiled steps
+    data_step_shares: list[float] | None = None  # of each profiled step (every rank's), the DataLoader's share
     step_us: float | None = None  # the profiled steps' time (the CPU span when there are none)
     kernels_per_step: float | None = None
     ranks: int = 1
@@ -194,14 +195,46 @@ def judge(e: Evidence) -> Verdict:
     beside it the next largest other than compute with at least SECONDARY_SHARE."""
     measured = shares(e)
     named = sorted(eligible(e, measured).items(), key=lambda kv: -kv[1])
-    found = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
+    reached = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
+    found = [(k, v) for k, v in reached if unsteady(e, k) is None]
     unproven = f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
+    unproven += "".join(f"; no {k} named: {unsteady(e, k)}" for k, _ in reached if unsteady(e, k) is not None)
     if not found:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
     remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else remedy_for(bound, e)
     return Verdict(bound, secondary, measured, describe(bound, e, measured) + unproven, remedy)
+
+
+def unsteady(e: Evidence, bound: str) -> str | None:
+    """Why a class whose share of the profiled steps' sum reaches its threshold is not named: its share
+    reaches the threshold in under half of the steps (a slow fetch or two, not every step's wait). The
+    data-loading class only: its time is the host's, cut by each step's own range; device time is not
+    (a kernel launched in one step runs into the next), so the device classes are judged on the window.
+    None: named, or no step-by-step measure."""
+    steps = e.data_step_shares if bound == DATA else None
+    if not steps:
+        return None
+    at = sum(share >= THRESHOLDS[DATA] for share in steps)
+    if 2 * at >= len(steps):
+        return None
+    return (
+        f"the DataLoader took {THRESHOLDS[DATA]:.0%} of a step or more in {at} of {len(steps)} profiled steps "
+        "(a class: half of them or more), the sum's share is a few slow fetches"
+    )
+
+
+def _data_step_shares(records: list[TraceRecord]) -> list[float] | None:
+    """Each profiled step's DataLoader share, over every trace that has both."""
+    out = [
+        loading / step
+        for r in records
+        if r.dataloader_step_us
+        for loading, step in zip(r.dataloader_step_us, r.step_time_us, strict=False)
+        if step > 0
+    ]
+    return out or None
 
 
 def remedy_for(bound: str, e: Evidence) -> str | None:
@@ -328,6 +361,7 @@ def trace_evidence(rec: TraceRecord) -> Evidence:
     return Evidence(
         **_breakdown([rec]),
         dataloader_us=rec.dataloader_us,
+        data_step_shares=_data_step_shares([rec]),
         step_us=_step_basis([rec]),
         kernels_per_step=rec.kernel_calls_per_step,
         ranks=rec.world_size or 1,
@@ -354,6 +388,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
     return Evidence(
         **_breakdown(records),
         dataloader_us=_sum_present(r.dataloader_us for r in records),
+        data_step_shares=_data_step_shares(records),
         step_us=_step_basis(records),
         kernels_per_step=run.kernel_calls_per_step.mean,
         ranks=run.ranks or 1,

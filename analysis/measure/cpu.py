@@ -124,6 +124,7 @@ class CpuOps:
             step_time_us=durations,
             step_numbers=[n for _, _, n in steps],
             dataloader_us=self._dataloader_in_steps(steps),
+            dataloader_step_us=self._dataloader_each_step(steps),
             cpu_span_us=self._span[1] - self._span[0] if self._columns else None,
         )
 
@@ -137,6 +138,14 @@ class CpuOps:
             return union_us(*loading)
         in_steps = (np.array([s for s, _, _ in steps]), np.array([e for _, e, _ in steps]))
         return overlap_us((loading[0], loading[1]), in_steps)
+
+    def _dataloader_each_step(self, steps: list[tuple[float, float, int]]) -> list[float] | None:
+        """The DataLoader ranges' time inside each profiled step, in step order (None: no DataLoader, or no
+        steps): the verdict asks whether data loading holds up most steps or one (analysis/explain/verdict.py)."""
+        if not self._dataloader or not steps:
+            return None
+        loading = tuple(np.concatenate(c) for c in zip(*self._dataloader, strict=True))
+        return [overlap_us((loading[0], loading[1]), (np.array([s]), np.array([e]))) for s, e, _ in steps]
 
     def _by_thread(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """(starts, ends, signed name ids, correlation ids) per thread id, each in file order: views of the

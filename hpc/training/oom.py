@@ -63,14 +63,24 @@ def device_memory(cuda: bool, fraction: float | None) -> dict[str, int | None]:
     }
 
 
-def oom_fields(
-    error: BaseException, rank: int, per_gpu: int | None, world: int, cuda: bool, fraction: float | None
+def oom_record(
+    error: BaseException,
+    paths: RunPaths,
+    rank: int,
+    per_gpu: int | None,
+    world: int,
+    cuda: bool,
+    fraction: float | None,
+    snapshot: bool,
+    step: int | None,
 ) -> dict[str, Any]:
-    """The record of an OOM, the toolkit's training's and a script's alike (hpc/training/hook/scriptoom.py):
-    the allocator's first line, the allocation it names, the device's memory, the batch where known."""
+    """The record of an OOM, the one recorder of the toolkit's training and a script's start-up hook
+    (hpc/training/hook/scriptoom.py): the allocator's first line, the allocation it names, the device's
+    memory, the batch where known, the step it came in, and with `snapshot` (profiler.memory_snapshot) on a
+    GPU the allocator's history dumped beside the run (RUN/memory_snapshot.rank{R}.pickle)."""
     text = str(error).strip()
     message = text.splitlines()[0] if text else type(error).__name__
-    return {
+    oom: dict[str, Any] = {
         "rank": rank,
         "batch_size_per_gpu": per_gpu,
         "global_batch_size": per_gpu * world if per_gpu else None,
@@ -78,22 +88,24 @@ def oom_fields(
         "memory_fraction": fraction,
         **device_memory(cuda, fraction),
         "message": message[:500],
+        "step": step,
         "snapshot": None,
     }
-
-
-def record_oom(
-    error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool
-) -> dict[str, Any]:
-    """Write what the OOM was (this rank's facts, then summary.json: outcome "oom") and the snapshot if
-    recorded; return the record."""
-    tc = cfg.train
-    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
-    oom = oom_fields(error, rank, per_gpu, world, cuda, tc.cuda_memory_fraction)
-    if cfg.profiler.memory_snapshot and cuda:
+    if snapshot and cuda:
         path = paths.memory_snapshot(rank)
         torch.cuda.memory._dump_snapshot(str(path))
         oom["snapshot"] = path.name
+    return oom
+
+
+def record_oom(
+    error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool, step: int | None
+) -> dict[str, Any]:
+    """The training's OOM: its record (oom_record) in this rank's facts, then summary.json (outcome "oom")."""
+    tc = cfg.train
+    per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
+    snapshot = cfg.profiler.memory_snapshot
+    oom = oom_record(error, paths, rank, per_gpu, world, cuda, tc.cuda_memory_fraction, snapshot, step)
     # Every rank may hit it at once: each records its own, and summary.json names rank 0's (or the lowest's).
     write_facts(
         paths,

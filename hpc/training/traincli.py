@@ -154,7 +154,8 @@ def train_or_oom(
         return trainer.train()
     except torch.cuda.OutOfMemoryError as e:
         cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
-        oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda)
+        step = trainer.state.step + 1 if trainer is not None else None  # the step it came in
+        oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda, step)
         log.warning(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}")
         return EXIT_OOM
     except Exception as e:

@@ -17,7 +17,7 @@ import atexit
 import logging
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpc.core.errors import EXIT_OOM
 from hpc.core.stop import exit_now
@@ -44,31 +44,12 @@ def oom_of(error: BaseException | None) -> BaseException | None:
     return None
 
 
-def oom_record(error: BaseException, hook: StepHook, batch: int | None) -> dict[str, Any]:
-    """What the OOM was, as hpc/training/oom.py records it for the toolkit's training, and at which step."""
-    from hpc.training.oom import oom_fields
-
-    return {**oom_fields(error, hook.rank, batch, hook.world_size, hook.cuda, None), "step": hook.steps + 1}
-
-
-def dump_snapshot(hook: StepHook) -> str | None:
-    if not (hook.cuda and hook.settings.get("memory_snapshot")):
-        return None
-    import torch
-
-    path = hook.paths.memory_snapshot(hook.rank)
-    torch.cuda.memory._dump_snapshot(str(path))
-    return path.name
-
-
 def record_history(hook: StepHook) -> None:
-    """At the first step on a GPU, with profiler.memory_snapshot: the allocator's history, bounded."""
-    if hook.cuda and hook.settings.get("memory_snapshot"):
-        import torch
+    """At the first step on a GPU, with profiler.memory_snapshot: the allocator's history, bounded, as the
+    training records it."""
+    from hpc.training.oom import start_memory_history  # torch's: loaded, since a step was taken
 
-        from hpc.training.oom import SNAPSHOT_MAX_ENTRIES
-
-        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+    start_memory_history(bool(hook.settings.get("memory_snapshot")), hook.cuda)
 
 
 class OomCatcher:
@@ -87,9 +68,13 @@ class OomCatcher:
         try:
             oom = oom_of(error)
             if oom is not None:
-                self.hook.oom = oom_record(oom, self.hook, self.batch)
-                self.hook.oom["snapshot"] = dump_snapshot(self.hook)
-                self.hook.write()
+                from hpc.training.oom import oom_record  # the training's recorder (torch is loaded: it raised)
+
+                hook = self.hook
+                snapshot = bool(hook.settings.get("memory_snapshot"))
+                args = (hook.paths, hook.rank, self.batch, hook.world_size, hook.cuda, None, snapshot, hook.steps + 1)
+                hook.oom = oom_record(oom, *args)
+                hook.write()
         except Exception as e:  # never in the way of the script's own traceback
             log.warning(f"hpc: rank {self.hook.rank}: the out-of-memory record was not written ({e})")
         self.previous(kind, error, tb)

@@ -303,3 +303,34 @@ def test_a_rank_that_waited_for_a_core_is_no_straggler():
     for rec in slept:
         rec["own_step_series"]["queued_ms"] = [0.01] * 20
     assert slow_rank(slept)["holds"]
+
+
+def _loading_trace(path, loading_us):
+    """A CPU trace of 10 ms steps, each with a DataLoader range of the given length at its start."""
+    import json
+
+    events, t = [], 0.0
+    for n, load in enumerate(loading_us):
+        step = 10_000.0 + load
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n + 2}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": step})
+        events.append({"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": t + 1.0, "dur": load,
+                       "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + load + 2.0,
+                       "dur": 9_000.0})
+        t += step
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_data_loading_is_named_when_it_holds_up_most_steps_not_one_slow_fetch(tmp_path):
+    """Known by construction: one 120 ms fetch among nine of 0.5 ms is 57% of the steps' sum but 25%+ of a
+    step in 1 of 10 (no verdict, and the line says why); 5 ms in every 15 ms step is 33% of each (named)."""
+    from analysis.measure.trace import analyze_trace
+
+    one_slow = analyze_trace(_loading_trace(tmp_path / "a.json", [120_000.0] + [500.0] * 9)).verdict
+    assert one_slow["bound"] == "unknown", one_slow["line"]
+    assert one_slow["shares"]["data-loading"] > 0.5
+    assert "no data-loading named: the DataLoader took 25% of a step or more in 1 of 10 profiled steps" in one_slow["line"]
+    every = analyze_trace(_loading_trace(tmp_path / "b.json", [5_000.0] * 10)).verdict
+    assert every["bound"] == "data-loading" and "no data-loading named" not in every["line"], every["line"]
