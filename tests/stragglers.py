@@ -3,7 +3,7 @@ oracle on a run's raw measurements (summary.json as the ranks wrote it), not the
 rank with the most own work per step is a straggler when, over 10 or more steps every rank measured, it
 is above the others' median in at least 75% of them by a median excess more than twice the run's
 step-to-step spread (the median over ranks of each one's interquartile range, linear quartiles), and the
-others' wait for it (its median own work over the ranks' median, over the median step) is 10% or more."""
+others' wait for it (its median own work over the other ranks' median, over the median step) is 10% or more."""
 
 import statistics
 
@@ -28,6 +28,6 @@ def readme_straggler(summary: dict) -> int | None:
 
     spread = statistics.median(iqr([s[n] for n in common]) for s in series)
     step = statistics.median(r["step_time_s"]["median"] for r in ranks)
-    wait_share = (max(own) - statistics.median(own)) / step
+    wait_share = (max(own) - statistics.median(o for i, o in enumerate(own) if i != slow)) / step
     holds = above >= 0.75 * len(common) and statistics.median(diffs) > 2 * spread
     return slow if holds and wait_share >= 0.10 else None

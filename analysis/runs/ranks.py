@@ -200,7 +200,8 @@ def own_series(rank: dict[str, Any], key: str = "ms") -> dict[int, float]:
 def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/steptimes.py's StepClock), against the
-    median over ranks, and whether its node's other ranks are as slow (a slow node, not a slow rank).
+    other ranks' median (what they wait for it: with two ranks, the other's own work), and whether its
+    node's other ranks are as slow (a slow node, not a slow rank).
     `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
     MIN_OWN_STEPS steps or more. `holds`: the rule above (consistency), without which no straggler is named;
     `why_not` says why it does not hold."""
@@ -209,7 +210,7 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     node = {r["rank"]: str(r.get("node") or r.get("hostname") or "?") for r in ranks if r.get("rank") in own}
     slowest = max(own, key=lambda r: (own[r], -r))
-    median = statistics.median(list(own.values()))
+    median = statistics.median([v for r, v in own.items() if r != slowest])
     mates = [v for r, v in own.items() if r != slowest and node[r] == node[slowest]]
     mates_median = statistics.median(mates) if mates else None
     steps = [s["median"] for r in ranks if isinstance(s := r.get("step_time_s"), dict) and s.get("median")]
@@ -234,7 +235,7 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def slow_rank_words(s: dict[str, Any]) -> str:
-    """`rank 13 on nid004: own work 0.31 s a step against a median of 0.01 s over 32 ranks (25x); its node's
+    """`rank 13 on nid004: own work 0.31 s a step against the other 31 ranks' median of 0.01 s (25x); its node's
     other 3 ranks 0.01 s: a slow rank, not a slow node`."""
     ratio = f" ({s['own_s'] / s['median_own_s']:.1f}x)" if s["median_own_s"] > 0 else ""
     mates = s["node_others_own_s"]
@@ -251,6 +252,6 @@ def slow_rank_words(s: dict[str, Any]) -> str:
     )
     return (
         f"rank {s['rank']} on {s['node']}: own work (before the gradient sync) {s['own_s'] * 1e3:.1f} ms a step "
-        f"against a median of {s['median_own_s'] * 1e3:.1f} ms over {s['ranks_measured']} ranks{ratio}{steps}; "
+        f"against the other {s['ranks_measured'] - 1} ranks' median of {s['median_own_s'] * 1e3:.1f} ms{ratio}{steps}; "
         f"{node}"
     )

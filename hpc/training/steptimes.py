@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from hpc.core.proc import process_started_unix, queued_s
 from hpc.settings.profranks import typical
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch's types for the annotations only: torch is imported where a GPU's events are asked for
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
     from hpc.training.profiling import Profiling
 
 log = logging.getLogger(__name__)
@@ -137,7 +140,7 @@ class StepClock:
         self.first_step_unix: float | None = None  # when this process's first step ended (time.time())
         self.since: tuple[Mark, float | None] | None = None  # the last end, and queued_s then
         self.grad: tuple[Mark, float | None] | None = None  # this step's first gradient so far
-        self.handles: dict[int, Any] = {}  # id(parameter) -> torch's RemovableHandle
+        self.handles: dict[int, RemovableHandle] = {}  # by id(parameter)
         self.fired: list[int] = []  # the first parameters to fire, in the step that chooses them
         self.pruned = False
 
@@ -150,15 +153,15 @@ class StepClock:
             return event, None
         return time.perf_counter(), queued_s()
 
-    def watch(self, params: Iterable[Any]) -> bool:
-        """Hook the parameters' gradients (torch.nn.Parameter); False: none, or this torch has no such hook."""
+    def watch(self, params: Iterable[torch.nn.Parameter]) -> bool:
+        """Hook the parameters' gradients; False: none, or this torch has no such hook."""
         params = [p for p in params if p.requires_grad]
         if not all(hasattr(p, "register_post_accumulate_grad_hook") for p in params):
             return False
         self.handles = {id(p): p.register_post_accumulate_grad_hook(self) for p in params}
         return bool(self.handles)
 
-    def __call__(self, param: Any) -> None:  # torch.Tensor, from autograd
+    def __call__(self, param: torch.Tensor) -> None:  # from autograd
         try:
             if self.cuda and _capturing():
                 return  # a CUDA graph being captured: its replays run no hook
@@ -233,7 +236,11 @@ def _capturing() -> bool:
 
 
 def measures(
-    clock: StepClock, profiling: Profiling | None, wall_s: float | None, startup: dict[str, Any], device: Any = None
+    clock: StepClock,
+    profiling: Profiling | None,
+    wall_s: float | None,
+    startup: dict[str, Any],
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """A rank's measurements for summary.json (RANK_MEASURES), the training's and a script's from the same
     clock: step times (the first, which warms caches, left out), own work, start-up, the speed after the

@@ -335,7 +335,7 @@ def test_one_logger_per_module_named_after_it():
         assert all(len(c.args) == 1 and getattr(c.args[0], "id", "") == "__name__" for c in calls), name
 
 
-STARTUP_HOOK_MODULES = ("autoprofile.py", "scriptoom.py", "scriptaccelerate.py")  # loaded in every process of a command: torch only once the script has it
+STARTUP_HOOK_MODULES = ("autoprofile.py", "scriptoom.py", "scriptaccelerate.py", "steptimes.py")  # loaded in every process of a command: torch only once the script has it
 
 
 def test_the_torch_half_is_typed_with_torchs_types():
