@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import signal
@@ -40,6 +41,8 @@ from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, w
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
 from hpc.core.rundir import RunPaths, is_count
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "running")
 TAIL_BYTES = 8192
@@ -223,7 +226,7 @@ def rank_entries(
 
 def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
     """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
-    records its ranks' runners moved aside (hpc/launch/rank/runner.py's keep_earlier): its attempt, outcome,
+    records moved aside (keep_earlier): its attempt, outcome,
     the line naming its first failing rank, and that rank's end in a phrase. A rank still `running`
     there was lost (its runner never recorded its end)."""
     by_group: dict[str, list[dict[str, Any]]] = {}
@@ -307,6 +310,21 @@ def build_summary(
         "gpus": summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
         "ranks": ranks,
     }
+
+
+def keep_earlier(paths: RunPaths, rank: int) -> None:
+    """The rank's exit record of its earlier start (a worker group torchrun restarted, a requeued job's
+    last start, a run resumed outside any runner: one start runs a rank at a time) moved aside before this
+    start's replaces it or its facts outdate it: how that one ended stays on disk and in summary.json, and
+    this start's own record makes the summary. Each rank moves its own; a failed move is said."""
+    earlier = read_json(paths.rank_exit(rank)) if paths.rank_exit(rank).is_file() else None
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("attempt"), str):
+        return  # none, or not a record (a cut one is replaced)
+    try:
+        paths.earlier.mkdir(parents=True, exist_ok=True)
+        os.replace(paths.rank_exit(rank), paths.earlier_exit(rank, int(earlier.get("started_ns") or 0)))
+    except OSError as e:
+        log.warning(f"hpc: rank {rank}: attempt {earlier['attempt']}'s exit record not kept ({e})")
 
 
 def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.runstate import run_state
 from hpc.core.stop import StopSignal
+from hpc.core.summary import keep_earlier
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
@@ -106,6 +107,8 @@ class Trainer:
             run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log, self.inject
         )
         claim_run_dir(self.paths, self.lock, self.group, self.checkpointer, resume_from, self.log)
+        if RUN_DIR_VARIABLE not in os.environ:  # a start outside our runner (plain torchrun, python): its own
+            keep_earlier(self.paths, dist.rank)  # record, not a runner's earlier one, makes summary.json
         self.group.gather_roster()
         start_memory_history(cfg.profiler.memory_snapshot, self.use_cuda)
         mc = cfg.model

@@ -48,12 +48,14 @@ def _processes_of(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "ctrl-c, then plain torchrun"])
 def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root, tmp_path, how):
     """Ctrl-C (SIGINT to the terminal's process group: hpc.submit, submitit's controller, the ranks) or
     `timeout`'s SIGTERM (to hpc.submit alone): every rank checkpoints at a step boundary and exits, no
     process of the run is left, one line says what was kept and how to resume, exit 3; the printed
-    command resumes the run to its end."""
+    command resumes the run to its end. Resumed instead with plain torchrun on the training (as the README
+    allows, no runner), summary.json is that start's: done, every rank at the last step, the weights'
+    digest the checkpoint's, the stopped start among the earlier ones (issue 60: it stayed the first's)."""
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
                              "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", "12", "--no-profile",
@@ -79,6 +81,8 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
         f"384; resume with: python -m torch.distributed.run --standalone --nproc-per-node 2 -m hpc.rank --run-dir " \
         f"{run_dir}" in line  # the task again, by its runner (issue 50)
     assert 0 < step < 384 and (run_dir / "summary.json").exists()  # stopped, not requeued: summary says so
+    if how.endswith("plain torchrun"):
+        return _resumed_with_plain_torchrun(run_dir, line)
     resume = line.split("resume with: ", 1)[1].replace("python ", f"{sys.executable} ", 1)
     done = subprocess.run(resume, shell=True, cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -86,6 +90,25 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
     assert done.returncode == 0 and f"resuming from {run_dir}" in said, done.stdout[-1000:] + done.stderr[-1000:]
     assert f"hpc.rank: {run_dir}: done; the task's output: {run_dir / 'logs'}" in done.stdout
     assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"] == 384
+
+
+def _resumed_with_plain_torchrun(run_dir: Path, stopped_line: str) -> None:
+    import hashlib
+
+    import torch
+
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "hpc.train", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-1000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    digest = hashlib.sha256()  # the checkpoint's weights, every tensor of the state in order, as the README says
+    for tensor in torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["model"].values():
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    assert summary["outcome"] == "done" and [r["steps"] for r in summary["ranks"]] == [384, 384], summary
+    assert {r["weights_sha256"] for r in summary["ranks"]} == {digest.hexdigest()}
+    (earlier,) = summary["earlier"]
+    assert earlier["outcome"] == "stopped" and earlier["attempt"] != summary["attempt"], (earlier, stopped_line)
 
 
 def test_the_training_and_a_users_script_leave_the_same_run_directory(tmp_path):

@@ -1,16 +1,14 @@
 """A rank's records among the others' (RUN/ranks/, hpc/core/summary.py): which start of the world a
 rank is in (`group_key`), a failed peer's mark and who failed, rank 0's wait for every rank's end, and
-a rank's record of its earlier start kept aside. No torch import.
+a rank's record of its earlier start kept aside (hpc/core/summary.py's keep_earlier). No torch import.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
-from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import group_of, read_records
 from hpc.placement.distenv import DistEnv
@@ -54,17 +52,3 @@ def wait_for_records(paths: RunPaths, group: str, world_size: int, timeout_s: fl
         if len(ended) >= world_size:
             return
         time.sleep(poll_s)
-
-
-def keep_earlier(paths: RunPaths, rank: int) -> None:
-    """The rank's exit record of its earlier start (a worker group torchrun restarted, a requeued job's
-    last start: one runner runs a rank at a time) moved aside before this start's replaces it: how that
-    one ended stays on disk and in summary.json. Each rank moves its own; a failed move is said."""
-    earlier = read_json(paths.rank_exit(rank)) if paths.rank_exit(rank).is_file() else None
-    if not isinstance(earlier, dict) or not isinstance(earlier.get("attempt"), str):
-        return  # none, or not a record (a cut one is replaced)
-    try:
-        paths.earlier.mkdir(parents=True, exist_ok=True)
-        os.replace(paths.rank_exit(rank), paths.earlier_exit(rank, int(earlier.get("started_ns") or 0)))
-    except OSError as e:
-        log.warning(f"hpc: rank {rank}: attempt {earlier['attempt']}'s exit record not kept ({e})")

@@ -57,6 +57,7 @@ from hpc.core.stop import StopSignal
 from hpc.core.summary import (
     EXCEPTION_LINE,
     attempt_of,
+    keep_earlier,
     kind_of_code,
     last_said,
     read_facts,
@@ -67,7 +68,7 @@ from hpc.launch.rank.hang import HangWatch
 from hpc.launch.rank.pump import Pump
 from hpc.launch.rank.rankenv import on_slurm, passes_stops_on, rank_env
 from hpc.launch.rank.rankmeet import Unmet, meet
-from hpc.launch.rank.rankrecords import failed_mark, failed_peers, group_key, keep_earlier, wait_for_records
+from hpc.launch.rank.rankrecords import failed_mark, failed_peers, group_key, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
 from hpc.settings.rankcommand import RankCommand
 

@@ -161,8 +161,15 @@ class StepHook:
             self.start(optimizer)
         if id(optimizer) != self.counted:
             return
-        self.clock.ended(self.active and self.profiling is not None and self.profiling.on_now())
+        profiled = self.active and self.profiling is not None and self.profiling.on_now()
         self.steps = self.steps + 1
+        try:
+            self.after_step()
+        finally:  # the step ends after our profiler's own step (a trace's export is this step's, as in the training)
+            self.clock.ended(profiled)
+
+    def after_step(self) -> None:
+        """What a counted step sets off: the separate-copies line, the listeners, our profiler's step."""
         if self.grouped and self.traffic.count() and self.rank == 0:
             said = self.traffic.silent_line(self.world_size)
             if said:

@@ -67,7 +67,7 @@ def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
     (a new one each start) says which records are one start. A requeue (9.1.0) is not torchrun's
     restart: no line."""
     from hpc.core.summary import restarts_line
-    from hpc.launch.rank.rankrecords import keep_earlier
+    from hpc.core.summary import keep_earlier
 
     paths = RunPaths(tmp_path)
     paths.ranks.mkdir()
