@@ -218,6 +218,9 @@ def rank_entries(
         if record.get("kind") == "running" and ("exit_code" in own or "oom" in own):
             entry["kind"] = kind_of_code(own.get("exit_code", EXIT_OOM), requeue_codes, "oom" in own)
             entry["exit_code"] = own.get("exit_code", EXIT_OOM)
+        seen = record.get("steps_seen")  # a command's steps by its beats: a script killed before its facts' last write
+        if is_count(seen) and not (is_count(entry.get("steps")) and entry["steps"] >= seen):
+            entry["steps"] = seen
         entry["complete"] = entry.get("kind") == "ok"
         entry.setdefault("profiler", {"traces": [], "cycles": [], "failed": [], "note": None})
         entries.append(entry)

@@ -329,6 +329,9 @@ class RankRun:
             "stderr_tail": said,
             **({"signals_passed_on": self.passed_names()} if self.stop.passed else {}),
         }
+        if self.hang is not None and self.task.profiler is not None:  # a command's: the steps its beats counted
+            self.hang.beats.read()  # the last ones, written just before its end
+            end["steps_seen"] = self.hang.beats.steps  # summary.json's steps where its facts stopped short
         what = f"exit {code}" if signum is None else f"signal {end['signal']}"
         oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
         kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else "failed"

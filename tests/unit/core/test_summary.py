@@ -116,3 +116,17 @@ def test_a_failed_rank_is_said_by_its_exception_where_it_raised_one(lines, said)
 ])
 def test_an_attempt_is_the_job_and_its_restarts(env, attempt):
     assert attempt_of(env) == attempt
+
+
+def test_a_commands_steps_are_its_beats_where_its_facts_stopped_short():
+    """A script killed with no handler of its own last wrote its facts at a profiler cycle's end (5 steps):
+    its runner counted 80 beats, one a step, and summary.json says 80. Facts that saw more (a training
+    resumed at step 100, counted from 0 this start) keep theirs; no beats counted, the facts' stand."""
+    from hpc.core.summary import rank_entries
+
+    record = {"rank": 0, "kind": "interrupted", "attempt": "7.0.0", "steps_seen": 80}
+    assert rank_entries([record], {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 80
+    assert rank_entries([record], {}, ())[0]["steps"] == 80  # killed before any facts
+    assert rank_entries([record], {0: {"rank": 0, "attempt": "7.0.0", "steps": 100}}, ())[0]["steps"] == 100
+    plain = {k: v for k, v in record.items() if k != "steps_seen"}
+    assert rank_entries([plain], {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 5
