@@ -255,7 +255,7 @@ def why_no_trace(run_dir: Path) -> str | None:
     if notes:
         return notes[0]
     steps = [r.get("steps") for r in ranks if is_count(r.get("steps"))]
-    if not steps:
+    if not steps or max(steps) == 0:
         return (
             "no torch.optim optimizer step was seen (the profiler steps on torch's optimizer step hook; a script "
             "that updates its weights by hand, or only inside torch.compile, is not profiled)"

@@ -315,6 +315,21 @@ def build_summary(
     }
 
 
+def no_step_line(summary: dict[str, Any] | None) -> str | None:
+    """One line when a command ended with no optimizer step seen on any rank (the start-up hook counts
+    torch.optim steps): a run that trained nothing, or trained out of the hook's sight, is not a silent done."""
+    if not summary or summary.get("kind") != "command" or summary.get("outcome") != "done":
+        return None
+    steps = [r.get("steps") for r in summary.get("ranks") or []]
+    if any(isinstance(n, int) and n > 0 for n in steps):
+        return None
+    return (
+        "the command exited 0 with no torch.optim optimizer step on any rank: nothing was trained that the "
+        "toolkit could see (no step times, no trace); a script that skipped its training (no GPU found, no data) "
+        "or updates its weights by hand says why in its own output (logs/)"
+    )
+
+
 def keep_earlier(paths: RunPaths, rank: int) -> None:
     """The rank's exit record of its earlier start (a worker group torchrun restarted, a requeued job's
     last start, a run resumed outside any runner: one start runs a rank at a time) moved aside before this

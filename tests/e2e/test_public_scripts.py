@@ -1,4 +1,4 @@
-"""Public scripts as their authors wrote them (tests/public/, kept byte for byte): pytorch/examples'
+"""Public scripts as their authors wrote them (tests/public/, kept byte for byte). pytorch/examples'
 imagenet/main.py on CPUs makes a process group and a DistributedSampler but never wraps its model in
 DistributedDataParallel, so each rank trains its own copy. The toolkit says so once during the run and
 in the analysis, and judges no imbalance between ranks that never wait for each other."""
@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 PUBLIC = REPO / "tests" / "public"
 IMAGENET = PUBLIC / "imagenet_main.py"
 IMAGENET_SHA256 = "f67ca2cd730bf91afe0504694abf07b88cbd03ac8c8a0426023620d29175c158"  # pytorch/examples 77f55b9
+DDP_EXAMPLE = PUBLIC / "ddp_example.py"
+DDP_EXAMPLE_SHA256 = "a261723f015d6bce1247450c5a8732a8702f3158a89a7a0032c6a120f7065c86"  # the same commit
 PY = sys.executable
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
 SAID = "ranks each train a separate copy: the script's process group ran no collective"
@@ -27,6 +29,17 @@ SAID = "ranks each train a separate copy: the script's process group ran no coll
 
 def test_the_public_scripts_are_as_their_authors_wrote_them():
     assert hashlib.sha256(IMAGENET.read_bytes()).hexdigest() == IMAGENET_SHA256
+    assert hashlib.sha256(DDP_EXAMPLE.read_bytes()).hexdigest() == DDP_EXAMPLE_SHA256
+
+
+def test_a_command_that_steps_no_optimizer_is_said_not_a_silent_done(tmp_path):
+    """pytorch/examples' DDP example on a machine without 2 GPUs says so itself and exits 0 untrained
+    (its own line is the oracle): the run is done, and one line says no optimizer step was seen."""
+    r = subprocess.run([PY, "-m", "hpc.submit", "--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--",
+                        PY, str(DDP_EXAMPLE)], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    said = r.stdout + r.stderr
+    assert r.returncode == 0 and "Unable to locate sufficient 2 gpus to run this example. Exiting." in said, said
+    assert said.count("with no torch.optim optimizer step on any rank") == 1, said[-3000:]
 
 
 def stop_after(proc: subprocess.Popen, steps: int, log: Path, timeout_s: float = 240) -> None:

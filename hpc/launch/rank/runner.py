@@ -60,6 +60,7 @@ from hpc.core.summary import (
     keep_earlier,
     kind_of_code,
     last_said,
+    no_step_line,
     read_facts,
     tail_lines,
     write_run_summary,
@@ -167,7 +168,10 @@ class RankRun:
             wait_for_records(self.paths, self.group, self.dist.world_size, SUMMARY_WAIT_S)
         if self.record["kind"] in ("failed", "oom") or self.dist.rank == 0:
             with contextlib.suppress(OSError):  # a full disk: the records still say it
-                write_run_summary(self.paths)
+                summary = write_run_summary(self.paths)
+                said = no_step_line(summary) if self.dist.rank == 0 else None
+                if said:
+                    log.warning(f"hpc: {said}")
         return self.record
 
     def start(self, words: list[str], meeting: Meeting, listener: socket.socket | None) -> subprocess.Popen[bytes]:

@@ -28,7 +28,7 @@ import msgspec
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
-from hpc.core.summary import read_records, restarts_line, write_run_summary
+from hpc.core.summary import no_step_line, read_records, restarts_line, write_run_summary
 from hpc.launch.submission.points import Point
 from hpc.launch.submission.queue import QueueWatch
 
@@ -254,6 +254,9 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
     restarted = restarts_line(summary)
     if restarted:
         print(f"job {sub.job_id}: {restarted}", file=sys.stderr)
+    no_step = no_step_line(summary)
+    if no_step:
+        print(f"job {sub.job_id}: {no_step}", file=sys.stderr)
     if summary.get("failure"):
         print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
     elif outcome != "done":

@@ -130,3 +130,16 @@ def test_a_commands_steps_are_its_beats_where_its_facts_stopped_short():
     assert rank_entries([record], {0: {"rank": 0, "attempt": "7.0.0", "steps": 100}}, ())[0]["steps"] == 100
     plain = {k: v for k, v in record.items() if k != "steps_seen"}
     assert rank_entries([plain], {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 5
+
+
+def test_only_a_command_done_with_no_step_on_any_rank_is_said_to_have_stepped_none():
+    from hpc.core.summary import no_step_line
+
+    def summary(kind="command", outcome="done", steps=(0, 0)):
+        return {"kind": kind, "outcome": outcome, "ranks": [{"rank": i, "steps": n} for i, n in enumerate(steps)]}
+
+    assert "no torch.optim optimizer step on any rank" in no_step_line(summary())
+    assert no_step_line(summary(steps=(None, None))) is not None  # no facts, no beats: nothing seen either
+    assert no_step_line(summary(steps=(0, 3))) is None  # one rank trained: not nothing
+    assert no_step_line(summary(outcome="failed")) is None and no_step_line(summary(kind="train")) is None
+    assert no_step_line(None) is None
