@@ -64,6 +64,24 @@ def process_started_unix(pid: int | None = None) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def identity(pid: int | None = None) -> str | None:
+    """`PID:START` (START: its start in clock ticks after boot): the process, told apart from a later one
+    given the same pid. None where /proc does not say."""
+    pid = pid or os.getpid()
+    fields = proc_stat(pid)
+    return f"{pid}:{fields[19]}" if fields and len(fields) > 19 else None
+
+
+def gone(who: str) -> bool:
+    """Whether the process `identity` named has ended (its pid free, or another process's now, or a zombie
+    its parent has not reaped). A value that names no process is not gone: nothing is watched."""
+    pid, _, start = who.partition(":")
+    if not (pid.isdigit() and start.isdigit()):
+        return False
+    fields = proc_stat(int(pid))
+    return fields is None or fields[0] == "Z" or len(fields) <= 19 or fields[19] != start
+
+
 def queued_s() -> float | None:
     """How long this process's main thread has been runnable but not running, waiting for a core (Linux's
     /proc/self/schedstat, its second field, ns): a rank that shares its cores with other processes gains

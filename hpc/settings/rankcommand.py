@@ -33,6 +33,8 @@ RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own out
 # off | warn | stop: what a multi-node run does when NCCL would use sockets (cluster.nccl_fabric)
 NCCL_FABRIC_VARIABLE = "HPC_NCCL_FABRIC"
 PROFILER_VARIABLE = "HPC_PROFILER"  # the profiler section as JSON: the start-up hook acts on it
+# hpc.submit --local's own process (hpc/core/proc.py identity): a local run ends with it, however it dies
+SUBMITTER_VARIABLE = "HPC_SUBMITTER"
 BATCH_VARIABLE = "HPC_POINT_BATCH"  # a sweep point's batch size per GPU: the start-up hook's OOM record
 POINT_FIELDS = ("batch", "fraction", "gpus", "nodes", "ranks")
 RUN_FIELDS = ("run_dir", "python")  # known when the rank starts, not when the job is planned

@@ -92,6 +92,37 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
     assert json.loads((run_dir / "summary.json").read_text())["ranks"][0]["steps"] == 384
 
 
+@pytest.mark.slow
+def test_a_local_run_ends_with_its_submitter_even_killed_with_sigkill(data_root, tmp_path):
+    """kill -9 of hpc.submit --local (no handler runs): its ranks' runners see it gone, stop their tasks at
+    a step's end with a checkpoint, and nothing of the run is left running (ps is the oracle; issue 60: the
+    ranks trained on to the end, detached, and an empty '%j' folder stayed). The summary says who stopped
+    it, and it is not requeued."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
+                             "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", "40", "--no-profile",
+                             "--set", "train.log_every_steps=2"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 180
+    metrics = []
+    while time.time() < deadline and not any(len(m.read_text().splitlines()) >= 3 for m in metrics):
+        metrics = list(runs.glob("tiny/*/metrics.jsonl"))
+        time.sleep(0.2)
+    assert metrics, "the run never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 120
+    while _processes_of(runs) and time.time() < deadline:
+        time.sleep(1)
+    assert not _processes_of(runs), _processes_of(runs)
+    run_dir = metrics[0].parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    step = json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
+    assert summary["outcome"] == "stopped" and [r["steps"] for r in summary["ranks"]] == [step, step], summary
+    assert all(f"after its submitter hpc.submit (pid {proc.pid}) ended" in r["message"] for r in summary["ranks"])
+    assert 0 < step < 40 * 32 and sorted(p.name for p in (runs / "tiny").iterdir()) == [run_dir.name]
+
+
 def _resumed_with_plain_torchrun(run_dir: Path, stopped_line: str) -> None:
     import hashlib
 

@@ -52,6 +52,7 @@ from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.gpusample import start_sampler
 from hpc.core.meet import LISTEN_FD_VARIABLE, Meeting
 from hpc.core.owner import make_dirs
+from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import (
@@ -71,7 +72,7 @@ from hpc.launch.rank.rankenv import on_slurm, passes_stops_on, rank_env
 from hpc.launch.rank.rankmeet import Unmet, meet
 from hpc.launch.rank.rankrecords import failed_mark, failed_peers, group_key, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
-from hpc.settings.rankcommand import RankCommand
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +242,10 @@ class RankRun:
                 peers = failed_peers(self.paths, self.group, self.dist.rank)
                 if peers:
                     self.begin_stop(proc, f"rank {peers[0]} failed")
+            submitter = self.env.get(SUBMITTER_VARIABLE) or ""
+            if self.stopping_since is None and submitter and gone(submitter):  # killed, even with SIGKILL
+                self.write(orphaned=True)  # a stop nobody will follow: never requeued (hpc/launch/submission/job.py)
+                self.begin_stop(proc, f"its submitter hpc.submit (pid {submitter.split(':')[0]}) ended")
             if self.stopping_since is None and self.hang is not None:
                 self.hung = self.hang.check()
                 if self.hung is not None:

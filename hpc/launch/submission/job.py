@@ -19,6 +19,7 @@ step before the time limit and at a preemption. Then:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -101,6 +102,9 @@ class TaskJob:
                 record = run_rank(task, paths.root, stop=stop)
         finally:
             stop.restore()
+            if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may
+                with contextlib.suppress(OSError):  # be gone (a local run's was killed) or never waited
+                    (paths.root.parent / "%j").rmdir()
         return self.ended(record, stop.signum, task, job, paths, submitit_on_usr2)
 
     def ended(
@@ -119,8 +123,9 @@ class TaskJob:
         if status != "stopped":
             return {"status": status, "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        by_user = stopped_by_user(signum, os.environ)
-        if may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
+        orphaned = bool(record.get("orphaned"))  # its submitter (hpc.submit --local) died: nobody to follow it
+        by_user = stopped_by_user(signum, os.environ) or orphaned
+        if not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
             if job.global_rank == 0 and callable(on_usr2) and requeued_already(job.job_id, os.environ):
                 log.info(f"hpc: job {job.job_id} {ALREADY}")
             elif job.global_rank == 0 and callable(on_usr2):

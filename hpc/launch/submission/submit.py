@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -33,6 +34,7 @@ from typing import Any
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.owner import make_dirs
+from hpc.core.proc import identity
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
@@ -40,6 +42,7 @@ from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import add_training_flags
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +281,8 @@ def submit_specs(plan: Plan, done: list[Submitted]) -> int:
 def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> list[Submitted]:
     """Submit the points' jobs (`points`: their places in the spec; as one array for a sweep's spec) and
     say where each runs."""
+    if plan.local:  # its ranks' runners stop their tasks when this process is gone (hpc/launch/rank/runner.py)
+        os.environ[SUBMITTER_VARIABLE] = identity() or ""
     with executor.batch() if spec.array and not plan.local else contextlib.nullcontext():
         jobs = [executor.submit(spec.jobs[i]) for i in points]
     ranks = spec.request.nodes * ranks_per_node(plan.cluster.launcher, spec.request.gpus)
