@@ -10,6 +10,7 @@ tests/e2e/test_lightning_slurm.py."""
 
 import importlib.util
 import json
+import os
 import re
 import signal
 import subprocess
@@ -75,3 +76,27 @@ def test_lightning_runs_profiled_stops_unfinished_and_resumes_to_the_uninterrupt
     assert digest(again.stdout) == digest(whole.stdout)
     resumed = json.loads((run_dir_of(again.stdout) / "summary.json").read_text())
     assert [(r["launcher"], r["process_group"]) for r in resumed["ranks"]] == [("torchrun", True)] * 2
+
+
+def test_a_second_ctrl_c_kills_the_run_and_its_summary_still_says_how_every_rank_ended(tmp_path):
+    """Ctrl-C twice (the toolkit's own line invites the second: "again to kill them") while Lightning trains:
+    every process of the run is killed at once (ps is the oracle), and summary.json still parses and says
+    how each rank ended: none `running` (issue 60: no summary.json at all, the exit records left running)."""
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(lightning(runs, tmp_path / "root", "--step-sleep", "0.2", "--epochs", "40"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "root" / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # the second: kill them
+    out, err = proc.communicate(timeout=120)
+    run = run_dir_of(out)
+    left = subprocess.run(["pgrep", "-f", str(runs)], capture_output=True, text=True).stdout.split()
+    assert not left, left
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] in ("stopped", "preempted", "failed") and len(summary["ranks"]) == 2, summary
+    assert all(r["kind"] != "running" and r.get("message") for r in summary["ranks"]), summary["ranks"]

@@ -167,7 +167,7 @@ def test_a_script_that_ignores_the_stop_is_killed_after_the_grace_time(tmp_path)
     summary = json.loads((run_dir_of(said) / "summary.json").read_text())
     (rank,) = summary["ranks"]
     assert summary["outcome"] == "preempted" and rank["kind"] == "killed" and rank["signal"] == "SIGKILL"
-    assert rank["message"] == "killed 2 s after SIGINT"  # hpc.submit passed Ctrl-C's stand-in to the rank
+    assert rank["message"] == "killed 2 s after SIGTERM"  # the signal hpc.submit got, passed on (issue 60: SIGINT)
 
 
 def test_a_script_with_its_own_profiler_is_left_alone_and_the_analysis_says_so(tmp_path):

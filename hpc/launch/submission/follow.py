@@ -90,10 +90,10 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
-    """After an interrupt: SIGINT to the local jobs' ranks, the runners in their controller's process
-    group (again every RESEND_S, for ranks still starting), each of which tells its task (hpc/launch/
-    rank/runner.py: the task runs in a session of its own); after a second one, SIGKILL to every process
-    below the controllers, and to them."""
+    """After an interrupt: the same stop (SIGINT, or SIGTERM) to the local jobs' ranks, the runners in
+    their controller's process group (again every RESEND_S, for ranks still starting), each of which tells
+    its task (hpc/launch/rank/runner.py: the task runs in a session of its own); after a second one,
+    SIGKILL to every process below the controllers, and to them."""
     if interrupts.signum is None or not pending:
         return
     controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
@@ -103,9 +103,12 @@ def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
         return
     if time.monotonic() - interrupts.sent_at >= RESEND_S:
         if not interrupts.sent_at:
-            log.info(f"hpc: {interrupts.name}: every rank stops its task at a step's end (again to kill them)")
+            training = all(sub.training for sub in pending)  # the toolkit's training stops at a step's end
+            what = "stops its task at a step's end" if training else "passes the stop on to its task (SIGTERM)"
+            log.info(f"hpc: {interrupts.name}: every rank {what} (again to kill them)")
         runners = [pid for c in controllers for pid in descendants(c) if _same_group(pid, c)]
-        _signal_all(runners, signal.SIGINT)
+        # the signal that came (a closed terminal's SIGHUP as a SIGTERM): the ranks' records name it truly
+        _signal_all(runners, signal.SIGINT if interrupts.signum == signal.SIGINT else signal.SIGTERM)
         interrupts.sent_at = time.monotonic()
 
 
@@ -236,6 +239,9 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
         with contextlib.suppress(OSError):  # not there, or not empty: leave it
             (sub.run_dir.parent / "%j").rmdir()
     if follow and interrupts.signum is not None:
+        for sub in subs:  # every task has ended, killed by a second stop or not: a rank still `running` is lost
+            with contextlib.suppress(OSError):
+                write_run_summary(RunPaths(sub.run_dir), ended=True)
         return said_stopped(subs, interrupts)
     return EXIT_FAILED if sum(not print_result(sub, poll_s, follow) for sub in subs) else EXIT_OK
 
