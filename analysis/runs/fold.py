@@ -267,7 +267,7 @@ def outcome_of(summary: dict[str, Any] | None, first: dict[str, Any]) -> str:
     """done, stopped, or unfinished (no summary.json: crashed, or still running); a command's run says
     its own (failed, preempted...: hpc/core/summary.py)."""
     said = (summary or {}).get("outcome")
-    if (summary or {}).get("kind") == "command" and isinstance(said, str):
+    if ((summary or {}).get("kind") == "command" or said == "cancelled") and isinstance(said, str):
         return said[:20]
     return "done" if first.get("complete") else ("stopped" if summary else "unfinished")
 

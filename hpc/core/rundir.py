@@ -68,6 +68,7 @@ LOCK = ".lock"
 TASK = "task.json"
 RANKS = "ranks"
 MEETING = "meeting.json"  # ranks/meeting.json: the run's store and its secret, for the owner alone (hpc/core/meet.py)
+SCHEDULER = "scheduler.json"  # the scheduler's word on how the job ended (a cancel), written by its follower
 AGENTS_MEETING = "agents.json"  # ranks/agents.json: torchrun's agents' rendezvous port, on Slurm through submitit
 FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
 GPUS = "gpus"  # NVML samples of each node's GPUs (hpc/core/gpusample.py)
@@ -123,6 +124,7 @@ class RunPaths:
     task = property(lambda self: self.root / TASK)
     ranks = property(lambda self: self.root / RANKS)
     meeting = property(lambda self: self.root / RANKS / MEETING)
+    scheduler = property(lambda self: self.root / RANKS / SCHEDULER)
     agents_meeting = property(lambda self: self.root / RANKS / AGENTS_MEETING)
 
     def rank_stream(self, rank: int, stream: str) -> Path:

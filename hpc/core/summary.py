@@ -44,7 +44,7 @@ from hpc.core.rundir import RunPaths, is_count
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "running")
+OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "cancelled", "running")
 TAIL_BYTES = 8192
 # A Python exception's last line, as a traceback ends (torch's launchers prefix `[rankN]: `).
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
@@ -303,7 +303,7 @@ def build_summary(
         "point": task.get("point") if isinstance(task.get("point"), dict) else None,
         "world_size": world,
         "attempt": latest_attempt(records) if records else next((r.get("attempt") for r in ranks), None),
-        "outcome": run_outcome(ranks, world),
+        "outcome": outcome_of_run(paths, records, ranks, world),
         "failure": failure_line(ranks, world),
         "profiled": bool((profiler if config is not None else hook).get("enabled", True)),
         "config": config,
@@ -343,6 +343,23 @@ def keep_earlier(paths: RunPaths, rank: int) -> None:
         os.replace(paths.rank_exit(rank), paths.earlier_exit(rank, int(earlier.get("started_ns") or 0)))
     except OSError as e:
         log.warning(f"hpc: rank {rank}: attempt {earlier['attempt']}'s exit record not kept ({e})")
+
+
+def outcome_of_run(paths: RunPaths, records: list[dict[str, Any]], ranks: list[dict[str, Any]], world: int) -> str:
+    """The run's outcome from its ranks (run_outcome), and a person's cancel where the scheduler said so."""
+    outcome = run_outcome(ranks, world)
+    attempt = latest_attempt(records) if records else None
+    return "cancelled" if outcome != "done" and cancelled(paths, attempt) else outcome
+
+
+def cancelled(paths: RunPaths, attempt: str | None) -> str | None:
+    """ "cancelled" when the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED,
+    recorded by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
+    preemption. None otherwise."""
+    said = read_json(paths.scheduler) if paths.scheduler.is_file() else None
+    if not isinstance(said, dict) or said.get("state") != "CANCELLED" or not attempt:
+        return None
+    return "cancelled" if str(said.get("job")) == attempt.split(".")[0] else None
 
 
 def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:

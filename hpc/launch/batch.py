@@ -38,7 +38,7 @@ from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
-from hpc.launch.requeue import ALREADY, may_requeue, requeued_already
+from hpc.launch.requeue import ALREADY, may_requeue, not_to_requeue
 from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
@@ -178,9 +178,10 @@ def requeue_after_step(
         restarts = env.get("SLURM_RESTART_COUNT") or 0
         log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
         return code
-    if requeued_already(job, env):
-        log.info(f"job {job} {ALREADY}")
-        return EXIT_OK
+    why_not = not_to_requeue(job, env)
+    if why_not is not None:  # requeued by another already (its end is that start's), or cancelled
+        log.info(f"job {job} {why_not}")
+        return EXIT_OK if why_not == ALREADY else code
     log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
     said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if said.returncode == 0:

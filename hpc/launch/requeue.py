@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpc.launch.submission.queue import accounted
+
 log = logging.getLogger(__name__)
 
 REQUEST = ".hpc-requeue"  # in the run directory: the job asks its batch shell to requeue it
@@ -50,19 +52,25 @@ def restarts_in(scontrol_job: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def requeued_already(job_id: str, env: dict[str, str] | Any) -> bool:
-    """Whether the job was requeued since this start, by someone else: its task (Lightning requeues its
-    own job with scontrol on SIGUSR1) or a person. Slurm's restart count above this start's. No answer
-    counts as not: the requeue is tried (and Slurm refuses a second one of a job already pending)."""
+ALREADY = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
+CANCELLED = "was cancelled (scancel): a person's stop is not requeued"
+
+
+def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
+    """Why Slurm's own state forbids requeueing the job now, in words (None: nothing does): a person
+    cancelled it (its tasks saw only a SIGTERM, as in a preemption, and a requeue would undo the cancel:
+    while the job completes scontrol says COMPLETING, Slurm's accounting says CANCELLED), or it was
+    requeued since this start by someone else (its task: Lightning requeues its own job on SIGUSR1; a
+    person): Slurm's restart count above this start's. No answer says nothing: the requeue is tried (and
+    Slurm refuses a second one of a job already pending)."""
+    if accounted([job_id]).get(job_id) == "CANCELLED":
+        return CANCELLED
     try:
         said = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
     except (subprocess.SubprocessError, OSError):
-        return False
+        return None
     now = restarts_in(said.stdout)
-    return now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0)
-
-
-ALREADY = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
+    return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
 @contextlib.contextmanager
@@ -112,6 +120,10 @@ def requeue_if_rank0_does_not(job_id: str, rank: int, run_dir: Path, grace_s: fl
     rank still here after `grace_s` (plus its rank, so the lowest goes first) requeues it with scontrol.
     A second requeue of a job already pending is refused by Slurm, which is then all it says."""
     time.sleep(grace_s + rank)
+    why_not = not_to_requeue(job_id, os.environ)
+    if why_not is not None:
+        log.info(f"hpc.submit: job {job_id} {why_not}")
+        return
     try:
         out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (subprocess.SubprocessError, OSError) as e:
@@ -152,7 +164,7 @@ def teardown_lines(folder: Path) -> list[str]:
         "hpc_rc=$?",
         "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
-        f"if [ -e {mark} ]; then",
+        f"if [ -e {mark} ] && ! sacct -n -P -X -o State -j \"$hpc_jid\" 2>/dev/null | grep -q '^CANCELLED'; then",
         f"    rm -f {mark}",
         f'    if hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
         "fi",

@@ -131,7 +131,8 @@ class StepClock:
     with no gradient seen (a CUDA graph's replay, which runs no hook) has no own work (None). An error
     inside the hook is said once and turns the hook off; the run goes on."""
 
-    def __init__(self, cuda: bool = False):
+    def __init__(self, cuda: bool = False, params: Iterable[torch.nn.Parameter] | None = None):
+        """`params`: watched at once (else by `watch`, once the parameters are known)."""
         self.cuda = cuda
         self.ends: list[Mark] = []  # each step's end
         self.spans: list[tuple[Mark, Mark] | None] = []  # each step's own work: (previous end, first gradient)
@@ -143,6 +144,8 @@ class StepClock:
         self.handles: dict[int, RemovableHandle] = {}  # by id(parameter)
         self.fired: list[int] = []  # the first parameters to fire, in the step that chooses them
         self.pruned = False
+        if params is not None:
+            self.watch(params)
 
     def _mark(self) -> tuple[Mark, float | None]:
         if self.cuda:

@@ -132,8 +132,7 @@ class Trainer:
             cfg, run_dir, dist, self.device, self.backend, self.plan, len(self.data.subset), flops, self.graph_mode.on
         )
         self.summary.facts["nccl_network"] = network  # the fabric NCCL chose across nodes (None: not asked)
-        self.timer = StepClock(self.use_cuda)  # a script's own clock (hpc/training/hook/autoprofile.py)
-        self.timer.watch(self.net.model.parameters())
+        self.timer = StepClock(self.use_cuda, self.net.model.parameters())  # a script's clock (hook/autoprofile.py)
         self.beat = beat_watch(os.environ)  # the runner's liveness watch, as a script's (hpc/launch/rank/hang.py)
         self.guard = DivergenceGuard(self.use_cuda)
         self.profiling: Profiling | None = None

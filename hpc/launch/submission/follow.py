@@ -14,6 +14,7 @@ the jobs run on in Slurm. No torch import.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -27,10 +28,11 @@ import msgspec
 
 from analysis.api import render, run_numbers
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from hpc.core.files import write_atomic
 from hpc.core.rundir import RunPaths, read_checkpoint_info
 from hpc.core.summary import no_step_line, read_records, restarts_line, write_run_summary
 from hpc.launch.submission.points import Point
-from hpc.launch.submission.queue import QueueWatch
+from hpc.launch.submission.queue import QueueWatch, accounted
 
 log = logging.getLogger(__name__)
 
@@ -243,17 +245,42 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
             with contextlib.suppress(OSError):
                 write_run_summary(RunPaths(sub.run_dir), ended=True)
         return said_stopped(subs, interrupts)
-    return EXIT_FAILED if sum(not print_result(sub, poll_s, follow) for sub in subs) else EXIT_OK
+    return exit_code_of_outcomes([print_result(sub, poll_s, follow) for sub in subs])
 
 
-def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
+# How a followed run's end is hpc.submit's exit code, the same here (--local) and waited for on Slurm (--wait)
+# (docs/faults.md): an outcome not listed (done, oom: a sweep's point that did not fit is its result) is 0.
+OUTCOME_EXIT_CODES = {
+    "failed": EXIT_FAILED,
+    "stopped": EXIT_PREEMPTED,
+    "preempted": EXIT_PREEMPTED,
+    "cancelled": EXIT_PREEMPTED,
+}
+
+
+def exit_code_of_outcomes(outcomes: list[str]) -> int:
+    """1 when a run failed (or left no record), else 3 when one was stopped, preempted or cancelled, else 0."""
+    codes = {OUTCOME_EXIT_CODES.get(outcome, EXIT_OK) for outcome in outcomes}
+    return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
+
+
+def print_result(sub: Submitted, poll_s: float, follow: bool) -> str:
     """How an ended job's run ended, from its ranks' records: done (with its numbers, followed here), or
     the first failing rank named with its code and last stderr line, and where everything is; a job that
-    left no record failed outside its task (its log named). False when it failed."""
+    left no record failed outside its task (its log named). On Slurm a person's cancel (sacct's CANCELLED)
+    is recorded as such: its ranks saw only a SIGTERM. Returns the outcome ("failed" for no record)."""
     paths = RunPaths(sub.run_dir)
+    cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == "CANCELLED"
+    if cancel and paths.ranks.is_dir():
+        with contextlib.suppress(OSError):
+            write_atomic(paths.scheduler, json.dumps({"job": sub.job_id, "state": "CANCELLED"}))
     summary = write_run_summary(paths, ended=True) if read_records(paths) else None  # the job has ended
+    if summary is None and cancel:
+        print(f"job {sub.job_id}: cancelled before its task started", file=sys.stderr)
+        return "cancelled"
     if summary is None:
-        return print_job_failure(sub, poll_s)
+        print_job_failure(sub, poll_s)
+        return "failed"
     outcome = summary["outcome"]
     if outcome == "done" and follow:
         print_run_numbers(sub.run_dir)
@@ -272,10 +299,10 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> bool:
         f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
         f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
     )
-    return outcome in ("done", "oom", "stopped", "preempted")
+    return str(outcome)
 
 
-def print_job_failure(sub: Submitted, poll_s: float) -> bool:
+def print_job_failure(sub: Submitted, poll_s: float) -> None:
     """A job whose task never recorded a start: what submitit says of it (its exception), in one line."""
     try:
         if not sub.job.paths.result_pickle.exists():
@@ -289,4 +316,3 @@ def print_job_failure(sub: Submitted, poll_s: float) -> bool:
         print(
             f"job {sub.job_id}: FAILED ({lines[-1] if lines else type(e).__name__}); see {sub.logs[0]}", file=sys.stderr
         )
-    return False

@@ -37,12 +37,11 @@ from hpc.core.summary import exit_code_of, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import (
-    ALREADY,
     clear_request,
     may_requeue,
+    not_to_requeue,
     requeue,
     requeue_if_rank0_does_not,
-    requeued_already,
     stopped_by_user,
 )
 from hpc.placement.torchrun import AGENT_ENV
@@ -126,8 +125,9 @@ class TaskJob:
         orphaned = bool(record.get("orphaned"))  # its submitter (hpc.submit --local) died: nobody to follow it
         by_user = stopped_by_user(signum, os.environ) or orphaned
         if not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
-            if job.global_rank == 0 and callable(on_usr2) and requeued_already(job.job_id, os.environ):
-                log.info(f"hpc: job {job.job_id} {ALREADY}")
+            why_not = not_to_requeue(job.job_id, os.environ) if job.global_rank == 0 and callable(on_usr2) else None
+            if why_not is not None:  # requeued by its task already, or cancelled by a person
+                log.info(f"hpc: job {job.job_id} {why_not}")
             elif job.global_rank == 0 and callable(on_usr2):
                 log.info(f"hpc: the task asked to be requeued (exit {code}): requeueing job {job.job_id}")
                 requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit

@@ -40,7 +40,7 @@ SACCT_STATES = {
     "FAILED": "failed",
     "TIMEOUT": "timeout",
     "OUT_OF_MEMORY": "failed",
-    "CANCELLED": "failed",
+    "CANCELLED": "cancelled",
     "NODE_FAIL": "failed",
     "PREEMPTED": "stopped",
     "BOOT_FAIL": "failed",

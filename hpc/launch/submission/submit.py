@@ -68,7 +68,8 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         epilog="Every hpc.train option below is forwarded to the training. Your own command instead: everything "
         "after -- (e.g. -- python train.py --epochs 3), run as given by every rank, profiled (--config's profiler "
         "section, --no-profile). Exit codes: 0 submitted (or, with --wait, all jobs done), 1 a job failed, 2 bad "
-        "input, 3 a local run stopped (Ctrl-C), 130 waiting stopped.",
+        "input, 3 a run stopped, preempted or cancelled before its end (the same with --local and --wait), 130 "
+        "waiting stopped.",
         needs_args=True,
     )
     if prog == STUDY_RUN:

@@ -143,3 +143,30 @@ def test_only_a_command_done_with_no_step_on_any_rank_is_said_to_have_stepped_no
     assert no_step_line(summary(steps=(0, 3))) is None  # one rank trained: not nothing
     assert no_step_line(summary(outcome="failed")) is None and no_step_line(summary(kind="train")) is None
     assert no_step_line(None) is None
+
+
+def test_a_cancel_the_scheduler_reported_is_the_runs_outcome_unless_it_finished(tmp_path):
+    """Slurm's CANCELLED (recorded by the follower) makes a stopped start `cancelled`; a finished one stays
+    done, and another job's cancel (a requeued job's earlier id) is not this start's."""
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    stopped = [record(0, "stopped", 10, attempt="77.0.0", world_size=1)]
+    (paths.ranks / "rank0.exit.json").write_text(json.dumps(stopped[0]))
+    assert build_summary(paths, stopped, {})["outcome"] == "stopped"
+    paths.scheduler.write_text(json.dumps({"job": "77", "state": "CANCELLED"}))
+    assert build_summary(paths, stopped, {})["outcome"] == "cancelled"
+    done = [record(0, "ok", 10, attempt="77.0.0", world_size=1)]
+    assert build_summary(paths, done, {})["outcome"] == "done"
+    paths.scheduler.write_text(json.dumps({"job": "76", "state": "CANCELLED"}))
+    assert build_summary(paths, stopped, {})["outcome"] == "stopped"
+
+
+@pytest.mark.parametrize("outcomes, code", [
+    (["done"], 0), (["oom"], 0), (["stopped"], 3), (["preempted"], 3), (["cancelled"], 3), (["failed"], 1),
+    (["done", "cancelled"], 3), (["cancelled", "failed"], 1), ([], 0),
+])
+def test_hpc_submits_exit_code_is_the_documented_one_for_each_outcome(outcomes, code):
+    """docs/faults.md's table: done and oom 0, failed 1, stopped, preempted and cancelled 3."""
+    from hpc.launch.submission.follow import exit_code_of_outcomes
+
+    assert exit_code_of_outcomes(outcomes) == code

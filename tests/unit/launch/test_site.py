@@ -120,12 +120,15 @@ def test_sockets_across_nodes_stop_or_warn_as_the_profile_says():
 
 def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     """The teardown lines run in bash with a stand-in scontrol: they requeue once, remove the request, and a
-    refusal is one line with scontrol's words."""
+    refusal is one line with scontrol's words; a job a person cancelled (its JobState, as scontrol shows it)
+    is never requeued, request or not (Slurm's accounting says so; scontrol says COMPLETING meanwhile)."""
     (tmp_path / "7").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
     (bin_dir / "scontrol").chmod(0o755)
+    (bin_dir / "sacct").write_text('#!/bin/sh\necho "${STATE:-RUNNING}"\n')  # as slurmdbd says it: "CANCELLED by 0"
+    (bin_dir / "sacct").chmod(0o755)
     script = "\n".join(teardown_lines(tmp_path / "%j"))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
     (tmp_path / "7" / ".hpc-requeue").write_text("7")
@@ -134,6 +137,10 @@ def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     assert (tmp_path / "calls").read_text() == "requeue 7\n" and not (tmp_path / "7" / ".hpc-requeue").exists()
     subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)  # nothing asked: nothing done
     assert (tmp_path / "calls").read_text() == "requeue 7\n"
+    (tmp_path / "7" / ".hpc-requeue").write_text("7")
+    subprocess.run(["bash", "-c", script], env={**env, "STATE": "CANCELLED by 0"}, capture_output=True, text=True)
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # cancelled: not requeued
+    (tmp_path / "7" / ".hpc-requeue").unlink()
     (tmp_path / "7" / ".hpc-requeue").write_text("7")
     failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
     assert failed.stderr.strip() == ("hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
