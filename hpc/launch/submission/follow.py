@@ -138,9 +138,10 @@ def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
                 "run the same command again to start afresh"
             )
         else:
-            log.warning(
-                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); if it saves its state, "
-                f"run it again to resume, here in {sub.run_dir} with: {resume}"
+            log.warning(  # how a script resumes is its own: say both ways, never promise one
+                f"hpc: stopped ({interrupts.name}): the command was told to stop (SIGTERM); one that loads its own "
+                f"checkpoint when it starts resumes here in {sub.run_dir} with: {resume}; one that resumes only "
+                "with a flag of its own (--resume PATH) would start afresh that way: submit it again with its flag"
             )
     return EXIT_PREEMPTED
 
