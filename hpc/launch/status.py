@@ -2,8 +2,8 @@
 sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
 
 A point is pending, running or requeued (the queue lists it); oom, done or stopped (its run directory
-says so: hpc/core/runstate.py); timeout (its log says Slurm cancelled it at the time limit); missing
-(never ran); failed (with the last error line of its log); or unknown, when the queue could not be read
+says so: hpc/core/runstate.py); timeout (its log says Slurm cancelled it at the time limit); cancelled
+(a person's scancel, as Slurm's accounting says); missing (never ran); failed (with the last error line of its log); or unknown, when the queue could not be read
 and the run directory alone cannot tell (a point not finished may still be running): then the command
 says why in one line on stderr and exits 1.
 """
@@ -23,7 +23,19 @@ from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
 from hpc.core.runstate import run_state
 from hpc.launch.submission.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
-STATES = ("pending", "running", "requeued", "done", "oom", "failed", "timeout", "stopped", "missing", "unknown")
+STATES = (
+    "pending",
+    "running",
+    "requeued",
+    "done",
+    "oom",
+    "failed",
+    "timeout",
+    "stopped",
+    "cancelled",
+    "missing",
+    "unknown",
+)
 STATUS_COLUMNS = [
     "data_fraction",
     "batch_size",
@@ -91,6 +103,8 @@ def point_state(
         state = "unknown"
     elif facts["timed_out"] or sacct_state == "TIMEOUT":
         state = "timeout"
+    elif sacct_state == "CANCELLED" or outcome == "cancelled":
+        state = "cancelled"  # a person's scancel (sacct's word, or the follower's record): not a failure
     elif not run_dir.is_dir():
         state = "missing"
     elif outcome == "stopped" and files.summary_current:

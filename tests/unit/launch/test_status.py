@@ -36,6 +36,8 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", "PENDING", None)["state"] == "requeued"
     assert point_state(timed_out, "1_3", "PENDING", None)["state"] == "requeued"  # "Requeued job" in its log
     assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word
+    assert point_state(crashed, "1_2", None, "CANCELLED")["state"] == "cancelled"  # a person's scancel, not a failure
+    assert point_state(tmp_path / "never", "1_4", None, "CANCELLED")["state"] == "cancelled"  # before it started
 
 
 def _checkpoint_info(run_dir, step, stop_at):
