@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,9 +30,19 @@ def start_ranks(world: int, args: list[str], extra_env: dict | None = None, only
 
 
 def wait_all(procs, timeout=300) -> list[tuple[int, str, str]]:
+    """Every rank's (exit code, stdout, stderr). A rank still running after `timeout` fails the test with
+    what each rank said last, every rank killed first (a hung run outlives no test, and says where it was)."""
     out = []
+    deadline = time.monotonic() + timeout
     for p in procs:
-        stdout, stderr = p.communicate(timeout=timeout)
+        try:
+            stdout, stderr = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            left = procs[len(out):]
+            for q in left:
+                q.kill()
+            said = [f"rank {len(out) + i}: {(q.communicate()[1] or '')[-1500:]}" for i, q in enumerate(left)]
+            raise AssertionError(f"ranks still running after {timeout} s (killed):\n" + "\n".join(said)) from None
         out.append((p.returncode, stdout, stderr))
     return out
 

@@ -3,9 +3,9 @@ sacct where slurmdbd makes it work), the run directories and the job logs. No to
 
 A point is pending, running or requeued (the queue lists it); oom, done or stopped (its run directory
 says so: hpc/core/runstate.py); timeout (its log says Slurm cancelled it at the time limit); cancelled
-(a person's scancel, as Slurm's accounting says); missing (never ran); failed (with the last error line of its log); or unknown, when the queue could not be read
-and the run directory alone cannot tell (a point not finished may still be running): then the command
-says why in one line on stderr and exits 1.
+(a person's scancel, as Slurm's accounting says); missing (never ran); failed (with the last error line
+of its log); or unknown, when the queue could not be read and the run directory alone cannot tell (a
+point not finished may still be running): then the command says why in one line on stderr and exits 1.
 """
 
 from __future__ import annotations

@@ -158,11 +158,13 @@ class Submitted(msgspec.Struct, frozen=True):
     training: bool = False  # the toolkit's training, which says where its checkpoint is
 
     def ended(self, watch: QueueWatch | None) -> bool:
-        """Whether the job has ended: submitit's done() here; on Slurm its result file or squeue (see
-        hpc/launch/submission/queue.py: without slurmdbd submitit's own done() waits forever on a killed job)."""
+        """Whether the job has ended: submitit's done() here; on Slurm once squeue no longer lists it (see
+        hpc/launch/submission/queue.py: without slurmdbd submitit's own done() waits forever on a killed job).
+        Not its result file: a start that returned after its task requeued the job (Lightning's own requeue
+        on SIGUSR1) writes one while the job waits to run again."""
         if watch is None or not _is_slurm_job(self.job):
             return bool(self.job.done())
-        return self.job.paths.result_pickle.exists() or watch.left(self.job_id)
+        return watch.left(self.job_id)
 
 
 def _is_slurm_job(job: Any) -> bool:

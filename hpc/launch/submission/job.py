@@ -31,6 +31,7 @@ from typing import Any
 from hpc.core.errors import EXIT_PEER_LOST, StoreError
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
+from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
 from hpc.core.summary import exit_code_of, write_run_summary
@@ -45,7 +46,7 @@ from hpc.launch.requeue import (
     stopped_by_user,
 )
 from hpc.placement.torchrun import AGENT_ENV
-from hpc.settings.rankcommand import RankCommand
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,9 @@ class TaskJob:
         if status != "stopped":
             return {"status": status, "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        orphaned = bool(record.get("orphaned"))  # its submitter (hpc.submit --local) died: nobody to follow it
+        # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
+        # before its own runner saw it gone)
+        orphaned = bool(record.get("orphaned")) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
         by_user = stopped_by_user(signum, os.environ) or orphaned
         if not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
             why_not = not_to_requeue(job.job_id, os.environ) if job.global_rank == 0 and callable(on_usr2) else None
