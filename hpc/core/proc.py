@@ -53,9 +53,11 @@ def progress(pid: int) -> tuple[int, int]:
 def process_started_unix(pid: int | None = None) -> float | None:
     """When the process started, in Unix seconds (Linux: its start in clock ticks after boot, field 22 of
     /proc/PID/stat, plus the boot time from /proc/stat); None where /proc does not say."""
+    fields = proc_stat(pid or os.getpid())
     try:
-        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after the command name, which may hold spaces
+        ticks = int(fields[19]) if fields else None  # field 22, the 20th after the command name
+        if ticks is None:
+            return None
         boot = next(
             int(w[1]) for w in map(str.split, Path("/proc/stat").read_text().splitlines()) if w[:1] == ["btime"]
         )

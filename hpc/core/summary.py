@@ -229,9 +229,8 @@ def rank_entries(
 
 def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
     """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
-    records moved aside (keep_earlier): its attempt, outcome,
-    the line naming its first failing rank, and that rank's end in a phrase. A rank still `running`
-    there was lost (its runner never recorded its end)."""
+    records moved aside (keep_earlier): its attempt, outcome, the line naming its first failing rank, and
+    that rank's end in a phrase. A rank still `running` there was lost (its runner never recorded its end)."""
     by_group: dict[str, list[dict[str, Any]]] = {}
     for record in _records(paths.earlier, ".exit.json"):
         if isinstance(record.get("attempt"), str):
@@ -352,14 +351,14 @@ def outcome_of_run(paths: RunPaths, records: list[dict[str, Any]], ranks: list[d
     return "cancelled" if outcome != "done" and cancelled(paths, attempt) else outcome
 
 
-def cancelled(paths: RunPaths, attempt: str | None) -> str | None:
-    """ "cancelled" when the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED,
-    recorded by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
-    preemption. None otherwise."""
+def cancelled(paths: RunPaths, attempt: str | None) -> bool:
+    """Whether the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED, recorded
+    by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
+    preemption."""
     said = read_json(paths.scheduler) if paths.scheduler.is_file() else None
     if not isinstance(said, dict) or said.get("state") != "CANCELLED" or not attempt:
-        return None
-    return "cancelled" if str(said.get("job")) == attempt.split(".")[0] else None
+        return False
+    return str(said.get("job")) == attempt.split(".")[0]
 
 
 def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:

@@ -47,6 +47,22 @@ def _processes_of(folder: Path) -> list[str]:
     return [cmd for pid, cmd in processes().items() if str(folder) in cmd and pid != os.getpid()]
 
 
+def _started(data_root: Path, runs: Path, epochs: int, output: int) -> tuple[subprocess.Popen, list[Path]]:
+    """hpc.submit --local training the smoke profile for `epochs`, in a session of its own, once its run has
+    logged 3 metrics lines (its ranks train); its metrics.jsonl found."""
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
+                             "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", str(epochs),
+                             "--no-profile", "--set", "train.log_every_steps=2"], cwd=REPO, stdout=output,
+                            stderr=output, text=True, start_new_session=True)
+    deadline = time.time() + 180
+    metrics: list[Path] = []
+    while time.time() < deadline and not any(len(m.read_text().splitlines()) >= 3 for m in metrics):
+        metrics = list(runs.glob("tiny/*/metrics.jsonl"))
+        time.sleep(0.2)
+    assert metrics, "the run never started"
+    return proc, metrics
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "ctrl-c, then plain torchrun"])
 def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root, tmp_path, how):
@@ -57,16 +73,7 @@ def test_stopping_a_local_run_stops_every_rank_and_says_how_to_resume(data_root,
     allows, no runner), summary.json is that start's: done, every rank at the last step, the weights'
     digest the checkpoint's, the stopped start among the earlier ones (issue 60: it stayed the first's)."""
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
-                             "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", "12", "--no-profile",
-                             "--set", "train.log_every_steps=2"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 180
-    metrics = []
-    while time.time() < deadline and not any(len(m.read_text().splitlines()) >= 3 for m in metrics):
-        metrics = list(runs.glob("tiny/*/metrics.jsonl"))
-        time.sleep(0.2)
-    assert metrics, "the run never started"
+    proc, metrics = _started(data_root, runs, 12, subprocess.PIPE)
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)
     else:
@@ -99,16 +106,7 @@ def test_a_local_run_ends_with_its_submitter_even_killed_with_sigkill(data_root,
     ranks trained on to the end, detached, and an empty '%j' folder stayed). The summary says who stopped
     it, and it is not requeued."""
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "hpc.submit", "--local", "--gpus", "2", "--config", "profiles/smoke.yaml",
-                             "--data-root", str(data_root), "--runs-dir", str(runs), "--epochs", "40", "--no-profile",
-                             "--set", "train.log_every_steps=2"], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 180
-    metrics = []
-    while time.time() < deadline and not any(len(m.read_text().splitlines()) >= 3 for m in metrics):
-        metrics = list(runs.glob("tiny/*/metrics.jsonl"))
-        time.sleep(0.2)
-    assert metrics, "the run never started"
+    proc, metrics = _started(data_root, runs, 40, subprocess.DEVNULL)
     proc.kill()
     proc.wait()
     deadline = time.time() + 120
