@@ -38,6 +38,7 @@ from analysis.runs.apart import runs_in_folder, trace_runs
 from analysis.runs.fold import analyze_run, why_no_trace
 from analysis.runs.sweep import analyze_sweep
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
+from hpc.core.ending import Outcome
 from hpc.core.errors import EXIT_OK, UsageError, WriteError
 from hpc.core.files import write_atomic, write_failure
 from hpc.core.logs import TO_STDERR
@@ -186,7 +187,7 @@ def print_tables(
         sys.stdout.write(render(runs, ["run_dir", *RUN_COLUMNS], fmt))
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
-        if runs and fmt == "table" and runs[0].outcome == "oom":
+        if runs and fmt == "table" and runs[0].outcome == Outcome.OOM:
             print(f"run: {len(traces)} trace(s) of an aborted window; the run ended OUT OF MEMORY (summary.json: oom)")
         elif runs and fmt == "table":
             r = runs[0]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.records import RunRecord, data_words, ranks_words
+from hpc.core.ending import Outcome
 from hpc.core.files import write_atomic
 from hpc.core.owner import make_dirs
 
@@ -263,7 +264,7 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     note = memory_note(sel) if metric.key in MEMORY_METRICS else None
     if note:
         fig.text(0.01, 0.005, note, fontsize=6.5, color="dimgray", va="bottom")
-    mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == "oom"])
+    mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == Outcome.OOM])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
     return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png", bottom=0.07 if note else 0.0)
 

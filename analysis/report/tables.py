@@ -12,6 +12,7 @@ from typing import Any
 
 from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
+from hpc.core.ending import Outcome
 
 TRACE_COLUMNS = [
     "file",
@@ -280,7 +281,7 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
         name = Path(run.run_dir).name
         label = f"{name}: {label}" if several and not label.startswith(name) else label
         gpus = [(f"{label}, GPUs", run.gpu_line)] if run.gpu_line else []
-        if run.outcome == "oom":
+        if run.outcome == Outcome.OOM:
             out += [(label, "out of memory: no timings to judge"), *gpus]
             continue
         if run.verdict:

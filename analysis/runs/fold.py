@@ -26,8 +26,9 @@ from analysis.records import (
     mean_present,
 )
 from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
+from hpc.core.ending import Outcome
 from hpc.core.rundir import RunPaths, is_count, read_metrics
-from hpc.core.summary import read_summary
+from hpc.core.summary import current_summary, summary_outcome
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
 
@@ -47,7 +48,7 @@ def analyze_run(
     """Per-trace records of a run (with the run's summary attached) and the run-level record; the
     records are made here unless given (a sweep analyses all its points' traces at once)."""
     records = analyze_files(run_traces(run_dir, warnings), warnings) if records is None else records
-    summary = read_summary(RunPaths(run_dir).summary, warnings.append)
+    summary = current_summary(RunPaths(run_dir), warnings.append)
     by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
@@ -106,13 +107,13 @@ def step_mode(summary: dict[str, Any] | None) -> str | None:
 def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
     """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
     oom = summary.get("oom")
-    if summary.get("outcome") != "oom" or not isinstance(oom, dict):
+    if summary.get("outcome") != Outcome.OOM or not isinstance(oom, dict):
         return None
     cfg = summary.get("config") or {}
     batch = oom.get("batch_size_per_gpu")
     return RunRecord(
         run_dir=str(run_dir),
-        outcome="oom",
+        outcome=Outcome.OOM,
         arch=config_value(cfg, "model", "arch", str),
         step_mode=step_mode(summary),
         batch_size_per_gpu=batch if is_count(batch) else None,
@@ -220,7 +221,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
         images_per_s=number_or_none(first.get("global_images_per_s")),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
-        outcome=outcome_of(summary, first),
+        outcome=outcome_of(summary),
         epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
         step_skew_us=step_skew_us(records),
         allreduce_busbw_GBps=mean_present([_all_reduce(r, "busbw_GBps") for r in records]),
@@ -244,7 +245,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
 
 def why_no_trace(run_dir: Path) -> str | None:
     """Why your own command's run left no trace, from its summary.json, or None (not such a run)."""
-    summary = read_summary(RunPaths(run_dir).summary)
+    summary = current_summary(RunPaths(run_dir))
     if (summary or {}).get("kind") != "command":
         return None
     assert summary is not None
@@ -263,13 +264,14 @@ def why_no_trace(run_dir: Path) -> str | None:
     return f"it made {max(steps)} optimizer step(s), fewer than the profiler's window (wait + warmup + active) needs"
 
 
-def outcome_of(summary: dict[str, Any] | None, first: dict[str, Any]) -> str:
-    """done, stopped, or unfinished (no summary.json: crashed, or still running); a command's run says
-    its own (failed, preempted...: hpc/core/summary.py)."""
-    said = (summary or {}).get("outcome")
-    if ((summary or {}).get("kind") == "command" or said == "cancelled") and isinstance(said, str):
-        return said[:20]
-    return "done" if first.get("complete") else ("stopped" if summary else "unfinished")
+def outcome_of(summary: dict[str, Any] | None) -> str:
+    """How the run ended, in hpc/core/ending.py's words (its summary as its ranks' records make it, the
+    toolkit's training and a command alike), or unfinished: no record at all (killed before any, traces
+    copied without them)."""
+    if summary is None:
+        return "unfinished"
+    said = summary_outcome(summary)
+    return str(said) if said is not None else "unknown"
 
 
 def command_name(summary: dict[str, Any] | None) -> str | None:

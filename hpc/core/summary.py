@@ -2,20 +2,26 @@
 task the ranks ran (the toolkit's training or a user's command).
 
 Every rank leaves two records in RUN/ranks/:
-- rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/rank/runner.py): kind
-  (ok, stopped, oom, failed, killed, interrupted, peer, running; `lost` in summary.json once the job's
-  step ended with the rank still running), exit code or signal, host, pid, logs;
+- rank{R}.exit.json: how its process ended, written by the per-rank runner (hpc/launch/rank/runner.py): a
+  typed RankExit (hpc/core/ending.py: its kind, `lost` in summary.json once the job's step ended with the
+  rank still running; exit code or signal, host, pid, logs);
 - rank{R}.facts.json: what it measured, written by the task itself: the toolkit's training
   (hpc/training/summary.py: steps, step times, throughput, memory, the profiler's cycles), or the
   start-up hook in a user's script (hpc/training/hook/autoprofile.py). A CUDA out-of-memory error adds `oom`.
 
 Each node's GPUs, sampled by NVML (RUN/gpus/, hpc/core/gpusample.py), are summed up in `gpus`.
 
+What the scheduler said of a start (a person's cancel; that its every task has ended) is in
+RUN/ranks/scheduler.json (ending.SchedulerSaid), so summary.json is a function of the run directory's
+files alone: deleting it and writing it again gives the same file, and a reader finds it rebuilt where a
+record is newer than it (`current_summary`). The outcome and its words: hpc/core/ending.py.
+
 An earlier attempt's exit records (a worker group torchrun restarted, a requeued job's last start) are
 moved to RUN/ranks/earlier/ as the next attempt starts: summary.json's `earlier` says how each ended.
 
 `write_run_summary` makes summary.json of them, under a lock (the runner's rank 0 once every rank has
-ended, a failing rank at once, the training's rank 0 at its end, a reader such as `--wait`). A rank
+ended, a failing rank at once, the training's rank 0 at its end, whoever saw the job end: `--wait`,
+`--local`, the batch shell). A rank
 whose runner has not yet recorded its end but whose task recorded its exit code is judged by that
 code; a run started without a runner (`python -m hpc.train`) has facts alone. The root cause of a
 failure is torchelastic's rule taken across every node: among the latest attempt's ranks that failed
@@ -26,6 +32,7 @@ on their own (kind `failed`: an exit code or a signal nobody sent them), the one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -36,15 +43,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from hpc.core.ending import RESUMABLE, Outcome, RankEnd, RankExit, SchedulerSaid, decode_exit, first_bad, run_outcome
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
-from hpc.core.rundir import RunPaths, is_count
+from hpc.core.rundir import RunPaths, is_count, read_checkpoint_info
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("done", "failed", "oom", "stopped", "preempted", "cancelled", "running")
 TAIL_BYTES = 8192
 # A Python exception's last line, as a traceback ends (torch's launchers prefix `[rankN]: `).
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
@@ -97,24 +106,41 @@ def _records(folder: Path, suffix: str) -> list[dict[str, Any]]:
     return found
 
 
-def group_of(record: Mapping[str, Any]) -> str:
+def _exits(folder: Path) -> list[RankExit]:
+    """The exit records in `folder`: each a RankExit, or left out (cut, planted, not that shape: said)."""
+    found = []
+    for path in sorted(folder.glob("rank*.exit.json")) if folder.is_dir() else []:
+        try:
+            record = decode_exit(path.read_bytes())
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.debug(f"hpc: {path}: not an exit record ({e})")
+            continue
+        if is_count(record.rank):
+            found.append(record)
+    return found
+
+
+def group_of(record: RankExit) -> str:
     """Which start of the world a rank's record is of: its `group` (the runner's group_key)."""
-    return str(record.get("group"))
+    return str(record.group)
 
 
-def latest_attempt(records: list[dict[str, Any]]) -> str | None:
+def latest_attempt(records: list[RankExit]) -> str | None:
     """The highest attempt among a start's records (under torchrun each node counts its own restarts)."""
-    attempts = [r["attempt"] for r in records if isinstance(r.get("attempt"), str)]
-    return max(attempts, key=lambda a: [int(p) if p.isdigit() else -1 for p in a.split(".")[1:]], default=None)
+    return max((r.attempt for r in records), key=_attempt_order, default=None)
 
 
-def read_records(paths: RunPaths) -> list[dict[str, Any]]:
+def _attempt_order(attempt: str) -> list[int]:
+    return [int(p) if p.isdigit() else -1 for p in attempt.split(".")[1:]]
+
+
+def read_records(paths: RunPaths) -> list[RankExit]:
     """Every rank's exit record of the latest start of the world (the group started last), by rank."""
-    found = [r for r in _records(paths.ranks, ".exit.json") if isinstance(r.get("attempt"), str)]
+    found = _exits(paths.ranks)
     if not found:
         return []
-    newest = group_of(max(found, key=lambda r: r.get("started_ns") or 0))
-    return sorted((r for r in found if group_of(r) == newest), key=lambda r: r["rank"])
+    newest = group_of(max(found, key=lambda r: r.started_ns or 0))
+    return sorted((r for r in found if group_of(r) == newest), key=lambda r: r.rank)
 
 
 def read_facts(paths: RunPaths) -> dict[int, dict[str, Any]]:
@@ -128,22 +154,22 @@ def write_facts(paths: RunPaths, facts: Mapping[str, Any]) -> None:
     write_atomic(paths.rank_facts(int(facts["rank"])), json.dumps(dict(facts), indent=1, default=str))
 
 
-def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -> str:
+def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -> RankEnd:
     """How a task that exited with `code` ended, as its exit record names it (signals aside)."""
     if code == EXIT_OK:
-        return "ok"
+        return RankEnd.OK
     if code == EXIT_OOM and oom:
-        return "oom"
-    return "stopped" if code in requeue_codes else "failed"
+        return RankEnd.OOM
+    return RankEnd.STOPPED if code in requeue_codes else RankEnd.FAILED
 
 
 def exit_code_of(record: Mapping[str, Any]) -> int:
     """A rank's exit code as a shell reads it: its task's own, 128 + N for a signal N, 1 when unknown; 3
     for a task stopped that exited 0 without saying it finished (stopped: requeued by the rule)."""
-    if record.get("kind") == "ok":
+    if record.get("kind") == RankEnd.OK:
         return EXIT_OK
     code = record.get("exit_code")
-    if record.get("kind") == "stopped" and code == EXIT_OK:
+    if record.get("kind") == RankEnd.STOPPED and code == EXIT_OK:
         return EXIT_PREEMPTED
     if isinstance(code, int) and code > 0:
         return code
@@ -152,38 +178,17 @@ def exit_code_of(record: Mapping[str, Any]) -> int:
     return 128 + int(number) if isinstance(number, signal.Signals) else 1
 
 
-def first_bad(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first rank to end failed or out of memory (an OOM first at the same moment), or None."""
-    bad = [r for r in records if r.get("kind") in ("failed", "oom")]
-    return min(bad, key=lambda r: (r.get("ended_ns") or 0, r["kind"] != "oom", r["rank"])) if bad else None
-
-
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first rank to fail on its own (see the module doc), or None."""
-    failed = [r for r in records if r.get("kind") == "failed"]
+    failed = [r for r in records if r.get("kind") == RankEnd.FAILED]
     return min(failed, key=lambda r: (r.get("ended_ns") or 0, r["rank"])) if failed else None
-
-
-def run_outcome(records: list[dict[str, Any]], world_size: int) -> str:
-    """failed (a rank failed), oom (a rank ran out of CUDA memory), preempted (stopped without saying it
-    saved, or killed after the grace time), stopped (ranks saved and stopped: requeue resumes), done
-    (every rank exited 0), running."""
-    kinds = [r.get("kind") for r in records]
-    first = first_bad(records)
-    if first is not None:  # the first to end so says what the run is (a script's peers fail after its OOM)
-        return str(first["kind"])
-    if any(k in ("killed", "interrupted", "peer", "lost") for k in kinds):
-        return "preempted"
-    if "stopped" in kinds:
-        return "stopped"
-    return "done" if len(records) == world_size and all(k == "ok" for k in kinds) else "running"
 
 
 def failure_line(records: list[dict[str, Any]], world_size: int) -> str | None:
     """One line naming the failing rank, its host, its exit code or signal, its last stderr line and its
     log, and what became of the others; None when no rank failed."""
     cause = root_cause(records)
-    if cause is None or (first_bad(records) or cause)["kind"] == "oom":  # an OOM's peers failing after it
+    if cause is None or (first_bad(records) or cause)["kind"] == RankEnd.OOM:  # an OOM's peers failing after it
         return None
     others = [r["rank"] for r in records if r is not cause]
     missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
@@ -201,13 +206,13 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def rank_entries(
-    records: list[dict[str, Any]], facts: dict[int, dict[str, Any]], requeue_codes: tuple[int, ...]
+    records: list[RankExit], facts: dict[int, dict[str, Any]], requeue_codes: tuple[int, ...]
 ) -> list[dict[str, Any]]:
     """Each rank's record in summary.json: its facts, then its exit record over them, with `complete`. A
     rank still `running` by its runner's record but whose task recorded its exit code is judged by that
     code; without exit records (no runner), the facts alone make the ranks."""
-    by_rank = {r["rank"]: r for r in records} or {
-        rank: {"rank": rank, "kind": "running"} for rank, f in facts.items() if "exit_code" in f or "oom" in f
+    by_rank = {r.rank: r.as_dict() for r in records} or {
+        rank: {"rank": rank, "kind": RankEnd.RUNNING} for rank, f in facts.items() if "exit_code" in f or "oom" in f
     }
     entries = []
     for rank in sorted(by_rank):
@@ -215,13 +220,13 @@ def rank_entries(
         if "attempt" in record and own.get("attempt") not in (None, record["attempt"]):
             own = {}  # an earlier attempt's measurements are not this one's
         entry = {**own, **record}
-        if record.get("kind") == "running" and ("exit_code" in own or "oom" in own):
+        if record.get("kind") == RankEnd.RUNNING and ("exit_code" in own or "oom" in own):
             entry["kind"] = kind_of_code(own.get("exit_code", EXIT_OOM), requeue_codes, "oom" in own)
             entry["exit_code"] = own.get("exit_code", EXIT_OOM)
         seen = record.get("steps_seen")  # a command's steps by its beats: a script killed before its facts' last write
         if is_count(seen) and not (is_count(entry.get("steps")) and entry["steps"] >= seen):
             entry["steps"] = seen
-        entry["complete"] = entry.get("kind") == "ok"
+        entry["complete"] = entry.get("kind") == RankEnd.OK
         entry.setdefault("profiler", {"traces": [], "cycles": [], "failed": [], "note": None})
         entries.append(entry)
     return entries
@@ -232,16 +237,17 @@ def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
     records moved aside (keep_earlier): its attempt, outcome, the line naming its first failing rank, and
     that rank's end in a phrase. A rank still `running` there was lost (its runner never recorded its end)."""
     by_group: dict[str, list[dict[str, Any]]] = {}
-    for record in _records(paths.earlier, ".exit.json"):
-        if isinstance(record.get("attempt"), str):
-            lost = {"kind": "lost", "message": LOST} if record.get("kind") == "running" else {}
-            by_group.setdefault(group_of(record), []).append({**record, **lost})
+    for exit_record in _exits(paths.earlier):
+        record = exit_record.as_dict()
+        if exit_record.kind == RankEnd.RUNNING:
+            record.update(kind=RankEnd.LOST, message=LOST)
+        by_group.setdefault(group_of(exit_record), []).append(record)
     attempts = []
     for records in sorted(by_group.values(), key=lambda rs: min(r.get("started_ns") or 0 for r in rs)):
         records.sort(key=lambda r: r["rank"])
-        attempt = latest_attempt(records)
+        attempt = max((r["attempt"] for r in records), key=_attempt_order)
         world = max((int(r["world_size"]) for r in records if is_count(r.get("world_size"))), default=len(records))
-        ended = [r for r in records if r.get("kind") != "ok"]
+        ended = [r for r in records if r.get("kind") != RankEnd.OK]
         first = first_bad(records) or min(ended, key=lambda r: (r.get("ended_ns") or 0, r["rank"]), default=None)
         said = None if first is None else f"rank {first['rank']} ({first.get('hostname')}): {first.get('message')}"
         outcome, failure = run_outcome(records, world), failure_line(records, world)
@@ -274,11 +280,13 @@ def task_of(paths: RunPaths) -> dict[str, Any]:
     return {**task, "task_config": task.get("config"), "config": config}
 
 
-def build_summary(
-    paths: RunPaths, records: list[dict[str, Any]], facts: dict[int, dict[str, Any]], ended: bool = False
-) -> dict[str, Any]:
-    """summary.json's contents: the same top-level keys whatever the task (see the module doc)."""
+def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's contents: the same top-level keys whatever the task (see the module doc); a
+    function of the run directory's files alone."""
     task = task_of(paths)
+    said = scheduler_said(paths)
+    attempt = latest_attempt(records)
+    ended = attempt is not None and said.ended == attempt
     config = (
         task["config"]
         or task.get("task_config")
@@ -287,8 +295,8 @@ def build_summary(
     codes = tuple(task.get("requeue_codes") or ())
     ranks = rank_entries(records, facts, codes)
     for rank in ranks if ended else ():
-        if rank.get("kind") == "running":
-            rank.update(kind="lost", message=LOST)
+        if rank.get("kind") == RankEnd.RUNNING:
+            rank.update(kind=RankEnd.LOST, message=LOST)
     world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
@@ -298,11 +306,11 @@ def build_summary(
     return {
         "kind": "train" if config is not None else "command",
         "run_dir": str(paths.root),
-        "command": (records[0].get("command") if records else None) or task.get("words"),
+        "command": (records[0].command if records else None) or task.get("words"),
         "point": task.get("point") if isinstance(task.get("point"), dict) else None,
         "world_size": world,
-        "attempt": latest_attempt(records) if records else next((r.get("attempt") for r in ranks), None),
-        "outcome": outcome_of_run(paths, records, ranks, world),
+        "attempt": attempt or next((r.get("attempt") for r in ranks), None),
+        "outcome": run_outcome(ranks, world, cancelled(said, attempt)),
         "failure": failure_line(ranks, world),
         "profiled": bool((profiler if config is not None else hook).get("enabled", True)),
         "config": config,
@@ -317,7 +325,7 @@ def build_summary(
 def no_step_line(summary: dict[str, Any] | None) -> str | None:
     """One line when a command ended with no optimizer step seen on any rank (the start-up hook counts
     torch.optim steps): a run that trained nothing, or trained out of the hook's sight, is not a silent done."""
-    if not summary or summary.get("kind") != "command" or summary.get("outcome") != "done":
+    if not summary or summary.get("kind") != "command" or summary.get("outcome") != Outcome.DONE:
         return None
     steps = [r.get("steps") for r in summary.get("ranks") or []]
     if any(isinstance(n, int) and n > 0 for n in steps):
@@ -344,36 +352,72 @@ def keep_earlier(paths: RunPaths, rank: int) -> None:
         log.warning(f"hpc: rank {rank}: attempt {earlier['attempt']}'s exit record not kept ({e})")
 
 
-def outcome_of_run(paths: RunPaths, records: list[dict[str, Any]], ranks: list[dict[str, Any]], world: int) -> str:
-    """The run's outcome from its ranks (run_outcome), and a person's cancel where the scheduler said so."""
-    outcome = run_outcome(ranks, world)
-    attempt = latest_attempt(records) if records else None
-    return "cancelled" if outcome != "done" and cancelled(paths, attempt) else outcome
+def scheduler_said(paths: RunPaths) -> SchedulerSaid:
+    """RUN/ranks/scheduler.json (nothing said: an empty one; one not that shape is ignored)."""
+    try:
+        return msgspec.json.decode(paths.scheduler.read_bytes(), type=SchedulerSaid)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return SchedulerSaid()
 
 
-def cancelled(paths: RunPaths, attempt: str | None) -> bool:
+def record_scheduler(paths: RunPaths, **said: str) -> None:
+    """Add to what the scheduler said of the run (job and state: the follower's sacct; ended: the
+    attempt whose every task has ended). A failed write raises OSError."""
+    now = msgspec.structs.replace(scheduler_said(paths), **said)
+    paths.ranks.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.scheduler, msgspec.json.encode(now).decode())
+
+
+def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:
     """Whether the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED, recorded
     by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
     preemption."""
-    said = read_json(paths.scheduler) if paths.scheduler.is_file() else None
-    if not isinstance(said, dict) or said.get("state") != "CANCELLED" or not attempt:
+    if said.state != "CANCELLED" or not attempt:
         return False
-    return str(said.get("job")) == attempt.split(".")[0]
+    return str(said.job) == attempt.split(".")[0]
 
 
 def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:
     """summary.json made again from the records, under a lock so that two writers do not interleave.
     Returns it, or None when no rank has left a record. A failed write (a full disk) raises OSError.
-    `ended`: the attempt's every task has ended (its srun step, its job): a rank still `running` then is
-    `lost` (its runner was killed before it could record its task's end)."""
+    `ended`: the caller saw the attempt's every task end (its srun step, its job): recorded first
+    (scheduler.json), so a rank still `running` is `lost` (its runner was killed before it could record
+    its task's end), in this summary and in any made again of the same files."""
     if not read_records(paths) and not read_facts(paths):
         return None
     paths.ranks.mkdir(parents=True, exist_ok=True)
     with os.fdopen(open_append(paths.ranks / ".summary.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = build_summary(paths, read_records(paths), read_facts(paths), ended)
+        attempt = latest_attempt(read_records(paths))
+        if ended and attempt is not None and scheduler_said(paths).ended != attempt:
+            record_scheduler(paths, ended=attempt)
+        summary = build_summary(paths, read_records(paths), read_facts(paths))
         write_summary(paths, summary)
     return summary
+
+
+def current_summary(paths: RunPaths, warn: Warn = ignore) -> dict[str, Any] | None:
+    """The run's summary as its records make it now: summary.json as written, or made again in memory
+    where it is missing or older than a record of its ranks (a run killed before its last writer came, a
+    start outside any runner). Reading writes nothing (the reader may not own the run)."""
+    newest = max((p.stat().st_mtime_ns for p in _record_files(paths)), default=None)
+    try:
+        written = paths.summary.stat().st_mtime_ns
+    except OSError:
+        written = None
+    if newest is None or (written is not None and written >= newest):
+        return read_summary(paths.summary, warn)
+    records, facts = read_records(paths), read_facts(paths)
+    if not records and not facts:
+        return read_summary(paths.summary, warn)
+    return json.loads(json.dumps(build_summary(paths, records, facts)))
+
+
+def _record_files(paths: RunPaths) -> list[Path]:
+    if not paths.ranks.is_dir():
+        return []
+    found = [*paths.ranks.glob("rank*.exit.json"), *paths.ranks.glob("rank*.facts.json"), paths.scheduler]
+    return [p for p in found if p.is_file() and not p.is_symlink()]
 
 
 def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool = False) -> None:
@@ -421,12 +465,67 @@ def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
     return {**data, "ranks": ranks}
 
 
-def summary_outcome(summary: Mapping[str, Any] | None) -> str | None:
-    """How a run ended, from its summary: oom, failed (a rank failed), done (every rank complete),
-    stopped, or None (no summary)."""
+def summary_outcome(summary: Mapping[str, Any] | None) -> Outcome | None:
+    """How a run ended, from its summary (None: no summary, or an outcome not one of ending.Outcome's)."""
     if summary is None:
         return None
-    if summary.get("outcome") in ("oom", "failed"):
-        return str(summary["outcome"])
-    ranks = summary.get("ranks") or []
-    return "done" if ranks and all(r.get("complete") for r in ranks) else "stopped"
+    try:
+        return Outcome(summary.get("outcome"))
+    except ValueError:
+        return None
+
+
+# How a run stands, from its directory alone (hpc.train decides with it that a finished run whose summary
+# is missing or stale only needs its summary written; hpc.study status shows a point with it): the run
+# directory is the truth, whatever the queue says or whether anyone is left to ask: its summary as its
+# records make it (current_summary), read as hpc/core/ending.py spells it, and checkpoints/last.json
+# (written with every checkpoint: the step it holds and the run's last step), nothing else.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    """outcome: "done" (trained to its last step, its last epoch's evaluation recorded), "oom", "stopped"
+    (a checkpoint to resume from short of that), or None (nothing to resume: never started, or failed
+    before its first checkpoint).
+    step: the last step the run reached and kept (the checkpoint's or the summary's), None if none.
+    stop_at: the run's last step, where a checkpoint says it. summary_current: summary.json exists and
+    says what the checkpoint says (a run killed between its last checkpoint and its summary has not).
+    said: the run's outcome as its ranks' records make it (ending.Outcome; None: no record)."""
+
+    outcome: str | None
+    step: int | None
+    stop_at: int | None
+    summary_current: bool
+    said: Outcome | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.outcome == Outcome.DONE
+
+
+def _summary_step(summary: dict[str, Any] | None) -> int | None:
+    ranks = (summary or {}).get("ranks") or []
+    steps = ranks[0].get("steps") if ranks else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
+    """The run's state from its files (see RunState); unreadable files are warned about and read as absent."""
+    summary = current_summary(paths, warn)
+    said = summary_outcome(summary)
+    written = read_summary(paths.summary) if summary is not None else None  # what is on disk
+    # what the run leaves: done, oom, or a checkpoint to resume from (stopped, preempted, cancelled, cut short)
+    leaves = Outcome.STOPPED if said in RESUMABLE or (summary is not None and said is None) else said
+    info = read_checkpoint_info(paths, warn)
+    step_said = _summary_step(summary)
+    if leaves == Outcome.OOM:
+        return RunState(leaves, info["step"] if info else None, info["stop_at"] if info else None, True, said)
+    if info is None:  # no checkpoint to compare with (or one written before last.json existed): the summary says
+        kept = leaves if leaves in (Outcome.DONE, Outcome.STOPPED) else None
+        return RunState(kept, step_said, None, written is not None, said)
+    step_saved, stop_at = int(info["step"]), int(info["stop_at"])
+    # At the last step but its epoch's end (evaluation, record) still owed: not done. Older files lack it.
+    done = info["complete"] if isinstance(info.get("complete"), bool) else step_saved >= stop_at
+    written_said = summary_outcome(written)
+    current = written is not None and _summary_step(written) == step_saved and (written_said == Outcome.DONE) == done
+    return RunState(Outcome.DONE if done else Outcome.STOPPED, step_saved, stop_at, current, said)

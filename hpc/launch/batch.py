@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
+from hpc.core.ending import Outcome, RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
@@ -155,8 +156,8 @@ def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
     cause = root_cause(ranks)
     if cause is not None:
         return exit_code_of(cause)
-    stopped = [exit_code_of(r) for r in ranks if r.get("kind") == "stopped"]
-    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == "done" else rc or EXIT_FAILED)
+    stopped = [exit_code_of(r) for r in ranks if r.get("kind") == RankEnd.STOPPED]
+    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == Outcome.DONE else rc or EXIT_FAILED)
 
 
 def requeue_after_step(

@@ -2,7 +2,7 @@
 sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
 
 A point is pending, running or requeued (the queue lists it); oom, done or stopped (its run directory
-says so: hpc/core/runstate.py); timeout (its log says Slurm cancelled it at the time limit); cancelled
+says so: hpc/core/summary.py run_state); timeout (its log says Slurm cancelled it at the time limit); cancelled
 (a person's scancel, as Slurm's accounting says); missing (never ran); failed (with the last error line
 of its log); or unknown, when the queue could not be read and the run directory alone cannot tell (a
 point not finished may still be running): then the command says why in one line on stderr and exits 1.
@@ -17,22 +17,25 @@ from typing import Any
 
 from analysis.api import render, run_verdict, verdict_headline
 from hpc.core.cli import Parser, inspect_path
+from hpc.core.ending import Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
-from hpc.core.runstate import run_state
+from hpc.core.summary import run_state
 from hpc.launch.submission.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
 
+# A point's states: the queue's (pending, running, requeued), how its run ended where its files say
+# (hpc/core/ending.py's words), Slurm's time limit, and what nothing can settle.
 STATES = (
     "pending",
-    "running",
+    Outcome.RUNNING,
     "requeued",
-    "done",
-    "oom",
-    "failed",
+    Outcome.DONE,
+    Outcome.OOM,
+    Outcome.FAILED,
     "timeout",
-    "stopped",
-    "cancelled",
+    Outcome.STOPPED,
+    Outcome.CANCELLED,
     "missing",
     "unknown",
 )
@@ -97,21 +100,21 @@ def point_state(
         state = QUEUE_STATES.get(queue_state, queue_state.lower())
         if state == "pending" and (files.step is not None or facts["requeues"]):
             state = "requeued"  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
-    elif outcome in ("oom", "done"):
-        state = outcome
+    elif outcome in (Outcome.OOM, Outcome.DONE):
+        state = str(outcome)
     elif not queue_known:
         state = "unknown"
     elif facts["timed_out"] or sacct_state == "TIMEOUT":
         state = "timeout"
-    elif sacct_state == "CANCELLED" or outcome == "cancelled":
-        state = "cancelled"  # a person's scancel (sacct's word, or the follower's record): not a failure
+    elif sacct_state == "CANCELLED" or files.said == Outcome.CANCELLED:
+        state = Outcome.CANCELLED  # a person's scancel (sacct's word, or the follower's record): not a failure
     elif not run_dir.is_dir():
         state = "missing"
-    elif outcome == "stopped" and files.summary_current:
-        state = "stopped"  # it said so itself: checkpointed and ended (preempted, not requeued)
+    elif outcome == Outcome.STOPPED and files.summary_current:
+        state = Outcome.STOPPED  # it said so itself: checkpointed and ended (preempted, not requeued)
     else:
         state = SACCT_STATES.get(sacct_state or "", "failed")
-    note = facts["error"] if state in ("failed", "timeout", "stopped") else None
+    note = facts["error"] if state in (Outcome.FAILED, "timeout", Outcome.STOPPED) else None
     if state == "done" and not files.summary_current:
         note = "summary.json missing or out of date: run the point again to write it"
     return {"state": state, "requeues": facts["requeues"], "steps": steps_reached(run, files.step), "error": note}

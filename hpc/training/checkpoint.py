@@ -6,7 +6,7 @@ a stop signal; rank 0 writes, every rank learns whether it could) and the files:
   epoch/position/step, the RNG states, and `sha256`, a checksum of all of them;
 - checkpoints/previous.pt: the checkpoint before it, kept for when last.pt is found damaged (a hard
   link: no copy, no space);
-- checkpoints/last.json: what last.pt holds, for readers without torch (hpc/core/runstate.py).
+- checkpoints/last.json: what last.pt holds, for readers without torch (hpc/core/summary.py run_state).
 
 A save copies the state to the host once, checksums it, and writes a temp file, fsync, rename, with
 previous.pt linked first: at every instant last.pt is a whole checkpoint. An epoch's end or a periodic

@@ -36,9 +36,8 @@ from hpc.core.faults import faults_from_env, graph_standin
 from hpc.core.gpusample import GpuSampler, start_sampler
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
-from hpc.core.runstate import run_state
 from hpc.core.stop import StopSignal
-from hpc.core.summary import keep_earlier
+from hpc.core.summary import keep_earlier, run_state
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig

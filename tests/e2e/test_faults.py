@@ -164,8 +164,8 @@ def test_a_signal_during_start_up_is_a_clean_stop(data_root, tmp_path, straight,
 
 def test_a_rerun_finishes_what_a_kill_after_the_last_checkpoint_left_and_status_agrees(data_root, tmp_path):
     """SIGKILL between the last checkpoint and summary.json: the directory says "done, summary missing"
-    (hpc/core/runstate.py, which hpc.study status reads); the rerun writes the summary and exits 0."""
-    from hpc.core.runstate import run_state
+    (hpc/core/summary.py run_state, which hpc.study status reads); the rerun writes the summary and exits 0."""
+    from hpc.core.summary import run_state
 
     run_dir = tmp_path / "run"
     assert run(data_root, run_dir, "signal:KILL@summary", 1, "--no-profile")[0][0] == -signal.SIGKILL
@@ -184,7 +184,7 @@ def test_a_kill_before_the_last_evaluation_is_recorded_leaves_it_owed_and_a_reru
     The directory must not say done (hpc.study status reads it), and the rerun must evaluate, record the
     epoch and write the final checkpoint and summary as the uninterrupted run did: the same weights, and
     the same evaluation numbers as the uninterrupted run's record (the oracle: that run's own metrics)."""
-    from hpc.core.runstate import run_state
+    from hpc.core.summary import run_state
 
     run_dir, every_8 = tmp_path / "run", ("--set", "train.checkpoint_every_steps=8")
     (code, out, err), = run(data_root, run_dir, f"signal:KILL@eval:{STEPS}", 1, *every_8)

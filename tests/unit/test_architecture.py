@@ -371,3 +371,27 @@ def test_unit_tests_are_laid_out_like_the_packages():
     rooms = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert rooms == set(UNIT_ROOMS), rooms
     assert all(any((unit / room).glob("test_*.py")) for room in UNIT_ROOMS)
+
+
+ENDING_WORDS = {"killed", "interrupted", "peer", "lost", "preempted", "cancelled", "stopped"}
+
+
+def ending_words_spelled(text: str) -> list[str]:
+    """The string constants of `text` that are words only of how a rank or a run ended."""
+    return [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and n.value in ENDING_WORDS]
+
+
+def test_how_a_rank_and_a_run_ended_is_spelled_in_one_module():
+    """Issue 60: the ends' words (hpc/core/ending.py RankEnd, Outcome) spelled nowhere else as strings: every
+    writer and reader (runner, job, batch shell, follower, status, analysis) names them through the enums."""
+    from hpc.core.ending import Outcome, RankEnd
+
+    assert ENDING_WORDS <= {str(w) for w in (*RankEnd, *Outcome)}
+    spelled = {name: found for name, path in MODULES.items() if name != "hpc.core.ending"
+               if (found := ending_words_spelled(path.read_text()))}
+    assert not spelled, spelled
+
+
+def test_the_spelling_check_sees_a_word_spelled_by_hand():
+    assert ending_words_spelled('if record.get("kind") == "interrupted": pass') == ["interrupted"]
+    assert ending_words_spelled('x = "stopped by signal, checkpoint written"') == []

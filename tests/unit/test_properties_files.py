@@ -25,7 +25,7 @@ from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
 from hpc.core.rundir import RunPaths, read_index, read_metrics, truncate_metrics
 from hpc.core.summary import read_summary
-from hpc.core.runstate import run_state
+from hpc.core.summary import run_state
 from hpc.settings.config import Layers
 from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
 from hpc.settings.schema import RUN_SECTIONS, SECTIONS

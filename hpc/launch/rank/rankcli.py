@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.ending import EXIT_CODES, Outcome
+from hpc.core.errors import UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import exit_code_of, read_records, read_summary, write_run_summary
+from hpc.core.summary import current_summary, exit_code_of, read_records, write_run_summary
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
@@ -91,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(args.run_dir))
     if words:
         write_task(paths, task)
-    record = run_rank(task, paths.root)
-    if record.get("rank") == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
-        summary = read_summary(paths.summary) or {}
+    record = run_rank(task, paths.root).as_dict()
+    if record["rank"] == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
+        summary = current_summary(paths) or {}
         print(
             f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
         )
@@ -101,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_outcome(paths: RunPaths) -> int:
-    """`--outcome`: the run's outcome, and the failing rank when one failed; exit 0 done, 3 stopped, 1 else
+    """`--outcome`: the run's outcome, and the failing rank when one failed; the exit code hpc.submit gives
+    it (hpc/core/ending.py EXIT_CODES: 0 done or oom, 3 stopped, preempted or cancelled, 1 else)
     (2: no command ran there)."""
     summary = write_run_summary(paths) if read_records(paths) else None
     if summary is None:
         raise UsageError(f"--run-dir {paths.root}: no rank of a task has started there (no {paths.ranks})")
     print(f"hpc.rank: {paths.root}: {summary['outcome']}" + (f": {summary['failure']}" if summary["failure"] else ""))
-    return {"done": EXIT_OK, "stopped": EXIT_PREEMPTED}.get(summary["outcome"], EXIT_FAILED)
+    return EXIT_CODES[Outcome(summary["outcome"])]
 
 
 def cli(argv: list[str] | None = None) -> int:

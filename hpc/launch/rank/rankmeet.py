@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 
+from hpc.core.ending import RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_PEER_LOST, StoreError
 from hpc.core.meet import MEET_TIMEOUT_S, Meeting, await_meeting, free_port, listen, new_secret, publish
 from hpc.core.rundir import RunPaths
@@ -46,7 +47,7 @@ def meet(
         except (StoreError, OSError) as e:
             if listener is not None:
                 listener.close()
-            raise Unmet({"kind": "failed", "exit_code": EXIT_FAILED, "message": str(e)}) from None
+            raise Unmet({"kind": RankEnd.FAILED, "exit_code": EXIT_FAILED, "message": str(e)}) from None
         return meeting, listener
 
     def why_not_wait() -> str | None:
@@ -57,9 +58,9 @@ def meet(
     if found is not None:
         return found, None
     if stop.signum is not None:
-        raise Unmet({"kind": "interrupted", "exit_code": None, "message": why})
+        raise Unmet({"kind": RankEnd.INTERRUPTED, "exit_code": None, "message": why})
     if failed_peers(paths, group, dist.rank):
-        raise Unmet({"kind": "peer", "exit_code": None, "message": why})
+        raise Unmet({"kind": RankEnd.PEER, "exit_code": None, "message": why})
     kind = kind_of_code(EXIT_PEER_LOST, requeue_codes)  # as the training's own, when rank 0 never came
     raise Unmet({"kind": kind, "exit_code": EXIT_PEER_LOST, "message": why})
 

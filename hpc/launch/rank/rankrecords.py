@@ -9,6 +9,7 @@ import logging
 import time
 from pathlib import Path
 
+from hpc.core.ending import RankEnd
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import group_of, read_records
 from hpc.placement.distenv import DistEnv
@@ -36,11 +37,8 @@ def failed_peers(paths: RunPaths, group: str, me: int) -> list[int]:
     """The ranks of `group` other than `me` that failed on their own (read only once the mark is there)."""
     if not failed_mark(paths, group).exists():
         return []
-    return [
-        r["rank"]
-        for r in read_records(paths)
-        if group_of(r) == group and r["rank"] != me and r.get("kind") in ("failed", "oom")
-    ]
+    bad = (RankEnd.FAILED, RankEnd.OOM)
+    return [r.rank for r in read_records(paths) if group_of(r) == group and r.rank != me and r.kind in bad]
 
 
 def wait_for_records(paths: RunPaths, group: str, world_size: int, timeout_s: float, poll_s: float = 1.0) -> None:
@@ -48,7 +46,7 @@ def wait_for_records(paths: RunPaths, group: str, world_size: int, timeout_s: fl
     rank 0 then writes the run's summary once, whole."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ended = [r for r in read_records(paths) if group_of(r) == group and r.get("ended_ns")]
+        ended = [r for r in read_records(paths) if group_of(r) == group and r.ended_ns]
         if len(ended) >= world_size:
             return
         time.sleep(poll_s)

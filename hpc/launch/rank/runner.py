@@ -46,7 +46,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hpc.core.beat import BEAT_VARIABLE, DUMP_SIGNAL, Beats, beat_pipe
+from hpc.core.ending import RankEnd, RankExit, encode_exit
 from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.gpusample import start_sampler
@@ -112,19 +115,20 @@ class RankRun:
         self.dist: DistEnv = from_environ(env)
         self.attempt = attempt_of(env)
         self.group = group_key(self.attempt, self.dist)
-        self.record: dict[str, Any] = {
-            "rank": self.dist.rank,
-            "local_rank": self.dist.local_rank,
-            "node_rank": self.dist.node_rank,
-            "world_size": self.dist.world_size,
-            "hostname": socket.gethostname(),
+        self.record = RankExit(
+            rank=self.dist.rank,
+            kind=RankEnd.RUNNING,
+            local_rank=self.dist.local_rank,
+            node_rank=self.dist.node_rank,
+            world_size=self.dist.world_size,
+            hostname=socket.gethostname(),
             # the node as Slurm names it (nid001...: the hostname on Perlmutter, not on a one-machine cluster)
-            "node": env.get("SLURMD_NODENAME") or socket.gethostname(),
-            "launcher": self.dist.launcher,
-            "attempt": self.attempt,
-            "group": self.group,
-            "logs": {s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
-        }
+            node=env.get("SLURMD_NODENAME") or socket.gethostname(),
+            launcher=self.dist.launcher,
+            attempt=self.attempt,
+            group=self.group,
+            logs={s: str(self.paths.rank_stream(self.dist.rank, s)) for s in ("out", "err")},
+        )
         self.pumps: list[Pump] = []  # the task's stdout and stderr, kept in its logs and passed on
         self.hang: HangWatch | None = None  # where the start-up hook beats (a command's task)
         self.hung: str | None = None  # the line naming this rank frozen or hung
@@ -132,7 +136,7 @@ class RankRun:
         self.why_stopping: str | None = None  # a stop signal's name, or "rank R failed"
         self.killed = False
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RankExit:
         folders: tuple[Path, ...] = (self.paths.ranks, self.paths.rank_stream(0, "out").parent, self.paths.traces)
         if self.task.profiler is not None:  # a command's: where torch writes NCCL's Flight Recorder dumps
             folders += (self.paths.flight_recorder_dir,)
@@ -140,9 +144,9 @@ class RankRun:
             folder.mkdir(parents=True, exist_ok=True)  # traces/: where a profiled rank's traces go
         words = self.task.words_for(self.paths.root, sys.executable)
         keep_earlier(self.paths, self.dist.rank)
-        self.write(kind="running", started_ns=time.time_ns(), command=words)
+        self.write(kind=RankEnd.RUNNING, started_ns=time.time_ns(), command=words)
         # the node's GPUs, sampled by one rank a node (its first) while the task runs
-        node = self.record["node"]
+        node = str(self.record.node)
         sampler = start_sampler(self.paths.gpu_samples(node), node, self.env) if self.dist.local_rank == 0 else None
         try:
             proc = self.start(words, *meet(self.paths, self.dist, self.group, self.task.requeue_codes, self.stop))
@@ -151,23 +155,23 @@ class RankRun:
         except Unmet as e:  # the task never started: where its run meets did not come, or could not be held
             self.write(ended_ns=time.time_ns(), **e.args[0])
         except OSError as e:  # vanished since it was checked, or not executable on this node
-            self.write(kind="failed", exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
+            self.write(kind=RankEnd.FAILED, exit_code=127, ended_ns=time.time_ns(), message=f"could not start: {e}")
         else:
             for pump in self.pumps:  # the task's last lines are in its logs before its end is recorded
                 pump.finish()
             self.write(**self.ending(code))
-            if self.record["kind"] == "stopped" and code == 0 and self.dist.rank == 0:  # once, not a line a rank
+            if self.record.kind == RankEnd.STOPPED and code == 0 and self.dist.rank == 0:  # once, not a line a rank
                 log.warning(f"hpc: the command exited 0 after {self.why_stopping}, {UNFINISHED}")
         finally:
             self.end_watch()
             if sampler is not None:
                 sampler.stop()
-        if self.record["kind"] in ("failed", "oom"):  # the others stop rather than fail in a collective
+        if self.record.kind in (RankEnd.FAILED, RankEnd.OOM):  # the others stop rather than fail in a collective
             with contextlib.suppress(OSError):
                 failed_mark(self.paths, self.group).touch()
         elif self.dist.rank == 0:
             wait_for_records(self.paths, self.group, self.dist.world_size, SUMMARY_WAIT_S)
-        if self.record["kind"] in ("failed", "oom") or self.dist.rank == 0:
+        if self.record.kind in (RankEnd.FAILED, RankEnd.OOM) or self.dist.rank == 0:
             with contextlib.suppress(OSError):  # a full disk: the records still say it
                 summary = write_run_summary(self.paths)
                 said = no_step_line(summary) if self.dist.rank == 0 else None
@@ -249,11 +253,11 @@ class RankRun:
             if self.stopping_since is None and self.hang is not None:
                 self.hung = self.hang.check()
                 if self.hung is not None:
-                    log.error(f"hpc: rank {self.dist.rank} on {self.record['hostname']}: {self.hung}")
+                    log.error(f"hpc: rank {self.dist.rank} on {self.record.hostname}: {self.hung}")
                     self.kill(proc)
-            if self.why_stopping is not None and "stop" not in self.record:
+            if self.why_stopping is not None and self.record.stop is None:
                 self.write(stop=self.why_stopping)
-            if len(self.stop.passed) != len(self.record.get("signals_passed_on", [])):
+            if len(self.stop.passed) != len(self.record.signals_passed_on or []):
                 self.write(signals_passed_on=self.passed_names())
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.grace_s():
                 self.kill(proc)
@@ -343,26 +347,26 @@ class RankRun:
             end["steps_seen"] = self.hang.beats.steps  # summary.json's steps where its facts stopped short
         what = f"exit {code}" if signum is None else f"signal {end['signal']}"
         oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
-        kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else "failed"
+        kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else RankEnd.FAILED
         after = f" after {self.why_stopping}" if self.why_stopping else ""
         if self.hung is not None:
-            return {**end, "kind": "failed", "hung": True, "message": self.hung}
-        if kind == "ok" and self.stop.signum is not None and not self.said_complete():
-            return {**end, "kind": "stopped", "message": f"{what} after {self.why_stopping}, {UNFINISHED}"}
-        if kind in ("ok", "oom"):
-            return {**end, "kind": kind, "message": None if kind == "ok" else last_said(said)}
-        if kind == "stopped":  # 3 says it saved; another requeue code (the training's 5) says why in its words
+            return {**end, "kind": RankEnd.FAILED, "hung": True, "message": self.hung}
+        if kind == RankEnd.OK and self.stop.signum is not None and not self.said_complete():
+            return {**end, "kind": RankEnd.STOPPED, "message": f"{what} after {self.why_stopping}, {UNFINISHED}"}
+        if kind in (RankEnd.OK, RankEnd.OOM):
+            return {**end, "kind": kind, "message": None if kind == RankEnd.OK else last_said(said)}
+        if kind == RankEnd.STOPPED:  # 3 says it saved; another requeue code (the training's 5) says why in its words
             why = "saved and stopped" if code == EXIT_PREEMPTED else last_said(said) or "asked to be requeued"
-            return {**end, "kind": "stopped", "message": f"{why} ({what}){after}"}
+            return {**end, "kind": RankEnd.STOPPED, "message": f"{why} ({what}){after}"}
         if self.killed:
-            return {**end, "kind": "killed", "message": f"killed {self.grace_s():g} s after {self.why_stopping}"}
+            return {**end, "kind": RankEnd.KILLED, "message": f"killed {self.grace_s():g} s after {self.why_stopping}"}
         if self.why_stopping and self.why_stopping.startswith("rank "):
-            return {**end, "kind": "peer", "message": f"{what}, stopped because {self.why_stopping}"}
+            return {**end, "kind": RankEnd.PEER, "message": f"{what}, stopped because {self.why_stopping}"}
         if self.why_stopping:  # ended by the stop without saying it saved (a requeue code says so)
-            return {**end, "kind": "interrupted", "message": f"{what} after {self.why_stopping}"}
+            return {**end, "kind": RankEnd.INTERRUPTED, "message": f"{what} after {self.why_stopping}"}
         if signum == signal.SIGKILL and not any(EXCEPTION_LINE.match(line) for line in said):
-            return {**end, "kind": "failed", "message": f"{what}: {KILLED_FROM_OUTSIDE}"}
-        return {**end, "kind": "failed", "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
+            return {**end, "kind": RankEnd.FAILED, "message": f"{what}: {KILLED_FROM_OUTSIDE}"}
+        return {**end, "kind": RankEnd.FAILED, "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
 
     def passed_names(self) -> list[str]:
         return [signal.Signals(s).name for s in self.stop.passed]
@@ -374,9 +378,9 @@ class RankRun:
     def write(self, **fields: Any) -> None:
         """The rank's exit record with `fields` added, whole (a failed write is said, not raised: the
         task's own result matters more)."""
-        self.record.update(fields)
+        self.record = msgspec.structs.replace(self.record, **fields)
         try:
-            write_atomic(self.paths.rank_exit(self.dist.rank), json.dumps(self.record, indent=1))
+            write_atomic(self.paths.rank_exit(self.dist.rank), encode_exit(self.record).decode())
         except OSError as e:
             log.warning(f"hpc: rank {self.dist.rank}: {self.paths.rank_exit(self.dist.rank)} not written ({e})")
 
@@ -421,7 +425,7 @@ def die_with(parent: int) -> Callable[[], None]:
 
 def run_rank(
     task: RankCommand, run_dir: Path, env: Mapping[str, str] | None = None, stop: StopSignal | None = None
-) -> dict[str, Any]:
+) -> RankExit:
     """Run one rank of the task here; its exit record. The stop signals are caught while it runs (in
     `stop`, the caller's, to see which one came)."""
     stop = StopSignal.take(stop)

@@ -14,7 +14,6 @@ the jobs run on in Slurm. No torch import.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shlex
@@ -27,10 +26,10 @@ from typing import Any
 import msgspec
 
 from analysis.api import render, run_numbers
+from hpc.core.ending import EXIT_CODES, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
-from hpc.core.files import write_atomic
 from hpc.core.rundir import RunPaths, read_checkpoint_info
-from hpc.core.summary import no_step_line, read_records, restarts_line, write_run_summary
+from hpc.core.summary import no_step_line, read_records, record_scheduler, restarts_line, write_run_summary
 from hpc.launch.submission.points import Point
 from hpc.launch.submission.queue import QueueWatch, accounted
 
@@ -251,23 +250,15 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
     return exit_code_of_outcomes([print_result(sub, poll_s, follow) for sub in subs])
 
 
-# How a followed run's end is hpc.submit's exit code, the same here (--local) and waited for on Slurm (--wait)
-# (docs/faults.md): an outcome not listed (done, oom: a sweep's point that did not fit is its result) is 0.
-OUTCOME_EXIT_CODES = {
-    "failed": EXIT_FAILED,
-    "stopped": EXIT_PREEMPTED,
-    "preempted": EXIT_PREEMPTED,
-    "cancelled": EXIT_PREEMPTED,
-}
-
-
-def exit_code_of_outcomes(outcomes: list[str]) -> int:
-    """1 when a run failed (or left no record), else 3 when one was stopped, preempted or cancelled, else 0."""
-    codes = {OUTCOME_EXIT_CODES.get(outcome, EXIT_OK) for outcome in outcomes}
+def exit_code_of_outcomes(outcomes: list[Outcome]) -> int:
+    """hpc.submit's exit code, the same here (--local) and waited for on Slurm (--wait): the worst of the
+    runs' (hpc/core/ending.py EXIT_CODES, docs/faults.md): 1 when a run failed (or left no record), else 3
+    when one was stopped, preempted or cancelled, else 0."""
+    codes = {EXIT_CODES[Outcome(outcome)] for outcome in outcomes}
     return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
 
 
-def print_result(sub: Submitted, poll_s: float, follow: bool) -> str:
+def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     """How an ended job's run ended, from its ranks' records: done (with its numbers, followed here), or
     the first failing rank named with its code and last stderr line, and where everything is; a job that
     left no record failed outside its task (its log named). On Slurm a person's cancel (sacct's CANCELLED)
@@ -276,16 +267,16 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> str:
     cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == "CANCELLED"
     if cancel and paths.ranks.is_dir():
         with contextlib.suppress(OSError):
-            write_atomic(paths.scheduler, json.dumps({"job": sub.job_id, "state": "CANCELLED"}))
+            record_scheduler(paths, job=sub.job_id, state="CANCELLED")
     summary = write_run_summary(paths, ended=True) if read_records(paths) else None  # the job has ended
     if summary is None and cancel:
         print(f"job {sub.job_id}: cancelled before its task started", file=sys.stderr)
-        return "cancelled"
+        return Outcome.CANCELLED
     if summary is None:
         print_job_failure(sub, poll_s)
-        return "failed"
-    outcome = summary["outcome"]
-    if outcome == "done" and follow:
+        return Outcome.FAILED
+    outcome = Outcome(summary["outcome"])
+    if outcome == Outcome.DONE and follow:
         print_run_numbers(sub.run_dir)
     restarted = restarts_line(summary)
     if restarted:
@@ -295,14 +286,14 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> str:
         print(f"job {sub.job_id}: {no_step}", file=sys.stderr)
     if summary.get("failure"):
         print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
-    elif outcome != "done":
+    elif outcome != Outcome.DONE:
         said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
         print(f"job {sub.job_id}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
     print(
         f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
         f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
     )
-    return str(outcome)
+    return outcome
 
 
 def print_job_failure(sub: Submitted, poll_s: float) -> None:

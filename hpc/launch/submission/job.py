@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpc.core.ending import Outcome, RankEnd, rank_end_of_outcome, task_status
 from hpc.core.errors import EXIT_PEER_LOST, StoreError
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
@@ -49,10 +50,6 @@ from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
 log = logging.getLogger(__name__)
-
-# how a run ended (summary.json's outcome) -> how a torchrun job's task ended (an exit record's kind)
-KIND_OF_OUTCOME = {"done": "ok", "failed": "failed", "stopped": "stopped", "oom": "oom"}
-STATUS_OF_KIND = {"ok": "done", "oom": "oom", "stopped": "stopped"}  # any other: preempted
 
 
 class TaskJob:
@@ -99,7 +96,7 @@ class TaskJob:
             if self.launcher == "torchrun":
                 record = self.run_torchrun(paths, job.job_id, stop, job.global_rank == 0)
             else:
-                record = run_rank(task, paths.root, stop=stop)
+                record = run_rank(task, paths.root, stop=stop).as_dict()
         finally:
             stop.restore()
             if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may
@@ -113,15 +110,15 @@ class TaskJob:
         """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
         that failed raises, after its records are written."""
         kind = record.get("kind")
-        code = exit_code_of(record) if kind == "stopped" else record.get("exit_code")  # exit 0 unfinished: 3
-        if kind == "failed":
+        code = exit_code_of(record) if kind == RankEnd.STOPPED else record.get("exit_code")  # exit 0 unfinished: 3
+        if kind == RankEnd.FAILED:
             log.error(
                 f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
             )
             raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
-        status = STATUS_OF_KIND.get(str(kind), "preempted")  # preempted: killed, interrupted, stopped for a peer
-        if status != "stopped":
-            return {"status": status, "run_dir": str(paths.root)}
+        status = task_status(kind)
+        if status != Outcome.STOPPED:
+            return {"status": str(status), "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
         # before its own runner saw it gone)
@@ -136,7 +133,7 @@ class TaskJob:
                 requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit
             elif code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
                 requeue_if_rank0_does_not(job.job_id, job.global_rank, paths.root)  # rank 0 may be the peer lost
-        return {"status": "stopped", "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
+        return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
@@ -145,12 +142,16 @@ class TaskJob:
         try:
             args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, first, stop)
         except StoreError as e:
-            return {"kind": "interrupted" if stop.signum else "failed", "exit_code": None, "message": str(e)}
+            return {
+                "kind": RankEnd.INTERRUPTED if stop.signum else RankEnd.FAILED,
+                "exit_code": None,
+                "message": str(e),
+            }
         rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
         rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
         summary = write_run_summary(paths) or {}
         outcome = str(summary.get("outcome"))
-        kind = KIND_OF_OUTCOME.get(outcome, "preempted") if rc == 0 or outcome != "done" else "failed"
+        kind = rank_end_of_outcome(outcome) if rc == 0 or outcome != Outcome.DONE else RankEnd.FAILED
         codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == kind]
         message = summary.get("failure") or f"torchrun exited {rc} ({outcome})"
         return {"kind": kind, "exit_code": codes[0] if codes else rc, "message": message}

@@ -2,6 +2,7 @@
 
 import json
 
+import msgspec
 import pytest
 
 from hpc.core.rundir import RunPaths
@@ -12,9 +13,14 @@ from hpc.core.summary import (
     last_said,
     read_records,
     root_cause,
-    run_outcome,
 )
+from hpc.core.ending import RankExit, run_outcome
 from hpc.settings.rankcommand import user_command
+
+
+def exits(*records):
+    """Literal exit records as the runner writes them (typed: hpc/core/ending.py RankExit)."""
+    return [msgspec.convert(r, RankExit) for r in records]
 
 
 def record(rank, kind, ended, **more):
@@ -54,7 +60,7 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     paths.rank_exit(0).write_text(json.dumps(new))
     paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
     paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
-    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.1.0")]
+    assert [(r.rank, r.attempt) for r in read_records(paths)] == [(0, "9.1.0")]
     (tmp_path / "task.json").write_text(json.dumps(user_command(["x"], "/", None, 60).to_dict()))
     summary = build_summary(paths, read_records(paths), {})
     assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
@@ -81,7 +87,7 @@ def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
         paths.rank_exit(rank).write_text(json.dumps({**record(rank, "ok", 9, started_ns=7 + rank), "world_size": 2,
                                                      "attempt": attempt, "group": "9.0@nid001:222"}))
     assert sorted(p.name for p in paths.earlier.iterdir()) == ["rank0.1.exit.json", "rank1.2.exit.json"]
-    assert [(r["rank"], r["attempt"]) for r in read_records(paths)] == [(0, "9.0.0"), (1, "9.0.1")]
+    assert [(r.rank, r.attempt) for r in read_records(paths)] == [(0, "9.0.0"), (1, "9.0.1")]
     summary = build_summary(paths, read_records(paths), {})
     assert summary["outcome"] == "done" and summary["attempt"] == "9.0.1"
     assert summary["earlier"] == [{
@@ -125,11 +131,11 @@ def test_a_commands_steps_are_its_beats_where_its_facts_stopped_short():
     from hpc.core.summary import rank_entries
 
     record = {"rank": 0, "kind": "interrupted", "attempt": "7.0.0", "steps_seen": 80}
-    assert rank_entries([record], {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 80
-    assert rank_entries([record], {}, ())[0]["steps"] == 80  # killed before any facts
-    assert rank_entries([record], {0: {"rank": 0, "attempt": "7.0.0", "steps": 100}}, ())[0]["steps"] == 100
+    assert rank_entries(exits(record), {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 80
+    assert rank_entries(exits(record), {}, ())[0]["steps"] == 80  # killed before any facts
+    assert rank_entries(exits(record), {0: {"rank": 0, "attempt": "7.0.0", "steps": 100}}, ())[0]["steps"] == 100
     plain = {k: v for k, v in record.items() if k != "steps_seen"}
-    assert rank_entries([plain], {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 5
+    assert rank_entries(exits(plain), {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 5
 
 
 def test_only_a_command_done_with_no_step_on_any_rank_is_said_to_have_stepped_none():
@@ -150,12 +156,12 @@ def test_a_cancel_the_scheduler_reported_is_the_runs_outcome_unless_it_finished(
     done, and another job's cancel (a requeued job's earlier id) is not this start's."""
     paths = RunPaths(tmp_path)
     paths.ranks.mkdir()
-    stopped = [record(0, "stopped", 10, attempt="77.0.0", world_size=1)]
-    (paths.ranks / "rank0.exit.json").write_text(json.dumps(stopped[0]))
+    stopped = exits(record(0, "stopped", 10, attempt="77.0.0", world_size=1))
+    (paths.ranks / "rank0.exit.json").write_bytes(msgspec.json.encode(stopped[0]))
     assert build_summary(paths, stopped, {})["outcome"] == "stopped"
     paths.scheduler.write_text(json.dumps({"job": "77", "state": "CANCELLED"}))
     assert build_summary(paths, stopped, {})["outcome"] == "cancelled"
-    done = [record(0, "ok", 10, attempt="77.0.0", world_size=1)]
+    done = exits(record(0, "ok", 10, attempt="77.0.0", world_size=1))
     assert build_summary(paths, done, {})["outcome"] == "done"
     paths.scheduler.write_text(json.dumps({"job": "76", "state": "CANCELLED"}))
     assert build_summary(paths, stopped, {})["outcome"] == "stopped"

@@ -25,7 +25,7 @@ def env() -> dict[str, str]:
 def run(tmp_path, code: str) -> tuple[dict, dict, subprocess.CompletedProcess]:
     """The runner's record of `code`, its summary, and the same code run plainly (the oracle)."""
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    record = run_rank(user_command([sys.executable, "-c", code], str(tmp_path), None, 5), tmp_path / "run", env())
+    record = run_rank(user_command([sys.executable, "-c", code], str(tmp_path), None, 5), tmp_path / "run", env()).as_dict()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     return record, summary, plain
 
@@ -63,5 +63,5 @@ def test_a_command_killed_by_a_signal_is_failed_and_the_signal_named(tmp_path, s
 
 def test_a_command_that_cannot_start_is_exit_127_and_said(tmp_path):
     missing = tmp_path / "not-a-program"
-    record = run_rank(user_command([str(missing)], str(tmp_path), None, 5), tmp_path / "run", env())
+    record = run_rank(user_command([str(missing)], str(tmp_path), None, 5), tmp_path / "run", env()).as_dict()
     assert (record["kind"], record["exit_code"]) == ("failed", 127) and str(missing) in record["message"]

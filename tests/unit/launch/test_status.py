@@ -16,7 +16,7 @@ def _run_dir(root, name, summary=None, err="", metrics=()):
 
 
 def test_point_state_from_queue_run_directory_and_logs(tmp_path):
-    done = _run_dir(tmp_path, "1_0", {"ranks": [{"rank": 0, "complete": True, "steps": 6}]})
+    done = _run_dir(tmp_path, "1_0", {"outcome": "done", "ranks": [{"rank": 0, "complete": True, "steps": 6}]})
     oom = _run_dir(tmp_path, "1_1", {"outcome": "oom", "ranks": []})
     crashed = _run_dir(tmp_path, "1_2", err="Traceback (most recent call last):\n  ...\nRuntimeError: boom\n",
                        metrics=[{"kind": "train", "step": 2}, {"kind": "train", "step": 3}])
@@ -49,7 +49,7 @@ def _checkpoint_info(run_dir, step, stop_at):
 def test_a_silent_queue_leaves_unknown_what_the_run_directory_cannot_settle(tmp_path):
     """squeue failing (controller down): done and oom come from the run directory; a point that is not
     finished may be running, so it is unknown, never "failed" (and never resubmitted on that word)."""
-    done = _run_dir(tmp_path, "2_0", {"ranks": [{"rank": 0, "complete": True, "steps": 6}]})
+    done = _run_dir(tmp_path, "2_0", {"outcome": "done", "ranks": [{"rank": 0, "complete": True, "steps": 6}]})
     oom = _run_dir(tmp_path, "2_1", {"outcome": "oom", "ranks": []})
     halfway = _checkpoint_info(_run_dir(tmp_path, "2_2", metrics=[{"kind": "train", "step": 4}]), 4, 8)
     crashed = _run_dir(tmp_path, "2_3", err="RuntimeError: boom\n")

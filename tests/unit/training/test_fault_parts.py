@@ -20,7 +20,7 @@ from hpc.core.faults import Fault, parse_faults
 from hpc.core.files import append_line, write_atomic
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
-from hpc.core.runstate import run_state
+from hpc.core.summary import run_state
 from hpc.training.distributed.group import _ended, pid_alive
 from hpc.training.distributed.rendezvous import cause_of, is_peer_failure
 from hpc.training.inject import Injector
@@ -117,8 +117,8 @@ def _state(tmp_path, summary=None, info=None):
 
 
 def test_a_runs_state_comes_from_its_files(tmp_path):
-    done = {"ranks": [{"rank": 0, "complete": True, "steps": 8}]}
-    stopped = {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}
+    done = {"outcome": "done", "ranks": [{"rank": 0, "complete": True, "steps": 8}]}
+    stopped = {"outcome": "stopped", "ranks": [{"rank": 0, "complete": False, "steps": 4}]}
     empty = _state(tmp_path)
     assert (empty.outcome, empty.step, empty.summary_current) == (None, None, False)
     s = _state(tmp_path, done, {"step": 8, "stop_at": 8})

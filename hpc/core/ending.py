@@ -1,0 +1,200 @@
+"""How a rank and a run ended: the one vocabulary (two enums, each word spelled here once), the one rule
+from the ranks' ends to the run's outcome, the exit code each outcome gives, and the typed records that
+carry them between processes (a rank's exit record, what the scheduler said). Every writer and reader
+goes through this module: the per-rank runner, summary.json (hpc/core/summary.py), the job's task
+(submitit), the batch shell, `hpc.submit --local` and `--wait`, `hpc.rank --outcome`, `hpc.study status`
+and the analysis. A leaf: nothing of the project but the exit codes; no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+
+
+class Word(str, enum.Enum):
+    """An enum whose members are their words, in JSON, in f-strings and compared with a plain string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class RankEnd(Word):
+    """How one rank's task ended (its exit record's `kind`)."""
+
+    RUNNING = "running"  # no end recorded yet
+    OK = "ok"  # exit 0, and known to have finished
+    STOPPED = "stopped"  # saved and stopped (a requeue code; exit 0 after a stop, unfinished): a requeue resumes it
+    OOM = "oom"  # CUDA out of memory, recorded with its facts
+    FAILED = "failed"  # an error of its own: an exit code or a signal nobody of the toolkit sent
+    KILLED = "killed"  # still running `stop_grace_s` after a stop: SIGKILLed
+    INTERRUPTED = "interrupted"  # ended by a stop without saying it saved
+    PEER = "peer"  # stopped because another rank failed
+    LOST = "lost"  # its runner died without recording the end, though the job's step ended (summary.json only)
+
+
+class Outcome(Word):
+    """How a run ended (summary.json's `outcome`)."""
+
+    DONE = "done"  # every rank ended ok
+    FAILED = "failed"  # a rank failed (the first to end failed or out of memory says which)
+    OOM = "oom"  # the first rank to end bad ran out of CUDA memory
+    STOPPED = "stopped"  # ranks saved and stopped: a requeue, or the same command again, resumes
+    PREEMPTED = "preempted"  # stopped without saying it saved, killed after the grace time, or lost
+    CANCELLED = "cancelled"  # a person's scancel, as the scheduler said
+    RUNNING = "running"  # not every rank has ended
+
+
+# How a run's end is a command's exit code, the same from `hpc.submit --local`, `--wait` on Slurm and
+# `hpc.rank --outcome` (docs/faults.md): a sweep's point that did not fit (oom) is its result, not a failure;
+# a run that has not ended when its job did is not known to be anything.
+EXIT_CODES: dict[Outcome, int] = {
+    Outcome.DONE: EXIT_OK,
+    Outcome.OOM: EXIT_OK,
+    Outcome.FAILED: EXIT_FAILED,
+    Outcome.STOPPED: EXIT_PREEMPTED,
+    Outcome.PREEMPTED: EXIT_PREEMPTED,
+    Outcome.CANCELLED: EXIT_PREEMPTED,
+    Outcome.RUNNING: EXIT_FAILED,
+}
+# What a run that ended so leaves to resume from: its checkpoint (hpc.train; hpc.study status)
+RESUMABLE = frozenset({Outcome.STOPPED, Outcome.PREEMPTED, Outcome.CANCELLED, Outcome.RUNNING})
+# A rank that ended so was stopped from outside, without its own checkpoint said: the run was preempted
+_STOPPED_FROM_OUTSIDE = frozenset({RankEnd.KILLED, RankEnd.INTERRUPTED, RankEnd.PEER, RankEnd.LOST})
+
+
+def rank_end(word: object) -> RankEnd | None:
+    """A record's kind as a RankEnd (None: not one)."""
+    try:
+        return RankEnd(word)
+    except ValueError:
+        return None
+
+
+def outcome(word: object) -> Outcome | None:
+    """A summary's outcome as an Outcome (None: not one)."""
+    try:
+        return Outcome(word)
+    except ValueError:
+        return None
+
+
+def first_bad(ranks: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The first rank to end failed or out of memory (an OOM first at the same moment), or None."""
+    bad = [r for r in ranks if r.get("kind") in (RankEnd.FAILED, RankEnd.OOM)]
+    return min(bad, key=lambda r: (r.get("ended_ns") or 0, r["kind"] != RankEnd.OOM, r["rank"])) if bad else None
+
+
+def run_outcome(ranks: Iterable[Mapping[str, Any]], world_size: int, cancelled: bool = False) -> Outcome:
+    """The one rule from the ranks' ends (each a mapping with rank, kind, ended_ns) to the run's outcome:
+    done if every rank of the world ended ok; else a person's cancel, where the scheduler said so; else the
+    first rank to end bad says failed or oom (a script's peers fail after its OOM); else preempted if a
+    rank was stopped from outside; stopped if one saved and stopped; else running."""
+    ranks = list(ranks)
+    kinds = {rank_end(r.get("kind")) for r in ranks}
+    if len(ranks) == world_size and kinds == {RankEnd.OK}:
+        return Outcome.DONE
+    if cancelled:  # the scheduler's word: its ranks saw only a SIGTERM, as in a preemption
+        return Outcome.CANCELLED
+    first = first_bad(ranks)
+    if first is not None:
+        return Outcome.FAILED if first["kind"] == RankEnd.FAILED else Outcome.OOM
+    if kinds & _STOPPED_FROM_OUTSIDE:
+        return Outcome.PREEMPTED
+    return Outcome.STOPPED if RankEnd.STOPPED in kinds else Outcome.RUNNING
+
+
+# What a job's task hands submitit as its result, from how its rank (or its node's torchrun) ended
+TASK_STATUS: dict[RankEnd, Outcome] = {
+    RankEnd.OK: Outcome.DONE,
+    RankEnd.OOM: Outcome.OOM,
+    RankEnd.STOPPED: Outcome.STOPPED,
+}
+# How a torchrun task (its node's workers, summed up as a run) ended, as one exit record's kind
+RANK_END_OF: dict[Outcome, RankEnd] = {
+    Outcome.DONE: RankEnd.OK,
+    Outcome.FAILED: RankEnd.FAILED,
+    Outcome.STOPPED: RankEnd.STOPPED,
+    Outcome.OOM: RankEnd.OOM,
+}
+
+
+def task_status(kind: object) -> Outcome:
+    """A task's result for submitit: done, oom, stopped, or preempted (killed, interrupted, stopped for a
+    peer); a failed task raises instead."""
+    end = rank_end(kind)
+    return TASK_STATUS.get(end, Outcome.PREEMPTED) if end is not None else Outcome.PREEMPTED
+
+
+def rank_end_of_outcome(said: object) -> RankEnd:
+    """How a torchrun task ended, from the run's outcome its workers' records make (preempted: any other)."""
+    found = outcome(said)
+    return RANK_END_OF.get(found, RankEnd.INTERRUPTED) if found is not None else RankEnd.INTERRUPTED
+
+
+class RankExit(msgspec.Struct, kw_only=True):
+    """A rank's exit record (RUN/ranks/rank{R}.exit.json), written by its runner (hpc/launch/rank/runner.py)
+    from its start (kind running) to its end, read by summary.json's writer. Decoded strictly: a record
+    that is not this shape is no record (a cut or planted file is ignored, said by the reader)."""
+
+    rank: int
+    kind: RankEnd
+    attempt: str
+    group: str | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    hostname: str | None = None
+    node: str | None = None
+    launcher: str | None = None
+    logs: dict[str, str] = msgspec.field(default_factory=dict)
+    command: list[str] | None = None
+    started_ns: int | None = None
+    pid: int | None = None
+    ended_ns: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str | None = None
+    stderr_tail: list[str] = msgspec.field(default_factory=list)
+    signals_passed_on: list[str] | None = None
+    steps_seen: int | None = None  # a command's optimizer steps, counted by its runner from the hook's beats
+    stop: str | None = None  # why its runner stopped the task (a signal's name, "rank R failed")
+    hung: bool | None = None
+    orphaned: bool | None = None  # its submitter (hpc.submit --local) died: never requeued
+    leftovers_killed: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as summary.json holds it (unset optional flags left out)."""
+        flags = ("signals_passed_on", "steps_seen", "stop", "hung", "orphaned", "leftovers_killed", "pid")
+        return {k: v for k, v in msgspec.to_builtins(self).items() if not (k in flags and v is None)}
+
+
+_EXIT_DECODER = msgspec.json.Decoder(RankExit)
+
+
+def decode_exit(data: bytes) -> RankExit:
+    """An exit record from its file's bytes (msgspec.ValidationError or DecodeError: not one)."""
+    return _EXIT_DECODER.decode(data)
+
+
+def encode_exit(record: RankExit) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(record), indent=1)
+
+
+class SchedulerSaid(msgspec.Struct, kw_only=True):
+    """What the scheduler (or the one who waited for the job) said of a start of the run, recorded in
+    RUN/ranks/scheduler.json so that summary.json stays a function of the run directory's files:
+    `state` Slurm's word for the job (CANCELLED: a person's scancel), `ended` the attempt whose every task
+    has ended (its step, its job: a rank of it still `running` then is lost)."""
+
+    job: str | None = None
+    state: str | None = None
+    ended: str | None = None

@@ -1,0 +1,119 @@
+"""hpc/core/ending.py and summary.json as a function of the run directory's records (issue 60): the one
+rule, the typed exit record, a summary rebuilt from its records the same file, and rebuilt on read where
+a record is newer."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpc.core.ending import EXIT_CODES, Outcome, RankEnd, RankExit, decode_exit, encode_exit, run_outcome
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import current_summary, read_records, run_state, write_run_summary
+from hpc.settings.rankcommand import user_command
+
+
+def exit_record(rank, kind, **more):
+    return RankExit(rank=rank, kind=kind, attempt="41.0.0", group="41.0.0", world_size=2, started_ns=10 + rank,
+                    hostname="nid001", logs={"err": f"/r/logs/rank{rank}.err"}, **more)
+
+
+def run_with(tmp_path, *records, facts=()):
+    paths = RunPaths(tmp_path / "run")
+    paths.ranks.mkdir(parents=True)
+    paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
+    for record in records:
+        paths.rank_exit(record.rank).write_bytes(encode_exit(record))
+    for fact in facts:
+        paths.rank_facts(fact["rank"]).write_text(json.dumps(fact))
+    return paths
+
+
+def test_a_summary_deleted_and_made_again_from_its_records_is_the_same_file(tmp_path):
+    """Rank 1's runner was SIGKILLed (its record says running); the follower saw the job end: rank 1 is lost,
+    the run preempted. That end is recorded with the records, so the summary made again says the same,
+    byte for byte (before, the remade one said `running`: the follower's knowledge lived only in it)."""
+    paths = run_with(tmp_path, exit_record(0, RankEnd.OK, ended_ns=50, exit_code=0),
+                     exit_record(1, RankEnd.RUNNING), facts=[{"rank": 0, "attempt": "41.0.0", "steps": 7}])
+    first = write_run_summary(paths, ended=True)
+    assert first["outcome"] == "preempted" and [r["kind"] for r in first["ranks"]] == ["ok", "lost"]
+    written = paths.summary.read_bytes()
+    paths.summary.unlink()
+    assert write_run_summary(paths)["outcome"] == "preempted"
+    assert paths.summary.read_bytes() == written
+
+
+def test_a_reader_gets_the_summary_its_records_make_without_writing(tmp_path):
+    """No summary.json (a run killed before its last writer): a reader gets the one its records make, and
+    writes nothing (it may not own the run). A summary older than a record is remade; a current one is read."""
+    paths = run_with(tmp_path, exit_record(0, RankEnd.STOPPED, ended_ns=50, exit_code=3),
+                     exit_record(1, RankEnd.STOPPED, ended_ns=51, exit_code=3))
+    assert current_summary(paths)["outcome"] == "stopped" and not paths.summary.exists()
+    assert run_state(paths).said == Outcome.STOPPED
+    write_run_summary(paths)
+    paths.rank_exit(1).write_bytes(encode_exit(exit_record(1, RankEnd.FAILED, ended_ns=52, exit_code=1)))
+    old = paths.summary.stat().st_mtime_ns
+    os.utime(paths.rank_exit(1), ns=(old + 10**9, old + 10**9))  # the record written after the summary
+    assert current_summary(paths)["outcome"] == "failed"
+    assert json.loads(paths.summary.read_text())["outcome"] == "stopped"  # on disk: untouched
+    os.utime(paths.summary, ns=(old + 2 * 10**9, old + 2 * 10**9))
+    assert current_summary(paths)["outcome"] == "stopped"  # the written one, current by its time
+
+
+def test_an_exit_record_not_of_the_contracts_shape_is_no_record(tmp_path):
+    paths = run_with(tmp_path, exit_record(0, RankEnd.OK, ended_ns=5, exit_code=0))
+    paths.rank_exit(1).write_text(json.dumps({"rank": 1, "kind": "finished-ish", "attempt": "41.0.0"}))
+    paths.rank_exit(2).write_text(json.dumps({"rank": "2", "kind": "ok", "attempt": "41.0.0"}))
+    assert [r.rank for r in read_records(paths)] == [0]
+    with pytest.raises(msgspec.ValidationError):
+        decode_exit(b'{"rank": 0, "attempt": "1.0.0"}')  # no kind
+
+
+@given(st.builds(exit_record, st.integers(0, 9), st.sampled_from(list(RankEnd)), exit_code=st.none() | st.integers(0, 255),
+                 signal=st.none() | st.sampled_from(["SIGKILL", "SIGTERM"]), steps_seen=st.none() | st.integers(0, 10**6)))
+def test_an_exit_record_survives_its_file(record):
+    assert decode_exit(encode_exit(record)) == record
+
+
+KINDS = st.sampled_from([k for k in RankEnd if k != RankEnd.RUNNING])
+
+
+@given(st.lists(st.tuples(KINDS, st.integers(0, 100)), min_size=1, max_size=6), st.booleans())
+def test_the_one_rule_against_its_words(ends, cancelled):
+    """The rule, checked against a plain statement of it (not its code): done only when every rank of the
+    world ended ok; a cancel the scheduler said is a cancel unless done; else the first of the ranks that
+    ended failed or oom names the run; else any rank stopped from outside makes it preempted."""
+    ranks = [{"rank": r, "kind": k, "ended_ns": t} for r, (k, t) in enumerate(ends)]
+    said = run_outcome(ranks, len(ranks), cancelled)
+    kinds = [k for k, _ in ends]
+    bad = sorted((t, k != RankEnd.OOM, r, k) for r, (k, t) in enumerate(ends) if k in (RankEnd.FAILED, RankEnd.OOM))
+    if all(k == RankEnd.OK for k in kinds):
+        assert said == "done"
+    elif cancelled:
+        assert said == "cancelled"
+    elif bad:
+        assert said == ("failed" if bad[0][3] == RankEnd.FAILED else "oom")
+    elif any(k in ("killed", "interrupted", "peer", "lost") for k in kinds):
+        assert said == "preempted"
+    else:
+        assert said == "stopped"
+    assert run_outcome(ranks[:-1], len(ranks), False) != "done"  # a rank without a record: not done
+
+
+def test_every_outcome_has_its_documented_exit_code():
+    """docs/faults.md says each outcome's exit code in words (`done` 0; ...; `stopped`, `preempted` and
+    `cancelled` 3): read from the document itself, every outcome said once, as the table has it."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "faults.md").read_text()
+    paragraph = " ".join(text[text.index("**How a followed run ended"):].split("\n\n")[0].split())
+    said = {}
+    for part in paragraph.split(";"):
+        code = re.search(r"`\s+(\d)\b", part)
+        for word in re.findall(r"`(\w+)`", part) if code else ():
+            if word in {str(o) for o in Outcome}:
+                said[word] = int(code.group(1))
+    assert said == {str(o): code for o, code in EXIT_CODES.items()}
