@@ -26,8 +26,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.core.faults import faults_from_env
 from hpc.settings.schema import ModelConfig, ProfilerConfig, TrainConfig
+from hpc.training import inject
 from hpc.training.build import ModelParts, graph_step, wrap_ddp
 from hpc.training.data import Split
 from hpc.training.graph.cudagraph import Step, whole_step
@@ -178,11 +178,8 @@ def make_step(variant: Variant, built: Built, device: torch.device) -> Step:
 
     if built.parts is not None:
         mode = GraphMode(True, "hpc.bench", stand_in=device.type != "cuda")
-        graph = GraphRun(
-            graph_step(built.parts, mode, device),
-            TrainConfig(cuda_graph=True),  # a failed check ends this configuration
-            faults=faults_from_env(os.environ),  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
-        )
+        inject.arm_from_env(os.environ, 0, lambda: 0)  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
+        graph = GraphRun(graph_step(built.parts, mode, device), TrainConfig(cuda_graph=True))  # a failed check ends it
 
         def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             loss = graph(x, y)

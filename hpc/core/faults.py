@@ -1,6 +1,6 @@
 """HPC_FAULT_INJECT, the test hook that makes a run fail on purpose, at a moment a test chooses, on a machine
 without a GPU: its one grammar, parsed here and nowhere else (what each entry does in a training
-process: hpc/training/inject.py).
+process: hpc/training/inject.py, the one point the training arms).
 
     HPC_FAULT_INJECT=<entry>[,<entry>...]
     entry: oom-at-step:N[@batch=B][@world=W]    CUDA out of memory before optimizer step N (from 1)

@@ -11,7 +11,7 @@
 - profiling.py: torch.profiler around the loop; memcat.py: peak memory by category; oom.py: CUDA out of
   memory as a result;
 - data.py: CIFAR-100 (`python -m hpc.data`); model.py: torchvision ResNets and a tiny CNN;
-- inject.py: what HPC_FAULT_INJECT's entries do in a training process;
+- inject.py: the one point where HPC_FAULT_INJECT acts in a training process (armed once; unarmed, nothing);
 - distributed/: how the ranks meet and stay one (the run's sealed store, the group, NCCL's network);
 - graph/: the step as a replayed CUDA graph (whether, how, and the check that it can be trusted);
 - hook/: the start-up hook's instruments in a user's unmodified script (its startup folder goes on PYTHONPATH).

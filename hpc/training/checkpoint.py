@@ -34,8 +34,8 @@ import torch
 
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.files import temp_name, write_atomic
-from hpc.core.rundir import RunPaths, write_checkpoint_info
-from hpc.training.inject import NO_FAULTS, Injector
+from hpc.core.rundir import RunPaths, read_checkpoint_info, write_checkpoint_info
+from hpc.training import inject
 
 CHECKPOINT_KEYS = {
     "model": dict,
@@ -111,18 +111,7 @@ def keep_previous(paths: RunPaths) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _write_half_then_signal(path: Path, data: bytes, inject: Injector) -> None:
-    """Test hook (HPC_FAULT_INJECT=signal:SIG@checkpoint): half the file on disk, then the signal."""
-    signals = inject.due("checkpoint", saved_before=path.exists())
-    if signals:
-        with open(temp_name(path), "wb") as f:
-            f.write(data[: len(data) // 2])
-            f.flush()
-            os.fsync(f.fileno())
-        inject.fire("checkpoint", signals)
-
-
-def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any], inject: Injector = NO_FAULTS) -> None:
+def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any]) -> None:
     """last.pt with its checksum (atomic), previous.pt kept, then last.json. WriteError on failure."""
 
     host = to_host(state)
@@ -131,7 +120,7 @@ def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any]
     torch.save(host, buf)
     data = buf.getvalue()
     keep_previous(paths)
-    _write_half_then_signal(paths.checkpoint, data, inject)
+    inject.at_checkpoint(paths.checkpoint, data, int(info["step"]))  # the fault point: unarmed, nothing
     write_atomic(paths.checkpoint, data)
     write_checkpoint_info(paths, {**info, DIGEST: host[DIGEST], "bytes": len(data), "time": time.time()})
 
@@ -214,7 +203,6 @@ class Checkpointer:
         is_main: bool,
         agree: Callable[[bool], bool],
         log: Callable[[str], None],
-        inject: Injector = NO_FAULTS,
     ):
         self.paths = RunPaths(run_dir)
         self.path = self.paths.checkpoint
@@ -222,7 +210,6 @@ class Checkpointer:
         self.is_main = is_main
         self.agree = agree
         self.log = log
-        self.inject = inject
         self.saved_step: int | None = None
         self.in_flight_step: int | None = None  # a checkpoint being written in the background (every rank)
         self.writer: CheckpointWriter | None = None  # rank 0's thread writing it
@@ -273,10 +260,8 @@ class Checkpointer:
         `complete`: the run has nothing left to do (last.json says so for readers without torch).
         `background`: rank 0 copies the state off the device now and writes it on a thread while the
         training goes on; the ranks agree on it at the next save or settle(). A run with faults injected
-        (HPC_FAULT_INJECT, the same on every rank) writes in place: each fault's moment and the checkpoint
-        it leaves are pinned by the fault tests (tests/e2e/test_faults.py)."""
+        writes as any run does: the fault tests (tests/e2e/test_faults.py) meet the writer users run."""
         self.settle()
-        background = background and not self.inject.faults
         info = {k: state[k] for k in ("step", "epoch", "position")}
         info |= {"stop_at": stop_at, "complete": complete, "reason": reason}
         if background:
@@ -284,7 +269,7 @@ class Checkpointer:
                 self.writer = CheckpointWriter(self.paths, to_host(state, copy=True), info, self.log)
             self.in_flight_step = state["step"]
             return
-        error = save_and_say(self.paths, state, info, self.log, self.inject) if self.is_main else None
+        error = save_and_say(self.paths, state, info, self.log) if self.is_main else None
         if self.agree(error is not None):
             raise error or WriteError(f"{self.path}: rank 0 could not write the checkpoint; stopping with it")
         self.saved_step = state["step"]
@@ -302,12 +287,13 @@ class Checkpointer:
         self.saved_step = step
 
     def written_step(self) -> int | None:
-        """The step last.pt holds as far as this rank knows without its peers (a lost peer's line): rank 0
-        waits for its own write in flight; another rank may name the one before (a rerun resumes from at
-        least that)."""
-        if self.writer is not None and self.writer.wait() is None and self.in_flight_step is not None:
-            return self.in_flight_step
-        return self.saved_step
+        """The step last.pt holds, where a rerun resumes (a lost peer's line), without asking the peers:
+        rank 0 waits for its own write in flight; then what checkpoints/last.json says (written after
+        last.pt), so that a rank whose peer rank 0 died with a write in flight names what is on disk."""
+        if self.writer is not None:
+            self.writer.wait()
+        info = read_checkpoint_info(self.paths)
+        return int(info["step"]) if info is not None else self.saved_step
 
     @property
     def latest_step(self) -> int | None:
@@ -315,12 +301,10 @@ class Checkpointer:
         return self.saved_step if self.in_flight_step is None else self.in_flight_step
 
 
-def save_and_say(
-    paths: RunPaths, state: dict, info: dict[str, Any], log: Callable[[str], None], inject: Injector = NO_FAULTS
-) -> WriteError | None:
+def save_and_say(paths: RunPaths, state: dict, info: dict[str, Any], log: Callable[[str], None]) -> WriteError | None:
     """save_checkpoint, then its line; the WriteError returned for the ranks to agree on."""
     try:
-        save_checkpoint(paths, state, info, inject)
+        save_checkpoint(paths, state, info)
     except WriteError as e:
         return e
     where = f"epoch {info['epoch']}, batch {info['position']}, step {info['step']}"

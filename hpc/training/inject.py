@@ -1,67 +1,118 @@
-"""What HPC_FAULT_INJECT's entries do in a training process (their grammar: hpc/core/faults.py).
+"""The one point where HPC_FAULT_INJECT acts in a training process (its grammar: hpc/core/faults.py).
 
-`raise_at_step`: CUDA's OutOfMemoryError (oom) or a plain error (fail) before an optimizer step, as a
-batch that fits nowhere or a crash would. `Injector`: real signals, sent by the process to itself at a
-chosen moment of a chosen step (the start, inside a step, half-way through a checkpoint write, a trace
-export, evaluation, before the summary), so the fault tests hit each moment every time, not when a
-timer happens to. The parts that own a moment ask the Injector (`fire`, or `due` where they must
-first put the file half on disk).
+Armed once, by the Trainer from the environment (`arm`); unarmed, every call here returns at once and
+does nothing, so a run with faults injected takes the paths a normal run takes (the background
+checkpoint writer included) and nothing of the training carries a fault parameter. What an entry does:
+
+- `before_step`: sleep (slow-step), or raise CUDA's OutOfMemoryError (oom) or a plain error (fail)
+  before an optimizer step, as a batch that fits nowhere or a crash would;
+- `at(moment)`: real signals, sent by the process to itself at a chosen moment of a chosen step (the
+  start, inside a step, a trace export, evaluation, before the summary), so the fault tests hit each
+  moment every time, not when a timer happens to;
+- `at_checkpoint`: half the checkpoint of step N on disk, then the signal (on the thread writing it,
+  the background writer's where the run writes in the background);
+- `graph_fault`, `graph_standin`: what the graph check meets, and graph mode without CUDA.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
-from hpc.core.faults import VARIABLE, Fault
+from hpc.core.faults import VARIABLE, Fault, faults_from_env
+from hpc.core.faults import graph_fault as _graph_fault
+from hpc.core.faults import graph_standin as _graph_standin
+from hpc.core.files import temp_name
 
 
-def raise_at_step(faults: tuple[Fault, ...], next_step: int, batch_per_gpu: int, world: int, rank: int = 0) -> None:
-    """Before optimizer step `next_step`: sleep (slow), or raise CUDA's OutOfMemoryError (oom) or a
-    RuntimeError (fail: a crash with an error line, as a bug or a dead node gives) when asked to."""
-    for fault in faults:
-        if fault.kind == "slow" and fault.rank in (None, rank):
-            time.sleep(fault.ms / 1000)
-        if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
-            continue
-        spec = os.environ.get(VARIABLE, "")
-        if fault.kind == "fail":
-            raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
+@dataclasses.dataclass(frozen=True)
+class Armed:
+    """One rank's entries; `step_of()` gives the optimizer steps done so far."""
 
-        raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT={spec})"
-        )
+    faults: tuple[Fault, ...]
+    rank: int
+    step_of: Callable[[], int]
 
-
-class Injector:
-    """The signal entries of one rank. `step_of()` gives the optimizer steps done so far; the moment
-    `step` counts the step in progress (one more)."""
-
-    def __init__(self, faults: tuple[Fault, ...], rank: int, step_of: Callable[[], int]):
-        self.faults = tuple(f for f in faults if f.kind == "signal")
-        self.rank = rank
-        self.step_of = step_of
-
-    def due(self, moment: str, saved_before: bool = True) -> list[signal.Signals]:
-        """The signals to send now (`saved_before`: a checkpoint exists already, for kill-during-checkpoint)."""
-        if not self.faults:
-            return []
-        step = self.step_of() + (1 if moment == "step" else 0)
+    def due(self, moment: str, step: int, saved_before: bool = True) -> list[signal.Signals]:
         return [
             signal.Signals[f"SIG{f.signal}"]
             for f in self.faults
             if f.fires(moment, step, self.rank) and (saved_before or not f.once_saved)
         ]
 
-    def fire(self, moment: str, signals: list[signal.Signals] | None = None) -> None:
-        """Send this process the signals due at `moment` (or those given): KILL ends it here, the others
-        reach the stop handlers as a scheduler's would."""
-        for sig in self.due(moment) if signals is None else signals:
-            os.kill(os.getpid(), sig)
+
+_armed: Armed | None = None  # this process's, set by arm()
 
 
-NO_FAULTS = Injector((), 0, lambda: 0)  # for parts built outside a Trainer (tests, benchmarks)
+def arm(faults: tuple[Fault, ...], rank: int, step_of: Callable[[], int]) -> None:
+    """Arm the point with these entries (none: disarmed)."""
+    global _armed
+    _armed = Armed(faults, rank, step_of) if faults else None
+
+
+def arm_from_env(env: Mapping[str, str], rank: int, step_of: Callable[[], int]) -> None:
+    """Arm the point from HPC_FAULT_INJECT (unset: disarmed)."""
+    arm(faults_from_env(env), rank, step_of)
+
+
+def armed() -> Armed | None:
+    return _armed
+
+
+def _send(signals: list[signal.Signals]) -> None:
+    """KILL ends the process here; the others reach the stop handlers as a scheduler's would."""
+    for sig in signals:
+        os.kill(os.getpid(), sig)
+
+
+def at(moment: str) -> None:
+    """The signals due at `moment` of the current step (`step`: the step in progress, one more than done)."""
+    if _armed is not None:
+        _send(_armed.due(moment, _armed.step_of() + (1 if moment == "step" else 0)))
+
+
+def at_checkpoint(path: Path, data: bytes, step: int) -> None:
+    """Writing the checkpoint of `step` to `path`: where a signal is due then, half the file goes on disk
+    under its temp name first (kill-during-checkpoint: only once a checkpoint exists)."""
+    if _armed is None:
+        return
+    signals = _armed.due("checkpoint", step, saved_before=path.exists())
+    if signals:
+        with open(temp_name(path), "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+        _send(signals)
+
+
+def before_step(next_step: int, batch_per_gpu: int, world: int) -> None:
+    """Before optimizer step `next_step`: sleep (slow), or raise CUDA's OutOfMemoryError (oom) or a
+    RuntimeError (fail: a crash with an error line, as a bug or a dead node gives) when asked to."""
+    if _armed is None:
+        return
+    for fault in _armed.faults:
+        if fault.kind == "slow" and fault.rank in (None, _armed.rank):
+            time.sleep(fault.ms / 1000)
+        if fault.kind not in ("oom", "fail") or not fault.hits(next_step, batch_per_gpu, world):
+            continue
+        spec = os.environ.get(VARIABLE, "")
+        if fault.kind == "fail":
+            raise RuntimeError(f"fault injection: HPC_FAULT_INJECT={spec}")
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 1.00 GiB (fault injection: HPC_FAULT_INJECT={spec})"
+        )
+
+
+def graph_fault(what: str) -> bool:
+    """Whether a graph-`what` entry applies to this rank."""
+    return _armed is not None and _graph_fault(_armed.faults, what, _armed.rank)
+
+
+def graph_standin() -> bool:
+    return _armed is not None and _graph_standin(_armed.faults)

@@ -37,7 +37,7 @@ from hpc.core.files import temp_name
 from hpc.core.rundir import trace_worker
 from hpc.settings.profranks import chosen, static_choice
 from hpc.settings.schema import ProfilerConfig
-from hpc.training.inject import NO_FAULTS, Injector
+from hpc.training import inject
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def _why_not_written(folder: Path) -> str:
     return "the profiler could not write it whole (its log line above says more)"
 
 
-def publish_trace(prof: profile, folder: Path, worker: str, inject: Injector = NO_FAULTS) -> tuple[str, str | None]:
+def publish_trace(prof: profile, folder: Path, worker: str) -> tuple[str, str | None]:
     """Export the cycle's trace as folder/<worker>.<ns>.pt.trace.json, whole or not at all: (its name,
     None), or (the name it would have had, why it was not written)."""
     name = f"{worker}.{time.time_ns()}.pt.trace.json"
@@ -239,7 +239,9 @@ def publish_trace(prof: profile, folder: Path, worker: str, inject: Injector = N
     try:
         prof.export_chrome_trace(str(tmp))
         if _ends_whole(tmp):
-            inject.fire("trace")  # test hook: a signal between the export and its publication
+            inject.at(
+                "trace"
+            )  # the fault point (armed only by HPC_FAULT_INJECT): between the export and its publication
             os.replace(tmp, final)
             return name, None
     except (OSError, RuntimeError) as e:
@@ -316,9 +318,10 @@ def memory_device(cuda: bool) -> torch.device:
 
 @contextlib.contextmanager
 def maybe_profile(
-    cfg: ProfilerConfig, trace_dir: Path, who: RankChoice, cuda: bool, inject: Injector = NO_FAULTS
+    cfg: ProfilerConfig, trace_dir: Path, who: RankChoice, cuda: bool, step_of: Callable[[], int] | None = None
 ) -> Iterator[Profiling | None]:
-    """The profiler of rank `who` (None: profiling is off, or profiler.ranks leaves this rank out)."""
+    """The profiler of rank `who` (None: profiling is off, or profiler.ranks leaves this rank out).
+    `step_of`: the optimizer step a failed trace is recorded at (default: the profiler's own step count)."""
     choice = Choice(str(cfg.ranks), who, cfg.wait)
     if not cfg.enabled or choice.records is False:
         yield None
@@ -343,12 +346,13 @@ def maybe_profile(
             totals["memory_categories"] = categories(prof, memory_device(cuda), replays)
             totals["memory_categories_s"] = round(time.perf_counter() - began, 4)
         began = time.perf_counter()
-        name, failure = publish_trace(prof, trace_dir, trace_worker(rank), inject)
+        name, failure = publish_trace(prof, trace_dir, trace_worker(rank))
         totals["export_s"] = round(time.perf_counter() - began, 4)
         totals.update(cupti_detached=os.environ.get("TEARDOWN_CUPTI") == "1", trace=None if failure else name)
         cycles.append(totals)
         if failure and profiling is not None:
-            profiling.failed.append({"file": name, "error": failure, "step": inject.step_of()})
+            step = step_of() if step_of is not None else prof.step_num
+            profiling.failed.append({"file": name, "error": failure, "step": step})
 
     if cuda and cfg.detach_cupti:
         detach_cupti_after_cycles()

@@ -32,7 +32,6 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, PeerLostError, TrainingError, WriteError
-from hpc.core.faults import faults_from_env, graph_standin
 from hpc.core.gpusample import GpuSampler, start_sampler
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
@@ -41,6 +40,7 @@ from hpc.core.summary import keep_earlier, run_state
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
+from hpc.training import inject
 from hpc.training.build import (
     batch_plan,
     before_process_group,
@@ -62,7 +62,6 @@ from hpc.training.graph.cudagraph import nccl_version
 from hpc.training.graph.graphcheck import GraphRun
 from hpc.training.graph.graphmode import decide_graph_mode
 from hpc.training.hook.scriptwatch import beat_watch
-from hpc.training.inject import Injector, raise_at_step
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
@@ -89,11 +88,10 @@ class Trainer:
         self.metrics: MetricsLog | None = None  # close() runs after a failed set-up too
         self.lock = lock
         self.state = TrainState()
-        self.faults = faults_from_env(os.environ)
-        self.inject = Injector(self.faults, dist.rank, lambda: self.state.step)
+        inject.arm_from_env(os.environ, dist.rank, lambda: self.state.step)  # the fault point: unset, nothing
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
-        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), graph_standin(self.faults))
+        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), inject.graph_standin())
         fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
         timeout_s = cfg.train.collective_timeout_s
         joined_at = time.time()  # the group's formation, timed for summary.json's start-up
@@ -103,7 +101,7 @@ class Trainer:
         self.heartbeat = Heartbeat(dist, timeout_s) if store is not None else None
         self.group = RankGroup(dist, control, store)
         self.checkpointer = Checkpointer(
-            run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log, self.inject
+            run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log
         )
         claim_run_dir(self.paths, self.lock, self.group, self.checkpointer, resume_from, self.log)
         if RUN_DIR_VARIABLE not in os.environ:  # a start outside our runner (plain torchrun, python): its own
@@ -123,7 +121,7 @@ class Trainer:
         resumed_from = self._resume()
         self.log(graph.line)
         step = graph_step(self.net, graph, self.device)  # captured at its first call, then checked
-        self.graph = GraphRun(step, cfg.train, dist.rank, self.group.gather, self.faults, self.log)
+        self.graph = GraphRun(step, cfg.train, dist.rank, self.group.gather, self.log)
         self.metrics = MetricsLog(run_dir, self.is_main, self.state.step)
         self.progress = Throughput(self.plan.stop_at, resumed_from, self.device)
         flops = count_flops_per_image(self.net.model)
@@ -205,12 +203,14 @@ class Trainer:
         if self.dist.local_rank == 0 and RUN_DIR_VARIABLE not in os.environ:
             host = socket.gethostname()
             self.sampler = start_sampler(self.paths.gpu_samples(host), host)
-        self.inject.fire("start")
+        inject.at("start")
         self.progress.start()
         self.net.model.train()
         d = self.dist  # profiler.ranks: who records, by every rank's own work so far where it must choose
         who = RankChoice(d.rank, d.local_rank, d.world_size, self.group.gather, self.timer.own_so_far_s)
-        with maybe_profile(self.cfg.profiler, self.paths.traces, who, self.use_cuda, self.inject) as profiling:
+        with maybe_profile(
+            self.cfg.profiler, self.paths.traces, who, self.use_cuda, lambda: self.state.step
+        ) as profiling:
             self.profiling = profiling
             while st.epoch < self.cfg.train.epochs and not self.finished() and not self.stopped:
                 self.run_epoch()
@@ -269,7 +269,7 @@ class Trainer:
         batches = self.epoch_batches(order)
         while st.position < plan.batches_per_epoch:
             if st.position % plan.grad_accum == 0:  # an optimizer step's first micro-batch
-                raise_at_step(self.faults, st.step + 1, plan.per_gpu, self.dist.world_size, self.dist.rank)
+                inject.before_step(st.step + 1, plan.per_gpu, self.dist.world_size)
             if self.micro_step(*next(batches)):
                 break
         if st.position >= plan.batches_per_epoch:
@@ -293,7 +293,7 @@ class Trainer:
             with net.ddp.no_sync() if not last_micro else contextlib.nullcontext(), self.untuned(not full):
                 with net.autocast():
                     loss = F.cross_entropy(net.forward(x), y)
-                self.inject.fire("step")
+                inject.at("step")
                 (loss / group_size).backward()
         self.guard.add(loss, st.step + 1)
         self.progress.add(loss, y.numel() * self.dist.world_size)
@@ -361,7 +361,7 @@ class Trainer:
         metrics: dict[str, Any] = self.progress.epoch()
         if self.cfg.train.eval:
             self.group.sync_buffers(self.net.model)
-            self.inject.fire("eval")
+            inject.at("eval")
             with self.untuned(True):  # evaluation's batches are not the step's shape
                 result = evaluate(
                     self.net.model, self.data, self.net.autocast, self.cfg.data, self.plan.micro, self.dist, self.device
@@ -401,7 +401,7 @@ class Trainer:
         gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size
         tdist.all_gather_object(gathered, record, group=self.group.control)  # the closing lines' traces
         records = [r for r in gathered if r is not None]  # every rank's: all_gather_object fills each slot
-        self.inject.fire("summary")
+        inject.at("summary")
         error = self.metrics.failed if self.metrics is not None else None
         if self.is_main and error is None:
             try:

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from hpc.core.errors import UsageError
-from hpc.core.faults import Fault, graph_fault
 from hpc.settings.schema import TrainConfig
+from hpc.training import inject
 from hpc.training.graph.cudagraph import GraphedStep, Snapshot
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,8 @@ def mismatch(loss_rel: float, update_rel: float, identical: bool, exact: bool) -
 
 class GraphCheck:
     """The check of one rank's GraphedStep (see the module doc): its core run eagerly is the reference;
-    `gather` collects a value from every rank; `exact`: bit-identical (train.deterministic); `faults` may
-    fail it on purpose (HPC_FAULT_INJECT's graph-* entries)."""
+    `gather` collects a value from every rank; `exact`: bit-identical (train.deterministic). The fault
+    point (hpc/training/inject.py, armed by HPC_FAULT_INJECT's graph-* entries) may fail it on purpose."""
 
     def __init__(
         self,
@@ -137,7 +137,6 @@ class GraphCheck:
         gather: Gather,
         exact: bool,
         timeout_s: float,
-        faults: tuple[Fault, ...] = (),
     ):
         self.step = step
         self.eager = step.core
@@ -145,7 +144,6 @@ class GraphCheck:
         self.gather = gather
         self.exact = exact
         self.timeout_s = timeout_s
-        self.faults = faults
         named = list(step.model.named_parameters())
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -183,7 +181,7 @@ class GraphCheck:
         """None once captured, else why not (the error's type and first line)."""
         try:
             self.step.capture(x, y)
-            if graph_fault(self.faults, "capture-fail", self.rank):
+            if inject.graph_fault("capture-fail"):
                 raise RuntimeError("fault injection (HPC_FAULT_INJECT=graph-capture-fail): capture failed on purpose")
         except Exception as e:  # whatever capture raises, the ranks must learn it before anyone replays
             log.debug("graph capture failed on rank %d", self.rank, exc_info=True)
@@ -202,13 +200,13 @@ class GraphCheck:
         start: float,
     ) -> Outcome:
         loss_g = float(self.step.replay(x, y).detach())
-        if graph_fault(self.faults, "mismatch", self.rank):
+        if inject.graph_fault("mismatch"):
             with torch.no_grad():  # a replay that wrote the wrong weights: the restore below must undo it
                 self.params[0].add_(1.0)
         loss_rel, update_rel, identical = differences(before, eager_params, self.params, loss_e, loss_g)
         self.step.restore(saved)
         cause = mismatch(loss_rel, update_rel, identical, self.exact)
-        if graph_fault(self.faults, "slow", self.rank):
+        if inject.graph_fault("slow"):
             time.sleep(self.timeout_s + 0.5)
         seconds = time.monotonic() - start
         if cause is None and seconds > self.timeout_s:
@@ -258,14 +256,13 @@ class GraphRun:
         tc: TrainConfig,
         rank: int = 0,
         gather: Gather | None = None,
-        faults: tuple[Fault, ...] = (),
         say: Callable[[str], None] = log.info,
     ):
         self.step = step
         self.setting = tc.cuda_graph
         self.say = say
         exact, timeout_s = tc.deterministic, tc.graph_check_timeout_s
-        self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s, faults) if step else None
+        self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s) if step else None
         self.result: CheckResult | None = None
         self.replays = 0  # steps this start replayed (a smaller last batch runs eagerly: not one of them)
 

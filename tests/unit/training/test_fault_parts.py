@@ -23,7 +23,8 @@ from hpc.core.rundir import RunPaths, read_metrics, truncate_metrics
 from hpc.core.summary import run_state
 from hpc.training.distributed.group import _ended, pid_alive
 from hpc.training.distributed.rendezvous import cause_of, is_peer_failure
-from hpc.training.inject import Injector
+from hpc.training import inject
+from hpc.training.inject import Armed
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -143,13 +144,33 @@ def test_the_fault_hook_names_a_signal_a_moment_a_step_and_a_rank():
     for bad in ("signal:HUP@step", "signal:KILL@lunch", "signal:KILL@step:x", "signal:KILL"):
         with pytest.raises(UsageError, match="signal:SIG@MOMENT"):
             parse_faults(bad)
-    step = [7]
-    inject = Injector(parse_faults("signal:TERM@step:8@rank=1,signal:USR2@trace,kill-during-checkpoint"), 1,
-                      lambda: step[0])
-    assert inject.due("step") == [signal.SIGTERM]  # inside step 8: 7 done
-    assert inject.due("trace") == [signal.SIGUSR2] and inject.due("eval") == []
-    assert inject.due("checkpoint", saved_before=False) == [] and inject.due("checkpoint") == [signal.SIGKILL]
-    assert Injector(parse_faults("signal:TERM@step:8@rank=1"), 0, lambda: 7).due("step") == []  # another rank
+    armed = Armed(parse_faults("signal:TERM@step:8@rank=1,signal:USR2@trace,kill-during-checkpoint"), 1, lambda: 7)
+    assert armed.due("step", 8) == [signal.SIGTERM]  # inside step 8: 7 done
+    assert armed.due("trace", 7) == [signal.SIGUSR2] and armed.due("eval", 7) == []
+    assert armed.due("checkpoint", 7, saved_before=False) == [] and armed.due("checkpoint", 7) == [signal.SIGKILL]
+    assert Armed(parse_faults("signal:TERM@step:8@rank=1"), 0, lambda: 7).due("step", 8) == []  # another rank
+
+
+def test_the_fault_point_does_nothing_unarmed_and_sends_real_signals_armed(tmp_path):
+    """One point (hpc/training/inject.py): unarmed, no signal, no file, no error; armed, the process signals
+    itself at the moment asked for, and a checkpoint's write leaves its half on disk first."""
+    got = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+    try:
+        inject.arm((), 0, lambda: 0)
+        inject.at("step")
+        inject.at_checkpoint(tmp_path / "last.pt", b"0123456789", 3)
+        inject.before_step(1, 8, 1)
+        assert got == [] and list(tmp_path.iterdir()) == [] and not inject.graph_fault("mismatch")
+        inject.arm(parse_faults("signal:USR2@checkpoint:3,graph-mismatch@rank=0"), 0, lambda: 9)
+        inject.at_checkpoint(tmp_path / "last.pt", b"0123456789", 2)  # another step's checkpoint: nothing
+        assert got == [] and list(tmp_path.iterdir()) == []
+        inject.at_checkpoint(tmp_path / "last.pt", b"0123456789", 3)
+        assert got == [signal.SIGUSR2] and [p.read_bytes() for p in tmp_path.iterdir()] == [b"01234"]
+        assert inject.graph_fault("mismatch") and not inject.graph_fault("slow")
+    finally:
+        inject.arm((), 0, lambda: 0)
+        signal.signal(signal.SIGUSR2, previous)
 
 
 # What a survivor's collective raises when its peer is gone, as torch 2.x prints it (gloo, NCCL, the store),

@@ -4,6 +4,7 @@ the CPU stand-in for capture (cudagraph.StandInStep: a GPU cannot run here; the 
 step eagerly, so everything else in the check is the real code). Two ranks over gloo:
 tests/e2e/test_graph_check.py; the real capture on a GPU: tests/gpu/test_gpu.py."""
 
+import contextlib
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from torch import nn
 from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, parse_faults
 from hpc.settings.schema import TrainConfig
+from hpc.training import inject
 from hpc.training.graph.cudagraph import StandInStep, whole_step
 from hpc.training.graph.graphcheck import (
     LOSS_RTOL,
@@ -112,9 +114,20 @@ def same_state(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+@contextlib.contextmanager
+def armed(faults: str):
+    """The fault point armed with these HPC_FAULT_INJECT entries, disarmed after."""
+    inject.arm(parse_faults(faults), 0, lambda: 0)
+    try:
+        yield
+    finally:
+        inject.arm((), 0, lambda: 0)
+
+
 def check(trained, faults="", exact=False, timeout_s=60.0):
     _, _, step, x, y = trained
-    return GraphCheck(step, 0, lambda v: [v], exact, timeout_s, parse_faults(faults)).run(x, y)
+    with armed(faults):
+        return GraphCheck(step, 0, lambda v: [v], exact, timeout_s).run(x, y)
 
 
 @pytest.fixture
@@ -160,12 +173,13 @@ def test_graph_run_is_eager_after_a_failed_check_and_replays_after_a_passed_one(
     loss = run(x, y)
     assert loss is not None and run.facts()["graph_check"] == "passed"
     assert run(x, y) is not None and run.facts()["graph_replays"] == 2  # each call a replay; the check's own not
-    failing = GraphRun(small_training(1)[2], TrainConfig(), faults=parse_faults("graph-mismatch"), **quiet)
-    assert failing(x, y) is None and not failing.on
+    failing = GraphRun(small_training(1)[2], TrainConfig(), **quiet)
+    with armed("graph-mismatch"):
+        assert failing(x, y) is None and not failing.on
     assert failing(x, y) is None  # checked once: eager from then on
     assert failing.facts()["graph_replays"] == 0
-    with pytest.raises(UsageError, match="train.cuda_graph = true, and the graph check failed on rank 0"):
-        GraphRun(small_training(2)[2], TrainConfig(cuda_graph=True), faults=parse_faults("graph-mismatch"), **quiet)(x, y)
+    with armed("graph-mismatch"), pytest.raises(UsageError, match="cuda_graph = true, and the graph check failed on rank 0"):
+        GraphRun(small_training(2)[2], TrainConfig(cuda_graph=True), **quiet)(x, y)
 
 
 @settings(max_examples=12)
@@ -176,6 +190,7 @@ def test_whatever_the_check_meets_it_leaves_the_state_as_it_found_it(faults, exa
     whole_step(model, opt, lambda: torch.autocast("cpu", enabled=False))(x, y)  # momentum exists
     opt.zero_grad(set_to_none=True)
     before = state_of(model, opt)
-    result = GraphCheck(step, 0, lambda v: [v], exact, 60.0, parse_faults(",".join(sorted(faults)))).run(x, y)
+    with armed(",".join(sorted(faults))):
+        result = GraphCheck(step, 0, lambda v: [v], exact, 60.0).run(x, y)
     assert result.passed is (not faults)
     assert same_state(before, state_of(model, opt))
