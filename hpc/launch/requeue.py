@@ -1,9 +1,12 @@
 """Requeueing a job that stopped with a checkpoint (Slurm's warning before the time limit, a preemption,
-a lost peer): from inside the job through submitit's handler, and where that cannot (no `scontrol` inside
-a container, a controller that does not answer), from the batch shell after the step, which runs
-outside any container (`teardown_lines`, added to every Slurm job's script). A requeue that fails there
-too is one line in the job's log; the checkpoint stays, and resubmitting the point resumes it. A stop a
-person asked for (Ctrl-C, a local SIGTERM) is not requeued. No torch import.
+a lost peer), in one place: the ranks decide (`ask_for_requeue`: the rule `may_requeue` held, Slurm's
+own state asked by rank 0, a mark left in the run directory), and the batch shell acts once, after the
+job's step has ended (`teardown_lines`, added to every Slurm job's script: outside the step, so no
+signal Slurm sends the step's processes can cut its `scontrol requeue`, and outside any container), as
+TorchX's batch script does. The batch shell of a hand-written sbatch script (hpc/launch/batch.py) is
+the same act on the same rule. A requeue that fails is one line in the job's log; the checkpoint stays,
+and resubmitting the point resumes it. A stop a person asked for (Ctrl-C, a local SIGTERM, scancel) is
+not requeued. No torch import.
 """
 
 from __future__ import annotations
@@ -15,19 +18,16 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpc.core.errors import EXIT_PEER_LOST
+from hpc.core.files import write_atomic
 from hpc.launch.submission.queue import accounted
 
 log = logging.getLogger(__name__)
 
-REQUEST = ".hpc-requeue"  # in the run directory: the job asks its batch shell to requeue it
-SURVIVOR_GRACE_S = 30  # a rank that lost a peer waits this long for rank 0's requeue before its own
+REQUEST = ".hpc-requeue"  # in the run directory: the ranks ask their batch shell to requeue the job
 
 
 def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
@@ -73,69 +73,32 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
-@contextlib.contextmanager
-def stderr_kept(kept: list[str]) -> Iterator[None]:
-    """What child processes write to our stderr (fd 2) goes into `kept`, and is written out after."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as buffer:
-        os.dup2(buffer.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            buffer.seek(0)
-            kept.append(buffer.read().decode(errors="replace"))
-
-
-def requeue(submitit_handler: Any, job_id: str, run_dir: Path) -> None:
-    """submitit's requeue (it pickles the job again, runs `scontrol requeue` and exits). One that fails
-    inside the job (no scontrol in a container, a controller that does not answer) leaves REQUEST in the
-    run directory for the batch shell (teardown_lines), and says so in one line with scontrol's words."""
-    said: list[str] = []
+def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path) -> bool:
+    """A rank whose task asked to be requeued (the rule held): the mark the batch shell reads once the step
+    has ended. Rank 0 decides for the job, after asking Slurm whether it may (not_to_requeue: a person's
+    cancel, a requeue made since this start); a rank that lost its peer marks too, without asking (rank 0
+    may be the peer lost, dead or frozen). Whether the mark is there; a failed write is said."""
+    if rank == 0:
+        why_not = not_to_requeue(job_id, os.environ)
+        if why_not is not None:
+            log.info(f"hpc: job {job_id} {why_not}")
+            return False
+    elif code != EXIT_PEER_LOST:
+        return False  # a stop's requeue is rank 0's to ask for
     try:
-        with stderr_kept(said):
-            submitit_handler(signal.SIGUSR2, None)
-    except (subprocess.SubprocessError, OSError) as e:
-        lines = "".join(said).splitlines()
-        sys.stderr.write("".join(f"{line}\n" for line in lines if line.startswith("submitit ")))
-        words = " ".join(" ".join(line for line in lines if not line.startswith("submitit ")).split())
-        with contextlib.suppress(OSError):
-            (run_dir / REQUEST).write_text(job_id)
+        write_atomic(run_dir / REQUEST, job_id)
+    except OSError as e:
         log.warning(
-            f"hpc.submit: job {job_id}: scontrol requeue failed inside the job "
-            f"({(words or ' '.join(str(e).split()))[:200]}); the batch shell tries after the step"
+            f"hpc: job {job_id}: rank {rank} could not ask its batch shell for a requeue ({e}); "
+            f"its checkpoint stays in {run_dir}: resubmit the point to resume it"
         )
-    except BaseException:
-        sys.stderr.write("".join(said))  # submitit exits after a requeue: what it said still reaches the log
-        raise
-    else:
-        sys.stderr.write("".join(said))
-
-
-def requeue_if_rank0_does_not(job_id: str, rank: int, run_dir: Path, grace_s: float = SURVIVOR_GRACE_S) -> None:
-    """A rank other than 0 that lost a peer, under Slurm: rank 0 requeues the job, and Slurm then ends
-    every task, this one too. Unless rank 0 is the peer lost (dead, or frozen and holding the step): a
-    rank still here after `grace_s` (plus its rank, so the lowest goes first) requeues it with scontrol.
-    A second requeue of a job already pending is refused by Slurm, which is then all it says."""
-    time.sleep(grace_s + rank)
-    why_not = not_to_requeue(job_id, os.environ)
-    if why_not is not None:
-        log.info(f"hpc.submit: job {job_id} {why_not}")
-        return
-    try:
-        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    except (subprocess.SubprocessError, OSError) as e:
-        log.warning(
-            f"hpc.submit: job {job_id}: rank {rank} could not requeue it ({e}); its checkpoint stays in {run_dir}"
+        return False
+    if rank == 0:
+        log.info(
+            f"hpc: the task asked to be requeued (exit {code}): job {job_id} is requeued by its batch shell "
+            "once its step has ended"
         )
-        return
-    said = " ".join((out.stdout + out.stderr).split())[:200]
-    if out.returncode == 0:
-        log.warning(f"hpc.submit: job {job_id}: rank 0 did not requeue it within {grace_s + rank:g} s; rank {rank} did")
-    else:
-        log.info(f"hpc.submit: job {job_id}: rank {rank}: scontrol requeue: {said} (already requeued)")
+    return True
 
 
 def clear_request(run_dir: Path) -> None:
@@ -143,6 +106,12 @@ def clear_request(run_dir: Path) -> None:
     by a requeue from inside) must not requeue this one when it ends."""
     with contextlib.suppress(OSError):
         (run_dir / REQUEST).unlink(missing_ok=True)
+
+
+# The batch shell's line before the step: a SIGTERM to it (a preemption signals the batch shell too) waits
+# for the step to end, so that the teardown lines still run (bash runs a trapped signal's handler once its
+# foreground command has ended; srun, exec'd, gets the default disposition back).
+KEEP_TEARDOWN = "trap 'echo \"hpc.submit: the batch shell got SIGTERM: its step ends first\" >&2' TERM"
 
 
 def teardown_lines(folder: Path) -> list[str]:
@@ -156,6 +125,7 @@ def teardown_lines(folder: Path) -> list[str]:
         else shlex.quote(str(folder / REQUEST))
     )
     said_ok = 'echo "hpc.submit: job $hpc_jid requeued from the batch shell"'
+    said_already = f'echo "hpc.submit: job $hpc_jid {ALREADY}"'
     said_not = (
         "echo \"hpc.submit: job $hpc_jid could not requeue itself (scontrol: ${hpc_out//$'\\n'/ }); its checkpoint "
         'stays in the run directory: resubmit the point to resume it" >&2'
@@ -166,7 +136,10 @@ def teardown_lines(folder: Path) -> list[str]:
         "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
         f"if [ -e {mark} ] && ! sacct -n -P -X -o State -j \"$hpc_jid\" 2>/dev/null | grep -q '^CANCELLED'; then",
         f"    rm -f {mark}",
-        f'    if hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
+        "    hpc_restarts=$(scontrol show job -o \"$hpc_jid\" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)",
+        '    if [ "${hpc_restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then',
+        f"        {said_already}",
+        f'    elif hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
         "fi",
         'exit "$hpc_rc"',
     ]

@@ -82,5 +82,12 @@ def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0", summary
     logs = "".join(p.read_text() for p in run.glob("*_log.*"))
-    assert f"job {run.name} was requeued already since this start" in logs and "requeueing job" not in logs, logs
-    assert [e["outcome"] for e in summary["earlier"]] == ["stopped"]  # the first start: Bypassing SIGTERM, exit 0
+    assert "requeued from the batch shell" not in logs and "requeueing job" not in logs, logs  # not a second
+    # Slurm ends the requeued job's processes at once: under load the runners may die before recording the
+    # first start's end (its ranks then `lost`: seen once in a loaded Slurm tier); where rank 0 recorded it, it
+    # said why the toolkit did not requeue too
+    (first,) = summary["earlier"]
+    if first["outcome"] == "stopped":  # the first start: Bypassing SIGTERM, exit 0
+        assert f"job {run.name} was requeued already since this start" in logs, logs
+    else:
+        assert first["outcome"] == "preempted" and "ended without recording" in str(first["first"]), first

@@ -1,5 +1,5 @@
 """The job submitit runs in every task: `TaskJob`, one for every task (the toolkit's training and a user's
-command alike: hpc/settings/rankcommand.py), checkpointable for submitit's requeue.
+command alike: hpc/settings/rankcommand.py).
 
 With srun (one task per GPU) each task is one rank: the per-rank runner (hpc/launch/rank/runner.py) starts
 the task's process and records how it ended. With torchrun (one task per node) each task runs torchrun,
@@ -8,10 +8,12 @@ alike; a worker that dies restarts the group, which resumes from the task's own 
 signal is SIGTERM (`--signal=TERM@<delay>`, hpc/launch/submission/slurm.py), sent by Slurm to every process of the
 step before the time limit and at a preemption. Then:
 
-- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) is
-  requeued by rank 0 through submitit's handler (the rule: hpc/launch/requeue.py `may_requeue`), and the
-  requeued job runs the same task, which resumes by itself; a lost peer that was rank 0 itself is
-  requeued by the lowest survivor after a grace time;
+- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) asks
+  for a requeue (the rule: hpc/launch/requeue.py `may_requeue`): rank 0, or a rank that lost its peer
+  (rank 0 may be that peer), leaves the mark its batch shell reads once the step has ended, and the
+  batch shell requeues the job, the one place it is done (hpc/launch/requeue.py). A rank that lost its
+  peer then exits with its code, so that srun ends the step even where the peer is frozen; the requeued
+  job runs the same task, which resumes by itself;
 - a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted;
 - a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
   their own task on seeing it), after its exit record and summary.json are written.
@@ -38,14 +40,7 @@ from hpc.core.stop import StopSignal
 from hpc.core.summary import exit_code_of, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
-from hpc.launch.requeue import (
-    clear_request,
-    may_requeue,
-    not_to_requeue,
-    requeue,
-    requeue_if_rank0_does_not,
-    stopped_by_user,
-)
+from hpc.launch.requeue import ask_for_requeue, clear_request, may_requeue, stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
@@ -56,7 +51,7 @@ class TaskJob:
     """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
     RankCommand's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
     node, `nproc_per_node` workers, `max_restarts`) are the cluster profile's. Its state is in the run
-    directory, so resubmitting the same job resumes it."""
+    directory, so resubmitting the same job, or requeueing it, resumes it."""
 
     def __init__(
         self,
@@ -75,16 +70,10 @@ class TaskJob:
     def the_command(self) -> RankCommand:
         return RankCommand.from_dict(self.task)
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(self)
-
     def __call__(self) -> dict[str, Any]:
         import submitit
 
         configure()  # HPC_LOG_LEVEL, exported with the job
-        submitit_on_usr2 = signal.getsignal(signal.SIGUSR2)  # submitit's requeue handler
         job = submitit.JobEnvironment()
         paths = RunPaths(Path(job.paths.folder))
         task = self.the_command()
@@ -102,13 +91,14 @@ class TaskJob:
             if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may
                 with contextlib.suppress(OSError):  # be gone (a local run's was killed) or never waited
                     (paths.root.parent / "%j").rmdir()
-        return self.ended(record, stop.signum, task, job, paths, submitit_on_usr2)
+        return self.ended(record, stop.signum, task, job, paths)
 
     def ended(
-        self, record: dict[str, Any], signum: int | None, task: RankCommand, job: Any, paths: RunPaths, on_usr2: Any
+        self, record: dict[str, Any], signum: int | None, task: RankCommand, job: Any, paths: RunPaths
     ) -> dict[str, Any]:
-        """This task's result; rank 0 requeues a task that asked for it (the rule: `may_requeue`); a rank
-        that failed raises, after its records are written."""
+        """This task's result; a task that asked to be requeued (the rule: `may_requeue`) leaves the mark its
+        batch shell requeues the job on (hpc/launch/requeue.py); a rank that failed raises, after its records
+        are written."""
         kind = record.get("kind")
         code = exit_code_of(record) if kind == RankEnd.STOPPED else record.get("exit_code")  # exit 0 unfinished: 3
         if kind == RankEnd.FAILED:
@@ -124,15 +114,11 @@ class TaskJob:
         # before its own runner saw it gone)
         orphaned = bool(record.get("orphaned")) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
         by_user = stopped_by_user(signum, os.environ) or orphaned
-        if not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
-            why_not = not_to_requeue(job.job_id, os.environ) if job.global_rank == 0 and callable(on_usr2) else None
-            if why_not is not None:  # requeued by its task already, or cancelled by a person
-                log.info(f"hpc: job {job.job_id} {why_not}")
-            elif job.global_rank == 0 and callable(on_usr2):
-                log.info(f"hpc: the task asked to be requeued (exit {code}): requeueing job {job.job_id}")
-                requeue(on_usr2, job.job_id, paths.root)  # checkpoint() below, scontrol requeue, exit
-            elif code == EXIT_PEER_LOST and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-                requeue_if_rank0_does_not(job.job_id, job.global_rank, paths.root)  # rank 0 may be the peer lost
+        on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+        if on_slurm and not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
+            ask_for_requeue(job.job_id, job.global_rank, code, paths.root)  # the batch shell acts after the step
+        if on_slurm and code == EXIT_PEER_LOST:  # the step must end for its batch shell to act: a frozen peer
+            raise SystemExit(code)  # holds it, and srun's --kill-on-bad-exit ends it on this exit
         return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from hpc.core.cli import check_name, shown
 from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
-from hpc.launch.requeue import teardown_lines
+from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import STOP_SIGNAL, check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
@@ -91,8 +91,8 @@ def slurm_parameters(
     job on its node (a rank takes `cuda:LOCAL_RANK`, torchrun's contract, which one visible GPU per task
     would break for a user's script). The warning before the time limit is SIGTERM, the signal of a
     preemption too, on which the training checkpoints and scripts save (USR2, submitit's default, ends a
-    script that does not catch it). With the job's `folder`, the batch shell requeues a job that could not
-    requeue itself (hpc/launch/requeue.py)."""
+    script that does not catch it). With the job's `folder`, the batch shell requeues a job whose ranks
+    asked for it, once its step has ended, outliving a SIGTERM of its own to do so (hpc/launch/requeue.py)."""
     # one task per node: torchrun starts the per-GPU workers, or (node) one process uses every GPU
     torchrun = cluster.launcher in ONE_TASK_PER_NODE
     partial = is_partial(cluster, req.nodes, req.gpus)
@@ -109,7 +109,7 @@ def slurm_parameters(
         "partition": req.partition or (cluster.shared_partition if partial else None) or cluster.partition,
         "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
         "signal_delay_s": cluster.signal_delay_s,
-        "setup": setup_lines(cluster, req),
+        "setup": [*setup_lines(cluster, req), *([KEEP_TEARDOWN] if folder is not None else [])],
         # One dead rank ends the step at once instead of leaving the others in a collective; then the
         # CPU binding and the container the task runs in.
         "srun_args": ["--kill-on-bad-exit=1", *srun_words(cluster)],

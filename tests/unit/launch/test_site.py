@@ -3,12 +3,15 @@ values: accounts and their rule, the shared QOS and what a point can be charged,
 the fabric's environment for multi-node jobs only, the container prefix, extra sbatch options, the
 NCCL network check on NCCL's own INFO lines, and the batch shell's requeue lines."""
 
+import os
+import signal
 import subprocess
+import time
 
 import pytest
 
 from hpc.core.errors import ConfigError, DistEnvError, UsageError
-from hpc.launch.requeue import teardown_lines
+from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import (
     accounts,
     charge_lines,
@@ -125,7 +128,9 @@ def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     (tmp_path / "7").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
+    (bin_dir / "scontrol").write_text(  # `show job` says Slurm's restart count (RESTARTS); `requeue` is logged
+        '#!/bin/sh\nif [ "$1" = show ]; then echo "JobId=7 Restarts=${RESTARTS:-0} JobState=RUNNING"; exit 0; fi\n'
+        'echo "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
     (bin_dir / "scontrol").chmod(0o755)
     (bin_dir / "sacct").write_text('#!/bin/sh\necho "${STATE:-RUNNING}"\n')  # as slurmdbd says it: "CANCELLED by 0"
     (bin_dir / "sacct").chmod(0o755)
@@ -140,7 +145,11 @@ def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     (tmp_path / "7" / ".hpc-requeue").write_text("7")
     subprocess.run(["bash", "-c", script], env={**env, "STATE": "CANCELLED by 0"}, capture_output=True, text=True)
     assert (tmp_path / "calls").read_text() == "requeue 7\n"  # cancelled: not requeued
-    (tmp_path / "7" / ".hpc-requeue").unlink()
+    (tmp_path / "7" / ".hpc-requeue").write_text("7")
+    again = subprocess.run(["bash", "-c", script], env={**env, "RESTARTS": "1"}, capture_output=True, text=True)
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # requeued since this start (Lightning's own): not again
+    assert again.stdout.strip() == "hpc.submit: job 7 was requeued already since this start (by its task: Lightning " \
+                                   "requeues its job on SIGUSR1): not again"
     (tmp_path / "7" / ".hpc-requeue").write_text("7")
     failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
     assert failed.stderr.strip() == ("hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
@@ -148,3 +157,31 @@ def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
     # the batch shell ends with the step's own exit code: Slurm records a failed step's job as FAILED
     for step, code in (("true", 0), ("exit_with() { return 5; }; exit_with", 5)):
         assert subprocess.run(["bash", "-c", f"{step}\n{script}"], env=env).returncode == code
+
+
+def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
+    """A preemption signals the batch shell too: with the line before the step, bash waits for its step
+    (a stand-in srun that ends 1 s after the signal, as tasks that save and exit) and then runs the
+    teardown, which requeues the job its ranks asked for. Without the line bash dies of it (the check)."""
+    (tmp_path / "7").mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1" = show ] && exit 0\necho "$@" >> "$LOG"\n')
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho RUNNING\n")
+    (bin_dir / "srun").write_text("#!/bin/sh\ntrap 'sleep 1; exit 0' TERM\nwhile :; do sleep 0.1; done\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    for kept in (True, False):
+        (tmp_path / "7" / ".hpc-requeue").write_text("7")
+        (tmp_path / "calls").unlink(missing_ok=True)
+        script = "\n".join([*([KEEP_TEARDOWN] if kept else []), "srun", *teardown_lines(tmp_path / "%j")])
+        shell = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        time.sleep(1)
+        os.killpg(shell.pid, signal.SIGTERM)  # Slurm signals every process of the job: bash and srun
+        out, err = shell.communicate(timeout=30)
+        requeued = (tmp_path / "calls").exists() and (tmp_path / "calls").read_text() == "requeue 7\n"
+        assert requeued is kept, (kept, out, err)
+        if kept:
+            assert "got SIGTERM: its step ends first" in err and "requeued from the batch shell" in out
