@@ -41,7 +41,7 @@ import re
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -232,7 +232,42 @@ def rank_entries(
     return entries
 
 
-def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
+class EarlierAttempt(msgspec.Struct):
+    """How an earlier start of the run ended (summary.json's `earlier`)."""
+
+    attempt: str | None
+    outcome: Outcome
+    failure: str | None  # the line naming its first failing rank
+    first: str | None  # the first rank to end badly, in a phrase
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    """summary.json: the same top-level keys whatever the task. `ranks`: each rank's facts under its exit
+    record (RankExit's fields, `complete`, and what its task measured: the training's or the hook's)."""
+
+    kind: Literal["train", "command"]
+    run_dir: str
+    command: list[str] | None
+    point: dict[str, Any] | None
+    world_size: int
+    attempt: str | None
+    outcome: Outcome
+    failure: str | None
+    profiled: bool
+    config: dict[str, Any] | None
+    oom: dict[str, Any] | None
+    recovered: bool
+    earlier: list[EarlierAttempt]
+    gpus: dict[str, Any] | None
+    ranks: list[dict[str, Any]]
+
+
+def decode_run_record(data: bytes) -> RunRecord:
+    """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape)."""
+    return msgspec.json.decode(data, type=RunRecord)
+
+
+def earlier_attempts(paths: RunPaths) -> list[EarlierAttempt]:
     """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
     records moved aside (keep_earlier): its attempt, outcome, the line naming its first failing rank, and
     that rank's end in a phrase. A rank still `running` there was lost (its runner never recorded its end)."""
@@ -242,7 +277,7 @@ def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
         if exit_record.kind == RankEnd.RUNNING:
             record.update(kind=RankEnd.LOST, message=LOST)
         by_group.setdefault(group_of(exit_record), []).append(record)
-    attempts = []
+    attempts: list[EarlierAttempt] = []
     for records in sorted(by_group.values(), key=lambda rs: min(r.get("started_ns") or 0 for r in rs)):
         records.sort(key=lambda r: r["rank"])
         attempt = max((r["attempt"] for r in records), key=_attempt_order)
@@ -251,7 +286,7 @@ def earlier_attempts(paths: RunPaths) -> list[dict[str, Any]]:
         first = first_bad(records) or min(ended, key=lambda r: (r.get("ended_ns") or 0, r["rank"]), default=None)
         said = None if first is None else f"rank {first['rank']} ({first.get('hostname')}): {first.get('message')}"
         outcome, failure = run_outcome(records, world), failure_line(records, world)
-        attempts.append({"attempt": attempt, "outcome": outcome, "failure": failure, "first": said})
+        attempts.append(EarlierAttempt(attempt, outcome, failure, said))
     return attempts[-EARLIER_KEPT:]
 
 
@@ -303,23 +338,25 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
     hook: dict[str, Any] = (
         task["profiler"] if isinstance(task.get("profiler"), dict) else {"enabled": False}
     )  # a command's
-    return {
-        "kind": "train" if config is not None else "command",
-        "run_dir": str(paths.root),
-        "command": (records[0].command if records else None) or task.get("words"),
-        "point": task.get("point") if isinstance(task.get("point"), dict) else None,
-        "world_size": world,
-        "attempt": attempt or next((r.get("attempt") for r in ranks), None),
-        "outcome": run_outcome(ranks, world, cancelled(said, attempt)),
-        "failure": failure_line(ranks, world),
-        "profiled": bool((profiler if config is not None else hook).get("enabled", True)),
-        "config": config,
-        "oom": ooms[0] if ooms else None,
-        "recovered": any(r.get("recovered") for r in ranks),
-        "earlier": earlier_attempts(paths),
-        "gpus": summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
-        "ranks": ranks,
-    }
+    return msgspec.to_builtins(
+        RunRecord(
+            kind="train" if config is not None else "command",
+            run_dir=str(paths.root),
+            command=(records[0].command if records else None) or task.get("words"),
+            point=task.get("point") if isinstance(task.get("point"), dict) else None,
+            world_size=world,
+            attempt=attempt or next((r.get("attempt") for r in ranks), None),
+            outcome=run_outcome(ranks, world, cancelled(said, attempt)),
+            failure=failure_line(ranks, world),
+            profiled=bool((profiler if config is not None else hook).get("enabled", True)),
+            config=config,
+            oom=ooms[0] if ooms else None,
+            recovered=any(r.get("recovered") for r in ranks),
+            earlier=earlier_attempts(paths),
+            gpus=summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
+            ranks=ranks,
+        )
+    )
 
 
 def no_step_line(summary: dict[str, Any] | None) -> str | None:

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import run_module, wait_until
 from hpc.core.rundir import RunPaths
+from hpc.core.summary import decode_run_record
 from hpc.training.checkpoint import load_checkpoint
 from trainrun import SMOKE, metrics, same_weights, start_ranks, wait_all, weights
 
@@ -75,6 +76,7 @@ def check_finished(run_dir: Path, reference: dict) -> dict:
     paths = RunPaths(run_dir)
     state = check_on_disk(run_dir)
     assert state["step"] == STEPS and state["summary"]["ranks"][0]["complete"], state
+    assert decode_run_record(paths.summary.read_bytes()).outcome == "done"  # the typed record, strictly
     assert same_weights(weights(run_dir), reference)
     records = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
     keys = [(r["kind"], r["step"]) for r in records]

@@ -21,7 +21,7 @@ import pytest
 
 from test_own_script import ENV, PY, REPO, assert_a_window_step_an_optimizer_step, run_dir_of
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import write_run_summary
+from hpc.core.summary import decode_run_record, write_run_summary
 
 # A test extra (pyproject's [test]): without it these tests fail to collect; they never vanish.
 assert importlib.util.find_spec("lightning"), "Lightning is a test extra: pip install -e .[test]"
@@ -103,6 +103,7 @@ def test_a_second_ctrl_c_kills_the_run_and_its_summary_still_says_how_every_rank
     assert summary["outcome"] in ("stopped", "preempted", "failed") and len(summary["ranks"]) == 2, summary
     assert all(r["kind"] != "running" and r.get("message") for r in summary["ranks"]), summary["ranks"]
     written = (run / "summary.json").read_bytes()  # a function of the records: made again, the same file
+    assert decode_run_record(written).outcome == summary["outcome"]  # the typed record (hpc/core/summary.py)
     (run / "summary.json").unlink()
     write_run_summary(RunPaths(run))
     assert (run / "summary.json").read_bytes() == written

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hpc.core.ending import EXIT_CODES, Outcome, RankEnd, RankExit, decode_exit, encode_exit, run_outcome
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import current_summary, read_records, run_state, write_run_summary
+from hpc.core.summary import current_summary, decode_run_record, read_records, run_state, write_run_summary
 from hpc.settings.rankcommand import user_command
 
 
@@ -43,6 +43,9 @@ def test_a_summary_deleted_and_made_again_from_its_records_is_the_same_file(tmp_
     first = write_run_summary(paths, ended=True)
     assert first["outcome"] == "preempted" and [r["kind"] for r in first["ranks"]] == ["ok", "lost"]
     written = paths.summary.read_bytes()
+    assert decode_run_record(written).outcome == Outcome.PREEMPTED  # the typed record, strictly
+    with pytest.raises(msgspec.ValidationError):
+        decode_run_record(written.replace(b'"outcome": "preempted"', b'"outcome": "finished-ish"'))
     paths.summary.unlink()
     assert write_run_summary(paths)["outcome"] == "preempted"
     assert paths.summary.read_bytes() == written
