@@ -62,7 +62,7 @@ def write_run(run_dir: Path, world: int, batch: int, fraction: float = 1.0, slow
     ranks = [{"rank": r, "world_size": world, "batch_size_per_gpu": batch, "global_batch_size": batch * world,
               "train_images": int(50_000 * fraction), "steps": 30, "steps_per_epoch": 25, "epochs_completed": 1,
               "complete": True, "peak_rss_bytes": 3 * 2**30} for r in range(world)]
-    summary = {"world_size": world, "ranks": ranks,
+    summary = {"kind": "train", "outcome": "done", "world_size": world, "ranks": ranks,
                "config": {"model": {"arch": "resnet152"}, "data": {"fraction": fraction}}}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "metrics.jsonl").write_text(json.dumps({"kind": "epoch", "epoch": 1, "epoch_time_s": 12.5}) + "\n")

@@ -43,7 +43,8 @@ def made_sweep(root: Path) -> Path:
     points = [{"data_fraction": 1, "batch_size": b, "gpus": 1, "nodes": 1, "job_id": f"41_{i}", "run_dir": f"41_{i}"}
               for i, b in enumerate((8, 16, 32))]
     (sweep / "41_0").mkdir(parents=True)
-    (sweep / "41_0" / "summary.json").write_text(json.dumps({"ranks": [{"rank": 0, "complete": True, "steps": 8}]}))
+    (sweep / "41_0" / "summary.json").write_text(json.dumps({"outcome": "done", "ranks": [{"rank": 0, "complete": True,
+                                                                                       "steps": 8}]}))
     (sweep / "41_1" / "checkpoints").mkdir(parents=True)
     (sweep / "41_1" / "checkpoints" / "last.json").write_text(json.dumps({"step": 4, "stop_at": 8}))
     (sweep / "sweep.yaml").write_text((REPO / "profiles" / "study-smoke.yaml").read_text())

@@ -3,6 +3,7 @@ values: accounts and their rule, the shared QOS and what a point can be charged,
 the fabric's environment for multi-node jobs only, the container prefix, extra sbatch options, the
 NCCL network check on NCCL's own INFO lines, and the batch shell's requeue lines."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -168,7 +169,7 @@ def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1" = show ] && exit 0\necho "$@" >> "$LOG"\n')
     (bin_dir / "sacct").write_text("#!/bin/sh\necho RUNNING\n")
-    (bin_dir / "srun").write_text("#!/bin/sh\ntrap 'sleep 1; exit 0' TERM\nwhile :; do sleep 0.1; done\n")
+    (bin_dir / "srun").write_text('#!/bin/sh\ntrap \'sleep 1; exit 0\' TERM\ntouch "$LOG.step"\nwhile :; do sleep 0.1; done\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
@@ -176,11 +177,20 @@ def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
         (tmp_path / "7" / ".hpc-requeue").write_text("7")
         (tmp_path / "calls").unlink(missing_ok=True)
         script = "\n".join([*([KEEP_TEARDOWN] if kept else []), "srun", *teardown_lines(tmp_path / "%j")])
+        step = tmp_path / "calls.step"
+        step.unlink(missing_ok=True)
         shell = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, start_new_session=True)
-        time.sleep(1)
-        os.killpg(shell.pid, signal.SIGTERM)  # Slurm signals every process of the job: bash and srun
-        out, err = shell.communicate(timeout=30)
+        try:
+            deadline = time.monotonic() + 30
+            while not step.exists():  # the step is running (its trap set)
+                assert time.monotonic() < deadline and shell.poll() is None
+                time.sleep(0.05)
+            os.killpg(shell.pid, signal.SIGTERM)  # Slurm signals every process of the job: bash and srun
+            out, err = shell.communicate(timeout=30)
+        finally:  # nothing of the test outlives it, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGKILL)
         requeued = (tmp_path / "calls").exists() and (tmp_path / "calls").read_text() == "requeue 7\n"
         assert requeued is kept, (kept, out, err)
         if kept:
