@@ -437,17 +437,24 @@ def current_summary(paths: RunPaths, warn: Warn = ignore) -> dict[str, Any] | No
     """The run's summary as its records make it now: summary.json as written, or made again in memory
     where it is missing or older than a record of its ranks (a run killed before its last writer came, a
     start outside any runner). Reading writes nothing (the reader may not own the run)."""
+    return _current_and_written(paths, warn)[0]
+
+
+def _current_and_written(paths: RunPaths, warn: Warn) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """current_summary, and summary.json as on disk (the same value where nothing newer was recorded),
+    each file read once."""
     newest = max((p.stat().st_mtime_ns for p in _record_files(paths)), default=None)
     try:
-        written = paths.summary.stat().st_mtime_ns
+        stamp: int | None = paths.summary.stat().st_mtime_ns
     except OSError:
-        written = None
-    if newest is None or (written is not None and written >= newest):
-        return read_summary(paths.summary, warn)
+        stamp = None
+    written = read_summary(paths.summary, warn) if stamp is not None else None
+    if newest is None or (stamp is not None and stamp >= newest):
+        return written, written
     records, facts = read_records(paths), read_facts(paths)
     if not records and not facts:
-        return read_summary(paths.summary, warn)
-    return json.loads(json.dumps(build_summary(paths, records, facts)))
+        return written, written
+    return json.loads(json.dumps(build_summary(paths, records, facts))), written
 
 
 def _record_files(paths: RunPaths) -> list[Path]:
@@ -548,9 +555,8 @@ def _summary_step(summary: dict[str, Any] | None) -> int | None:
 
 def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
     """The run's state from its files (see RunState); unreadable files are warned about and read as absent."""
-    summary = current_summary(paths, warn)
+    summary, written = _current_and_written(paths, warn)  # as the records make it; as on disk
     said = summary_outcome(summary)
-    written = read_summary(paths.summary) if summary is not None else None  # what is on disk
     # what the run leaves: done, oom, or a checkpoint to resume from (stopped, preempted, cancelled, cut short)
     leaves = Outcome.STOPPED if said in RESUMABLE or (summary is not None and said is None) else said
     info = read_checkpoint_info(paths, warn)

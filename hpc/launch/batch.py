@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import Outcome, RankEnd
+from hpc.core.ending import Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
-from hpc.launch.requeue import ALREADY, may_requeue, not_to_requeue
+from hpc.launch.requeue import ALREADY, may_requeue, not_to_requeue, requeue_code
 from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
@@ -156,7 +156,7 @@ def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
     cause = root_cause(ranks)
     if cause is not None:
         return exit_code_of(cause)
-    stopped = [exit_code_of(r) for r in ranks if r.get("kind") == RankEnd.STOPPED]
+    stopped = [code for code in map(requeue_code, ranks) if code is not None]
     return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == Outcome.DONE else rc or EXIT_FAILED)
 
 

@@ -18,11 +18,14 @@ import re
 import shlex
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.errors import EXIT_PEER_LOST
+from hpc.core.ending import RankEnd
+from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED
 from hpc.core.files import write_atomic
+from hpc.core.summary import exit_code_of
 from hpc.launch.submission.queue import accounted
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,20 @@ def may_requeue(
     a person, with requeues left (Slurm's restart count below the profile's max_requeues)."""
     restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
     return code in tuple(requeue_codes) and not stopped_by_user(signum, env) and restarts < max_requeues
+
+
+def requeue_code(record: Mapping[str, Any]) -> int | None:
+    """The code the requeue rule reads for a rank's end, None where the rank's end is not one to resume: a
+    stopped rank's own (its requeue code; 3 for exit 0 unfinished after a stop), and 3 for a rank killed
+    after the grace time that followed a SIGTERM: a command that took the stop and did not end in time
+    (Lightning's DDP ranks, deadlocked by the collective in its SIGTERM handler: docs/faults.md) resumes
+    from what it last saved, as a task srun killed on its batch shell's SIGTERM does."""
+    kind = record.get("kind")
+    if kind == RankEnd.STOPPED:
+        return exit_code_of(record)
+    if kind == RankEnd.KILLED and record.get("stop") == signal.SIGTERM.name:
+        return EXIT_PREEMPTED
+    return None
 
 
 def restarts_in(scontrol_job: str) -> int | None:
@@ -73,11 +90,12 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
-def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path) -> bool:
+def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path, why: str) -> bool:
     """A rank whose task asked to be requeued (the rule held): the mark the batch shell reads once the step
     has ended. Rank 0 decides for the job, after asking Slurm whether it may (not_to_requeue: a person's
     cancel, a requeue made since this start); a rank that lost its peer marks too, without asking (rank 0
-    may be the peer lost, dead or frozen). Whether the mark is there; a failed write is said."""
+    may be the peer lost, dead or frozen). `why` says how the task ended, in rank 0's line. Whether the
+    mark is there; a failed write is said."""
     if rank == 0:
         why_not = not_to_requeue(job_id, os.environ)
         if why_not is not None:
@@ -94,10 +112,7 @@ def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path) -> 
         )
         return False
     if rank == 0:
-        log.info(
-            f"hpc: the task asked to be requeued (exit {code}): job {job_id} is requeued by its batch shell "
-            "once its step has ended"
-        )
+        log.info(f"hpc: {why}: job {job_id} is requeued by its batch shell once its step has ended")
     return True
 
 

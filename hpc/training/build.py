@@ -24,9 +24,10 @@ from hpc.placement.affinity import cores_text, gpu_index
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
+from hpc.training import inject
 from hpc.training.data import DeviceBatches, Split
 from hpc.training.distributed.netcheck import debug_env, read_network, verdict, wants_check
-from hpc.training.graph.cudagraph import GraphedStep, StandInStep, lr_on_device, whole_step
+from hpc.training.graph.cudagraph import GraphedStep, lr_on_device, whole_step
 from hpc.training.graph.graphmode import DDP_WARMUP_ITERS, GraphMode
 
 
@@ -137,7 +138,7 @@ def check_fabric(dist: DistEnv, log_dir: Path, agree: Callable[[bool], bool], lo
     """After the first communicator is up: the network NCCL chose (hpc/training/distributed/netcheck.py); a run across
     nodes whose NCCL uses sockets where the profile says the fabric is there stops here, every rank
     together, or warns. Returns the network, for summary.json."""
-    network = read_network(os.environ, log_dir, dist.rank)
+    network = read_network(log_dir, dist.rank)
     said = verdict(network, os.environ.get(NCCL_FABRIC_VARIABLE, "off"), nodes_of(dist))
     if agree(said is not None and said[0] == "stop"):
         raise UsageError(said[1] if said else f"rank {dist.rank}: stopping: rank 0's NCCL uses TCP sockets")
@@ -370,12 +371,12 @@ def settle_buckets(ddp: DDP, device: torch.device, channels_last: bool) -> None:
 
 def graph_step(net: ModelParts, mode: GraphMode, device: torch.device) -> GraphedStep | None:
     """The whole step, DDP's all-reduce included, to capture at its first call (None: eager); on a
-    machine without CUDA under HPC_FAULT_INJECT=graph-standin, the stand-in that replays eagerly."""
+    machine without CUDA under HPC_FAULT_INJECT=graph-standin, the tests' stand-in that replays eagerly."""
     if not mode.on:
         return None
     core = whole_step(net.forward, net.optimizer, net.autocast)
     if mode.stand_in:  # no capture: nothing reads the rate at a replay
-        return StandInStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS)
+        return inject.standin_step(core, net.model, net.optimizer, DDP_WARMUP_ITERS)
     lr_on_device(net.optimizer, device)  # after any checkpoint load, which brings the rate to the CPU
     return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
 

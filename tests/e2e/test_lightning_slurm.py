@@ -5,7 +5,9 @@ its loop and exits 0 unfinished; the toolkit records it stopped (not done), requ
 second start resumes from Lightning's last.ckpt to the final weights of an uninterrupted run. Two ranks,
 for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why). `scancel --signal=USR1`
 (Lightning's own requeue signal): Lightning saves its hpc checkpoint and requeues the job itself; the
-toolkit sees the job requeued already and does not requeue it again: one restart, every step done."""
+toolkit sees the job requeued already and does not requeue it again: one restart, every step done. A
+straggling rank 0 stopped by TERM: Lightning's SIGTERM handler deadlocks the ranks, the toolkit kills them
+after the grace time and requeues the job all the same (the cause of issue 60's one failure in four)."""
 
 import importlib.util
 import json
@@ -24,15 +26,16 @@ assert importlib.util.find_spec("lightning"), "Lightning is a test extra: pip in
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def lightning(runs, root, *extra):
-    return [PY, "-m", "hpc.submit", *TWO_BY_ONE, "--runs-dir", str(runs), "--no-profile", "--wait", "--", PY,
-            str(SCRIPT), "--devices", "1", "--num-nodes", "2", "--epochs", "4", "--root", str(root), *extra]
+def lightning(runs, root, *extra, grace_s: int | None = None):
+    grace = ["--set", f"cluster.stop_grace_s={grace_s}"] if grace_s is not None else []
+    return [PY, "-m", "hpc.submit", *TWO_BY_ONE, *grace, "--runs-dir", str(runs), "--no-profile", "--wait", "--",
+            PY, str(SCRIPT), "--devices", "1", "--num-nodes", "2", "--epochs", "4", "--root", str(root), *extra]
 
 
-def signalled_after_an_epoch(runs, root, signal_name: str):
+def signalled_after_an_epoch(runs, root, signal_name: str, *extra: str):
     """Lightning on 2 nodes, sent `signal_name` by scancel once its last.ckpt (epoch 0's) is there, to its
     job's end (through Slurm's requeue hold): its run directory and rank 0's stdout and stderr."""
-    proc = subprocess.Popen(lightning(runs, root, "--step-sleep", "0.2"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(lightning(runs, root, "--step-sleep", "0.2", *extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     deadline = time.monotonic() + 300
     while not (root / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
@@ -66,6 +69,44 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     # the first start's end, in the job's log: stopped, not done
     logs = "".join(p.read_text() for p in run.glob("*_log.err"))
     assert re.search(r"hpc: the command exited 0 after SIGTERM, not known to have finished", logs), logs[-3000:]
+
+
+def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(slurm_cluster, tmp_path):
+    """Why Lightning stopped by Slurm's TERM was once in four not requeued (issue 60): Lightning (2.6: its PR #20825,
+    its signal connector) runs a collective, `dist.broadcast`, inside its SIGTERM handler. Slurm signals
+    every rank at once; a rank blocked in DDP's all-reduce cannot run a Python handler, while one that was
+    in Python runs it and blocks in a broadcast the other never joins: both hang (seen under load, 1 of 8
+    on the old code: rank 0 said "Received SIGTERM", rank 1 nothing, both killed after the grace time, the
+    run not requeued). A straggling rank 0 makes it happen every time: the other waits for it in the
+    all-reduce. The toolkit kills the hung ranks after the grace time and, the stop being the scheduler's,
+    requeues the job like one that stopped by itself: the second start resumes from Lightning's last.ckpt
+    to the uninterrupted run's weights."""
+    whole = subprocess.run(lightning(tmp_path / "a", tmp_path / "ra"), capture_output=True, text=True, cwd=REPO,
+                           env=ENV, timeout=600)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    expected = digest((run_dir_of(whole.stdout) / "logs" / "rank0.out").read_text())
+
+    runs, root = tmp_path / "b", tmp_path / "rb"
+    proc = subprocess.Popen(lightning(runs, root, "--straggler-sleep", "0.5", grace_s=10), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    deadline = time.monotonic() + 300
+    while not (root / "checkpoints" / "last.ckpt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    time.sleep(1.5)  # into epoch 1: rank 1 waits for rank 0 in the all-reduce
+    (run,) = runs.glob("*/*/")
+    subprocess.run(["scancel", "--signal=TERM", run.name], check=True)
+    wait_gone(run.name, 300, hurry_requeue=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert job_state(run.name)["Restarts"] == "1"  # Slurm's count: requeued once
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0", summary
+    assert digest((run / "logs" / "rank0.out").read_text()) == expected
+    (first,) = summary["earlier"]
+    assert first["outcome"] == "preempted", first  # the hung first start: killed, not said to have saved
+    logs = "".join(p.read_text() for p in run.glob("*_log.*"))
+    assert "requeued from the batch shell" in logs and "did not end in time (killed 10 s after SIGTERM)" in logs, logs[-3000:]
 
 
 def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):

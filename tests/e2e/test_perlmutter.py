@@ -199,9 +199,12 @@ NCCL = {"Socket": "nid001:811:811 [0] NCCL INFO Using network Socket\n",
 @pytest.mark.usefixtures("slurm_cluster")
 @pytest.mark.parametrize("network", list(NCCL))
 def test_a_two_node_run_on_sockets_stops_at_start_up(data_root, tmp_path, network):
-    replay = tmp_path / "nccl.log"
-    replay.write_text(NCCL[network])
-    env = environment(tmp_path, HPC_NCCL_LOG_REPLAY=str(replay))
+    # The CPU cluster has no NCCL: its files, as it writes them where the run asks (NCCL_DEBUG_FILE's
+    # nccl.rank<R>.%h.%p.log in the run's logs/), are there before the ranks look
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    for rank in range(4):
+        (tmp_path / "run" / "logs" / f"nccl.rank{rank}.nid001.811.log").write_text(NCCL[network])
+    env = environment(tmp_path)
     job = sbatch(env, tmp_path, "-N", "2", "--ntasks-per-node=2", "jobs/resnet152.sbatch", "--config", SMOKE,
                  "--data-root", str(data_root), "--max-steps", "2", "--no-profile", "--run-dir", str(tmp_path / "run"))
     final = wait_done(job, 300)

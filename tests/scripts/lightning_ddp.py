@@ -2,7 +2,8 @@
 num_nodes=..., strategy="ddp")`, `ModelCheckpoint(save_last=True)` and `trainer.fit(..., ckpt_path="last")`
 so that a requeued job resumes. Lightning finds its ranks itself (SLURMEnvironment under Slurm; torchrun's
 variables elsewhere). Synthetic CIFAR-shaped data stand in for the download. Prints the final weights'
-digest on rank 0."""
+digest on rank 0. Test knobs: --step-sleep (each step takes longer), --straggler-sleep (global rank 0 sleeps
+that much more each step: the other ranks wait for it in DDP's all-reduce)."""
 
 import argparse
 import hashlib
@@ -17,11 +18,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class LitClassifier(L.LightningModule):
-    def __init__(self, step_sleep: float = 0.0):
+    def __init__(self, step_sleep: float = 0.0, straggler_sleep: float = 0.0):
         super().__init__()
         self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                                    nn.Linear(128, 10))
         self.step_sleep = step_sleep
+        self.straggler_sleep = straggler_sleep
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -29,6 +31,8 @@ class LitClassifier(L.LightningModule):
         self.log("train_loss", loss)
         if self.step_sleep:
             time.sleep(self.step_sleep)
+        if self.straggler_sleep and self.global_rank == 0:
+            time.sleep(self.straggler_sleep)
         return loss
 
     def configure_optimizers(self):
@@ -42,6 +46,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--root", default="lightning_logs")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--straggler-sleep", type=float, default=0.0)
     args = parser.parse_args()
 
     L.seed_everything(0)
@@ -50,7 +55,7 @@ def main():
     trainer = L.Trainer(accelerator="auto", devices=args.devices, num_nodes=args.num_nodes, strategy="ddp",
                         max_epochs=args.epochs, default_root_dir=args.root, enable_progress_bar=False,
                         callbacks=[ModelCheckpoint(dirpath=f"{args.root}/checkpoints", save_last=True)])
-    model = LitClassifier(args.step_sleep)
+    model = LitClassifier(args.step_sleep, args.straggler_sleep)
     trainer.fit(model, DataLoader(data, batch_size=16), ckpt_path="last")
     if trainer.is_global_zero:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()

@@ -208,6 +208,15 @@ def test_the_fault_hook_is_parsed_in_one_place():
             assert not re.search(r"""environ(\.get)?[\[(]["']HPC_FAULT_INJECT""", text), name
 
 
+def test_the_tests_stand_ins_live_with_the_tests():
+    """Issue 60: what a test stands in for (graph capture on a CPU, NCCL's files on a cluster without NCCL)
+    is the tests' (tests/standins, files a test writes): no stand-in class or replay variable in the package."""
+    for name, path in MODULES.items():
+        text = path.read_text()
+        assert not re.search(r"class \w*StandIn\w*\(|_REPLAY\b", text), name
+    assert (REPO / "tests" / "standins" / "graphstandin.py").is_file()
+
+
 def test_the_run_directory_files_are_named_in_the_core():
     """Each file of the run and sweep directories is spelled in hpc/core/rundir.py and nowhere else."""
     names = ("summary.json", "metrics.jsonl", "index.json", "config.yaml", "study.json", "sweep.yaml", "last.pt")

@@ -14,7 +14,9 @@ step before the time limit and at a preemption. Then:
   batch shell requeues the job, the one place it is done (hpc/launch/requeue.py). A rank that lost its
   peer then exits with its code, so that srun ends the step even where the peer is frozen; the requeued
   job runs the same task, which resumes by itself;
-- a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted;
+- a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted; after
+  Slurm's SIGTERM it asks for a requeue all the same (`requeue_code`): it took the stop and resumes from
+  what it last saved (Lightning's DDP ranks can deadlock in its SIGTERM handler: docs/faults.md);
 - a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
   their own task on seeing it), after its exit record and summary.json are written.
 """
@@ -37,10 +39,10 @@ from hpc.core.meet import free_port
 from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import exit_code_of, write_run_summary
+from hpc.core.summary import write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
-from hpc.launch.requeue import ask_for_requeue, clear_request, may_requeue, stopped_by_user
+from hpc.launch.requeue import ask_for_requeue, clear_request, may_requeue, requeue_code, stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
@@ -100,14 +102,14 @@ class TaskJob:
         batch shell requeues the job on (hpc/launch/requeue.py); a rank that failed raises, after its records
         are written."""
         kind = record.get("kind")
-        code = exit_code_of(record) if kind == RankEnd.STOPPED else record.get("exit_code")  # exit 0 unfinished: 3
         if kind == RankEnd.FAILED:
             log.error(
                 f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
             )
             raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
         status = task_status(kind)
-        if status != Outcome.STOPPED:
+        code = requeue_code(record)
+        if code is None:  # done, oom, or a stop that left nothing said to resume from
             return {"status": str(status), "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
@@ -116,7 +118,13 @@ class TaskJob:
         by_user = stopped_by_user(signum, os.environ) or orphaned
         on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
         if on_slurm and not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
-            ask_for_requeue(job.job_id, job.global_rank, code, paths.root)  # the batch shell acts after the step
+            why = (
+                f"the task asked to be requeued (exit {code})"
+                if kind == RankEnd.STOPPED
+                else f"the task took Slurm's stop and did not end in time ({record.get('message')}): it resumes "
+                "from what it last saved"
+            )
+            ask_for_requeue(job.job_id, job.global_rank, code, paths.root, why)  # the batch shell acts after the step
         if on_slurm and code == EXIT_PEER_LOST:  # the step must end for its batch shell to act: a frozen peer
             raise SystemExit(code)  # holds it, and srun's --kill-on-bad-exit ends it on this exit
         return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}

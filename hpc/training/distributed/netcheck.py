@@ -8,9 +8,6 @@ the run's logs/ (unless the user set NCCL_DEBUG), reads the `Using network ...` 
 communicator is up, records the network in summary.json, and stops at start-up in one line (or warns)
 when it is `Socket`. Perlmutter's profile also sets NCCL_NET="AWS Libfabric", with which NCCL itself
 fails rather than fall back. Pure functions over the environment and NCCL's text; no torch import.
-
-HPC_NCCL_LOG_REPLAY (a test hook, like HPC_FAULT_INJECT): a file of NCCL's lines read in place of this
-run's, so the decision is exercised on a CPU cluster, which has no NCCL.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from pathlib import Path
 
 from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 
-REPLAY = "HPC_NCCL_LOG_REPLAY"
 SOCKETS = "Socket"
 _USING = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 
@@ -52,10 +48,9 @@ def network_of(lines: Iterable[str]) -> str | None:
     return found
 
 
-def read_network(env: Mapping[str, str], log_dir: Path, rank: int) -> str | None:
-    """This rank's network from NCCL's file (or the replayed one); None when NCCL has not said."""
-    replay = env.get(REPLAY)
-    paths = [Path(replay)] if replay else sorted(log_dir.glob(f"nccl.rank{rank}.*.log"))
+def read_network(log_dir: Path, rank: int) -> str | None:
+    """This rank's network from NCCL's file; None when NCCL has not said."""
+    paths = sorted(log_dir.glob(f"nccl.rank{rank}.*.log"))
     lines: list[str] = []
     for path in paths:
         try:

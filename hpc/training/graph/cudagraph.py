@@ -134,24 +134,6 @@ class GraphedStep:
         self.captured = False
 
 
-class StandInStep(GraphedStep):
-    """GraphedStep's stand-in on a machine without CUDA, for tests only (HPC_FAULT_INJECT=graph-standin):
-    the warm-up runs as it does before a capture; nothing is captured, and a "replay" runs the step
-    eagerly, with a replay's semantics (gradients overwritten, not added to). Everything around the
-    graph (the check, the ranks' agreement, the fallback to eager) then runs for real on the CPU."""
-
-    def record(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.warm_up(x, y)
-        return torch.zeros(())  # no graph, no static loss: each "replay" returns its own
-
-    def replay(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        assert self.x is not None and self.y is not None
-        self.x.copy_(x)
-        self.y.copy_(y)
-        self.optimizer.zero_grad(set_to_none=True)
-        return self.core(self.x, self.y)
-
-
 def whole_step(
     forward: Callable[..., torch.Tensor],
     optimizer: torch.optim.Optimizer,

@@ -15,7 +15,7 @@ A smaller last batch of an epoch runs eagerly (the trainer checks each batch's s
 counted step a graphed run checks the graph against an eager step (hpc/training/graph/graphcheck.py).
 
 `stand_in` (HPC_FAULT_INJECT=graph-standin, tests only): on a machine without CUDA the run takes the
-graph path with a stand-in for capture and replay (hpc/training/graph/cudagraph.py StandInStep), so the
+graph path with a stand-in for capture and replay (the tests' tests/standins/graphstandin.py), so the
 check and the fallback to eager run for real on the CPU.
 """
 

@@ -78,3 +78,27 @@ def test_the_one_requeue_rule(code, signum, env, requeued):
 
     assert may_requeue(code, (3, 5), signum, env, 3) is requeued
     assert may_requeue(5, (3,), None, {}, 3) is False  # a user's command asks with 3 alone
+
+
+@pytest.mark.parametrize("record, code", [
+    ({"kind": "stopped", "exit_code": 3}, 3),  # saved and stopped
+    ({"kind": "stopped", "exit_code": 0}, 3),  # exit 0 after a stop, not known to have finished
+    ({"kind": "stopped", "exit_code": 5}, 5),  # the training's lost peer
+    ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGTERM"}, 3),  # took the stop, hung
+    ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGINT"}, None),  # a person's Ctrl-C
+    ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "rank 1 failed"}, None),  # a failure's
+    ({"kind": "interrupted", "exit_code": None, "signal": "SIGTERM", "stop": "SIGTERM"}, None),  # died of it
+    ({"kind": "failed", "exit_code": 1}, None), ({"kind": "ok", "exit_code": 0}, None),
+    ({"kind": "oom", "exit_code": 1}, None), ({"kind": "peer", "exit_code": 1, "stop": "rank 0 failed"}, None),
+])
+def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
+    """Issue 60: a command that took Slurm's SIGTERM and hung (Lightning's DDP ranks, deadlocked in its
+    SIGTERM handler) is killed after the grace time and resumes as a stopped one does: 3; a kill that
+    followed a person's stop or another rank's failure, and a command that died of the signal, are not."""
+    from hpc.launch.batch import run_code
+    from hpc.launch.requeue import requeue_code
+
+    assert requeue_code(record) == code
+    ranks = [{"rank": r, **record} for r in (0, 1)]  # the batch shell's code for a run of such ranks
+    if code is not None:
+        assert run_code({"ranks": ranks, "outcome": "preempted"}, 0, False) == code

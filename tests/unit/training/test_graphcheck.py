@@ -1,6 +1,6 @@
 """The graph check (hpc/training/graph/graphcheck.py) in-process on the CPU, world size 1: the comparison on
 literal tensors, the ranks' agreement on literal outcomes, and the whole check on a small model with
-the CPU stand-in for capture (cudagraph.StandInStep: a GPU cannot run here; the stand-in replays the
+the CPU stand-in for capture (tests/standins/graphstandin.py: a GPU cannot run here; the stand-in replays the
 step eagerly, so everything else in the check is the real code). Two ranks over gloo:
 tests/e2e/test_graph_check.py; the real capture on a GPU: tests/gpu/test_gpu.py."""
 
@@ -17,7 +17,8 @@ from hpc.core.errors import UsageError
 from hpc.core.faults import Fault, parse_faults
 from hpc.settings.schema import TrainConfig
 from hpc.training import inject
-from hpc.training.graph.cudagraph import StandInStep, whole_step
+from graphstandin import StandInStep
+from hpc.training.graph.cudagraph import whole_step
 from hpc.training.graph.graphcheck import (
     LOSS_RTOL,
     UPDATE_RTOL,

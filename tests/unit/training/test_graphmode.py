@@ -96,3 +96,26 @@ def test_the_cpu_stand_in_takes_the_graph_path_only_without_cuda_and_only_where_
     assert real.on and real.captures and not real.stand_in
     assert not decide_graph_mode(config(("train.grad_accum_steps", 2)), False, None, stand_in=True).on
     assert not decide_graph_mode(config(("train.cuda_graph", False)), False, None, stand_in=True).on
+
+
+def test_the_stand_in_step_is_the_tests_own_and_elsewhere_one_line(monkeypatch):
+    """Issue 60: the stand-in lives with the tests (tests/standins/graphstandin.py, on the tests' path); a run
+    armed with graph-standin where it is not on the path is one line, not an ImportError."""
+    import sys
+
+    import torch
+
+    from conftest import STANDINS
+    from hpc.training import inject
+    from hpc.training.graph.cudagraph import GraphedStep, whole_step
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    core = whole_step(model, opt, lambda: torch.autocast("cpu", enabled=False))
+    step = inject.standin_step(core, model, opt, 2)
+    assert isinstance(step, GraphedStep) and type(step).__module__ == "graphstandin"
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(STANDINS)])
+    monkeypatch.delitem(sys.modules, "graphstandin")
+    with pytest.raises(UsageError) as said:
+        inject.standin_step(core, model, opt, 2)
+    assert "\n" not in str(said.value) and "graph-standin" in str(said.value) and "tests/standins" in str(said.value)
