@@ -132,7 +132,9 @@ def standin_step(
     on PYTHONPATH; elsewhere the fault is one line, exit 2."""
     try:
         module = importlib.import_module(STANDIN_MODULE)
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != STANDIN_MODULE:  # the stand-in is there and itself broken: its own error, whole
+            raise
         raise UsageError(
             f"{VARIABLE}=graph-standin is a test's fault: its stand-in ({STANDIN_MODULE}.py, in the repository's "
             "tests/standins) is not on PYTHONPATH"
