@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "other", nargs="?", help="a second sweep of the same grid (graphed against eager, say): compared point by point"
     )
-    parser.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
+    parser.add_argument(
+        "--format", choices=["table", "csv", "json", "md"], default="table", help="how it is printed (default table)"
+    )
     parser.add_argument("--out", help="directory for traces.json, runs.csv/md/json, sweep.csv/md and figures/")
     parser.add_argument(
         "--plots", action="store_true", help="draw the study's figures (needs --out or a directory PATH)"

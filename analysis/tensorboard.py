@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         needs_args=True,
     )
     parser.add_argument("logdir", help="a run directory, a sweep directory, or a folder of them")
-    parser.add_argument("--port", type=int, default=6006)
+    parser.add_argument("--port", type=int, default=6006, help="port to serve on (default 6006)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     parser.add_argument(
         "--url-file",

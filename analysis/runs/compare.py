@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("paths", nargs="+", help="A and B: trace files or run directories; or one or two sweeps")
     parser.add_argument("--point", action="append", default=[], help="a sweep point by its axes, e.g. batch=512,gpus=4")
     parser.add_argument("--rank", type=int, default=0, help="the rank whose traces stand for a run (default 0)")
-    parser.add_argument("--format", choices=["table", "md", "json"], default="table")
+    parser.add_argument(
+        "--format", choices=["table", "md", "json"], default="table", help="how it is printed (default table)"
+    )
     return parser.parse_args(argv)
 
 

@@ -65,7 +65,7 @@ def figures(ranks: list[dict[str, Any]], started: float) -> dict[str, float]:
 def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[str, float]:
     nodes, gpus = max(1, -(-count // PER_NODE)), min(PER_NODE, count)
     args = ["--nodes", str(nodes), "--gpus", str(gpus), "--account", account, "--runs-dir", str(runs_dir)]
-    args += ["--name", f"start{count}", "--export", "OMP_NUM_THREADS=1", *train, "--wait"]
+    args += ["--name", f"start{count}", "--export", "ALL,OMP_NUM_THREADS=1", *train, "--wait"]
     out = subprocess.run([sys.executable, "-m", "hpc.submit", *args], capture_output=True, text=True)
     found = re.search(r"^job (\S+): run dir (\S+)", out.stdout, flags=re.M)
     if out.returncode != 0 or not found:

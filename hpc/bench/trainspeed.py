@@ -198,8 +198,10 @@ def parse_batches(text: str, flag: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(prog="python -m hpc.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="resnet152", choices=ARCHS)
-    parser.add_argument("--stem", default="torchvision", choices=("torchvision", "cifar"))
+    parser.add_argument("--arch", default="resnet152", choices=ARCHS, help="the model (default resnet152)")
+    parser.add_argument(
+        "--stem", default="torchvision", choices=("torchvision", "cifar"), help="its stem (default torchvision)"
+    )
     parser.add_argument("--batch", default="128,512,1024,2048", help="comma-separated per-GPU batch sizes")
     parser.add_argument("--steps", type=int, default=15, help="timed steps per configuration")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")

@@ -16,6 +16,7 @@ traceback or a usage block.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import math
 import os
@@ -28,12 +29,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hpc.core.errors import EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
+from hpc.core.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
 from hpc.core.logs import LEVELS, LOG_LEVEL_ENV, configure
 from hpc.core.owner import refuse_unsafe, take_umask
 from hpc.core.rundir import RunPaths
 
 MAX_MESSAGE = 600
+OVERRIDE_WORD = re.compile(r"\+{0,2}[A-Za-z_]\w*(\.\w+)+=.*", re.DOTALL)  # train.lr=0.1, Hydra's +key=value
 MAX_VALUE = 120
 INT64_MAX = 2**63 - 1  # counts, sizes and seeds end up in int64 (torch, numpy, Slurm): a larger integer is bad input
 
@@ -55,12 +57,15 @@ def command_name(prog: str, argv0: str | None = None) -> str:
 class Parser(argparse.ArgumentParser):
     """argparse, with bad usage as one line naming the flag and the value (UsageError)."""
 
-    def __init__(self, *args: Any, needs_args: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, needs_args: bool = False, unknown_hint: Callable[[str], str] | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("allow_abbrev", False)
         if "prog" in kwargs:
             kwargs["prog"] = command_name(kwargs["prog"])
         super().__init__(*args, **kwargs)
         self.needs_args = needs_args
+        self.unknown_hint = unknown_hint  # what else an unrecognized word may be, for this command
         self.add_argument(
             "--log-level",
             choices=LEVELS,
@@ -73,7 +78,11 @@ class Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             first = message.split(": ", 1)[1].split()[0]
             flags = [f for a in _all_actions(self) for f in a.option_strings]
-            message += suggestion(first.split("=")[0], flags)
+            if OVERRIDE_WORD.fullmatch(first) and "--set" in flags:  # Hydra's habit: key=value, no flag
+                message += f"; did you mean --set {first.lstrip('+')}?"
+            else:
+                hint = self.unknown_hint(first) if self.unknown_hint else ""
+                message += suggestion(first.split("=")[0], flags) + hint
         raise UsageError(f"command line: {message} (see {self.prog} --help)")
 
     def _no_arguments(self, args: Sequence[str] | None) -> None:
@@ -342,5 +351,9 @@ def run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | No
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `| head` closed the pipe: the reader has what it wanted; nothing more to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), streams[0].fileno())  # the interpreter's last flush
+        return EXIT_BROKEN_PIPE
     finally:
         sys.stdout, sys.stderr = streams

@@ -31,6 +31,7 @@ EXIT_PREEMPTED = 3  # hpc.train stopped by SIGTERM/SIGUSR2/SIGINT after writing 
 EXIT_OOM = 4  # hpc.train ran out of CUDA memory: recorded in summary.json as the run's outcome
 EXIT_PEER_LOST = 5  # hpc.train lost a peer rank (dead or silent): rerun (requeue, torchrun restart) to resume
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended (waiting stopped, jobs run on)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of the output went away (`| head`); nothing more is said
 
 
 class HpcError(Exception):

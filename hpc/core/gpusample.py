@@ -47,6 +47,22 @@ def allocated(env: Mapping[str, str]) -> list[str] | None:
     return None
 
 
+def count_here(env: Mapping[str, str]) -> int:
+    """How many of this machine's GPUs the environment lets a run use (NVML; 0 without a driver)."""
+    try:
+        import pynvml as nvml  # type: ignore[import-untyped]  # nvidia-ml-py
+
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001  (no library, no driver: a CPU machine)
+        return 0
+    try:
+        return len(_open(nvml, allocated(env)))
+    except Exception:  # noqa: BLE001
+        return 0
+    finally:
+        nvml.nvmlShutdown()
+
+
 def _open(nvml: Any, wanted: list[str] | None) -> list[tuple[Any, dict[str, Any]]]:
     """(handle, description) of each wanted GPU."""
     found = []
@@ -97,7 +113,7 @@ class GpuSampler:
 
     def start(self) -> GpuSampler | None:
         try:
-            import pynvml as nvml  # type: ignore[import-untyped]  # nvidia-ml-py
+            import pynvml as nvml  # nvidia-ml-py
 
             nvml.nvmlInit()
         except Exception as e:  # noqa: BLE001  (no library, no driver: a CPU node)

@@ -12,7 +12,7 @@ whatever the umask; and a directory that another user could change is never writ
   a directory.
 - `make_dirs(path, source)`: a directory the toolkit writes in, made where missing (0700; with HPC_GROUP
   0750, the group's, set-group-id so what is made inside keeps the group), refused in one line where
-  `unsafe`.
+  `unsafe`; `make_new_dir(path)`: one made now or not at all (a run of its own, the first free name).
 - `open_new(path, mode)`: a file made here and now, never one that was there and never through a link
   (O_EXCL | O_NOFOLLOW): temp and lock files.
 
@@ -144,15 +144,22 @@ def make_dirs(path: str | os.PathLike, source: str = "directory") -> Path:
         top = top.parent
     refuse_unsafe(top if missing else path, source, made_in=bool(missing))
     for folder in reversed(missing):
-        try:
-            os.mkdir(folder, dir_mode())
-        except FileExistsError:  # made meanwhile by a rank beside us: checked as any existing one
+        if not make_new_dir(folder):  # made meanwhile by a rank beside us: checked as any existing one
             refuse_unsafe(folder, source)
-            continue
-        if _group is not None:
-            os.chown(folder, -1, _group)
-            os.chmod(folder, dir_mode())  # mkdir's mode is cut by the umask and drops set-group-id
     return path
+
+
+def make_new_dir(path: str | os.PathLike) -> bool:
+    """`path` made now, the owner's (in a directory make_dirs made or checked); False where something is
+    there already (made by another meanwhile: whoever made it owns it)."""
+    try:
+        os.mkdir(path, dir_mode())
+    except FileExistsError:
+        return False
+    if _group is not None:
+        os.chown(path, -1, _group)
+        os.chmod(path, dir_mode())  # mkdir's mode is cut by the umask and drops set-group-id
+    return True
 
 
 def open_new(path: str | os.PathLike, mode: int | None = None) -> int:

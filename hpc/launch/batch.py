@@ -17,29 +17,38 @@ hpc.train`) run after their #SBATCH lines and `module load`. Everything the two 
    grace time, a `scancel`) makes srun kill the tasks at once: the run is requeued all the same, to
    resume from what its task last saved.
 
-`--dry-run` prints the srun words and the task instead of running them. No torch import.
+`--dry-run` prints the srun words and the task instead of running them.
+
+The same road serves `hpc.submit` inside an interactive allocation (salloc; `allocation_here`): the run
+is one srun step of that allocation (`run_in_allocation`), sized to what it asks, in RUNS/<name>/<job
+id>.<n>, its end said as a followed run's; an interactive job is not requeued. No torch import.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import Outcome
+from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import ALREADY, may_requeue, not_to_requeue, requeue_code
+from hpc.launch.submission.follow import print_ended
 from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
@@ -53,9 +62,18 @@ log = logging.getLogger(__name__)
 
 def parse(argv: list[str]) -> tuple[Any, list[str]]:
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
-    parser = Parser(prog="python -m hpc.batch", description=__doc__.split("\n\n")[0], needs_args=not argv)
+    parser = Parser(
+        prog="python -m hpc.batch",
+        description="The batch shell of jobs/run.sbatch and jobs/resnet152.sbatch, after their #SBATCH lines and "
+        "`module load`: COMMAND (after --) on every task of the job as one srun step of the per-rank runner, one "
+        "line on how the run ended, and the job requeued when it stopped with a checkpoint.",
+        epilog="Variables: HPC_PROFILE (the cluster profile), HPC_LAUNCHER=torchrun|node (one torchrun, or one "
+        "process, a node), HPC_MAX_REQUEUES, HPC_MAX_RESTARTS (python -m hpc.config --variables). The run directory: "
+        "--run-dir, the training's own --run-dir, else $SCRATCH/hpc-resnet-study/runs/<name>/<job id>.",
+        needs_args=not argv,
+    )
     parser.add_argument("--name", help="the runs directory's folder (default: the command's script or module)")
-    parser.add_argument("--run-dir", help="the run directory (default: see the module doc)")
+    parser.add_argument("--run-dir", help="the run directory (default: below)")
     parser.add_argument("--profile", help="cluster profile (default: $HPC_PROFILE, else perlmutter)")
     parser.add_argument("--config", help="a config YAML whose profiler section applies to your own command")
     parser.add_argument("--no-profile", action="store_true", help="do not profile your own command")
@@ -80,21 +98,86 @@ def run_dir_for(args: Any, words: list[str], env: Mapping[str, str], name: str) 
     return Path(runs) / name / (env.get("SLURM_JOB_ID") or "here")
 
 
-def step_words(cluster: ClusterConfig, run_dir: Path, env: Mapping[str, str]) -> list[str]:
-    """The job's one srun step: a runner per task, or torchrun per node over runners."""
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One srun step of the per-rank runner: its launcher, nodes, GPUs (tasks) per node and CPUs a GPU;
+    `sized` names that shape to srun (inside an allocation, which may hold more than the run asks)."""
+
+    launcher: str
+    nodes: int
+    gpus: int
+    cpus: int | None  # None: Slurm's own, the job's
+    sized: bool = False
+
+
+def job_step(env: Mapping[str, str]) -> Step:
+    """The batch job's own step, from its variables (HPC_LAUNCHER: the sbatch script's choice)."""
+    return Step(
+        env.get("HPC_LAUNCHER", "srun"),
+        int(env.get("SLURM_NNODES") or 1),
+        int(env.get("SLURM_NTASKS_PER_NODE", "4").split("(")[0]),
+        int(env.get("SLURM_CPUS_PER_TASK") or 1),
+    )
+
+
+def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[str, str]) -> list[str]:
+    """The job's one srun step: a runner per task, or torchrun per node over runners. The step takes the
+    batch shell's environment where sbatch was told not to pass the submitter's on (its --export, which
+    srun inherits: without ALL, srun would start the tasks without it)."""
     rank = ["-m", "hpc.rank", "--run-dir", str(run_dir)]
-    srun = ["srun", "--kill-on-bad-exit=1"]
-    launcher = env.get("HPC_LAUNCHER", "srun")
-    if launcher not in ONE_TASK_PER_NODE:
-        return [*srun, *srun_words(cluster), "python", *rank]
-    nodes = int(env.get("SLURM_NNODES") or 1)
-    nproc = int(env.get("SLURM_NTASKS_PER_NODE", "4").split("(")[0])
-    cpus = int(env.get("SLURM_CPUS_PER_TASK") or 1) * nproc
-    per_node = ["--ntasks-per-node=1", f"--ntasks={nodes}", f"--cpus-per-task={cpus}"]
-    if launcher == "node":  # one process a node with every GPU of it (nn.DataParallel)
+    exports = env.get("SLURM_EXPORT_ENV")
+    srun = ["srun", "--kill-on-bad-exit=1", *(["--export=ALL"] if exports and "ALL" not in exports.split(",") else [])]
+    nodes = [f"--nodes={step.nodes}"] if step.sized else []
+    if step.launcher not in ONE_TASK_PER_NODE:
+        cpus = [f"--cpus-per-task={step.cpus}"] if step.sized and step.cpus else []
+        tasks = [*nodes, f"--ntasks-per-node={step.gpus}", *cpus] if step.sized else []
+        return [*srun, *tasks, *srun_words(cluster), "python", *rank]
+    per_node = [
+        *nodes,
+        "--ntasks-per-node=1",
+        f"--ntasks={step.nodes}",
+        f"--cpus-per-task={(step.cpus or 1) * step.gpus}",
+    ]
+    if step.launcher == "node":  # one process a node with every GPU of it (nn.DataParallel)
         return [*srun, *per_node, *srun_words(cluster), "python", *rank]
-    torchrun = slurm_torchrun_args(env, nproc, int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts))
+    restarts = int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts)
+    torchrun = slurm_torchrun_args({**env, "SLURM_NNODES": str(step.nodes)}, step.gpus, restarts)
     return [*srun, *per_node, *srun_words(cluster), "python", "-m", "torch.distributed.run", *torchrun, *rank]
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """The interactive allocation this process runs in (salloc's shell): its job, nodes, and where Slurm
+    says them, GPUs and CPUs per node."""
+
+    job_id: str
+    nodes: int
+    gpus: int | None
+    cpus: int | None
+
+
+INTERACTIVE_STEP_ID = "4294967290"  # SLURM_INTERACTIVE_STEP: salloc's shell on a node (use_interactive_step)
+
+
+def allocation_here(env: Mapping[str, str]) -> Allocation | None:
+    """The interactive allocation of this process's environment: a job (SLURM_JOB_ID) and no step of it, or
+    salloc's interactive step (NERSC's LaunchParameters=use_interactive_step puts the shell on the first
+    node); None outside a job, in a batch script (ENVIRONMENT=BATCH: a job submitting another) or a step."""
+    job = env.get("SLURM_JOB_ID")
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    if not job or env.get("ENVIRONMENT") == "BATCH" or step not in (None, INTERACTIVE_STEP_ID):
+        return None
+    nodes = _first_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1
+    gpus = _first_int((env.get("SLURM_GPUS_PER_NODE") or "").rsplit(":", 1)[-1])
+    if gpus is None and _first_int(env.get("SLURM_GPUS")):  # salloc --gpus N: the job's, over its nodes
+        gpus = (_first_int((env.get("SLURM_GPUS") or "").rsplit(":", 1)[-1]) or 0) // nodes or None
+    return Allocation(job, nodes, gpus, _first_int(env.get("SLURM_JOB_CPUS_PER_NODE")))
+
+
+def _first_int(text: str | None) -> int | None:
+    """The first number of a Slurm count ("4", "128(x2)", "64,32"), None without one."""
+    found = re.match(r"\d+", text or "")
+    return int(found.group()) if found else None
 
 
 def job_environment(cluster: ClusterConfig, env: Mapping[str, str]) -> dict[str, str]:
@@ -110,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     args, words = parse(sys.argv[1:] if argv is None else list(argv))
     env = dict(os.environ)
     cluster = load_cluster(args.profile or env.get("HPC_PROFILE") or "perlmutter")
+    check_job_account(cluster, env)
     check_command(words, Path.cwd(), in_image=bool(cluster.image))
     profiler, hang_timeout_s = command_sections(args.config, args.no_profile, [])
     task = user_command(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
     run_dir = run_dir_for(args, words, env, args.name or task.name)
     check_run_dir(run_dir)
     env = job_environment(cluster, env)
-    step = step_words(cluster, run_dir, env)
+    step = step_words(cluster, run_dir, job_step(env), env)
     if args.dry_run:
         print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
         return EXIT_OK
@@ -127,6 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     rc, terminated = run_step(step, env)
     return requeue_after_step(task, run_dir, rc, terminated, env, cluster)
+
+
+def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
+    """The job's account against the profile's rule, as hpc.submit checks it before sbatch (a hand-written
+    script is submitted before anything of ours runs): a GPU job charged elsewhere stops here, in one line."""
+    account, suffix = env.get("SLURM_JOB_ACCOUNT"), cluster.account_suffix
+    if account and suffix and not account.endswith(suffix):
+        raise UsageError(
+            f"job {env.get('SLURM_JOB_ID')}: account {account!r} (sbatch -A): profile {cluster.name!r} charges GPU "
+            f"jobs to a GPU allocation, whose account ends with {suffix!r}: sbatch -A {account}{suffix} ..."
+        )
 
 
 def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
@@ -190,6 +285,77 @@ def requeue_after_step(
     words = " ".join((said.stdout + said.stderr).split()) or "no message"
     log.warning(f"job {job} could not requeue itself (scontrol: {words}); resubmit the same command to resume")
     return code
+
+
+def allocation_step(here: Allocation, cluster: ClusterConfig, nodes: int, gpus: int, env: Mapping[str, str]) -> Step:
+    """The step a run of `nodes` x `gpus` takes in the allocation: all of its nodes (a run's ranks meet on
+    its nodes), at most its GPUs; CPUs a GPU as the allocation says (-c), else its node's shared out."""
+    way = "ask salloc for it, or submit a new job: --new-job"
+    if nodes != here.nodes:
+        raise UsageError(f"command line: --nodes {nodes}: allocation {here.job_id} has {here.nodes} node(s); {way}")
+    if here.gpus is not None and gpus > here.gpus:
+        raise UsageError(f"command line: --gpus {gpus}: allocation {here.job_id} has {here.gpus} per node; {way}")
+    cpus = _first_int(env.get("SLURM_CPUS_PER_TASK")) or (
+        here.cpus // gpus if here.cpus and here.cpus >= gpus else None
+    )
+    return Step(cluster.launcher, nodes, gpus, cpus, sized=True)
+
+
+def new_step_dir(runs: Path, job_id: str) -> Path:
+    """RUNS/<job id>.<n>: a run of its own for each start in the allocation, the first free n."""
+    make_dirs(runs, "runs directory")
+    n = 0
+    while not make_new_dir(runs / f"{job_id}.{n}"):
+        n += 1
+    return runs / f"{job_id}.{n}"
+
+
+def allocation_words(
+    task: RankCommand, runs: Path, cluster: ClusterConfig, step: Step, exports: Mapping[str, str], dry_run: bool
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """What each rank of a run in the allocation runs, the srun step that runs them, and its environment: the
+    profile's for the shape, under this one, under the command line's --export values; the run directory
+    made (a dry run: named, RUNS/<job id>.<n>)."""
+    here = os.environ.get("SLURM_JOB_ID", "")
+    agent = AGENT_ENV if step.launcher == "torchrun" else {}
+    env = {**agent, **job_env(cluster, step.nodes, step.gpus), **os.environ, **exports}
+    run_dir = runs / f"{here}.<n>" if dry_run else new_step_dir(runs, here)
+    return task.words_for(run_dir, sys.executable), step_words(cluster, run_dir, step, env), env
+
+
+def run_in_allocation(
+    task: RankCommand, runs: Path, cluster: ClusterConfig, step: Step, exports: Mapping[str, str]
+) -> int:
+    """hpc.submit inside an interactive allocation: the run as one srun step there (the batch shell's road:
+    the per-rank runner on every task), its end said as a followed run's, and hpc.submit's exit code. A run
+    that stopped resumes with the same step again (an interactive job is not requeued)."""
+    _, words, env = allocation_words(task, runs, cluster, step, exports, dry_run=False)
+    run_dir = Path(words[words.index("--run-dir") + 1])
+    here = env.get("SLURM_JOB_ID", "")
+    write_task(RunPaths(run_dir), task)
+    log.info(f"hpc.submit: inside allocation {here} (salloc): the run is one srun step there; run dir {run_dir}")
+    with interrupts_to_srun():
+        rc, _ = run_step(words, env)
+    summary = write_run_summary(RunPaths(run_dir), ended=True)
+    if summary is None:
+        log.error(f"hpc.submit: the step ended (srun exit {rc}) before any rank started; see {run_dir}")
+        return EXIT_FAILED
+    ended = print_ended(f"job {here}", RunPaths(run_dir), summary, numbers=True)
+    if ended in RESUMABLE:
+        log.info(f"hpc.submit: to resume it in an allocation: {shlex.join(words)}")
+    return EXIT_CODES[ended]
+
+
+@contextlib.contextmanager
+def interrupts_to_srun() -> Iterator[None]:
+    """Ctrl-C is srun's while its step runs (the terminal sends it to both): once, srun says how the tasks
+    stand; twice within a second, it passes SIGINT on and the ranks stop at a step's end, as any salloc user
+    knows. This process must not die of it meanwhile and orphan the step's bookkeeping."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -8,11 +8,13 @@ import dataclasses
 import shlex
 from typing import Any
 
-from hpc.core.cli import Parser, run
+from hpc.core.cli import Parser, run, suggestion
 from hpc.core.errors import EXIT_OK, ConfigError
 from hpc.core.files import dump_yaml
+from hpc.launch.submission.sbatchflags import profile_flags
 from hpc.launch.submission.site import job_env, shell_words, srun_words
 from hpc.settings.config import Layers, load_cluster, load_run_config, parse_override, require_section, set_source
+from hpc.settings.reference import VARIABLES, KeyDoc, key_docs
 from hpc.settings.schema import RUN_SECTIONS
 
 
@@ -28,6 +30,63 @@ def print_profile_lines(args: Any) -> int:
     for key, value in job_env(cluster, args.nodes, gpus).items():
         print(f'[ -n "${{{key}+x}}" ] || export {key}={shlex.quote(value)}')
     return EXIT_OK
+
+
+def explained(docs: list[KeyDoc], wanted: str) -> list[KeyDoc]:
+    """The keys `--explain` names: all, a section's, or one; else one line with the nearest key."""
+    if wanted == "all":
+        return docs
+    chosen = [d for d in docs if d.key == wanted or d.key.startswith(wanted + ".")]
+    if not chosen:
+        raise ConfigError(f"command line: --explain {wanted}: no such key{suggestion(wanted, [d.key for d in docs])}")
+    return chosen
+
+
+def all_key_docs() -> list[KeyDoc]:
+    """Every key with every flag that sets it, hpc.submit's sbatch options for the profile's included."""
+    return key_docs({**profile_flags(), "cluster.gpus_per_node": ("--gpus", "--gpus-per-node")})
+
+
+def print_explained(docs: list[KeyDoc]) -> None:
+    for d in docs:
+        flags = " ".join(d.flags)
+        print(f"{d.key}: {d.type} (default {d.default})" + (f"; set by {flags}" if flags else ""))
+        print(f"    {d.meaning}")
+
+
+def print_variables() -> None:
+    width = max(map(len, VARIABLES))
+    for name, v in VARIABLES.items():
+        print(
+            f"{name:<{width}}  set by {v.set_by:<11}  {v.meaning}"
+            + (f" (default {v.default})" if v.default != "-" else "")
+        )
+
+
+def reference_markdown() -> str:
+    """docs/reference.md: every key and every HPC_* variable, made from the code (a test holds the file to it)."""
+    lines = [
+        "# Reference: every config key and environment variable",
+        "",
+        "Made by `python -m hpc.config --reference` from the schema (hpc/settings/schema.py, cluster.py: each "
+        "key's comment is its meaning) and hpc/settings/reference.py; a test holds this file to it. A key is set "
+        "by a `--config` YAML's section, `--set section.key=value`, or the flags named.",
+    ]
+    section = ""
+    for d in all_key_docs():
+        if d.key.split(".")[0] != section:
+            section = d.key.split(".")[0]
+            lines += ["", f"## `{section}`", "", "| key | type | default | set by | meaning |", "|---|---|---|---|---|"]
+        flags = ", ".join(f"`{f}`" for f in d.flags) or "-"
+        lines.append(f"| `{d.key}` | {d.type} | `{d.default}` | {flags} | {cell(d.meaning)} |")
+    lines += ["", "## Environment variables", "", "| variable | set by | meaning | default |", "|---|---|---|---|"]
+    for name, v in VARIABLES.items():
+        lines.append(f"| `{name}` | {v.set_by} | {cell(v.meaning)} | {cell(v.default)} |")
+    return "\n".join(lines) + "\n"
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,9 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--srun-args", action="store_true", help="with --profile: srun's extra words, one a line")
     parser.add_argument("--nodes", type=int, default=1, help="with --exports: the job's nodes (default 1)")
     parser.add_argument("--gpus", type=int, help="with --exports: its GPUs per node (default: a whole node)")
+    parser.add_argument(
+        "--explain",
+        nargs="?",
+        const="all",
+        metavar="KEY",
+        help="what each key means, its type, default and the flags that set it (a key, a section, or all)",
+    )
+    parser.add_argument("--variables", action="store_true", help="every HPC_* environment variable, and its meaning")
+    parser.add_argument("--reference", action="store_true", help="both, as Markdown (docs/reference.md)")
     args = parser.parse_args(argv)
     if args.exports or args.srun_args:
         return print_profile_lines(args)
+    if args.explain is not None:
+        print_explained(explained(all_key_docs(), args.explain))
+        return EXIT_OK
+    if args.variables or args.reference:
+        print_variables() if args.variables else print(reference_markdown(), end="")
+        return EXIT_OK
     overrides = [(*parse_override(s), set_source(s)) for s in args.set]
     for dotted, _, source in overrides:
         require_section(

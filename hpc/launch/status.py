@@ -174,8 +174,12 @@ def status_command(argv: list[str]) -> int:
     p = Parser(
         prog="python -m hpc.study status", description="Every point of a sweep and how it stands.", needs_args=True
     )
-    p.add_argument("sweep_dir")
-    p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table")
+    p.add_argument(
+        "sweep_dir",
+        metavar="SWEEP_DIR",
+        help="a sweep's directory, as hpc.study run printed it (runs/<name>/sweep-<time>)",
+    )
+    p.add_argument("--format", choices=["table", "csv", "json", "md"], default="table", help="how the table is printed")
     args = p.parse_args(argv)
     sweep_dir = existing_sweep(args.sweep_dir)
     reported = reported_verdicts(SweepPaths(sweep_dir))

@@ -16,6 +16,7 @@ report. No torch import here (fast CLI).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from hpc.launch.submission.submit import (
     make_executor,
     plan_for,
     print_plan,
+    settle,
     submission,
 )
 from hpc.settings.schema import ClusterConfig
@@ -168,7 +170,7 @@ def resubmit_command(argv: list[str]) -> int:
     """Submit the failed and/or missing points again into the same sweep, and a new analysis job."""
     p = build_parser(STUDY_RESUBMIT)  # hpc.study run's options, parsed once with the choice of points
     p.description = "Submit chosen points of a sweep again (into it), then a new analysis job."
-    p.add_argument("sweep_dir")
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the sweep's directory, as hpc.study run printed it")
     p.add_argument(
         "--failed",
         action="store_true",
@@ -176,7 +178,7 @@ def resubmit_command(argv: list[str]) -> int:
     )
     p.add_argument("--missing", action="store_true", help="points never run (no run directory, not queued)")
     own, words = split_command(argv)
-    args = p.parse_args(own)
+    args = settle(p.parse_args(own), STUDY_RESUBMIT, os.environ)
     sweep_dir = existing_sweep(args.sweep_dir)
     if not (args.failed or args.missing):
         raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")

@@ -52,41 +52,41 @@ def ranks_per_node(launcher: str, gpus: int) -> int:
 class ClusterConfig:
     """Where jobs run. `scheduler: local` runs on this machine (submitit's local executor)."""
 
-    name: str = "local"
-    scheduler: str = "local"  # slurm | local
-    gpus_per_node: int = 2  # on a CPU-only machine: ranks per node
-    max_nodes: int = 1
-    cpus_per_task: int = 1
-    mem_gb: int | None = None
-    constraint: str | None = None  # Slurm -C
-    qos: str | None = None  # Slurm -q
-    account: str | None = None  # Slurm -A
-    partition: str | None = None
-    time_limit_min: int = 30
-    max_time_limit_min: int | None = None
+    name: str = "local"  # the profile's name, in runs' records
+    scheduler: str = "local"  # slurm | local (this machine, submitit's local executor)
+    gpus_per_node: int = 2  # a node's GPUs, one rank each (on a CPU-only machine: ranks per node)
+    max_nodes: int = 1  # the most nodes a job may ask for
+    cpus_per_task: int = 1  # CPU cores per GPU's task (-c; a task of a whole node takes this x its GPUs)
+    mem_gb: int | None = None  # memory per node, GB (sbatch --mem); None: the site's default
+    constraint: str | None = None  # Slurm -C: node features (Perlmutter: gpu)
+    qos: str | None = None  # Slurm -q, for whole nodes
+    account: str | None = None  # Slurm -A, when the command line gives none
+    partition: str | None = None  # Slurm -p; None: the site's default
+    time_limit_min: int = 30  # a job's time limit, minutes, when -t/--time gives none
+    max_time_limit_min: int | None = None  # the longest -t/--time the profile takes (Perlmutter's regular: 48 h)
     setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # variables every job's ranks get
     signal_delay_s: int = 120  # SIGTERM (--signal=TERM@...) this long before the time limit
     # Your own command (hpc.submit -- COMMAND): after the stop signal (TERM: Slurm's warning, a
     # preemption) it has this long to save and exit before it is killed and the job ends as preempted.
     stop_grace_s: int = 60
-    max_requeues: int = 3
+    max_requeues: int = 3  # requeues of a job that stopped with a checkpoint (HPC_MAX_REQUEUES in a sbatch script)
     # srun: one task per GPU. torchrun: one task per node running torchrun, which starts a worker per
     # GPU and restarts the worker group (from the last checkpoint) when one dies, max_restarts times.
     # node: one task per node owning every GPU of it, for a single-process script (nn.DataParallel).
     launcher: str = "srun"
-    max_restarts: int = 3
+    max_restarts: int = 3  # torchrun's restarts of a worker group (launcher: torchrun)
     # The sweep's analysis job (hpc.study): a small CPU job, never a GPU node.
     analysis_qos: str | None = None
-    analysis_constraint: str | None = None
-    analysis_partition: str | None = None
-    analysis_cpus: int = 2
-    analysis_time_min: int = 30
+    analysis_constraint: str | None = None  # the analysis job's node features (Perlmutter: cpu)
+    analysis_partition: str | None = None  # its partition (None: the GPU jobs')
+    analysis_cpus: int = 2  # its CPU cores
+    analysis_time_min: int = 30  # its time limit, minutes
     # Accounts: GPU jobs' account must end with this (Perlmutter: _g, the GPU allocation); the analysis
     # job's account (a CPU job) is analysis_account, else --analysis-account, else the GPU account
     # without the suffix.
     account_suffix: str | None = None
-    analysis_account: str | None = None
+    analysis_account: str | None = None  # the analysis job's account (see account_suffix)
     # A job of fewer GPUs than a node (one node) goes to this QOS (Perlmutter: shared) with a GPU and
     # cpus_per_task cores per task, charged by its share of the node; None: whole nodes.
     shared_qos: str | None = None
@@ -95,18 +95,18 @@ class ClusterConfig:
     # Affinity on a whole node: the GPU each local rank takes (Perlmutter: 3,2,1,0: rank 0's cores sit
     # next to GPU 3) and srun's CPU binding (Perlmutter: cores).
     gpu_order: tuple[int, ...] = ()
-    cpu_bind: str | None = None
+    cpu_bind: str | None = None  # srun's --cpu-bind for every task (Perlmutter: cores)
     # Preemptible and variable-time jobs: sbatch --time-min and --comment (qos: preempt goes in qos).
     time_min_min: int | None = None
-    comment: str | None = None
+    comment: str | None = None  # sbatch --comment, on every job
     # A container image the training runs in: shifter (with container_modules) or podman-hpc.
     image: str | None = None
-    container: str = "shifter"
-    container_modules: tuple[str, ...] = ()
+    container: str = "shifter"  # shifter | podman-hpc: what runs the image
+    container_modules: tuple[str, ...] = ()  # shifter's --module (Perlmutter: gpu, nccl-plugin)
     # Multi-node jobs only: the fabric's settings (HPE's libfabric/CXI ones on Slingshot) and what a
     # run does when NCCL would fall back to TCP sockets: off | warn | stop.
     multinode_env: dict[str, str] = dataclasses.field(default_factory=dict)
-    nccl_fabric: str = "off"
+    nccl_fabric: str = "off"  # off | warn | stop: a multi-node run whose NCCL would use TCP sockets
     runs_dir: str | None = None  # where run directories go (Perlmutter: under $SCRATCH); --runs-dir wins
     sbatch_options: dict[str, str] = dataclasses.field(default_factory=dict)  # sbatch's other options
 

@@ -305,9 +305,15 @@ def check_request(
     if gpus < 1:
         raise ConfigError(f"{source}: --gpus {gpus}: must be >= 1")
     if gpus > cluster.gpus_per_node:
-        raise ConfigError(
-            f"{source}: --gpus {gpus}: profile {cluster.name!r} has {cluster.gpus_per_node} GPUs per node"
-        )
+        per_node = cluster.gpus_per_node
+        way = "--gpus counts GPUs per node here (as --gpus-per-node)"
+        if nodes > 1 and gpus % nodes == 0 and gpus // nodes <= per_node:
+            way += (
+                f"; {gpus} GPUs over {nodes} nodes, as sbatch's --gpus counts them, is --gpus-per-node {gpus // nodes}"
+            )
+        else:
+            way += f"; more GPUs: --nodes {math.ceil(gpus / per_node)} --gpus-per-node {per_node}"
+        raise ConfigError(f"{source}: --gpus {gpus}: profile {cluster.name!r} has {per_node} GPUs per node; {way}")
     if time_limit_min is not None:
         if time_limit_min < 1:
             raise ConfigError(f"{source}: --time {time_limit_min}: must be >= 1 minute")

@@ -48,15 +48,15 @@ class DataConfig:
     root: str | None = resumable(None)  # None: $HPC_DATA, else $SCRATCH/cifar100 (Perlmutter), else ./data
     fraction: float = 1.0  # study: 1, 1/2, 1/10 (class-balanced, the same on every rank)
     loader: str = "device"  # device: whole uint8 set on the device | dataloader: workers + pinned memory
-    num_workers: int = resumable(2)
-    pin_memory: bool = resumable(True)
+    num_workers: int = resumable(2)  # DataLoader worker processes per rank (loader: dataloader)
+    pin_memory: bool = resumable(True)  # page-locked batches for faster copies to the GPU (loader: dataloader)
     augment: bool = True  # random crop (pad 4) + horizontal flip
     # cifar100: the real set must be under root (a root without it, or with a synthetic one, is an error).
     # synthetic: a synthetic set in CIFAR-100's format, written under root when none is there; said so in
     # the run's first line, summary.json and every figure's title.
     source: str = "cifar100"
     synth_train: int = 5000  # the synthetic set's size (source: synthetic)
-    synth_test: int = 1000
+    synth_test: int = 1000  # the synthetic test set's size
 
     def __post_init__(self) -> None:
         _check(0 < self.fraction <= 1, "fraction", "must be in (0, 1]")
@@ -82,13 +82,13 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    arch: str = "resnet152"
+    arch: str = "resnet152"  # resnet18|resnet34|resnet50|resnet101|resnet152 (torchvision's), or tiny (tests)
     # torchvision: 7x7/2 conv + max-pool, the study's model, 32x32 inputs shrink to 8x8 at once.
     # cifar: 3x3/1 conv, no max-pool: far better accuracy on 32x32, ~16x the FLOPs per image.
     stem: str = "torchvision"
-    num_classes: int = 100
+    num_classes: int = 100  # the classifier's outputs (CIFAR-100: 100)
     channels_last: str = "auto"  # auto: on CUDA only
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
     # true: each residual branch's last BatchNorm starts at zero, so every block starts as the identity
     # (Goyal et al. 2017). ResNet152 from scratch then falls in loss from the first steps at lr 0.1
     # (without it, on the CPU, loss rose from 5.7 to 7.3 in 10 steps at lr 0.02); ResNet-18 on the
@@ -105,24 +105,24 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    batch_size: int = 128
+    batch_size: int = 128  # images per optimizer step, per GPU or global (batch_scope)
     # per_gpu: each rank takes batch_size images a step (the study's scripts: DataLoader per rank);
     # global: batch_size is split across ranks (must divide by world size x grad_accum_steps).
     batch_scope: str = "per_gpu"
-    epochs: int = 1
+    epochs: int = 1  # passes over the (fraction of the) training set
     max_steps: int | None = resumable(None)  # stop after this many optimizer steps in total
     lr: float | None = None  # None: lr_per_256 x global batch / 256 (linear scaling rule)
-    lr_per_256: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 5e-4
-    warmup_epochs: float = 1.0
+    lr_per_256: float = 0.1  # the learning rate per 256 images of global batch, when lr is not given
+    momentum: float = 0.9  # SGD's momentum
+    nesterov: bool = True  # Nesterov momentum
+    weight_decay: float = 5e-4  # SGD's L2 weight decay
+    warmup_epochs: float = 1.0  # linear learning-rate warm-up, in epochs, before the schedule
     schedule: str = "cosine"  # cosine | multistep | constant
     milestones: tuple[float, ...] = (0.5, 0.75)  # multistep, as fractions of the run
-    grad_accum_steps: int = 1
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (batch_size split among them)
     amp: str = "auto"  # auto: bf16 autocast on CUDA, off on CPU
     device: str = "auto"  # auto | cpu | cuda
-    seed: int = 0
+    seed: int = 0  # seed for init, data order and augmentation
     # cuDNN/cuBLAS deterministic algorithms (slower): a resumed run ends bit-identical to an
     # uninterrupted one on a GPU too. The CPU path is deterministic without it.
     deterministic: bool = False
@@ -144,13 +144,13 @@ class TrainConfig:
     # Cap this process's share of the GPU's memory (torch.cuda.set_per_process_memory_fraction), e.g.
     # 0.5 on an 80 GB H100 to see where a 40 GB A100 runs out of memory. None: the whole device.
     cuda_memory_fraction: float | None = resumable(None)
-    log_every_steps: int = resumable(20)
-    eval: bool = resumable(True)
+    log_every_steps: int = resumable(20)  # a progress line and a metrics.jsonl record every N steps
+    eval: bool = resumable(True)  # evaluate on the test set after each epoch
     checkpoint_every_steps: int = resumable(0)  # 0: at epoch ends, at the end and on SIGTERM/SIGUSR2 only
     collective_timeout_s: int = 300  # a dead peer ends the run instead of hanging it
-    ddp_bucket_cap_mb: int = 25
-    ddp_gradient_as_bucket_view: bool = True
-    ddp_static_graph: bool = False
+    ddp_bucket_cap_mb: int = 25  # DDP's gradient bucket size, MB (larger: fewer, bigger all-reduces)
+    ddp_gradient_as_bucket_view: bool = True  # DDP's gradients as views into its buckets (saves a copy)
+    ddp_static_graph: bool = False  # DDP's static_graph: the same parameters take part in every step
 
     def __post_init__(self) -> None:
         _positive(
@@ -188,14 +188,14 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ProfilerConfig:
-    enabled: bool = resumable(True)
-    wait: int = resumable(1)
-    warmup: int = resumable(1)
-    active: int = resumable(3)
+    enabled: bool = resumable(True)  # profile with torch.profiler (a trace per rank per cycle)
+    wait: int = resumable(1)  # steps skipped before each profiling cycle (torch.profiler.schedule)
+    warmup: int = resumable(1)  # steps traced but thrown away, before the recorded ones
+    active: int = resumable(3)  # steps recorded in each cycle's trace
     repeat: int = resumable(1)  # 0: cycle for the whole run
-    record_shapes: bool = resumable(False)
-    profile_memory: bool = resumable(True)
-    with_stack: bool = resumable(False)
+    record_shapes: bool = resumable(False)  # operators' input shapes in the trace
+    profile_memory: bool = resumable(True)  # allocations and peak memory in the trace
+    with_stack: bool = resumable(False)  # Python stacks in the trace (larger traces)
     # The profiler's own key_averages() totals per cycle in summary.json, to cross-check the trace
     # analysis. Off by default: building them takes seconds per cycle (~8 s for two ResNet152 steps
     # on an H100 host), more than the rest of the profiler's cost over a whole run.
@@ -232,9 +232,9 @@ class ProfilerConfig:
 class SweepConfig:
     """The study's grid (seed 003, section 4.2.2): data fraction x batch size x GPU count, and node count."""
 
-    name: str = "study"
-    data_fractions: tuple[float, ...] = (1.0, 0.5, 0.1)
-    batch_sizes: tuple[int, ...] = (128, 512, 1024, 2048)
+    name: str = "study"  # the sweep's name: runs go to RUNS/<name>/sweep-<time>/
+    data_fractions: tuple[float, ...] = (1.0, 0.5, 0.1)  # fractions of the training set ({fraction})
+    batch_sizes: tuple[int, ...] = (128, 512, 1024, 2048)  # batch sizes per GPU ({batch})
     gpus: tuple[int, ...] = (1, 2, 4)  # per node
     nodes: tuple[int, ...] = (1,)  # multi-node scaling of the same study: e.g. [1, 2, 4]
 
@@ -254,9 +254,9 @@ class CommandConfig:
     `--`, which win), then `args` and `env` with each point's values filled in: {batch}, {fraction},
     {gpus}, {nodes}, {ranks}, and {run_dir} (the point's run directory, known when it starts)."""
 
-    run: tuple[str, ...] = ()
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    run: tuple[str, ...] = ()  # the command, as given (the words after -- win)
+    args: tuple[str, ...] = ()  # words after it, each point's values filled in ({batch}, {run_dir}...)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # variables for it, values filled in too
     cwd: str | None = None  # where it starts (default: where it is submitted from)
     # A rank that makes no optimizer step for this long (after its first), or whose process is stopped
     # this long, is named and ends the job (hpc/launch/rank/hang.py), busy or not. None (the default): the

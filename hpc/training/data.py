@@ -356,15 +356,22 @@ def loader_batches(
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m hpc.data", description="CIFAR-100 data utilities.", needs_args=True)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_synth = sub.add_parser("synth", help="write a synthetic set in the cifar-100-python layout")
+    said = "Write a synthetic set in the cifar-100-python layout (the quickstart's, and the tests')."
+    p_synth = sub.add_parser("synth", help="write a synthetic set in the cifar-100-python layout", description=said)
     p_synth.add_argument("--root", required=True, help="data root (the layout goes in ROOT/cifar-100-python)")
     p_synth.add_argument("--train", type=int, default=5000, help="training images (default 5000)")
     p_synth.add_argument("--test", type=int, default=1000, help="test images (default 1000)")
-    p_synth.add_argument("--seed", type=int, default=0)
-    p_dl = sub.add_parser("download", help="download the real CIFAR-100 with torchvision (needs internet)")
-    p_dl.add_argument("--root", required=True)
-    p_check = sub.add_parser("check", help="load a data root and print its sizes")
-    p_check.add_argument("--root", required=True)
+    p_synth.add_argument("--seed", type=int, default=0, help="seed of the images and labels (default 0)")
+    p_dl = sub.add_parser(
+        "download",
+        help="download the real CIFAR-100 with torchvision (needs internet)",
+        description="Download the real CIFAR-100 with torchvision (needs internet: on Perlmutter, a login node).",
+    )
+    p_dl.add_argument("--root", required=True, help="data root (the set goes in ROOT/cifar-100-python)")
+    p_check = sub.add_parser(
+        "check", help="load a data root and print its sizes", description="Load a data root and print its sizes."
+    )
+    p_check.add_argument("--root", required=True, help="the data root to check")
     args = parser.parse_args(argv)
 
     if args.cmd == "synth":

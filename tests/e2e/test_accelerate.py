@@ -101,7 +101,7 @@ def test_accelerate_on_two_nodes_of_the_slurm_cluster(slurm_cluster, tmp_path):
     home = tmp_path / "hf"
     (home / "accelerate").mkdir(parents=True)
     (home / "accelerate" / "default_config.yaml").write_text(CONFIG)
-    r = subprocess.run([PY, "-m", "hpc.submit", *TWO_BY_ONE, "--export", f"HF_HOME={home}", "--runs-dir",
+    r = subprocess.run([PY, "-m", "hpc.submit", *TWO_BY_ONE, "--export", f"ALL,HF_HOME={home}", "--runs-dir",
                         str(tmp_path / "runs"), "--no-profile", "--wait", "--", PY, str(SCRIPT)],
                        capture_output=True, text=True, cwd=REPO, env=ENV, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

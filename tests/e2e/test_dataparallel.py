@@ -120,7 +120,7 @@ def test_one_process_a_node_on_slurm_holds_every_gpu_of_its_node(slurm_cluster, 
     script = tmp_path / "dp_probe.py"
     script.write_text(f"{probe}\n{SCRIPT.read_text()}")
     r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--set", "cluster.launcher=node", "--wait",
-               "--runs-dir", str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--", PY, str(script),
+               "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--", PY, str(script),
                "--epochs", "1", "--out", str(tmp_path), cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     run = run_dir_of(r.stdout)

@@ -81,7 +81,7 @@ def straight(slurm_cluster, data_root, tmp_path_factory):
     """The uninterrupted 32-rank job, through hpc.submit, with rank 13 slowed by 300 ms a step."""
     runs = tmp_path_factory.mktemp("many")
     r = submit("--nodes", str(NODES), "--gpus", str(PER_NODE), "--account", "m1234_g", "--data-root", str(data_root),
-               "--runs-dir", str(runs), "--export", "OMP_NUM_THREADS=1", "--export",
+               "--runs-dir", str(runs), "--export", "ALL,OMP_NUM_THREADS=1", "--export",
                f"HPC_FAULT_INJECT=slow-step:300@rank={SLOW_RANK}", *TRAIN, "--wait", timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
@@ -175,7 +175,7 @@ def test_your_own_script_at_20_ranks_traces_its_node_leaders(slurm_cluster, tmp_
     nodes = 5
     world = nodes * PER_NODE
     r = submit("--nodes", str(nodes), "--gpus", str(PER_NODE), "--account", "m1234_g", "--runs-dir", str(tmp_path),
-               "--export", "OMP_NUM_THREADS=1", "--wait", "--", *script, timeout=900)
+               "--export", "ALL,OMP_NUM_THREADS=1", "--wait", "--", *script, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
     run_dir = tmp_path / "torchrun_ddp" / job

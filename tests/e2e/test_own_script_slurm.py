@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
 PY = sys.executable
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
-TWO_BY_TWO = ["--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--export", "OMP_NUM_THREADS=1"]
+TWO_BY_TWO = ["--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--export", "ALL,OMP_NUM_THREADS=1"]
 CONTRACT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 # A probe, not a user's script: prints what its process was given (its stdout is the rank's own log).
 PROBE = ("import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in "
@@ -64,7 +64,7 @@ def test_every_rank_gets_torchruns_contract_from_slurm_and_its_words_verbatim(sl
 # restart. At 2x2 the resumed run ends within 1.5e-8 of the uninterrupted one, not bit-identical (seen on
 # 2026-11-25, also here with --local at 4 ranks, never at 2): DDP rebuilds its gradient buckets after the
 # first step of every start, and with 3+ ranks a changed place in the bucket changes a sum's order.
-TWO_BY_ONE = ["--nodes", "2", "--gpus", "1", "--account", "m1234_g", "--export", "OMP_NUM_THREADS=1"]
+TWO_BY_ONE = ["--nodes", "2", "--gpus", "1", "--account", "m1234_g", "--export", "ALL,OMP_NUM_THREADS=1"]
 
 
 def test_a_signal_requeues_the_script_and_it_ends_with_the_uninterrupted_weights(slurm_cluster, tmp_path):
@@ -162,7 +162,7 @@ def test_a_sweep_of_a_command_reaches_its_report_on_slurm_in_one_command(slurm_c
     sweep.write_text("sweep:\n  name: paper\n  batch_sizes: [8, 16]\n  gpus: [1, 2]\ncommand:\n"
                      "  args: [--batch-size, '{batch}']\nprofiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
     r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--runs-dir",
-                        str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--wait", "--",
+                        str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--wait", "--",
                         PY, str(SCRIPTS / "paper_ddp.py"), "--data-size-factor", "0.5"],
                        capture_output=True, text=True, cwd=REPO, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

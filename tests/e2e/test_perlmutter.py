@@ -173,7 +173,7 @@ def test_the_container_runs_every_task_and_the_batch_shell_requeues_for_it(data_
     env = environment(tmp_path)
     r = submit(env, "--profile", str(site), "--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE,
                "--data-root", str(data_root), "--runs-dir", str(tmp_path / "runs"), "--epochs", "4", "--no-profile",
-               "--set", "train.log_every_steps=1", "--export", f"PATH={env['PATH']}")
+               "--set", "train.log_every_steps=1", "--export", f"ALL,PATH={env['PATH']}")
     assert r.returncode == 0, r.stderr
     (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
     run_dir = tmp_path / "runs" / "tiny" / job

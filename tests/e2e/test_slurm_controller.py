@@ -64,7 +64,7 @@ def test_a_restarted_controller_is_unknown_while_away_and_submits_nothing_twice(
     said = tmp_path / "runner.err"  # a file, read while the runner waits
     runner = subprocess.Popen([PY, "-m", "hpc.study", "run", str(tmp_path / "study.yaml"), "--account", "m1_g",
                                "--data-root", str(data_root), "--runs-dir", str(tmp_path / "runs"), "--wait",
-                               "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300"],
+                               "--export", "ALL,OMP_NUM_THREADS=1", "--export", "ALL,HPC_FAULT_INJECT=slow-step:300"],
                               cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=said.open("w"), text=True)
     wait_until(lambda: found(tmp_path / "runs", "metrics.jsonl"), "a point to start", 240, every_s=0.5)
     (sweep,) = {p.parent for p in tmp_path.glob("runs/**/index.json")}

@@ -114,7 +114,7 @@ def test_a_requeue_that_fails_inside_the_job_is_one_line_and_keeps_the_checkpoin
         log = tmp_path / f"out-{job}.txt"
     else:
         r = hpc(env, "hpc.submit", "--nodes", "1", "--gpus", "2", "--account", "m1_g", "--runs-dir", str(tmp_path),
-                "--export", f"PATH={env['PATH']}", *train)
+                "--export", f"ALL,PATH={env['PATH']}", *train)
         (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
         run_dir = tmp_path / "tiny" / job
         log = run_dir / f"{job}_0_log.err"
@@ -252,7 +252,7 @@ def test_a_frozen_rank_0_under_submitit_is_requeued_and_resumes(data_root, tmp_p
     env = stand_ins(tmp_path / "bin")
     # slow-step: each step 0.3 s longer on both ranks (the same arithmetic), so the run outlasts the freeze
     common = ["--nodes", "2", "--gpus", "1", "--account", "m1_g", "--config", SMOKE, "--data-root", str(data_root),
-              "--export", "OMP_NUM_THREADS=1", "--export", "HPC_FAULT_INJECT=slow-step:300", "--epochs", "4",
+              "--export", "ALL,OMP_NUM_THREADS=1", "--export", "ALL,HPC_FAULT_INJECT=slow-step:300", "--epochs", "4",
               "--no-profile", "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=4",
               "--set", "train.collective_timeout_s=10"]
     # the oracle's job runs beside the faulted one, on two other nodes
@@ -295,7 +295,7 @@ def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp
     env = stand_ins(tmp_path / "bin")
     (tmp_path / "sweep.yaml").write_text(LOST_SWEEP)
     run = hpc(env, "hpc.study", "run", str(tmp_path / "sweep.yaml"), "--account", "m1_g", "--data-root",
-              str(data_root), "--runs-dir", str(tmp_path / "runs"), "--export", "OMP_NUM_THREADS=1", "--export",
+              str(data_root), "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--export",
               "HPC_FAULT_INJECT=slow-step:300")
     assert run.returncode == 0, run.stdout + run.stderr
     (sweep,) = {p.parent for p in found(tmp_path / "runs", "index.json")}

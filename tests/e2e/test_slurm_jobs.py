@@ -87,7 +87,7 @@ def test_sbatch_script_runs_unchanged_on_two_nodes(slurm_cluster, data_root, tmp
 
 def test_submit_two_nodes_through_submitit(slurm_cluster, data_root, tmp_path):
     r = submit("--nodes", "2", "--gpus", "2", "--account", "m1234_g", "--config", SMOKE, "--data-root",
-               str(data_root), "--runs-dir", str(tmp_path), "--export", "OMP_NUM_THREADS=1", "--wait")
+               str(data_root), "--runs-dir", str(tmp_path), "--export", "ALL,OMP_NUM_THREADS=1", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
     run_dir = tmp_path / "tiny" / job
@@ -166,7 +166,7 @@ def preempt_and_compare(common: list[str], tmp_path: Path) -> str:
 
 def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
     log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
-                               str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set",
+                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "3", "--set",
                                "train.log_every_steps=1"], tmp_path)
     assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
 
@@ -201,7 +201,7 @@ def test_hostile_names_and_paths_arrive_verbatim(slurm_cluster, data_root, tmp_p
     runs = tmp_path / f"runs {hostile}"
     data_dir = tmp_path / f"data {hostile}"
     job_args = ["--nodes", "1", "--gpus", "1", "--name", hostile, "--runs-dir", str(runs), "--config", SMOKE,
-                "--data-root", str(data_dir), "--export", f"HPC_TAG={hostile}", "--export", "OMP_NUM_THREADS=1",
+                "--data-root", str(data_dir), "--export", f"ALL,HPC_TAG={hostile}", "--export", "ALL,OMP_NUM_THREADS=1",
                 "--max-steps", "2", "--wait"]
     # An account of that name reaches Slurm as it is, which refuses it (its accounting knows no such
     # account): one line, the name as given, nothing run and nothing left of the job.
@@ -260,7 +260,7 @@ def _workers(run_dir: Path) -> list[int]:
 
 def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path):
     common = ["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root", str(data_root),
-              "--export", "OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1",
+              "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1",
               "--set", "train.checkpoint_every_steps=2", "--set", "cluster.launcher=torchrun",
               "--set", "cluster.max_restarts=2"]
     dry = submit(*common, "--dry-run")
@@ -292,6 +292,6 @@ def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_
         pytest.skip("torchrun has --signals-to-handle from torch 2.9 (pytorch/pytorch#160690): before it, it "
                     "cannot pass SIGUSR2 to the workers")
     log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
-                               str(data_root), "--export", "OMP_NUM_THREADS=1", "--epochs", "8", "--set",
+                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "8", "--set",
                                "train.log_every_steps=1", "--set", "cluster.launcher=torchrun"], tmp_path)
     assert "checkpoint (signal SIG" in log and "resuming from" in log

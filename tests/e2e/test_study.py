@@ -61,7 +61,7 @@ def sweep_dir(slurm_cluster, data_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     (root / "study.yaml").write_text(SWEEP)
     proc = study("run", str(root / "study.yaml"), "--account", "m1_g", "--data-root", str(data_root), "--runs-dir",
-                 str(root / "runs"), "--export", "OMP_NUM_THREADS=1", "--export", f"HPC_FAULT_INJECT={FAULTS}", "--wait")
+                 str(root / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--export", f"ALL,HPC_FAULT_INJECT={FAULTS}", "--wait")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = re.findall(r"^sweep:\s+(/\S+)$", proc.stdout, flags=re.M)
     assert re.search(r"^analysis: job \d+ \(after the arrays\)", proc.stdout, flags=re.M), proc.stdout
@@ -128,7 +128,7 @@ def test_oom_point_is_a_row_of_the_report(sweep_dir):
 
 
 def test_resubmit_failed_completes_the_point_and_rebuilds_the_report(sweep_dir, data_root):
-    proc = study("resubmit", str(sweep_dir), "--failed", "--account", "m1_g", "--export", "OMP_NUM_THREADS=1", "--wait")
+    proc = study("resubmit", str(sweep_dir), "--failed", "--account", "m1_g", "--export", "ALL,OMP_NUM_THREADS=1", "--wait")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resubmitting 1 point(s)" in proc.stdout
     rows = status(sweep_dir)

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_module
 from hpc.settings.config import load_cluster
+from hpc.launch.submission.sbatchflags import Exports, JobOptions
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -32,7 +33,9 @@ GOLDENS = {
 def golden_text(name: str = "perlmutter_2x4.sbatch") -> str:
     profile, shape = GOLDENS[name]
     cluster = load_cluster("perlmutter", [(k, v, "test") for k, v in profile.items()])
-    req = JobRequest(time_min=120, name="resnet152", account="m1234_g", **shape)
+    shape = dict(shape)
+    extra = shape.pop("sbatch", {})
+    req = JobRequest(time_min=120, name="resnet152", options=JobOptions(account="m1234_g", extra=extra), **shape)
     folder = Path("/scratch/runs/resnet152/%j")
     return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
 
@@ -136,7 +139,7 @@ def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):
     (["--arch", "alexnet"], ["model.arch = 'alexnet'"]),
     (["--name", "a/b"], ["--name 'a/b'"]),
     (["--name", "a\nb"], ["--name"]),
-    (["--export", "NOEQUALS"], ["--export 'NOEQUALS'"]),
+    (["--export", "NOEQUALS"], ["--export NOEQUALS", "not set here"]),
     (["--max-parallel", "0"], ["--max-parallel 0"]),
     (["--profile", "nosuch"], ["--profile 'nosuch': no packaged profile", "local, perlmutter"]),
     (["--profile", "nosuch.yaml"], ["nosuch.yaml", "cannot read"]),
@@ -162,12 +165,12 @@ def test_no_sbatch_points_to_local(tmp_path):
 def test_forwarded_training_options_land_in_the_job(tmp_path):
     from hpc.launch.submission.job import TaskJob
     from hpc.launch.submission.plan import make_plan
-    from hpc.launch.submission.submit import build_parser
+    from hpc.launch.submission.submit import parse_options
     from hpc.settings.config import load_run_config, run_config_from_dict
 
     args = ["--config", "profiles/smoke.yaml", "--batch-size", "12", "--data-root", "/x y", "--set", "train.seed=5",
             "--dry-run", "--runs-dir", str(tmp_path)]
-    ((_, task),) = make_plan(build_parser().parse_args(args), None).specs[0].points
+    ((_, task),) = make_plan(parse_options(args), None).specs[0].points
     cfg = run_config_from_dict(task.config, "the task")
     assert (cfg.train.batch_size, cfg.data.root, cfg.train.seed, cfg.model.arch) == (12, "/x y", 5, "tiny")
     assert task.words[1:3] == ("-m", "hpc.train") and task.requeue_codes == (3, 5)
@@ -181,7 +184,7 @@ def test_forwarded_training_options_land_in_the_job(tmp_path):
 
 def test_slurm_parameters_quote_environment():
     cluster = load_cluster("perlmutter")
-    req = JobRequest(1, 4, 60, "n", exports={"HPC_TAG": "a b'$(x)`y`;z"})
+    req = JobRequest(1, 4, 60, "n", JobOptions(exports=Exports(values={"HPC_TAG": "a b'$(x)`y`;z"})))
     setup = slurm_parameters(cluster, req)["setup"]
     assert setup[-1] == "export HPC_TAG='a b'\"'\"'$(x)`y`;z'"
 
@@ -207,7 +210,7 @@ def test_the_pure_sbatch_text_is_what_submitit_submits(slurm_cluster):
     import submitit
 
     cluster = load_cluster("perlmutter")
-    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=120, name="n", account="m1"), 3)
+    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=120, name="n", options=JobOptions(account="m1")), 3)
     folder = Path("/scratch/runs/n/%j")
     executor = submitit.SlurmExecutor(folder=folder, python="python")
     executor.update_parameters(**params)

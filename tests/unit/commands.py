@@ -87,11 +87,11 @@ def plan_of(runs_dir, argv):
     hpc.study run's (the one way to submit a sweep; its FILE comes first there). Nothing is written."""
     from hpc.launch.submission.plan import make_plan
     from hpc.launch.submission.points import split_command
-    from hpc.launch.submission.submit import STUDY_RUN, build_parser
+    from hpc.launch.submission.submit import STUDY_RUN, parse_options
 
     own, words = split_command(list(argv))
     prog = "python -m hpc.submit"
     if "--sweep" in own:
         at = own.index("--sweep")
         own, prog = [own[at + 1], *own[:at], *own[at + 2:]], STUDY_RUN
-    return make_plan(build_parser(prog).parse_args(["--runs-dir", str(runs_dir), *own]), words)
+    return make_plan(parse_options(["--runs-dir", str(runs_dir), *own], prog), words)

@@ -3,6 +3,7 @@ no arguments prints its usage and exits 2, flags are never abbreviated, a mistyp
 subcommand gets a "did you mean", and the console scripts name themselves in their usage."""
 
 import contextlib
+import re
 import io
 import subprocess
 import sys
@@ -101,3 +102,22 @@ def test_console_scripts_name_themselves(script, usage):
         pytest.skip(f"{argv[0]} is not installed (pip install -e . installs the console scripts)")
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith(usage), out.stdout[:200] + out.stderr[-500:]
+
+
+@pytest.mark.parametrize("module, argv, prog", [h for h in HELPS if h[:2] != ("hpc.study", [])],
+                         ids=[" ".join([m, *a]) for m, a, _ in HELPS if (m, a) != ("hpc.study", [])])
+def test_help_is_whole(module, argv, prog, monkeypatch):
+    """Every description ends a sentence (hpc.batch's once stopped at "here, once:"), and every argument
+    says what it is (hpc.study status's SWEEP_DIR once said nothing): read from the parser --help prints."""
+    import argparse
+
+    shown = []
+    original = argparse.ArgumentParser.print_help
+    monkeypatch.setattr(argparse.ArgumentParser, "print_help",
+                        lambda self, file=None: (shown.append(self), original(self, file))[1])
+    helped(module, argv)
+    (parser,) = shown
+    assert (parser.description or "").rstrip().endswith((".", ")")), (module, argv, parser.description)
+    silent = [a.dest for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+              and a.help != argparse.SUPPRESS and not a.help]
+    assert not silent, (module, argv, silent)

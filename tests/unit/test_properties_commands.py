@@ -370,7 +370,7 @@ BASE_SOURCES = {  # what a base's own, later refusal names (a valid number reach
     "analysis.tensorboard": ("--host",), "analysis": ("{T}/a",), "hpc.rank": ("--run-dir",),
 }
 NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as the completeness test checks
-    *[("hpc.submit", f, int) for f in ("--nodes", "--gpus", "--time", "--max-parallel", "--batch-size", "--epochs",
+    *[("hpc.submit", f, int) for f in ("--nodes", "--gpus", "--max-parallel", "--batch-size", "--epochs",
                                       "--max-steps", "--grad-accum-steps", "--seed")],
     ("hpc.submit", "--lr", float),
     ("hpc.distenv", "--torchrun-args", int), ("hpc.distenv", "--max-restarts", int),

@@ -275,22 +275,28 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     if summary is None:
         print_job_failure(sub, poll_s)
         return Outcome.FAILED
+    return print_ended(f"job {sub.job_id}", paths, summary, numbers=follow)
+
+
+def print_ended(label: str, paths: RunPaths, summary: dict[str, Any], numbers: bool) -> Outcome:
+    """How a run ended, from its summary: done (with its numbers where the run was followed here), or the
+    first failing rank named with its code and last stderr line; then where everything is."""
     outcome = Outcome(summary["outcome"])
-    if outcome == Outcome.DONE and follow:
-        print_run_numbers(sub.run_dir)
+    if outcome == Outcome.DONE and numbers:
+        print_run_numbers(paths.root)
     restarted = restarts_line(summary)
     if restarted:
-        print(f"job {sub.job_id}: {restarted}", file=sys.stderr)
+        print(f"{label}: {restarted}", file=sys.stderr)
     no_step = no_step_line(summary)
     if no_step:
-        print(f"job {sub.job_id}: {no_step}", file=sys.stderr)
+        print(f"{label}: {no_step}", file=sys.stderr)
     if summary.get("failure"):
-        print(f"job {sub.job_id}: FAILED: {summary['failure']}", file=sys.stderr)
+        print(f"{label}: FAILED: {summary['failure']}", file=sys.stderr)
     elif outcome != Outcome.DONE:
         said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
-        print(f"job {sub.job_id}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
+        print(f"{label}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
     print(
-        f"job {sub.job_id}: {outcome}\n  run:     {sub.run_dir}\n  logs:    {paths.rank_stream(0, 'out').parent}"
+        f"{label}: {outcome}\n  run:     {paths.root}\n  logs:    {paths.rank_stream(0, 'out').parent}"
         f"\n  traces:  {paths.traces}\n  summary: {paths.summary}"
     )
     return outcome

@@ -20,6 +20,7 @@ from typing import Any
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
 from hpc.core.rundir import point_key
+from hpc.launch.batch import Allocation
 from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
     COMMAND_SECTIONS,
@@ -31,15 +32,9 @@ from hpc.launch.submission.points import (
     refuse_training_flags,
     training_points,
 )
+from hpc.launch.submission.sbatchflags import ACCT_GATHER_PROFILE, JobOptions, job_options
 from hpc.launch.submission.site import accounts, node_share
-from hpc.launch.submission.slurm import (
-    JobRequest,
-    job_python,
-    local_parameters,
-    parse_exports,
-    sbatch_text,
-    slurm_parameters,
-)
+from hpc.launch.submission.slurm import JobRequest, job_python, local_parameters, sbatch_text, slurm_parameters
 from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.flags import overrides_from_args
 from hpc.settings.rankcommand import RankCommand
@@ -150,6 +145,11 @@ def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> Clu
     """The cluster profile (with --set cluster.* values), checked against what the command line asks;
     --set may name the cluster section and `sections` (and the sweep's, with --sweep)."""
     overrides = overrides_from_args(args)
+    if args.profile and ACCT_GATHER_PROFILE.fullmatch(args.profile) and not os.path.exists(args.profile):
+        raise UsageError(
+            f"command line: --profile {args.profile}: here --profile names the cluster profile (perlmutter, local or "
+            f"a YAML); sbatch's --profile (acct_gather_profile) goes as --sbatch profile={args.profile}"
+        )
     for dotted, _, source in overrides:
         require_section(dotted, sections + ("cluster",) + (("sweep",) if args.sweep else ()), source)
     cluster = load_cluster(
@@ -161,7 +161,7 @@ def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> Clu
         raise UsageError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
     if not args.local and cluster.scheduler != "slurm":
         raise UsageError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
-    if not args.local and not args.dry_run and not shutil.which("sbatch"):
+    if not args.local and not args.dry_run and args.allocation is None and not shutil.which("sbatch"):
         raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
     return cluster
 
@@ -172,16 +172,37 @@ def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Reques
     time_min = args.time if args.time is not None else cluster.time_limit_min
     if args.name is not None:
         check_name(args.name, "command line: --name")
-    exports, sbatch = parse_exports(args.export), parse_exports(args.sbatch, "--sbatch")
-    account = check_account(cluster, args.account, needed=not (args.dry_run or args.local))
+    asked = job_options(args, os.environ)
+    if args.local or args.allocation is not None:
+        refuse_for_a_run_here(asked, args.allocation)
+    account = check_account(cluster, args.account, needed=not (args.dry_run or args.local or args.allocation))
+    asked = dataclasses.replace(asked, account=account)
     runs_dir = runs_dir_for(args.runs_dir, cluster).absolute()
     check_output_dir(runs_dir, "command line: --runs-dir")
 
     def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
         check_request(cluster, nodes, gpus, time_min, source=source)
-        return JobRequest(nodes, gpus, time_min, job_name, account, args.qos, args.partition, exports, sbatch)
+        return JobRequest(nodes, gpus, time_min, job_name, asked)
 
     return request, runs_dir
+
+
+def refuse_for_a_run_here(asked: JobOptions, allocation: Allocation | None) -> None:
+    """--local runs here, now, in this environment; inside an allocation the run takes the allocation as it
+    is: an option only a new Slurm job acts on is one line, not ignored."""
+    where = (
+        f"inside allocation {allocation.job_id} the run takes it as it is; --new-job submits a new job"
+        if allocation is not None
+        else "--local runs on this machine, now"
+    )
+    slurm_only = asked.slurm_only()
+    if slurm_only is not None:
+        raise UsageError(f"command line: {slurm_only}: an option for a new Slurm job; {where}")
+    if not asked.exports.inherit:
+        raise UsageError(
+            "command line: --export without ALL: sbatch would start a new job in a fresh login environment; the "
+            "run here starts in this one: say --export ALL,NAME=VALUE"
+        )
 
 
 def check_account(cluster: ClusterConfig, account: str | None, needed: bool) -> str | None:

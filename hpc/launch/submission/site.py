@@ -8,12 +8,12 @@ Each practice, with its public source, is in the README's Perlmutter table. No t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from hpc.core.cli import shown
 from hpc.core.errors import UsageError
 from hpc.placement.affinity import GPU_ORDER
-from hpc.settings.cluster import MANAGED_SBATCH, SBATCH_KEY, ClusterConfig
+from hpc.settings.cluster import ClusterConfig
 from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 
 # The job's stop signal, before the time limit and at a preemption: the training checkpoints on it and
@@ -61,24 +61,14 @@ def srun_words(cluster: ClusterConfig) -> list[str]:
     return [*bind, *container_prefix(cluster)]
 
 
-def check_sbatch_options(options: dict[str, str], source: str) -> None:
-    """Extra sbatch options: a name sbatch could have, not one the toolkit writes, a one-line value."""
-    for key, value in options.items():
-        if not SBATCH_KEY.fullmatch(key):
-            raise UsageError(f"{source} {shown(key)}: not an sbatch option name (e.g. mail-type, reservation)")
-        if key in MANAGED_SBATCH:
-            raise UsageError(f"{source} {key}: --{key} is set by the toolkit's own flags and profile keys")
-        if value == "" or any(ord(c) < 32 for c in value):
-            raise UsageError(f"{source} {key}={shown(value)}: the value must be one non-empty line")
-
-
-def extra_sbatch(cluster: ClusterConfig, options: dict[str, str]) -> dict[str, str]:
+def extra_sbatch(cluster: ClusterConfig, options: Mapping[str, str | bool]) -> dict[str, str | bool]:
     """The #SBATCH lines beyond the job's shape: variable time, a comment, the image (shifter reads it at
-    submission), the profile's other options and the command line's (--sbatch), which win."""
-    extra = {"time-min": cluster.time_min_min, "comment": cluster.comment}
+    submission), the profile's other options and the command line's, which win (True: a flag)."""
+    extra: dict[str, object] = {"time-min": cluster.time_min_min, "comment": cluster.comment}
     if cluster.image and cluster.container == "shifter":
         extra["image"] = cluster.image
-    return {k: str(v) for k, v in {**extra, **cluster.sbatch_options, **options}.items() if v is not None}
+    merged = {**extra, **cluster.sbatch_options, **options}
+    return {k: v if v is True else str(v) for k, v in merged.items() if v is not None}
 
 
 def accounts(cluster: ClusterConfig, account: str | None, analysis: str | None) -> tuple[str | None, str | None]:

@@ -19,7 +19,8 @@ from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
 from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
-from hpc.launch.submission.site import STOP_SIGNAL, check_sbatch_options, extra_sbatch, is_partial, job_env, srun_words
+from hpc.launch.submission.sbatchflags import MEMORY_PER, JobOptions
+from hpc.launch.submission.site import STOP_SIGNAL, extra_sbatch, is_partial, job_env, srun_words
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
 
@@ -36,47 +37,32 @@ def _check_text(flag: str, value: str | None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """One job shape as asked for on the command line (or by a sweep point), checked."""
+    """One job shape as asked for on the command line (or by a sweep point), checked, with the command
+    line's other Slurm options (hpc/launch/submission/sbatchflags.py)."""
 
     nodes: int
     gpus: int  # per node; one task per GPU
     time_min: int
     name: str
-    account: str | None = None
-    qos: str | None = None
-    partition: str | None = None
-    exports: dict[str, str] = dataclasses.field(default_factory=dict)
-    sbatch: dict[str, str] = dataclasses.field(default_factory=dict)  # --sbatch KEY=VALUE: other options
+    options: JobOptions = dataclasses.field(default_factory=JobOptions)
 
     def __post_init__(self) -> None:
         check_name(self.name, "command line: --name")
-        for flag, value in (("--account", self.account), ("--qos", self.qos), ("--partition", self.partition)):
+        for flag, value in (
+            ("--account", self.options.account),
+            ("--qos", self.options.qos),
+            ("--partition", self.options.partition),
+        ):
             _check_text(flag, value)
-        check_sbatch_options(self.sbatch, "command line: --sbatch")
-        for key, value in self.exports.items():
-            if not key.replace("_", "").isalnum() or key[0].isdigit():
-                raise UsageError(f"command line: --export {shown(key)[1:-1]}=...: {shown(key)} is not a variable name")
-            if "\n" in value or "\0" in value:
-                raise UsageError(f"command line: --export {key}: value must be one line")
-        if FAULT_VARIABLE in self.exports:  # a typo would switch every fault off, found only in the job's log
-            parse_faults(self.exports[FAULT_VARIABLE], f"command line: --export {FAULT_VARIABLE}")
-
-
-def parse_exports(items: list[str], flag: str = "--export") -> dict[str, str]:
-    """--export (or --sbatch) KEY=VALUE flags as a mapping (checked by JobRequest)."""
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise UsageError(f"command line: {flag} {shown(item)}: expected KEY=VALUE")
-        out[key] = value
-    return out
+        exports = self.options.exports.values
+        if FAULT_VARIABLE in exports:  # a typo would switch every fault off, found only in the job's log
+            parse_faults(exports[FAULT_VARIABLE], f"command line: --export {FAULT_VARIABLE}")
 
 
 def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
     """The profile's setup lines, then its environment for this shape (hpc/launch/submission/site.py) and the user's
     --export values, quoted."""
-    env = {**job_env(cluster, req.nodes, req.gpus), **req.exports}
+    env = {**job_env(cluster, req.nodes, req.gpus), **req.options.exports.values}
     return list(cluster.setup) + [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
 
@@ -96,27 +82,33 @@ def slurm_parameters(
     # one task per node: torchrun starts the per-GPU workers, or (node) one process uses every GPU
     torchrun = cluster.launcher in ONE_TASK_PER_NODE
     partial = is_partial(cluster, req.nodes, req.gpus)
+    ask = req.options
+    export = ask.exports.sbatch_value()
     params = {
         "job_name": req.name,
         "nodes": req.nodes,
         "ntasks_per_node": 1 if torchrun else req.gpus,
         "gpus_per_node": req.gpus,
-        "cpus_per_task": cluster.cpus_per_task * (req.gpus if torchrun else 1),
+        "cpus_per_task": ask.cpus_per_task or cluster.cpus_per_task * (req.gpus if torchrun else 1),
         "time": req.time_min,
-        "constraint": cluster.constraint,
-        "qos": req.qos or (cluster.shared_qos if partial else cluster.qos),
-        "account": req.account or cluster.account,
-        "partition": req.partition or (cluster.shared_partition if partial else None) or cluster.partition,
-        "mem": f"{cluster.mem_gb}GB" if cluster.mem_gb else None,
+        "constraint": ask.constraint or cluster.constraint,
+        "qos": ask.qos or (cluster.shared_qos if partial else cluster.qos),
+        "account": ask.account or cluster.account,
+        "partition": ask.partition or (cluster.shared_partition if partial else None) or cluster.partition,
+        "mem": ask.mem or (f"{cluster.mem_gb}GB" if cluster.mem_gb and not set(MEMORY_PER) & set(ask.extra) else None),
+        "dependency": ask.dependency,
+        "exclusive": ask.exclusive,
         "signal_delay_s": cluster.signal_delay_s,
         "setup": [*setup_lines(cluster, req), *([KEEP_TEARDOWN] if folder is not None else [])],
-        # One dead rank ends the step at once instead of leaving the others in a collective; then the
-        # CPU binding and the container the task runs in.
-        "srun_args": ["--kill-on-bad-exit=1", *srun_words(cluster)],
+        # One dead rank ends the step at once instead of leaving the others in a collective; the step takes
+        # the batch shell's environment where sbatch was told not to pass this one on (sbatch's --export is
+        # srun's default too); then the CPU binding and the container the task runs in.
+        "srun_args": ["--kill-on-bad-exit=1", *(["--export=ALL"] if export else []), *srun_words(cluster)],
         "array_parallelism": max_parallel,
         "additional_parameters": {
             "signal": f"{STOP_SIGNAL}@{cluster.signal_delay_s}",
-            **extra_sbatch(cluster, req.sbatch),
+            **({"export": export} if export else {}),
+            **extra_sbatch(cluster, ask.extra),
         },
         "teardown": teardown_lines(folder) if folder is not None else None,
     }

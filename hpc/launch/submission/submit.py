@@ -27,19 +27,22 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
+from hpc.core.gpusample import count_here
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
+from hpc.launch.batch import Allocation, allocation_here, allocation_step, allocation_words, run_in_allocation
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
+from hpc.launch.submission.sbatchflags import SLURM_GROUP, add_slurm_options, merge_sbatch_words
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import add_training_flags
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
@@ -71,37 +74,39 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
         "input, 3 a run stopped, preempted or cancelled before its end (the same with --local and --wait), 130 "
         "waiting stopped.",
         needs_args=True,
+        unknown_hint=newer_sbatch_option,
     )
     if prog == STUDY_RUN:
         parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
-    add_job_options(parser.add_argument_group("job"))
+    add_job_options(parser)
     add_submission_options(parser.add_argument_group("submission"), study)
     add_training_flags(parser.add_argument_group("training (forwarded to hpc.train)"))
     return parser
 
 
-def add_job_options(g: argparse._ArgumentGroup) -> None:
-    """The job's shape and where it runs: nodes, GPUs, profile, time, account, QOS, partition, name."""
-    g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    g.add_argument("--gpus", type=int, default=None, help="GPUs per node, one task each (default: the profile's)")
+def newer_sbatch_option(word: str) -> str:
+    """What an unknown --option may be: an sbatch option newer than the toolkit's table knows."""
+    if not word.startswith("--"):
+        return ""
+    return f"; an sbatch option the toolkit does not know goes as --sbatch {word[2:].split('=')[0]}=VALUE"
+
+
+def add_job_options(parser: Parser) -> None:
+    """The job's shape and where it runs: GPUs per node, the cluster profile, the runs directory; then sbatch's
+    options with sbatch's meaning (hpc/launch/submission/sbatchflags.py)."""
+    g = parser.add_argument_group("job")
+    g.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs per node, one task each (as --gpus-per-node; sbatch's --gpus counts the job's; default: the "
+        "profile's; --local: 2)",
+    )
     g.add_argument(
         "--profile", default=None, help="cluster profile name or YAML (default perlmutter; local with --local)"
     )
-    g.add_argument(
-        "--time", type=int, default=None, metavar="MIN", help="time limit in minutes (default: the profile's)"
-    )
-    g.add_argument("--account", help="Slurm account (-A); Perlmutter needs one")
-    g.add_argument("--qos", help="Slurm QOS (-q), default: the profile's")
-    g.add_argument("--partition", help="Slurm partition")
-    g.add_argument("--name", help="job name; runs go to RUNS/<name>/<job id>/ (default: the arch)")
     g.add_argument("--runs-dir", help="where run directories go (default: the profile's runs_dir, else ./runs)")
-    repeated: dict[str, Any] = {"action": "append", "default": [], "metavar": "KEY=VALUE"}
-    g.add_argument(
-        "--export", **repeated, help="extra environment for the job (repeatable; overrides the profile's env)"
-    )
-    g.add_argument(
-        "--sbatch", **repeated, help="another sbatch option, as --KEY=VALUE (repeatable; e.g. mail-type=END)"
-    )
+    add_slurm_options(parser.add_argument_group("Slurm", SLURM_GROUP))
 
 
 def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
@@ -112,33 +117,101 @@ def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
     g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
     if not study:  # one way to submit a sweep: hpc.study run (its arrays, then its report)
         g.add_argument("--sweep", help=argparse.SUPPRESS)
+        g.add_argument(
+            "--new-job",
+            action="store_true",
+            help="inside an interactive allocation (salloc), submit a new job instead of running in it",
+        )
     g.add_argument("--max-parallel", type=int, help="at most N array tasks running at once")
     g.add_argument(
+        "-W",
         "--wait",
         action="store_true",
         help="wait for the report" if study else "wait for the job(s), report how they ended",
     )
 
 
+LOCAL_RANKS = 2  # --local without --gpus on a machine without a GPU: two CPU ranks, as the quickstart runs
+
+
+def parse_options(
+    own: list[str], prog: str = "python -m hpc.submit", environ: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The command line's own options (before `--`), parsed and settled (`settle`)."""
+    return settle(build_parser(prog).parse_args(own), prog, environ)
+
+
+def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | None) -> argparse.Namespace:
+    """`--sbatch KEY=VALUE` onto its flag; inside an interactive allocation (`environ`'s) hpc.submit's job
+    runs there (`args.allocation`; not with --local or --new-job), its shape the allocation's unless given;
+    --local's ranks, unless given, this machine's GPUs or two. What was chosen so goes to `args.notes`,
+    said once the plan holds (bad input stays one line)."""
+    merge_sbatch_words(args)
+    args.notes = []
+    here = allocation_here(environ) if environ is not None and not args.local else None
+    if here is not None and study_prog(prog):
+        args.notes.append(
+            f"inside allocation {here.job_id} (salloc): the sweep's arrays go to Slurm as jobs of their own"
+        )
+    args.allocation = here if not study_prog(prog) and not args.new_job else None
+    if args.allocation is not None:
+        args.nodes = args.allocation.nodes if args.nodes is None else args.nodes
+        args.gpus = args.allocation.gpus if args.gpus is None else args.gpus
+        given = [f for f, v in (("-A", args.account), ("-q", args.qos), ("-p", args.partition), ("-t", args.time)) if v]
+        if given:
+            args.notes.append(f"{', '.join(given)}: the allocation's own (salloc's); --new-job submits a job with them")
+    if args.nodes is None:  # -N's default: unset until here, where an allocation's may stand in
+        args.nodes = 1
+    if args.local and args.gpus is None:
+        found = count_here(os.environ if environ is None else environ)
+        args.gpus = found or LOCAL_RANKS
+        here_has = f"this machine's {found} GPU(s)" if found else f"no GPU here: {LOCAL_RANKS} CPU ranks"
+        args.notes.append(f"--local: {args.gpus} rank(s) (no --gpus; {here_has})")
+    return args
+
+
 def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:
     """The parsed options and the plan (your own command's after `--`, or the toolkit's training);
     `into`: make_plan's (a resubmission)."""
     own, words = split_command(sys.argv[1:] if argv is None else list(argv))
-    args = build_parser(prog).parse_args(own)
+    args = parse_options(own, prog, os.environ)
     if not study_prog(prog) and args.sweep is not None:
         raise UsageError(
             f"--sweep {args.sweep}: a sweep is submitted by python -m hpc.study run {args.sweep} "
             "(its job arrays, then the analysis job that writes its report)"
         )
-    return args, make_plan(args, words, into=into)
+    plan = make_plan(args, words, into=into)
+    for note in args.notes:  # the plan holds: what was chosen for the user is said
+        log.info(f"hpc: {note}")
+    return args, plan
 
 
 def main(argv: list[str] | None = None) -> int:
     args, plan = plan_for(argv)
+    if args.allocation is not None:
+        return in_allocation(plan, args.allocation, args.dry_run)
     if args.dry_run:
         print_plan(plan)
         return EXIT_OK
     return execute(plan, wait=args.wait)
+
+
+def in_allocation(plan: Plan, here: Allocation, dry_run: bool) -> int:
+    """The plan's one job as a step of the interactive allocation this runs in (hpc/launch/batch.py)."""
+    (spec,) = plan.specs
+    ((_, task),) = spec.points
+    step = allocation_step(here, plan.cluster, spec.request.nodes, spec.request.gpus, os.environ)
+    exports = spec.request.options.exports.values
+    if dry_run:
+        print_allocation_step(*allocation_words(task, spec.folder.parent, plan.cluster, step, exports, dry_run=True))
+        return EXIT_OK
+    return run_in_allocation(task, spec.folder.parent, plan.cluster, step, exports)
+
+
+def print_allocation_step(task_words: list[str], step_words: list[str], env: Mapping[str, str]) -> None:
+    """--dry-run inside an allocation: what each rank runs and the srun step that would run it."""
+    print(f"# inside allocation {env.get('SLURM_JOB_ID')}: one srun step\n# each rank runs: {shlex.join(task_words)}")
+    print(shlex.join(step_words))
 
 
 def print_plan(plan: Plan) -> None:

@@ -120,3 +120,21 @@ def test_every_outcome_has_its_documented_exit_code():
             if word in {str(o) for o in Outcome}:
                 said[word] = int(code.group(1))
     assert said == {str(o): code for o, code in EXIT_CODES.items()}
+
+
+def test_the_documented_exit_codes_are_the_codes_one_table():
+    """The README's table of how a followed run's outcome is hpc.submit's exit code, and docs/faults.md's
+    sentence, read here and held to hpc/core/ending.py EXIT_CODES (the README once said an OOM exits 4)."""
+    from pathlib import Path
+
+    from hpc.core.ending import EXIT_CODES
+
+    repo = Path(__file__).resolve().parents[3]
+    readme = repo.joinpath("README.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| (\d+)\b", readme, flags=re.M))
+    assert {w: int(c) for w, c in table.items()} == {str(o): c for o, c in EXIT_CODES.items()}
+    faults = repo.joinpath("docs", "faults.md").read_text().split("How a followed run ended", 1)[1].split("\n\n")[0]
+    said: dict[str, int] = {}
+    for words, code in re.findall(r"((?:`\w+`(?:, | and )?)+) (\d)\b", faults):
+        said.update({w: int(code) for w in re.findall(r"`(\w+)`", words)})
+    assert said == {str(o): c for o, c in EXIT_CODES.items()}

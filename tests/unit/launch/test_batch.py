@@ -1,6 +1,7 @@
 """The batch shell of a hand-written sbatch script (hpc/launch/batch.py), in-process."""
 
 import os
+import re
 
 import pytest
 
@@ -44,3 +45,71 @@ def test_the_batch_shell_names_a_commands_run_after_its_script(tmp_path, monkeyp
     scratch = call("hpc.batch", ["--dry-run", "--profile", "local", "--", "python", "train.py"],
                    {**BATCH_SHELL, "SCRATCH": "/s"})
     assert scratch.stdout.splitlines()[1].endswith("--run-dir /s/hpc-resnet-study/runs/train/77")
+
+
+# salloc's shell as the test cluster's Slurm 22.05 set it (`salloc -N1 --gpus-per-node=2 -n 2 ... env`), a
+# batch script's (ENVIRONMENT=BATCH), a step's, and NERSC's interactive step (use_interactive_step).
+SALLOC = {"SLURM_JOB_ID": "29", "SLURM_JOBID": "29", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
+          "SLURM_GPUS_PER_NODE": "2", "SLURM_JOB_CPUS_PER_NODE": "2", "SLURM_NTASKS": "2",
+          "SLURM_JOB_NODELIST": "nid001", "SLURM_TASKS_PER_NODE": "2"}
+
+
+@pytest.mark.parametrize("env, found", [
+    (SALLOC, ("29", 1, 2, 2)),
+    ({**SALLOC, "SLURM_STEP_ID": "4294967290"}, ("29", 1, 2, 2)),  # salloc's interactive step, on the node
+    ({**SALLOC, "ENVIRONMENT": "BATCH", "SLURM_PROCID": "0"}, None),  # a batch script submitting a job
+    ({**SALLOC, "SLURM_STEP_ID": "0"}, None),  # inside a job step (srun)
+    ({}, None),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS": "8", "SLURM_JOB_CPUS_PER_NODE": "128(x2)"},
+     ("7", 2, 4, 128)),  # salloc --gpus 8 over 2 nodes: 4 a node
+    ({"SLURM_JOB_ID": "8", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE": "a100:4"}, ("8", 1, 4, None)),
+    ({"SLURM_JOB_ID": "9"}, ("9", 1, None, None)),  # a CPU allocation: no GPUs said
+])
+def test_an_interactive_allocation_is_told_from_a_batch_job_and_a_step(env, found):
+    from hpc.launch.batch import allocation_here
+
+    here = allocation_here(env)
+    assert (None if here is None else (here.job_id, here.nodes, here.gpus, here.cpus)) == found
+
+
+@pytest.mark.parametrize("nodes, gpus, refused", [
+    (1, 2, None), (1, 1, None), (1, 3, "--gpus 3: allocation 29 has 2 per node"),
+    (2, 2, "--nodes 2: allocation 29 has 1 node(s)"),
+])
+def test_a_run_in_an_allocation_fits_it_or_says_how(nodes, gpus, refused):
+    from hpc.core.errors import UsageError
+    from hpc.launch.batch import allocation_here, allocation_step
+    from hpc.settings.config import load_cluster
+
+    here = allocation_here(SALLOC)
+    if refused:
+        with pytest.raises(UsageError, match=re.escape(refused) + ".*--new-job"):
+            allocation_step(here, load_cluster("perlmutter"), nodes, gpus, SALLOC)
+    else:
+        step = allocation_step(here, load_cluster("perlmutter"), nodes, gpus, SALLOC)
+        assert (step.nodes, step.gpus, step.cpus, step.sized) == (nodes, gpus, 2 // gpus, True)
+
+
+def test_the_allocation_step_names_its_shape_and_takes_the_shells_environment(tmp_path):
+    from hpc.launch.batch import Step, step_words
+    from hpc.settings.config import load_cluster
+
+    cluster = load_cluster("local")
+    words = step_words(cluster, tmp_path, Step("srun", 1, 2, 16, sized=True), {})
+    assert words[:5] == ["srun", "--kill-on-bad-exit=1", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=16"]
+    batch = step_words(cluster, tmp_path, Step("srun", 2, 4, 8), {"SLURM_EXPORT_ENV": "NONE"})
+    assert batch[:3] == ["srun", "--kill-on-bad-exit=1", "--export=ALL"] and "--nodes=2" not in batch
+    assert "--export=ALL" not in step_words(cluster, tmp_path, Step("srun", 1, 2, 1), {"SLURM_EXPORT_ENV": "ALL,A=1"})
+
+
+@pytest.mark.parametrize("account, refused", [("m1234_g", False), ("m1234", True), (None, False)])
+def test_the_batch_shell_stops_a_gpu_job_charged_elsewhere(tmp_path, account, refused):
+    from commands import assert_refused, call
+
+    env = {**BATCH_SHELL, **({"SLURM_JOB_ACCOUNT": account} if account else {})}
+    out = call("hpc.batch", ["--dry-run", "--profile", "perlmutter", "--", "python", "-m", "hpc.train", "--run-dir",
+                             str(tmp_path / "r")], env)
+    if refused:
+        assert_refused(out, "hpc.batch", "account 'm1234'", "'_g'", "sbatch -A m1234_g")
+    else:
+        assert out.code == 0, out.stderr

@@ -16,7 +16,6 @@ from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import (
     accounts,
     charge_lines,
-    check_sbatch_options,
     container_prefix,
     job_env,
     node_share,
@@ -82,12 +81,7 @@ def test_the_container_prefix_is_shifter_with_nersc_modules_or_podman_hpc(pm):
     assert container_prefix(podman)[:2] == ["podman-hpc", "run"] and container_prefix(podman)[-1] == "x:1"
 
 
-def test_extra_sbatch_options_are_checked_like_every_option():
-    check_sbatch_options({"mail-type": "END", "reservation": "sc23"}, "--sbatch")
-    for bad, needle in [({"Mail_Type": "END"}, "not an sbatch option name"), ({"nodes": "3"}, "set by the toolkit"),
-                        ({"mail-type": "a\nb"}, "one non-empty line")]:
-        with pytest.raises(UsageError, match=needle):
-            check_sbatch_options(bad, "--sbatch")
+def test_the_profiles_sbatch_options_are_checked_like_every_option():
     with pytest.raises(ConfigError, match="sbatch_options.*time-min.*the toolkit's own"):
         load_cluster("perlmutter", [("cluster.sbatch_options", {"time-min": "5"}, "t")])
 

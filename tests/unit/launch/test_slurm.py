@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.launch.submission.sbatchflags import JobOptions
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.settings.config import load_cluster
 
@@ -19,7 +20,7 @@ GOLDEN = REPO / "tests" / "golden" / "perlmutter_command_2x4.sbatch"
 
 def command_sbatch_text() -> str:
     cluster = load_cluster("perlmutter")
-    req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", account="m1234_g")
+    req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", options=JobOptions(account="m1234_g"))
     folder = Path("/scratch/runs/train/%j")
     return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
 
@@ -36,7 +37,7 @@ def test_a_partial_node_job_sees_every_gpu_of_its_job():
     """A script's `cuda:LOCAL_RANK` needs the job's GPUs visible to every task: not one per task. One
     policy for every task (issue 50): the training takes `cuda:LOCAL_RANK` too."""
     cluster = load_cluster("perlmutter")
-    req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", account="m1_g")
+    req = JobRequest(nodes=1, gpus=2, time_min=30, name="t", options=JobOptions(account="m1_g"))
     params = slurm_parameters(cluster, req)
     assert params["qos"] == "shared" and params["gpus_per_node"] == 2 and "gpus_per_task" not in params
 
@@ -45,7 +46,7 @@ def test_a_partial_node_job_sees_every_gpu_of_its_job():
 def test_a_node_launcher_job_is_one_task_a_node_with_every_gpu(launcher, tasks, cpus):
     """`launcher: node`: one process a node owning its 4 GPUs (a DataParallel script), its CPUs with it."""
     cluster = dataclasses.replace(load_cluster("perlmutter"), launcher=launcher)
-    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=30, name="t", account="m1_g"))
+    params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=30, name="t", options=JobOptions(account="m1_g")))
     assert (params["ntasks_per_node"], params["gpus_per_node"], params["cpus_per_task"]) == (tasks, 4, cpus)
 
 
