@@ -42,6 +42,7 @@ from typing import Any
 from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
@@ -333,7 +334,10 @@ def run_in_allocation(
     run_dir = Path(words[words.index("--run-dir") + 1])
     here = env.get("SLURM_JOB_ID", "")
     write_task(RunPaths(run_dir), task)
-    log.info(f"hpc.submit: inside allocation {here} (salloc): the run is one srun step there; run dir {run_dir}")
+    log.info(
+        f"hpc.submit: inside allocation {here} (salloc): the run is one srun step there; run dir {run_dir}",
+        extra=TO_STDERR,
+    )
     with interrupts_to_srun():
         rc, _ = run_step(words, env)
     summary = write_run_summary(RunPaths(run_dir), ended=True)

@@ -28,6 +28,7 @@ NOT_HERE = {
     "pip install": "installs (tests/e2e/test_install.py installs the wheel)",
     "python -m hpc.data download": "needs the internet (tests/e2e/test_data.py: its refusal offline)",
     "python -m analysis.tensorboard": "a server (tests/e2e/test_tensorboard.py)",
+    "salloc": "an interactive allocation (tests/e2e/test_sbatch_habits_slurm.py runs hpc.submit inside one)",
     # the README's first run, which tests/e2e/test_first_hour.py runs and checks line by line: not twice (the
     # --help's copy adds --wait, which a local run, always followed, does not need)
     "python -m hpc.submit --local --gpus 2 --config profiles/quickstart.yaml": "the quickstart (test_first_hour.py)",

@@ -34,6 +34,7 @@ from typing import Any
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.gpusample import count_here
+from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
@@ -182,7 +183,7 @@ def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: A
         )
     plan = make_plan(args, words, into=into)
     for note in args.notes:  # the plan holds: what was chosen for the user is said
-        log.info(f"hpc: {note}")
+        log.info(f"hpc: {note}", extra=TO_STDERR)
     return args, plan
 
 

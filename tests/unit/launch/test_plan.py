@@ -1,5 +1,6 @@
 """hpc/launch/submission/plan.py: a single job and the study as plans."""
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,3 +50,35 @@ def test_the_trainings_task_takes_the_one_hang_bound_a_commands_does(tmp_path):
     assert bound("--set", "command.hang_timeout_s=90", "--", sys.executable, "-c", "pass") == 90
     with pytest.raises(UsageError, match=r"^command\.cwd: a key of a user's command"):
         bound("--set", "command.cwd=/")
+
+
+def test_local_without_gpus_runs_two_ranks_here_and_says_so(tmp_path):
+    """No GPU here (NVML finds none): two CPU ranks, as the quickstart runs, said in one line; once the profile
+    default gave 8 ranks on a laptop."""
+    from commands import call
+
+    out = call("hpc.submit", ["--local", "--dry-run", "--config", "profiles/quickstart.yaml", "--runs-dir",
+                              str(tmp_path)], None)
+    assert out.code == 0, out.stderr
+    assert "2 task(s) each" in out.stdout
+    assert "--local: 2 rank(s) (no --gpus; no GPU here: 2 CPU ranks)" in out.stderr
+
+
+def test_inside_an_allocation_the_run_is_a_step_of_it(tmp_path):
+    """salloc's shell (the test cluster's variables): hpc.submit plans one srun step of the allocation, its
+    shape the allocation's; an option only a new job takes is refused naming --new-job, which submits one."""
+    from commands import assert_refused, call
+    from test_batch import SALLOC
+
+    words = ["--dry-run", "--runs-dir", str(tmp_path), "--", sys.executable, "-c", "pass"]
+    out = call("hpc.submit", words, SALLOC)
+    assert out.code == 0, out.stderr
+    said, each, step = out.stdout.splitlines()
+    assert said == "# inside allocation 29: one srun step" and each.endswith("-c pass")
+    assert step.startswith("srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 ")
+    assert step.endswith("-m hpc.rank --run-dir " + shlex.quote(f"{tmp_path}/python/29.<n>"))
+    assert not any(tmp_path.iterdir())  # a dry run makes nothing
+    assert_refused(call("hpc.submit", ["--mem", "10G", *words], SALLOC), "hpc.submit", "--mem 10G",
+                   "inside allocation 29", "--new-job")
+    new = call("hpc.submit", ["--new-job", "-A", "m1_g", *words], SALLOC)
+    assert new.code == 0 and "#SBATCH --gpus-per-node=4" in new.stdout, new.stderr
