@@ -35,7 +35,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -321,7 +321,9 @@ def allocation_words(
     agent = AGENT_ENV if step.launcher == "torchrun" else {}
     env = {**agent, **job_env(cluster, step.nodes, step.gpus), **os.environ, **exports}
     run_dir = runs / f"{here}.<n>" if dry_run else new_step_dir(runs, here)
-    return task.words_for(run_dir, sys.executable), step_words(cluster, run_dir, step, env), env
+    words = step_words(cluster, run_dir, step, env)
+    words.insert(1, f"--job-name=hpc:{run_dir.parent.name}/{run_dir.name}")  # the step's name: how a stop finds it
+    return task.words_for(run_dir, sys.executable), words, env
 
 
 def run_in_allocation(
@@ -338,8 +340,7 @@ def run_in_allocation(
         f"hpc.submit: inside allocation {here} (salloc): the run is one srun step there; run dir {run_dir}",
         extra=TO_STDERR,
     )
-    with interrupts_to_srun():
-        rc, _ = run_step(words, env)
+    rc = run_step_here(words, env)
     summary = write_run_summary(RunPaths(run_dir), ended=True)
     if summary is None:
         log.error(f"hpc.submit: the step ended (srun exit {rc}) before any rank started; see {run_dir}")
@@ -350,16 +351,46 @@ def run_in_allocation(
     return EXIT_CODES[ended]
 
 
-@contextlib.contextmanager
-def interrupts_to_srun() -> Iterator[None]:
-    """Ctrl-C is srun's while its step runs (the terminal sends it to both): once, srun says how the tasks
-    stand; twice within a second, it passes SIGINT on and the ranks stop at a step's end, as any salloc user
-    knows. This process must not die of it meanwhile and orphan the step's bookkeeping."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+def run_step_here(step: list[str], env: Mapping[str, str]) -> int:
+    """srun in an interactive allocation, to its end; its exit code. Ctrl-C is srun's while its step runs
+    (the terminal sends it to both): once, srun says how the tasks stand; twice within a second, it passes
+    SIGINT on, as any salloc user knows. A SIGTERM to this process (`kill`, `timeout`) is Slurm's stop, sent
+    to the step's processes as a preemption's is (`scancel --signal=TERM` of the step, found by its name):
+    the ranks save and stop; a second one ends srun at once (srun's own SIGTERM kills the step)."""
+    terms: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
     try:
-        yield
+        proc = subprocess.Popen(step, env=dict(env))
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            told = 0
+            while proc.poll() is None:
+                if len(terms) > told:
+                    told = len(terms)
+                    if told == 1:
+                        stop_step(proc, step, env)
+                    else:
+                        proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.5)
+            return proc.returncode
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_step(proc: subprocess.Popen[bytes], step: list[str], env: Mapping[str, str]) -> None:
+    """SIGTERM to every process of the step `step` runs (named by its --job-name), as Slurm stops a job."""
+    name = next(w.split("=", 1)[1] for w in step if w.startswith("--job-name="))
+    job = env.get("SLURM_JOB_ID", "")
+    listed = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True, text=True)
+    steps = [line.split()[0] for line in listed.stdout.splitlines() if line.split()[1:] == [name]]
+    log.warning(f"hpc.submit: SIGTERM: the ranks stop and save what they can (step {' '.join(steps) or '?'})")
+    if not steps:  # not started, or not listed: srun's own stop
+        proc.terminate()
+    for found in steps:
+        subprocess.run(["scancel", "--signal=TERM", found], capture_output=True)
 
 
 def cli(argv: list[str] | None = None) -> int:

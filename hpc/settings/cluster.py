@@ -10,33 +10,32 @@ import re
 from hpc.settings.fields import check, non_negative, one_of, positive
 
 SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]{0,40}")
-# sbatch options the toolkit writes itself, from its own flags and keys: not to be given twice.
-MANAGED_SBATCH = frozenset(
-    {
-        "nodes",
-        "ntasks-per-node",
-        "ntasks",
-        "gpus-per-node",
-        "gpus-per-task",
-        "cpus-per-task",
-        "time",
-        "qos",
-        "account",
-        "partition",
-        "constraint",
-        "job-name",
-        "output",
-        "error",
-        "signal",
-        "array",
-        "dependency",
-        "open-mode",
-        "comment",
-        "time-min",
-        "image",
-        "mem",
-    }
-)
+# sbatch options the toolkit writes itself, from its own flags and keys: not to be given twice. Each with
+# the profile key (or what) that sets it instead.
+MANAGED_SBATCH: dict[str, str] = {
+    "nodes": "the command line's -N",
+    "ntasks-per-node": "gpus_per_node and launcher (one task a GPU, or a node)",
+    "ntasks": "gpus_per_node and launcher (one task a GPU, or a node)",
+    "gpus-per-node": "gpus_per_node",
+    "gpus-per-task": "gpus_per_node (every task sees its node's GPUs)",
+    "cpus-per-task": "cpus_per_task",
+    "time": "time_limit_min",
+    "qos": "qos (shared_qos for a part of a node)",
+    "account": "account",
+    "partition": "partition",
+    "constraint": "constraint",
+    "job-name": "the command line's -J",
+    "output": "the run directory (RUN/logs/)",
+    "error": "the run directory (RUN/logs/)",
+    "signal": "signal_delay_s",
+    "array": "the sweep (hpc.study run)",
+    "dependency": "the command line's -d",
+    "open-mode": "the toolkit (logs appended across requeues)",
+    "comment": "comment",
+    "time-min": "time_min_min",
+    "image": "image",
+    "mem": "mem_gb",
+}
 
 
 LAUNCHERS = ("srun", "torchrun", "node")
@@ -153,4 +152,8 @@ class ClusterConfig:
         )
         for key in self.sbatch_options:
             check(SBATCH_KEY.fullmatch(key) is not None, "sbatch_options", f"{key!r} is not an sbatch option name")
-            check(key not in MANAGED_SBATCH, "sbatch_options", f"--{key} is the toolkit's own (a flag or key sets it)")
+            check(
+                key not in MANAGED_SBATCH,
+                "sbatch_options",
+                f"--{key} is the toolkit's own: {MANAGED_SBATCH.get(key)} sets it",
+            )

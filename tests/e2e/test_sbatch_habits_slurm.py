@@ -5,6 +5,7 @@ job record, its hold, the environment its tasks got."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,53 @@ def test_a_run_inside_salloc_runs_in_that_allocation(slurm_cluster, tmp_path):
     assert run.name == f"{allocation}.0" and json.loads((run / "summary.json").read_text())["outcome"] == "done"
     steps = subprocess.run(["sacct", "-n", "-P", "-j", allocation, "-o", "JobID"], capture_output=True, text=True)
     assert f"{allocation}.0" in steps.stdout.split(), steps.stdout  # the run was a step of the allocation
+
+
+SALLOC = ["salloc", "-N", "1", "--gpus-per-node=2", "-n", "2", "-A", "m1234_g", "-q", "regular", "-C", "gpu", "-t",
+          "10"]
+
+
+def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until `text` is in the file `path` (the process's output), bounded; the process must still run."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while text not in (path.read_text() if path.exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def test_a_sigterm_inside_salloc_stops_at_a_step_and_the_printed_line_resumes(slurm_cluster, tmp_path):
+    """`kill` (or `timeout`) of hpc.submit in an allocation is Slurm's stop for the step: the script saves and
+    exits 3, hpc.submit exits 3 and prints the srun line that resumes it, which ends as an unstopped run does."""
+    script = [PY, str(REPO / "tests" / "scripts" / "torchrun_ddp.py"), "--epochs", "4", "--step-sleep", "0.3"]
+    whole = subprocess.run([*SALLOC, PY, "-m", "hpc.submit", "--runs-dir", str(tmp_path / "a"), "--no-profile",
+                            "--", *script, "--ckpt", str(tmp_path / "a.pt"), "--out", str(tmp_path / "a.out")],
+                           capture_output=True, text=True, cwd=REPO, env=ENV, timeout=600)
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+    digest = re.search(r"final weights sha256 (\w+)", whole.stdout).group(1)
+    said = tmp_path / "said.txt"
+    with open(said, "w") as out:
+        proc = subprocess.Popen([*SALLOC, PY, "-m", "hpc.submit", "--runs-dir", str(tmp_path / "b"), "--no-profile",
+                                 "--", *script, "--ckpt", str(tmp_path / "b.pt"), "--out", str(tmp_path / "b.out")],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
+        try:
+            wait_for_line(said, "epoch 0 loss", proc)
+            submitter = next(int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                            text=True).stdout.split())
+            os.kill(submitter, 15)  # hpc.submit alone, as `kill` would (salloc is its parent)
+            assert proc.wait(timeout=300) == 3, said.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = said.read_text()
+    assert "rank 0: SIGTERM: saved" in text and (tmp_path / "b.pt").exists(), text[-3000:]
+    run = Path(re.findall(r"^\s+run:\s+(\S+)", text, flags=re.M)[-1])
+    # stopped, or preempted where srun's --kill-on-bad-exit signalled a rank again as it left after saving (the
+    # first rank to exit 3 is a "bad exit" to srun): resumable either way, and exit 3
+    assert json.loads((run / "summary.json").read_text())["outcome"] in ("stopped", "preempted")
+    resume = shlex.split(re.search(r"to resume it in an allocation: (.+)", text).group(1))
+    again = subprocess.run([*SALLOC, *resume], capture_output=True, text=True, cwd=REPO, env=ENV, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"final weights sha256 {digest}" in again.stdout, again.stdout[-2000:]
+    assert json.loads((run / "summary.json").read_text())["outcome"] == "done"

@@ -218,17 +218,17 @@ def parse_export(items: Sequence[str], environ: Mapping[str, str], flag: str = "
     for item in items:
         for word in item.split(","):
             name, eq, value = word.partition("=")
-            if not eq and word in ("ALL", "NONE"):
-                if inherit is not None and inherit != (word == "ALL"):
+            if not eq and word.upper() in ("ALL", "NONE"):  # as Slurm reads them, in any case
+                if inherit is not None and inherit != (word.upper() == "ALL"):
                     raise UsageError(f"command line: {flag} {shown(item)}: ALL and NONE together; say one")
-                inherit = word == "ALL"
+                inherit = word.upper() == "ALL"
                 continue
             if not is_name(name):
                 raise UsageError(
                     f"command line: {flag} {shown(item)}: {shown(name)} is not a variable name (sbatch splits "
                     f"{flag} at commas; a value with a comma: set it here and give its bare name, {flag} NAME)"
                 )
-            if '"' in value or "'" in value:
+            if value[:1] in ('"', "'"):  # quoted to keep a comma: sbatch keeps the quotes too
                 raise UsageError(
                     f"command line: {flag} {shown(item)}: sbatch keeps quotes in the value; set it here and give "
                     f"its bare name ({flag} {name})"

@@ -163,7 +163,7 @@ def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | Non
             args.notes.append(f"{', '.join(given)}: the allocation's own (salloc's); --new-job submits a job with them")
     if args.nodes is None:  # -N's default: unset until here, where an allocation's may stand in
         args.nodes = 1
-    if args.local and args.gpus is None:
+    if args.local and args.gpus is None and not study_prog(prog):  # a sweep's points have their own GPUs
         found = count_here(os.environ if environ is None else environ)
         args.gpus = found or LOCAL_RANKS
         here_has = f"this machine's {found} GPU(s)" if found else f"no GPU here: {LOCAL_RANKS} CPU ranks"

@@ -266,6 +266,7 @@ def test_every_form_of_time_is_its_seconds_rounded_up_to_minutes(days, hours, mi
     (["ALL,HOME"], True, {}, ("HOME",)),
     (["FOO=1", "ALL"], True, {"FOO": "1"}, ()),  # repeated: one list
     (["NONE,FOO=2"], False, {"FOO": "2"}, ()),
+    (["all,FOO=it's"], True, {"FOO": "it's"}, ()),  # Slurm's words in any case; a quote inside a value is kept
 ])
 def test_export_is_read_in_sbatchs_grammar(items, inherit, values, names):
     from hpc.launch.submission.sbatchflags import parse_export
