@@ -7,8 +7,11 @@ A test belongs to `unit` or `e2e` by its folder, and also to each tier whose par
 Required (CI=true, as CI runs, whoever the user; or HPC_REQUIRE_TIERS=1, which tests/run.sh sets as root,
 because root can provide every part but a GPU): a part missing for a selected tier stops the run at
 once, saying which; a tier other than `gpu` whose selected tests all skipped fails the run; and so does
-any single test outside the `gpu` tier that skipped, unless ALLOWED_SKIPS names it with its reason. The
-run ends with what skipped and why. Not required, a missing part skips its tests, saying why (a laptop
+any single test outside the `gpu` tier that skipped, unless ALLOWED_SKIPS names it with its reason. What
+happens before a test runs counts too: a test module skipped as it was collected (a module-level
+`pytest.skip(allow_module_level=True)`, an `importorskip`) outside a `gpu` folder, and a test module below
+the folders collected that gave no test at all (emptied, guarded away, or in a folder pytest did not
+enter), each fail a required run. The run ends with what skipped and why. Not required, a missing part skips its tests, saying why (a laptop
 without Slurm still runs the rest).
 """
 
@@ -74,6 +77,32 @@ class Tiers:
         self.selected: Counter[str] = Counter()
         self.ran: Counter[str] = Counter()
         self.skipped: dict[str, str] = {}  # test id -> the reason it gave
+        self.modules_skipped: dict[str, str] = {}  # a module skipped as it was collected -> the reason
+        self.with_items: set[Path] = set()  # modules that gave a test (before -m and -k deselect)
+        self.empty: list[str] = []  # test modules below the collected folders that gave none
+        self.errored: set[str] = set()  # modules that failed to import
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        self.with_items.add(Path(str(item.path)).resolve())
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped and report.nodeid.endswith(".py"):  # a whole module, skipped before any test
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.modules_skipped[report.nodeid] = str(reason).removeprefix("Skipped: ")
+        if report.failed and report.nodeid.endswith(".py"):  # an import error: pytest reports it itself
+            self.errored.add(report.nodeid)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Every test_*.py below a folder the run collected gave a test, was skipped (said), or failed to
+        import (an error pytest reports); one that gave nothing would vanish in silence."""
+        folders = [Path(str(arg).split("::")[0]).resolve() for arg in session.config.args]
+        root = Path(str(session.config.rootpath))
+        told = {(root / n).resolve() for n in [*self.modules_skipped, *self.errored]}
+        for folder in (f for f in folders if f.is_dir()):
+            for module in sorted(folder.rglob("test_*.py")):
+                if "__pycache__" not in module.parts and module.resolve() not in self.with_items | told:
+                    self.empty.append(str(module.relative_to(session.config.rootpath)))
 
     @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -101,11 +130,14 @@ class Tiers:
         return [t for t in self.selected if t != "gpu" and self.selected[t] and not self.ran[t]]
 
     def unallowed(self) -> list[str]:
-        """Tests outside the gpu tier that skipped with no written reason to (see ALLOWED_SKIPS)."""
-        return [n for n in self.skipped if "gpu" not in self.of.get(n, []) and allowed(n) is None]
+        """Tests outside the gpu tier that skipped with no written reason to (see ALLOWED_SKIPS), and modules
+        skipped as they were collected outside a gpu folder."""
+        tests = [n for n in self.skipped if "gpu" not in self.of.get(n, []) and allowed(n) is None]
+        modules = [n for n in self.modules_skipped if "gpu" not in Path(n).parts and allowed(n) is None]
+        return tests + modules
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if required() and (self.vanished() or self.unallowed()) and session.exitstatus == 0:
+        if required() and (self.vanished() or self.unallowed() or self.empty) and session.exitstatus == 0:
             session.exitstatus = 1
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -116,6 +148,9 @@ class Tiers:
             fails = "; that fails the run (required: CI or HPC_REQUIRE_TIERS=1)" if required() else ""
             terminalreporter.write_line(f"tests: every {tier} test skipped{fails}")
         unallowed = set(self.unallowed()) if required() else set()
-        for nodeid, reason in sorted(self.skipped.items()):
+        fails = " (fails the run)" if required() else ""
+        for module in self.empty:
+            terminalreporter.write_line(f"tests: {module} gave no test{fails}")
+        for nodeid, reason in sorted({**self.skipped, **self.modules_skipped}.items()):
             said = "not allowed: fails the run" if nodeid in unallowed else "allowed" if allowed(nodeid) else "skipped"
             terminalreporter.write_line(f"skipped ({said}): {nodeid}: {reason}")

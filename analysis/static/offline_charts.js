@@ -129,6 +129,13 @@
   GoogleChart.prototype.draw = function (data, options) {
     var c = this.container; if (!c) return;
     this.clearChart();
+    // The page may draw into a container through a new chart object (a re-render): the chart an earlier
+    // one drew there is destroyed with it, not left in Chart.instances after its canvas is gone.
+    if (window.Chart && typeof window.Chart.getChart === "function") {
+      Array.prototype.forEach.call(c.querySelectorAll("canvas"), function (old) {
+        var before = window.Chart.getChart(old); if (before) before.destroy();
+      });
+    }
     data = data || new DataTable();
     if (!KINDS[this.kind] || typeof window.Chart !== "function") {
       table(c, data, options);

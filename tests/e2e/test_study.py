@@ -45,9 +45,9 @@ profiler:
 FAULTS = "fail-at-step:2@batch=16@world=2,oom-at-step:2@batch=8@world=4"
 
 
-def study(*args, timeout=900):
-    return subprocess.run([PY, "-m", "hpc.study", *args], capture_output=True, text=True, cwd=REPO, env=ENV,
-                          timeout=timeout)
+def study(*args, timeout=900, env=None):
+    return subprocess.run([PY, "-m", "hpc.study", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**ENV, **(env or {})}, timeout=timeout)
 
 
 def status(sweep_dir: Path) -> dict:
@@ -61,7 +61,8 @@ def sweep_dir(slurm_cluster, data_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     (root / "study.yaml").write_text(SWEEP)
     proc = study("run", str(root / "study.yaml"), "--account", "m1_g", "--data-root", str(data_root), "--runs-dir",
-                 str(root / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--export", f"ALL,HPC_FAULT_INJECT={FAULTS}", "--wait")
+                 str(root / "runs"), "--export", "ALL,OMP_NUM_THREADS=1,HPC_FAULT_INJECT", "--wait",
+                 env={"HPC_FAULT_INJECT": FAULTS})  # its value holds commas: a bare name, as sbatch takes one
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = re.findall(r"^sweep:\s+(/\S+)$", proc.stdout, flags=re.M)
     assert re.search(r"^analysis: job \d+ \(after the arrays\)", proc.stdout, flags=re.M), proc.stdout

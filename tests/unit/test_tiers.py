@@ -42,7 +42,7 @@ def run_suite(tmp_path: Path, *, required: bool, slurm_missing: str | None = Non
               slurm_body: str = "assert True", plain_body: str = "assert True",
               env: dict | None = None) -> subprocess.CompletedProcess:
     folder = tmp_path / "e2e"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # a test may have put a module of its own there first
     (tmp_path / "conftest.py").write_text(CONFTEST.format(why=slurm_missing))
     (folder / "test_suite.py").write_text(textwrap.dedent(SUITE.format(slurm_body=slurm_body, plain_body=plain_body)))
     env = {"PATH": "/usr/bin:/bin", "HPC_REQUIRE_TIERS": "1" if required else "0", **(env or {})}
@@ -103,3 +103,49 @@ def test_an_allowed_skip_is_said_with_its_reason_and_passes(tmp_path):
     nodeid, why = tiers.ALLOWED_SKIPS[0]
     assert tiers.allowed(f"tests/e2e/{nodeid}") == why and tiers.allowed("tests/e2e/test_x.py::test_y") is None
     assert len(tiers.ALLOWED_SKIPS) <= 5 and all(len(reason) > 20 for _, reason in tiers.ALLOWED_SKIPS)
+
+
+SKIPPED_AT_COLLECTION = {
+    "module-level skip": "import pytest\npytest.skip('no oracle here', allow_module_level=True)\n\ndef test_x():\n    pass\n",
+    "importorskip": "import pytest\npytest.importorskip('a_module_nobody_installed')\n\ndef test_x():\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(SKIPPED_AT_COLLECTION))
+@pytest.mark.parametrize("required, code", [(True, 1), (False, 0)])
+def test_a_module_skipped_as_it_is_collected_fails_a_required_run(tmp_path, how, required, code):
+    """Issue 74: a skip at collection never reaches a test's report; the guard sees the module's own."""
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "test_hidden.py").write_text(SKIPPED_AT_COLLECTION[how])
+    r = run_suite(tmp_path, required=required)
+    assert r.returncode == code, r.stdout + r.stderr
+    said = "not allowed: fails the run" if required else "skipped"
+    assert f"skipped ({said}): e2e/test_hidden.py" in r.stdout, r.stdout
+
+
+def test_a_module_skipped_in_a_gpu_folder_may_skip(tmp_path):
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "gpu").mkdir()
+    (tmp_path / "e2e" / "gpu" / "test_gpu_only.py").write_text(SKIPPED_AT_COLLECTION["module-level skip"])
+    r = run_suite(tmp_path, required=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("body", ["", "def helper():\n    return 1\n", "import pytest\nif False:\n    def test_x():\n"
+                                                                         "        pass\n"])
+def test_a_test_module_that_gives_no_test_fails_a_required_run(tmp_path, body):
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "test_emptied.py").write_text(body)
+    r = run_suite(tmp_path, required=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tests: e2e/test_emptied.py gave no test (fails the run)" in r.stdout
+
+
+def test_a_folder_pytest_does_not_enter_is_seen(tmp_path):
+    """A folder left out by norecursedirs (as a build folder is) whose test modules would never run."""
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "build").mkdir()
+    (tmp_path / "e2e" / "build" / "test_left_out.py").write_text("def test_x():\n    pass\n")
+    r = run_suite(tmp_path, required=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tests: e2e/build/test_left_out.py gave no test (fails the run)" in r.stdout
