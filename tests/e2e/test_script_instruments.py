@@ -101,13 +101,14 @@ def test_a_stopped_rank_is_named_frozen_within_two_minutes_by_default_and_the_jo
     wait_until(lambda: "epoch 0" in (run / "logs" / "rank0.out").read_text()
                if (run / "logs" / "rank0.out").exists() else False, "the first epoch", 120)
     pid = json.loads((run / "ranks" / "rank1.exit.json").read_text())["pid"]
+    stopped_ns = time.time_ns()
     os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    out, err = proc.communicate(timeout=180)
-    took = time.monotonic() - stopped
+    out, err = proc.communicate(timeout=300)  # a generous bound on the test; the promise is read below
     assert proc.returncode == 1, out + err
-    # the bound: the watch's minute (FROZEN_S), then the runner's poll, the record and the others' stop
-    assert FROZEN_S <= took <= 120, took
+    # when the runner named it, as its own record says (not this test's clock, which also counts the others'
+    # stop and the teardown on a loaded machine): after the watch's minute (FROZEN_S), within the promise
+    named_s = (json.loads((run / "ranks" / "rank1.exit.json").read_text())["ended_ns"] - stopped_ns) / 1e9
+    assert FROZEN_S <= named_s <= 120, named_s
     summary = summary_of(run)
     assert summary["outcome"] == "failed"
     assert summary["failure"].startswith(f"rank 1 failed first (on {os.uname().nodename}, local rank 1): frozen: "

@@ -92,13 +92,22 @@ def fake_nvml(count=2, fail_after=None):
     return nvml
 
 
+def samples_written(path, n: int, timeout_s: float = 30.0) -> None:
+    """Until the sampler has written `n` sample lines (each with its time "t"), bounded: the event the test
+    needs, not a span of time."""
+    deadline = time.monotonic() + timeout_s
+    while sum('"t"' in line for line in (path.read_text().splitlines() if path.exists() else [])) < n:
+        assert time.monotonic() < deadline, f"{n} samples not written within {timeout_s} s"
+        time.sleep(0.01)
+
+
 def test_the_sampler_thread_samples_the_allocated_gpus_until_stopped(tmp_path, monkeypatch):
     nvml = fake_nvml(count=4)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     path = tmp_path / "gpus" / "nid001.jsonl"
     sampler = start_sampler(path, "nid001", {"SLURM_STEP_GPUS": "0,2", "HPC_GPU_SAMPLE_S": "0.02"})
     assert sampler is not None
-    time.sleep(0.3)
+    samples_written(path, 5)
     sampler.stop()
     assert not sampler.thread.is_alive() and nvml.shut == [True]
     s = summarize(path.parent)
@@ -141,7 +150,7 @@ def test_the_summary_reads_the_running_figures_and_only_the_lines_after_them(tmp
     path = tmp_path / "gpus" / "nid001.jsonl"
     env = {"HPC_GPU_SAMPLE_S": "0.01"}
     sampler = start_sampler(path, "nid001", env)
-    time.sleep(0.2)
+    samples_written(path, 4)
     sampler.stop()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     written = sum(1 for r in lines if "t" in r)
@@ -154,7 +163,7 @@ def test_the_summary_reads_the_running_figures_and_only_the_lines_after_them(tmp
     assert gpu["samples"] == written + 1 and gpu["util_max_pct"] == 100 and gpu["mem_used_max_bytes"] == 5 * GIB
     # the next start (a requeue) carries the figures on
     again = start_sampler(path, "nid001", env)
-    time.sleep(0.1)
+    samples_written(path, written + 3)  # its own samples after the earlier start's
     again.stop()
     total = sum(1 for line in path.read_text().splitlines() if '"t"' in line)
     assert summarize(path.parent)["gpus"][0]["samples"] == total
