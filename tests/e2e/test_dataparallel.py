@@ -39,7 +39,7 @@ def run_dir_of(stdout: str) -> Path:
 SLOWED = """import os, runpy, sys, time
 if os.environ.get("RANK") == "1":
     import torch
-    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: time.sleep(0.004))
+    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: time.sleep(0.01))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -64,7 +64,9 @@ def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_al
     assert ": imbalance" not in verdicts and "then imbalance" not in verdicts, analysed.stdout  # no class named
     assert "2 ranks each trained a separate copy: no torch.distributed process group" in verdicts, verdicts
     own = [x["own_step_time_s"]["median"] for x in sorted(summary["ranks"], key=lambda x: x["rank"])]
-    assert own[1] > 3 * own[0], own  # the run really is uneven: ranks judged as one would be imbalanced
+    # The run really is uneven: judged as one, (max - mean) / max is 1/3 at 2x, over the 10% that names imbalance.
+    # 2x, not more: on 2 busy cores rank 0's own step slows too (2.3x seen in CI where 3x was asked).
+    assert own[1] > 2 * own[0], own
 
 
 def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):

@@ -75,9 +75,10 @@ def test_inside_an_allocation_the_run_is_a_step_of_it(tmp_path):
     assert out.code == 0, out.stderr
     said, each, step = out.stdout.splitlines()
     assert said == "# inside allocation 29: one srun step" and each.endswith("-c pass")
-    assert step.startswith("srun '--job-name=hpc:python/29.<n>' --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2 "
+    name = Path(sys.executable).name  # the job's name: its command's (python, python3...)
+    assert step.startswith(f"srun '--job-name=hpc:{name}/29.<n>' --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2 "
                            "--cpus-per-task=1 ")  # named: a stop finds the step by it
-    assert step.endswith("-m hpc.rank --run-dir " + shlex.quote(f"{tmp_path}/python/29.<n>"))
+    assert step.endswith("-m hpc.rank --run-dir " + shlex.quote(f"{tmp_path}/{name}/29.<n>"))
     assert not any(tmp_path.iterdir())  # a dry run makes nothing
     assert_refused(call("hpc.submit", ["--mem", "10G", *words], SALLOC), "hpc.submit", "--mem 10G",
                    "inside allocation 29", "--new-job")
