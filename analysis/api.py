@@ -11,12 +11,12 @@ from typing import Any
 from analysis.explain.verdict import headline
 from analysis.read.discover import print_warnings
 from analysis.records import RunRecord, TraceRecord
-from analysis.report.tables import render
+from analysis.report.tables import render, run_label, verdict_lines
 from analysis.runs.fold import analyze_run
 from hpc.core.cli import check_output_dir
 from hpc.core.rundir import SweepPaths
 
-__all__ = ["render", "report", "run_numbers", "run_verdict", "verdict_headline"]
+__all__ = ["end_of_run_lines", "render", "report", "run_numbers", "run_verdict", "verdict_headline"]
 
 
 def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
@@ -26,6 +26,13 @@ def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
     traces, run = analyze_run(run_dir, warnings)
     print_warnings(warnings)
     return traces, run
+
+
+def end_of_run_lines(run: RunRecord) -> list[str]:
+    """What a run's last lines say of it: `verdict: ...`, then every line the analysis puts beside it (ranks
+    that trained separate copies, the GPUs' own samples, a sweep point's scaling), as `verdict, ranks: ...`."""
+    label = run_label(run)
+    return [f"verdict{what.removeprefix(label)}: {text}" for what, text in verdict_lines([], [run])]
 
 
 def verdict_headline(verdict: Any) -> str | None:

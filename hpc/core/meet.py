@@ -25,6 +25,7 @@ rendezvous store has no secret; the ranks' store is sealed all the same. No torc
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import hmac
 import json
@@ -90,6 +91,8 @@ def listen(host: str, port: int = 0) -> socket.socket:
         sock.listen(1024)
     except OSError as e:
         sock.close()
+        if e.errno == errno.EADDRNOTAVAIL:  # resolved, but to an address no interface of this node has
+            raise StoreError(f"MASTER_ADDR {host!r}: not an address of this node ({e.strerror})") from None
         raise StoreError(
             f"the run's store could not listen at {host}:{port} ({e.strerror or e}): another process holds it"
         ) from None

@@ -86,7 +86,13 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
         said = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
     except (subprocess.SubprocessError, OSError):
         return None
-    now = restarts_in(said.stdout)
+    return requeued_since(said.stdout, env)
+
+
+def requeued_since(scontrol_job: str, env: dict[str, str] | Any) -> str | None:
+    """ALREADY where `scontrol show job -o`'s restart count is above this start's (SLURM_RESTART_COUNT, 0
+    when unset); None where it is not, or says none."""
+    now = restarts_in(scontrol_job)
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 

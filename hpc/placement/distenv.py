@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Mapping
 
 from hpc.core.cli import Parser, run
-from hpc.core.errors import EXIT_OK, DistEnvError, HostlistError
+from hpc.core.errors import EXIT_OK, DistEnvError, HostlistError, StoreError
 from hpc.core.meet import free_port
 from hpc.placement.hostlist import MAX_COUNT, expand_hostlist, expand_tasks_per_node
 from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
@@ -298,6 +298,13 @@ def slurm_torchrun_args(
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except StoreError as e:  # here a MASTER_ADDR or port the user gave: bad input (exit 2), not a run's failure
+        raise DistEnvError(str(e)) from None
+
+
+def _main(argv: list[str] | None) -> int:
     parser = Parser(
         prog="python -m hpc.distenv",
         description="Print `export KEY=VALUE` lines (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...) "

@@ -55,6 +55,8 @@ def test_a_dataparallel_script_on_two_gpus_is_two_copies_said_once_and_judged_al
     said = r.stdout + r.stderr
     assert said.count(COPIES) == 1 and "2 ranks each train a separate copy" in said, said
     assert "--set cluster.launcher=node" in said
+    # the run's end says it beside its verdict, not only `python -m analysis` (issue 73)
+    assert "\nverdict, ranks: 2 ranks each trained a separate copy: no torch.distributed process group" in r.stdout
     run = run_dir_of(r.stdout)
     summary = json.loads((run / "summary.json").read_text())
     assert [(x["rank"], x["process_group"], x["steps"]) for x in summary["ranks"]] == [(0, False, 16), (1, False, 16)]

@@ -189,6 +189,11 @@ CASES = {
         ("NTASKS=abc", {"SLURM_NTASKS": "abc"}, ("SLURM_NTASKS='abc'",)),
         ("MASTER_PORT=abc", {"MASTER_PORT": "abc"}, ("MASTER_PORT='abc'",)),
     ]},
+    # a batch shell whose MASTER_ADDR no interface of this node has (TEST-NET-1, RFC 5737): the port it picks
+    # for the job's steps cannot be bound there
+    "distenv: MASTER_ADDR not this node's": (("hpc.distenv",), {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "nid001",
+                                                               "MASTER_ADDR": "192.0.2.1"},
+                                             ("MASTER_ADDR '192.0.2.1'", "not an address of this node")),
     "distenv: hostlist too large": (("hpc.distenv", "--hostlist", "n[0-999999999]"), None, ("n[0-999999999]",)),
     "distenv: hostlist reversed range": (("hpc.distenv", "--hostlist", "n[3-1]"), None, ("n[3-1]",)),
     "distenv: hostlist text after ]": (("hpc.distenv", "--hostlist", "n[1-2]x"), None, ("n[1-2]x", "text after ']'")),

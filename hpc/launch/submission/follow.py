@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from analysis.api import render, run_numbers
+from analysis.api import end_of_run_lines, render, run_numbers
 from hpc.core.ending import EXIT_CODES, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
@@ -189,8 +189,9 @@ def print_run_numbers(run_dir: Path) -> None:
     if traces:
         print(f"profiled steps, per rank (python -m analysis {run_dir} for more):")
         print(render(sorted(traces, key=lambda r: (r.rank is None, r.rank or 0)), RUN_NUMBERS, "table"), end="")
-    if run is not None and run.verdict:
-        print(f"verdict: {run.verdict['line']}")
+    if run is not None:
+        for line in end_of_run_lines(run):
+            print(line)
 
 
 class _LogFollower:

@@ -65,6 +65,50 @@ def test_slurms_restart_count_is_read_from_scontrols_line(line, restarts):
     assert restarts_in(line) == restarts
 
 
+@pytest.mark.parametrize("line, start, already", [
+    ("JobId=7 JobState=COMPLETING Restarts=2 BatchFlag=1", "1", True),  # requeued once since this start
+    ("JobId=7 JobState=COMPLETING Restarts=1 BatchFlag=1", "1", False),  # this start's own count
+    ("JobId=7 JobState=COMPLETING Restarts=0 BatchFlag=1", "1", False),
+    ("JobId=7 JobState=COMPLETING Restarts=1 BatchFlag=1", None, True),  # a first start has no variable: 0
+    ("JobId=7 JobState=COMPLETING Restarts=0 BatchFlag=1", None, False),
+    ("slurm_load_jobs error: Invalid job id specified", "0", False),  # no answer: the requeue is tried
+])
+def test_a_job_requeued_since_this_start_is_not_requeued_again(line, start, already):
+    from hpc.launch.requeue import ALREADY, requeued_since
+
+    env = {} if start is None else {"SLURM_RESTART_COUNT": start}
+    assert requeued_since(line, env) == (ALREADY if already else None)
+
+
+@pytest.mark.parametrize("rank, code, refused, marked", [
+    (0, 3, None, True),  # rank 0 asks Slurm; nothing forbids it
+    (0, 3, "was cancelled (scancel)", False),  # rank 0 asks Slurm; a person's cancel forbids it
+    (1, 3, None, False),  # a stop's requeue is rank 0's to ask for
+    (1, 5, "never asked", True),  # a rank that lost its peer marks without asking (rank 0 may be the peer)
+    (1, 0, None, False),
+])
+def test_the_ranks_ask_their_batch_shell_for_a_requeue(tmp_path, monkeypatch, rank, code, refused, marked):
+    from hpc.core.errors import EXIT_PEER_LOST
+    from hpc.launch import requeue
+
+    assert EXIT_PEER_LOST == 5  # the README's exit codes: 5 a lost peer
+    asked = []
+    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: asked.append(job) or refused)
+    assert requeue.ask_for_requeue("88", rank, code, tmp_path, "stopped") is marked
+    assert asked == (["88"] if rank == 0 else [])
+    mark = tmp_path / requeue.REQUEST
+    assert (mark.read_text() if mark.exists() else None) == ("88" if marked else None)
+
+
+def test_a_mark_that_cannot_be_written_is_no_requeue(tmp_path, monkeypatch, caplog):
+    from hpc.launch import requeue
+
+    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: None)
+    gone = tmp_path / "gone"  # the run directory removed under the rank: the write fails
+    assert requeue.ask_for_requeue("88", 0, 3, gone, "stopped") is False
+    assert "could not ask its batch shell for a requeue" in caplog.text and str(gone) in caplog.text
+
+
 @pytest.mark.parametrize("code, signum, env, requeued", [
     (3, None, {}, True), (5, None, {}, True), (0, None, {}, False), (1, None, {}, False),
     (3, signal.SIGINT, {}, False),  # Ctrl-C: a person's stop

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import torch
@@ -256,20 +257,22 @@ def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_
     """transformers asks importlib.util.find_spec("accelerate") before it imports it: the probe's spec is
     never executed, and the start-up hook's accelerate step must still run at the real import (it did
     not: HF Trainer's ranks each trained alone)."""
+    import importlib
     import importlib.util
 
     from hpc.training.hook.afterimport import after_import
 
-    (tmp_path / "probed_module_52.py").write_text("VALUE = 7\n")
+    name = f"probed_module_{uuid.uuid4().hex}"  # new to this interpreter, however often the test runs in it
+    (tmp_path / f"{name}.py").write_text("VALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
-    after_import("probed_module_52", lambda module: seen.append(module.VALUE))
-    assert importlib.util.find_spec("probed_module_52") is not None and seen == []  # a probe: nothing ran
-    import probed_module_52  # noqa: F401
+    after_import(name, lambda module: seen.append(module.VALUE))
+    assert importlib.util.find_spec(name) is not None and seen == []  # a probe: nothing ran
+    importlib.import_module(name)
 
     assert seen == [7]
-    sys.modules.pop("probed_module_52")
-    import probed_module_52  # noqa: F401,F811  (imported again: the hook has gone)
+    sys.modules.pop(name)
+    importlib.import_module(name)  # imported again: the hook has gone
 
     assert seen == [7]
 
