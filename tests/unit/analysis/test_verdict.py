@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis.explain import verdict as v
-from analysis.records import RunRecord
+from analysis.records import RunRecord, Spread
 from analysis.report.units import human_column
 from analysis.runs.fold import step_mode
 
@@ -286,3 +286,79 @@ def test_status_takes_a_points_verdict_from_the_report_and_reads_traces_only_for
     assert verdict_of(tmp_path / "198", reported) is None  # not in the report, and no traces of its own
     sweep.runs_json.write_text("{not json")
     assert reported_verdicts(sweep) == {}
+
+
+# --- the straggler's wait, and why none is named (README: imbalance) -----------------------------------------
+
+def ranks_evidence(step_share: float, slow_rank: dict | None) -> v.Evidence:
+    """Two ranks, compute 50% (under its threshold), the slowest's whole step `step_share` over the mean."""
+    return v.Evidence(span_us=1000.0, computation_us=500.0, kernel_wait_us=1.0, script=False, ranks=2,
+                      step_max_us=1000.0, step_mean_us=1000.0 * (1 - step_share), slowest_step="rank 1 on nid001",
+                      slow_rank=slow_rank)
+
+
+@pytest.mark.parametrize("holds, wait, share", [
+    (True, 0.30, 0.30),  # a straggler that holds: its wait is the share where it is the larger
+    (True, 0.04, 0.05),  # the whole steps' share is the larger: it stays
+    (False, 0.30, 0.05),  # a wait whose straggler does not hold is not the share
+])
+def test_imbalance_is_the_larger_of_the_steps_and_a_proven_stragglers_wait(holds, wait, share):
+    got = v.shares(ranks_evidence(0.05, {"holds": holds, "wait_share": wait}))
+    assert got[v.IMBALANCE] == pytest.approx(share)
+
+
+def _run(mean=None, worst=None, not_named=None, slow=None, **more) -> RunRecord:
+    return RunRecord(run_dir="r", ranks=2, step_time_us_mean=Spread(mean, worst), slowest_step_not_named=not_named,
+                     slow_rank=slow, **more)
+
+
+@pytest.mark.parametrize("permille, said", [(99, False), (100, True), (101, True)])
+def test_no_straggler_named_is_said_where_a_mean_would_have_named_one(permille, said):
+    """At the imbalance threshold or more (README: 10%), a share whose straggler the steps do not prove
+    says why; under it, nothing is said (no rank would have been named)."""
+    t = readme_thresholds()[v.IMBALANCE]
+    assert t == 100
+    own = _run(slow={"holds": False, "wait_share": permille / 1000, "why_not": "3 of 12 steps"})
+    assert v.unproven_imbalance(own) == ("own work: 3 of 12 steps" if said else None)
+    held = _run(slow={"holds": True, "wait_share": 0.5, "why_not": "n/a"})
+    assert v.unproven_imbalance(held) is None
+    steps = _run(mean=1000.0 - permille, worst=1000.0, not_named="profiled steps: 3 measured by every rank")
+    assert v.unproven_imbalance(steps) == ("profiled steps: 3 measured by every rank" if said else None)
+    both = _run(mean=800.0, worst=1000.0, not_named="b", slow={"holds": False, "wait_share": 0.2, "why_not": "a"})
+    assert v.unproven_imbalance(both) == "own work: a; b"
+    assert v.unproven_imbalance(_run(mean=800.0, worst=1000.0)) is None  # nothing said why: nothing to add
+
+
+# --- a sweep point against its 1-GPU point (analysis/README.md) -------------------------------------------
+
+@pytest.mark.parametrize("gpus, nodes, noted", [(1, 1, False), (2, 1, True), (1, 2, True), (None, None, False)])
+def test_only_a_point_of_several_gpus_gets_a_scaling_note(gpus, nodes, noted):
+    run = RunRecord(run_dir="r", gpus=gpus, nodes=nodes, scaling_efficiency=0.5)
+    assert (v.scaling_note(run) is not None) is noted
+
+
+@pytest.mark.parametrize("efficiency, loss, doubt", [
+    (0.99, True, False), (1.0, False, False), (1.2, False, False), (1.21, False, True),
+])
+def test_an_efficiency_at_linear_has_no_loss_and_above_1_2_doubts_the_1_gpu_point(efficiency, loss, doubt):
+    """analysis/README.md: at or above linear there is no loss to explain; above 1.2 the 1-GPU point is
+    suspect."""
+    run = dataclasses.replace(_point(computation=100.0, communication=50.0, idle=0.0), scaling_efficiency=efficiency)
+    note = v.scaling_note(run)
+    assert figures(note.split(":")[0]) == {round(efficiency, 2)}
+    assert ("no loss to explain" not in note) is loss and ("suspect the 1-GPU point" in note) is doubt
+    assert ("most of it more kernel time (0.10 ms)" in note) is loss
+
+
+@pytest.mark.parametrize("nodes, link", [(1, 200.0), (2, 20.0)])
+def test_a_loss_mostly_communication_names_the_bandwidth_against_its_link(nodes, link):
+    run = dataclasses.replace(_point(computation=10.0, communication=300.0), nodes=nodes, allreduce_busbw_GBps=12.5)
+    note = v.scaling_note(run)
+    assert "exposed communication" in note and figures(note) >= {12.5, link, 0.31, 0.30}
+    assert ("NVLink" in note) is (nodes == 1) and ("network" in note) is (nodes > 1)
+    assert "GB/s" not in v.scaling_note(dataclasses.replace(run, allreduce_busbw_GBps=None))
+
+
+def test_a_loss_that_sums_to_nothing_says_the_step_is_no_longer():
+    note = v.scaling_note(_point(computation=0.0, communication=0.0))
+    assert note == "efficiency 0.71: the step is no longer than on 1 GPU"

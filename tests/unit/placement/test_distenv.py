@@ -1,6 +1,7 @@
 """hpc.distenv: hostlists (literal cases; against scontrol in test_hostlist_scontrol) and env mapping."""
 
 import dataclasses
+import json
 
 import pytest
 from conftest import run_module
@@ -37,9 +38,21 @@ SCONTROL_ANSWERS = {
     "a9999999999999999999999": ["a0018446744073709551615"],
     "au[008-10,2-0,3]gax[0007]g3[100]": [],  # bad inner group: Slurm drops the name silently
     "": [],
+    # the cases below read off scontrol on 2026-11-29 (tests/slurm/cluster.sh, Slurm 22.05)
+    "[1-2]x[3-4]": ["1x3", "1x4", "2x3", "2x4"],
+    "[1-2][3-4]": ["13", "14", "23", "24"],
+    "a[1-2]b[3-4]c[5-6]d[7-8]": ["a1b3c5d7", "a1b3c5d8", "a2b3c5d7", "a2b3c5d8", "a1b4c5d7", "a1b4c5d8", "a2b4c5d7",
+                                 "a2b4c5d8", "a1b3c6d7", "a1b3c6d8", "a2b3c6d7", "a2b3c6d8", "a1b4c6d7", "a1b4c6d8",
+                                 "a2b4c6d7", "a2b4c6d8"],
+    "a[1-3,5]b[1-2]": ["a1b1", "a1b2", "a2b1", "a2b2", "a3b1", "a3b2", "a5b1", "a5b2"],
+    "a[1][2,3]": ["a12", "a13"],
+    "a[1]b[2,3]": ["a1b2", "a1b3"],
+    "a[1]b[2, 3] c": ["a1b2", "a1b03", "c"],
 }
 SCONTROL_INVALID = ["a[1-2]c", "a[3-1]", "a[]", "a[1-2,]", "a[-1]", "a[x-y]", "a[1-2]]", "a[1-2]-b",
-                    "a[1-2]b[3-4]x", "a[0-65536]", "[07-16,000,9 9],pg"]
+                    "a[1-2]b[3-4]x", "a[0-65536]", "[07-16,000,9 9],pg",
+                    # scontrol, 2026-11-29: a first group of more than 65536 hosts in all, each range under it
+                    "a[0-40000,0-40000]b[1]", "a[0-65535,0]b[1]", "a[x]b[1]", "a[1]b[x]c[2]"]
 
 
 @pytest.mark.parametrize("expr", sorted(SCONTROL_ANSWERS))
@@ -55,6 +68,8 @@ def test_hostlist_invalid(expr):
 
 def test_hostlist_large_range_and_limit():
     assert len(expand_hostlist("a[0-65535]")) == 65536
+    both = expand_hostlist("a[0-65535]b[1]")  # a first group of exactly 65536: scontrol expands it
+    assert (len(both), both[0], both[-1]) == (65536, "a0b1", "a65535b1")
 
 
 def test_tasks_per_node():
@@ -132,25 +147,86 @@ def test_local_inside_an_outer_slurm_step_is_still_local():
     assert (d.rank, d.world_size, d.launcher) == (1, 2, "submitit-local")
 
 
-@pytest.mark.parametrize("env,needle", [
-    (srun_env(7, 0, 3), "SLURM_PROCID=7"),  # rank >= world size
-    (srun_env(0, 0, 0, SLURM_NODEID=9), "SLURM_NODEID=9"),
-    ({k: v for k, v in srun_env(0, 0, 0).items() if k != "SLURM_LOCALID"}, "SLURM_LOCALID"),
-    (srun_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2(x4)"), "SLURM_STEP_TASKS_PER_NODE"),
-    (srun_env(0, 0, 0, SLURM_STEP_NUM_NODES=3), "SLURM_STEP_NUM_NODES=3"),
-    (srun_env(0, 0, 0, SLURM_STEP_NODELIST="a[3-1]"), "SLURM_STEP_NODELIST"),
-    (srun_env(0, 0, 0, SLURM_PROCID="x"), "SLURM_PROCID='x'"),
-    ({"RANK": "0"}, "WORLD_SIZE"),
-    ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "rank 3"),
-    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
-    ({"WORLD_SIZE": "2"}, "RANK"),
-    ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "2",
-      "SUBMITIT_LOCAL_LOCALID": "0"}, "SUBMITIT_LOCAL_GLOBALID=2"),
+SUBMITIT_LOCAL = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "0",
+                  "SUBMITIT_LOCAL_LOCALID": "0"}
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize("env, source, needle", [
+    (srun_env(7, 0, 3), "slurm step", "SLURM_PROCID=7"),  # rank >= world size
+    (srun_env(0, 0, 0, SLURM_NODEID=9), "slurm step", "SLURM_NODEID=9"),
+    (srun_env(0, 0, 0, SLURM_NODEID=4), "slurm step", "SLURM_NODEID=4"),  # nodes 0..3: 4 is one past
+    ({k: v for k, v in srun_env(0, 0, 0).items() if k != "SLURM_LOCALID"}, "slurm step", "SLURM_LOCALID"),
+    (srun_env(0, 0, 0, SLURM_STEP_TASKS_PER_NODE="2(x4)"), "slurm step", "SLURM_STEP_TASKS_PER_NODE"),
+    (srun_env(0, 0, 0, SLURM_STEP_NUM_NODES=3), "slurm step", "SLURM_STEP_NUM_NODES=3"),
+    (srun_env(0, 0, 0, SLURM_STEP_NODELIST="a[3-1]"), "slurm step", "SLURM_STEP_NODELIST"),
+    (srun_env(0, 0, 0, SLURM_PROCID="x"), "slurm step", "SLURM_PROCID='x'"),
+    ({k: v for k, v in srun_env(0, 0, 0).items() if not k.endswith("_NODELIST")}, "slurm step",
+     "an srun task but SLURM_JOB_NODELIST"),
+    ({"RANK": "0"}, "torchrun/env", "RANK is set but WORLD_SIZE not set"),
+    ({**TORCHRUN, "RANK": "3"}, "torchrun", "rank 3 not in [0, world size 2)"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "torchrun/env", "WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT not set"),
+    ({"WORLD_SIZE": "2"}, "torchrun/env", "set but RANK is not"),
+    ({**TORCHRUN, "WORLD_SIZE": "0"}, "torchrun/env", "WORLD_SIZE=0: must be in 1.."),
+    ({**TORCHRUN, "LOCAL_RANK": "x"}, "torchrun/env", "LOCAL_RANK='x'"),
+    ({**TORCHRUN, "LOCAL_WORLD_SIZE": "0"}, "torchrun/env", "LOCAL_WORLD_SIZE=0"),
+    ({**TORCHRUN, "GROUP_RANK": "y"}, "torchrun/env", "GROUP_RANK='y'"),
+    ({**TORCHRUN, "MASTER_PORT": "z"}, "torchrun/env", "MASTER_PORT='z'"),
+    ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "w"}, "torchrun/env",
+     "TORCHELASTIC_RESTART_COUNT='w'"),
+    ({**SUBMITIT_LOCAL, "SUBMITIT_LOCAL_GLOBALID": "2"}, "submitit local", "SUBMITIT_LOCAL_GLOBALID=2"),
+    ({**SUBMITIT_LOCAL, "SUBMITIT_LOCAL_GLOBALID": "-1"}, "submitit local", "SUBMITIT_LOCAL_GLOBALID=-1"),
+    ({**SUBMITIT_LOCAL, "SUBMITIT_LOCAL_NTASKS": "0"}, "submitit local", "SUBMITIT_LOCAL_NTASKS=0"),
+    ({**SUBMITIT_LOCAL, "SUBMITIT_LOCAL_LOCALID": "q"}, "submitit local", "SUBMITIT_LOCAL_LOCALID='q'"),
+    ({**SUBMITIT_LOCAL, "MASTER_PORT": "p"}, "submitit local", "MASTER_PORT='p'"),
+    ({"SUBMITIT_EXECUTOR": "local"}, "submitit local", "SUBMITIT_EXECUTOR=local but SUBMITIT_LOCAL_NTASKS"),
+    ({"SUBMITIT_LOCAL_NTASKS": "2"}, "submitit local", "SUBMITIT_LOCAL_NTASKS is set but SUBMITIT_LOCAL_GLOBALID"),
+    ({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1", "MASTER_PORT": "v"}, "slurm batch", "MASTER_PORT='v'"),
+    ({"MASTER_PORT": "u"}, "single", "MASTER_PORT='u'"),
 ])
-def test_inconsistent_environments_are_named(env, needle):
+def test_inconsistent_environments_are_named(env, source, needle):
+    """One line that names where the values came from (the launcher read) and the value that is wrong."""
     with pytest.raises(DistEnvError) as info:
         from_environ(env)
-    assert needle in str(info.value)
+    assert str(info.value).startswith(f"{source}: ") and needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("env, place", [
+    (TORCHRUN, (0, 2, 0, 2, 0, 1, "a", 1, "torchrun")),  # one node: LOCAL_WORLD_SIZE is the world's
+    ({**TORCHRUN, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"},
+     (5, 8, 1, 4, 1, 2, "a", 1, "torchrun")),  # node from RANK // LOCAL_WORLD_SIZE
+    ({**TORCHRUN, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "3"},
+     (5, 8, 1, 4, 3, 4, "a", 1, "torchrun")),  # GROUP_RANK wins, and the nodes count it
+    ({**TORCHRUN, "LOCAL_RANK": "1"}, (0, 2, 1, 2, 0, 1, "a", 1, "torchrun")),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, (0, 1, 0, 1, 0, 1, "127.0.0.1", 29500, "torchrun")),  # a world of one
+    ({"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "m",
+      "MASTER_PORT": "9"}, (2, 3, 0, 2, 1, 2, "m", 9, "torchrun")),  # 3 over 2 a node: counted from its node
+    ({**TORCHRUN, "HPC_RANK_LAUNCHER": "torchrun-agent"}, (0, 2, 0, 2, 0, 1, "a", 1, "torchrun-agent")),
+    (SUBMITIT_LOCAL, (0, 2, 0, 2, 0, 1, "127.0.0.1", None, "submitit-local")),
+    ({"SUBMITIT_LOCAL_NTASKS": "3", "SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_LOCALID": "2",
+      "MASTER_ADDR": "h", "HPC_MASTER_PORT": "77"}, (2, 3, 2, 3, 0, 1, "h", 77, "submitit-local")),
+    ({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[4-5]"}, (0, 1, 0, 1, 0, 1, "n4", None, "slurm-batch")),
+    ({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[4-5]", "MASTER_ADDR": "x", "MASTER_PORT": "3"},
+     (0, 1, 0, 1, 0, 1, "x", 3, "slurm-batch")),
+    ({"SLURM_JOB_ID": "5", "SLURM_STEPID": "0", "SLURM_JOB_NODELIST": "n[4-5]", "SLURM_NTASKS": "1",
+      "SLURM_STEP_NODELIST": "n4", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+      "SLURM_NODEID": "0"}, (0, 1, 0, 1, 0, 1, "n4", None, "slurm")),  # SLURM_STEPID alone marks a step
+    ({}, (0, 1, 0, 1, 0, 1, "127.0.0.1", None, "single")),
+    ({"MASTER_ADDR": "s", "MASTER_PORT": "2"}, (0, 1, 0, 1, 0, 1, "s", 2, "single")),
+    ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}, (0, 1, 0, 1, 0, 1, "127.0.0.1", 29500, "torchrun")),
+])
+def test_each_launchers_variables_give_the_ranks_place(env, place):
+    """(rank, world size, local rank, local world size, node rank, nodes, master address and port, launcher),
+    worked out from each launcher's documented variables."""
+    d = from_environ(env)
+    got = (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes, d.master_addr,
+           d.master_port, d.launcher)
+    assert got == place
+
+
+def test_a_lone_local_rank_is_torchruns_and_asks_for_its_rank():
+    with pytest.raises(DistEnvError, match="^torchrun/env: "):
+        from_environ({"LOCAL_RANK": "0"})
 
 
 def test_cli_exports_and_errors():
@@ -233,3 +309,44 @@ def test_the_agents_port_is_a_free_one_of_this_node_not_the_job_ids():
             s.bind(("localhost", port))
         ports.add(port)
     assert len(ports) == 3
+
+
+@pytest.mark.parametrize("argv, env, code, out", [
+    (["--hostlist", "n[1-2],m"], {}, 0, "n1\nn2\nm\n"),
+    (["--hostlist", "au[008-10,2-0,3]gax[0007]g3[100]"], {}, 0, ""),  # no host: nothing printed (as scontrol show hostnames)
+    (["--hostlist", ""], {}, 2, ""),  # an empty value is no hostlist
+    (["--hostlist", "n[3-1]"], {}, 2, ""),
+    (["--torchrun-args", "4"], {}, 2, ""),  # outside a Slurm job
+    (["--torchrun-args", "0"], {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "nid001"}, 2, ""),
+    ([], srun_env(4, 0, 2, MASTER_PORT=40001),
+     0, "export RANK=4\nexport WORLD_SIZE=7\nexport LOCAL_RANK=0\nexport LOCAL_WORLD_SIZE=2\n"),
+    ([], {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "nid001", "MASTER_PORT": "4000"},
+     0, "export MASTER_ADDR=nid001\nexport MASTER_PORT=4000\n"),  # a batch shell: only the rendezvous
+])
+def test_the_command_in_process(monkeypatch, capsys, argv, env, code, out):
+    """hpc.distenv's main as `python -m hpc.distenv` runs it (the subprocess tests above and in
+    test_bad_input.py see the same): its output, and one line with exit 2 on bad input."""
+    monkeypatch.setattr(distenv.os, "environ", env)
+    assert distenv.cli(argv) == code
+    got = capsys.readouterr()
+    assert got.out.startswith(out) if out else got.out == ""
+    if code:
+        assert got.err.startswith("hpc.distenv: error: ") and got.err.count("\n") == 1, got.err
+
+
+def test_the_command_picks_the_batch_shells_port_and_gives_torchruns_arguments(monkeypatch, capsys):
+    batch = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_NNODES": "2"}
+    monkeypatch.setattr(distenv.os, "environ", batch)
+    assert distenv.cli([]) == 0
+    addr, port = capsys.readouterr().out.splitlines()
+    assert addr == "export MASTER_ADDR=nid001" and 1 <= int(port.removeprefix("export MASTER_PORT=")) <= 65535
+    assert distenv.cli(["--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert (said["launcher"], said["master_addr"], said["master_port"], said["world_size"]) == (
+        "slurm-batch", "nid001", None, 1)  # --json says what the variables say: no port picked
+    assert distenv.cli(["--torchrun-args", "4", "--max-restarts", "0"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words[:3] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d"]
+    assert words[3].startswith("--rdzv-endpoint=nid001:") and words[4:6] == ["--rdzv-id=5", "--max-restarts=0"]
+    assert distenv.cli(["--torchrun-args", "4"]) == 0
+    assert "--max-restarts=3" in capsys.readouterr().out.split()  # torchrun's own default, ours too
