@@ -1,6 +1,6 @@
-"""`python -m hpc.distenv` and `hpc-distenv`: the door to hpc/placement/distenv.py, where the command lives."""
+"""`python -m hpc.distenv` and `hpc-distenv`: the door to hpc/placement/distenvcli.py, where the command lives."""
 
-from hpc.placement.distenv import cli, main
+from hpc.placement.distenvcli import cli, main
 
 __all__ = ["cli", "main"]
 

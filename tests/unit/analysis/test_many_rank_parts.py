@@ -341,3 +341,33 @@ def test_data_loading_is_named_when_it_holds_up_most_steps_not_one_slow_fetch(tm
     assert "no data-loading named: the DataLoader took 25% of a step or more in 1 of 10 profiled steps" in one_slow["line"]
     every = analyze_trace(_loading_trace(tmp_path / "b.json", [5_000.0] * 10)).verdict
     assert every["bound"] == "data-loading" and "no data-loading named" not in every["line"], every["line"]
+
+
+def _queued(rank: int, queued_ms: float, steps: int) -> dict:
+    return {"rank": rank, "own_step_series": {"first_step": 1, "ms": [3.0] * steps, "queued_ms": [queued_ms] * steps}}
+
+
+@pytest.mark.parametrize("queued_ms, steps, said", [
+    (1.99, 12, False), (2.0, 12, True), (2.01, 12, True),  # half of a 4 ms excess spent waiting for a core
+    (3.0, 9, False), (3.0, 10, True),  # the rule's ten steps, every rank measured
+])
+def test_a_straggler_that_waited_for_a_core_for_half_its_excess_is_the_machines_load(queued_ms, steps, said):
+    from analysis.runs.ranks import starved
+
+    ranks = [_queued(0, 0.0, steps), _queued(1, queued_ms, steps), _queued(2, 0.0, steps)]
+    why = starved(ranks, 1, {"holds": True, "excess": 0.004})
+    assert (why is not None) is said
+    if said:
+        assert why.startswith("rank 1's own work took a median 4.00 ms more") and f"{queued_ms:.2f} ms of it" in why
+
+
+def test_no_core_wait_is_judged_without_a_straggler_or_its_measure():
+    from analysis.runs.ranks import starved
+
+    ranks = [_queued(0, 0.0, 12), _queued(1, 3.0, 12)]
+    assert starved(ranks, 1, {"holds": False, "excess": 0.004}) is None  # no straggler held
+    assert starved(ranks[1:], 1, {"holds": True, "excess": 0.004}) is None  # one rank: no others
+    assert starved(ranks, 5, {"holds": True, "excess": 0.004}) is None  # not a rank of the run
+    bare = [ranks[0], {"rank": 1, "own_step_series": {"first_step": 1, "ms": [3.0] * 12}}]
+    assert starved(bare, 1, {"holds": True, "excess": 0.004}) is None  # no queued_ms recorded
+    assert starved(ranks, 1, {"holds": True, "excess": 0.004}) is not None

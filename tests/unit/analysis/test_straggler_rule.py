@@ -120,3 +120,14 @@ def test_a_steps_dataloader_share_counts_from_a_quarter(share, counts):
         data_step_shares = [share] * 5 + [0.0] * 5  # half the steps: named exactly when they count
 
     assert (unsteady(Evidence(), DATA) is None) is counts
+
+
+@pytest.mark.parametrize("equal, holds", [(0, False), (1, False)])
+def test_a_step_level_with_the_others_is_not_above_them(equal, holds):
+    """74 steps clearly above, `equal` steps exactly at the others' median, the rest a hair below: a step at
+    the median is not "above the others", so 74 + 1 is still under three quarters."""
+    from analysis.runs.ranks import consistency
+
+    excess_at = {n: 5.0 if n < 74 else (0.0 if n < 74 + equal else -0.001) for n in range(100)}
+    got = consistency(with_candidate(others(100, wobble=0.2), excess_at), 0, 1.0)
+    assert got["steps_above"] == 74 and got["holds"] is holds

@@ -362,3 +362,151 @@ def test_a_loss_mostly_communication_names_the_bandwidth_against_its_link(nodes,
 def test_a_loss_that_sums_to_nothing_says_the_step_is_no_longer():
     note = v.scaling_note(_point(computation=0.0, communication=0.0))
     assert note == "efficiency 0.71: the step is no longer than on 1 GPU"
+
+
+# --- the golden sentences: one per verdict kind, whole (every other test reads the numbers) -------------------
+
+GOLDEN = {
+    v.HOST_LAUNCH: (gpu(compute=0.1, host=0.9, other=0.1, kernels_per_step=1500),
+                    "host-launch: the GPU was idle 90.0% of the profiled span, 90.0% of its gaps waiting for the "
+                    "host to launch the next kernel (kernels ran 10.0% of the span, 1,500 kernels a step); back to "
+                    "back the device work would take 1/10.0 of the span; remedy: graph mode (train.cuda_graph: true, "
+                    "or auto, the default outside the study's eager profile; DDP included) replays the whole step "
+                    "as one launch; a larger per-GPU batch gives each launch more work"),
+    v.COMMUNICATION: (gpu(compute=0.3, comm=0.5, host=1.0, busbw_GBps=2.6, ranks=8, nodes=2),
+                      "communication (then host-launch): collectives not hidden by compute took 50.0% of the span; "
+                      "all-reduce bus bandwidth 2.6 GB/s against ~20 GB/s the network should carry; remedy: a "
+                      "larger train.ddp_bucket_cap_mb (fewer, larger all-reduces that overlap backward), or fewer "
+                      "nodes for the same GPUs (the inter-node link is the slow one)"),
+    v.MEMORY: (gpu(compute=0.35, memory=0.45, host=1.0),
+               "memory-copies (then host-launch): memory copies and sets no kernel covered took 45.0% of the span; "
+               "remedy: data.loader: device moves no batch over PCIe each step"),
+    v.DATA: (dataclasses.replace(gpu(compute=0.2, host=1.0), dataloader_us=40.0, step_us=100.0),
+             "data-loading: the DataLoader took 40.0% of the profiled steps, the GPU waiting for batches; remedy: "
+             "data.loader: device (the whole uint8 set on the GPU, augmented there), or more data.num_workers"),
+    "data-loading on a CPU": (v.Evidence(dataloader_us=40.0, step_us=100.0, script=True),
+                              "data-loading: the DataLoader took 40.0% of the profiled steps, each step waiting for "
+                              "its batch; remedy: more DataLoader num_workers with persistent_workers=True (each "
+                              "worker a core of its own; on a CPU run they share the ranks' cores)"),
+    v.COMPUTE: (gpu(compute=0.9, host=1.0, achieved_tflops=98.9, peak_tflops=494.0),
+                "compute: kernels kept the GPU busy 90.0% of the span (healthy), 98.9 TFLOP/s = 20.0% of the "
+                "device's dense peak"),
+    v.IMBALANCE: (dataclasses.replace(gpu(compute=0.15, comm=0.15, kernel=1.0), ranks=4, step_mean_us=100.0,
+                                      step_max_us=130.0, straggler_rank=3, straggler_share=0.75,
+                                      slowest_step="rank 3 on nid002"),
+                  "imbalance (then communication): rank 3 on nid002: its profiled step takes 0.13 ms against a "
+                  "mean of 0.10 ms over ranks: the others wait 23.1% of every step; rank 3 launched collectives "
+                  "last 75.0% of the time"),
+    v.UNKNOWN: (gpu(compute=0.15, comm=0.15, host=0.2, other=0.8),
+                "unknown: the GPU was idle 70.0% of the span, but 80.0% of its gaps came with the next kernel "
+                "already launched (waiting on another stream or rank): the trace does not say on what"),
+    "unknown on a CPU": (v.Evidence(dataloader_us=10.0, step_us=100.0),
+                         "unknown: no device activity in the trace (a CPU run): the GPU classes cannot be judged; "
+                         "the DataLoader took 10.0% of the steps"),
+}
+
+
+@pytest.mark.parametrize("kind", list(GOLDEN))
+def test_each_verdict_kinds_one_golden_sentence(kind):
+    """The whole line a user reads, once per kind: its wording is reviewed here, its numbers everywhere else."""
+    evidence, line = GOLDEN[kind]
+    assert v.judge(evidence).line() == line
+
+
+def test_the_slow_ranks_golden_sentence():
+    from analysis.runs.ranks import slow_rank_words
+
+    s = {"rank": 13, "node": "nid004", "own_s": 0.31, "median_own_s": 0.0124, "node_others_own_s": 0.0125,
+         "slow_node": False, "ranks_measured": 32, "steps_above": 57, "steps_compared": 60}
+    assert slow_rank_words(s) == (
+        "rank 13 on nid004: own work (before the gradient sync) 310.0 ms a step against the other 31 ranks' median "
+        "of 12.4 ms (25.0x), above the others in 57 of 60 steps; its node's other ranks 12.5 ms: a slow rank, not a "
+        "slow node")
+    alone = slow_rank_words({**s, "node_others_own_s": None, "median_own_s": 0.0, "steps_above": None})
+    assert alone.endswith("median of 0.0 ms; no other rank on its node")
+    assert slow_rank_words({**s, "slow_node": True}).endswith(": a slow node, not a slow rank")
+
+
+# --- the evidence a run and a trace give the rules ------------------------------------------------------------
+
+def _trace(k: float, **more):
+    from analysis.records import TraceRecord
+
+    return TraceRecord(file=f"t{k}.json", steps=2, step_time_us=[100.0 * k, 100.0 * k], dataloader_us=10.0 * k,
+                       dataloader_step_us=[5.0 * k, 5.0 * k], kernel_calls_in_steps=int(40 * k),
+                       temporal_breakdown_us={"span_us": 1000.0 * k, "computation_us": 500.0 * k,
+                                              "communication_us": 100.0 * k, "memory_us": 50.0 * k,
+                                              "idle_us": 350.0 * k},
+                       idle_breakdown_us={"host_wait_us": 200.0 * k, "kernel_wait_us": 100.0 * k, "other_us": 50.0 * k},
+                       **more)
+
+
+def test_a_runs_evidence_sums_its_ranks_traces_and_takes_the_rest_from_its_record():
+    """Two ranks' traces (the second twice the first) and the run's record: each field worked out here."""
+    from analysis.records import Spread
+
+    a, b = _trace(1.0), _trace(2.0, device_name="NVIDIA H100 80GB HBM3", graph_kernel_calls=3)
+    run = RunRecord(run_dir="r", ranks=2, nodes=3, allreduce_busbw_GBps=7.5, step_time_us_mean=Spread(2e5, 3e5),
+                    kernel_calls_per_step=Spread(60.0, 80.0), slowest_step="rank 1 on nid002", straggler_rank=1,
+                    straggler_share=0.8)
+    model = {"flops_per_image": 1e9, "batch_size_per_gpu": 64, "bf16": True, "script": True}
+    e = v.run_evidence([a, b], run, model)
+    assert (e.span_us, e.computation_us, e.communication_us, e.memory_us, e.idle_us) == (3000.0, 1500.0, 300.0,
+                                                                                       150.0, 1050.0)
+    assert (e.host_wait_us, e.kernel_wait_us, e.other_wait_us) == (600.0, 300.0, 150.0)
+    assert (e.dataloader_us, e.step_us, e.data_step_shares) == (30.0, 600.0, [0.05] * 4)
+    assert (e.kernels_per_step, e.ranks, e.nodes, e.busbw_GBps) == (60.0, 2, 3, 7.5)
+    assert (e.step_mean_us, e.step_max_us, e.slowest_step, e.straggler_rank, e.straggler_share) == (
+        2e5, 3e5, "rank 1 on nid002", 1, 0.8)
+    # forward + backward: 3 x FLOPs x batch per step of 0.2 s; the H100's bf16 peak
+    assert e.achieved_tflops == pytest.approx(3 * 1e9 * 64 / 0.2 / 1e12) and e.peak_tflops == 989.0
+    assert e.graphed is True and e.script is True  # a kernel replayed from a graph in rank 1's trace
+    plain = v.run_evidence([a], RunRecord(run_dir="r"), {})
+    assert (plain.ranks, plain.nodes, plain.achieved_tflops, plain.peak_tflops, plain.graphed, plain.script) == (
+        1, 1, None, None, False, None)
+    assert v.run_evidence([b], run, {**model, "bf16": False}).peak_tflops == 494.0  # tf32's
+    named = v.run_evidence([a], run, {**model, "device_name": "NVIDIA A100-SXM4-40GB"})
+    assert named.peak_tflops == 312.0  # no device in the traces: the summary's
+    assert v.run_evidence([a], run, {**model, "graphed": True}).graphed is True
+
+
+def test_a_traces_evidence_is_its_own():
+    from analysis.records import TraceRecord
+
+    rec = _trace(1.0, world_size=4, graph_kernel_calls=0, kernel_calls_per_step=20.0,
+                 collectives=[{"kind": "broadcast", "busbw_GBps": 1.0}, {"kind": "all_reduce", "busbw_GBps": 9.0}])
+    e = v.trace_evidence(rec)
+    assert (e.span_us, e.idle_us, e.host_wait_us, e.other_wait_us) == (1000.0, 350.0, 200.0, 50.0)
+    assert (e.dataloader_us, e.step_us, e.kernels_per_step, e.ranks, e.busbw_GBps, e.graphed) == (
+        10.0, 200.0, 20.0, 4, 9.0, False)
+    cpu = v.trace_evidence(TraceRecord(file="c.json", cpu_span_us=750.0, dataloader_us=75.0))
+    assert (cpu.step_us, cpu.ranks, cpu.busbw_GBps, cpu.span_us) == (750.0, 1, None, None)  # no steps: the CPU span
+    assert v.shares(cpu)[v.DATA] == 0.1
+
+
+def test_the_words_of_each_branch_carry_their_numbers():
+    """The branches the golden sentences leave: a proven straggler's own-work line, an imbalance with no rank
+    that launched last, a host-launch with no busy device time, no class reached (the largest part named),
+    nothing measured at all, and an idle span whose gaps are not measured."""
+    from analysis.runs.ranks import slow_rank_words
+
+    s = {"rank": 1, "node": "nid001", "own_s": 0.02, "median_own_s": 0.01, "node_others_own_s": None,
+         "slow_node": False, "ranks_measured": 2, "steps_above": 12, "steps_compared": 12, "holds": True,
+         "wait_share": 0.3}
+    proven = v.judge(ranks_evidence(0.05, s))
+    assert proven.bound == v.IMBALANCE
+    assert proven.evidence == f"{slow_rank_words(s)}; the others wait for it 30.0% of every step"
+    bare = v.judge(ranks_evidence(0.2, None))
+    assert bare.evidence.endswith("the others wait 20.0% of every step") and "launched collectives" not in bare.evidence
+    assert figures(bare.evidence) >= {1.0, 0.8}  # 1000 µs against a mean of 800 µs, in ms
+    idle = v.judge(v.Evidence(span_us=1000.0, computation_us=0.0, idle_us=1000.0, host_wait_us=1.0, script=False))
+    assert idle.bound == v.HOST_LAUNCH and "back to back" not in idle.evidence and "kernels a step" not in idle.evidence
+    small = v.judge(v.Evidence(span_us=1000.0, computation_us=500.0, communication_us=150.0, kernel_wait_us=1.0))
+    assert small.evidence == "no class reaches its threshold; the largest part, compute, is 50.0%"
+    assert v.undecided(v.Evidence(span_us=1000.0), {}) == "no class reaches its threshold"
+    unmeasured = v.undecided(v.Evidence(span_us=1000.0, idle_us=500.0), {})
+    assert unmeasured == "the GPU was idle 50.0% of the span, but ? of its gaps came with the next kernel already " \
+                         "launched (waiting on another stream or rank): the trace does not say on what"
+    assert v.undecided(v.Evidence(), {}) == "no device activity in the trace (a CPU run): the GPU classes cannot be " \
+                                           "judged"
+    assert v._pct(None) == "?" and v._pct(0.1234) == "12.3%"

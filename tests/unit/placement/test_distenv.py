@@ -7,7 +7,7 @@ import pytest
 from conftest import run_module
 
 from hpc.core.errors import DistEnvError, HostlistError
-from hpc.placement import distenv, torchrun
+from hpc.placement import distenv, distenvcli, torchrun
 from hpc.placement.distenv import export_lines, from_environ
 from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
 
@@ -326,8 +326,8 @@ def test_the_agents_port_is_a_free_one_of_this_node_not_the_job_ids():
 def test_the_command_in_process(monkeypatch, capsys, argv, env, code, out):
     """hpc.distenv's main as `python -m hpc.distenv` runs it (the subprocess tests above and in
     test_bad_input.py see the same): its output, and one line with exit 2 on bad input."""
-    monkeypatch.setattr(distenv.os, "environ", env)
-    assert distenv.cli(argv) == code
+    monkeypatch.setattr(distenvcli.os, "environ", env)
+    assert distenvcli.cli(argv) == code
     got = capsys.readouterr()
     assert got.out.startswith(out) if out else got.out == ""
     if code:
@@ -336,17 +336,17 @@ def test_the_command_in_process(monkeypatch, capsys, argv, env, code, out):
 
 def test_the_command_picks_the_batch_shells_port_and_gives_torchruns_arguments(monkeypatch, capsys):
     batch = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "nid[001-002]", "SLURM_NNODES": "2"}
-    monkeypatch.setattr(distenv.os, "environ", batch)
-    assert distenv.cli([]) == 0
+    monkeypatch.setattr(distenvcli.os, "environ", batch)
+    assert distenvcli.cli([]) == 0
     addr, port = capsys.readouterr().out.splitlines()
     assert addr == "export MASTER_ADDR=nid001" and 1 <= int(port.removeprefix("export MASTER_PORT=")) <= 65535
-    assert distenv.cli(["--json"]) == 0
+    assert distenvcli.cli(["--json"]) == 0
     said = json.loads(capsys.readouterr().out)
     assert (said["launcher"], said["master_addr"], said["master_port"], said["world_size"]) == (
         "slurm-batch", "nid001", None, 1)  # --json says what the variables say: no port picked
-    assert distenv.cli(["--torchrun-args", "4", "--max-restarts", "0"]) == 0
+    assert distenvcli.cli(["--torchrun-args", "4", "--max-restarts", "0"]) == 0
     words = capsys.readouterr().out.split()
     assert words[:3] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d"]
     assert words[3].startswith("--rdzv-endpoint=nid001:") and words[4:6] == ["--rdzv-id=5", "--max-restarts=0"]
-    assert distenv.cli(["--torchrun-args", "4"]) == 0
+    assert distenvcli.cli(["--torchrun-args", "4"]) == 0
     assert "--max-restarts=3" in capsys.readouterr().out.split()  # torchrun's own default, ours too

@@ -107,3 +107,145 @@ def test_request_checked_against_profile():
 def test_profile_name_resolution():
     assert resolve_profile_path("perlmutter") == PROFILES / "perlmutter.yaml"
     assert resolve_profile_path("x/y.yaml").name == "y.yaml"
+
+
+def test_each_limit_of_a_job_shape_just_under_and_just_over():
+    """The profile's limits, read here from its YAML (not from the code's ClusterConfig), each at the edge."""
+    import yaml
+
+    raw = yaml.safe_load((PROFILES / "perlmutter.yaml").read_text())["cluster"]
+    pm = load_cluster("perlmutter")
+    most, per_node, longest, warning = raw["max_nodes"], raw["gpus_per_node"], raw["max_time_limit_min"], \
+        raw["signal_delay_s"]
+    shortest = warning // 60 + 1  # the first whole minute longer than the warning before the limit
+    for ok in ((most, per_node, longest), (1, 1, shortest), (1, per_node, None)):
+        check_request(pm, *ok)
+    refused = {
+        (most + 1, 1, None): f"--nodes {most + 1}: profile 'perlmutter' allows at most {most}",
+        (0, 1, None): "--nodes 0: must be >= 1",
+        (1, 0, None): "--gpus 0: must be >= 1",
+        (1, per_node + 1, None): f"--gpus {per_node + 1}: profile 'perlmutter' has {per_node} GPUs per node",
+        (1, 1, 0): "--time 0: must be >= 1 minute",
+        (1, 1, longest + 1): f"--time {longest + 1}: profile 'perlmutter' allows at most {longest} min",
+        (1, 1, shortest - 1): f"--time {shortest - 1}: must exceed the {warning} s warning signal",
+    }
+    for shape, words in refused.items():
+        with pytest.raises(ConfigError) as info:
+            check_request(pm, *shape, source="here")
+        assert str(info.value).startswith(f"here: {words}"), (shape, str(info.value))
+
+
+@pytest.mark.parametrize("nodes, gpus, way", [
+    (2, 8, "8 GPUs over 2 nodes, as sbatch's --gpus counts them, is --gpus-per-node 4"),
+    (2, 12, "more GPUs: --nodes 3 --gpus-per-node 4"),  # 6 a node: more than a node has
+    (4, 6, "more GPUs: --nodes 2 --gpus-per-node 4"),  # 6 over 4 nodes: not whole
+    (1, 8, "more GPUs: --nodes 2 --gpus-per-node 4"),  # one node: no per-job reading
+])
+def test_too_many_gpus_a_node_names_the_way(nodes, gpus, way):
+    with pytest.raises(ConfigError) as info:
+        check_request(load_cluster("perlmutter"), nodes, gpus, None)
+    said = str(info.value)
+    assert said.endswith("; " + way) and "--gpus counts GPUs per node here (as --gpus-per-node)" in said, said
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("train.lr=0.1", ("train.lr", 0.1)),
+    (" train.epochs = 3", ("train.epochs", 3)),  # YAML reads the value, blanks around the key go
+    ("train.cuda_graph=true", ("train.cuda_graph", True)),
+    ("data.name=", ("data.name", "")),  # nothing after = is the empty string, not YAML's null
+    ("data.name=  ", ("data.name", "")),
+    ("train.milestones=[3, 6]", ("train.milestones", [3, 6])),
+    ("data.name=a: b: c", ("data.name", "a: b: c")),  # not YAML: kept as written
+    ("model.arch=x=y", ("model.arch", "x=y")),  # the first = splits
+])
+def test_a_set_is_a_key_and_a_yaml_value(text, parsed):
+    from hpc.settings.config import parse_override
+
+    assert parse_override(text) == parsed
+
+
+def test_a_set_without_a_value_names_itself_and_its_flag():
+    from hpc.settings.config import parse_override, set_source
+
+    with pytest.raises(ConfigError) as info:
+        parse_override("train.lr", source="--sbatch-like")
+    assert str(info.value) == "--sbatch-like 'train.lr': expected SECTION.KEY=VALUE"
+    assert set_source("train.lr=1") == "--set train.lr=1"
+    long = "train.lr=" + "1" * 200
+    assert set_source(long) == "--set " + long[:97] + "..." and len(set_source(long)) == len("--set ") + 100
+    assert set_source(long[:100]) == "--set " + long[:100]  # 100 characters are shown whole
+
+
+def test_a_saved_config_is_rebuilt_from_its_run_sections_alone():
+    from hpc.settings.config import run_config_from_dict
+
+    cfg = run_config_from_dict({"train": {"lr": 0.5, "epochs": 2}, "cluster": {"max_nodes": "not read"},
+                                "data": None, "model": {"arch": "resnet18"}}, "config.yaml")
+    default = load_run_config(None)
+    assert (cfg.train.lr, cfg.train.epochs, cfg.model.arch) == (0.5, 2, "resnet18")
+    assert cfg.data == default.data  # an empty section: its defaults
+    with pytest.raises(ConfigError, match=r"^config.yaml.*train\.lr"):
+        run_config_from_dict({"train": {"lr": "fast"}}, "config.yaml")
+
+
+def test_the_packaged_profiles_are_the_files_with_a_cluster_section():
+    import yaml
+
+    from hpc.settings.config import packaged_profiles
+
+    found = sorted(p.stem for p in PROFILES.glob("*.yaml") if "cluster" in (yaml.safe_load(p.read_text()) or {}))
+    assert packaged_profiles() == found and "perlmutter" in found and "local" in found
+
+
+def test_a_config_files_faults_are_one_line_naming_the_file_and_its_flag(tmp_path):
+    """read_yaml in-process (test_bad_input.py runs the commands): each fault named after `--flag path`."""
+    import os
+
+    from hpc.settings.config import MAX_CONFIG_BYTES, read_yaml
+    from hpc.settings.schema import SECTIONS
+
+    def said(path, flag="--config"):
+        with pytest.raises(ConfigError) as info:
+            read_yaml(path, flag)
+        return str(info.value)
+
+    where = f"--config {tmp_path}"
+    assert said(tmp_path) == f"{where}: is a directory, not a config file"
+    assert said(tmp_path, "") == f"{tmp_path}: is a directory, not a config file"  # no flag: the path alone
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert said(fifo) == f"--config {fifo}: not a regular file (a device or a pipe), not a config file"
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * MAX_CONFIG_BYTES)
+    assert read_yaml(big) == {}  # at the bound: read (a comment)
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    assert said(big) == f"--config {big}: more than {MAX_CONFIG_BYTES // 2**20} MiB: not a config file"
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"train:\n  name: caf\xe9\n")
+    assert said(latin) == f"--config {latin}: not a text (UTF-8) file: byte 18 is b'\\xe9'"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train:\n  lr: [1, 2\n")
+    assert said(broken).startswith(f"--config {broken}: not valid YAML at line 3: ")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert said(deep) == f"--config {deep}: not valid YAML at line 1: nested more than 100 levels deep"
+    digits = tmp_path / "digits.yaml"
+    digits.write_text("train:\n  epochs: " + "9" * 5000 + "\n")
+    assert said(digits).startswith(f"--config {digits}: not a usable value (")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- train\n")
+    assert said(listed) == f"{listed}: expected a mapping of sections ({', '.join(SECTIONS)}), got list"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("trian: {}\n")
+    assert said(typo) == f"{typo}: unknown section 'trian'; did you mean train?"
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("zzz: {}\n")
+    assert said(odd) == f"{odd}: unknown section 'zzz' (known: {', '.join(SECTIONS)})"
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("train: 3\n")
+    assert said(scalar) == f"{scalar}: section 'train' must be a mapping, got 3"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("train:\n")
+    assert read_yaml(empty) == {"train": {}}  # an empty section: its defaults
+    unreadable = tmp_path / "missing.yaml"
+    assert said(unreadable).startswith(f"--config {unreadable}: ")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,6 +276,71 @@ def test_a_hook_after_an_import_waits_for_the_module_to_run_not_for_a_probe(tmp_
     importlib.import_module(name)  # imported again: the hook has gone
 
     assert seen == [7]
+
+
+# The bounds as the module doc states them (hpc/launch/rank/hang.py): with command.hang_timeout_s a silence
+# is hung 5 s after the bound; a rank waiting for a peer is named 10 s after it was first seen waiting;
+# progress is judged over a 10 s window once half of it is seen, busy at 5% of a core or 1 MiB moved.
+SILENT_EXTRA, WAITER_EXTRA, WINDOW, CPU_SHARE, BYTES = 5.0, 10.0, 10.0, 0.05, 1 << 20
+
+
+def test_a_silence_is_judged_at_the_bound_and_named_at_the_bound_and_its_extra(tmp_path):
+    read_fd, write_fd, _ = beat_pipe()
+    watch = HangWatch(os.getpid(), Beats(read_fd), 10, tmp_path / "stack.txt", lambda: False)
+    os.write(write_fd, STEP)
+    watch.check()
+    watch.beats.last_s = 0.0  # its last step at 0: the times below are exact
+    watch.dumped = "x"
+    assert watch.check(now=9.99) is None and watch.dumped is None  # under the bound: a new silence each time
+    assert watch.check(now=10.0) is None and watch.dumped == ""  # at it: judged (its stacks asked for)
+    assert watch.check(now=10.0 + SILENT_EXTRA - 0.01) is None
+    line = watch.check(now=10.0 + SILENT_EXTRA)
+    assert line is not None and line.startswith("hung: its process") and "made no step for 10 s" in line
+    os.close(write_fd)
+
+
+def test_a_waiter_is_named_its_extra_after_it_was_first_seen_waiting(tmp_path):
+    waiter = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, tmp_path / "s.txt", lambda: False)
+    waiter.dumped = 'Thread 0x1 (most recent call first):\n  File "/x/torch/distributed/c10d.py", line 1 in wait\n' \
+                    '  File "/me/train.py", line 9 in <module>\n'
+    waiter.working = lambda now: False  # type: ignore[method-assign]  # idle, as a rank blocked in gloo's is
+    waiter.beats.last_s = 0.0
+    first = 100.0  # past the learned bound (at most 90 s) and its extra
+    assert waiter.check(now=first) is None and waiter.waiting == (first, "wait (c10d.py:1)")
+    assert waiter.check(now=first + WAITER_EXTRA - 0.01) is None
+    said = waiter.check(now=first + WAITER_EXTRA)
+    assert said is not None and "waiting for a peer in wait (c10d.py:1)" in said
+
+
+@pytest.mark.parametrize("ticks_off, moved, busy", [(-1, None, False), (0, None, True), (1, None, True),
+                                                    (None, BYTES - 1, False), (None, BYTES, True)])
+def test_progress_is_a_share_of_a_core_or_bytes_moved_over_the_window(monkeypatch, ticks_off, moved, busy):
+    """CPU ticks one under, at and one over 5% of a core over half a window; bytes one under and at 1 MiB."""
+    from hpc.launch.rank import hang
+
+    hz = os.sysconf("SC_CLK_TCK")
+    half = WINDOW / 2
+    at = CPU_SHARE * half * hz
+    assert at == int(at)  # whole ticks (100 Hz: 25)
+    ticks = 0 if ticks_off is None else int(at) + ticks_off
+    seen = iter([(0, 0), (ticks, moved or 0)])  # (CPU ticks, bytes) at 0 and at half a window
+    monkeypatch.setattr(hang, "progress", lambda pid: next(seen))
+    watch = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, Path("unused"), lambda: False)
+    assert watch.working(0.0) is None  # a window not half seen is not judged
+    assert watch.working(half) is busy
+
+
+def test_the_window_keeps_the_last_ten_seconds_and_judges_from_half_of_it(monkeypatch):
+    from hpc.launch.rank import hang
+
+    monkeypatch.setattr(hang, "progress", lambda pid: (0, 0))
+    watch = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, Path("unused"), lambda: False)
+    assert watch.working(0.0) is None and watch.working(WINDOW / 2 - 0.01) is None
+    assert watch.working(WINDOW / 2) is False
+    watch.working(WINDOW)
+    assert [s[0] for s in watch.samples] == [0.0, WINDOW / 2 - 0.01, WINDOW / 2, WINDOW]  # 10 s back: kept
+    watch.working(WINDOW + 0.01)
+    assert watch.samples[0][0] == WINDOW / 2 - 0.01  # older than the window: gone
 
 
 def _child(code: str) -> subprocess.Popen:
