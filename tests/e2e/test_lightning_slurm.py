@@ -33,18 +33,21 @@ def lightning(runs, root, *extra, grace_s: int | None = None):
 
 
 def signalled_after_an_epoch(runs, root, signal_name: str, *extra: str, grace_s: int | None = None,
-                             settle_s: float = 0.0):
-    """Lightning on 2 nodes (the script's `extra` options), sent `signal_name` by scancel `settle_s` after its
-    last.ckpt (epoch 0's) is there, to its job's end (through Slurm's requeue hold): its run directory and
-    rank 0's stdout and stderr."""
+                             into: str | None = None):
+    """Lightning on 2 nodes (the script's `extra` options), sent `signal_name` by scancel once its last.ckpt
+    (epoch 0's) is there and, with `into`, once rank 0 printed that line (the script's --say-steps), to its
+    job's end (through Slurm's requeue hold): its run directory and rank 0's stdout and stderr."""
     proc = subprocess.Popen(lightning(runs, root, *extra, grace_s=grace_s), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     deadline = time.monotonic() + 300
     while not (root / "checkpoints" / "last.ckpt").exists():  # Lightning's own, after epoch 0
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.5)
-    time.sleep(settle_s)
     (run,) = runs.glob("*/*/")
+    while into is not None and into not in ((run / "logs" / "rank0.out").read_text(errors="replace")
+                                            if (run / "logs" / "rank0.out").exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
     subprocess.run(["scancel", f"--signal={signal_name}", run.name], check=True)
     wait_gone(run.name, 300, hurry_requeue=True)
     out, err = proc.communicate(timeout=120)
@@ -91,7 +94,7 @@ def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(slur
 
     # no --step-sleep: rank 1 sleeps in no step, so it is in the all-reduce, waiting for rank 0, when TERM comes
     run, _ = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--straggler-sleep", "0.5",
-                                      grace_s=10, settle_s=1.5)  # into epoch 1
+                                      "--say-steps", grace_s=10, into="epoch 1 batch 1 done")  # into epoch 1
     assert job_state(run.name)["Restarts"] == "1"  # Slurm's count: requeued once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "done" and summary["attempt"] == f"{run.name}.1.0", summary

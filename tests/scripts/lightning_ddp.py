@@ -18,8 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class LitClassifier(L.LightningModule):
-    def __init__(self, step_sleep: float = 0.0, straggler_sleep: float = 0.0):
+    def __init__(self, step_sleep: float = 0.0, straggler_sleep: float = 0.0, say_steps: bool = False):
         super().__init__()
+        self.say_steps = say_steps
         self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                                    nn.Linear(128, 10))
         self.step_sleep = step_sleep
@@ -33,6 +34,8 @@ class LitClassifier(L.LightningModule):
             time.sleep(self.step_sleep)
         if self.straggler_sleep and self.global_rank == 0:
             time.sleep(self.straggler_sleep)
+        if self.say_steps and self.global_rank == 0:  # a line a test can wait for, instead of a clock
+            print(f"epoch {self.current_epoch} batch {batch_idx} done", flush=True)
         return loss
 
     def configure_optimizers(self):
@@ -47,6 +50,7 @@ def main():
     parser.add_argument("--root", default="lightning_logs")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--straggler-sleep", type=float, default=0.0)
+    parser.add_argument("--say-steps", action="store_true", help="rank 0 prints a line after each training step")
     args = parser.parse_args()
 
     L.seed_everything(0)
@@ -55,7 +59,7 @@ def main():
     trainer = L.Trainer(accelerator="auto", devices=args.devices, num_nodes=args.num_nodes, strategy="ddp",
                         max_epochs=args.epochs, default_root_dir=args.root, enable_progress_bar=False,
                         callbacks=[ModelCheckpoint(dirpath=f"{args.root}/checkpoints", save_last=True)])
-    model = LitClassifier(args.step_sleep, args.straggler_sleep)
+    model = LitClassifier(args.step_sleep, args.straggler_sleep, args.say_steps)
     trainer.fit(model, DataLoader(data, batch_size=16), ckpt_path="last")
     if trainer.is_global_zero:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()

@@ -131,3 +131,18 @@ def test_a_step_level_with_the_others_is_not_above_them(equal, holds):
     excess_at = {n: 5.0 if n < 74 else (0.0 if n < 74 + equal else -0.001) for n in range(100)}
     got = consistency(with_candidate(others(100, wobble=0.2), excess_at), 0, 1.0)
     assert got["steps_above"] == 74 and got["holds"] is holds
+
+
+def test_why_no_straggler_is_named_golden_sentences():
+    """The two reasons a user reads, whole (their numbers are checked by the boundary tests above)."""
+    from analysis.runs.ranks import consistency
+
+    share = consistency(with_candidate(others(100, 0.2), {n: (5.0 if n < 74 else -0.001) for n in range(100)}), 0, 1.0)
+    assert share["why_not"] == ("rank 0 was above the others in 74 of 100 steps (a straggler: 75% or more), by a "
+                                "median 5.00 ms against the run's step-to-step spread of 0.20 ms (a straggler: over "
+                                "2x)")
+    few = consistency(with_candidate(others(9, 0.2), {n: 5.0 for n in range(9)}), 0, 1.0)
+    assert few["why_not"] == "9 step(s) measured by every rank, 10 needed to compare ranks"
+    assert few["steps_above"] is None and few["excess"] is None and few["spread"] is None
+    held = consistency(with_candidate(others(40, 0.5), {n: 5.0 for n in range(40)}), 0, 1.0)
+    assert held["why_not"] is None and held["holds"] is True

@@ -172,3 +172,16 @@ def test_a_word_is_its_enums_member_in_every_form():
     assert f"{Outcome.DONE:>6}|{RankEnd.LOST:<5}|" == "  done|lost |"
     assert str(Outcome.CANCELLED) == "cancelled" and Outcome.CANCELLED == "cancelled"
     assert json.dumps({"outcome": Outcome.OOM}) == '{"outcome": "oom"}'
+
+
+def test_summary_json_leaves_out_the_unset_flags_and_keeps_the_rest():
+    """as_dict: each of the seven optional flags (signals passed on, steps seen, stop, hung, orphaned,
+    leftovers killed, pid) is left out when unset, kept when set, even to a falsy value; other unset fields
+    stay, as null."""
+    flags = {"signals_passed_on": ["SIGTERM"], "steps_seen": 0, "stop": "SIGINT", "hung": False, "orphaned": True,
+             "leftovers_killed": False, "pid": 4242}
+    bare = RankExit(rank=1, kind=RankEnd.OK, attempt="a").as_dict()
+    assert not set(flags) & set(bare) and bare["exit_code"] is None and bare["message"] is None
+    for key, value in flags.items():
+        one = RankExit(rank=1, kind=RankEnd.OK, attempt="a", **{key: value}).as_dict()
+        assert one[key] == value and set(one) - set(bare) == {key}

@@ -350,3 +350,82 @@ def test_the_command_picks_the_batch_shells_port_and_gives_torchruns_arguments(m
     assert words[3].startswith("--rdzv-endpoint=nid001:") and words[4:6] == ["--rdzv-id=5", "--max-restarts=0"]
     assert distenvcli.cli(["--torchrun-args", "4"]) == 0
     assert "--max-restarts=3" in capsys.readouterr().out.split()  # torchrun's own default, ours too
+
+
+@pytest.mark.parametrize("fields, bad", [
+    ((3, 4, 1, 2, 1, 2, 29500), None),  # the last of each: rank 3 of 4, local 1 of 2, node 1 of 2
+    ((4, 4, 0, 2, 0, 2, 29500), "rank 4 not in [0, world size 4)"),
+    ((0, 4, 2, 2, 0, 2, 29500), "local rank 2 not in [0, local world size 2)"),
+    ((0, 4, 0, 2, 2, 2, 29500), "node rank 2 not in [0, 2)"),
+    ((0, 4, 0, 2, 0, 2, 65535), None), ((0, 4, 0, 2, 0, 2, 1), None),
+    ((0, 4, 0, 2, 0, 2, 65536), "master port 65536 out of range"),
+    ((0, 4, 0, 2, 0, 2, 0), "master port 0 out of range"),
+])
+def test_a_place_is_checked_at_each_edge(fields, bad):
+    rank, world, local, local_world, node, nodes, port = fields
+    make = lambda: distenv.DistEnv(rank, world, local, local_world, node, nodes, "h", port, "torchrun")  # noqa: E731
+    if bad is None:
+        make()
+    else:
+        with pytest.raises(DistEnvError, match=r"^torchrun: " + bad.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            make()
+
+
+def test_torchruns_counts_are_whole_numbers_and_its_attempt_is_the_agents():
+    d = from_environ({**TORCHRUN, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})  # no LOCAL_WORLD_SIZE
+    assert (d.local_world_size, d.num_nodes, d.node_rank) == (2, 2, 1)  # LOCAL_RANK + 1 a node
+    assert type(d.num_nodes) is int and type(d.node_rank) is int
+    one = from_environ({**TORCHRUN, "LOCAL_WORLD_SIZE": "1", "RANK": "1"})  # one a node: two nodes
+    assert (one.local_world_size, one.num_nodes, one.node_rank) == (1, 2, 1)
+    agent = {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert from_environ({**agent, "TORCHELASTIC_RESTART_COUNT": "2"}).elastic_attempt == 2
+    assert from_environ(agent).elastic_attempt == 0
+    assert from_environ({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "2"}).elastic_attempt is None  # no agent store
+
+
+def test_an_srun_task_reads_its_steps_counts_before_the_jobs():
+    step = srun_env(1, 1, 0, SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="nid003", SLURM_STEP_TASKS_PER_NODE="2",
+                    SLURM_STEP_NUM_NODES="1", MASTER_ADDR="m0")
+    d = from_environ(step)
+    assert (d.rank, d.world_size, d.local_world_size, d.num_nodes, d.master_addr) == (1, 2, 2, 1, "m0")
+    with pytest.raises(DistEnvError, match=r"^slurm step: SLURM_STEP_NUM_TASKS='x' is not an integer"):
+        from_environ({**step, "SLURM_STEP_NUM_TASKS": "x"})
+    with pytest.raises(DistEnvError, match=r"^slurm step: SLURM_NNODES=9"):
+        from_environ({k: v for k, v in {**step, "SLURM_NNODES": "9"}.items() if k != "SLURM_STEP_NUM_NODES"})
+    with pytest.raises(DistEnvError, match=r"^slurm step: SLURM_STEP_ID=0 marks an srun task but SLURM_PROCID"):
+        from_environ({k: v for k, v in step.items() if k != "SLURM_PROCID"})
+    with pytest.raises(DistEnvError, match=r"^slurm step: SLURM_STEP_TASKS_PER_NODE='2' lists 1 nodes, "
+                                           r"SLURM_STEP_NODELIST has 2"):
+        from_environ({k: v for k, v in {**step, "SLURM_STEP_NODELIST": "nid[003-004]"}.items()
+                      if not k.endswith(("NUM_NODES", "NNODES"))})
+    with pytest.raises(DistEnvError, match=r"^slurm step: SLURM_STEP_NUM_NODES=1 but SLURM_STEP_NODELIST="):
+        from_environ({**step, "SLURM_STEP_NODELIST": "nid[003-004]"})
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("12x", (12, "x")), (" \t\n\v\f\r7", (7, "")), ("+5", (5, "")), ("-1", (2**64 - 1, "")),
+    ("-0", (0, "")), ("x1", (None, "x1")), ("", (None, "")), ("99999999999999999999999", (2**64 - 1, "")),
+    ("  ", (None, "  ")), ("+", (None, "+")),
+])
+def test_strtoul_as_c_reads_it(text, parsed):
+    from hpc.placement.hostlist import _strtoul
+
+    assert _strtoul(text) == parsed
+
+
+def test_tasks_per_node_at_its_bounds():
+    from hpc.placement.hostlist import MAX_COUNT
+
+    assert len(expand_tasks_per_node(f"1(x{MAX_COUNT})")) == MAX_COUNT
+    assert expand_tasks_per_node(f"1(x{MAX_COUNT - 1}),3")[-1] == 3
+    long = "2(x3)," * 20 + "z"
+    for expr, said in [
+        (f"1(x{MAX_COUNT + 1})", f"repeat count {MAX_COUNT + 1} makes more than {MAX_COUNT} nodes"),
+        (f"1,1(x{MAX_COUNT})", f"repeat count {MAX_COUNT} makes more than {MAX_COUNT} nodes"),
+        ("1(x0)", "repeat count 0 must be >= 1"),
+        ("-1", "expected counts like '2(x3),1'"),
+        (long, "cannot parse 'z'"),
+    ]:
+        with pytest.raises(DistEnvError) as info:
+            expand_tasks_per_node(expr)
+        assert str(info.value) == f"SLURM_TASKS_PER_NODE={expr[:80]!r}: {said}", str(info.value)

@@ -249,3 +249,38 @@ def test_a_config_files_faults_are_one_line_naming_the_file_and_its_flag(tmp_pat
     assert read_yaml(empty) == {"train": {}}  # an empty section: its defaults
     unreadable = tmp_path / "missing.yaml"
     assert said(unreadable).startswith(f"--config {unreadable}: ")
+
+
+@pytest.mark.parametrize("name, raw, sources, said", [
+    ("train", {"lr": "fast"}, {"lr": "--set train.lr=fast"}, "--set train.lr=fast: train.lr = 'fast': expected a number"),
+    ("train", {"epochs": 2.5}, {"epochs": "x.yaml"}, "x.yaml: train.epochs = 2.5: expected an integer"),
+    ("train", {"lr": -1.0}, {"lr": "--lr"}, "--lr: train.lr = -1.0: must be > 0"),
+    ("train", {"bach_size": 3}, {"bach_size": "--set train.bach_size=3"},
+     "--set train.bach_size=3: unknown key train.bach_size; did you mean batch_size?"),
+    ("train", {"zzz": 3}, {}, "defaults: unknown key train.zzz; python -m hpc.config [--profile P] prints every key"),
+    ("sweep", {"gpus": [1, "x"]}, {"gpus": "s.yaml"}, "s.yaml: sweep.gpus = [1, 'x']: expected a list of int"),
+    ("cluster", {"env": {"A": [1]}}, {"env": "p.yaml"},
+     "p.yaml: cluster.env = {'A': [1]}: expected a mapping of names to scalar values"),
+    ("data", {"fraction": "2/0"}, {"fraction": "--fraction"}, "--fraction: data.fraction = '2/0': expected a number"),
+    ("train", {"cuda_graph": "maybe"}, {"cuda_graph": "c.yaml"},
+     "c.yaml: train.cuda_graph = 'maybe': must be one of auto, true, false"),
+    ("train", {"cuda_graph": 3}, {"cuda_graph": "c.yaml"},
+     "c.yaml: train.cuda_graph = 3: expected a boolean (true/false) or a string"),
+])
+def test_a_bad_value_is_one_line_naming_where_it_came_from_and_what_was_expected(name, raw, sources, said):
+    """build_section's words, whole: where the value came from, the key, the value as given, what it needed."""
+    from hpc.settings.config import build_section
+
+    with pytest.raises(ConfigError) as info:
+        build_section(name, raw, sources)
+    assert str(info.value) == said
+
+
+def test_values_are_read_as_a_person_writes_them():
+    from hpc.settings.config import build_section
+
+    env = build_section("cluster", {"env": {"A": True, "B": 2, "C": 1.5, "D": "x"}}, {}).env
+    assert env == {"A": "true", "B": "2", "C": "1.5", "D": "x"}  # a shell's words: true, not True
+    assert build_section("data", {"fraction": "1/10"}, {}).fraction == 0.1  # a fraction as written
+    assert build_section("sweep", {"data_fractions": ["1/2", 0.25]}, {}).data_fractions == (0.5, 0.25)
+    assert build_section("train", {"lr": "0.5"}, {}).lr == 0.5

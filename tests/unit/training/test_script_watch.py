@@ -438,3 +438,39 @@ def test_a_scripts_rank_record_carries_every_measurement_the_trainings_does(tmp_
     assert set(RANK_MEASURES) <= set(facts) and set(RANK_MEASURES) <= set(MEASURED)
     assert facts["startup"]["first_step_end_unix"] is not None and facts["wall_time_s"] > 0
     assert facts["own_step_series"]["first_step"] == 0 and len(facts["own_step_series"]["ms"]) == 4
+
+
+def test_a_ready_task_is_asked_for_its_stacks_and_the_whole_dump_is_read(tmp_path):
+    """dump(): nothing asked of a task that has not said it can take the signal; a ready one gets
+    DUMP_SIGNAL (faulthandler, as the start-up hook registers it) and its every thread's block is read once
+    written; NCCL's Flight Recorder is asked through its pipe, where there is one."""
+    from hpc.core.beat import DUMP_SIGNAL
+
+    stack = tmp_path / "stack.txt"
+    code = (f"import faulthandler, signal, sys, threading, time\n"
+            f"f = open({str(stack)!r}, 'w')\n"
+            f"faulthandler.register({int(DUMP_SIGNAL)}, file=f, all_threads=True)\n"
+            "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        read_fd, write_fd, _ = beat_pipe()
+        pipe = tmp_path / "recorder.pipe"
+        os.mkfifo(pipe)
+        reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # torch's watchdog reads it
+        watch = HangWatch(child.pid, Beats(read_fd), 10, stack, lambda: False, recorder=(tmp_path / "fr", pipe))
+        assert watch.dump() == "" and not stack.read_text()  # not ready: not signalled (it would die)
+        os.write(write_fd, READY)
+        watch.beats.read()
+        text = watch.dump()
+        assert text.count("(most recent call first)") == 2 and text.endswith("\n"), text  # both threads
+        assert os.read(reader, 8) == b"1"  # the Flight Recorder was asked too
+        os.close(reader)
+        gone = HangWatch(child.pid, watch.beats, 10, tmp_path / "never.txt", lambda: False)
+        started = time.monotonic()
+        assert gone.dump() == "" and time.monotonic() - started < 10  # nothing written: given up, bounded
+    finally:
+        child.kill()
+        child.wait()
