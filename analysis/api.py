@@ -28,11 +28,17 @@ def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
     return traces, run
 
 
+# Of the lines the analysis gives a run, those its end repeats: the verdict and what happened to its ranks
+# (separate copies); its GPUs' samples and a sweep's scaling are the report's.
+END_OF_RUN = ("", ", ranks")
+
+
 def end_of_run_lines(run: RunRecord) -> list[str]:
-    """What a run's last lines say of it: `verdict: ...`, then every line the analysis puts beside it (ranks
-    that trained separate copies, the GPUs' own samples, a sweep point's scaling), as `verdict, ranks: ...`."""
+    """What a run's last lines say of it: `verdict: ...`, then `verdict, ranks: ...` where its ranks each
+    trained a separate copy."""
     label = run_label(run)
-    return [f"verdict{what.removeprefix(label)}: {text}" for what, text in verdict_lines([], [run])]
+    said = [(what.removeprefix(label), text) for what, text in verdict_lines([], [run])]
+    return [f"verdict{suffix}: {text}" for suffix, text in said if suffix in END_OF_RUN]
 
 
 def verdict_headline(verdict: Any) -> str | None:
