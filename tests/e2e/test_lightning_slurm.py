@@ -110,7 +110,10 @@ def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
     """Lightning saves its hpc checkpoint mid-epoch, but `fit(ckpt_path="last")` resumes from last.ckpt
     (an epoch's end): the oracle is its step count at the end (4 epochs of 8 steps a rank: none lost)
     and Slurm's restart count (one)."""
-    run, said = signalled_after_an_epoch(tmp_path / "c", tmp_path / "rc", "USR1", "--step-sleep", "0.2")
+    # USR1 reaches both ranks at once and Lightning's handler saves with a barrier: a rank that gets it in its
+    # step while the other already waits in backward's all-reduce deadlocks them both (Lightning's race, seen
+    # once in CI under load with 0.2 s steps). A 1 s sleep in each step puts both ranks in it nearly always.
+    run, said = signalled_after_an_epoch(tmp_path / "c", tmp_path / "rc", "USR1", "--step-sleep", "1.0")
     # Lightning's own handler ran: its hpc checkpoint, saved before it asks Slurm to requeue. Not its
     # "Requeued SLURM job" line: a TERM of the job's processes can end its scontrol before it prints it
     # (issue 60), while Slurm has requeued the job; Slurm's restart count and the steps are the facts.
