@@ -172,7 +172,8 @@ def shares(e: Evidence) -> dict[str, float]:
     # Under DDP every rank's step ends at the same all-reduce, so whole steps come out alike: the wait for
     # the slowest rank's own work (all ranks', from summary.json) is the measure that sees a straggler.
     waited = (e.slow_rank or {}).get("wait_share") if (e.slow_rank or {}).get("holds") else None
-    if waited is not None and waited > (out.get(IMBALANCE) or 0.0):
+    by_mean = out.get(IMBALANCE) or 0.0
+    if waited is not None and waited > by_mean:  # pragma: no mutate (>= would set the same value)
         out[IMBALANCE] = waited
     return {k: min(max(v, 0.0), 1.0) for k, v in out.items() if v is not None}
 
@@ -198,7 +199,9 @@ def judge(e: Evidence) -> Verdict:
     reached = [(k, v) for k, v in named if v >= THRESHOLDS[k]]
     found = [(k, v) for k, v in reached if unsteady(e, k) is None]
     unproven = f"; no straggler named: {e.imbalance_unproven}" if e.imbalance_unproven else ""
-    unproven += "".join(f"; no {k} named: {unsteady(e, k)}" for k, _ in reached if unsteady(e, k) is not None)
+    for k, _ in reached:
+        if (why := unsteady(e, k)) is not None:
+            unproven += f"; no {k} named: {why}"
     if not found:
         return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
@@ -231,7 +234,8 @@ def _data_step_shares(records: list[TraceRecord]) -> list[float] | None:
         loading / step
         for r in records
         if r.dataloader_step_us
-        for loading, step in zip(r.dataloader_step_us, r.step_time_us, strict=False)
+        # a cut-off trace's lists may differ in length (strict=None reads as False; True is tested)
+        for loading, step in zip(r.dataloader_step_us, r.step_time_us, strict=False)  # pragma: no mutate
         if step > 0
     ]
     return out or None
@@ -257,11 +261,14 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
     """The evidence for a class, in numbers the analysis has."""
     if bound == HOST_LAUNCH:
         per_step = f", {e.kernels_per_step:,.0f} kernels a step" if e.kernels_per_step else ""
-        span = e.span_us or 0.0
-        busy = span - (e.idle_us or 0.0)
-        ceiling = f"; back to back the device work would take 1/{span / busy:.1f} of the span" if busy > 0 else ""
+        idle = _share(e.idle_us, e.span_us)
+        ceiling = (
+            f"; back to back the device work would take 1/{1 / (1 - idle):.1f} of the span"
+            if idle is not None and idle < 1
+            else ""
+        )
         return (
-            f"the GPU was idle {_pct(_share(e.idle_us, e.span_us))} of the profiled span, "
+            f"the GPU was idle {_pct(idle)} of the profiled span, "
             f"{_pct(e.host_gap_share)} of its gaps waiting for the host to launch the next "
             f"kernel (kernels ran {_pct(measured.get(COMPUTE))} of the span{per_step}){ceiling}"
         )
@@ -280,9 +287,11 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
             if e.straggler_rank is not None
             else ""
         )
+        # the class is measured from both means: never None here
+        worst_us, mean_us = e.step_max_us or 0, e.step_mean_us or 0  # pragma: no mutate
         return (
-            f"{e.slowest_step}: its profiled step takes {(e.step_max_us or 0) / 1e3:.2f} ms against a mean of "
-            f"{(e.step_mean_us or 0) / 1e3:.2f} ms over ranks: the others wait {_pct(measured[IMBALANCE])} "
+            f"{e.slowest_step}: its profiled step takes {worst_us / 1e3:.2f} ms against a mean of "
+            f"{mean_us / 1e3:.2f} ms over ranks: the others wait {_pct(measured[IMBALANCE])} "
             f"of every step{who}"
         )
     peak = (
@@ -339,7 +348,7 @@ def _breakdown(records: list[TraceRecord]) -> dict[str, Any]:
         "other_wait_us": ("idle", "other_us"),
     }
     for name, (which, key) in parts.items():
-        values = [(r.temporal_breakdown_us if which == "temporal" else r.idle_breakdown_us) for r in records]
+        values = [getattr(r, f"{which}_breakdown_us") for r in records]
         out[name] = _sum_present(v[key] for v in values if v)
     return out
 

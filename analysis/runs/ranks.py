@@ -20,7 +20,8 @@ def _by_rank_and_step(
     """{rank: {ProfilerStep number: value}} from each trace's per-step lists."""
     out: dict[Any, dict[int, Any]] = {}
     for rec in records:
-        out.setdefault(rec.rank, {}).update(zip(rec.step_numbers, values(rec) or [], strict=False))
+        # a cut-off trace has more step numbers than values: those steps have none (strict=None reads as False)
+        out.setdefault(rec.rank, {}).update(zip(rec.step_numbers, values(rec) or [], strict=False))  # pragma: no mutate
     return out
 
 
@@ -49,11 +50,11 @@ def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
     for n in set.intersection(*(set(steps) for steps in by_rank.values())):
         launches = {rank: steps[n] for rank, steps in by_rank.items()}
         for j in range(min(len(v) for v in launches.values())):
-            last[max(launches, key=lambda rank: launches[rank][j])] += 1
+            last.update([max(launches, key=lambda rank: launches[rank][j])])
     if not last:
         return None, None
-    rank, count = last.most_common(1)[0]
-    return rank, count / sum(last.values())
+    rank = max(last, key=last.__getitem__)  # the first of the most often last, as most_common(1) has it
+    return rank, last[rank] / sum(last.values())
 
 
 # Its node is the slow one (not the rank) when the node's other ranks carry at least this part of its excess.
@@ -91,7 +92,8 @@ def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
     for r in ranks:
         c = r.get("collectives_in_steps")
         n, w = (c.get("intervals"), c.get("with_collectives")) if isinstance(c, dict) else (None, None)
-        if type(n) is int and type(w) is int and n > 0 and w >= 0:  # counts, not bools or floats
+        # counts, not bools or floats; n >= 0 would let (0, 0) in, and any() then says the same: not mutated
+        if type(n) is int and type(w) is int and n > 0 and w >= 0:  # pragma: no mutate
             counts.append((n, w))
     if len(counts) < len(ranks):  # a rank that did not measure it (or said nonsense): not said
         return None
@@ -131,7 +133,7 @@ def _excesses(by_rank: dict[Any, dict[int, float]], candidate: Any) -> tuple[lis
 
 def _iqr(values: list[float]) -> float:
     """The interquartile range, linear interpolation between ranks' values (the stdlib's inclusive method)."""
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    q1, _, q3 = statistics.quantiles(values, method="inclusive")  # quartiles, its default
     return q3 - q1
 
 
@@ -168,9 +170,9 @@ def starved(ranks: list[dict[str, Any]], candidate: Any, evidence: dict[str, Any
     """Why a straggler by wall time is a rank that waited for a core, in words; None where its wait for a
     core (own_step_series' queued_ms) explains under STARVED_PART of its excess, or is not known."""
     queued = {r["rank"]: own_series(r, "queued_ms") for r in ranks if isinstance(r.get("rank"), int)}
-    if not evidence.get("holds") or len(queued) < 2 or not all(queued.values()) or candidate not in queued:
+    if not evidence.get("holds"):
         return None
-    common, waits = _excesses(queued, candidate)
+    common, waits = _excesses(queued, candidate)  # none in common where a rank (or the candidate) has none
     if len(common) < MIN_COMPARED_STEPS:
         return None
     waited = statistics.median(waits)

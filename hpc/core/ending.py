@@ -49,7 +49,7 @@ class Outcome(Word):
     OOM = "oom"  # the first rank to end bad ran out of CUDA memory
     STOPPED = "stopped"  # ranks saved and stopped: a requeue, or the same command again, resumes
     PREEMPTED = "preempted"  # stopped without saying it saved, killed after the grace time, or lost
-    CANCELLED = "cancelled"  # a person's scancel, as the scheduler said
+    CANCELLED = "cancelled"  # a person's stop: scancel, as the scheduler said, or a local run's unsaved Ctrl-C
     RUNNING = "running"  # not every rank has ended
 
 
@@ -131,13 +131,17 @@ def task_status(kind: object) -> Outcome:
     """A task's result for submitit: done, oom, stopped, or preempted (killed, interrupted, stopped for a
     peer); a failed task raises instead."""
     end = rank_end(kind)
-    return TASK_STATUS.get(end, Outcome.PREEMPTED) if end is not None else Outcome.PREEMPTED
+    if end is None:
+        return Outcome.PREEMPTED
+    return TASK_STATUS.get(end, Outcome.PREEMPTED)
 
 
 def rank_end_of_outcome(said: object) -> RankEnd:
     """How a torchrun task ended, from the run's outcome its workers' records make (preempted: any other)."""
     found = outcome(said)
-    return RANK_END_OF.get(found, RankEnd.INTERRUPTED) if found is not None else RankEnd.INTERRUPTED
+    if found is None:
+        return RankEnd.INTERRUPTED
+    return RANK_END_OF.get(found, RankEnd.INTERRUPTED)
 
 
 class RankExit(msgspec.Struct, kw_only=True):
@@ -186,14 +190,15 @@ def decode_exit(data: bytes) -> RankExit:
 
 
 def encode_exit(record: RankExit) -> bytes:
-    return msgspec.json.format(msgspec.json.encode(record), indent=1)
+    return msgspec.json.format(msgspec.json.encode(record), indent=1)  # pragma: no mutate (for eyes; any indent parses)
 
 
 class SchedulerSaid(msgspec.Struct, kw_only=True):
     """What the scheduler (or the one who waited for the job) said of a start of the run, recorded in
     RUN/ranks/scheduler.json so that summary.json stays a function of the run directory's files:
-    `state` Slurm's word for the job (CANCELLED: a person's scancel), `ended` the attempt whose every task
-    has ended (its step, its job: a rank of it still `running` then is lost)."""
+    `state` Slurm's word for the job (CANCELLED: a person's scancel; also a local run whose ranks a Ctrl-C
+    ended unsaved, recorded by its follower), `ended` the attempt whose every task has ended (its step, its
+    job: a rank of it still `running` then is lost)."""
 
     job: str | None = None
     state: str | None = None

@@ -17,16 +17,15 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hpc.core.ending import RankEnd
-from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED
+from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, QueueError
 from hpc.core.files import write_atomic
 from hpc.core.summary import exit_code_of
-from hpc.launch.submission.queue import accounted
+from hpc.launch.submission.queue import accounted, ask_slurm
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +82,8 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
     if accounted([job_id]).get(job_id) == "CANCELLED":
         return CANCELLED
     try:
-        said = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
-    except (subprocess.SubprocessError, OSError):
+        said = ask_slurm(["scontrol", "show", "job", "-o", job_id])
+    except QueueError:
         return None
     return requeued_since(said.stdout, env)
 
@@ -125,8 +124,8 @@ def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path, why
 def clear_request(run_dir: Path) -> None:
     """A new attempt starts clean: a REQUEST left by one whose batch shell never ran its teardown (killed
     by a requeue from inside) must not requeue this one when it ends."""
-    with contextlib.suppress(OSError):
-        (run_dir / REQUEST).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # none there (FileNotFoundError) is the usual case
+        (run_dir / REQUEST).unlink()
 
 
 # The batch shell's line before the step: a SIGTERM to it (a preemption signals the batch shell too) waits
@@ -139,12 +138,7 @@ def teardown_lines(folder: Path) -> list[str]:
     """The batch shell's lines after the step: requeue the job when its run directory (submitit's folder,
     %j being this job's id, or its array job id and task) holds REQUEST; then end with the step's exit code,
     so that Slurm records a job whose step failed as FAILED (not COMPLETED, which the last line would say)."""
-    before, has_id, after = str(folder).partition("%j")
-    mark = (
-        f'{shlex.quote(before)}"$hpc_jid"{shlex.quote(after + "/" + REQUEST)}'
-        if has_id
-        else shlex.quote(str(folder / REQUEST))
-    )
+    mark = '"$hpc_jid"'.join(shlex.quote(part) for part in str(folder / REQUEST).split("%j"))  # every %j, as submitit
     said_ok = 'echo "hpc.submit: job $hpc_jid requeued from the batch shell"'
     said_already = f'echo "hpc.submit: job $hpc_jid {ALREADY}"'
     said_not = (

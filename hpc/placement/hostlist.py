@@ -29,9 +29,8 @@ def _strtoul(text: str) -> tuple[int | None, str]:
     i, n = 0, len(text)
     while i < n and text[i] in " \t\n\v\f\r":
         i += 1
-    negative = False
+    negative = i < n and text[i] == "-"
     if i < n and text[i] in "+-":
-        negative = text[i] == "-"
         i += 1
     j = i
     while j < n and text[j].isdigit() and text[j].isascii():
@@ -84,8 +83,9 @@ def _push_ranges(out: list[str], prefix: str, ranges: list[tuple[int, int, int]]
     the recursive calls); only the top-level groups make the whole list invalid. scontrol agrees.
     """
     open_at = prefix.rfind("[")
-    close_at = prefix.rfind("]", open_at + 1) if open_at >= 0 else -1
-    if open_at < 0 or close_at < 0:
+    close_at = prefix.rfind("]", open_at + 1)
+    # found, close_at is past open_at >= 0, so "< 0", "<= 0" and "< 1" are one test: not mutated
+    if open_at < 0 or close_at < 0:  # pragma: no mutate
         for lo, hi, width in ranges:
             out.extend(f"{prefix}{v:0{width}d}" for v in range(lo, hi + 1))
         return
@@ -107,8 +107,8 @@ def _push_ranges(out: list[str], prefix: str, ranges: list[tuple[int, int, int]]
             return
         for value in range(lo, hi + 1):
             new_prefix = f"{head}{value:0{width}d}{tail}"
-            if "[" in head:
-                _push_ranges(out, new_prefix, ranges, expr, top=False)
+            if "[" in head:  # a nested group's errors are dropped (top=False): its expr is never read
+                _push_ranges(out, new_prefix, ranges, expr, top=False)  # pragma: no mutate
             else:
                 for rlo, rhi, rwidth in ranges:
                     out.extend(f"{new_prefix}{v:0{rwidth}d}" for v in range(rlo, rhi + 1))
@@ -126,15 +126,17 @@ def _tokens(expr: str) -> Iterator[str]:
         while True:
             while i < n and expr[i] not in _SEPARATORS:
                 i += 1
-            jumped = False
+            jumped = False  # pragma: no mutate (None reads the same)
+            # expr[i] is a separator or the end, never a bracket, and "[" is never "]": an equality below
+            # cannot hold, so "<" and "<=" (and "< 0" and "< 1" where the other test follows) are one test
             while True:
                 open_at = expr.find("[", parse)
-                if open_at < 0 or open_at > i:
+                if open_at < 0 or open_at > i:  # pragma: no mutate
                     break
                 close_at = expr.find("]", parse)
-                if close_at < 0 or close_at < open_at:
+                if close_at < 0 or close_at < open_at:  # pragma: no mutate
                     break
-                if close_at < i:
+                if close_at < i:  # pragma: no mutate
                     parse = close_at + 1
                     continue
                 i = close_at
@@ -175,7 +177,8 @@ def expand_hostlist(expr: str) -> list[str]:
             # No closing bracket: Slurm keeps the text, closing it if there was a prefix.
             hosts.append(_single_host(prefix + "]") if prefix else _single_host(rest))
             continue
-        if close_at + 1 < len(rest) and rest[close_at + 1] != ",":
+        # hostlist.c lets a ',' follow; a token never holds one there (_tokens splits at it): any text errs
+        if close_at + 1 < len(rest):
             raise HostlistError(f"invalid hostlist {expr!r}: text after ']' in {token!r}")
         _push_ranges(hosts, prefix, _parse_range_list(rest[:close_at], expr), expr)
     return hosts

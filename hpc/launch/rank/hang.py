@@ -108,7 +108,7 @@ class HangWatch:
         self.busy = busy
         self.peer_busy = peer_busy
         self.stopped_since: float | None = None
-        self.waiting: tuple[float, str] | None = None  # since when it was seen waiting for a peer, where
+        self.waiting: tuple[float, str | None] | None = None  # since when it was seen waiting for a peer, where
         self.dumped: str | None = None  # the stacks dumped in this silence
         self.samples: list[tuple[float, int, int]] = []  # (when, CPU ticks, bytes moved) in this silence
 
@@ -128,7 +128,8 @@ class HangWatch:
         now = time.monotonic() if now is None else now
         self.beats.read()
         if process_state(self.pid) == "T":
-            self.stopped_since = self.stopped_since or now
+            if self.stopped_since is None:
+                self.stopped_since = now
             frozen = FROZEN_S if self.timeout_s is None else self.timeout_s + FROZEN_EXTRA_S
             if now - self.stopped_since >= frozen:
                 setting = "" if self.timeout_s is None else " (command.hang_timeout_s)"
@@ -160,7 +161,7 @@ class HangWatch:
             at = where(frames)
             if not waits_for_a_peer(frames):
                 return self.hung(f", in {at}" if at else "", bound)
-            self.waiting = (now, at or "?")
+            self.waiting = (now, at)  # a waiter's frames are torch's: never none
         since, at = self.waiting
         if self.timeout_s is None and self.peer_busy():
             self.waiting = (now, at)  # it waits for a peer that works: not hung while that lasts
@@ -197,7 +198,7 @@ class HangWatch:
             ask_for_dump(self.recorder[1])
         deadline = time.monotonic() + DUMP_WAIT_S
         text = ""
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # pragma: no mutate (<= is the same loop, a clock tick apart)
             with contextlib.suppress(OSError):
                 text = self.stack.read_text(errors="replace")
             if "(most recent call first)" in text and text.endswith("\n"):

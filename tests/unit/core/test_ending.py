@@ -185,3 +185,11 @@ def test_summary_json_leaves_out_the_unset_flags_and_keeps_the_rest():
     for key, value in flags.items():
         one = RankExit(rank=1, kind=RankEnd.OK, attempt="a", **{key: value}).as_dict()
         assert one[key] == value and set(one) - set(bare) == {key}
+
+
+def test_a_bad_end_of_unknown_time_counts_as_the_first():
+    """A rank whose end time was not recorded (its runner died first) is not taken for a later one."""
+    from hpc.core.ending import first_bad
+
+    ranks = [{"rank": 1, "kind": "failed", "ended_ns": None}, {"rank": 0, "kind": "oom", "ended_ns": 1}]
+    assert first_bad(ranks)["rank"] == 1

@@ -189,3 +189,23 @@ def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
         assert requeued is kept, (kept, out, err)
         if kept:
             assert "got SIGTERM: its step ends first" in err and "requeued from the batch shell" in out
+
+
+@pytest.mark.parametrize("folder, run_dir", [
+    ("runs/%j", "runs/7"), ("runs/fixed", "runs/fixed"), ("a b/%j/x/%j", "a b/7/x/7"),
+])
+def test_the_batch_shell_finds_the_mark_in_any_shape_of_folder(tmp_path, folder, run_dir):
+    """submitit fills every %j of its folder with the job's id; a folder without one is the run's own."""
+    (tmp_path / run_dir).mkdir(parents=True)
+    (tmp_path / run_dir / ".hpc-requeue").write_text("7")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1" = show ] && exit 0\necho "$@" >> "$LOG"\n')
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho RUNNING\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    script = "\n".join(teardown_lines(tmp_path / folder))
+    assert subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True).returncode == 0
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"
+    assert not (tmp_path / run_dir / ".hpc-requeue").exists()

@@ -147,3 +147,85 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     ranks = [{"rank": r, **record} for r in (0, 1)]  # the batch shell's code for a run of such ranks
     if code is not None:
         assert run_code({"ranks": ranks, "outcome": "preempted"}, 0, False) == code
+
+
+@pytest.fixture
+def slurm_clients(tmp_path, monkeypatch):
+    """Stand-in sacct and scontrol first on PATH: each logs its arguments and prints what the test set
+    (SACCT_SAYS, SCONTROL_SAYS: literal lines as Slurm 22.05 prints them); returns the log's path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, says in (("sacct", "SACCT_SAYS"), ("scontrol", "SCONTROL_SAYS")):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "$CALLS"\nprintf "%s\\n" "${says}"\n')
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    return tmp_path / "calls"
+
+
+@pytest.mark.parametrize("sacct, scontrol, start, why_not", [
+    ("88|CANCELLED by 1000", "JobId=88 JobState=COMPLETING Restarts=0", "0", "cancelled"),  # a person's scancel
+    ("88|RUNNING", "JobId=88 JobState=COMPLETING Restarts=1 BatchFlag=1", "0", "already"),  # Lightning requeued it
+    ("88|RUNNING", "JobId=88 JobState=RUNNING Restarts=1 BatchFlag=1", "1", None),  # this start's own count
+    ("88|PREEMPTED", "JobId=88 JobState=PREEMPTED Restarts=0", "", None),  # a preemption: requeue it
+    ("87|CANCELLED by 0", "JobId=88 JobState=RUNNING Restarts=0", "0", None),  # another job's cancel
+    ("", "slurm_load_jobs error: Invalid job id specified", "0", None),  # no answer: the requeue is tried
+])
+def test_slurms_own_state_is_asked_before_a_requeue(slurm_clients, monkeypatch, sacct, scontrol, start, why_not):
+    """not_to_requeue asks sacct, then (unless cancelled) scontrol, about this job and no other."""
+    from hpc.launch.requeue import ALREADY, CANCELLED, not_to_requeue
+
+    monkeypatch.setenv("SACCT_SAYS", sacct)
+    monkeypatch.setenv("SCONTROL_SAYS", scontrol)
+    env = {"SLURM_RESTART_COUNT": start} if start else {}
+    assert not_to_requeue("88", env) == {"cancelled": CANCELLED, "already": ALREADY, None: None}[why_not]
+    calls = slurm_clients.read_text().splitlines()
+    assert calls[0].startswith("sacct ") and calls[0].split()[-2:] == ["-j", "88"]
+    assert calls[1:] == ([] if why_not == "cancelled" else ["scontrol show job -o 88"])
+
+
+def test_no_scontrol_to_ask_is_no_reason_not_to_requeue(tmp_path, monkeypatch):
+    from hpc.launch.requeue import not_to_requeue
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither sacct nor scontrol here
+    assert not_to_requeue("88", {"SLURM_RESTART_COUNT": "0"}) is None
+
+
+def test_rank_0_asks_with_its_own_environment_and_says_what_it_did(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from hpc.launch import requeue
+
+    seen = []
+    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: seen.append(env) or None)
+    with caplog.at_level(logging.INFO, logger=requeue.__name__):
+        assert requeue.ask_for_requeue("88", 0, 3, tmp_path, "stopped by Slurm") is True
+        assert requeue.ask_for_requeue("88", 1, 5, tmp_path, "lost its peer") is True
+    assert seen == [os.environ]
+    assert [r.getMessage() for r in caplog.records] == [
+        "hpc: stopped by Slurm: job 88 is requeued by its batch shell once its step has ended"]
+    caplog.clear()
+    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: requeue.CANCELLED)
+    with caplog.at_level(logging.INFO, logger=requeue.__name__):
+        assert requeue.ask_for_requeue("88", 0, 3, tmp_path, "stopped") is False
+    assert [r.getMessage() for r in caplog.records] == [f"hpc: job 88 {requeue.CANCELLED}"]
+
+
+def test_a_new_attempt_clears_the_last_ones_mark_and_survives_what_it_cannot_clear(tmp_path):
+    from hpc.launch.requeue import REQUEST, clear_request
+
+    (tmp_path / REQUEST).write_text("88")
+    clear_request(tmp_path)
+    assert not (tmp_path / REQUEST).exists()
+    clear_request(tmp_path)  # none there: nothing to say
+    (tmp_path / REQUEST).mkdir()  # something it cannot unlink (EISDIR): the attempt goes on
+    clear_request(tmp_path)
+    assert (tmp_path / REQUEST).is_dir()
+
+
+@pytest.mark.parametrize("restarts, budget, requeued", [("", 1, True), ("0", 1, True), ("1", 1, False)])
+def test_an_unset_restart_count_is_a_first_start(restarts, budget, requeued):
+    from hpc.launch.requeue import may_requeue
+
+    env = {"SLURM_RESTART_COUNT": restarts} if restarts else {}
+    assert may_requeue(3, (3,), None, env, budget) is requeued

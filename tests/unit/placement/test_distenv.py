@@ -48,11 +48,33 @@ SCONTROL_ANSWERS = {
     "a[1][2,3]": ["a12", "a13"],
     "a[1]b[2,3]": ["a1b2", "a1b3"],
     "a[1]b[2, 3] c": ["a1b2", "a1b03", "c"],
+    # and these on 2026-11-29, at the edges of the bracket and number parsing
+    "a[1X-3]": ["a01", "a02", "a03"],  # text after the low bound goes unchecked when a high one follows
+    "a[  +1-2]": ["a0001", "a0002"],  # blanks and a sign count in the width
+    "a[40000-40001]": ["a40000", "a40001"],
+    "a[40000-40001]b[1]": ["a40000b1", "a40001b1"],
+    "a[1-2]b[[3]": ["a[1-2]b[3"],
+    "a]b[1,2]": ["a]b]", "2]"],
+    "99999999999999999999999": ["00018446744073709551615"],
+    "\u00e9" + "9" * 25: ["\u00e9" + "0" * 5 + "18446744073709551615"],
+    "a[1 b": ["a]", "b"],
+    "a[b[1],2]": ["a[b1", "2]"],
 }
 SCONTROL_INVALID = ["a[1-2]c", "a[3-1]", "a[]", "a[1-2,]", "a[-1]", "a[x-y]", "a[1-2]]", "a[1-2]-b",
                     "a[1-2]b[3-4]x", "a[0-65536]", "[07-16,000,9 9],pg",
                     # scontrol, 2026-11-29: a first group of more than 65536 hosts in all, each range under it
-                    "a[0-40000,0-40000]b[1]", "a[0-65535,0]b[1]", "a[x]b[1]", "a[1]b[x]c[2]"]
+                    "a[0-40000,0-40000]b[1]", "a[0-65535,0]b[1]", "a[x]b[1]", "a[1]b[x]c[2]",
+                    "a[X1]", "a[1x-3]", "a[1--3]", "a[1-2y]", "a[1-2]x]y[3]", "a[]b[1]", "a[3-1]b[1]",
+                    "a[0-40000,40001-65536]b[1]", "a[1]x]", "a[1,]x"]
+# Our words for Slurm's "Invalid hostlist": which range, or what follows a bracket.
+HOSTLIST_ERRORS = {
+    "a[1--3]": "invalid range '1--3' in hostlist 'a[1--3]'",
+    "a[3-1]b[1]": "invalid range '3-1' in hostlist 'a[3-1]b[1]'",
+    "a[0-65536]": "too many hosts in range '0-65536' of hostlist 'a[0-65536]'",
+    "a[0-40000,40001-65536]b[1]": "too many hosts in hostlist 'a[0-40000,40001-65536]b[1]'",
+    "a[1]x]": "invalid hostlist 'a[1]x]': text after ']' in 'a[1]x]'",
+    "a[1,]x": "invalid hostlist 'a[1,]x': text after ']' in 'a[1,]x'",
+}
 
 
 @pytest.mark.parametrize("expr", sorted(SCONTROL_ANSWERS))
@@ -64,6 +86,13 @@ def test_hostlist_literal(expr):
 def test_hostlist_invalid(expr):
     with pytest.raises(HostlistError):
         expand_hostlist(expr)
+
+
+@pytest.mark.parametrize("expr", sorted(HOSTLIST_ERRORS))
+def test_an_invalid_hostlist_is_named_with_the_part_at_fault(expr):
+    with pytest.raises(HostlistError) as info:
+        expand_hostlist(expr)
+    assert str(info.value) == HOSTLIST_ERRORS[expr]
 
 
 def test_hostlist_large_range_and_limit():
@@ -425,7 +454,97 @@ def test_tasks_per_node_at_its_bounds():
         ("1(x0)", "repeat count 0 must be >= 1"),
         ("-1", "expected counts like '2(x3),1'"),
         (long, "cannot parse 'z'"),
+        (f"1(x{MAX_COUNT}),1(x1)", f"repeat count 1 makes more than {MAX_COUNT} nodes"),  # one past, by one
+        ("2(x3)," * 20 + "1(x0)", "repeat count 0 must be >= 1"),  # the list quoted to 80 characters
+        ("2(x3)," * 20 + f"1(x{MAX_COUNT})", f"repeat count {MAX_COUNT} makes more than {MAX_COUNT} nodes"),
+        ("2(x3)," * 20 + "-1", "expected counts like '2(x3),1'"),
+        ("1," + "z" * 50, f"cannot parse {'z' * 40!r}"),  # the part quoted to 40 characters
     ]:
         with pytest.raises(DistEnvError) as info:
             expand_tasks_per_node(expr)
         assert str(info.value) == f"SLURM_TASKS_PER_NODE={expr[:80]!r}: {said}", str(info.value)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({**TORCHRUN, "RANK": "r"}, "torchrun/env: RANK='r' is not an integer"),  # read for the node's rank
+    ({**TORCHRUN, "RANK": "r", "GROUP_RANK": "0"}, "torchrun/env: RANK='r' is not an integer"),  # read for the rank
+    (srun_env(0, 0, 0, SLURM_STEP_NUM_NODES="x"), "slurm step: SLURM_STEP_NUM_NODES='x' is not an integer"),
+    (srun_env(0, 0, 0, SLURM_NODEID="x"), "slurm step: SLURM_NODEID='x' is not an integer"),
+    (srun_env(0, 0, 0, SLURM_LOCALID="x"), "slurm step: SLURM_LOCALID='x' is not an integer"),
+    (srun_env(0, 0, 0, MASTER_PORT="p"), "slurm step: MASTER_PORT='p' is not an integer"),
+    (srun_env(0, 0, 0, MASTER_PORT="0"), "slurm step: MASTER_PORT=0: must be in 1..1048576"),
+    (srun_env(0, 0, 0, SLURM_NTASKS="0"), "slurm step: SLURM_NTASKS=0: must be in 1..1048576"),
+    ({**SUBMITIT_LOCAL, "SUBMITIT_LOCAL_NTASKS": "0"}, "submitit local: SUBMITIT_LOCAL_NTASKS=0: must be in 1..1048576"),
+])
+def test_each_value_read_is_named_with_its_launcher(env, message):
+    with pytest.raises(DistEnvError) as info:
+        from_environ(env)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("env, place", [
+    ({"RANK": "", "WORLD_SIZE": ""}, (0, 1, 0, 1, 0, 1, "127.0.0.1", None, "single")),  # set empty: not set
+    ({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "", "SLURM_STEPID": ""},
+     (0, 1, 0, 1, 0, 1, "127.0.0.1", None, "slurm-batch")),  # no step, no node list: this machine
+    ({"MASTER_ADDR": "s", "MASTER_PORT": "1"}, (0, 1, 0, 1, 0, 1, "s", 1, "single")),  # port 1 is a port
+    ({"SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_LOCALID": "0"},
+     (0, 1, 0, 1, 0, 1, "127.0.0.1", None, "submitit-local")),  # a world of one
+    ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "m", "MASTER_PORT": "9"},
+     (0, 8, 0, 4, 0, 2, "m", 9, "torchrun")),  # 8 over 4 a node: 2 nodes, counted from rank 0 too
+    ({"RANK": "0", "WORLD_SIZE": "7", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "9"},
+     (0, 7, 0, 2, 0, 1, "m", 9, "torchrun")),  # uneven: the nodes seen so far (its own)
+])
+def test_edges_of_each_launchers_variables(env, place):
+    test_each_launchers_variables_give_the_ranks_place(env, place)
+
+
+def test_a_count_is_read_as_a_bounded_integer():
+    from hpc.placement.hostlist import MAX_COUNT
+
+    assert distenv.env_int({"K": str(MAX_COUNT)}, "K", "src") == MAX_COUNT
+    assert distenv.env_int({"K": " 7 "}, "K", "src") == 7
+    cases = {
+        "": "src: K is not set",
+        str(MAX_COUNT + 1): f"src: K={MAX_COUNT + 1}: must be in 0..{MAX_COUNT}",
+        "9" * 31: f"src: K={'9' * 31}: must be in 0..{MAX_COUNT}",  # parsed, then out of range
+        "9" * 32: f"src: K={'9' * 32!r} is not an integer",  # too long to parse: bounded time
+        "x" * 50: f"src: K={'x' * 40!r} is not an integer",  # the value quoted to 40 characters
+    }
+    for value, message in cases.items():
+        with pytest.raises(DistEnvError) as info:
+            distenv.env_int({"K": value}, "K", "src")
+        assert str(info.value) == message
+    with pytest.raises(DistEnvError, match="^src: K is not set$"):
+        distenv.env_int({}, "K", "src")
+
+
+def test_a_task_without_a_port_is_told_where_to_get_one():
+    with pytest.raises(DistEnvError) as info:
+        export_lines(from_environ(srun_env(4, 0, 2)))
+    assert str(info.value) == ('slurm: MASTER_PORT is not set: export it from the batch script first '
+                               '(eval "$(python -m hpc.distenv)" there picks a free port of the first node)')
+
+
+def test_torchruns_arguments_at_their_edges():
+    from hpc.core.errors import StoreError
+
+    with pytest.raises(DistEnvError) as info:
+        distenv.slurm_torchrun_args({}, 4, 3)
+    assert str(info.value) == "--torchrun-args: SLURM_JOB_ID is not set (run it inside a Slurm job)"
+    for nproc, restarts in ((0, 0), (1, -1)):
+        with pytest.raises(DistEnvError) as info:
+            distenv.slurm_torchrun_args({"SLURM_JOB_ID": "1"}, nproc, restarts)
+        assert str(info.value) == f"--torchrun-args {nproc} --max-restarts {restarts}: must be >= 1 and >= 0"
+    one = distenv.slurm_torchrun_args({"SLURM_JOB_ID": "1"}, 1, 0, port=5)  # no node list: this machine
+    assert one[:6] == ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:5",
+                       "--rdzv-id=1", "--max-restarts=0"]
+    assert one[6:] == (["--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"]
+                       if torchrun.torchrun_forwards_signals() else [])
+    three = distenv.slurm_torchrun_args({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-3]"}, 1, 0, port=5)
+    assert three[0] == "--nnodes=3"  # counted from the node list where SLURM_NNODES is not set
+    with pytest.raises(DistEnvError) as info:
+        distenv.slurm_torchrun_args({"SLURM_JOB_ID": "1", "SLURM_NNODES": "x"}, 1, 0, port=5)
+    assert str(info.value) == "slurm: SLURM_NNODES='x' is not an integer"
+    # no port given: a free one of the first node, which must be this one (the batch shell runs there)
+    with pytest.raises(StoreError, match="^MASTER_ADDR '192.0.2.1': not an address of this node"):
+        distenv.slurm_torchrun_args({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "192.0.2.1"}, 1, 0)

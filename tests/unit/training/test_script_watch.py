@@ -474,3 +474,177 @@ def test_a_ready_task_is_asked_for_its_stacks_and_the_whole_dump_is_read(tmp_pat
     finally:
         child.kill()
         child.wait()
+
+
+THREAD_ONLY = """Thread 0x00007f3540bff640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+
+Current thread 0x00007f354c045b80 (most recent call first):
+  File "/usr/lib/python3.11/selectors.py", line 415 in select
+"""
+
+
+def test_without_a_modules_block_the_first_thread_is_named_and_pythons_own_frame_alone():
+    frames = main_frames(THREAD_ONLY)  # no block ends in <module> (an embedded interpreter): the first
+    assert [m["func"] for m in frames] == ["wait", "_bootstrap_inner"]
+    assert where(frames) == "wait (threading.py:331)"  # no frame of the script's own: Python's alone
+
+
+def _silent_watch(tmp_path, timeout_s, recorder=None, peer_busy=lambda: False):
+    """A watch of this process, its last step at 100 s on the test's clock, its stacks `STUCK`."""
+    watch = HangWatch(os.getpid(), Beats(beat_pipe()[0]), timeout_s, tmp_path / "stack.txt", lambda: False,
+                      recorder=recorder, peer_busy=peer_busy)
+    watch.beats.last_s, watch.beats.steps = 100.0, 7
+    watch.working = lambda now: False  # type: ignore[method-assign]  # idle
+    watch.dump = lambda: STUCK  # type: ignore[method-assign]
+    return watch
+
+
+def test_a_hung_line_says_the_bound_where_the_rank_was_and_the_flight_recorders_dump(tmp_path):
+    stack = tmp_path / "stack.txt"
+    watch = _silent_watch(tmp_path, 10)
+    assert watch.check(now=109.99) is None and watch.dumped is None  # silent 9.99 s of its 10
+    assert watch.check(now=110.0) is None and watch.dumped == STUCK  # at the bound: its stacks asked for
+    assert watch.check(now=115.0) == (
+        f"hung: its process (pid {os.getpid()}) made no step for 10 s (command.hang_timeout_s) after step 7, "
+        f"in wait (threading.py:327) called from fetch_batch (stuck_ddp.py:17); every thread's stack: {stack}")
+    nothing = _silent_watch(tmp_path, None)
+    nothing.dump = lambda: ""  # type: ignore[method-assign]  # a task that never said it can take the signal
+    assert nothing.check(now=300.0) == (
+        f"hung: its process (pid {os.getpid()}) made no step for 60 s (learned: 10x its longest step gap, 60-90 s), "
+        f"idle (no CPU, no disk) after step 7; every thread's stack: {stack}")
+    dump, pipe = tmp_path / "nccl_trace_rank_0", tmp_path / "absent.pipe"
+    for made, said in ((False, ""), (True, f"; NCCL's Flight Recorder: {dump}")):
+        if made:
+            dump.write_text("trace")
+        line = _silent_watch(tmp_path, 10, recorder=(dump, pipe)).check(now=200.0)
+        assert line is not None and line.endswith(f"every thread's stack: {stack}{said}")
+
+
+def test_a_frozen_line_counts_from_the_first_poll_that_saw_it_stopped(tmp_path, monkeypatch):
+    from hpc.launch.rank import hang
+
+    monkeypatch.setattr(hang, "process_state", lambda pid: "T")
+    watch = _silent_watch(tmp_path, 10)
+    assert watch.check(now=1000.0) is None and watch.check(now=1011.99) is None  # the bound and 2 s
+    assert watch.check(now=1012.0) == (
+        f"frozen: its process (pid {os.getpid()}) was stopped (SIGSTOP, or a debugger) for 12 s "
+        "(command.hang_timeout_s), after step 7; a stopped process gives no stack")
+    monkeypatch.setattr(hang, "process_state", lambda pid: "S")
+    watch.check(now=1013.0)  # it runs again: a later stop counts afresh
+    monkeypatch.setattr(hang, "process_state", lambda pid: "T")
+    assert watch.check(now=2000.0) is None and watch.check(now=2011.99) is None
+
+
+def test_a_waiter_is_named_its_extra_after_its_peer_was_last_seen_busy(tmp_path):
+    peer = {"busy": True}
+    waiter = _silent_watch(tmp_path, None, peer_busy=lambda: peer["busy"])
+    waiter.dump = lambda: WAITING  # type: ignore[method-assign]
+    assert waiter.check(now=200.0) is None and waiter.check(now=300.0) is None  # the peer works meanwhile
+    peer["busy"] = False
+    assert waiter.check(now=309.99) is None
+    said = waiter.check(now=310.0)  # 10 s after the peer was last seen working
+    assert said is not None and said.endswith(
+        f"after step 7, waiting for a peer in _engine_run_backward (graph.py:1072) called from main "
+        f"(stuck_ddp.py:38); every thread's stack: {tmp_path / 'stack.txt'}")
+
+
+@pytest.mark.parametrize("ticks_then, moved_then", [(1000, 0), (0, 5 << 20)])
+def test_progress_is_what_was_used_since_the_windows_start(monkeypatch, ticks_then, moved_then):
+    """Counters that did not start at 0 (a rank minutes into its run): one tick and one byte under the
+    bar is idle, whatever the counters held before."""
+    from hpc.launch.rank import hang
+
+    hz = os.sysconf("SC_CLK_TCK")
+    under = int(CPU_SHARE * WINDOW / 2 * hz) - 1
+    seen = iter([(ticks_then, moved_then), (ticks_then + under, moved_then + BYTES - 1)])
+    monkeypatch.setattr(hang, "progress", lambda pid: next(seen))
+    watch = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, Path("unused"), lambda: False)
+    assert watch.working(0.0) is None and watch.working(WINDOW / 2) is False
+
+
+class _Clock:
+    """hang's `time` for dump(): a clock that moves only when slept on; each sleep runs the task's next act."""
+
+    def __init__(self, acts):
+        self.now, self.slept, self.acts = 0.0, [], acts
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+        self.slept.append(s)
+        act = self.acts.get(s)
+        if act:
+            act()
+
+
+BLOCK_1 = "Thread 0x1 (most recent call first):\n  File \"/me/train.py\", line 3 in work\n"
+BLOCK_2 = "\nCurrent thread 0x2 (most recent call first):\n  File \"/me/train.py\", line 9 in <module>\n"
+
+
+@pytest.fixture
+def ready_watch(tmp_path):
+    read_fd, write_fd, _ = beat_pipe()
+    os.write(write_fd, READY)
+    watch = HangWatch(os.getpid(), Beats(read_fd), None, tmp_path / "stack.txt", lambda: False)
+    watch.beats.read()
+    assert watch.beats.ready
+    yield watch
+    os.close(write_fd)
+
+
+def test_a_dump_is_read_once_its_first_block_is_whole_and_then_once_more(ready_watch, monkeypatch):
+    """faulthandler writes the blocks one after the other: the file is read again 0.1 s after the first
+    whole block, for the others; bytes that are not UTF-8 are replaced, not fatal."""
+    from hpc.launch.rank import hang
+
+    stack = ready_watch.stack
+    stack.write_bytes(b"\xff partial\n")  # what a poll may catch: a line, but no thread's block yet
+    clock = _Clock({0.05: lambda: stack.write_bytes(b"\xff" + BLOCK_1.encode()),
+                    0.1: lambda: stack.write_bytes(b"\xff" + (BLOCK_1 + BLOCK_2).encode())})
+    monkeypatch.setattr(hang, "time", clock)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: None)  # this process is the task: not signalled here
+    assert ready_watch.dump() == "\ufffd" + BLOCK_1 + BLOCK_2
+    assert clock.slept == [0.05, 0.1]  # read within 0.15 s of the dump written
+
+
+def test_a_dump_that_vanishes_or_never_comes_ends_the_wait(ready_watch, monkeypatch, tmp_path):
+    from hpc.launch.rank import hang
+
+    stack = ready_watch.stack
+    stack.write_text(BLOCK_1)
+    clock = _Clock({0.1: stack.unlink})  # removed between the two reads: the first read's text stands
+    monkeypatch.setattr(hang, "time", clock)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    ready_watch.pid = gone.pid  # a task that already ended: no such process to signal
+    assert ready_watch.dump() == BLOCK_1
+    never = _Clock({})
+    monkeypatch.setattr(hang, "time", never)
+    assert ready_watch.dump() == ""  # no file at all: given up at the deadline, 3 s on its clock
+    assert never.now == pytest.approx(hang.DUMP_WAIT_S, abs=0.06)
+
+
+def test_a_task_not_ready_is_not_signalled_for_its_stacks(tmp_path, monkeypatch):
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    watch = HangWatch(os.getpid(), Beats(beat_pipe()[0]), None, tmp_path / "stack.txt", lambda: False)
+    assert not watch.beats.ready and watch.dump() == "" and sent == []
+
+
+def test_a_silence_that_worked_between_is_a_new_one_and_dumps_again(tmp_path):
+    watch = _silent_watch(tmp_path, None)
+    dumps = []
+    watch.dump = lambda: dumps.append(1) or STUCK  # type: ignore[method-assign]
+    busy = {"now": False}
+    watch.working = lambda now: busy["now"]  # type: ignore[method-assign]
+    assert watch.check(now=161.0) is None and len(dumps) == 1  # past the 60 s bound, idle: its stacks asked for
+    busy["now"] = True
+    assert watch.check(now=162.0) is None and watch.dumped is None  # it worked: that silence is over
+    busy["now"] = False
+    assert watch.check(now=163.0) is None and len(dumps) == 2  # idle again: a new dump, not the old one
+    said = watch.check(now=300.0)
+    assert said is not None and "in wait (threading.py:327) called from fetch_batch" in said
