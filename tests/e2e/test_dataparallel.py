@@ -86,7 +86,7 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
 
 @pytest.mark.slow
 def test_one_process_a_node_owns_its_gpus_is_one_rank_and_stops_keeping_its_epochs(tmp_path):
-    """Stopped by Ctrl-C once an epoch is saved: recorded preempted, not done, the saved epochs whole (the
+    """Stopped by Ctrl-C once an epoch is saved: recorded cancelled (a person's stop), not done, the saved epochs whole (the
     seed's script saves each epoch and never resumes: what it finished is what it keeps), nothing left."""
     # what the one process is given: every GPU of the node (submitit's local job holds 2), as one rank
     probe = "import os; print('sees', os.environ.get('CUDA_VISIBLE_DEVICES'), 'world', os.environ.get('WORLD_SIZE'))"
@@ -107,7 +107,7 @@ def test_one_process_a_node_owns_its_gpus_is_one_rank_and_stops_keeping_its_epoc
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 1 and [(x["rank"], x["local_rank"]) for x in summary["ranks"]] == [(0, 0)]
     assert re.search(r"^sees 0,1 world 1$", (run / "logs" / "rank0.out").read_text(), re.M), out
-    assert summary["outcome"] == "preempted", summary
+    assert summary["outcome"] == "cancelled", summary
     weights = torch.load(tmp_path / "CIFAR10_dp_epoch0.pt", weights_only=True)
     assert sorted(weights) == ["module.0.bias", "module.0.weight", "module.4.bias", "module.4.weight"]
     left = subprocess.run(["pgrep", "-f", f"{script} --out {tmp_path}"], capture_output=True, text=True).stdout

@@ -110,6 +110,7 @@ def test_a_second_ctrl_c_kills_the_run_and_its_summary_still_says_how_every_rank
     # alone lets them save and stop)
     assert [r["kind"] for r in summary["ranks"]] == ["lost", "lost"] and all(r.get("message") for r in
                                                                              summary["ranks"]), summary["ranks"]
+    assert summary["outcome"] == "cancelled"  # a person stopped it (issue 73): nobody preempted anything
     written = (run / "summary.json").read_bytes()  # a function of the records: made again, the same file
     assert decode_run_record(written).outcome == summary["outcome"]  # the typed record (hpc/core/summary.py)
     (run / "summary.json").unlink()

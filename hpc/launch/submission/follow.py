@@ -245,8 +245,14 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
             (sub.run_dir.parent / "%j").rmdir()
     if follow and interrupts.signum is not None:
         for sub in subs:  # every task has ended, killed by a second stop or not: a rank still `running` is lost
+            paths = RunPaths(sub.run_dir)
             with contextlib.suppress(OSError):
-                write_run_summary(RunPaths(sub.run_dir), ended=True)
+                summary = write_run_summary(paths, ended=True)
+                if summary is not None and summary.get("outcome") == Outcome.PREEMPTED:
+                    # ranks killed or lost, not saved: by this run's own person (Ctrl-C, a local SIGTERM), whom
+                    # the record names as Slurm names a person's scancel, not by a scheduler's preemption
+                    record_scheduler(paths, job=sub.job_id, state="CANCELLED")
+                    write_run_summary(paths, ended=True)
         return said_stopped(subs, interrupts)
     return exit_code_of_outcomes([print_result(sub, poll_s, follow) for sub in subs])
 
