@@ -20,7 +20,7 @@ from pathlib import Path
 
 from analysis.explain.series import sweeps_side_by_side
 from analysis.read.discover import Warnings, analyze_files, print_warnings, run_traces
-from analysis.records import RunRecord, TraceRecord
+from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import plot_sweep
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.report.tables import (
@@ -133,12 +133,12 @@ def print_second_sweep(path: Path, other: Path, traces: list[TraceRecord], fmt: 
     return [sweeps_section(rows, path.name, other.name)]
 
 
-def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRecord], list[RunRecord] | None]:
+def analyze_path(path: Path) -> tuple[list[TraceRecord], list[RunRow], list[RunRow] | None]:
     """(per-trace records, run rows, sweep rows or None) for a trace file, a run or a sweep directory;
     what was skipped is printed as warnings, or, when nothing was usable, is the error."""
     warnings: Warnings = []
-    runs: list[RunRecord] = []
-    sweep_rows: list[RunRecord] | None = None
+    runs: list[RunRow] = []
+    sweep_rows: list[RunRow] | None = None
     if path.is_file():
         traces = analyze_files([path], warnings)
     elif SweepPaths(path).index.exists():
@@ -176,9 +176,7 @@ def say_apart(path: Path, names: list[str]) -> None:
     log.info(f"analysis: {path} holds {len(names)} runs, each analysed on its own: {shown}", extra=TO_STDERR)
 
 
-def print_tables(
-    traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, fmt: str
-) -> None:
+def print_tables(traces: list[TraceRecord], runs: list[RunRow], sweep_rows: list[RunRow] | None, fmt: str) -> None:
     if fmt == "json":  # the same level as the table, the traces under their own key
         sys.stdout.write(json_document(traces, runs, sweep_rows))
     elif not traces:  # a run that ended out of memory before any trace: its row says so
@@ -205,7 +203,7 @@ def print_tables(
 
 
 def write_outputs(
-    out: Path, traces: list[TraceRecord], runs: list[RunRecord], sweep_rows: list[RunRecord] | None, plots: bool
+    out: Path, traces: list[TraceRecord], runs: list[RunRow], sweep_rows: list[RunRow] | None, plots: bool
 ) -> list[Path]:
     """The tables and JSON records (and with plots, the figures) under out; the figures written."""
     make_dirs(out, "--out")

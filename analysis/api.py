@@ -10,7 +10,7 @@ from typing import Any
 
 from analysis.explain.verdict import headline
 from analysis.read.discover import print_warnings
-from analysis.records import RunRecord, TraceRecord
+from analysis.records import RunRow, TraceRecord
 from analysis.report.tables import render, run_label, verdict_lines
 from analysis.runs.fold import analyze_run
 from hpc.core.cli import check_output_dir
@@ -19,7 +19,7 @@ from hpc.core.rundir import SweepPaths
 __all__ = ["end_of_run_lines", "render", "report", "run_numbers", "run_verdict", "verdict_headline"]
 
 
-def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
+def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRow | None]:
     """A run's per-trace records and its run record, from its own files; what was skipped is printed as
     warnings (one line each)."""
     warnings: list[str] = []
@@ -33,7 +33,7 @@ def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRecord | None]:
 END_OF_RUN = ("", ", ranks")
 
 
-def end_of_run_lines(run: RunRecord) -> list[str]:
+def end_of_run_lines(run: RunRow) -> list[str]:
     """What a run's last lines say of it: `verdict: ...`, then `verdict, ranks: ...` where its ranks each
     trained a separate copy."""
     label = run_label(run)

@@ -1,6 +1,6 @@
 """The analysis's typed records: what one trace, one rank and one run (a sweep point) measure.
 
-`measure/trace.py` builds `TraceRecord`s, `runs/fold.py` folds them into `RankTotals` and `RunRecord`s,
+`measure/trace.py` builds `TraceRecord`s, `runs/fold.py` folds them into `RankTotals` and `RunRow`s,
 `runs/sweep.py` compares a sweep's runs; everything else reads them by field. Records are frozen: a step that adds to
 one (a run's summary, a sweep point's scaling) makes a new one with `dataclasses.replace`.
 
@@ -174,7 +174,7 @@ class Spread:
         return cls(mean_present(values), max_present(values))
 
 
-# RankTotals fields (and properties) a RunRecord spreads over ranks, in its column order.
+# RankTotals fields (and properties) a RunRow spreads over ranks, in its column order.
 SPREAD_FIELDS = (
     "cpu_time_us",
     "cuda_time_us",
@@ -199,7 +199,7 @@ SPREAD_FIELDS = (
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRow:
     """One run (a sweep point): what it was, how it ended, and its ranks' numbers spread over ranks."""
 
     run_dir: str

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from analysis.records import RunRecord, TraceRecord
+from analysis.records import RunRow, TraceRecord
 from analysis.runs.ranks import slow_rank_words
 from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
@@ -386,7 +386,7 @@ def peak_tflops(device_name: str | None, bf16: bool) -> float | None:
     return None
 
 
-def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, Any] | None = None) -> Evidence:
+def run_evidence(records: list[TraceRecord], run: RunRow, model: dict[str, Any] | None = None) -> Evidence:
     """A run over all its ranks' traces. `model`: what summary.json knows of the model's FLOPs per image
     (forward), the per-GPU batch and whether it trained in bf16, for compute's share of the device's peak."""
     model = model or {}
@@ -418,7 +418,7 @@ def run_evidence(records: list[TraceRecord], run: RunRecord, model: dict[str, An
     )
 
 
-def unproven_imbalance(run: RunRecord) -> str | None:
+def unproven_imbalance(run: RunRow) -> str | None:
     """Why no straggler is named where a mean alone would have named one (its share at the threshold or
     more): the step-by-step rule's words (analysis/runs/ranks.py), else None."""
     said = []
@@ -442,7 +442,7 @@ LOSS_WORDS = {
 }
 
 
-def scaling_note(run: RunRecord) -> str | None:
+def scaling_note(run: RunRow) -> str | None:
     """Why a multi-GPU point falls short of linear: the largest term of its loss decomposition."""
     if run.scaling_efficiency is None or (run.gpus or 1) * (run.nodes or 1) <= 1:
         return None

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis.records import RunRecord, data_words, ranks_words
+from analysis.records import RunRow, data_words, ranks_words
 from hpc.core.ending import Outcome
 from hpc.core.files import write_atomic
 from hpc.core.owner import make_dirs
@@ -51,7 +51,7 @@ class Metric:
     def __init__(
         self,
         key: str,
-        value: Callable[[RunRecord], float | None],
+        value: Callable[[RunRow], float | None],
         title: str,
         ylabel: str,
         scale: float,
@@ -153,12 +153,12 @@ def _shape_label(shape: tuple[int, int], on_cpu: bool = False) -> str:
     return ranks_words(gpus, on_cpu) if nodes == 1 else f"{nodes} nodes x {ranks_words(gpus, on_cpu)}"
 
 
-def _all_cpu(rows: list[RunRecord]) -> bool:
+def _all_cpu(rows: list[RunRow]) -> bool:
     """A figure of CPU ranks only names them so (a laptop, the test cluster), not GPUs."""
     return bool(rows) and all(r.on_cpu for r in rows)
 
 
-def _data_title(rows: list[RunRecord], fraction: float) -> str:
+def _data_title(rows: list[RunRow], fraction: float) -> str:
     """The data the figure's runs trained on: CIFAR-100's fraction, or the synthetic set they used."""
     sources = {r.data_source for r in rows}
     if sources == {"script"}:
@@ -168,7 +168,7 @@ def _data_title(rows: list[RunRecord], fraction: float) -> str:
     return data_words(fraction, "cifar100", None)
 
 
-def mark_oom(ax: Any, oom_rows: list[RunRecord]) -> None:
+def mark_oom(ax: Any, oom_rows: list[RunRow]) -> None:
     """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
     for r in oom_rows:
         x = r.batch_size_per_gpu
@@ -213,24 +213,24 @@ def _lines_against_batch(
     ax.legend(fontsize=7)
 
 
-def step_modes(rows: list[RunRecord]) -> list[str]:
+def step_modes(rows: list[RunRow]) -> list[str]:
     """The step modes (eager, graph) the rows ran in, as the figures name them."""
     return sorted({r.step_mode for r in rows if r.step_mode})
 
 
-def _modes_title(rows: list[RunRecord]) -> str:
+def _modes_title(rows: list[RunRow]) -> str:
     modes = step_modes(rows)
     return f" ({' and '.join(modes)} steps)" if modes else ""
 
 
-def _line_key(r: RunRecord, split_modes: bool) -> tuple[Any, ...]:
+def _line_key(r: RunRow, split_modes: bool) -> tuple[Any, ...]:
     return (r.shape, r.step_mode or "") if split_modes else (r.shape, "")
 
 
 MEMORY_METRICS = ("cpu_memory", "gpu_memory")
 
 
-def memory_note(rows: list[RunRecord]) -> str | None:
+def memory_note(rows: list[RunRow]) -> str | None:
     """On a peak-memory figure whose runs did not record memory by category: how to get it, and its cost
     (measured: README, "Where the peak memory goes"). None when any run did (its own figure is drawn)."""
     if any(r.peak_mem_by_category for r in rows):
@@ -241,7 +241,7 @@ def memory_note(rows: list[RunRecord]) -> str | None:
     )
 
 
-def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
+def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
     """The metric against batch size for one data fraction, one line per GPU count, and per step mode
     where the rows ran in both (None: no data)."""
     sel = [r for r in rows if r.data_fraction == fraction and metric.value(r) is not None]
@@ -269,7 +269,7 @@ def metric_figure(rows: list[RunRecord], metric: Metric, fraction: float, out_di
     return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png", bottom=0.07 if note else 0.0)
 
 
-def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
+def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     """Measured scaling efficiency against batch size (solid) and the model's prediction (dashed)."""
     sel = [r for r in rows if r.scaling_efficiency is not None and r.shape[0] * r.shape[1] > 1]
     if not sel:
@@ -302,7 +302,7 @@ def efficiency_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
     return _save(fig, out_dir / "scaling_efficiency.png")
 
 
-def loss_figure(rows: list[RunRecord], out_dir: Path) -> Path | None:
+def loss_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     """Per multi-GPU point, a stacked bar of where its step time went against its 1-GPU point (ms)."""
     sel = [r for r in rows if r.loss_us]
     losses = [r.loss_us for r in sel if r.loss_us]
@@ -340,7 +340,7 @@ MEMORY_CATEGORIES = [
 ]  # torch's memory timeline's colours
 
 
-def memory_category_figure(rows: list[RunRecord], fraction: float, out_dir: Path) -> Path | None:
+def memory_category_figure(rows: list[RunRow], fraction: float, out_dir: Path) -> Path | None:
     """Peak memory stacked by category (torch's memory profiler) against batch size, a bar per GPU count."""
     sel = sorted(
         (r for r in rows if r.peak_mem_by_category and r.data_fraction == fraction),
@@ -363,7 +363,7 @@ def memory_category_figure(rows: list[RunRecord], fraction: float, out_dir: Path
     return _save(fig, out_dir / f"peak_memory_by_category_fraction{fraction:g}.png")
 
 
-def plot_sweep(rows: list[RunRecord], out_dir: Path) -> list[Path]:
+def plot_sweep(rows: list[RunRow], out_dir: Path) -> list[Path]:
     """Every figure the rows have data for (see the module doc); the paths written."""
     make_dirs(out_dir, "--out")
     fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})

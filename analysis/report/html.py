@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from analysis.explain.series import gpu_series
-from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
+from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.tables import (
     LOSS_COLUMNS,
     RUN_COLUMNS,
@@ -51,7 +51,7 @@ def table(records: list, columns: list[str]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def verdict_section(traces: list[TraceRecord], runs: list[RunRecord]) -> str:
+def verdict_section(traces: list[TraceRecord], runs: list[RunRow]) -> str:
     """What bounds each run (and why a multi-GPU point falls short of linear), first on the page."""
     items = "".join(
         f"<li><b>{html.escape(what)}</b>: {html.escape(text)}</li>" for what, text in verdict_lines(traces, runs)
@@ -69,7 +69,7 @@ def figure_tags(paths: list[Path]) -> str:
     return f'<div class="figures">{"".join(tags)}</div>'
 
 
-def run_section(run: RunRecord | None, traces: list[TraceRecord], report_dir: Path) -> str:
+def run_section(run: RunRow | None, traces: list[TraceRecord], report_dir: Path) -> str:
     """One run: where its time went, its collectives and top kernels and operators, links to its traces."""
     run_dir = Path(run.run_dir) if run else Path(traces[0].file).parent
     traces_dir = run_dir / "traces" if (run_dir / "traces").is_dir() else run_dir
@@ -96,7 +96,7 @@ def render_report(
     path: Path,
     source: Path,
     traces: list[TraceRecord],
-    runs: list[RunRecord],
+    runs: list[RunRow],
     figures: list[Path],
     extra: list[str] | None = None,
 ) -> str:

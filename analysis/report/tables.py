@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analysis.records import RunRecord, TraceRecord, as_row, ranks_words
+from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
 from hpc.core.ending import Outcome
 
@@ -210,7 +210,7 @@ LOSS_COLUMNS = [
 ]
 
 
-def loss_rows(runs: list[RunRecord]) -> list[dict]:
+def loss_rows(runs: list[RunRow]) -> list[dict]:
     """Each multi-GPU point's step-time difference to its 1-GPU point, in parts that add up (ms)."""
     return [
         {
@@ -255,13 +255,13 @@ def run_tables(traces: list[TraceRecord]) -> list[tuple[str, list[dict], list[st
     return parts
 
 
-def mode_words(run: RunRecord) -> str:
+def mode_words(run: RunRow) -> str:
     """ ", eager steps" or ", graph steps" where the run's summary says how its steps ran, else ""."""
     check = f" (graph check {run.graph_check})" if run.graph_check and run.graph_check != "passed" else ""
     return f", {run.step_mode} steps{check}" if run.step_mode else ""
 
 
-def run_label(run: RunRecord) -> str:
+def run_label(run: RunRow) -> str:
     """The run as the verdicts name it, with its step mode (eager or graph) where the summary says."""
     mode = mode_words(run)
     if run.data_fraction is None:
@@ -271,7 +271,7 @@ def run_label(run: RunRecord) -> str:
     return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {ranks}{nodes}{mode}"
 
 
-def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tuple[str, str]]:
+def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[str, str]]:
     """(what, the verdict in words) for each run (over its ranks) and, for a multi-GPU sweep point, why it
     falls short of linear; for traces analysed alone, each trace's."""
     out: list[tuple[str, str]] = []
@@ -298,7 +298,7 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRecord]) -> list[tupl
     return out
 
 
-def why_tables(traces: list[TraceRecord], runs: list[RunRecord], fmt: str) -> str:
+def why_tables(traces: list[TraceRecord], runs: list[RunRow], fmt: str) -> str:
     """What bounds each run, in words, then the tables that say where the time went: for one run, its
     run_tables; for a sweep, each point's efficiency loss."""
     if len(runs) > 1:

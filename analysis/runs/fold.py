@@ -18,7 +18,7 @@ from analysis.read.discover import Warnings, analyze_files, run_traces
 from analysis.records import (
     SPREAD_FIELDS,
     RankTotals,
-    RunRecord,
+    RunRow,
     Spread,
     TraceRecord,
     in_steps,
@@ -44,7 +44,7 @@ def _sum_or_none(values: list[Any]) -> Any:
 
 def analyze_run(
     run_dir: Path, warnings: Warnings, records: list[TraceRecord] | None = None
-) -> tuple[list[TraceRecord], RunRecord | None]:
+) -> tuple[list[TraceRecord], RunRow | None]:
     """Per-trace records of a run (with the run's summary attached) and the run-level record; the
     records are made here unless given (a sweep analyses all its points' traces at once)."""
     records = analyze_files(run_traces(run_dir, warnings), warnings) if records is None else records
@@ -104,14 +104,14 @@ def step_mode(summary: dict[str, Any] | None) -> str | None:
     return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
 
 
-def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRecord | None:
+def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRow | None:
     """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
     oom = summary.get("oom")
     if summary.get("outcome") != Outcome.OOM or not isinstance(oom, dict):
         return None
     cfg = summary.get("config") or {}
     batch = oom.get("batch_size_per_gpu")
-    return RunRecord(
+    return RunRow(
         run_dir=str(run_dir),
         outcome=Outcome.OOM,
         arch=config_value(cfg, "model", "arch", str),
@@ -198,7 +198,7 @@ def slowest_step(
     return (f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"), None
 
 
-def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRecord:
+def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRow:
     """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
     comparing the ranks shows (imbalance, skew, straggler)."""
     ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
@@ -210,7 +210,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
-    run = RunRecord(
+    run = RunRow(
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from analysis.explain.verdict import scaling_note
 from analysis.read.discover import Warnings, analyze_files, run_traces
-from analysis.records import RunRecord, TraceRecord
+from analysis.records import RunRow, TraceRecord
 from analysis.runs.fold import analyze_run
 from hpc.core.rundir import SweepPaths, is_count, read_index
 from hpc.placement.scaling import scaling_prediction
 
 
-def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord], list[RunRecord]]:
+def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord], list[RunRow]]:
     """Per-trace records of every point and one row per point (data fraction x batch x GPUs x nodes)."""
     sweep = SweepPaths(sweep_dir)
     traces: list[TraceRecord] = []
-    rows: list[RunRecord] = []
+    rows: list[RunRow] = []
     points = read_index(sweep.index, warnings.append)
     files = {p["run_dir"]: run_traces(sweep.run(p["run_dir"]).root) for p in points}
     by_file = {rec.file: rec for rec in analyze_files([f for fs in files.values() for f in fs], warnings)}
@@ -69,7 +69,7 @@ def charged(point: dict, wall_time_s: float | None) -> dict:
     }
 
 
-def with_scaling(rows: list[RunRecord]) -> list[RunRecord]:
+def with_scaling(rows: list[RunRow]) -> list[RunRow]:
     """The rows with speed-up and scaling efficiency against the 1-GPU row of the same data fraction and
     batch size, where the time went (`loss_us`), and what the scaling model predicts from the run's own
     numbers.
@@ -101,7 +101,7 @@ def with_scaling(rows: list[RunRecord]) -> list[RunRecord]:
     return out
 
 
-def step_parts_us(r: RunRecord) -> dict[str, float] | None:
+def step_parts_us(r: RunRow) -> dict[str, float] | None:
     """A run's step time (its slowest rank's) in parts that add up to it: the ranks' mean per-step
     computation, exposed communication and memory time on the device, the rest of the mean step
     (`idle`: the device waiting on the host, on data, on other ranks), and the slowest rank's excess
@@ -121,7 +121,7 @@ def step_parts_us(r: RunRecord) -> dict[str, float] | None:
     }
 
 
-def efficiency_loss_us(r: RunRecord, base: RunRecord) -> dict[str, float] | None:
+def efficiency_loss_us(r: RunRow, base: RunRow) -> dict[str, float] | None:
     """Per part, how much longer a step takes than at the 1-GPU point (same fraction, same per-GPU
     batch); the parts add up to `total`, the measured step-time difference. None without device data."""
     mine, theirs = step_parts_us(r), step_parts_us(base)
@@ -132,7 +132,7 @@ def efficiency_loss_us(r: RunRecord, base: RunRecord) -> dict[str, float] | None
     return loss
 
 
-def predicted_efficiency(r: RunRecord, base: RunRecord) -> float | None:
+def predicted_efficiency(r: RunRow, base: RunRow) -> float | None:
     """The scaling model, fed with the 1-GPU point's step time and this run's measured gradient bytes per
     step and all-reduce bus bandwidth."""
     if not (base.step_time_us_mean.max and r.allreduce_busbw_GBps and r.allreduce_bytes_per_step and r.gpus):

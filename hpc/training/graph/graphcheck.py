@@ -52,7 +52,7 @@ Gather = Callable[[Any], list[Any]]  # every rank's value, in rank order (over t
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class RankCheck:
     """One rank's check: `cause` None when it passed."""
 
     rank: int
@@ -157,7 +157,7 @@ class GraphCheck:
         captured = self.capture(x, y)
         causes = self.gather(captured)
         if any(c is not None for c in causes):
-            outcomes = [Outcome(r, c, time.monotonic() - start) for r, c in enumerate(causes)]
+            outcomes = [RankCheck(r, c, time.monotonic() - start) for r, c in enumerate(causes)]
         else:
             outcome = self.compare(x, y, saved, before, loss_e, eager_params, start)
             outcomes = self.gather(outcome)
@@ -198,7 +198,7 @@ class GraphCheck:
         loss_e: float,
         eager_params: list[torch.Tensor],
         start: float,
-    ) -> Outcome:
+    ) -> RankCheck:
         loss_g = float(self.step.replay(x, y).detach())
         if inject.graph_fault("mismatch"):
             with torch.no_grad():  # a replay that wrote the wrong weights: the restore below must undo it
@@ -211,10 +211,10 @@ class GraphCheck:
         seconds = time.monotonic() - start
         if cause is None and seconds > self.timeout_s:
             cause = f"the check took {seconds:.1f} s, over train.graph_check_timeout_s = {self.timeout_s:g}"
-        return Outcome(self.rank, cause, seconds, loss_rel, update_rel)
+        return RankCheck(self.rank, cause, seconds, loss_rel, update_rel)
 
 
-def agree(outcomes: list[Outcome], exact: bool, timeout_s: float) -> CheckResult:
+def agree(outcomes: list[RankCheck], exact: bool, timeout_s: float) -> CheckResult:
     """Every rank's outcomes (the same list on every rank) as one result."""
     failed = [o for o in outcomes if o.cause is not None]
     seconds = max(o.seconds for o in outcomes)

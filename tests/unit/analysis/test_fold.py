@@ -91,11 +91,11 @@ def test_trace_discovery_stays_near_the_directory_it_is_given(tmp_path):
 def test_a_memory_figure_without_categories_says_how_to_get_them():
     """The study's profile leaves memory by category off (its cost): its memory figures say how to turn it
     on, and say nothing once a run has recorded them (their own figure is drawn)."""
-    from analysis.records import RunRecord
+    from analysis.records import RunRow
     from analysis.report.figures import memory_note
 
-    plain = RunRecord(run_dir="a", gpus=1, batch_size_per_gpu=8, data_fraction=1.0)
+    plain = RunRow(run_dir="a", gpus=1, batch_size_per_gpu=8, data_fraction=1.0)
     assert "--set profiler.memory_categories=true" in memory_note([plain])
-    recorded = RunRecord(run_dir="b", gpus=2, batch_size_per_gpu=8, data_fraction=1.0,
+    recorded = RunRow(run_dir="b", gpus=2, batch_size_per_gpu=8, data_fraction=1.0,
                          peak_mem_by_category={"parameters": 1, "activations": 2})
     assert memory_note([plain, recorded]) is None

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis.explain import verdict as v
-from analysis.records import RunRecord, Spread
+from analysis.records import RunRow, Spread
 from analysis.report.units import human_column
 from analysis.runs.fold import step_mode
 
@@ -233,8 +233,8 @@ def test_the_step_mode_comes_from_the_summary(summary, mode):
     assert step_mode(summary) == mode
 
 
-def _point(**loss) -> RunRecord:
-    return RunRecord(run_dir="r", ranks=4, gpus=4, nodes=1, scaling_efficiency=0.71, allreduce_busbw_GBps=40.0,
+def _point(**loss) -> RunRow:
+    return RunRow(run_dir="r", ranks=4, gpus=4, nodes=1, scaling_efficiency=0.71, allreduce_busbw_GBps=40.0,
                      loss_us={**loss, "total": sum(loss.values())})
 
 
@@ -244,7 +244,7 @@ def test_the_sweep_note_names_the_largest_loss_term():
                     "(4.10 ms); all-reduce bus bandwidth 40.0 GB/s against ~" + note.split("against ~")[1])
     idle = v.scaling_note(_point(computation=200.0, communication=100.0, idle=900.0))
     assert "most of it the GPU idle" in idle and "GB/s" not in idle
-    one = RunRecord(run_dir="r", ranks=1, gpus=1, nodes=1, scaling_efficiency=1.0)
+    one = RunRow(run_dir="r", ranks=1, gpus=1, nodes=1, scaling_efficiency=1.0)
     assert v.scaling_note(one) is None  # a 1-GPU point has nothing to explain
     cpu = dataclasses.replace(_point(), loss_us=None, scaling_efficiency=0.28)
     assert v.scaling_note(cpu).startswith("efficiency 0.28: ") and "no device timeline" in v.scaling_note(cpu)
@@ -307,8 +307,8 @@ def test_imbalance_is_the_larger_of_the_steps_and_a_proven_stragglers_wait(holds
     assert got[v.IMBALANCE] == pytest.approx(share)
 
 
-def _run(mean=None, worst=None, not_named=None, slow=None, **more) -> RunRecord:
-    return RunRecord(run_dir="r", ranks=2, step_time_us_mean=Spread(mean, worst), slowest_step_not_named=not_named,
+def _run(mean=None, worst=None, not_named=None, slow=None, **more) -> RunRow:
+    return RunRow(run_dir="r", ranks=2, step_time_us_mean=Spread(mean, worst), slowest_step_not_named=not_named,
                      slow_rank=slow, **more)
 
 
@@ -333,7 +333,7 @@ def test_no_straggler_named_is_said_where_a_mean_would_have_named_one(permille, 
 
 @pytest.mark.parametrize("gpus, nodes, noted", [(1, 1, False), (2, 1, True), (1, 2, True), (None, None, False)])
 def test_only_a_point_of_several_gpus_gets_a_scaling_note(gpus, nodes, noted):
-    run = RunRecord(run_dir="r", gpus=gpus, nodes=nodes, scaling_efficiency=0.5)
+    run = RunRow(run_dir="r", gpus=gpus, nodes=nodes, scaling_efficiency=0.5)
     assert (v.scaling_note(run) is not None) is noted
 
 
@@ -446,7 +446,7 @@ def test_a_runs_evidence_sums_its_ranks_traces_and_takes_the_rest_from_its_recor
     from analysis.records import Spread
 
     a, b = _trace(1.0), _trace(2.0, device_name="NVIDIA H100 80GB HBM3", graph_kernel_calls=3)
-    run = RunRecord(run_dir="r", ranks=2, nodes=3, allreduce_busbw_GBps=7.5, step_time_us_mean=Spread(2e5, 3e5),
+    run = RunRow(run_dir="r", ranks=2, nodes=3, allreduce_busbw_GBps=7.5, step_time_us_mean=Spread(2e5, 3e5),
                     kernel_calls_per_step=Spread(60.0, 80.0), slowest_step="rank 1 on nid002", straggler_rank=1,
                     straggler_share=0.8)
     model = {"flops_per_image": 1e9, "batch_size_per_gpu": 64, "bf16": True, "script": True}
@@ -461,7 +461,7 @@ def test_a_runs_evidence_sums_its_ranks_traces_and_takes_the_rest_from_its_recor
     # forward + backward: 3 x FLOPs x batch per step of 0.2 s; the H100's bf16 peak
     assert e.achieved_tflops == pytest.approx(3 * 1e9 * 64 / 0.2 / 1e12) and e.peak_tflops == 989.0
     assert e.graphed is True and e.script is True  # a kernel replayed from a graph in rank 1's trace
-    plain = v.run_evidence([a], RunRecord(run_dir="r"), {})
+    plain = v.run_evidence([a], RunRow(run_dir="r"), {})
     assert (plain.ranks, plain.nodes, plain.achieved_tflops, plain.peak_tflops, plain.graphed, plain.script) == (
         1, 1, None, None, False, None)
     assert v.run_evidence([b], run, {**model, "bf16": False}).peak_tflops == 494.0  # tf32's

@@ -5,7 +5,7 @@ met exactly). The golden sentence of each verdict kind is in test_verdict.py."""
 import pytest
 
 from analysis.explain import verdict as v
-from analysis.records import RunRecord, Spread, TraceRecord
+from analysis.records import RunRow, Spread, TraceRecord
 from test_verdict import SPAN, gpu
 
 
@@ -104,8 +104,8 @@ def test_the_idle_breakdown_is_read_from_the_traces_idle_breakdown():
     assert v.trace_evidence(TraceRecord(file="t")).step_us is None  # no steps, no CPU span: nothing to judge by
 
 
-def run(**kw) -> RunRecord:
-    return RunRecord(run_dir="r", **kw)
+def run(**kw) -> RunRow:
+    return RunRow(run_dir="r", **kw)
 
 
 def test_a_runs_evidence_carries_its_straggler_and_its_flops():

@@ -24,7 +24,7 @@ from hpc.training.graph.graphcheck import (
     UPDATE_RTOL,
     GraphCheck,
     GraphRun,
-    Outcome,
+    RankCheck,
     agree,
     differences,
     mismatch,
@@ -80,7 +80,7 @@ def test_a_nan_in_the_replay_is_a_mismatch():
 
 
 def test_the_ranks_agree_on_the_first_failure_and_say_how_many_more():
-    outcomes = [Outcome(0, None, 1.0, 0.0, 0.0), Outcome(1, "capture raised X: y", 2.5), Outcome(2, "slow", 9.0)]
+    outcomes = [RankCheck(0, None, 1.0, 0.0, 0.0), RankCheck(1, "capture raised X: y", 2.5), RankCheck(2, "slow", 9.0)]
     result = agree(outcomes, exact=False, timeout_s=5)
     assert not result.passed
     assert result.line == "graph check failed on rank 1 (and on 1 other rank(s)): capture raised X: y"
@@ -90,7 +90,7 @@ def test_the_ranks_agree_on_the_first_failure_and_say_how_many_more():
     with pytest.raises(UsageError, match=r"^train.cuda_graph = true, and the graph check failed on rank 1 "):
         settle(result, True)
     assert settle(result, "auto").endswith("; every rank runs eager (train.cuda_graph = auto)")
-    passed = agree([Outcome(0, None, 0.5, 1e-5, 2e-4), Outcome(1, None, 0.7, 3e-5, 1e-4)], False, 5)
+    passed = agree([RankCheck(0, None, 0.5, 1e-5, 2e-4), RankCheck(1, None, 0.7, 3e-5, 1e-4)], False, 5)
     assert passed.passed and passed.record["loss_rel_diff"] == 3e-5 and passed.record["update_rel_diff"] == 2e-4
     assert passed.facts()["graph_check"] == "passed" and "step_mode" not in passed.facts()
     assert settle(passed, True) == passed.line and "in 0.7 s" in passed.line
