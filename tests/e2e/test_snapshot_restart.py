@@ -85,7 +85,7 @@ def test_a_stopped_run_resumes_and_a_killed_rank_restarts_the_group_to_the_unint
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "hpc: stopped (SIGINT)" in err, out + err  # told to stop, not known saved
-    assert json.loads((first / "summary.json").read_text())["outcome"] == "preempted"
+    assert json.loads((first / "summary.json").read_text())["outcome"] == "cancelled"  # a person's stop, unsaved
     assert script_processes(here) == []
 
     proc, run = start_run(tmp_path, here)  # the same command again: the script finds its snapshot
