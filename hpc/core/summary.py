@@ -241,6 +241,11 @@ class EarlierAttempt(msgspec.Struct):
     first: str | None  # the first rank to end badly, in a phrase
 
 
+# summary.json's layout. A reader refuses another in one line (a later toolkit's file); a file written
+# before the field was added is of the first.
+SUMMARY_SCHEMA = 1
+
+
 class RunRecord(msgspec.Struct, kw_only=True):
     """summary.json: the same top-level keys whatever the task. `ranks`: each rank's facts under its exit
     record (RankExit's fields, `complete`, and what its task measured: the training's or the hook's)."""
@@ -260,11 +265,16 @@ class RunRecord(msgspec.Struct, kw_only=True):
     earlier: list[EarlierAttempt]
     gpus: dict[str, Any] | None
     ranks: list[dict[str, Any]]
+    schema: int = SUMMARY_SCHEMA
 
 
 def decode_run_record(data: bytes) -> RunRecord:
-    """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape)."""
-    return msgspec.json.decode(data, type=RunRecord)
+    """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape, or of
+    another schema)."""
+    record = msgspec.json.decode(data, type=RunRecord)
+    if record.schema != SUMMARY_SCHEMA:
+        raise msgspec.ValidationError(f"schema {record.schema}, and this toolkit reads schema {SUMMARY_SCHEMA}")
+    return record
 
 
 def earlier_attempts(paths: RunPaths) -> list[EarlierAttempt]:
@@ -492,6 +502,10 @@ def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
         warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
+        return None
+    schema = data.get("schema", SUMMARY_SCHEMA)
+    if type(schema) is not int or schema != SUMMARY_SCHEMA:
+        warn(f"{path}: ignored: schema {data['schema']!r:.40}, and this toolkit reads schema {SUMMARY_SCHEMA}")
         return None
     ranks = []
     for i, r in enumerate(data.get("ranks", [])):

@@ -176,3 +176,25 @@ def test_hpc_submits_exit_code_is_the_documented_one_for_each_outcome(outcomes, 
     from hpc.launch.submission.follow import exit_code_of_outcomes
 
     assert exit_code_of_outcomes(outcomes) == code
+
+
+def test_summary_json_says_its_schema_and_another_is_refused_in_one_line(tmp_path):
+    """Issue 73: a file of another layout (a later toolkit's) is not read as this one; one of the first
+    layout, written before the field, is."""
+    from hpc.core.summary import SUMMARY_SCHEMA, decode_run_record, read_summary
+
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    paths.rank_exit(0).write_text(json.dumps({**record(0, "ok", 2), "group": "9.0.0", "started_ns": 1}))
+    written = build_summary(paths, read_records(paths), {})
+    assert written["schema"] == SUMMARY_SCHEMA == 1
+    path = tmp_path / "summary.json"
+    for schema, read in ((1, True), (None, True), (2, False), ("1", False), (True, False)):
+        said = []
+        body = {k: v for k, v in written.items() if k != "schema"}
+        path.write_text(json.dumps(body if schema is None else {**body, "schema": schema}))
+        got = read_summary(path, said.append)
+        assert (got is not None) is read, (schema, said)
+        assert said == ([] if read else [f"{path}: ignored: schema {schema!r}, and this toolkit reads schema 1"])
+    with pytest.raises(msgspec.ValidationError, match="schema 2, and this toolkit reads schema 1"):
+        decode_run_record(json.dumps({**written, "schema": 2}).encode())
