@@ -10,7 +10,11 @@ StartTime and each rank's `startup` record in summary.json (hpc/training/summary
 - imports + set-up: a rank's process start to its joining the group (Python, torch, the config, the device);
 - group: the last rank's arrival to the group formed (the store's handshake), and the longest any rank waited;
 - to first step: the job's start to the last rank's first step end;
-- RSS: each rank's peak resident memory (getrusage), median and max over ranks.
+- RSS: each rank's peak resident memory (getrusage), median and max over ranks;
+then a line of each start-up phase a rank recorded (summary.json's startup.phases: imports, group joined,
+data ready, model ready, profiler started, graph checked, first step, last step, exit), in seconds after
+its process started, median and slowest over ranks. A command of your own is timed the same way
+(`-- -- python train.py`): its hook sees fewer phases (no group or set-up of its own: "-").
 StartTime has a resolution of one second. No torch import.
 """
 
@@ -28,6 +32,7 @@ from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import read_summary
+from hpc.training.steptimes import PHASES
 
 PER_NODE = 4
 
@@ -48,24 +53,51 @@ def job_start_unix(job: str) -> float:
 def figures(ranks: list[dict[str, Any]], started: float) -> dict[str, float]:
     """The start-up of one job from its ranks' records (hpc/training/steptimes.py's startup_record)."""
     s = [r["startup"] for r in ranks]
-    arrived = [x["group_join_start_unix"] for x in s]
-    formed = max(x["group_join_start_unix"] + x["group_join_s"] for x in s)
+    # the toolkit's training times its group's forming; a script's hook does not see it (None: not measured)
+    joined = [x for x in s if x.get("group_join_start_unix") is not None and x.get("group_join_s") is not None]
+    arrived = [x["group_join_start_unix"] for x in joined]
+    formed = max((x["group_join_start_unix"] + x["group_join_s"] for x in joined), default=None)
     rss = [r["peak_rss_bytes"] / 2**20 for r in ranks if r.get("peak_rss_bytes")]
     return {
         "to_process_s": max(x["process_start_unix"] for x in s) - started,
-        "setup_s": statistics.median(a - x["process_start_unix"] for a, x in zip(arrived, s, strict=True)),
-        "group_after_last_s": formed - max(arrived),
-        "longest_wait_s": max(x["group_join_s"] for x in s),
+        "setup_s": statistics.median(a - x["process_start_unix"] for a, x in zip(arrived, joined, strict=True))
+        if joined
+        else None,
+        "group_after_last_s": formed - max(arrived) if formed is not None else None,
+        "longest_wait_s": max((x["group_join_s"] for x in joined), default=None),
         "to_first_step_s": max(x["first_step_end_unix"] for x in s) - started,
         "rss_median_mib": statistics.median(rss) if rss else 0.0,
         "rss_max_mib": max(rss) if rss else 0.0,
     }
 
 
-def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[str, float]:
+def _shown(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def phase_spans(ranks: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """Each start-up phase a rank recorded (summary.json's startup.phases, hpc/training/steptimes.py PHASES),
+    as seconds since its process started: (phase, median over the ranks that saw it, the slowest rank's),
+    in the phases' order; a phase no rank saw is left out (a script's hook sees fewer than the training)."""
+    out = []
+    for phase in PHASES[1:]:
+        since = [
+            p[phase] - p["process_start"]
+            for r in ranks
+            if isinstance(p := (r.get("startup") or {}).get("phases"), dict)
+            and p.get(phase) is not None
+            and p.get("process_start") is not None
+        ]
+        if since:
+            out.append((phase, statistics.median(since), max(since)))
+    return out
+
+
+def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[str, Any]:
     nodes, gpus = max(1, -(-count // PER_NODE)), min(PER_NODE, count)
     args = ["--nodes", str(nodes), "--gpus", str(gpus), "--account", account, "--runs-dir", str(runs_dir)]
-    args += ["--name", f"start{count}", "--export", "ALL,OMP_NUM_THREADS=1", *train, "--wait"]
+    # the words after `--` last: they may end in a command of your own (`-- -- python train.py`)
+    args += ["--name", f"start{count}", "--export", "ALL,OMP_NUM_THREADS=1", "--wait", *train]
     out = subprocess.run([sys.executable, "-m", "hpc.submit", *args], capture_output=True, text=True)
     found = re.search(r"^job (\S+): run dir (\S+)", out.stdout, flags=re.M)
     if out.returncode != 0 or not found:
@@ -74,7 +106,8 @@ def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[
     if not summary:
         raise UsageError(f"{count} ranks: {found.group(2)} has no readable summary")
     ranks = summary["ranks"]
-    return {"ranks": count, "nodes": nodes, **figures(ranks, job_start_unix(found.group(1)))}
+    started = job_start_unix(found.group(1))
+    return {"ranks": count, "nodes": nodes, **figures(ranks, started), "phases": phase_spans(ranks)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,11 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     for count in rank_counts:
         f = measure(count, args.account, Path(args.runs_dir), train)
         print(
-            f"| {count} | {f['nodes']} | {f['to_process_s']:.1f} | {f['setup_s']:.1f} | {f['group_after_last_s']:.2f} "
-            f"| {f['longest_wait_s']:.1f} | {f['to_first_step_s']:.1f} | {f['rss_median_mib']:.0f} / "
+            f"| {count} | {f['nodes']} | {f['to_process_s']:.1f} | {_shown(f['setup_s'], 1)} "
+            f"| {_shown(f['group_after_last_s'], 2)} | {_shown(f['longest_wait_s'], 1)} | {f['to_first_step_s']:.1f} "
+            f"| {f['rss_median_mib']:.0f} / "
             f"{f['rss_max_mib']:.0f} |",
             flush=True,
         )
+        spans = "; ".join(f"{phase} {median:.2f} / {most:.2f}" for phase, median, most in f["phases"])
+        print(f"  {count} ranks, each phase in s after its process started (median / slowest): {spans}", flush=True)
     return EXIT_OK
 
 

@@ -99,17 +99,61 @@ def own_work_series(
     return series
 
 
-def startup_record(join_began: float | None, join_ended: float | None, first_step_unix: float | None) -> dict[str, Any]:
+# A rank's start-up and end by phase, in order (summary.json's startup.phases: each one's Unix time, None where
+# not seen). The toolkit's training marks every one; a script's hook those it sees from outside the script:
+# torch imported (its optimizers' module), its profiler started, its first and last steps, its exit.
+PHASES = (
+    "process_start",
+    "imports",
+    "group_joined",
+    "data_ready",
+    "model_ready",
+    "profiler_started",
+    "graph_checked",
+    "first_step",
+    "last_step",
+    "exit",
+)
+
+
+class Timeline:
+    """When this rank reached each phase of PHASES (time.time()): the first time, or the latest with `again`
+    (the last step is each step's end)."""
+
+    def __init__(self, *reached: str) -> None:
+        self.at: dict[str, float] = {}
+        for phase in reached:  # now
+            self.mark(phase)
+
+    def mark(self, phase: str, when: float | None = None, again: bool = False) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"no start-up phase {phase!r} (PHASES)")
+        if again or phase not in self.at:
+            self.at[phase] = time.time() if when is None else when
+
+    def record(self) -> dict[str, float | None]:
+        """Every phase's time, the process's start read from /proc."""
+        return {p: process_started_unix() if p == "process_start" else self.at.get(p) for p in PHASES}
+
+
+def startup_record(
+    join_began: float | None, join_ended: float | None, first_step_unix: float | None, timeline: Timeline | None = None
+) -> dict[str, Any]:
     """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
-    began to form and was formed (every rank in), the first optimizer step ended. Compared with the job's
-    start (Slurm's StartTime) they give its time to the first step (docs/scale.md)."""
+    began to form and was formed (every rank in), the first optimizer step ended, and each phase of PHASES
+    the rank's timeline saw. Compared with the job's start (Slurm's StartTime) they give its time to the
+    first step (docs/scale.md)."""
     started = process_started_unix()
+    phases = (timeline or Timeline()).record()
+    phases["group_joined"] = phases["group_joined"] or join_ended
+    phases["first_step"] = phases["first_step"] or first_step_unix
     return {
         "process_start_unix": started,
         "group_join_start_unix": join_began,
         "group_join_s": join_ended - join_began if join_ended is not None and join_began is not None else None,
         "first_step_end_unix": first_step_unix,
         "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
+        "phases": phases,
     }
 
 

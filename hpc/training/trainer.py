@@ -67,7 +67,7 @@ from hpc.training.model import count_flops_per_image
 from hpc.training.oom import start_memory_history
 from hpc.training.profiling import Profiling, RankChoice, maybe_profile, start_notes
 from hpc.training.steps import DivergenceGuard, TrainState, evaluate
-from hpc.training.steptimes import StepClock, startup_record
+from hpc.training.steptimes import StepClock, Timeline, startup_record
 from hpc.training.summary import RunSummary, closing_lines, recovered_record, weights_digest
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Trainer:
         self, cfg: RunConfig, run_dir: Path, dist: DistEnv, stop: StopSignal, lock: RunLock, resume_from: str = "last"
     ):
         """`stop` and `lock` are the caller's (installed, and released, whatever happens to the Trainer)."""
+        self.timeline = Timeline("imports")  # summary.json's startup.phases; imported: torch's, ours, the config
         self.cfg = cfg
         self.dist = dist
         self.stop = stop
@@ -96,26 +97,22 @@ class Trainer:
         timeout_s = cfg.train.collective_timeout_s
         joined_at = time.time()  # the group's formation, timed for summary.json's start-up
         self.backend, control, store = join(dist, self.use_cuda, timeout_s, self.paths.rank_log(dist.rank))
-        self.joining = (joined_at, time.time())
+        self.joining = (joined_at, time.time())  # the timeline's group_joined too
         # several ranks: each one's heartbeat, read when a collective fails (None: close() after a failed set-up)
         self.heartbeat = Heartbeat(dist, timeout_s) if store is not None else None
         self.group = RankGroup(dist, control, store)
-        self.checkpointer = Checkpointer(
-            run_dir, cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log
-        )
-        claim_run_dir(self.paths, self.lock, self.group, self.checkpointer, resume_from, self.log)
-        if RUN_DIR_VARIABLE not in os.environ:  # a start outside our runner (plain torchrun, python): its own
-            keep_earlier(self.paths, dist.rank)  # record, not a runner's earlier one, makes summary.json
-        self.group.gather_roster()
+        self.checkpointer = self.claim(resume_from)
         start_memory_history(cfg.profiler.memory_snapshot, self.use_cuda)
         mc = cfg.model
         channels_last = mc.channels_last == "on" or (mc.channels_last == "auto" and self.use_cuda)
         self.data = setup_data(
             cfg.data, mc.num_classes, cfg.train.seed, dist, self.device, channels_last, self.group.barrier, self.log
         )
+        self.timeline.mark("data_ready")
         self.plan = step_plan(cfg.train, dist.world_size, len(self.data.subset))
         graph = self.graph_mode
         self.net = setup_model(mc, cfg.train, self.plan, self.device, self.use_cuda, channels_last, graph.captures)
+        self.timeline.mark("model_ready")  # on its device and wrapped
         network = check_fabric(dist, self.paths.rank_log(0).parent, self.group.agree, self.log) if fabric else None
         self.state.use_cuda = self.use_cuda
         resumed_from = self._resume()
@@ -137,6 +134,18 @@ class Trainer:
         self.sampler: GpuSampler | None = None
 
     # --- set-up ----------------------------------------------------------------------------------
+    def claim(self, resume_from: str) -> Checkpointer:
+        """The run directory taken by every rank together (hpc/training/claim.py claim_run_dir), with the
+        checkpointer that writes into it; the ranks' roster gathered."""
+        checkpointer = Checkpointer(
+            self.paths.root, self.cfg.train.checkpoint_every_steps, self.is_main, self.group.agree, self.log
+        )
+        claim_run_dir(self.paths, self.lock, self.group, checkpointer, resume_from, self.log)
+        if RUN_DIR_VARIABLE not in os.environ:  # a start outside our runner (plain torchrun, python): its own
+            keep_earlier(self.paths, self.dist.rank)  # record, not a runner's earlier one, makes summary.json
+        self.group.gather_roster()
+        return checkpointer
+
     def log(self, msg: str) -> None:  # rank 0's lines; the others' at DEBUG, named (HPC_LOG_LEVEL=debug)
         level, name = (logging.INFO, "") if self.is_main else (logging.DEBUG, f"[rank {self.dist.rank}] ")
         log.log(level, "%s%s", name, msg)
@@ -212,6 +221,8 @@ class Trainer:
             self.cfg.profiler, self.paths.traces, who, self.use_cuda, lambda: self.state.step
         ) as profiling:
             self.profiling = profiling
+            if profiling is not None:  # not started: profiler.enabled false, or a rank not chosen to record
+                self.timeline.mark("profiler_started")
             while st.epoch < self.cfg.train.epochs and not self.finished() and not self.stopped:
                 self.run_epoch()
                 # a signal during evaluation stops at the epoch's own checkpoint, not a step later
@@ -313,6 +324,7 @@ class Trainer:
         if self.profiling is not None:
             self.profiling.step(replayed=graphed)
         self.timer.ended(profiled)
+        self.timeline.mark("last_step", again=True)
         if self.beat is not None:
             self.beat.step(self.paths, self.dist.rank)
         at_log = st.step % self.cfg.train.log_every_steps == 0 or st.step == self.plan.stop_at
@@ -386,7 +398,10 @@ class Trainer:
         self.graph.release()
         self.summary.facts.update(self.graph.facts())
         st = self.state
-        startup = startup_record(*self.joining, self.timer.first_step_unix)
+        if self.graph.checked_unix is not None:
+            self.timeline.mark("graph_checked", self.graph.checked_unix)
+        self.timeline.mark("exit")  # the run's end: its summary next
+        startup = startup_record(*self.joining, self.timer.first_step_unix, self.timeline)
         wall_s = self.progress.wall_s()
         record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, wall_s, startup)
         record = recovered_record(record) if recovered else record

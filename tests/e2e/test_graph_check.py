@@ -54,6 +54,10 @@ def test_a_check_that_passes_on_both_ranks_keeps_the_graph_path(data_root, tmp_p
     # perturbs the replay, and on a GPU by tests/gpu (a real capture against eager: 0 there too, measured)
     assert ranks[0]["graph_check_detail"]["update_rel_diff"] == 0.0
     assert same_weights(weights(tmp_path / "run"), eager)
+    for rank in ranks:  # the training's start-up and end, every phase seen, in order (issue 76)
+        phases = rank["startup"]["phases"]
+        assert all(t is not None for t in phases.values()), phases
+        assert list(phases.values()) == sorted(phases.values()), phases
     # every full batch replayed, a smaller last one of each epoch eager: from the data's own size
     first = ranks[0]
     per_rank = -(-first["train_images"] // len(ranks))  # DistributedSampler pads to equal shares

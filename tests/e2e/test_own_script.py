@@ -61,6 +61,10 @@ def test_a_torchrun_style_script_runs_here_profiled_without_a_change(tmp_path):
                                                                                   (1, 16, "submitit-local")]
     for rank in summary["ranks"]:  # the measurements the toolkit's training records, a script's rank too
         assert rank["startup"]["to_first_step_s"] > 0 and rank["step_time_after_profiler_s"]["n"] > 0, rank
+        # the phases a script's hook sees from outside it, in order; the others are the training's alone
+        seen = {k: t for k, t in rank["startup"]["phases"].items() if t is not None}
+        assert list(seen) == ["process_start", "imports", "profiler_started", "first_step", "last_step", "exit"]
+        assert list(seen.values()) == sorted(seen.values()), seen
         assert rank["wall_time_s"] > 0 and len(rank["own_step_series"]["ms"]) == 16
     # DDP all-reduces the gradients in every backward: a collective between any two optimizer steps
     assert [r["collectives_in_steps"] for r in summary["ranks"]] == [{"intervals": 15, "with_collectives": 15}] * 2

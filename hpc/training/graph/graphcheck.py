@@ -264,6 +264,7 @@ class GraphRun:
         exact, timeout_s = tc.deterministic, tc.graph_check_timeout_s
         self.check = GraphCheck(step, rank, gather or (lambda v: [v]), exact, timeout_s) if step else None
         self.result: CheckResult | None = None
+        self.checked_unix: float | None = None  # when the check ended (summary.json's startup.phases)
         self.replays = 0  # steps this start replayed (a smaller last batch runs eagerly: not one of them)
 
     @property
@@ -274,6 +275,7 @@ class GraphRun:
         """The loss of a replayed step (a copy), or None: run this batch eagerly."""
         if self.check is not None and self.result is None:
             self.result = self.check.run(x, y)
+            self.checked_unix = time.time()
             self.say(settle(self.result, self.setting))  # true and failed: UsageError, on every rank
             self.step = self.step if self.result.passed else None
         if self.step is None:

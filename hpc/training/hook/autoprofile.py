@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts
-from hpc.training.steptimes import StepClock, measures, startup_record
+from hpc.training.steptimes import StepClock, Timeline, measures, startup_record
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
     import torch
@@ -131,6 +131,7 @@ class StepHook:
         self.steps = 0
         # each counted step's end and own work (to its last backward's first gradient), as the training's
         self.clock = StepClock()
+        self.timeline = Timeline()  # the phases a script's hook sees (hpc/training/steptimes.py PHASES)
         self.profiling: Profiling | None = None
         self.context: contextlib.ExitStack | None = None
         self.note: str | None = None
@@ -167,6 +168,7 @@ class StepHook:
             self.after_step()
         finally:  # the step ends after our profiler's own step (a trace's export is this step's, as in the training)
             self.clock.ended(profiled)
+            self.timeline.mark("last_step", again=True)
 
     def after_step(self) -> None:
         """What a counted step sets off: the separate-copies line, the listeners, our profiler's step."""
@@ -227,6 +229,8 @@ class StepHook:
                 maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
             )
         self.active = self.profiling is not None
+        if self.active:
+            self.timeline.mark("profiler_started")
 
     def script_profiler_starts(self) -> None:
         """A profile the script started (torch's start of a trace, seen before it happens): ours stands
@@ -269,6 +273,7 @@ class StepHook:
                 context.close()
 
     def finish(self) -> None:
+        self.timeline.mark("exit")
         with contextlib.suppress(Exception):  # at exit too, never the user's run's end
             self.close()
         self.write()
@@ -292,7 +297,7 @@ class StepHook:
             "steps": self.steps,
             "process_group": self.grouped,
             "collectives_in_steps": self.traffic.record(),
-            **measures(clock, profiling, wall_s, startup_record(None, None, clock.first_step_unix)),
+            **measures(clock, profiling, wall_s, startup_record(None, None, clock.first_step_unix, self.timeline)),
             "profiler": {
                 "cycles": profiling.cycles if profiling is not None else [],
                 "traces": self.paths.rank_traces(self.rank),
@@ -339,6 +344,7 @@ def separate_copies_line(ranks: int) -> str | None:
 
 def register(module: ModuleType, hook: StepHook) -> None:
     """The global optimizer step hook, on torch's optimizer module (just imported)."""
+    hook.timeline.mark("imports")  # torch's, as far as its optimizers: the script's own go on
     add = getattr(module, "register_optimizer_step_post_hook", None)
     if add is None:
         log.warning("hpc: this torch has no global optimizer step hook (torch >= 2.0 has): not profiled")

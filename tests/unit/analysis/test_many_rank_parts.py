@@ -172,6 +172,11 @@ def test_the_startup_benchmark_reads_where_the_start_went():
     assert f["to_process_s"] == 2.0 and f["setup_s"] == pytest.approx((4.0 + 5.5) / 2)
     assert f["group_after_last_s"] == pytest.approx(0.5) and f["longest_wait_s"] == 3.0
     assert f["to_first_step_s"] == pytest.approx(11.2) and (f["rss_median_mib"], f["rss_max_mib"]) == (705, 710)
+    script = {"process_start_unix": 100.0, "group_join_start_unix": None, "group_join_s": None,
+              "first_step_end_unix": 108.0}  # a script's hook does not time the group's forming
+    g = figures([{"startup": script}], started=99.0)
+    assert (g["setup_s"], g["group_after_last_s"], g["longest_wait_s"]) == (None, None, None)
+    assert g["to_first_step_s"] == 9.0
     assert parse_ranks("4,8,16,32") == [4, 8, 16, 32]
     for bad in ("0", "4,,8", "four", "-4"):
         with pytest.raises(UsageError, match="--ranks"):
@@ -371,3 +376,16 @@ def test_no_core_wait_is_judged_without_a_straggler_or_its_measure():
     bare = [ranks[0], {"rank": 1, "own_step_series": {"first_step": 1, "ms": [3.0] * 12}}]
     assert starved(bare, 1, {"holds": True, "excess": 0.004}) is None  # no queued_ms recorded
     assert starved(ranks, 1, {"holds": True, "excess": 0.004}) is not None
+
+
+def test_the_startup_benchmark_gives_each_phase_after_each_ranks_own_start():
+    """Three ranks' phases (literal times): each phase's median and slowest, as seconds after the rank's own
+    process start, in the phases' order; a phase no rank saw is left out, one some ranks saw is theirs."""
+    from hpc.bench.startuptime import phase_spans
+
+    def rank(start, **at):
+        return {"startup": {"phases": {"process_start": start, "imports": None, "first_step": None, **at}}}
+
+    ranks = [rank(100.0, imports=102.0, first_step=110.0), rank(101.0, imports=102.0, first_step=113.0),
+             rank(99.0, imports=104.0), {"startup": {}}, {}]
+    assert phase_spans(ranks) == [("imports", 2.0, 5.0), ("first_step", 11.0, 12.0)]

@@ -648,3 +648,20 @@ def test_a_silence_that_worked_between_is_a_new_one_and_dumps_again(tmp_path):
     assert watch.check(now=163.0) is None and len(dumps) == 2  # idle again: a new dump, not the old one
     said = watch.check(now=300.0)
     assert said is not None and "in wait (threading.py:327) called from fetch_batch" in said
+
+
+def test_a_ranks_timeline_keeps_each_phases_first_time_and_the_last_steps_latest():
+    from hpc.core.proc import process_started_unix
+    from hpc.training.steptimes import PHASES, Timeline, startup_record
+
+    timeline = Timeline()
+    timeline.mark("imports", 10.0)
+    timeline.mark("imports", 11.0)  # a phase is reached once: the first time stands
+    timeline.mark("last_step", 20.0, again=True)
+    timeline.mark("last_step", 21.0, again=True)  # each step's end: the latest stands
+    with pytest.raises(ValueError, match="no start-up phase 'warmup'"):
+        timeline.mark("warmup")
+    phases = startup_record(None, None, 15.0, timeline)["phases"]
+    assert list(phases) == list(PHASES)
+    assert (phases["imports"], phases["last_step"], phases["first_step"]) == (10.0, 21.0, 15.0)
+    assert phases["process_start"] == process_started_unix() and phases["exit"] is None  # not seen: None
