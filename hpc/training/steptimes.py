@@ -131,9 +131,9 @@ class Timeline:
         if again or phase not in self.at:
             self.at[phase] = time.time() if when is None else when
 
-    def record(self) -> dict[str, float | None]:
-        """Every phase's time, the process's start read from /proc."""
-        return {p: process_started_unix() if p == "process_start" else self.at.get(p) for p in PHASES}
+    def record(self, process_start: float | None) -> dict[str, float | None]:
+        """Every phase's time, the process's start as read from /proc by the caller."""
+        return {p: process_start if p == "process_start" else self.at.get(p) for p in PHASES}
 
 
 def startup_record(
@@ -144,7 +144,7 @@ def startup_record(
     the rank's timeline saw. Compared with the job's start (Slurm's StartTime) they give its time to the
     first step (docs/scale.md)."""
     started = process_started_unix()
-    phases = (timeline or Timeline()).record()
+    phases = (timeline or Timeline()).record(started)
     phases["group_joined"] = phases["group_joined"] or join_ended
     phases["first_step"] = phases["first_step"] or first_step_unix
     return {
