@@ -138,6 +138,47 @@ def test_a_failing_rank_on_the_second_node_is_named_and_ends_the_job(slurm_clust
     assert outcome.returncode == 1 and "failed: rank 2 failed first" in outcome.stdout
 
 
+# A user's script as many are written: on SIGTERM rank 0 saves (slowly: a big checkpoint) and exits 3, the
+# others exit 3 at once, with no barrier between them.
+SLOW_SAVE = """import os, signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    time.sleep(0.05)
+if os.environ["RANK"] == "0":
+    time.sleep(8)  # longer than the cluster's KillWait (5 s): srun's kill of a step would land mid-save
+    open(sys.argv[1], "w").write("saved")
+sys.exit(3)
+"""
+
+
+def test_the_first_rank_to_stop_does_not_cut_a_peers_save_short(slurm_cluster, tmp_path):
+    """A stop (exit 3) is not a failure to srun: its --kill-on-bad-exit, there for a failing rank, must not
+    kill rank 0 while it still saves because rank 1 stopped first (seen in CI as a job that ended 137)."""
+    script, saved = tmp_path / "slow_save.py", tmp_path / "saved"
+    script.write_text(SLOW_SAVE)
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,HPC_MAX_REQUEUES=0,HPC_NO_PROFILE=1", "-N", "1",
+                        "--ntasks-per-node=2", "-o", str(tmp_path / "out-%j.txt"), str(REPO / "jobs" / "run.sbatch"),
+                        PY, str(script), str(saved)], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    logs = tmp_path / "runs" / "slow_save" / job / "logs"
+    deadline = time.monotonic() + 120
+    while not all("ready" in (p.read_text() if p.exists() else "") for p in (logs / "rank0.out", logs / "rank1.out")):
+        assert time.monotonic() < deadline and job_state(job).get("JobState") in ("PENDING", "RUNNING"), job_state(job)
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)  # to every task of the step, as a preemption
+    wait_gone(job, 120)
+    log = (tmp_path / f"out-{job}.txt").read_text()
+    state = job_state(job)
+    assert (state["JobState"], state["ExitCode"]) == ("FAILED", "3:0"), log[-3000:]  # the batch shell's 3
+    assert saved.read_text() == "saved", log[-3000:]
+    summary = json.loads((tmp_path / "runs" / "slow_save" / job / "summary.json").read_text())
+    assert [(r["rank"], r["kind"], r["exit_code"]) for r in summary["ranks"]] == [(0, "stopped", 3), (1, "stopped", 3)]
+    assert summary["outcome"] == "stopped" and "stopped after 0 requeues" in log
+
+
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_run_sbatch_runs_a_users_script_unchanged(slurm_cluster, tmp_path, launcher):
     r = subprocess.run(["sbatch", "--parsable", f"--export=ALL,OMP_NUM_THREADS=1,HPC_LAUNCHER={launcher}", "-N", "2",

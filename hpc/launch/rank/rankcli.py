@@ -7,7 +7,10 @@ as a command of its own.
     python -m hpc.rank --run-dir RUN --outcome                            # how the run ended, one line
 
 The rank's environment, logs, stops and exit record: hpc/launch/rank/runner.py. Exits as the task did (3 when
-it asked to be requeued, which the batch script does); 1 when a stop killed it. No torch import.
+it asked to be requeued, which the batch script does); 1 when a stop killed it. Under Slurm a rank that stopped
+to be requeued exits 0 (its code is in its exit record, where the batch shell reads it, as a submitit task
+returns one): srun's --kill-on-bad-exit, there for a failing rank, would kill a peer still saving because
+this one stopped first. A lost peer's 5 stays: that step must end. No torch import.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, Outcome
-from hpc.core.errors import UsageError
+from hpc.core.ending import EXIT_CODES, Outcome, RankEnd
+from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import current_summary, exit_code_of, read_records, write_run_summary
@@ -98,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
         )
-    return exit_code_of(record)
+    code = exit_code_of(record)
+    if record["kind"] == RankEnd.STOPPED and code != EXIT_PEER_LOST and on_slurm(os.environ):
+        return EXIT_OK  # the first rank to stop is no bad exit to srun (see the module doc)
+    return code
 
 
 def print_outcome(paths: RunPaths) -> int:
