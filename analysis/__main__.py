@@ -24,12 +24,12 @@ from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import plot_sweep
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.report.tables import (
-    RUN_COLUMNS,
     TRACE_COLUMNS,
     json_document,
     render,
     rows_to_csv,
     rows_to_markdown,
+    run_columns,
     to_json,
     why_tables,
 )
@@ -180,11 +180,11 @@ def print_tables(traces: list[TraceRecord], runs: list[RunRow], sweep_rows: list
     if fmt == "json":  # the same level as the table, the traces under their own key
         sys.stdout.write(json_document(traces, runs, sweep_rows))
     elif not traces:  # a run that ended out of memory before any trace: its row says so
-        sys.stdout.write(render(runs, RUN_COLUMNS, fmt))
+        sys.stdout.write(render(runs, run_columns(runs), fmt))
     elif sweep_rows is not None:
-        sys.stdout.write(render(sweep_rows, RUN_COLUMNS, fmt))
+        sys.stdout.write(render(sweep_rows, run_columns(sweep_rows), fmt))
     elif len(runs) > 1:  # a folder of runs: one row each, named by its directory
-        sys.stdout.write(render(runs, ["run_dir", *RUN_COLUMNS], fmt))
+        sys.stdout.write(render(runs, ["run_dir", *run_columns(runs)], fmt))
     else:
         sys.stdout.write(render(traces, TRACE_COLUMNS, fmt))
         if runs and fmt == "table" and runs[0].outcome == Outcome.OOM:
@@ -210,11 +210,11 @@ def write_outputs(
     write_atomic(out / TRACES_JSON, to_json(traces))
     if runs:
         write_atomic(out / RUNS_JSON, to_json(runs))
-        write_atomic(out / RUNS_CSV, rows_to_csv(runs, RUN_COLUMNS))
-        write_atomic(out / RUNS_MD, rows_to_markdown(runs, RUN_COLUMNS))
+        write_atomic(out / RUNS_CSV, rows_to_csv(runs, run_columns(runs)))
+        write_atomic(out / RUNS_MD, rows_to_markdown(runs, run_columns(runs)))
     if sweep_rows is not None:
-        write_atomic(out / SWEEP_CSV, rows_to_csv(sweep_rows, RUN_COLUMNS))
-        write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, RUN_COLUMNS))
+        write_atomic(out / SWEEP_CSV, rows_to_csv(sweep_rows, run_columns(sweep_rows)))
+        write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, run_columns(sweep_rows)))
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / WHY_TABLE, why)

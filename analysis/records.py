@@ -213,6 +213,7 @@ class RunRow:
     data_fraction: float | None = None
     batch_size_per_gpu: int | None = None
     gpus: int | None = None
+    swept: str | None = None  # the point's values of the sweep's other axes (sweep.axes): lr=0.1, seed=1
     job_id: str | None = None
     images_per_s: float | None = None
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's

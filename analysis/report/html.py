@@ -14,10 +14,10 @@ from analysis.explain.series import gpu_series
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.tables import (
     LOSS_COLUMNS,
-    RUN_COLUMNS,
     human_cells,
     loss_rows,
     mode_words,
+    run_columns,
     run_tables,
     verdict_lines,
 )
@@ -115,7 +115,7 @@ def render_report(
     ]
     sections.append(verdict_section(traces, runs))
     if runs:
-        sections.append("<h2>Runs</h2>" + table(runs, RUN_COLUMNS))
+        sections.append("<h2>Runs</h2>" + table(runs, run_columns(runs)))
     if loss_rows(runs):
         sections.append(
             "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"

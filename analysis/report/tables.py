@@ -192,6 +192,16 @@ COLLECTIVE_COLUMNS = [
     "busbw_GBps",
     "overlap_pct",
 ]
+
+
+def run_columns(runs: list[RunRow]) -> list[str]:
+    """RUN_COLUMNS, and the values of the sweep's other axes (sweep.axes) after the study's where a run has any."""
+    if not any(r.swept for r in runs):
+        return RUN_COLUMNS
+    at = RUN_COLUMNS.index("nodes") + 1
+    return [*RUN_COLUMNS[:at], "swept", *RUN_COLUMNS[at:]]
+
+
 KERNEL_COLUMNS = ["calls", "total_us", "share_pct", "class", "name"]
 OP_COLUMNS = ["calls", "self_cpu_us", "self_device_us", "name"]
 LOSS_COLUMNS = [
@@ -268,7 +278,8 @@ def run_label(run: RunRow) -> str:
         return (Path(run.run_dir).name or run.run_dir) + mode
     nodes = f" x {run.nodes} nodes" if (run.nodes or 1) > 1 else ""
     ranks = ranks_words(run.gpus, run.on_cpu)
-    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}, {ranks}{nodes}{mode}"
+    swept = f", {run.swept}" if run.swept else ""
+    return f"fraction {run.data_fraction:g}, batch {run.batch_size_per_gpu}{swept}, {ranks}{nodes}{mode}"
 
 
 def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[str, str]]:

@@ -49,12 +49,15 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
                 batch_size_per_gpu=point["batch_size"],
                 gpus=point["gpus"],
                 nodes=point["nodes"] if is_count(point.get("nodes")) and point["nodes"] > 0 else None,
+                swept=", ".join(f"{k}={v}" for k, v in point.get("values", {}).items()) or None,
                 job_id=str(job_id) if type(job_id) in (str, int) else None,
                 **charged(point, run.wall_time_s),
             )
         )
     rows = with_scaling(rows)
-    rows.sort(key=lambda r: (-(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0))
+    rows.sort(
+        key=lambda r: (r.swept or "", -(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0)
+    )
     return traces, rows
 
 
@@ -76,10 +79,12 @@ def with_scaling(rows: list[RunRow]) -> list[RunRow]:
 
     Speed-up is the ratio of global throughput (images/s) when the summary gives it, else of step time
     (per-GPU batch fixed, so the same work per step per GPU: global throughput ~ gpus / step time)."""
-    base = {(r.data_fraction, r.batch_size_per_gpu): r for r in rows if r.gpus == 1 and (r.nodes or 1) == 1}
+    base = {
+        (r.data_fraction, r.batch_size_per_gpu, r.swept): r for r in rows if r.gpus == 1 and (r.nodes or 1) == 1
+    }  # of the same values of the sweep's other axes too: lr=0.1 on 4 GPUs against lr=0.1 on 1
     out = []
     for r in rows:
-        b = base.get((r.data_fraction, r.batch_size_per_gpu))
+        b = base.get((r.data_fraction, r.batch_size_per_gpu, r.swept))
         speedup = None
         total_gpus = r.gpus * (r.nodes or 1) if r.gpus else None
         if b is not None and total_gpus:

@@ -331,7 +331,9 @@ POINT_FIELDS: dict[str, Any] = {"data_fraction": (int, float), "batch_size": int
 
 
 def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY)
+    """What tells a point from the others: the study's four fields and its other axes' values."""
+    values = point.get("values") or {}
+    return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), tuple(sorted(values.items())))
 
 
 def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
@@ -363,6 +365,9 @@ def _point_problem(point: Any) -> str | None:
         value = point.get(key)
         if not isinstance(value, kind) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
             return f"{key} {str(value)[:40]!r} is not a positive number"
+    values = point.get("values", {})
+    if not isinstance(values, dict) or not all(isinstance(v, (str, int, float, bool)) for v in values.values()):
+        return f"values {str(values)[:40]!r} is not a mapping of the sweep's axes to numbers, strings or booleans"
     return None
 
 

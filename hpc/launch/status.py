@@ -139,8 +139,10 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
             "batch_size": p["batch_size"],
             "gpus": p["gpus"],
             "nodes": p.get("nodes", 1),
+            **(p.get("values") or {}),  # the sweep's other axes, by name (read_index checked it is a mapping)
             "job_id": job_id,
             "run_dir": str(sweep.run(p["run_dir"]).root),
+            **({"values": p["values"]} if p.get("values") else {}),  # what tells the point apart (resubmit)
         }
         root = sweep.run(p["run_dir"]).root
         row.update(point_state(root, job_id, in_queue.get(job_id), ended.get(job_id), problem is None))
@@ -187,7 +189,9 @@ def status_command(argv: list[str]) -> int:
     rows = [
         {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == "done" else None} for r in points
     ]
-    sys.stdout.write(render(rows, STATUS_COLUMNS, args.format))
+    axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.get("values") or {}))
+    columns = [*STATUS_COLUMNS[:4], *axes, *STATUS_COLUMNS[4:]]
+    sys.stdout.write(render(rows, columns, args.format))
     if args.format == "table":
         counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
         report = SweepPaths(sweep_dir).report

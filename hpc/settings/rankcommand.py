@@ -269,11 +269,24 @@ def fill(word: str, values: Mapping[str, Any], source: str, final: bool = True) 
 
 
 def point_values(point: Mapping[str, Any]) -> dict[str, Any]:
-    """A sweep point's fields under the names a command template uses."""
+    """A sweep point's fields under the names a command template uses, its placeholder axes' ({lr}) too."""
     return {
         "batch": point["batch_size"],
         "fraction": f"{point['data_fraction']:g}",
         "gpus": point["gpus"],
         "nodes": point["nodes"],
         "ranks": point["gpus"] * point["nodes"],
+        **{name: value for name, value in (point.get("values") or {}).items() if "." not in name},
     }
+
+
+def fill_named(word: str, values: Mapping[str, Any], source: str) -> str:
+    """A word of the command as the user gave it, each {name} or {name:spec} of `values` filled and every
+    other brace left as written (a command's own code: `python -c "d = {}"` is no template)."""
+    if not values:
+        return word
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")(?::([^{}]*))?\}")
+    try:
+        return pattern.sub(lambda m: format(values[m.group(1)], m.group(2) or ""), word)
+    except ValueError as e:
+        raise UsageError(f"{source}: {shown(word)}: {e}") from None

@@ -72,8 +72,8 @@ def type_words(hint: Any) -> str:
     if origin in (tuple, list):
         return f"list of {type_words(typing.get_args(hint)[0])}"
     if origin is dict:
-        return "mapping of text to text"
-    return {str: "text", bool: "true or false", int: "int", float: "float"}.get(hint, str(hint))
+        return f"mapping of text to {type_words(typing.get_args(hint)[1])}"
+    return {str: "text", bool: "true or false", int: "int", float: "float", Any: "value"}.get(hint, str(hint))
 
 
 def default_words(value: Any) -> str:

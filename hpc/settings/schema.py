@@ -228,6 +228,37 @@ class ProfilerConfig:
         )
 
 
+# An axis the study's own lists already sweep: named, with the list that does.
+STUDY_AXES = {
+    "data.fraction": "data_fractions",
+    "train.batch_size": "batch_sizes",
+    "fraction": "data_fractions",
+    "batch": "batch_sizes",
+    "gpus": "gpus",
+    "nodes": "nodes",
+}
+AXIS_SECTIONS = ("data", "model", "train", "profiler")  # a swept key's section: the training's run sections
+
+
+def axis_problem(axis: str, values: tuple[Any, ...]) -> str | None:
+    """What is wrong with a sweep axis (None: nothing); its key is checked against the sections where it
+    is used, its values' types at each point."""
+    if axis in STUDY_AXES:
+        return f"swept by the study's own list: sweep.{STUDY_AXES[axis]}"
+    section, dot, key = axis.partition(".")
+    if dot and (section not in AXIS_SECTIONS or not key.isidentifier()):
+        return f"a config key is SECTION.KEY with a section of {', '.join(AXIS_SECTIONS)}"
+    if not dot and not axis.isidentifier():
+        return "a placeholder's name is a word of letters, digits and _ ({lr}), a config key SECTION.KEY"
+    if not values:
+        return "needs at least one value"
+    if not all(isinstance(v, (str, int, float, bool)) for v in values):
+        return "each value must be a number, a string or true/false"
+    if len({(type(v), v) for v in values}) < len(values):
+        return "a value is listed twice (the same point twice)"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
     """The study's grid (seed 003, section 4.2.2): data fraction x batch size x GPU count, and node count."""
@@ -237,8 +268,20 @@ class SweepConfig:
     batch_sizes: tuple[int, ...] = (128, 512, 1024, 2048)  # batch sizes per GPU ({batch})
     gpus: tuple[int, ...] = (1, 2, 4)  # per node
     nodes: tuple[int, ...] = (1,)  # multi-node scaling of the same study: e.g. [1, 2, 4]
+    # What else researchers sweep, each with its values: a key of the training's config (train.lr,
+    # model.arch, train.cuda_graph, data.num_workers, profiler.active) or a placeholder that a command's
+    # words use ({lr}, {seed}: `axes: {lr: [0.1, 0.01]}`). Also on the command line: --axis train.lr=0.1,0.01.
+    axes: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    combine: str = "grid"  # grid: every combination of the axes; zip: their i-th values together (equal lengths)
+    max_points: int = 1000  # a bigger sweep is refused: a mistyped list must not become thousands of jobs
 
     def __post_init__(self) -> None:
+        _one_of(self, "combine", ("grid", "zip"))
+        _positive(self, "max_points")
+        for axis, values in self.axes.items():
+            _check(axis_problem(axis, values) is None, "axes", f"{axis}: {axis_problem(axis, values)}")
+        lengths = {len(v) for v in self.axes.values()}
+        _check(self.combine == "grid" or len(lengths) <= 1, "axes", "combine: zip takes lists of one length")
         for key in ("data_fractions", "batch_sizes", "gpus", "nodes"):
             _check(len(getattr(self, key)) > 0, key, "must not be empty")
         _check(all(0 < f <= 1 for f in self.data_fractions), "data_fractions", "each must be in (0, 1]")

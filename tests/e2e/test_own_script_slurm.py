@@ -214,3 +214,30 @@ def test_a_sweep_of_a_command_reaches_its_report_on_slurm_in_one_command(slurm_c
     assert sorted((p["batch_size"], p["gpus"], p["state"]) for p in rows) == [
         (8, 1, "done"), (8, 2, "done"), (16, 1, "done"), (16, 2, "done")]
     assert (index.parent / "analysis" / "report.html").is_file() and "| paper_ddp.py |" in r.stdout
+
+
+def test_a_scripts_lr_and_seed_swept_in_one_array_reach_one_report_by_their_values(slurm_cluster, tmp_path):
+    """Issue 75: --lr {lr} after -- and {seed} in the script's environment, 2 x 2 points in one study. The
+    oracle is the script's own weights: its learning rate changes them, a seed it never reads does not."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: lrseed\n  batch_sizes: [16]\n  gpus: [1]\n  data_fractions: [1]\n"
+                     "  axes:\n    lr: [0.1, 0.01]\ncommand:\n  args: [--epochs, '1', --out, '{run_dir}/w.pt']\n"
+                     "  env: {SWEPT_SEED: '{seed}'}\nprofiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--axis", "seed=1,2",
+                        "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--wait", "--",
+                        PY, str(SCRIPTS / "torchrun_ddp.py"), "--lr", "{lr}"],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (index,) = (tmp_path / "runs" / "lrseed").glob("sweep-*/index.json")
+    status = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent), "--format", "json"],
+                            capture_output=True, text=True, env=ENV, timeout=120)
+    rows = json.loads(status.stdout)
+    assert sorted((p["lr"], p["seed"], p["state"]) for p in rows) == [
+        (0.01, 1, "done"), (0.01, 2, "done"), (0.1, 1, "done"), (0.1, 2, "done")]
+    weights = {(p["lr"], p["seed"]): torch.load(Path(p["run_dir"]) / "w.pt", weights_only=True) for p in rows}
+    same = lambda a, b: all(torch.equal(weights[a][k], weights[b][k]) for k in weights[a])  # noqa: E731
+    assert same((0.1, 1), (0.1, 2)) and same((0.01, 1), (0.01, 2)) and not same((0.1, 1), (0.01, 1))
+    table = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent)], capture_output=True, text=True,
+                           env=ENV, timeout=120).stdout
+    assert table.splitlines()[0].split()[:6] == ["data_fraction", "batch_size", "gpus", "nodes", "lr", "seed"], table
+    assert "| lr=0.1, seed=2 |" in (index.parent / "analysis" / "sweep.md").read_text()

@@ -107,7 +107,7 @@ def make_plan(
         sweep_dir = None
     else:
         sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
-        grid = grid_points(work.sweep)
+        grid = grid_points(work.sweep, args.sweep)
         if into is not None:
             sweep_dir, keys = into
             grid = [p for p in grid if point_key(p) in keys]

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpc.core.errors import UsageError
-from hpc.settings.config import Layers, read_yaml
+from hpc.settings.config import Layers, parse_override, read_yaml
 from hpc.settings.flags import FLAGS, SWITCHES, overrides_from_args
 from hpc.settings.rankcommand import (
     BATCH_VARIABLE,
     RankCommand,
     check_command,
     fill,
+    fill_named,
     job_name,
     point_values,
     training_command,
@@ -62,15 +65,40 @@ def is_command_sweep(path: str | None) -> bool:
     return bool(path) and "command" in read_yaml(str(path), "--sweep")
 
 
-def grid_points(sweep: SweepConfig) -> list[Point]:
-    """Every (data fraction, batch size, GPUs per node, nodes) point of the grid."""
+def axis_values(sweep: SweepConfig) -> list[dict[str, Any]]:
+    """The sweep's own axes' values at each point (one empty mapping without any): their grid, or zipped."""
+    names = list(sweep.axes)
+    values = list(sweep.axes.values())
+    rows = zip(*values, strict=True) if sweep.combine == "zip" else itertools.product(*values)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[Point]:
+    """Every (data fraction, batch size, GPUs per node, nodes) point of the grid, with the values of the
+    sweep's other axes (`values`) where it has any; more than sweep.max_points is refused, in one line."""
+    study = len(sweep.nodes) * len(sweep.gpus) * len(sweep.data_fractions) * len(sweep.batch_sizes)
+    others = axis_values(sweep)
+    if study * len(others) > sweep.max_points:
+        raise UsageError(
+            f"{source}: {study * len(others)} points ({study} of the study's lists x {len(others)} of sweep.axes) "
+            f"is more than sweep.max_points = {sweep.max_points}; set sweep.max_points to submit them"
+        )
     return [
-        {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes}
+        {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes, **({"values": v} if v else {})}
         for nodes in sweep.nodes
         for gpus in sweep.gpus
         for fraction in sweep.data_fractions
         for batch in sweep.batch_sizes
+        for v in others
     ]
+
+
+def parse_axis(text: str) -> tuple[str, list[Any]]:
+    """--axis KEY=V1,V2,...: the axis and its values, each read as YAML reads a scalar (0.1, true, resnet18)."""
+    name, eq, raw = text.partition("=")
+    if not eq or not name.strip() or not raw.strip():
+        raise UsageError(f"--axis {text!r}: expected KEY=V1,V2 (e.g. --axis train.lr=0.1,0.01 or --axis seed=1,2,3)")
+    return name.strip(), [parse_override(f"v={word}", "--axis")[1] for word in raw.split(",")]
 
 
 def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> Layers:
@@ -83,6 +111,9 @@ def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> La
     for dotted, value, source in overrides_from_args(args):
         if not dotted.startswith("cluster."):  # the cluster profile takes those
             layers.set(dotted, value, source)
+    for text in getattr(args, "axis", None) or []:  # hpc.study run's: over the sweep file's own axes
+        name, values = parse_axis(text)
+        layers.set("sweep.axes", {**(layers.values["sweep"].get("axes") or {}), name: values}, f"--axis {text}")
     if sections == COMMAND_SECTIONS and args.no_profile:
         layers.set("profiler.enabled", False, "--no-profile")
     return layers
@@ -103,6 +134,12 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
         )
     hang_timeout_s = watch.hang_timeout_s
     sweep = layers.build("sweep") if args.sweep else None
+    named = [axis for axis in (sweep.axes if sweep else ()) if "." not in axis]
+    if named:
+        raise UsageError(
+            f"{args.sweep}: sweep.axes.{named[0]}: a placeholder fills a command's words; the toolkit's training "
+            f"sweeps its config keys (e.g. train.lr, train.seed, model.arch)"
+        )
     cwd = os.getcwd()
 
     def task_for(point: Point | None) -> RankCommand:
@@ -110,6 +147,8 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
         if point is not None:
             layers.set("data.fraction", point["data_fraction"], f"sweep point fraction={point['data_fraction']:g}")
             layers.set("train.batch_size", point["batch_size"], f"sweep point batch={point['batch_size']}")
+            for key, value in (point.get("values") or {}).items():
+                layers.set(key, value, f"sweep point {key}={value}")
             cfg = layers.run_config()
         return training_command(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point, hang_timeout_s)
 
@@ -137,23 +176,27 @@ def command_points(args: argparse.Namespace, cluster: ClusterConfig, words: list
         raise UsageError(f"command line: no command: give it after -- (e.g. -- python train.py){where}")
     cwd = Path(section.cwd or Path.cwd()).absolute()
     check_command(argv, cwd, in_image=bool(cluster.image))
-    hook = dataclasses.asdict(profiler)  # enabled false: the hook counts and watches, profiles nothing
     sections = {
         "command": {**dataclasses.asdict(section), "run": argv, "cwd": str(cwd)},
         "profiler": dataclasses.asdict(profiler),
     }
-    sweep = grid_for(layers, section, args.sweep) if args.sweep else None
+    sweep = grid_for(layers, section, argv, args.sweep) if args.sweep else None
     if sweep is None:
         check_unfilled(section, args)
 
     def task_for(point: Point | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
         source = f"sweep point {values}" if point is not None else "command"
+        for key, value in (point or {}).get("values", {}).items():
+            if "." in key:  # profiler.KEY: what the hook records at this point
+                layers.set(key, value, f"sweep point {key}={value}")
+        hook = dataclasses.asdict(layers.build("profiler"))  # enabled false: the hook counts and watches only
+        words = [fill_named(word, values, f"{source}: the command") for word in argv] if point else argv
         filled = tuple(fill(word, values, f"{source}: command.args", final=False) for word in section.args)
         env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
-        if point is not None and "{batch" in " ".join((*section.args, *section.env.values())):
+        if point is not None and "{batch" in " ".join((*argv, *section.args, *section.env.values())):
             env[BATCH_VARIABLE] = str(point["batch_size"])  # the batch an out-of-memory record names
-        return user_command(argv, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
+        return user_command(words, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
 
     return Points(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
 
@@ -164,12 +207,25 @@ def check_unfilled(section: CommandConfig, args: argparse.Namespace) -> None:
         fill(word, {}, f"--config {args.config}: command", final=False)
 
 
-def grid_for(layers: Layers, section: CommandConfig, source: str) -> SweepConfig:
+def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: str) -> SweepConfig:
     """The sweep's grid for a command: an axis of the study's grid whose field ({fraction}, {batch})
     the command's words never use is one point, not several copies of the same run; one given with
-    several values in the sweep file but never used is an error naming it."""
+    several values in the sweep file but never used is an error naming it, as is a placeholder axis the
+    words never use or a config key outside the profiler's section (a command reads no run config)."""
     sweep: SweepConfig = layers.build("sweep")
-    used = " ".join((*section.args, *section.env.values()))  # command.run, as the words after --, is verbatim
+    used = " ".join((*argv, *section.args, *section.env.values()))
+    for axis in sweep.axes:
+        if "." in axis and not axis.startswith("profiler."):
+            raise UsageError(
+                f"{source}: sweep.axes.{axis}: a command reads no run config; sweep its own arguments with a "
+                f"placeholder (axes: {{{axis.rpartition('.')[2]}: [...]}} and --{axis.rpartition('.')[2]} "
+                f"{{{axis.rpartition('.')[2]}}} in its words), or a profiler key"
+            )
+        if "." not in axis and not re.search(r"\{" + re.escape(axis) + r"[:}]", used):
+            raise UsageError(
+                f"{source}: sweep.axes.{axis}: the command never uses {{{axis}}}: every point would run the same "
+                "command"
+            )
     changes: dict[str, Any] = {}
     for axis, field in AXES.items():
         if "{" + field in used or len(getattr(sweep, axis)) == 1:

@@ -79,6 +79,14 @@ def build_parser(prog: str = "python -m hpc.submit") -> Parser:
     )
     if prog == STUDY_RUN:
         parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep: its grid and run sections")
+        parser.add_argument(
+            "--axis",
+            action="append",
+            default=[],
+            metavar="KEY=V1,V2",
+            help="one more axis of the sweep, as sweep.axes: a config key (--axis train.lr=0.1,0.01) or a "
+            "placeholder the command uses (--axis seed=1,2,3 for {seed}); repeat it for more",
+        )
     add_job_options(parser)
     add_submission_options(parser.add_argument_group("submission"), study)
     add_training_flags(parser.add_argument_group("training (forwarded to hpc.train)"))

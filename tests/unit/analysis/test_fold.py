@@ -99,3 +99,19 @@ def test_a_memory_figure_without_categories_says_how_to_get_them():
     recorded = RunRow(run_dir="b", gpus=2, batch_size_per_gpu=8, data_fraction=1.0,
                          peak_mem_by_category={"parameters": 1, "activations": 2})
     assert memory_note([plain, recorded]) is None
+
+
+def test_a_point_of_swept_values_scales_against_the_1_gpu_point_of_the_same_values():
+    """lr=0.1 on 2 GPUs against lr=0.1 on 1, not against lr=0.01's (issue 75); the runs table shows the values."""
+    from analysis.records import RunRow
+    from analysis.report.tables import run_columns
+
+    def row(gpus, lr, images_per_s):
+        return RunRow(run_dir=f"{gpus}-{lr}", data_fraction=1.0, batch_size_per_gpu=8, gpus=gpus,
+                      swept=f"lr={lr}", images_per_s=images_per_s)
+
+    rows = with_scaling([row(1, 0.1, 100.0), row(1, 0.01, 50.0), row(2, 0.1, 150.0), row(2, 0.01, 100.0)])
+    assert {(r.gpus, r.swept): r.speedup for r in rows} == {(1, "lr=0.1"): 1.0, (1, "lr=0.01"): 1.0,
+                                                            (2, "lr=0.1"): 1.5, (2, "lr=0.01"): 2.0}
+    assert run_columns(rows)[run_columns(rows).index("nodes") + 1] == "swept"
+    assert run_columns([dataclasses.replace(r, swept=None) for r in rows]) == RUN_COLUMNS
