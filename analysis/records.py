@@ -214,6 +214,8 @@ class RunRow:
     batch_size_per_gpu: int | None = None
     gpus: int | None = None
     swept: str | None = None  # the point's values of the sweep's other axes (sweep.axes): lr=0.1, seed=1
+    series: str | None = None  # the same but its replica axis (sweep.replicas): lr=0.1, what a figure's line is
+    replica: str | None = None  # its value of the replica axis (seed=1): folded into a mean and a spread
     job_id: str | None = None
     images_per_s: float | None = None
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's

@@ -17,7 +17,7 @@ def _key(t: TraceRecord) -> tuple[Any, ...] | None:
     p = t.point or {}
     if t.rank not in (0, None) or p.get("gpus") is None:
         return None
-    return p.get("data_fraction"), p.get("batch_size"), p.get("gpus")
+    return p.get("data_fraction"), p.get("batch_size"), p.get("gpus"), p.get("swept") or ""  # sweep.axes' values
 
 
 def by_point(traces: list[TraceRecord]) -> dict[tuple[Any, ...], Profile]:
@@ -34,11 +34,12 @@ def gpu_series(traces: list[TraceRecord]) -> list[tuple[str, str]]:
     """(series, sentence) for each step up in GPU count within one data fraction and batch size."""
     points = by_point(traces)
     lines = []
-    for fraction, batch in sorted({(f, b) for f, b, _ in points}, key=lambda fb: (-(fb[0] or 0), fb[1] or 0)):
-        counts = sorted(g for f, b, g in points if (f, b) == (fraction, batch))
+    for fraction, batch, swept in sorted({(f, b, s) for f, b, _, s in points}, key=lambda k: (-(k[0] or 0), *k[1:])):
+        counts = sorted(g for f, b, g, s in points if (f, b, s) == (fraction, batch, swept))
+        values = f", {swept}" if swept else ""
         for lo, hi in zip(counts, counts[1:], strict=False):
-            why = explain(points[(fraction, batch, lo)], points[(fraction, batch, hi)])
-            lines.append((f"fraction {fraction:g}, batch {batch}: {lo} -> {hi} GPUs", why["sentence"]))
+            why = explain(points[(fraction, batch, lo, swept)], points[(fraction, batch, hi, swept)])
+            lines.append((f"fraction {fraction:g}, batch {batch}{values}: {lo} -> {hi} GPUs", why["sentence"]))
     return lines
 
 
@@ -46,12 +47,12 @@ def sweeps_side_by_side(a: list[TraceRecord], b: list[TraceRecord], label_a: str
     """One row per point both sweeps have: each one's step time and the sentence that explains them."""
     pa, pb = by_point(a), by_point(b)
     rows = []
-    for key in sorted(set(pa) & set(pb), key=lambda k: (-(k[0] or 0), k[1] or 0, k[2] or 0)):
+    for key in sorted(set(pa) & set(pb), key=lambda k: (-(k[0] or 0), k[1] or 0, k[2] or 0, k[3])):
         left, right = pa[key], pb[key]
         why = explain(dataclasses.replace(left, label=label_a), dataclasses.replace(right, label=label_b))
         rows.append(
             {
-                "name": f"fraction {key[0]:g}, batch {key[1]}, {key[2]} GPU(s)",
+                "name": f"fraction {key[0]:g}, batch {key[1]}, {key[2]} GPU(s)" + (f", {key[3]}" if key[3] else ""),
                 "step_time_us_a": left.step_time_us,
                 "step_time_us_b": right.step_time_us,
                 "largest_term": why["term"],

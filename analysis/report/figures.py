@@ -15,6 +15,7 @@ on a CPU run) is left out, not drawn as 0.
 from __future__ import annotations
 
 import io
+import statistics
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -188,17 +189,20 @@ def mark_oom(ax: Any, oom_rows: list[RunRow]) -> None:
 def _lines_against_batch(
     ax: Any, lines: dict[str, list[tuple[Any, Any]]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
 ) -> None:
-    """One line per label, x = batch size per GPU (log 2)."""
+    """One line per label, x = batch size per GPU (log 2); replicas at one x (sweep.replicas) as their mean,
+    with a bar from the lowest to the highest."""
     for label, pts in lines.items():
         if pts:
-            pts = sorted(pts)
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                marker="o",
-                label=label,
-                linestyle="--" if label in dashed else "-",
-            )
+            at: dict[Any, list[float]] = {}
+            for x, y in pts:
+                at.setdefault(x, []).append(y)
+            xs = sorted(at)
+            ys = [statistics.fmean(at[x]) for x in xs]
+            drawn = ax.plot(xs, ys, marker="o", label=label, linestyle="--" if label in dashed else "-")
+            if any(len(v) > 1 for v in at.values()):
+                low = [y - min(at[x]) for x, y in zip(xs, ys, strict=True)]
+                high = [max(at[x]) - y for x, y in zip(xs, ys, strict=True)]
+                ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=drawn[0].get_color(), capsize=3)
     ax.set_xscale("log", base=2)
     xs = sorted({p[0] for pts in lines.values() for p in pts})
     if xs:  # the batch sizes themselves as ticks, not powers of two
@@ -224,7 +228,12 @@ def _modes_title(rows: list[RunRow]) -> str:
 
 
 def _line_key(r: RunRow, split_modes: bool) -> tuple[Any, ...]:
-    return (r.shape, r.step_mode or "") if split_modes else (r.shape, "")
+    """A figure's line: a job shape, a step mode where the rows ran in both, a series of sweep.axes' values."""
+    return (r.shape, r.step_mode or "" if split_modes else "", r.series or "")
+
+
+def _line_label(key: tuple[Any, ...], cpu: bool) -> str:
+    return ", ".join(part for part in (_shape_label(key[0], cpu), key[1], key[2]) if part)
 
 
 MEMORY_METRICS = ("cpu_memory", "gpu_memory")
@@ -253,7 +262,7 @@ def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: 
     fig, ax = _pyplot().subplots(figsize=(6, 4))
     split = len(step_modes(sel)) > 1
     lines = {
-        _shape_label(k[0], _all_cpu(sel)) + (f", {k[1]}" if k[1] else ""): [
+        _line_label(k, _all_cpu(sel)): [
             (r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if _line_key(r, split) == k
         ]
         for k in sorted({_line_key(r, split) for r in sel})
@@ -275,19 +284,21 @@ def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     if not sel:
         return None
     fig, ax = _pyplot().subplots(figsize=(6, 4))
-    keys = sorted({(r.data_fraction, r.shape) for r in sel})
+    keys = sorted({(r.data_fraction, (r.shape, r.series or "")) for r in sel})
     cpu = _all_cpu(sel)
     lines = {
-        f"fraction {f:g}, {_shape_label(k, cpu)}": [
-            (r.batch_size_per_gpu, r.scaling_efficiency) for r in sel if (r.data_fraction, r.shape) == (f, k)
+        f"fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
+            (r.batch_size_per_gpu, r.scaling_efficiency)
+            for r in sel
+            if (r.data_fraction, (r.shape, r.series or "")) == (f, k)
         ]
         for f, k in keys
     }
     predicted = {
-        f"model: fraction {f:g}, {_shape_label(k, cpu)}": [
+        f"model: fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
             (r.batch_size_per_gpu, r.predicted_efficiency)
             for r in sel
-            if (r.data_fraction, r.shape) == (f, k) and r.predicted_efficiency is not None
+            if (r.data_fraction, (r.shape, r.series or "")) == (f, k) and r.predicted_efficiency is not None
         ]
         for f, k in keys
     }

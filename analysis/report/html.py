@@ -10,10 +10,14 @@ import html
 import os
 from pathlib import Path
 
+from analysis.explain.replicas import NOISE_RULE, noise_lines, replica_rows
 from analysis.explain.series import gpu_series
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.tables import (
     LOSS_COLUMNS,
+    NOISE_TITLE,
+    REPLICA_COLUMNS,
+    REPLICAS_TITLE,
     human_cells,
     loss_rows,
     mode_words,
@@ -120,6 +124,13 @@ def render_report(
         sections.append(
             "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
             + table(loss_rows(runs), LOSS_COLUMNS)
+        )
+    if replica_rows(runs):
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in noise_lines(runs))
+        sections.append(
+            f"<h2>{html.escape(REPLICAS_TITLE)}</h2>"
+            + table(replica_rows(runs), REPLICA_COLUMNS)
+            + (f"<h3>{html.escape(NOISE_TITLE)}</h3><p>{html.escape(NOISE_RULE)}</p><ul>{lines}</ul>" if lines else "")
         )
     series = gpu_series(traces)
     if series:

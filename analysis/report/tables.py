@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analysis.explain.replicas import noise_lines, replica_rows
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
 from hpc.core.ending import Outcome
@@ -318,6 +319,8 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRow], fmt: str) -> str:
             if loss_rows(runs)
             else []
         )
+        if replica_rows(runs):
+            parts.append((REPLICAS_TITLE, replica_rows(runs), REPLICA_COLUMNS))
     else:
         parts = run_tables(traces)
     heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
@@ -325,6 +328,23 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRow], fmt: str) -> str:
     said = heading.format("Verdict") + "".join(
         (f"- **{what}**: {text}\n" if fmt == "md" else f"  {what}: {text}\n") for what, text in verdicts
     )
-    return (said if verdicts else "") + "".join(
-        heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts
+    noise = noise_lines(runs) if len(runs) > 1 else []
+    judged = heading.format(NOISE_TITLE) + "".join((f"- {line}\n" if fmt == "md" else f"  {line}\n") for line in noise)
+    return (
+        (said if verdicts else "")
+        + "".join(heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts)
+        + (judged if noise else "")
     )
+
+
+REPLICAS_TITLE = "Replicas (sweep.replicas): each point's mean and standard deviation over them"
+REPLICA_COLUMNS = [
+    "point",
+    "series",
+    "replicas",
+    "images_per_s_mean",
+    "images_per_s_sd",
+    "step_time_ms_mean",
+    "step_time_ms_sd",
+]
+NOISE_TITLE = "Beyond the run-to-run noise?"

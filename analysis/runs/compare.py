@@ -1,6 +1,7 @@
 """python -m analysis compare A B [--rank R] [--format table|md|json]
    python -m analysis compare SWEEP --point batch=512,gpus=1 --point batch=512,gpus=4
    python -m analysis compare SWEEP_A SWEEP_B --point batch=512,gpus=4
+   python -m analysis compare SWEEP --point lr=0.1,seed=1 --point lr=0.01,seed=1   # sweep.axes too
 
 Why two runs differ, per step: A and B side by side and B - A: what a step is made of (device time by
 kernel class, exposed communication and memory copies, idle time waiting for the host or not), kernel
@@ -44,7 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         needs_args=True,
     )
     parser.add_argument("paths", nargs="+", help="A and B: trace files or run directories; or one or two sweeps")
-    parser.add_argument("--point", action="append", default=[], help="a sweep point by its axes, e.g. batch=512,gpus=4")
+    parser.add_argument(
+        "--point", action="append", default=[], help="a sweep point by its axes, e.g. batch=512,gpus=4 or lr=0.1,seed=1"
+    )
     parser.add_argument("--rank", type=int, default=0, help="the rank whose traces stand for a run (default 0)")
     parser.add_argument(
         "--format", choices=["table", "md", "json"], default="table", help="how it is printed (default table)"
@@ -66,18 +69,34 @@ def sides(paths: list[str], points: list[str]) -> list[tuple[str, Path]]:
     )
 
 
-def parse_point(spec: str) -> dict[str, float]:
-    """`batch=512,gpus=4` -> {batch_size: 512, gpus: 4}."""
+def parse_point(spec: str, swept: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, Any]]:
+    """`batch=512,gpus=4,lr=0.1` -> ({batch_size: 512, gpus: 4}, {lr: 0.1}): the study's axes, then the
+    sweep's others (`swept`: sweep.axes, index.json's `values`), a value read as a number, true/false or text."""
     wanted: dict[str, float] = {}
+    values: dict[str, Any] = {}
     for part in spec.split(","):
-        key, eq, value = part.partition("=")
-        if not eq or key.strip() not in AXES:
-            raise UsageError(f"--point {spec!r}: {part!r} is not AXIS=VALUE with an axis of {sorted(set(AXES))}")
+        key, eq, value = (w.strip() for w in part.partition("="))
+        if not eq or (key not in AXES and key not in swept):
+            known = sorted({*AXES, *swept})
+            raise UsageError(f"--point {spec!r}: {part!r} is not AXIS=VALUE with an axis of {known}")
+        if key in swept:
+            values[key] = scalar(value)
+            continue
         try:
-            wanted[AXES[key.strip()]] = float(value)
+            wanted[AXES[key]] = float(value)
         except ValueError:
             raise UsageError(f"--point {spec!r}: {value!r} is not a number") from None
-    return wanted
+    return wanted, values
+
+
+def scalar(text: str) -> Any:
+    """A swept value as written on the command line: an int, a float, true/false, else the text itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def point_dir(sweep: Path, spec: str) -> Path:
@@ -85,12 +104,27 @@ def point_dir(sweep: Path, spec: str) -> Path:
     paths = SweepPaths(sweep)
     if not paths.index.is_file():
         raise UsageError(f"--point {spec!r}: {sweep} is not a sweep directory (no {paths.index.name})")
-    wanted = parse_point(spec)
-    found = [p for p in read_index(paths.index) if all(p.get(k) == v for k, v in wanted.items())]
+    points = read_index(paths.index)
+    swept = tuple(dict.fromkeys(k for p in points for k in p.get("values") or {}))
+    wanted, values = parse_point(spec, swept)
+    found = [
+        p
+        for p in points
+        if all(p.get(k) == v for k, v in wanted.items())
+        and all(same_value((p.get("values") or {}).get(k), v) for k, v in values.items())
+    ]
     if len(found) != 1:
         how = "no point" if not found else f"{len(found)} points (add an axis)"
         raise UsageError(f"--point {spec!r}: {how} of {sweep} has these axes")
     return paths.run(found[0]["run_dir"]).root
+
+
+def same_value(recorded: Any, given: Any) -> bool:
+    """A recorded value and one typed on the command line: equal, numbers as numbers (0.10 is 0.1; true is
+    not 1)."""
+    if isinstance(recorded, bool) or isinstance(given, bool):
+        return recorded is given
+    return recorded == given or str(recorded) == str(given)
 
 
 def records_of(label: str, path: Path, rank: int, warnings: Warnings) -> list[TraceRecord]:

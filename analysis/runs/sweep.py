@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from analysis.explain.verdict import scaling_note
 from analysis.read.discover import Warnings, analyze_files, run_traces
 from analysis.records import RunRow, TraceRecord
 from analysis.runs.fold import analyze_run
+from hpc.core.files import read_json
 from hpc.core.rundir import SweepPaths, is_count, read_index
 from hpc.placement.scaling import scaling_prediction
 
@@ -26,6 +28,7 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
     traces: list[TraceRecord] = []
     rows: list[RunRow] = []
     points = read_index(sweep.index, warnings.append)
+    replicas = replica_axis(sweep, points)
     files = {p["run_dir"]: run_traces(sweep.run(p["run_dir"]).root) for p in points}
     by_file = {rec.file: rec for rec in analyze_files([f for fs in files.values() for f in fs], warnings)}
     for point in points:
@@ -33,7 +36,8 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
         recs, run = analyze_run(
             run_dir, warnings, [by_file[str(f)] for f in files[point["run_dir"]] if str(f) in by_file]
         )
-        where = {k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}
+        words = swept_words(point.get("values") or {}, replicas)
+        where = {**{k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}, "swept": words["swept"]}
         traces.extend(dataclasses.replace(rec, point=where) for rec in recs)
         if run is None:
             warnings.append(
@@ -49,7 +53,7 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
                 batch_size_per_gpu=point["batch_size"],
                 gpus=point["gpus"],
                 nodes=point["nodes"] if is_count(point.get("nodes")) and point["nodes"] > 0 else None,
-                swept=", ".join(f"{k}={v}" for k, v in point.get("values", {}).items()) or None,
+                **words,
                 job_id=str(job_id) if type(job_id) in (str, int) else None,
                 **charged(point, run.wall_time_s),
             )
@@ -59,6 +63,27 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
         key=lambda r: (r.swept or "", -(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0)
     )
     return traces, rows
+
+
+def replica_axis(sweep: SweepPaths, points: list[dict]) -> str | None:
+    """The sweep's replica axis (sweep.replicas, as index.json's header records the sweep), where its points
+    have it."""
+    header = read_json(sweep.index) if sweep.index.is_file() else None
+    named = ((header or {}).get("sweep") or {}).get("replicas") if isinstance(header, dict) else None
+    return named if isinstance(named, str) and any(named in (p.get("values") or {}) for p in points) else None
+
+
+def swept_words(values: dict, replicas: str | None) -> dict[str, Any]:
+    """A point's values as the tables say them (swept), without its replica (series), and its replica."""
+
+    def words(keys: list[str]) -> str | None:
+        return ", ".join(f"{k}={values[k]}" for k in keys) or None
+
+    return {
+        "swept": words(list(values)),
+        "series": words([k for k in values if k != replicas]),
+        "replica": words([replicas]) if replicas is not None and replicas in values else None,
+    }
 
 
 def charged(point: dict, wall_time_s: float | None) -> dict:

@@ -274,12 +274,16 @@ class SweepConfig:
     axes: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     combine: str = "grid"  # grid: every combination of the axes; zip: their i-th values together (equal lengths)
     max_points: int = 1000  # a bigger sweep is refused: a mistyped list must not become thousands of jobs
+    # The axis whose values are repetitions of the same point (seed): the report folds them into a mean
+    # and a spread, and says whether a difference between points is beyond that run-to-run noise.
+    replicas: str | None = None
 
     def __post_init__(self) -> None:
         _one_of(self, "combine", ("grid", "zip"))
         _positive(self, "max_points")
         for axis, values in self.axes.items():
             _check(axis_problem(axis, values) is None, "axes", f"{axis}: {axis_problem(axis, values)}")
+        _check(self.replicas is None or self.replicas in self.axes, "replicas", "must name one of sweep.axes")
         lengths = {len(v) for v in self.axes.values()}
         _check(self.combine == "grid" or len(lengths) <= 1, "axes", "combine: zip takes lists of one length")
         for key in ("data_fractions", "batch_sizes", "gpus", "nodes"):

@@ -216,28 +216,66 @@ def test_a_sweep_of_a_command_reaches_its_report_on_slurm_in_one_command(slurm_c
     assert (index.parent / "analysis" / "report.html").is_file() and "| paper_ddp.py |" in r.stdout
 
 
-def test_a_scripts_lr_and_seed_swept_in_one_array_reach_one_report_by_their_values(slurm_cluster, tmp_path):
-    """Issue 75: --lr {lr} after -- and {seed} in the script's environment, 2 x 2 points in one study. The
-    oracle is the script's own weights: its learning rate changes them, a seed it never reads does not."""
-    sweep = tmp_path / "sweep.yaml"
+# A user's script that fails once at one point (lr 0.01, seed 2), then runs tests/scripts/torchrun_ddp.py, which
+# takes --lr and has no seed: what it trains depends on its lr alone.
+FAIL_ONCE = """import os, runpy, sys
+words = sys.argv[1:]
+lr, seed = words[words.index("--lr") + 1], words.pop(words.index("--seed") + 1)
+words.remove("--seed")
+mark = os.path.join(os.path.dirname(os.path.abspath(__file__)), "failed-once")
+if (lr, seed) == ("0.01", "2") and not os.path.exists(mark):
+    open(mark, "w").close()
+    sys.exit("failing once, at lr 0.01 and seed 2")
+sys.argv = [%r, *words]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_scripts_lr_and_seed_swept_in_one_array_reach_one_report_and_a_failed_point_reruns_alone(
+    slurm_cluster, tmp_path
+):
+    """Issue 75: --lr {lr} --seed {seed} after --, 2 x 3 points in one study (lr from the file, seed from
+    --axis, its replicas); the point that failed is resubmitted alone. The oracle is the script's own
+    weights: its learning rate changes them, a seed it never reads does not."""
+    sweep, script = tmp_path / "sweep.yaml", tmp_path / "fail_once.py"
+    script.write_text(FAIL_ONCE % str(SCRIPTS / "torchrun_ddp.py"))
     sweep.write_text("sweep:\n  name: lrseed\n  batch_sizes: [16]\n  gpus: [1]\n  data_fractions: [1]\n"
-                     "  axes:\n    lr: [0.1, 0.01]\ncommand:\n  args: [--epochs, '1', --out, '{run_dir}/w.pt']\n"
-                     "  env: {SWEPT_SEED: '{seed}'}\nprofiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
-    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--axis", "seed=1,2",
+                     "  axes:\n    lr: [0.1, 0.01]\n  replicas: seed\ncommand:\n  args: [--epochs, '1', --out, '{run_dir}/w.pt']\n"
+                     "profiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--axis", "seed=1,2,3",
                         "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--wait", "--",
-                        PY, str(SCRIPTS / "torchrun_ddp.py"), "--lr", "{lr}"],
+                        PY, str(script), "--lr", "{lr}", "--seed", "{seed}"],
                        capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (index,) = (tmp_path / "runs" / "lrseed").glob("sweep-*/index.json")
-    status = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent), "--format", "json"],
-                            capture_output=True, text=True, env=ENV, timeout=120)
-    rows = json.loads(status.stdout)
-    assert sorted((p["lr"], p["seed"], p["state"]) for p in rows) == [
-        (0.01, 1, "done"), (0.01, 2, "done"), (0.1, 1, "done"), (0.1, 2, "done")]
-    weights = {(p["lr"], p["seed"]): torch.load(Path(p["run_dir"]) / "w.pt", weights_only=True) for p in rows}
-    same = lambda a, b: all(torch.equal(weights[a][k], weights[b][k]) for k in weights[a])  # noqa: E731
-    assert same((0.1, 1), (0.1, 2)) and same((0.01, 1), (0.01, 2)) and not same((0.1, 1), (0.01, 1))
+
+    def status() -> dict:
+        said = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent), "--format", "json"],
+                              capture_output=True, text=True, env=ENV, timeout=120)
+        return {(p["lr"], p["seed"]): p for p in json.loads(said.stdout)}
+
+    first = status()
+    assert {k: p["state"] for k, p in first.items()} == {**{(lr, seed): "done" for lr in (0.1, 0.01) for seed in
+                                                            (1, 2, 3)}, (0.01, 2): "failed"}, first
     table = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent)], capture_output=True, text=True,
                            env=ENV, timeout=120).stdout
     assert table.splitlines()[0].split()[:6] == ["data_fraction", "batch_size", "gpus", "nodes", "lr", "seed"], table
     assert "| lr=0.1, seed=2 |" in (index.parent / "analysis" / "sweep.md").read_text()
+    again = subprocess.run([PY, "-m", "hpc.study", "resubmit", str(index.parent), "--failed", "--account", "m1_g",
+                            "--export", "ALL,OMP_NUM_THREADS=1", "--wait"], capture_output=True, text=True,
+                           cwd=tmp_path, env=ENV, timeout=900)
+    assert again.returncode == 0 and "resubmitting 1 point(s)" in again.stdout, again.stdout + again.stderr
+    rows = status()
+    assert all(p["state"] == "done" for p in rows.values()), rows
+    assert {k: p["job_id"] for k, p in rows.items() if k != (0.01, 2)} == {
+        k: p["job_id"] for k, p in first.items() if k != (0.01, 2)}  # the others untouched
+    assert rows[(0.01, 2)]["job_id"] != first[(0.01, 2)]["job_id"]
+    weights = {k: torch.load(Path(p["run_dir"]) / "w.pt", weights_only=True) for k, p in rows.items()}
+    same = lambda a, b: all(torch.equal(weights[a][k], weights[b][k]) for k in weights[a])  # noqa: E731
+    assert same((0.1, 1), (0.1, 2)) and same((0.01, 1), (0.01, 2)) and not same((0.1, 1), (0.01, 1))
+    why = (index.parent / "analysis" / "why.md").read_text()  # the report rebuilt after the resubmission
+    replicas = why.split("## Replicas", 1)[1].split("\n## ", 1)[0]
+    assert [line.split("|")[2:4] for line in replicas.splitlines() if "| fraction 1" in line] == [
+        [" lr=0.01 ", " 3 "], [" lr=0.1 ", " 3 "]], replicas
+    noise = why.split("## Beyond the run-to-run noise?", 1)[1]
+    assert "fraction 1, batch 16, 1 rank(s): lr=0.01 against lr=0.1: step time (ms) " in noise, noise  # a script: no images/s

@@ -140,3 +140,20 @@ def test_points_that_differ_only_in_their_values_are_two_points_of_the_index(tmp
 def test_a_sweep_file_axis_reads_as_the_values_it_lists():
     layers = Layers().set("sweep.axes", {"train.lr": [0.1, "1/100"], "flag": [True, False]}, "s.yaml")
     assert layers.build("sweep").axes == {"train.lr": (0.1, "1/100"), "flag": (True, False)}
+
+
+def test_a_resubmission_plans_exactly_the_points_of_the_values_it_is_given(tmp_path):
+    """`hpc.study resubmit --failed`: the failed points' keys (their values among them) and nothing else."""
+    from hpc.launch.submission.plan import make_plan
+    from hpc.launch.submission.submit import STUDY_RUN, parse_options
+
+    first, points = points_of(tmp_path, ONE, "--axis", "lr=0.1,0.01", "--axis", "seed=1,2", "--",
+                              "python", SCRIPT, "--lr", "{lr}", "--seed", "{seed}")
+    saved = tmp_path / "sweep-x" / "sweep.yaml"
+    saved.parent.mkdir()
+    saved.write_text(yaml.safe_dump(json.loads(json.dumps(first.sweep_file))))
+    failed = {"data_fraction": 1.0, "batch_size": 8, "gpus": 1, "nodes": 1, "values": {"lr": 0.01, "seed": 2}}
+    args = parse_options([str(saved), "--runs-dir", str(tmp_path), "--dry-run"], STUDY_RUN)
+    again = make_plan(args, None, into=(saved.parent, {point_key(json.loads(json.dumps(failed)))}))
+    ((point, command),) = [pc for spec in again.specs for pc in spec.points]
+    assert point == failed and command.words[2:] == ("--lr", "0.01", "--seed", "2")

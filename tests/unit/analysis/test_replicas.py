@@ -1,0 +1,70 @@
+"""Replicas of a point (sweep.replicas: a seed) folded into a mean and a spread, and whether a difference between
+two points is beyond that run-to-run noise (analysis/explain/replicas.py, issue 75). The oracle is the rule as
+the report states it, applied by hand to numbers written out here."""
+
+import statistics
+
+import pytest
+
+from analysis.explain.replicas import MIN_REPLICAS, judge, noise_lines, replica_rows
+from analysis.records import RunRow, Spread
+from analysis.runs.sweep import swept_words
+from hpc.core.errors import ConfigError
+from hpc.settings.config import Layers
+
+
+def row(lr, seed, images_per_s, step_ms=10.0, batch=8):
+    return RunRow(run_dir=f"{lr}-{seed}", data_fraction=1.0, batch_size_per_gpu=batch, gpus=1, nodes=1,
+                  images_per_s=images_per_s, step_time_us_mean=Spread(mean=step_ms * 1e3, max=step_ms * 1e3),
+                  **swept_words({"lr": lr, "seed": seed}, "seed"))
+
+
+def test_a_points_words_name_its_series_without_its_replica():
+    assert swept_words({"lr": 0.1, "seed": 2}, "seed") == {"swept": "lr=0.1, seed=2", "series": "lr=0.1",
+                                                            "replica": "seed=2"}
+    assert swept_words({"lr": 0.1}, None) == {"swept": "lr=0.1", "series": "lr=0.1", "replica": None}
+    assert swept_words({}, None) == {"swept": None, "series": None, "replica": None}
+
+
+@pytest.mark.parametrize("a, b, said", [
+    ([10, 11, 12], [13, 14, 15], "beyond"),  # apart, 3 each
+    ([10, 11, 13], [13, 14, 15], "within"),  # touching at 13: overlap
+    ([10, 11], [13, 14, 15], "too few"),  # apart, but 2 on one side
+    ([10, 11, 12, 12.5], [9, 9.5, 9.9], "beyond"),
+    ([10], [10], "within"),
+])
+def test_the_noise_rule_at_its_edges(a, b, said):
+    assert judge(a, b) == judge(b, a) == said
+
+
+def test_the_minimum_is_three_replicas():
+    assert MIN_REPLICAS == 3  # the report's sentence says 3: the rule and its words must move together
+
+
+def test_each_point_is_its_replicas_mean_and_spread_and_two_series_are_judged_apart_or_not():
+    fast = [row(0.1, s, v, step_ms=m) for s, v, m in ((1, 100.0, 10.0), (2, 102.0, 10.5), (3, 104.0, 11.0))]
+    slow = [row(0.01, s, v, step_ms=m) for s, v, m in ((1, 90.0, 10.2), (2, 91.0, 10.9), (3, 92.0, 11.4))]
+    table = {r["series"]: r for r in replica_rows([*fast, *slow])}
+    assert table["lr=0.1"]["replicas"] == 3 and table["lr=0.1"]["images_per_s_mean"] == pytest.approx(102.0)
+    assert table["lr=0.1"]["images_per_s_sd"] == pytest.approx(statistics.stdev([100.0, 102.0, 104.0]))
+    assert table["lr=0.01"]["step_time_ms_mean"] == pytest.approx((10.2 + 10.9 + 11.4) / 3)
+    lines = noise_lines([*fast, *slow])
+    assert len(lines) == 2 and all(line.startswith("fraction 1, batch 8, 1 rank(s): lr=0.01 against lr=0.1: ")
+                                   for line in lines)
+    images, steps = lines
+    assert "images/s 91 +- 1 (3 replicas) against 102 +- 2 (3 replicas): beyond the run-to-run noise" in images
+    assert "step time (ms) 10.83 +- 0.60 (3 replicas) against 10.50 +- 0.50 (3 replicas): within" in steps
+
+
+def test_a_sweep_without_replicas_has_no_replica_table():
+    plain = [RunRow(run_dir=str(i), data_fraction=1.0, batch_size_per_gpu=8, gpus=1, images_per_s=float(i),
+                    swept=f"lr={i}", series=f"lr={i}") for i in (1, 2)]
+    assert replica_rows(plain) == [] and noise_lines(plain) == []
+
+
+def test_the_replica_axis_must_be_one_of_the_axes():
+    layers = Layers().set("sweep.axes", {"lr": [1, 2], "seed": [1, 2]}, "s.yaml").set("sweep.replicas", "sed", "s.yaml")
+    with pytest.raises(ConfigError) as e:
+        layers.build("sweep")
+    assert str(e.value) == "s.yaml: sweep.replicas = 'sed': must name one of sweep.axes"
+    assert layers.set("sweep.replicas", "seed", "s.yaml").build("sweep").replicas == "seed"
