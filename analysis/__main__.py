@@ -23,6 +23,7 @@ from analysis.read.discover import Warnings, analyze_files, print_warnings, run_
 from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import plot_sweep
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
+from analysis.report.runfigures import plot_run
 from analysis.report.tables import (
     TRACE_COLUMNS,
     json_document,
@@ -218,7 +219,12 @@ def write_outputs(
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / WHY_TABLE, why)
-    written = plot_sweep(runs, out / "figures") if plots and runs else []
+    if not plots or not runs:
+        written = []
+    elif sweep_rows is None and len(runs) == 1:  # one run: its own figures, where a sweep's would be one dot each
+        written = plot_run(runs[0], traces, out / "figures")
+    else:
+        written = plot_sweep(runs, out / "figures")
     log.info(f"wrote {out}" + (f" ({len(written)} figures)" if written else ""), extra=TO_STDERR)
     return written
 

@@ -216,6 +216,7 @@ class RunRow:
     swept: str | None = None  # the point's values of the sweep's other axes (sweep.axes): lr=0.1, seed=1
     series: str | None = None  # the same but its replica axis (sweep.replicas): lr=0.1, what a figure's line is
     replica: str | None = None  # its value of the replica axis (seed=1): folded into a mean and a spread
+    values: dict[str, Any] | None = None  # the point's values of sweep.axes, by key (a figure's x)
     job_id: str | None = None
     images_per_s: float | None = None
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's

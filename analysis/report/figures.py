@@ -129,7 +129,7 @@ LOSS_PARTS = [
 ]
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,13 +138,13 @@ def _pyplot():
     return plt
 
 
-def _save(fig: Any, path: Path, bottom: float = 0.0) -> Path:
+def save_figure(fig: Any, path: Path, bottom: float = 0.0) -> Path:
     """Render to memory, then write whole (a full disk is one error naming the figure, no half PNG);
     `bottom`: the share of the height kept free under the axes (for a note)."""
     fig.tight_layout(rect=(0, bottom, 1, 1))
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     write_atomic(path, png.getvalue())
     return path
 
@@ -259,7 +259,7 @@ def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: 
     number = STUDY_FIGURE.get((metric.study, fraction)) if metric.study else None
     words = _data_title(sel, fraction)
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}{_modes_title(sel)}"
-    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     split = len(step_modes(sel)) > 1
     lines = {
         _line_label(k, _all_cpu(sel)): [
@@ -275,7 +275,7 @@ def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: 
         fig.text(0.01, 0.005, note, fontsize=6.5, color="dimgray", va="bottom")
     mark_oom(ax, [r for r in rows if r.data_fraction == fraction and r.outcome == Outcome.OOM])
     name = f"fig{number:02d}_{metric.key}" if number else (f"study_{metric.key}" if metric.study else metric.key)
-    return _save(fig, out_dir / f"{name}_fraction{fraction:g}.png", bottom=0.07 if note else 0.0)
+    return save_figure(fig, out_dir / f"{name}_fraction{fraction:g}.png", bottom=0.07 if note else 0.0)
 
 
 def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
@@ -283,7 +283,7 @@ def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     sel = [r for r in rows if r.scaling_efficiency is not None and r.shape[0] * r.shape[1] > 1]
     if not sel:
         return None
-    fig, ax = _pyplot().subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     keys = sorted({(r.data_fraction, (r.shape, r.series or "")) for r in sel})
     cpu = _all_cpu(sel)
     lines = {
@@ -310,7 +310,7 @@ def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
         f"Scaling efficiency{_modes_title(sel)}",
         dashed=frozenset(predicted),
     )
-    return _save(fig, out_dir / "scaling_efficiency.png")
+    return save_figure(fig, out_dir / "scaling_efficiency.png")
 
 
 def loss_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
@@ -319,7 +319,7 @@ def loss_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     losses = [r.loss_us for r in sel if r.loss_us]
     if not sel:
         return None
-    fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
+    fig, ax = pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
     labels = [
         f"{r.data_fraction:g}/{r.batch_size_per_gpu}/{r.gpus}" + (f"x{r.nodes}" if (r.nodes or 1) > 1 else "")
         for r in sel
@@ -339,7 +339,7 @@ def loss_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     ax.set_title(f"Where the step time went, against the 1-GPU point{_modes_title(sel)}", fontsize=10)
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     ax.legend(fontsize=7)
-    return _save(fig, out_dir / "efficiency_loss.png")
+    return save_figure(fig, out_dir / "efficiency_loss.png")
 
 
 MEMORY_CATEGORIES = [
@@ -359,7 +359,7 @@ def memory_category_figure(rows: list[RunRow], fraction: float, out_dir: Path) -
     )
     if not sel:
         return None
-    fig, ax = _pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
+    fig, ax = pyplot().subplots(figsize=(max(6, 0.6 * len(sel) + 2), 4))
     labels = [f"{r.batch_size_per_gpu}/{_shape_label((r.nodes or 1, r.gpus or 1), r.on_cpu)}" for r in sel]
     bottom = [0.0] * len(sel)
     for name, color in MEMORY_CATEGORIES:
@@ -371,7 +371,7 @@ def memory_category_figure(rows: list[RunRow], fraction: float, out_dir: Path) -
     ax.set_title(f"Peak memory by category, {_data_title(sel, fraction)}{_modes_title(sel)}", fontsize=10)
     ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     ax.legend(fontsize=7)
-    return _save(fig, out_dir / f"peak_memory_by_category_fraction{fraction:g}.png")
+    return save_figure(fig, out_dir / f"peak_memory_by_category_fraction{fraction:g}.png")
 
 
 def plot_sweep(rows: list[RunRow], out_dir: Path) -> list[Path]:
@@ -381,4 +381,62 @@ def plot_sweep(rows: list[RunRow], out_dir: Path) -> list[Path]:
     written = [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
     written += [efficiency_figure(rows, out_dir), loss_figure(rows, out_dir)]
     written += [memory_category_figure(rows, f, out_dir) for f in fractions]
+    written += [axis_figure(rows, key, m, out_dir) for key in swept_keys(rows) for m in AXIS_METRICS]
     return [p for p in written if p is not None]
+
+
+# Against a swept key (sweep.axes): what a point's run measures as a whole.
+AXIS_METRICS = [
+    Metric("step_time", lambda r: r.step_time_us_mean.max, "Step time (slowest rank)", "step time (ms)", 1e-3),
+    Metric("images_per_s", lambda r: r.images_per_s, "Throughput", "images/s", 1.0),
+]
+
+
+def swept_keys(rows: list[RunRow]) -> list[str]:
+    """The keys of sweep.axes with more than one value among the rows, but the replica axis (a run's
+    `replica`), whose values are repetitions, not a quantity."""
+    replica_keys = {r.replica.split("=", 1)[0] for r in rows if r.replica}
+    keys = dict.fromkeys(k for r in rows for k in (r.values or {}) if k not in replica_keys)
+    return [k for k in keys if len({repr((r.values or {}).get(k)) for r in rows if r.values}) > 1]
+
+
+def axis_figure(rows: list[RunRow], key: str, metric: Metric, out_dir: Path) -> Path | None:
+    """The metric against one swept key's values, a line per job shape, data fraction, batch and the other
+    keys' values; replicas at one value as their mean with a min-max bar. Numbers on a number line (log
+    where they span 10x or more), other values (an arch, true/false) in their order of appearance."""
+    sel = [r for r in rows if key in (r.values or {}) and metric.value(r) is not None]
+    if len({repr((r.values or {})[key]) for r in sel}) < 2:
+        return None
+    raw = list(dict.fromkeys((r.values or {})[key] for r in sel))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw)
+    position = {v: v if numeric else i + 1 for i, v in enumerate(raw)}  # from 1: never 0 on a log axis
+    cpu = _all_cpu(sel)
+    lines: dict[str, list[tuple[Any, Any]]] = {}
+    for r in sel:
+        others = ", ".join(f"{k}={v}" for k, v in (r.values or {}).items() if k != key and f"{k}={v}" != r.replica)
+        label = ", ".join(
+            p
+            for p in (
+                _shape_label(r.shape, cpu),
+                f"fraction {r.data_fraction:g}",
+                f"batch {r.batch_size_per_gpu}",
+                others,
+            )
+            if p
+        )
+        lines.setdefault(label, []).append((position[(r.values or {})[key]], (metric.value(r) or 0.0) * metric.scale))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    _lines_against_batch(ax, lines, metric.ylabel, f"{metric.title} against {key}")
+    ax.set_xlabel(key)
+    if numeric:
+        from matplotlib.ticker import NullLocator
+
+        positive = all(v > 0 for v in raw)
+        ax.set_xscale("log" if positive and max(raw) >= 10 * min(raw) else "linear")
+        ax.set_xticks(sorted(raw), [f"{v:g}" for v in sorted(raw)])
+        ax.xaxis.set_minor_locator(NullLocator())
+    else:
+        ax.set_xscale("linear")
+        ax.set_xticks(range(1, len(raw) + 1), [str(v) for v in raw])
+    safe = "".join(c if c.isalnum() else "_" for c in key)
+    return save_figure(fig, out_dir / f"by_{safe}_{metric.key}.png")

@@ -31,19 +31,95 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
-th { background: #f3f3f3; } td.text { text-align: left; } tr.oom td { color: #b00; }
+th { background: #f3f3f3; max-width: 9em; vertical-align: bottom; }
+td.text, th.text { text-align: left; } tr.oom td { color: #b00; }
 .figures { display: flex; flex-wrap: wrap; gap: 8px; } .figures img { width: 480px; border: 1px solid #eee; }
 details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; } code { background: #f6f6f6; }
 """
 
 
-TEXT_COLUMNS = ("file", "name", "kind", "class", "arch", "outcome", "largest_term", "why")  # left-aligned
+TEXT_COLUMNS = ("file", "name", "kind", "class", "arch", "outcome", "largest_term", "why", "swept", "what")  # left
+
+# A column's name in words on the page (its unit follows, from analysis/report/units.py); the CSV and JSON keep
+# the names the code uses. A column not named here has its underscores as spaces.
+WORDS = {
+    "arch": "model",
+    "batch_size_per_gpu": "batch per GPU",
+    "gpus": "GPUs a node",
+    "swept": "swept values",
+    "step_mode": "steps",
+    "ranks": "ranks traced",
+    "step_time_us_mean_max": "step time, slowest rank",
+    "rank_imbalance": "slowest / fastest rank",
+    "cpu_time_us_per_step_mean": "CPU time a step",
+    "cuda_time_us_per_step_mean": "GPU time a step",
+    "kernel_calls_per_step_mean": "kernel calls a step",
+    "peak_cpu_mem_bytes_max": "peak CPU memory",
+    "peak_gpu_mem_bytes_max": "peak GPU memory",
+    "images_per_s": "images a second",
+    "speedup": "speed-up",
+    "epoch_time_s": "epoch time",
+    "cpu_time_us_per_epoch_mean": "CPU time an epoch",
+    "cuda_time_us_per_epoch_mean": "GPU time an epoch",
+    "kernel_calls_per_epoch_mean": "kernel calls an epoch",
+    "step_skew_us": "collective launch skew",
+    "idle_share_mean": "GPU idle",
+    "qos": "QOS",
+    "node_hours": "node-hours",
+    "self_cpu_us": "own host time",
+    "self_device_us": "own device time",
+    "total_us": "device time",
+    "share_pct": "share",
+}
+# The runs of a sweep on the page: what fits beside each other at 1400 px (runs.csv and sweep.csv have all).
+PAGE_RUN_COLUMNS = [
+    "arch",
+    "data_fraction",
+    "batch_size_per_gpu",
+    "gpus",
+    "nodes",
+    "swept",
+    "step_mode",
+    "outcome",
+    "step_time_us_mean_max",
+    "rank_imbalance",
+    "images_per_s",
+    "speedup",
+    "scaling_efficiency",
+    "predicted_efficiency",
+    "peak_gpu_mem_bytes_max",
+    "peak_cpu_mem_bytes_max",
+    "node_hours",
+]
+
+
+def header_words(column: str, header: str) -> str:
+    """A column's header in words, with the unit the human header carries ("step_time_mean_max (ms)")."""
+    unit = header[header.rfind(" (") :] if header.endswith(")") else ""
+    return WORDS[column] + unit if column in WORDS else header.replace("_", " ")
+
+
+def runs_table(runs: list[RunRow]) -> str:
+    """The runs on the page: one run as a list of what and its value; several, a row each of the columns
+    that fit (PAGE_RUN_COLUMNS, and the swept values where the sweep has any)."""
+    if len(runs) == 1:
+        headers, (cells,) = human_cells(runs, run_columns(runs))
+        pairs = [
+            {"what": header_words(c, h), "value": v}
+            for c, h, v in zip(run_columns(runs), headers, cells, strict=True)
+            if v != "-"
+        ]
+        return table(pairs, ["what", "value"])
+    return table(runs, [c for c in PAGE_RUN_COLUMNS if c in run_columns(runs)])
 
 
 def table(records: list, columns: list[str]) -> str:
     """A table in human units (the unit in each header; the raw numbers are in the JSON and CSV files)."""
     headers, rows = human_cells(records, columns)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    head = "".join(
+        f"<th{' class=text' if c in TEXT_COLUMNS else ''}>{html.escape(header_words(c, h))}</th>"
+        for c, h in zip(columns, headers, strict=True)
+    )
     body = []
     for r, shown in zip(map(as_row, records), rows, strict=True):
         cls = ' class="oom"' if r.get("outcome") == "oom" else ""
@@ -119,7 +195,7 @@ def render_report(
     ]
     sections.append(verdict_section(traces, runs))
     if runs:
-        sections.append("<h2>Runs</h2>" + table(runs, run_columns(runs)))
+        sections.append(("<h2>The run</h2>" if len(runs) == 1 else "<h2>Runs</h2>") + runs_table(runs))
     if loss_rows(runs):
         sections.append(
             "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"

@@ -80,6 +80,7 @@ def swept_words(values: dict, replicas: str | None) -> dict[str, Any]:
         return ", ".join(f"{k}={values[k]}" for k in keys) or None
 
     return {
+        "values": dict(values) or None,
         "swept": words(list(values)),
         "series": words([k for k in values if k != replicas]),
         "replica": words([replicas]) if replicas is not None and replicas in values else None,

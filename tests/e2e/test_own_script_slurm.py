@@ -279,3 +279,27 @@ def test_a_scripts_lr_and_seed_swept_in_one_array_reach_one_report_and_a_failed_
         [" lr=0.01 ", " 3 "], [" lr=0.1 ", " 3 "]], replicas
     noise = why.split("## Beyond the run-to-run noise?", 1)[1]
     assert "fraction 1, batch 16, 1 rank(s): lr=0.01 against lr=0.1: step time (ms) " in noise, noise  # a script: no images/s
+
+
+@pytest.mark.parametrize("axis, said", [
+    ("train.lrr=0.1,0.01", "sweep point train.lrr=0.1: unknown key train.lrr"),
+    ("seed=1,2", "sweep.axes.seed: the command never uses {seed}"),
+    ("batch=8,16", "swept by the study's own list: sweep.batch_sizes"),
+])
+def test_a_bad_axis_is_refused_before_anything_is_submitted(slurm_cluster, tmp_path, axis, said):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: bad\n  batch_sizes: [16]\n  gpus: [1]\n")
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    words = ["--", PY, str(SCRIPTS / "torchrun_ddp.py"), "--lr", "{lr}"] if axis.startswith("seed") else []
+    extra = ["--axis", "lr=0.1,0.01"] if words else []
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--axis", axis, *extra,
+                        "--runs-dir", str(tmp_path / "runs"), *words], capture_output=True, text=True, cwd=tmp_path,
+                       env=ENV, timeout=300)
+    assert r.returncode == 2 and said in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()  # nothing written
+    # and nothing submitted: no job of the sweep's name (bad-1gpu, its one shape's array) in the queue or the
+    # accounting since the command started
+    queued = subprocess.run(["squeue", "-h", "-n", "bad-1gpu"], capture_output=True, text=True, check=True).stdout
+    accounted = subprocess.run(["sacct", "-n", "-X", "-S", since, "--name", "bad-1gpu", "-o", "JobID"],
+                               capture_output=True, text=True, check=True).stdout
+    assert queued.strip() == accounted.strip() == "", (queued, accounted)

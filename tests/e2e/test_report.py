@@ -114,3 +114,53 @@ def test_report_in_headless_chromium(sweep):
         shot = ARTIFACTS / "analysis-report.png"
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 20_000
+
+
+def page_width(browser) -> int:
+    return browser.execute_script("return document.documentElement.scrollWidth")
+
+
+@pytest.mark.browser
+def test_one_runs_page_shows_its_own_figures_and_fits_the_window(tmp_path):
+    """Issue 75: a single run's report has no sweep figures of one dot each, but its ranks' step times over
+    the steps, its window's breakdown by rank, its top operators and kernels; and nothing scrolls sideways
+    at 1400 px. The run: tests/gputrace.py's 2 GPUs whose rank 1 launches late, its summary giving each
+    rank's own work a step (rank 1's above)."""
+    from gputrace import write_run
+
+    run = tmp_path / "run"
+    write_run(run, 2, 128, slow_rank=1, slow_us=SLOW_US, steps=12)
+    summary = json.loads((run / "summary.json").read_text())
+    for r in summary["ranks"]:
+        r["own_step_series"] = {"first_step": 10, "ms": [1.2 + 0.06 * r["rank"] + 0.01 * i for i in range(12)]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    proc = run_module("analysis", str(run), "--report", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    figures = sorted(p.name for p in (tmp_path / "out" / "figures").glob("*.png"))
+    assert figures == ["step_time_by_rank.png", "top_kernels.png", "top_operators.png", "window_breakdown.png"]
+    with headless_chromium(width=1400, height=1000) as browser:
+        from selenium.webdriver.common.by import By
+
+        browser.get((tmp_path / "out" / "report.html").as_uri())
+        headings = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
+        assert headings[:3] == ["Verdict", "The run", "Figures"], headings
+        drawn = browser.execute_script("return Array.from(document.images).map(i => i.complete && i.naturalWidth)")
+        assert len(drawn) == 4 and all(drawn)
+        rows = [tr.text for tr in browser.find_elements(By.CSS_SELECTOR, "h2 + table tr")]
+        assert "batch per GPU 128" in rows and any(r.startswith("step time, slowest rank (ms) ") for r in rows), rows
+        assert page_width(browser) <= 1400
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "analysis-report-one-run.png"))
+
+
+@pytest.mark.browser
+def test_a_sweeps_page_fits_the_window_with_its_columns_in_words(sweep):
+    with headless_chromium(width=1400, height=1000) as browser:
+        from selenium.webdriver.common.by import By
+
+        browser.get((sweep / "analysis" / "report.html").as_uri())
+        assert page_width(browser) <= 1400
+        runs = next(h for h in browser.find_elements(By.TAG_NAME, "h2") if h.text == "Runs")
+        headers = [th.text.replace("\n", " ") for th in runs.find_elements(By.XPATH, "following-sibling::table[1]//th")]
+        assert headers[:4] == ["model", "data fraction", "batch per GPU", "GPUs a node"], headers
+        assert not any("_" in h for h in headers), headers

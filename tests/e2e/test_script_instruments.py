@@ -183,9 +183,9 @@ def test_out_of_memory_in_a_script_is_the_runs_outcome_and_its_sweep_points(tmp_
     marked = re.findall(r'<tr class="oom">(.*?)</tr>', report)  # not the stylesheet's tr.oom: a row of it
     assert len(marked) == 1, marked
     table = report[report.rfind("<table>", 0, report.find('<tr class="oom">')):]
-    headers = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("</tr>", 1)[0])]
+    headers = [html.unescape(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table.split("</tr>", 1)[0])]
     row = dict(zip(headers, (html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", marked[0])), strict=True))
-    assert row["outcome"] == "oom" and row["batch_size_per_gpu"] == "16", row
+    assert row["outcome"] == "oom" and row["batch per GPU"] == "16", row
 
 
 def test_memory_by_category_for_a_script_against_its_models_own_tensors(tmp_path):

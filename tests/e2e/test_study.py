@@ -122,10 +122,10 @@ def test_oom_point_is_a_row_of_the_report(sweep_dir):
     rows = re.findall(r'<tr class="oom">(.*?)</tr>', page)
     assert len(rows) == 1, rows
     table = page[page.rfind("<table>", 0, page.find('<tr class="oom">')):]
-    headers = [html.unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("</tr>", 1)[0])]
+    headers = [html.unescape(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table.split("</tr>", 1)[0])]
     row = dict(zip(headers, (html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[0])), strict=True))
-    assert row["outcome"] == "oom" and row["batch_size_per_gpu"] == "8", row
-    assert int(row["gpus"]) * int(row["nodes"]) == 4, row
+    assert row["outcome"] == "oom" and row["batch per GPU"] == "8", row
+    assert int(row["GPUs a node"]) * int(row["nodes"]) == 4, row
 
 
 def test_resubmit_failed_completes_the_point_and_rebuilds_the_report(sweep_dir, data_root):
@@ -140,3 +140,27 @@ def test_resubmit_failed_completes_the_point_and_rebuilds_the_report(sweep_dir, 
     assert len(json.loads((sweep_dir / "study.json").read_text())["analysis_jobs"]) == 2
     sweep_md = (sweep_dir / "analysis" / "sweep.md").read_text()
     assert sum(" done " in line for line in sweep_md.splitlines()) == 3  # the resubmitted point is in the report
+
+
+def test_a_training_sweep_over_lr_and_arch_runs_each_points_values_to_one_report(slurm_cluster, data_root, tmp_path):
+    """Issue 75: the toolkit's own config keys as axes (--axis and sweep.axes): each point trains with its
+    values, as its own config.yaml and summary say, and the report's rows are told apart by them."""
+    sweep = tmp_path / "study.yaml"
+    sweep.write_text(SWEEP.replace("  batch_sizes: [8, 16]\n  gpus: [2]\n  nodes: [1, 2]\n",
+                                   "  batch_sizes: [8]\n  gpus: [1]\n  axes:\n    model.arch: [tiny, resnet18]\n"))
+    proc = study("run", str(sweep), "--account", "m1_g", "--axis", "train.lr=0.1,0.01", "--data-root",
+                 str(data_root), "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--wait")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (index,) = (tmp_path / "runs" / "study-e2e").glob("sweep-*/index.json")
+    points = json.loads(index.read_text())["points"]
+    ran = set()
+    for p in points:
+        summary = json.loads((index.parent / p["run_dir"] / "summary.json").read_text())
+        assert summary["outcome"] == "done", summary["failure"]
+        config = summary["config"]
+        ran.add((config["train"]["lr"], config["model"]["arch"]))
+        assert (p["values"]["train.lr"], p["values"]["model.arch"]) == (config["train"]["lr"], config["model"]["arch"])
+    assert ran == {(0.1, "tiny"), (0.1, "resnet18"), (0.01, "tiny"), (0.01, "resnet18")}
+    table = (index.parent / "analysis" / "sweep.md").read_text()
+    assert sorted(re.findall(r"\| (model\.arch=\w+, train\.lr=[\d.]+) \|", table)) == sorted(
+        f"model.arch={a}, train.lr={lr}" for lr in (0.1, 0.01) for a in ("tiny", "resnet18")), table

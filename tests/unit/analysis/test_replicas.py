@@ -20,10 +20,11 @@ def row(lr, seed, images_per_s, step_ms=10.0, batch=8):
 
 
 def test_a_points_words_name_its_series_without_its_replica():
-    assert swept_words({"lr": 0.1, "seed": 2}, "seed") == {"swept": "lr=0.1, seed=2", "series": "lr=0.1",
-                                                            "replica": "seed=2"}
-    assert swept_words({"lr": 0.1}, None) == {"swept": "lr=0.1", "series": "lr=0.1", "replica": None}
-    assert swept_words({}, None) == {"swept": None, "series": None, "replica": None}
+    assert swept_words({"lr": 0.1, "seed": 2}, "seed") == {"values": {"lr": 0.1, "seed": 2}, "swept": "lr=0.1, seed=2",
+                                                            "series": "lr=0.1", "replica": "seed=2"}
+    assert swept_words({"lr": 0.1}, None) == {"values": {"lr": 0.1}, "swept": "lr=0.1", "series": "lr=0.1",
+                                              "replica": None}
+    assert swept_words({}, None) == {"values": None, "swept": None, "series": None, "replica": None}
 
 
 @pytest.mark.parametrize("a, b, said", [
@@ -68,3 +69,19 @@ def test_the_replica_axis_must_be_one_of_the_axes():
         layers.build("sweep")
     assert str(e.value) == "s.yaml: sweep.replicas = 'sed': must name one of sweep.axes"
     assert layers.set("sweep.replicas", "seed", "s.yaml").build("sweep").replicas == "seed"
+
+
+def test_a_sweeps_figures_are_drawn_against_each_swept_key_but_its_replicas(tmp_path):
+    from analysis.report.figures import plot_sweep, swept_keys
+
+    def point(lr, arch, seed):
+        return RunRow(run_dir=f"{lr}-{arch}-{seed}", data_fraction=1.0, batch_size_per_gpu=8, gpus=1, nodes=1,
+                      images_per_s=100.0 * lr + seed, step_time_us_mean=Spread(mean=1e4, max=1e4 + seed),
+                      **swept_words({"train.lr": lr, "model.arch": arch, "seed": seed, "one": "x"}, "seed"))
+
+    rows = [point(lr, arch, seed) for lr in (0.1, 0.01) for arch in ("tiny", "resnet18") for seed in (1, 2, 3)]
+    assert swept_keys(rows) == ["train.lr", "model.arch"]  # not the replicas (seed), not a key of one value
+    written = {p.name for p in plot_sweep(rows, tmp_path)}
+    assert {"by_train_lr_step_time.png", "by_train_lr_images_per_s.png", "by_model_arch_step_time.png",
+            "by_model_arch_images_per_s.png"} <= written
+    assert not any(name.startswith(("by_seed", "by_one")) for name in written)

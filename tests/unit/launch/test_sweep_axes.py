@@ -93,6 +93,9 @@ def test_the_bound_on_points_is_refused_just_over_it_and_named_with_how_to_raise
     assert len(points) == 6  # at the bound
     said = refusal(tmp_path, grid, "--axis", "seed=1,2,3", "--", "python", SCRIPT, "{lr}", "{seed}")
     assert "9 points (1 of the study's lists x 9 of sweep.axes) is more than sweep.max_points = 6; set " in said
+    just_over = refusal(tmp_path, grid.replace("max_points: 6", "max_points: 5"), "--axis", "seed=1,2", "--",
+                        "python", SCRIPT, "{lr}", "{seed}")
+    assert "6 points (1 of the study's lists x 6 of sweep.axes) is more than sweep.max_points = 5" in just_over
     assert "sweep.max_points = 1000" in refusal(tmp_path, ONE, "--axis", "seed=" + ",".join(map(str, range(1001))),
                                                 "--", "python", SCRIPT, "{seed}")
 
