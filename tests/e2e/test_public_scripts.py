@@ -22,6 +22,8 @@ IMAGENET = PUBLIC / "imagenet_main.py"
 IMAGENET_SHA256 = "f67ca2cd730bf91afe0504694abf07b88cbd03ac8c8a0426023620d29175c158"  # pytorch/examples 77f55b9
 DDP_EXAMPLE = PUBLIC / "ddp_example.py"
 DDP_EXAMPLE_SHA256 = "a261723f015d6bce1247450c5a8732a8702f3158a89a7a0032c6a120f7065c86"  # the same commit
+MNIST = PUBLIC / "mnist_main.py"
+MNIST_SHA256 = "30a3359d1911d2d859dd090ce20be7ed132a33f508dc389f40366010b3e9ecc8"  # the same commit
 PY = sys.executable
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
 SAID = "ranks each train a separate copy: the script's process group ran no collective"
@@ -30,6 +32,7 @@ SAID = "ranks each train a separate copy: the script's process group ran no coll
 def test_the_public_scripts_are_as_their_authors_wrote_them():
     assert hashlib.sha256(IMAGENET.read_bytes()).hexdigest() == IMAGENET_SHA256
     assert hashlib.sha256(DDP_EXAMPLE.read_bytes()).hexdigest() == DDP_EXAMPLE_SHA256
+    assert hashlib.sha256(MNIST.read_bytes()).hexdigest() == MNIST_SHA256
 
 
 def test_a_command_that_steps_no_optimizer_is_said_not_a_silent_done(tmp_path):
@@ -80,3 +83,51 @@ def test_imagenet_example_on_cpus_is_said_to_train_separate_copies(tmp_path):
     assert "imbalance:" not in verdicts and "then imbalance" not in verdicts, verdicts
     left = subprocess.run(["pgrep", "-f", str(IMAGENET)], capture_output=True, text=True).stdout
     assert not left.split(), left
+
+
+def write_mnist(raw: Path, train: int, test: int) -> None:
+    """Tiny MNIST files in its own idx format (big-endian magic 2051 for images, 2049 for labels), where
+    torchvision's MNIST finds them before it would download: random digits, labels 0-9."""
+    import struct
+
+    import numpy as np
+
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", train), ("t10k", test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
+
+
+@pytest.mark.slurm
+def test_mnist_examples_lr_and_seed_swept_as_written_on_slurm(slurm_cluster, tmp_path):
+    """Issue 75 on a script nobody here wrote: pytorch/examples' mnist/main.py, its --lr and --seed swept
+    2 x 2 in one study. Its own lines are the oracle: its first loss is printed before its first step, so it
+    depends on the seed (the initial weights) and not on the learning rate; its test loss on both."""
+    work = tmp_path / "work"
+    work.mkdir()
+    write_mnist(tmp_path / "data" / "MNIST" / "raw", 256, 64)  # ../data from where it runs, as it reads
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: mnist\n  batch_sizes: [64]\n  gpus: [1]\n  data_fractions: [1]\n"
+                     "  axes:\n    lr: [1.0, 0.01]\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--account", "m1_g", "--axis", "seed=1,2",
+                        "--runs-dir", str(tmp_path / "runs"), "--export", "ALL,OMP_NUM_THREADS=1", "--wait", "--",
+                        PY, str(MNIST), "--epochs", "1", "--no-accel", "--log-interval", "1", "--lr", "{lr}",
+                        "--seed", "{seed}"], cwd=work, env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (index,) = (tmp_path / "runs" / "mnist").glob("sweep-*/index.json")
+    said = {}
+    for p in json.loads(index.read_text())["points"]:
+        out = (index.parent / p["run_dir"] / "logs" / "rank0.out").read_text()
+        losses = re.findall(r"^Train Epoch: 1 .*Loss: ([\d.]+)$", out, flags=re.M)
+        test = re.search(r"^Test set: Average loss: ([\d.]+)", out, flags=re.M)
+        assert len(losses) == 4 and test, out  # 256 images, 64 a batch: 4 steps, each logged
+        said[(p["values"]["lr"], p["values"]["seed"])] = (losses[0], test.group(1))
+    assert said[(1.0, 1)][0] == said[(0.01, 1)][0] != said[(1.0, 2)][0] == said[(0.01, 2)][0], said
+    assert said[(1.0, 1)][1] != said[(0.01, 1)][1], said
+    status = subprocess.run([PY, "-m", "hpc.study", "status", str(index.parent), "--format", "json"],
+                            capture_output=True, text=True, env=ENV, timeout=120)
+    assert sorted((p["lr"], p["seed"], p["state"]) for p in json.loads(status.stdout)) == [
+        (0.01, 1, "done"), (0.01, 2, "done"), (1.0, 1, "done"), (1.0, 2, "done")]
