@@ -62,13 +62,8 @@ def groups(rows: list[RunRow]) -> dict[tuple[str, str], list[RunRow]]:
 
 
 def spread(values: list[float]) -> dict[str, float | None]:
-    """Mean, standard deviation (None for one value), lowest and highest."""
-    return {
-        "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if len(values) > 1 else None,
-        "min": min(values),
-        "max": max(values),
-    }
+    """Mean and standard deviation (None for one value)."""
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else None}
 
 
 def replica_rows(rows: list[RunRow]) -> list[dict[str, Any]]:
@@ -121,7 +116,7 @@ def pair_lines(point: str, a: str, ra: list[RunRow], b: str, rb: list[RunRow]) -
             "too few": f"not to be told from noise: fewer than {MIN_REPLICAS} replicas a point",
         }[verdict]
         out.append(
-            f"{point}: {a or 'the point'} against {b}: {m.words} {_spread_words(va, m.digits)} against "
+            f"{point}: {a} against {b}: {m.words} {_spread_words(va, m.digits)} against "
             f"{_spread_words(vb, m.digits)}: {said}"
         )
     return out

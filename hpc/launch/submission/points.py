@@ -69,8 +69,9 @@ def axis_values(sweep: SweepConfig) -> list[dict[str, Any]]:
     """The sweep's own axes' values at each point (one empty mapping without any): their grid, or zipped."""
     names = list(sweep.axes)
     values = list(sweep.axes.values())
-    rows = zip(*values, strict=True) if sweep.combine == "zip" else itertools.product(*values)
-    return [dict(zip(names, row, strict=True)) for row in rows]
+    # strict: equal lengths, which SweepConfig checked for zip (so strict=False is the same: not mutated)
+    rows = zip(*values, strict=True) if sweep.combine == "zip" else itertools.product(*values)  # pragma: no mutate
+    return [dict(zip(names, row, strict=True)) for row in rows]  # pragma: no mutate
 
 
 def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[Point]:
@@ -98,7 +99,7 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
     name, eq, raw = text.partition("=")
     if not eq or not name.strip() or not raw.strip():
         raise UsageError(f"--axis {text!r}: expected KEY=V1,V2 (e.g. --axis train.lr=0.1,0.01 or --axis seed=1,2,3)")
-    return name.strip(), [parse_override(f"v={word}", "--axis")[1] for word in raw.split(",")]
+    return name.strip(), [parse_override(f"v={word}")[1] for word in raw.split(",")]
 
 
 def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> Layers:
@@ -216,10 +217,10 @@ def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: st
     used = " ".join((*argv, *section.args, *section.env.values()))
     for axis in sweep.axes:
         if "." in axis and not axis.startswith("profiler."):
+            key = axis.rpartition(".")[2]
             raise UsageError(
                 f"{source}: sweep.axes.{axis}: a command reads no run config; sweep its own arguments with a "
-                f"placeholder (axes: {{{axis.rpartition('.')[2]}: [...]}} and --{axis.rpartition('.')[2]} "
-                f"{{{axis.rpartition('.')[2]}}} in its words), or a profiler key"
+                f"placeholder (axes: {{{key}: [...]}} and --{key} {{{key}}} in its words), or a profiler key"
             )
         if "." not in axis and not re.search(r"\{" + re.escape(axis) + r"[:}]", used):
             raise UsageError(

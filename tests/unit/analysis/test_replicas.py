@@ -2,6 +2,7 @@
 two points is beyond that run-to-run noise (analysis/explain/replicas.py, issue 75). The oracle is the rule as
 the report states it, applied by hand to numbers written out here."""
 
+import dataclasses
 import statistics
 
 import pytest
@@ -85,3 +86,34 @@ def test_a_sweeps_figures_are_drawn_against_each_swept_key_but_its_replicas(tmp_
     assert {"by_train_lr_step_time.png", "by_train_lr_images_per_s.png", "by_model_arch_step_time.png",
             "by_model_arch_images_per_s.png"} <= written
     assert not any(name.startswith(("by_seed", "by_one")) for name in written)
+
+
+def test_a_point_of_two_replicas_or_one_is_said_so_and_a_measure_a_script_lacks_is_left_out():
+    """Scripts report no images/s: the step time is still judged. Two replicas a side are too few to tell;
+    one has no spread to show. The study point names its nodes where it has several."""
+    def script(lr, seed, step_ms, nodes=2):
+        return dataclasses.replace(row(lr, seed, None, step_ms=step_ms), nodes=nodes)
+
+    two = [script(0.1, 1, 10.0), script(0.1, 2, 10.2), script(0.01, 1, 20.0), script(0.01, 2, 20.5)]
+    (line,) = noise_lines(two)
+    assert line == ("fraction 1, batch 8, 1 rank(s) x 2 nodes: lr=0.01 against lr=0.1: step time (ms) 20.25 +- 0.35 "
+                    "(2 replicas) against 10.10 +- 0.14 (2 replicas): not to be told from noise: fewer than 3 "
+                    "replicas a point")
+    (one,) = noise_lines([script(0.1, 1, 10.0, nodes=1), script(0.01, 1, 20.0, nodes=1)])
+    assert "step time (ms) 20.00 (1 replicas) against 10.00 (1 replicas): within" not in one  # apart, and 1 each
+    assert one.endswith("20.00 (1 replicas) against 10.00 (1 replicas): not to be told from noise: fewer than 3 "
+                        "replicas a point") and one.startswith("fraction 1, batch 8, 1 rank(s): ")
+    table = replica_rows([script(0.1, 1, 10.0), script(0.1, 2, 12.0)])
+    assert table == [{"point": "fraction 1, batch 8, 1 rank(s) x 2 nodes", "series": "lr=0.1", "replicas": 2,
+                      "step_time_ms_mean": 11.0, "step_time_ms_sd": pytest.approx(statistics.stdev([10.0, 12.0]))}]
+    seeds_only = RunRow(run_dir="s", data_fraction=1.0, batch_size_per_gpu=8, gpus=1, images_per_s=1.0,
+                        **swept_words({"seed": 1}, "seed"))
+    ((only,),) = [replica_rows([seeds_only])]
+    assert (only["series"], only["images_per_s_sd"]) == ("-", None) and noise_lines([seeds_only]) == []
+
+
+def test_a_measure_only_one_side_has_is_not_judged_and_a_row_without_nodes_is_on_one():
+    a = [dataclasses.replace(row(0.1, s, 100.0 + s), nodes=None) for s in (1, 2, 3)]
+    b = [dataclasses.replace(row(0.01, s, None), nodes=None) for s in (1, 2, 3)]  # no images/s on this side
+    lines = noise_lines([*a, *b])
+    assert len(lines) == 1 and lines[0].startswith("fraction 1, batch 8, 1 rank(s): lr=0.01 against lr=0.1: step ")

@@ -160,3 +160,22 @@ def test_a_resubmission_plans_exactly_the_points_of_the_values_it_is_given(tmp_p
     again = make_plan(args, None, into=(saved.parent, {point_key(json.loads(json.dumps(failed)))}))
     ((point, command),) = [pc for spec in again.specs for pc in spec.points]
     assert point == failed and command.words[2:] == ("--lr", "0.01", "--seed", "2")
+
+
+def test_a_sweep_without_axes_has_points_without_values_and_an_axis_value_may_hold_an_equals_sign(tmp_path):
+    _, points = points_of(tmp_path, ONE, "--", "python", SCRIPT)
+    assert [p for p, _ in points] == [{"data_fraction": 1.0, "batch_size": 8, "gpus": 1, "nodes": 1}]
+    _, points = points_of(tmp_path, ONE, "--axis", "opt=a=1,b=2", "--", "python", SCRIPT, "--set", "{opt}")
+    assert sorted(c.words[-1] for _, c in points) == ["a=1", "b=2"]
+
+
+def test_a_commands_axis_refusals_say_the_way_in_full(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    said = refusal(tmp_path, ONE + "  axes:\n    train.lr: [0.1]\n", "--", "python", SCRIPT)
+    assert said == (f"{sweep}: sweep.axes.train.lr: a command reads no run config; sweep its own arguments with a "
+                    "placeholder (axes: {lr: [...]} and --lr {lr} in its words), or a profiler key")
+    said = refusal(tmp_path, ONE + "  axes:\n    seed: [1]\n", "--", "python", SCRIPT)
+    assert said == f"{sweep}: sweep.axes.seed: the command never uses {{seed}}: every point would run the same command"
+    # and every axis is looked at, not only the first: a used one first, then one never used
+    said = refusal(tmp_path, ONE + "  axes:\n    lr: [1]\n    seed: [1]\n", "--", "python", SCRIPT, "{lr}")
+    assert "sweep.axes.seed: the command never uses {seed}" in said
