@@ -201,11 +201,12 @@ def render_report(
             "<h2>Where the step time went, against the 1-GPU point (ms per step)</h2>"
             + table(loss_rows(runs), LOSS_COLUMNS)
         )
-    if replica_rows(runs):
+    replicas = replica_rows(runs)
+    if replicas:
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in noise_lines(runs))
         sections.append(
             f"<h2>{html.escape(REPLICAS_TITLE)}</h2>"
-            + table(replica_rows(runs), REPLICA_COLUMNS)
+            + table(replicas, REPLICA_COLUMNS)
             + (f"<h3>{html.escape(NOISE_TITLE)}</h3><p>{html.escape(NOISE_RULE)}</p><ul>{lines}</ul>" if lines else "")
         )
     series = gpu_series(traces)

@@ -319,8 +319,9 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRow], fmt: str) -> str:
             if loss_rows(runs)
             else []
         )
-        if replica_rows(runs):
-            parts.append((REPLICAS_TITLE, replica_rows(runs), REPLICA_COLUMNS))
+        replicas = replica_rows(runs)
+        if replicas:
+            parts.append((REPLICAS_TITLE, replicas, REPLICA_COLUMNS))
     else:
         parts = run_tables(traces)
     heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
