@@ -25,6 +25,7 @@ from analysis.report.tables import (
     run_tables,
     verdict_lines,
 )
+from hpc.core.ending import Outcome
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1500px; }
@@ -122,7 +123,7 @@ def table(records: list, columns: list[str]) -> str:
     )
     body = []
     for r, shown in zip(map(as_row, records), rows, strict=True):
-        cls = ' class="oom"' if r.get("outcome") == "oom" else ""
+        cls = ' class="oom"' if r.get("outcome") == Outcome.OOM else ""
         cells = "".join(
             f"<td{' class=text' if c in TEXT_COLUMNS else ''}>{html.escape(cell)}</td>"
             for c, cell in zip(columns, shown, strict=True)

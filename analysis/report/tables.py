@@ -13,7 +13,7 @@ from typing import Any
 from analysis.explain.replicas import noise_lines, replica_rows
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
-from hpc.core.ending import Outcome
+from hpc.core.ending import Outcome, PointState
 
 TRACE_COLUMNS = [
     "file",
@@ -298,7 +298,7 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[s
             continue
         if run.verdict:
             # no summary.json: a crashed (or still running) run, or traces copied without it
-            partial = " (no summary: judged from the traces alone)" if run.outcome == "unfinished" else ""
+            partial = " (no summary: judged from the traces alone)" if run.outcome == PointState.UNFINISHED else ""
             out.append((label + partial, run.verdict["line"]))
         if run.separate_copies:
             out.append((f"{label}, ranks", f"{run.separate_copies}; no imbalance is judged"))

@@ -26,7 +26,7 @@ from analysis.records import (
     mean_present,
 )
 from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
-from hpc.core.ending import Outcome
+from hpc.core.ending import Outcome, PointState
 from hpc.core.rundir import RunPaths, is_count, read_metrics
 from hpc.core.summary import current_summary, summary_outcome
 
@@ -269,9 +269,9 @@ def outcome_of(summary: dict[str, Any] | None) -> str:
     toolkit's training and a command alike), or unfinished: no record at all (killed before any, traces
     copied without them)."""
     if summary is None:
-        return "unfinished"
+        return PointState.UNFINISHED
     said = summary_outcome(summary)
-    return str(said) if said is not None else "unknown"
+    return str(said) if said is not None else str(PointState.UNKNOWN)
 
 
 def command_name(summary: dict[str, Any] | None) -> str | None:

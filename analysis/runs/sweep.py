@@ -17,8 +17,7 @@ from analysis.explain.verdict import scaling_note
 from analysis.read.discover import Warnings, analyze_files, run_traces
 from analysis.records import RunRow, TraceRecord
 from analysis.runs.fold import analyze_run
-from hpc.core.files import read_json
-from hpc.core.rundir import SweepPaths, is_count, read_index
+from hpc.core.rundir import SweepIndex, SweepPaths, is_count, read_sweep_index
 from hpc.placement.scaling import scaling_prediction
 
 
@@ -27,8 +26,8 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
     sweep = SweepPaths(sweep_dir)
     traces: list[TraceRecord] = []
     rows: list[RunRow] = []
-    points = read_index(sweep.index, warnings.append)
-    replicas = replica_axis(sweep, points)
+    index = read_sweep_index(sweep.index, warnings.append)
+    points, replicas = index.points, replica_axis(index)
     files = {p["run_dir"]: run_traces(sweep.run(p["run_dir"]).root) for p in points}
     by_file = {rec.file: rec for rec in analyze_files([f for fs in files.values() for f in fs], warnings)}
     for point in points:
@@ -65,12 +64,11 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
     return traces, rows
 
 
-def replica_axis(sweep: SweepPaths, points: list[dict]) -> str | None:
+def replica_axis(index: SweepIndex) -> str | None:
     """The sweep's replica axis (sweep.replicas, as index.json's header records the sweep), where its points
     have it."""
-    header = read_json(sweep.index) if sweep.index.is_file() else None
-    named = ((header or {}).get("sweep") or {}).get("replicas") if isinstance(header, dict) else None
-    return named if isinstance(named, str) and any(named in (p.get("values") or {}) for p in points) else None
+    named = index.replicas
+    return named if named is not None and any(named in (p.get("values") or {}) for p in index.points) else None
 
 
 def swept_words(values: dict, replicas: str | None) -> dict[str, Any]:

@@ -53,6 +53,72 @@ class Outcome(Word):
     RUNNING = "running"  # not every rank has ended
 
 
+class PointState(Word):
+    """Where a sweep's point (or a run the analysis reads) stands where no Outcome says it: the queue's
+    words, Slurm's time limit, and what nothing settles. A point's state is one of these or an Outcome
+    (POINT_STATES)."""
+
+    PENDING = "pending"  # the queue holds it, not started
+    REQUEUED = "requeued"  # the queue holds it again: it ran before
+    TIMEOUT = "timeout"  # Slurm ended it at its time limit
+    MISSING = "missing"  # never ran: no run directory, not queued
+    UNKNOWN = "unknown"  # the queue could not be read and its files alone cannot tell; or a record not ours
+    UNFINISHED = "unfinished"  # the analysis: traces, and no record of how the run ended
+
+
+# hpc.study status's states, in the order its count line gives them
+POINT_STATES: tuple[PointState | Outcome, ...] = (
+    PointState.PENDING,
+    Outcome.RUNNING,
+    PointState.REQUEUED,
+    Outcome.DONE,
+    Outcome.OOM,
+    Outcome.FAILED,
+    PointState.TIMEOUT,
+    Outcome.STOPPED,
+    Outcome.PREEMPTED,
+    Outcome.CANCELLED,
+    PointState.MISSING,
+    PointState.UNKNOWN,
+)
+
+# Slurm's job states (squeue's %T, sacct's State: one list, slurm.conf's JOB_STATE words) -> ours. A person's
+# scancel and the time limit are also read by name: SLURM_CANCELLED (sacct; scheduler.json's `state`).
+SLURM_CANCELLED = "CANCELLED"
+SLURM_STATES: dict[str, PointState | Outcome] = {
+    "PENDING": PointState.PENDING,
+    "CONFIGURING": PointState.PENDING,
+    "SUSPENDED": PointState.PENDING,
+    "RESV_DEL_HOLD": PointState.PENDING,
+    "REQUEUED": PointState.REQUEUED,
+    "REQUEUE_HOLD": PointState.REQUEUED,
+    "REQUEUE_FED": PointState.REQUEUED,
+    "SPECIAL_EXIT": PointState.REQUEUED,  # requeued held after its special exit code
+    "RUNNING": Outcome.RUNNING,
+    "COMPLETING": Outcome.RUNNING,
+    "SIGNALING": Outcome.RUNNING,
+    "STAGE_OUT": Outcome.RUNNING,
+    "RESIZING": Outcome.RUNNING,
+    "STOPPED": Outcome.RUNNING,  # its tasks SIGSTOPped (scancel --signal=STOP): it still holds its nodes
+    "COMPLETED": Outcome.DONE,
+    "FAILED": Outcome.FAILED,
+    "OUT_OF_MEMORY": Outcome.FAILED,
+    "NODE_FAIL": Outcome.FAILED,
+    "BOOT_FAIL": Outcome.FAILED,
+    "TIMEOUT": PointState.TIMEOUT,
+    "DEADLINE": PointState.TIMEOUT,
+    "PREEMPTED": Outcome.PREEMPTED,
+    SLURM_CANCELLED: Outcome.CANCELLED,
+    "REVOKED": Outcome.CANCELLED,  # a federation's sibling job withdrawn
+}
+
+
+def slurm_state(word: str | None) -> PointState | Outcome:
+    """A Slurm job state (squeue's, sacct's: "CANCELLED by 0" is sacct's CANCELLED) in our words; UNKNOWN for
+    one not in Slurm's list (a newer Slurm's)."""
+    return SLURM_STATES.get((word or "").split(" ")[0], PointState.UNKNOWN)
+
+
 # How a run's end is a command's exit code, the same from `hpc.submit --local`, `--wait` on Slurm and
 # `hpc.rank --outcome` (docs/faults.md): a sweep's point that did not fit (oom) is its result, not a failure;
 # a run that has not ended when its job did is not known to be anything.

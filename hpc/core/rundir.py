@@ -336,15 +336,24 @@ def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
     return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), tuple(sorted(values.items())))
 
 
-def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
-    """The points of a sweep's index.json; a point with a missing or mistyped field, or a run
-    directory outside the sweep directory, is warned about and skipped."""
+@dataclasses.dataclass(frozen=True)
+class SweepIndex:
+    """A sweep's index.json as read once: its usable points, and its replica axis (sweep.replicas, as the
+    header records the sweep; None where it names none)."""
+
+    points: list[dict[str, Any]]
+    replicas: str | None = None
+
+
+def read_sweep_index(path: Path, warn: Warn = ignore) -> SweepIndex:
+    """A sweep's index.json, read once; a point with a missing or mistyped field, or a run directory
+    outside the sweep directory, is warned about and skipped."""
     index = read_json(path, warn)
     if index is None:
-        return []
+        return SweepIndex([])
     if not isinstance(index, dict) or not isinstance(index.get("points"), list):
         warn(f"{path}: ignored: expected a mapping with a 'points' list")
-        return []
+        return SweepIndex([])
     points = []
     for i, point in enumerate(index["points"]):
         problem = _point_problem(point)
@@ -352,7 +361,14 @@ def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
             warn(f"{path}: points[{i}] skipped: {problem}")
         else:
             points.append(point)
-    return points
+    sweep = index.get("sweep")
+    replicas = sweep.get("replicas") if isinstance(sweep, dict) else None
+    return SweepIndex(points, replicas if isinstance(replicas, str) else None)
+
+
+def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
+    """The usable points of a sweep's index.json (read_sweep_index)."""
+    return read_sweep_index(path, warn).points
 
 
 def _point_problem(point: Any) -> str | None:

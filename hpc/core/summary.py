@@ -45,7 +45,17 @@ from typing import Any, Literal
 
 import msgspec
 
-from hpc.core.ending import RESUMABLE, Outcome, RankEnd, RankExit, SchedulerSaid, decode_exit, first_bad, run_outcome
+from hpc.core.ending import (
+    RESUMABLE,
+    SLURM_CANCELLED,
+    Outcome,
+    RankEnd,
+    RankExit,
+    SchedulerSaid,
+    decode_exit,
+    first_bad,
+    run_outcome,
+)
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.gpusample import summarize as summarize_gpus
@@ -419,7 +429,7 @@ def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:
     """Whether the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED, recorded
     by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
     preemption."""
-    if said.state != "CANCELLED" or not attempt:
+    if said.state != SLURM_CANCELLED or not attempt:
         return False
     return str(said.job) == attempt.split(".")[0]
 

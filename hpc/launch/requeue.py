@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.ending import RankEnd
+from hpc.core.ending import SLURM_CANCELLED, RankEnd
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, QueueError
 from hpc.core.files import write_atomic
 from hpc.core.summary import exit_code_of
@@ -79,7 +79,7 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
     requeued since this start by someone else (its task: Lightning requeues its own job on SIGUSR1; a
     person): Slurm's restart count above this start's. No answer says nothing: the requeue is tried (and
     Slurm refuses a second one of a job already pending)."""
-    if accounted([job_id]).get(job_id) == "CANCELLED":
+    if accounted([job_id]).get(job_id) == SLURM_CANCELLED:
         return CANCELLED
     try:
         said = ask_slurm(["scontrol", "show", "job", "-o", job_id])
@@ -149,7 +149,8 @@ def teardown_lines(folder: Path) -> list[str]:
         "hpc_rc=$?",
         "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
-        f"if [ -e {mark} ] && ! sacct -n -P -X -o State -j \"$hpc_jid\" 2>/dev/null | grep -q '^CANCELLED'; then",
+        f'if [ -e {mark} ] && ! sacct -n -P -X -o State -j "$hpc_jid" 2>/dev/null '
+        f"| grep -q '^{SLURM_CANCELLED}'; then",
         f"    rm -f {mark}",
         "    hpc_restarts=$(scontrol show job -o \"$hpc_jid\" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)",
         '    if [ "${hpc_restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then',

@@ -1,11 +1,13 @@
 """`python -m hpc.study status SWEEP`: every point of a sweep and how it stands, from the queue (squeue;
 sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
 
-A point is pending, running or requeued (the queue lists it); oom, done or stopped (its run directory
-says so: hpc/core/summary.py run_state); timeout (its log says Slurm cancelled it at the time limit); cancelled
-(a person's scancel, as Slurm's accounting says); missing (never ran); failed (with the last error line
-of its log); or unknown, when the queue could not be read and the run directory alone cannot tell (a
-point not finished may still be running): then the command says why in one line on stderr and exits 1.
+A point is pending, running or requeued (the queue lists it); oom, done, stopped or preempted (its run
+directory says so: hpc/core/summary.py run_state; or Slurm's accounting, PREEMPTED); timeout (its log
+says Slurm cancelled it at the time limit); cancelled (a person's scancel, as Slurm's accounting says);
+missing (never ran); failed (with the last error line of its log); or unknown, when the queue could not
+be read and the run directory alone cannot tell (a point not finished may still be running): then the
+command says why in one line on stderr and exits 1. Every word is hpc/core/ending.py's (POINT_STATES),
+Slurm's through its one table (SLURM_STATES).
 """
 
 from __future__ import annotations
@@ -17,28 +19,13 @@ from typing import Any
 
 from analysis.api import render, run_verdict, verdict_headline
 from hpc.core.cli import Parser, inspect_path
-from hpc.core.ending import Outcome
+from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, Outcome, PointState, slurm_state
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
 from hpc.core.summary import run_state
-from hpc.launch.submission.queue import QUEUE_STATES, SACCT_STATES, accounted, queued
+from hpc.launch.submission.queue import accounted, queued
 
-# A point's states: the queue's (pending, running, requeued), how its run ended where its files say
-# (hpc/core/ending.py's words), Slurm's time limit, and what nothing can settle.
-STATES = (
-    "pending",
-    Outcome.RUNNING,
-    "requeued",
-    Outcome.DONE,
-    Outcome.OOM,
-    Outcome.FAILED,
-    "timeout",
-    Outcome.STOPPED,
-    Outcome.CANCELLED,
-    "missing",
-    "unknown",
-)
 STATUS_COLUMNS = [
     "data_fraction",
     "batch_size",
@@ -90,32 +77,33 @@ def steps_reached(run: RunPaths, kept: int | None) -> int | None:
 def point_state(
     run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None, queue_known: bool = True
 ) -> dict[str, Any]:
-    """The state of one point (see STATES), from the queue, the run directory, sacct and the logs. With
-    the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
+    """The state of one point (hpc/core/ending.py POINT_STATES), from the queue, the run directory, sacct
+    and the logs. With the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
     run = RunPaths(run_dir)
     files = run_state(run)
     outcome = files.outcome
     facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
+    state: PointState | Outcome
     if queue_state:
-        state = QUEUE_STATES.get(queue_state, queue_state.lower())
-        if state == "pending" and (files.step is not None or facts["requeues"]):
-            state = "requeued"  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
+        state = slurm_state(queue_state)
+        if state == PointState.PENDING and (files.step is not None or facts["requeues"]):
+            state = PointState.REQUEUED  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
     elif outcome in (Outcome.OOM, Outcome.DONE):
-        state = str(outcome)
+        state = Outcome(outcome)
     elif not queue_known:
-        state = "unknown"
-    elif facts["timed_out"] or sacct_state == "TIMEOUT":
-        state = "timeout"
-    elif sacct_state == "CANCELLED" or files.said == Outcome.CANCELLED:
+        state = PointState.UNKNOWN
+    elif facts["timed_out"] or slurm_state(sacct_state) == PointState.TIMEOUT:
+        state = PointState.TIMEOUT
+    elif sacct_state == SLURM_CANCELLED or files.said == Outcome.CANCELLED:
         state = Outcome.CANCELLED  # a person's scancel (sacct's word, or the follower's record): not a failure
     elif not run_dir.is_dir():
-        state = "missing"
-    elif outcome == Outcome.STOPPED and files.summary_current:
-        state = Outcome.STOPPED  # it said so itself: checkpointed and ended (preempted, not requeued)
-    else:
-        state = SACCT_STATES.get(sacct_state or "", "failed")
-    note = facts["error"] if state in (Outcome.FAILED, "timeout", Outcome.STOPPED) else None
-    if state == "done" and not files.summary_current:
+        state = PointState.MISSING
+    elif outcome == Outcome.STOPPED and files.summary_current:  # it said so itself: a checkpoint, and ended
+        state = Outcome.PREEMPTED if files.said == Outcome.PREEMPTED else Outcome.STOPPED
+    else:  # an ended job that said nothing of itself: as Slurm's accounting has it (none: it failed)
+        state = slurm_state(sacct_state) if sacct_state else Outcome.FAILED
+    note = facts["error"] if state in (Outcome.FAILED, PointState.TIMEOUT, Outcome.STOPPED, Outcome.PREEMPTED) else None
+    if state == Outcome.DONE and not files.summary_current:
         note = "summary.json missing or out of date: run the point again to write it"
     return {"state": state, "requeues": facts["requeues"], "steps": steps_reached(run, files.step), "error": note}
 
@@ -187,20 +175,21 @@ def status_command(argv: list[str]) -> int:
     reported = reported_verdicts(SweepPaths(sweep_dir))
     points, problem = sweep_status(sweep_dir)
     rows = [
-        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == "done" else None} for r in points
+        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == Outcome.DONE else None}
+        for r in points
     ]
     axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.get("values") or {}))
     columns = [*STATUS_COLUMNS[:4], *axes, *STATUS_COLUMNS[4:]]
     sys.stdout.write(render(rows, columns, args.format))
     if args.format == "table":
-        counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
+        counts = {s: sum(r["state"] == s for r in rows) for s in POINT_STATES}
         report = SweepPaths(sweep_dir).report
         print(
             ", ".join(f"{n} {s}" for s, n in counts.items() if n)
             + f"; report: {report if report.exists() else 'not yet'}"
         )
     if problem is not None:
-        unknown = sum(r["state"] == "unknown" for r in rows)
+        unknown = sum(r["state"] == PointState.UNKNOWN for r in rows)
         print(
             f"hpc.study: {problem}; {unknown} point(s) shown as unknown (their run directories alone cannot tell)",
             file=sys.stderr,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from analysis.api import report
 from hpc.core.cli import command_name, run, suggestion
+from hpc.core.ending import Outcome, PointState
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
 from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
 from hpc.launch.status import existing_sweep, status_command, sweep_status
@@ -182,7 +183,8 @@ def resubmit_command(argv: list[str]) -> int:
     sweep_dir = existing_sweep(args.sweep_dir)
     if not (args.failed or args.missing):
         raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")
-    wanted = ({"failed", "timeout"} if args.failed else set()) | ({"missing"} if args.missing else set())
+    wanted: set[Outcome | PointState] = {Outcome.FAILED, PointState.TIMEOUT} if args.failed else set()
+    wanted |= {PointState.MISSING} if args.missing else set()
     points, problem = sweep_status(sweep_dir)
     if problem is not None:  # a point that looks failed or missing may be running: never submit it twice
         raise QueueError(f"{problem}; not resubmitting while the queue cannot be read (a point may still be running)")

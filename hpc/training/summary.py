@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hpc.core.ending import Outcome
 from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import attempt_of, write_facts, write_run_summary
@@ -168,7 +169,7 @@ def recovered_record(record: dict[str, Any]) -> dict[str, Any]:
 
 def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: list[dict[str, Any]]) -> tuple[str, str]:
     """(what rank 0 prints at the end, the line of the failure when a trace could not be written or "")."""
-    outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else "done"
+    outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else str(Outcome.DONE)
     failed = [(r["rank"], f) for r in records for f in (r.get("profiler") or {}).get("failed") or []]
     written = sum(len((r.get("profiler") or {}).get("traces") or []) for r in records)
     traces = f"{paths.traces} ({written} written{f', {len(failed)} NOT written' if failed else ''})"

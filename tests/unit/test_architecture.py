@@ -382,25 +382,69 @@ def test_unit_tests_are_laid_out_like_the_packages():
     assert all(any((unit / room).glob("test_*.py")) for room in UNIT_ROOMS)
 
 
-ENDING_WORDS = {"killed", "interrupted", "peer", "lost", "preempted", "cancelled", "stopped"}
+# Every word of hpc/core/ending.py's vocabulary: how a rank ended, how a run ended, a point's state (issue 73)
+STATE_WORDS = {"running", "ok", "stopped", "oom", "failed", "killed", "interrupted", "peer", "lost", "done",
+               "preempted", "cancelled", "pending", "requeued", "timeout", "missing", "unknown", "unfinished"}
+# The same letters with another meaning, each named with it: not a state
+OTHER_MEANINGS = {
+    ("hpc.training.inject", "oom"): "a fault's kind (HPC_FAULT_INJECT's grammar)",
+    ("hpc.training.graph.graphcheck", "failed"): "the graph check's result",
+    ("hpc.training.checkpoint", "missing"): "a checkpoint's key, absent",
+    ("hpc.training.traincli", "ok"): "the text of a probe file",
+    ("hpc.training.memcat", "unknown"): "torch's memory category",
+    ("analysis.explain.verdict", "unknown"): "a bound the evidence does not name",
+    ("analysis.measure.collective", "unknown"): "a collective of no known kind",
+    ("analysis.bench.speed", "failed"): "a benchmark's line when its child said nothing",
+}
 
 
-def ending_words_spelled(text: str) -> list[str]:
-    """The string constants of `text` that are words only of how a rank or a run ended."""
-    return [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and n.value in ENDING_WORDS]
+def state_words_spelled(text: str) -> list[str]:
+    """The string constants of `text` that are state words, but for field names: a dict's key, a subscript,
+    `.get`'s or `.setdefault`'s key, the left of `in` (a record's "oom" field is not the oom state)."""
+    tree = ast.parse(text)
+    fields: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Dict):
+            fields |= {id(k) for k in n.keys if k is not None}
+        elif isinstance(n, ast.Subscript):
+            fields.add(id(n.slice))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("get", "setdefault"):
+            fields |= {id(a) for a in n.args[:1]}
+        elif isinstance(n, ast.Compare) and isinstance(n.ops[0], (ast.In, ast.NotIn)):
+            fields.add(id(n.left))
+        elif isinstance(n, ast.For) and isinstance(n.iter, ast.Tuple):  # `for key in ("config", "oom")`
+            fields |= {id(e) for e in n.iter.elts}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in STATE_WORDS and id(n) not in fields]
 
 
-def test_how_a_rank_and_a_run_ended_is_spelled_in_one_module():
-    """Issue 60: the ends' words (hpc/core/ending.py RankEnd, Outcome) spelled nowhere else as strings: every
-    writer and reader (runner, job, batch shell, follower, status, analysis) names them through the enums."""
-    from hpc.core.ending import Outcome, RankEnd
+def test_every_state_is_spelled_in_one_module():
+    """Issue 73: the states' words (hpc/core/ending.py RankEnd, Outcome, PointState; Slurm's table with them)
+    spelled nowhere else as strings: every writer and reader (runner, job, batch shell, follower, status,
+    study, analysis) names them through the enums; the same letters meaning another thing are listed."""
+    from hpc.core.ending import Outcome, PointState, RankEnd
 
-    assert ENDING_WORDS <= {str(w) for w in (*RankEnd, *Outcome)}
+    assert STATE_WORDS == {str(w) for w in (*RankEnd, *Outcome, *PointState)}
+    spelled = {(name, word) for name, path in MODULES.items() if name != "hpc.core.ending"
+               for word in state_words_spelled(path.read_text())}
+    assert spelled == set(OTHER_MEANINGS), sorted(spelled ^ set(OTHER_MEANINGS))
+
+
+def test_slurm_state_words_are_spelled_in_one_module():
+    """Slurm's job states (CANCELLED, TIMEOUT, ...) are read through ending.py's one table and its
+    SLURM_CANCELLED; no other module spells one."""
+    from hpc.core.ending import SLURM_STATES
+
     spelled = {name: found for name, path in MODULES.items() if name != "hpc.core.ending"
-               if (found := ending_words_spelled(path.read_text()))}
+               if (found := [n.value for n in ast.walk(ast.parse(path.read_text()))
+                             if isinstance(n, ast.Constant) and n.value in SLURM_STATES])}
     assert not spelled, spelled
 
 
 def test_the_spelling_check_sees_a_word_spelled_by_hand():
-    assert ending_words_spelled('if record.get("kind") == "interrupted": pass') == ["interrupted"]
-    assert ending_words_spelled('x = "stopped by signal, checkpoint written"') == []
+    assert state_words_spelled('if record.get("kind") == "interrupted": pass') == ["interrupted"]
+    assert state_words_spelled('x = "stopped by signal, checkpoint written"') == []
+    assert state_words_spelled('state = "pending" if queued else "missing"') == ["pending", "missing"]
+    # a record's field of the same letters is not a state
+    assert state_words_spelled('f = {"oom": 1}; r["failed"]; r.get("oom"); "oom" in r') == []
+    assert state_words_spelled('x = r.get("kind", "done")') == ["done"]

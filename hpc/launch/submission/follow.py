@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from analysis.api import end_of_run_lines, render, run_numbers
-from hpc.core.ending import EXIT_CODES, Outcome
+from hpc.core.ending import EXIT_CODES, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
 from hpc.core.summary import no_step_line, read_records, record_scheduler, restarts_line, write_run_summary
@@ -251,7 +251,7 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
                 if summary is not None and summary.get("outcome") == Outcome.PREEMPTED:
                     # ranks killed or lost, not saved: by this run's own person (Ctrl-C, a local SIGTERM), whom
                     # the record names as Slurm names a person's scancel, not by a scheduler's preemption
-                    record_scheduler(paths, job=sub.job_id, state="CANCELLED")
+                    record_scheduler(paths, job=sub.job_id, state=SLURM_CANCELLED)
                     write_run_summary(paths, ended=True)
         return said_stopped(subs, interrupts)
     return exit_code_of_outcomes([print_result(sub, poll_s, follow) for sub in subs])
@@ -271,10 +271,10 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     left no record failed outside its task (its log named). On Slurm a person's cancel (sacct's CANCELLED)
     is recorded as such: its ranks saw only a SIGTERM. Returns the outcome ("failed" for no record)."""
     paths = RunPaths(sub.run_dir)
-    cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == "CANCELLED"
+    cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == SLURM_CANCELLED
     if cancel and paths.ranks.is_dir():
         with contextlib.suppress(OSError):
-            record_scheduler(paths, job=sub.job_id, state="CANCELLED")
+            record_scheduler(paths, job=sub.job_id, state=SLURM_CANCELLED)
     summary = write_run_summary(paths, ended=True) if read_records(paths) else None  # the job has ended
     if summary is None and cancel:
         print(f"job {sub.job_id}: cancelled before its task started", file=sys.stderr)

@@ -17,36 +17,11 @@ import shutil
 import subprocess
 import time
 
-from hpc.core.ending import Outcome
 from hpc.core.errors import QueueError
 
 log = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_S = 60  # squeue retries a silent controller for a while itself; past this, it is down
-
-# squeue's states (%T) -> the states hpc.study shows (a run's outcome in hpc/core/ending.py's words); a
-# state not listed here is shown lower-cased.
-QUEUE_STATES = {
-    "PENDING": "pending",
-    "CONFIGURING": "pending",
-    "RUNNING": Outcome.RUNNING,
-    "COMPLETING": Outcome.RUNNING,
-    "REQUEUED": "requeued",
-    "REQUEUE_HOLD": "requeued",
-    "REQUEUE_FED": "requeued",
-    "SUSPENDED": "pending",
-}
-# sacct's states of ended jobs -> the same.
-SACCT_STATES = {
-    "COMPLETED": Outcome.DONE,
-    "FAILED": Outcome.FAILED,
-    "TIMEOUT": "timeout",
-    "OUT_OF_MEMORY": Outcome.FAILED,
-    "CANCELLED": Outcome.CANCELLED,
-    "NODE_FAIL": Outcome.FAILED,
-    "PREEMPTED": Outcome.STOPPED,
-    "BOOT_FAIL": Outcome.FAILED,
-}
 
 
 def parse_squeue(stdout: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ import pytest
 
 from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError
-from hpc.core.rundir import read_index
+from hpc.core.rundir import read_index, read_sweep_index
 from hpc.core.summary import read_summary
 
 
@@ -17,6 +17,16 @@ def test_summary_and_index_readers(tmp_path):
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "a"},
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "/etc"}]}))
     assert [p["run_dir"] for p in read_index(tmp_path / "index.json")] == ["a"]
+    assert read_sweep_index(tmp_path / "index.json").replicas is None  # a header that names no replica axis
+
+
+@pytest.mark.parametrize(("sweep", "replicas"), [({"replicas": "train.seed"}, "train.seed"), ({"replicas": 3}, None),
+                                                 ("not a mapping", None), (None, None)])
+def test_the_index_is_read_once_for_its_points_and_its_replica_axis(tmp_path, sweep, replicas):
+    point = {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "a", "values": {"train.seed": 1}}
+    (tmp_path / "index.json").write_text(json.dumps({"sweep": sweep, "points": [point]}))
+    index = read_sweep_index(tmp_path / "index.json")
+    assert index.replicas == replicas and [p["run_dir"] for p in index.points] == ["a"]
 
 
 def test_parser_errors_are_one_line_usage_errors():

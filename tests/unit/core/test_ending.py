@@ -193,3 +193,23 @@ def test_a_bad_end_of_unknown_time_counts_as_the_first():
 
     ranks = [{"rank": 1, "kind": "failed", "ended_ns": None}, {"rank": 0, "kind": "oom", "ended_ns": 1}]
     assert first_bad(ranks)["rank"] == 1
+
+
+# squeue(1)'s JOB STATE CODES, as its manual lists them (Slurm 23.11): the oracle for the one table
+SQUEUE_MANUAL_STATES = {
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING", "DEADLINE", "FAILED", "NODE_FAIL",
+    "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "RUNNING", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD",
+    "REQUEUED", "RESIZING", "REVOKED", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "TIMEOUT",
+}
+
+
+def test_one_table_maps_every_state_slurm_lists_onto_a_point_state():
+    from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, SLURM_STATES, PointState, slurm_state
+
+    assert set(SLURM_STATES) == SQUEUE_MANUAL_STATES
+    assert set(SLURM_STATES.values()) <= set(POINT_STATES)
+    assert slurm_state("CANCELLED by 0") == Outcome.CANCELLED == slurm_state(SLURM_CANCELLED)  # sacct's words
+    assert slurm_state("PREEMPTED") == Outcome.PREEMPTED  # not stopped: nothing says the run saved
+    assert slurm_state("COMPLETED") == Outcome.DONE and slurm_state("TIMEOUT") == PointState.TIMEOUT
+    assert slurm_state("NOT_A_STATE") == PointState.UNKNOWN == slurm_state(None) == slurm_state("")
+    assert len(POINT_STATES) == len(set(POINT_STATES)) == len(PointState) - 1 + len(Outcome)  # all but unfinished

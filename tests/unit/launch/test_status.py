@@ -72,3 +72,17 @@ def test_a_finished_run_without_its_summary_is_done_and_says_what_is_missing(tmp
     said_stopped = _checkpoint_info(_run_dir(tmp_path, "3_2", {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}),
                                     4, 8)
     assert point_state(said_stopped, "3_2", None, None)["state"] == "stopped"
+
+
+def test_slurms_words_for_an_ended_job_are_read_through_the_one_table(tmp_path):
+    """Issue 73: sacct's PREEMPTED is a preemption (it was `stopped`, a word that says the run saved); TIMEOUT
+    alone (no log line) is the time limit; a job still accounted RUNNING after it left the queue is running;
+    a state no Slurm lists is unknown, never shown lower-cased as a word of its own."""
+    crashed = _run_dir(tmp_path, "4_0", err="RuntimeError: boom\n")
+    assert point_state(crashed, "4_0", None, "PREEMPTED")["state"] == "preempted"
+    assert point_state(crashed, "4_0", None, "TIMEOUT")["state"] == "timeout"
+    assert point_state(crashed, "4_0", None, "RUNNING")["state"] == "running"
+    assert point_state(crashed, "4_0", None, "NODE_FAIL")["state"] == "failed"
+    assert point_state(crashed, "4_0", "SOMETHING_NEW", None)["state"] == "unknown"
+    assert point_state(crashed, "4_0", "REQUEUE_HOLD", None)["state"] == "requeued"
+    assert point_state(crashed, "4_0", None, "PREEMPTED")["error"] == "RuntimeError: boom"  # the why, kept
