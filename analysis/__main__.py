@@ -1,5 +1,5 @@
 """python -m analysis PATH [--format table|csv|json|md] [--out DIR] [--plots] [--report]
-   python -m analysis compare A B            (why two runs differ: analysis/runs/compare.py)
+   python -m analysis compare A B            (why two runs differ: analysis/compare.py)
 
 PATH: a trace file, a run directory (what hpc.train writes) or a sweep directory (with index.json).
 Prints the most aggregated table for PATH (json: that level's records, with their verdicts, and the
@@ -18,8 +18,10 @@ import logging
 import sys
 from pathlib import Path
 
+from analysis import compare
 from analysis.explain.series import sweeps_side_by_side
-from analysis.read.discover import Warnings, analyze_files, print_warnings, run_traces
+from analysis.pipeline import analyze_files, analyze_run, analyze_sweep
+from analysis.read.discover import Warnings, print_warnings, run_traces
 from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import plot_sweep
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
@@ -34,10 +36,8 @@ from analysis.report.tables import (
     to_json,
     why_tables,
 )
-from analysis.runs import compare
 from analysis.runs.apart import runs_in_folder, trace_runs
-from analysis.runs.fold import analyze_run, why_no_trace
-from analysis.runs.sweep import analyze_sweep
+from analysis.runs.fold import why_no_trace
 from hpc.core.cli import Parser, check_output_dir, inspect_path, run
 from hpc.core.ending import Outcome
 from hpc.core.errors import EXIT_OK, UsageError, WriteError
@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["compare"]:  # python -m analysis compare A B (analysis/runs/compare.py)
+    if argv[:1] == ["compare"]:  # python -m analysis compare A B (analysis/compare.py)
         return compare.main(argv[1:])
     args = parse_args(argv)
     path = Path(args.path)

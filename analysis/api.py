@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from analysis.explain.verdict import headline
+from analysis.pipeline import analyze_run
 from analysis.read.discover import print_warnings
 from analysis.records import RunRow, TraceRecord
 from analysis.report.tables import render, run_label, verdict_lines
-from analysis.runs.fold import analyze_run
 from hpc.core.cli import check_output_dir
 from hpc.core.rundir import SweepPaths
 

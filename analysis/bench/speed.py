@@ -33,7 +33,7 @@ from hpc.core.files import write_atomic
 DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 _RUNNERS = {
-    "analysis": ("import analysis.measure.trace", "analysis.measure.trace.analyze_trace(path)"),
+    "analysis": ("import analysis.pipeline", "analysis.pipeline.analyze_trace(path)"),
     "torch-tb-profiler": (
         "import tempfile, analysis.tensorboard\nfrom torch_tb_profiler.profiler.data import RunProfileData",
         "RunProfileData.parse('rank0', '1', path, tempfile.mkdtemp())",

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from analysis.records import RunRow, TraceRecord
+from analysis.runs.fold import model_facts
 from analysis.runs.ranks import slow_rank_words
 from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
@@ -472,3 +473,14 @@ def scaling_note(run: RunRow) -> str | None:
         f"efficiency {run.scaling_efficiency:.2f}: the step is {total / 1e3:.2f} ms longer than on 1 GPU, "
         f"most of it {LOSS_WORDS[part]} ({value / 1e3:.2f} ms){link}"
     )
+
+
+def judged_trace(rec: TraceRecord) -> TraceRecord:
+    """A trace's record with its verdict attached."""
+    return dataclasses.replace(rec, verdict=judge(trace_evidence(rec)).as_dict())
+
+
+def judged_run(run: RunRow, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRow:
+    """A run's record with its verdict attached: its ranks' records, and the model's work per step as its
+    summary.json says it."""
+    return dataclasses.replace(run, verdict=judge(run_evidence(records, run, model_facts(summary))).as_dict())

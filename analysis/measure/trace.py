@@ -32,7 +32,6 @@ Values a trace cannot give are None, never guessed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import re
 from itertools import chain
@@ -42,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from analysis.explain.verdict import judge, trace_evidence
 from analysis.measure import cpu, device
 from analysis.measure.cpu import CpuOps
 from analysis.measure.device import TOP_N, DeviceActivity
@@ -51,7 +49,7 @@ from analysis.read.events import INSTANT, NOT_READ, Batch, out_of_range, pick
 from analysis.read.reader import Reader, TraceError, read_batches
 from analysis.records import CpuTotals, DeviceTotals, MemoryPeaks, TraceRecord, in_steps, per_step
 
-__all__ = ["TraceError", "analyze_trace", "trace_record"]
+__all__ = ["TraceError", "measure_trace", "trace_record"]
 
 RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 # What becomes of an event: skipped, a memory event, or an X event (>= _OTHER) that is not read, or read
@@ -112,9 +110,10 @@ def _route(batch: Batch, cpu_ops: CpuOps, device_activity: DeviceActivity, memor
     return bad, taken
 
 
-def analyze_trace(path: str | Path, top_n: int | None = TOP_N) -> TraceRecord:
+def measure_trace(path: str | Path, top_n: int | None = TOP_N) -> TraceRecord:
     """The per-trace record (see the module doc), with `top_n` kernels and operators in its top lists
-    (None: every one, for a comparison). Raises TraceError when the file is unusable."""
+    (None: every one, for a comparison), not yet judged (analysis/pipeline.py attaches its verdict).
+    Raises TraceError when the file is unusable."""
     path = Path(path)
     cpu_ops = CpuOps()
     device_activity = DeviceActivity()
@@ -166,7 +165,7 @@ def trace_record(
         rank = int(m.group(1)) if m and len(m.group(1)) < 10 else None
     devices = meta.get("deviceProperties")
     first = devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], dict) else {}
-    record = TraceRecord(
+    return TraceRecord(
         file=str(path),
         device_name=first.get("name") if isinstance(first.get("name"), str) else None,
         rank=rank,
@@ -183,4 +182,3 @@ def trace_record(
         kernel_calls_per_step=per_step(in_steps(device.kernel_calls_in_steps, device.kernel_calls), cpu.steps),
         comm_time_us_per_step=per_step(device.comm_time_us, cpu.steps),
     )
-    return dataclasses.replace(record, verdict=judge(trace_evidence(record)).as_dict())

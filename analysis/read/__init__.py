@@ -2,5 +2,5 @@
 
 - reader.py: a Chrome/Kineto trace file streamed, its events a window at a time;
 - events.py: a window's events decoded by msgspec into typed structs by phase;
-- discover.py: the trace files under a folder, analysed many at once.
+- discover.py: the trace files under a folder, or a run's; the warnings of what was skipped.
 """

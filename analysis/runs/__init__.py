@@ -4,6 +4,5 @@
 - fold.py: one run's traces folded per rank, with summary.json's facts;
 - ranks.py: a run's ranks compared step by step (skew, straggler);
 - sweep.py: a sweep's points against their 1-GPU point;
-- diff.py: two profiles side by side per step, and the term that explains their difference;
-- compare.py: `python -m analysis compare`.
+- diff.py: two profiles side by side per step, and the term that explains their difference.
 """

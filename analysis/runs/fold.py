@@ -13,8 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from analysis.explain.verdict import judge, run_evidence
-from analysis.read.discover import Warnings, analyze_files, run_traces
 from analysis.records import (
     SPREAD_FIELDS,
     RankTotals,
@@ -42,20 +40,18 @@ def _sum_or_none(values: list[Any]) -> Any:
     return sum(present) if present else None
 
 
-def analyze_run(
-    run_dir: Path, warnings: Warnings, records: list[TraceRecord] | None = None
-) -> tuple[list[TraceRecord], RunRow | None]:
-    """Per-trace records of a run (with the run's summary attached) and the run-level record; the
-    records are made here unless given (a sweep analyses all its points' traces at once)."""
-    records = analyze_files(run_traces(run_dir, warnings), warnings) if records is None else records
-    summary = current_summary(RunPaths(run_dir), warnings.append)
+def fold_run(
+    run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None
+) -> tuple[list[TraceRecord], RunRow | None, bool]:
+    """A run's per-trace records with its summary attached, its run-level record (None: no trace), and
+    whether that record has timings to judge (not a run out of memory)."""
     by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if summary is not None else None
     if oom is not None or not records:
-        return records, oom
-    return records, run_record(run_dir, records, summary)
+        return records, oom, False
+    return records, run_record(run_dir, records, summary), True
 
 
 def with_summary(rec: TraceRecord, rank_summary: dict[str, Any]) -> TraceRecord:
@@ -200,7 +196,7 @@ def slowest_step(
 
 def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRow:
     """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
-    comparing the ranks shows (imbalance, skew, straggler)."""
+    comparing the ranks shows (imbalance, skew, straggler); not yet judged (explain/verdict.py judged_run)."""
     ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
     cfg = (summary or {}).get("config") or {}
     first = first_rank(summary)
@@ -210,7 +206,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
-    run = RunRow(
+    return RunRow(
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
@@ -239,8 +235,6 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         **memory_by_category(summary),
         **spreads,
     )
-    verdict = judge(run_evidence(records, run, model_facts(summary)))
-    return dataclasses.replace(run, verdict=verdict.as_dict())
 
 
 def why_no_trace(run_dir: Path) -> str | None:

@@ -10,19 +10,26 @@ names each point's run directory.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from analysis.explain.verdict import scaling_note
-from analysis.read.discover import Warnings, analyze_files, run_traces
+from analysis.read.discover import Warnings, run_traces
 from analysis.records import RunRow, TraceRecord
-from analysis.runs.fold import analyze_run
 from hpc.core.rundir import SweepIndex, SweepPaths, is_count, read_sweep_index
 from hpc.placement.scaling import scaling_prediction
 
+# The pipeline's own (analysis/pipeline.py): every file's record at once, and one run from its records
+AnalyzeFiles = Callable[[Iterable[Path], Warnings], list[TraceRecord]]
+AnalyzeRun = Callable[[Path, Warnings, list[TraceRecord]], tuple[list[TraceRecord], RunRow | None]]
 
-def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord], list[RunRow]]:
-    """Per-trace records of every point and one row per point (data fraction x batch x GPUs x nodes)."""
+
+def fold_sweep(
+    sweep_dir: Path, warnings: Warnings, analyze_files: AnalyzeFiles, analyze_run: AnalyzeRun
+) -> tuple[list[TraceRecord], list[RunRow]]:
+    """Per-trace records of every point and one row per point (data fraction x batch x GPUs x nodes), each
+    point's traces analysed together (`analyze_files`) and folded into its run (`analyze_run`), in order;
+    not yet set against their 1-GPU points (with_scaling)."""
     sweep = SweepPaths(sweep_dir)
     traces: list[TraceRecord] = []
     rows: list[RunRow] = []
@@ -57,7 +64,6 @@ def analyze_sweep(sweep_dir: Path, warnings: Warnings) -> tuple[list[TraceRecord
                 **charged(point, run.wall_time_s),
             )
         )
-    rows = with_scaling(rows)
     rows.sort(
         key=lambda r: (r.swept or "", -(r.data_fraction or 0), r.batch_size_per_gpu or 0, r.nodes or 1, r.gpus or 0)
     )
@@ -126,7 +132,6 @@ def with_scaling(rows: list[RunRow]) -> list[RunRow]:
                 predicted_efficiency=predicted_efficiency(r, b) if compared and b else r.predicted_efficiency,
             )
         )
-        out[-1] = dataclasses.replace(out[-1], scaling_note=scaling_note(out[-1]))
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.measure.kernels import classify_kernel
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import GPU_RESULTS, OWN_GPU_TRACE, SHARED_TRACES, run_module
 from hpc.training import data
 from trainrun import SMOKE, train
@@ -213,10 +213,10 @@ def test_streaming_memory_does_not_grow_like_json_load(tmp_path):
     big.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     del events
     # VmHWM, not ru_maxrss: ru_maxrss survives fork+exec, so a child would report pytest's own peak.
-    code = ("import sys, json\nimport numpy, analysis.measure.trace\n"
+    code = ("import sys, json\nimport numpy, analysis.pipeline\n"
             "hwm = lambda: int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
             "base = hwm()\n"
-            "r = analysis.measure.trace.analyze_trace(sys.argv[2]) if sys.argv[1] == 'stream' else json.load(open(sys.argv[2]))\n"
+            "r = analysis.pipeline.analyze_trace(sys.argv[2]) if sys.argv[1] == 'stream' else json.load(open(sys.argv[2]))\n"
             "print(hwm() - base)")
     def peak_kib(mode):
         out = subprocess.run([sys.executable, "-c", code, mode, str(big)], capture_output=True, text=True)
@@ -264,6 +264,6 @@ def test_sweep_table_and_figures(tmp_path):
 
 
 def test_analysis_does_not_import_torch():
-    code = "import sys, analysis.measure.trace, analysis.runs.fold, analysis.runs.sweep, analysis.__main__; print('torch' in sys.modules)"
+    code = "import sys, analysis.pipeline, analysis.compare, analysis.__main__; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import SHARED_TRACES
 
 pytestmark = pytest.mark.traces

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.measure.kernels import classify_kernel
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import assert_one_line_error
 from test_analysis import cpu_run  # noqa: F401  (the fixture: a 2-rank CPU run with traces)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis.explain.verdict import judged_run
 from analysis.runs.fold import run_record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
               "step_time_s": {"median": 0.6}} for r, own in enumerate([0.01, 0.31])]
     for grouped, named in ((True, True), (False, False)):
         summary = {"world_size": 2, "ranks": [{**x, "process_group": grouped} for x in ranks]}
-        verdict = run_record(tmp_path, [], summary).verdict
+        verdict = judged_run(run_record(tmp_path, [], summary), [], summary).verdict
         assert (verdict["bound"] == "imbalance") is named, verdict
         assert ("rank 1 on nid001" in verdict["line"]) is named
 

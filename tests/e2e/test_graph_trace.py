@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import GPU_RESULTS, OWN_GPU_TRACE
 
 GRAPH = GPU_RESULTS / "resnet152_graph_rank0.pt.trace.json.gz"

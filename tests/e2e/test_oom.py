@@ -8,8 +8,7 @@ import json
 import pytest
 
 from analysis.report.figures import plot_sweep
-from analysis.runs.fold import analyze_run
-from analysis.runs.sweep import analyze_sweep
+from analysis.pipeline import analyze_run, analyze_sweep
 from analysis.report.tables import RUN_COLUMNS, render
 from conftest import run_module
 from hpc.core.errors import EXIT_OOM, UsageError

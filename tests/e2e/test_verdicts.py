@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.measure.kernels import classify_kernel
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import OWN_GPU_TRACE, REPO, SHARED_TRACES, headless_chromium, run_module
 from test_analysis_oracles import _hta_breakdowns
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import free_port, start_tensorboard, tb_operator_row
 from hpc.training import data
 from trainrun import SMOKE, metrics, same_weights, summary, train, weights

@@ -89,6 +89,41 @@ def test_the_floor_check_sees_a_function_local_import_up(tmp_path):
     assert upward_imports({"hpc.launch.down": side}) == []
 
 
+# The analysis's stages in the order they run (analysis/__init__.py): each imports only earlier ones. The
+# records every stage passes on are the ground; pipeline.py (which attaches the verdicts above the stages),
+# api.py and the commands stand on top.
+ANALYSIS_STAGES = ("analysis.records", "analysis.read", "analysis.measure", "analysis.runs", "analysis.explain",
+                   "analysis.report")
+
+
+def stage(name: str) -> int:
+    """A module's place in the analysis's pipeline: the index of its stage, the top past the last."""
+    return next((i for i, prefix in enumerate(ANALYSIS_STAGES) if name == prefix or name.startswith(prefix + ".")),
+                len(ANALYSIS_STAGES))
+
+
+def imports_against_the_pipeline(modules: dict[str, Path]) -> list[str]:
+    """Imports (function-local ones too) from a stage of the analysis into a later one."""
+    return [f"{name} -> {dep}" for name, path in modules.items() if name.startswith("analysis")
+            for dep in sorted(imports(path)) if dep.startswith("analysis") and stage(dep) > stage(name)]
+
+
+def test_the_analysis_imports_follow_its_pipeline():
+    """Issue 73: read -> measure -> runs -> explain -> report, verdicts attached above (pipeline.py)."""
+    assert not imports_against_the_pipeline(MODULES), imports_against_the_pipeline(MODULES)
+    assert [stage(m) for m in ("analysis.read.discover", "analysis.explain.verdict", "analysis.pipeline",
+                               "analysis.api")] == [1, 4, 6, 6]
+
+
+def test_the_pipeline_check_sees_a_stage_calling_up(tmp_path):
+    up = tmp_path / "up.py"
+    up.write_text("def f():\n    from analysis.explain.verdict import judge\n")
+    assert imports_against_the_pipeline({"analysis.measure.trace": up}) == [
+        "analysis.measure.trace -> analysis.explain.verdict"]
+    assert imports_against_the_pipeline({"analysis.pipeline": up}) == []  # the top may
+    assert imports_against_the_pipeline({"analysis.report.tables": up}) == []  # a later stage may
+
+
 def test_the_launcher_never_imports_the_torch_half_at_module_level():
     for name, path in MODULES.items():
         if name.startswith("hpc.launch") or name in ("hpc.submit", "hpc.study", "hpc.config", "hpc.distenv"):

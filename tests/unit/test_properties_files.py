@@ -20,7 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from analysis.records import TraceRecord
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
 from hpc.core.rundir import RunPaths, read_index, read_metrics, truncate_metrics

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from analysis.runs.compare import point_dir
+from analysis.compare import point_dir
 from hpc.core.errors import UsageError
 
 

@@ -338,7 +338,7 @@ def _loading_trace(path, loading_us):
 def test_data_loading_is_named_when_it_holds_up_most_steps_not_one_slow_fetch(tmp_path):
     """Known by construction: one 120 ms fetch among nine of 0.5 ms is 57% of the steps' sum but 25%+ of a
     step in 1 of 10 (no verdict, and the line says why); 5 ms in every 15 ms step is 33% of each (named)."""
-    from analysis.measure.trace import analyze_trace
+    from analysis.pipeline import analyze_trace
 
     one_slow = analyze_trace(_loading_trace(tmp_path / "a.json", [120_000.0] + [500.0] * 9)).verdict
     assert one_slow["bound"] == "unknown", one_slow["line"]

@@ -19,7 +19,7 @@ from analysis.measure.cpu import (
 )
 from analysis.measure.device import DeviceActivity, Launches
 from analysis.measure.memory import DeviceMemory
-from analysis.measure.trace import analyze_trace
+from analysis.pipeline import analyze_trace
 from analysis.read.events import (
     Args,
     Event,

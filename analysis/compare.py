@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.read.discover import Warnings, analyze_files, print_warnings, run_traces
+from analysis.pipeline import analyze_files
+from analysis.read.discover import Warnings, print_warnings, run_traces
 from analysis.records import TraceRecord
 from analysis.report.units import number
 from analysis.runs.diff import Profile, compare, profile
