@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, SchemaError
 
 
 class Word(str, enum.Enum):
@@ -210,6 +210,20 @@ def rank_end_of_outcome(said: object) -> RankEnd:
     return RANK_END_OF.get(found, RankEnd.INTERRUPTED)
 
 
+# The layouts of the records between processes (each refused by its reader in one line when of another: a later
+# toolkit's file; one written before its field was added is of the first)
+RANK_EXIT_SCHEMA = 1  # rank{R}.exit.json
+SCHEDULER_SCHEMA = 1  # scheduler.json
+TASK_SCHEMA = 1  # task.json (hpc/settings/rankcommand.py RankCommand; summary.json's reader: TaskSaid)
+
+
+def refuse_schema(found: int, reads: int) -> None:
+    """SchemaError, in one line, for a record of a layout this toolkit does not read (its reader,
+    who knows the file, names it)."""
+    if found != reads:
+        raise SchemaError(f"schema {found}, and this toolkit reads schema {reads}")
+
+
 class RankExit(msgspec.Struct, kw_only=True):
     """A rank's exit record (RUN/ranks/rank{R}.exit.json), written by its runner (hpc/launch/rank/runner.py)
     from its start (kind running) to its end, read by summary.json's writer. Decoded strictly: a record
@@ -240,19 +254,23 @@ class RankExit(msgspec.Struct, kw_only=True):
     hung: bool | None = None
     orphaned: bool | None = None  # its submitter (hpc.submit --local) died: never requeued
     leftovers_killed: bool | None = None
+    schema: int = RANK_EXIT_SCHEMA
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as summary.json holds it (unset optional flags left out)."""
+        """The record as summary.json holds it (unset optional flags left out; the schema is summary.json's)."""
         flags = ("signals_passed_on", "steps_seen", "stop", "hung", "orphaned", "leftovers_killed", "pid")
-        return {k: v for k, v in msgspec.to_builtins(self).items() if not (k in flags and v is None)}
+        return {k: v for k, v in msgspec.to_builtins(self).items() if not (k in flags and v is None) and k != "schema"}
 
 
 _EXIT_DECODER = msgspec.json.Decoder(RankExit)
 
 
 def decode_exit(data: bytes) -> RankExit:
-    """An exit record from its file's bytes (msgspec.ValidationError or DecodeError: not one)."""
-    return _EXIT_DECODER.decode(data)
+    """An exit record from its file's bytes (msgspec.ValidationError or DecodeError: not one;
+    SchemaError: of another layout)."""
+    record = _EXIT_DECODER.decode(data)
+    refuse_schema(record.schema, RANK_EXIT_SCHEMA)
+    return record
 
 
 def encode_exit(record: RankExit) -> bytes:
@@ -269,3 +287,32 @@ class SchedulerSaid(msgspec.Struct, kw_only=True):
     job: str | None = None
     state: str | None = None
     ended: str | None = None
+    schema: int = SCHEDULER_SCHEMA
+
+
+def decode_scheduler(data: bytes) -> SchedulerSaid:
+    """scheduler.json from its bytes (msgspec.ValidationError or DecodeError: not that shape;
+    SchemaError: of another layout)."""
+    said = msgspec.json.decode(data, type=SchedulerSaid)
+    refuse_schema(said.schema, SCHEDULER_SCHEMA)
+    return said
+
+
+class TaskSaid(msgspec.Struct, kw_only=True):
+    """task.json as summary.json's writer reads it: what the task ran, its requeue codes, the start-up hook's
+    profiler section, the sweep point and the training's config (RankCommand writes and reads it whole)."""
+
+    words: list[str] = msgspec.field(default_factory=list)
+    requeue_codes: list[int] = msgspec.field(default_factory=list)
+    profiler: dict[str, Any] | None = None
+    point: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    schema: int = TASK_SCHEMA
+
+
+def decode_task_said(data: bytes) -> TaskSaid:
+    """task.json's bytes (msgspec.ValidationError or DecodeError: not that shape; SchemaError: of another
+    layout)."""
+    said = msgspec.json.decode(data, type=TaskSaid)
+    refuse_schema(said.schema, TASK_SCHEMA)
+    return said

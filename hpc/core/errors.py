@@ -17,6 +17,7 @@ stderr and the error's `exit_code`: 2 for anything the user gave (a flag, a file
   the worker group and the sbatch script and hpc.submit's job requeue (the run resumes from its last
   checkpoint);
 - `QueueError`: Slurm's controller did not answer (squeue, sbatch, scontrol): exit 1;
+- `SchemaError`: a record written by another toolkit's layout (its `schema`), refused by its reader;
 - `StoreError`: the run's store cannot be trusted or held (its port taken, a value not sealed with the
   run's secret: hpc/core/meet.py): exit 1, never requeued.
 """
@@ -46,6 +47,10 @@ class UsageError(HpcError, ValueError):
 
 class NoArguments(UsageError):
     """A command that acts was given no arguments: str() is its usage, printed as it is (exit 2)."""
+
+
+class SchemaError(UsageError):
+    """A record of a layout this toolkit does not read (a later toolkit's file): said, unlike a cut one."""
 
 
 class ConfigError(UsageError):

@@ -16,6 +16,11 @@ RUN/ranks/scheduler.json (ending.SchedulerSaid), so summary.json is a function o
 files alone: deleting it and writing it again gives the same file, and a reader finds it rebuilt where a
 record is newer than it (`current_summary`). The outcome and its words: hpc/core/ending.py.
 
+Each record between processes is decoded into its struct when read (exit records: RankExit; scheduler.json:
+SchedulerSaid; task.json: TaskSaid here, RankCommand where it runs; summary.json: RunRecord) and says its
+layout (`schema`): one of another layout (a later toolkit's) is refused in one line (SchemaError), one
+without the field is of the first.
+
 An earlier attempt's exit records (a worker group torchrun restarted, a requeued job's last start) are
 moved to RUN/ranks/earlier/ as the next attempt starts: summary.json's `earlier` says how each ended.
 
@@ -52,11 +57,15 @@ from hpc.core.ending import (
     RankEnd,
     RankExit,
     SchedulerSaid,
+    TaskSaid,
     decode_exit,
+    decode_scheduler,
+    decode_task_said,
     first_bad,
+    refuse_schema,
     run_outcome,
 )
-from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
+from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
@@ -122,7 +131,10 @@ def _exits(folder: Path) -> list[RankExit]:
     for path in sorted(folder.glob("rank*.exit.json")) if folder.is_dir() else []:
         try:
             record = decode_exit(path.read_bytes())
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        except SchemaError as e:  # a later toolkit's layout: said
+            log.warning(f"hpc: {path}: not an exit record ({e})")
+            continue
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:  # cut or planted: no record
             log.debug(f"hpc: {path}: not an exit record ({e})")
             continue
         if is_count(record.rank):
@@ -279,11 +291,10 @@ class RunRecord(msgspec.Struct, kw_only=True):
 
 
 def decode_run_record(data: bytes) -> RunRecord:
-    """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape, or of
-    another schema)."""
+    """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape;
+    SchemaError: of another layout)."""
     record = msgspec.json.decode(data, type=RunRecord)
-    if record.schema != SUMMARY_SCHEMA:
-        raise msgspec.ValidationError(f"schema {record.schema}, and this toolkit reads schema {SUMMARY_SCHEMA}")
+    refuse_schema(record.schema, SUMMARY_SCHEMA)
     return record
 
 
@@ -323,31 +334,36 @@ def restarts_line(summary: Mapping[str, Any]) -> str | None:
     return f"torchrun restarted the worker group {count} (ranks/earlier/ has how each rank ended): {ends}"
 
 
-def task_of(paths: RunPaths) -> dict[str, Any]:
+def task_of(paths: RunPaths) -> tuple[TaskSaid, dict[str, Any] | None]:
     """What the run is, for summary.json: the task's record (task.json, written by the job), and the
     resolved config of the toolkit's training (config.yaml)."""
-    task = read_json(paths.task) if paths.task.is_file() else None
-    task = task if isinstance(task, dict) else {}
+    try:
+        task = decode_task_said(paths.task.read_bytes())
+    except OSError:  # none: a run started outside any runner
+        task = TaskSaid()
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+        log.warning(f"hpc: {paths.task}: ignored: {e}")
+        task = TaskSaid()
     config = None
     with contextlib.suppress(Exception):  # a damaged config.yaml: the summary says none (hpc.train says why)
         loaded = load_yaml_text(paths.config.read_text()) if paths.config.is_file() else None
         config = loaded if isinstance(loaded, dict) else None
-    return {**task, "task_config": task.get("config"), "config": config}
+    return task, config
 
 
 def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """summary.json's contents: the same top-level keys whatever the task (see the module doc); a
     function of the run directory's files alone."""
-    task = task_of(paths)
+    task, resolved = task_of(paths)
     said = scheduler_said(paths)
     attempt = latest_attempt(records)
     ended = attempt is not None and said.ended == attempt
     config = (
-        task["config"]
-        or task.get("task_config")
+        resolved
+        or task.config
         or next((f["config"] for f in facts.values() if isinstance(f.get("config"), dict)), None)
     )
-    codes = tuple(task.get("requeue_codes") or ())
+    codes = tuple(task.requeue_codes)
     ranks = rank_entries(records, facts, codes)
     for rank in ranks if ended else ():
         if rank.get("kind") == RankEnd.RUNNING:
@@ -355,15 +371,13 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
     world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
-    hook: dict[str, Any] = (
-        task["profiler"] if isinstance(task.get("profiler"), dict) else {"enabled": False}
-    )  # a command's
+    hook: dict[str, Any] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
     return msgspec.to_builtins(
         RunRecord(
             kind="train" if config is not None else "command",
             run_dir=str(paths.root),
-            command=(records[0].command if records else None) or task.get("words"),
-            point=task.get("point") if isinstance(task.get("point"), dict) else None,
+            command=(records[0].command if records else None) or task.words or None,
+            point=task.point,
             world_size=world,
             attempt=attempt or next((r.get("attempt") for r in ranks), None),
             outcome=run_outcome(ranks, world, cancelled(said, attempt)),
@@ -399,21 +413,26 @@ def keep_earlier(paths: RunPaths, rank: int) -> None:
     last start, a run resumed outside any runner: one start runs a rank at a time) moved aside before this
     start's replaces it or its facts outdate it: how that one ended stays on disk and in summary.json, and
     this start's own record makes the summary. Each rank moves its own; a failed move is said."""
-    earlier = read_json(paths.rank_exit(rank)) if paths.rank_exit(rank).is_file() else None
-    if not isinstance(earlier, dict) or not isinstance(earlier.get("attempt"), str):
+    try:
+        earlier = decode_exit(paths.rank_exit(rank).read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, SchemaError):
         return  # none, or not a record (a cut one is replaced)
     try:
         paths.earlier.mkdir(parents=True, exist_ok=True)
-        os.replace(paths.rank_exit(rank), paths.earlier_exit(rank, int(earlier.get("started_ns") or 0)))
+        os.replace(paths.rank_exit(rank), paths.earlier_exit(rank, earlier.started_ns or 0))
     except OSError as e:
-        log.warning(f"hpc: rank {rank}: attempt {earlier['attempt']}'s exit record not kept ({e})")
+        log.warning(f"hpc: rank {rank}: attempt {earlier.attempt}'s exit record not kept ({e})")
 
 
 def scheduler_said(paths: RunPaths) -> SchedulerSaid:
-    """RUN/ranks/scheduler.json (nothing said: an empty one; one not that shape is ignored)."""
+    """RUN/ranks/scheduler.json (nothing said: an empty one; one not that shape is ignored, one of another
+    schema said so in a line)."""
     try:
-        return msgspec.json.decode(paths.scheduler.read_bytes(), type=SchedulerSaid)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return decode_scheduler(paths.scheduler.read_bytes())
+    except OSError:
+        return SchedulerSaid()
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+        log.warning(f"hpc: {paths.scheduler}: ignored: {e}")
         return SchedulerSaid()
 
 

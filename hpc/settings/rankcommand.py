@@ -25,7 +25,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hpc.core.cli import shown
+from hpc.core.ending import TASK_SCHEMA, refuse_schema
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import SUBMITTED
 
@@ -58,6 +61,7 @@ class RankCommand:
     hang_timeout_s: int | None = None
     point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
     config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
+    schema: int = TASK_SCHEMA  # task.json's layout (hpc/core/ending.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -70,6 +74,14 @@ class RankCommand:
         for key in ("words", "requeue_codes"):
             values[key] = tuple(values.get(key) or ())
         return cls(**values)
+
+    @classmethod
+    def decode(cls, data: bytes) -> RankCommand:
+        """A task as task.json's bytes hold it, strictly (msgspec.ValidationError or DecodeError: not one, or
+        of another schema)."""
+        task = msgspec.json.decode(data, type=cls)
+        refuse_schema(task.schema, TASK_SCHEMA)
+        return task
 
     def words_for(self, run_dir: Path, python: str) -> list[str]:
         """What the rank runs: the words with the run directory and the interpreter filled in."""

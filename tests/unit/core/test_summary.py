@@ -5,6 +5,7 @@ import json
 import msgspec
 import pytest
 
+from hpc.core.errors import SchemaError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import (
     attempt_of,
@@ -196,5 +197,60 @@ def test_summary_json_says_its_schema_and_another_is_refused_in_one_line(tmp_pat
         got = read_summary(path, said.append)
         assert (got is not None) is read, (schema, said)
         assert said == ([] if read else [f"{path}: ignored: schema {schema!r}, and this toolkit reads schema 1"])
-    with pytest.raises(msgspec.ValidationError, match="schema 2, and this toolkit reads schema 1"):
+    with pytest.raises(SchemaError, match="schema 2, and this toolkit reads schema 1"):
         decode_run_record(json.dumps({**written, "schema": 2}).encode())
+
+
+def test_every_record_between_processes_says_its_schema_and_another_is_refused(tmp_path, caplog):
+    """Issue 73: an exit record, scheduler.json and task.json of a later toolkit's layout are each refused by
+    their reader, said in one line, never read as this one's; one written before the field was added (no
+    schema) is of the first. The oracle: the outcome the summary reads with the record, and without it."""
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    stopped = record(0, "stopped", 10, attempt="77.0.0", group="77.0.0", world_size=1)
+    for schema, read in ((None, True), (1, True), (2, False)):
+        paths.rank_exit(0).write_text(json.dumps(stopped if schema is None else {**stopped, "schema": schema}))
+        caplog.clear()
+        assert [r.rank for r in read_records(paths)] == ([0] if read else [])
+        assert ("rank0.exit.json: not an exit record (schema 2, and this toolkit reads schema 1)" in caplog.text) is (not read)
+    paths.rank_exit(0).write_text(json.dumps(stopped))
+    assert "schema" not in build_summary(paths, read_records(paths), {})["ranks"][0]  # summary.json's own
+    for schema, outcome in ((None, "cancelled"), (1, "cancelled"), (2, "stopped")):
+        said = {"job": "77", "state": "CANCELLED"}
+        paths.scheduler.write_text(json.dumps(said if schema is None else {**said, "schema": schema}))
+        caplog.clear()
+        assert build_summary(paths, read_records(paths), {})["outcome"] == outcome
+        assert ("scheduler.json: ignored: schema 2, and this toolkit" in caplog.text) is (schema == 2)
+    task = user_command(["python", "train.py"], "/", {"enabled": True}, 60).to_dict()
+    for schema, command in ((1, ["python", "train.py"]), (2, None)):
+        (tmp_path / "task.json").write_text(json.dumps({**task, "schema": schema}))
+        paths.rank_exit(0).write_text(json.dumps({k: v for k, v in stopped.items() if k != "command"}))
+        caplog.clear()
+        summary = build_summary(paths, read_records(paths), {})
+        assert summary["command"] == command and summary["profiled"] is (schema == 1)
+        assert ("task.json: ignored: schema 2, and this toolkit" in caplog.text) is (schema == 2)
+
+
+def test_hpc_rank_refuses_a_task_json_it_cannot_read_in_one_line(tmp_path):
+    """`python -m hpc.rank --run-dir RUN` runs RUN/task.json again: one that is missing, not a task, of
+    another schema or without a command is one line, exit 2, and nothing is written."""
+    import subprocess
+    import sys
+
+    from conftest import assert_one_line_error
+
+    task = user_command(["python", "train.py"], "/", None, 60).to_dict()
+    cases = {"missing": None, "garbage": b"{not json", "later": json.dumps({**task, "schema": 2}).encode(),
+             "empty": json.dumps({**task, "words": []}).encode()}
+    needles = {"missing": "no task.json", "garbage": "task.json is not a task",
+               "later": "task.json is not a task (schema 2, and this toolkit reads schema 1)", "empty": "has no command in it"}
+    for name, body in cases.items():
+        run = tmp_path / name
+        run.mkdir()
+        if body is not None:
+            (run / "task.json").write_bytes(body)
+        before = sorted(p.name for p in run.iterdir())
+        proc = subprocess.run([sys.executable, "-m", "hpc.rank", "--run-dir", str(run)], capture_output=True,
+                              text=True, timeout=60)
+        assert_one_line_error(proc, needles[name])
+        assert sorted(p.name for p in run.iterdir()) == before
