@@ -30,6 +30,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 STANDINS = REPO / "tests" / "standins"
 sys.path.insert(0, str(STANDINS))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STANDINS), os.environ.get("PYTHONPATH", "")) if p)
+# graph mode on this CPU: the one seam (hpc/training/graph/graphmode.py HPC_GRAPH_CAPTURE) names the stand-in
+GRAPH_STANDIN = {"HPC_GRAPH_CAPTURE": "graphstandin:CAPTURE"}
 
 GPU_RESULTS = REPO / "results" / "gpu"  # what tests/gpu/run.sh measured on an H100, committed
 OWN_GPU_TRACE = GPU_RESULTS / "resnet152_rank0.pt.trace.json.gz"  # this toolkit's own ResNet152 trace

@@ -32,7 +32,7 @@ from hpc.training.build import ModelParts, graph_step, wrap_ddp
 from hpc.training.data import Split
 from hpc.training.graph.cudagraph import Step, whole_step
 from hpc.training.graph.graphcheck import GraphRun
-from hpc.training.graph.graphmode import GraphMode
+from hpc.training.graph.graphmode import CUDA_GRAPH, GraphMode, capture_in_use
 from hpc.training.profiling import Profiling
 from hpc.training.steptimes import percentile
 
@@ -177,7 +177,7 @@ def make_step(variant: Variant, built: Built, device: torch.device) -> Step:
     eager step (a failed check ends this configuration, as train.cuda_graph = true would), replayed."""
 
     if built.parts is not None:
-        mode = GraphMode(True, "hpc.bench", stand_in=device.type != "cuda")
+        mode = GraphMode(True, "hpc.bench", CUDA_GRAPH if device.type == "cuda" else capture_in_use(os.environ))
         inject.arm_from_env(os.environ, 0, lambda: 0)  # HPC_FAULT_INJECT's graph-* entries, as in the trainer
         graph = GraphRun(graph_step(built.parts, mode, device), TrainConfig(cuda_graph=True))  # a failed check ends it
 

@@ -232,14 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         return print_scaling(args.arch, args.stem, args.scaling_step_ms / 1000)
     batches = parse_batches(args.memory_grid or args.batch, "--memory-grid" if args.memory_grid else "--batch")
 
-    from hpc.core.faults import faults_from_env, graph_standin
     from hpc.placement.distenv import from_environ
     from hpc.training import data as data_mod
     from hpc.training.build import before_process_group, setup_device
     from hpc.training.distributed.rendezvous import join
+    from hpc.training.graph.graphmode import capture_in_use
 
     cuda = torch.cuda.is_available()
-    variants = variants_for(cuda or graph_standin(faults_from_env(os.environ)), args.compile, args.only)
+    variants = variants_for(cuda or not capture_in_use(os.environ).needs_cuda, args.compile, args.only)
     # The training's own set-up: the same backend flags (cuDNN autotuning, TF32) and process group,
     # made as a graphed run makes it when a configuration captures DDP.
     single = from_environ({})

@@ -14,9 +14,6 @@ process: hpc/training/inject.py, the one point the training arms).
            graph-capture-fail[@rank=R]          the graph check's capture raises (on rank R only)
            graph-mismatch[@rank=R]              the graph check's replay leaves wrong weights (rank R)
            graph-slow[@rank=R]                  the graph check outlasts train.graph_check_timeout_s
-           graph-standin                        graph mode on a machine without CUDA: the warm-up and
-                                                the graph check run for real, a stand-in replays the
-                                                step eagerly in place of a captured graph (CPU tests)
 
     MOMENT  start       set-up done, before the first step
             step        inside step N, after its forward pass
@@ -45,14 +42,13 @@ MOMENTS = ("start", "step", "checkpoint", "trace", "eval", "summary")
 _SIGNAL = re.compile(rf"signal:({'|'.join(SIGNALS)})@({'|'.join(MOMENTS)})(?::(\d{{1,9}}))?(?:@rank=(\d{{1,6}}))?")
 KILL_DURING_CHECKPOINT = "kill-during-checkpoint"
 GRAPH_FAULTS = ("capture-fail", "mismatch", "slow")  # what the graph check (hpc/training/graph/graphcheck.py) meets
-GRAPH_STANDIN = "graph-standin"
 _SLOW = re.compile(r"slow-step:(\d{1,7})(?:@rank=(\d{1,6}))?")
 _GRAPH = re.compile(rf"graph-({'|'.join(GRAPH_FAULTS)})(?:@rank=(\d{{1,6}}))?")
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    kind: str  # oom | fail | signal | slow | graph | graph-standin
+    kind: str  # oom | fail | signal | slow | graph
     step: int | None = None  # oom/fail: before this optimizer step (from 1); signal: at this step (None: each)
     batch: int | None = None  # only runs of this per-GPU batch
     world: int | None = None  # only runs of this many ranks
@@ -75,8 +71,6 @@ class Fault:
 def _entry(entry: str, text: str, source: str) -> Fault:
     if entry == KILL_DURING_CHECKPOINT:
         return Fault("signal", signal="KILL", moment="checkpoint", once_saved=True)
-    if entry == GRAPH_STANDIN:
-        return Fault(GRAPH_STANDIN)
     if m := _GRAPH.fullmatch(entry):
         return Fault("graph", moment=m.group(1), rank=int(m.group(2)) if m.group(2) else None)
     if m := _SLOW.fullmatch(entry):
@@ -90,8 +84,8 @@ def _entry(entry: str, text: str, source: str) -> Fault:
     raise UsageError(
         f"{source}={text[:200]!r}: entry {entry[:80]!r} is not oom-at-step:N, fail-at-step:N (each with optional "
         f"@batch=B@world=W), signal:SIG@MOMENT[:N][@rank=R] (SIG {'|'.join(SIGNALS)}, MOMENT "
-        f"{'|'.join(MOMENTS)}), slow-step:MS[@rank=R], {KILL_DURING_CHECKPOINT}, "
-        f"graph-{{{','.join(GRAPH_FAULTS)}}}[@rank=R] or {GRAPH_STANDIN}"
+        f"{'|'.join(MOMENTS)}), slow-step:MS[@rank=R], {KILL_DURING_CHECKPOINT} "
+        f"or graph-{{{','.join(GRAPH_FAULTS)}}}[@rank=R]"
     )
 
 
@@ -103,10 +97,6 @@ def parse_faults(text: str, source: str = VARIABLE) -> tuple[Fault, ...]:
 def graph_fault(faults: tuple[Fault, ...], what: str, rank: int) -> bool:
     """Whether a graph-`what` entry applies to `rank`."""
     return any(f.kind == "graph" and f.moment == what and f.rank in (None, rank) for f in faults)
-
-
-def graph_standin(faults: tuple[Fault, ...]) -> bool:
-    return any(f.kind == GRAPH_STANDIN for f in faults)
 
 
 def faults_from_env(env: Mapping[str, str]) -> tuple[Fault, ...]:

@@ -24,7 +24,6 @@ from hpc.placement.affinity import cores_text, gpu_index
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
-from hpc.training import inject
 from hpc.training.data import DeviceBatches, Split
 from hpc.training.distributed.netcheck import debug_env, read_network, verdict, wants_check
 from hpc.training.graph.cudagraph import GraphedStep, lr_on_device, whole_step
@@ -370,13 +369,13 @@ def settle_buckets(ddp: DDP, device: torch.device, channels_last: bool) -> None:
 
 
 def graph_step(net: ModelParts, mode: GraphMode, device: torch.device) -> GraphedStep | None:
-    """The whole step, DDP's all-reduce included, to capture at its first call (None: eager); on a
-    machine without CUDA under HPC_FAULT_INJECT=graph-standin, the tests' stand-in that replays eagerly."""
+    """The whole step, DDP's all-reduce included, to capture at its first call (None: eager); by another
+    capture than CUDA's where the mode has one (HPC_GRAPH_CAPTURE: the tests' CPU stand-in)."""
     if not mode.on:
         return None
     core = whole_step(net.forward, net.optimizer, net.autocast)
-    if mode.stand_in:  # no capture: nothing reads the rate at a replay
-        return inject.standin_step(core, net.model, net.optimizer, DDP_WARMUP_ITERS)
+    if mode.capture.build is not None:  # no CUDA graph: nothing reads the rate at a replay
+        return mode.capture.build(core, net.model, net.optimizer, DDP_WARMUP_ITERS)
     lr_on_device(net.optimizer, device)  # after any checkpoint load, which brings the rate to the CPU
     return GraphedStep(core, net.model, net.optimizer, DDP_WARMUP_ITERS, net.capture_stream)
 

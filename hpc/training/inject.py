@@ -11,14 +11,13 @@ checkpoint writer included) and nothing of the training carries a fault paramete
   moment every time, not when a timer happens to;
 - `at_checkpoint`: half the checkpoint of step N on disk, then the signal (on the thread writing it,
   the background writer's where the run writes in the background);
-- `graph_fault`, `graph_standin`: what the graph check meets, and graph mode without CUDA;
-  `standin_step`: that mode's step, which the tests bring (tests/standins/graphstandin.py, on PYTHONPATH).
+- `graph_fault`: what the graph check meets (graph mode without CUDA is no fault: the tests bring their
+  capture through hpc/training/graph/graphmode.py's HPC_GRAPH_CAPTURE).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import signal
 import time
@@ -27,12 +26,9 @@ from pathlib import Path
 
 import torch
 
-from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE, Fault, faults_from_env
 from hpc.core.faults import graph_fault as _graph_fault
-from hpc.core.faults import graph_standin as _graph_standin
 from hpc.core.files import temp_name
-from hpc.training.graph.cudagraph import GraphedStep, Step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,28 +112,3 @@ def before_step(next_step: int, batch_per_gpu: int, world: int) -> None:
 def graph_fault(what: str) -> bool:
     """Whether a graph-`what` entry applies to this rank."""
     return _armed is not None and _graph_fault(_armed.faults, what, _armed.rank)
-
-
-def graph_standin() -> bool:
-    return _armed is not None and _graph_standin(_armed.faults)
-
-
-STANDIN_MODULE = "graphstandin"  # tests/standins/graphstandin.py
-
-
-def standin_step(
-    core: Step, model: torch.nn.Module, optimizer: torch.optim.Optimizer, warmup_iters: int
-) -> GraphedStep:
-    """GraphedStep's stand-in without CUDA (graph-standin). It lives with the tests, which put its folder
-    on PYTHONPATH; elsewhere the fault is one line, exit 2."""
-    try:
-        module = importlib.import_module(STANDIN_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name != STANDIN_MODULE:  # the stand-in is there and itself broken: its own error, whole
-            raise
-        raise UsageError(
-            f"{VARIABLE}=graph-standin is a test's fault: its stand-in ({STANDIN_MODULE}.py, in the repository's "
-            "tests/standins) is not on PYTHONPATH"
-        ) from None
-    step: GraphedStep = module.StandInStep(core, model, optimizer, warmup_iters)
-    return step

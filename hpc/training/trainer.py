@@ -60,7 +60,7 @@ from hpc.training.distributed.group import RankGroup
 from hpc.training.distributed.rendezvous import Heartbeat, join
 from hpc.training.graph.cudagraph import nccl_version
 from hpc.training.graph.graphcheck import GraphRun
-from hpc.training.graph.graphmode import decide_graph_mode
+from hpc.training.graph.graphmode import capture_in_use, decide_graph_mode
 from hpc.training.hook.scriptwatch import beat_watch
 from hpc.training.metrics import MetricsLog, Throughput, format_duration
 from hpc.training.model import count_flops_per_image
@@ -92,7 +92,7 @@ class Trainer:
         inject.arm_from_env(os.environ, dist.rank, lambda: self.state.step)  # the fault point: unset, nothing
         batch_plan(cfg.train, dist.world_size)  # the batch shape is checked before any rendezvous
         self.device, self.use_cuda = setup_device(cfg.train, dist)
-        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), inject.graph_standin())
+        self.graph_mode = decide_graph_mode(cfg, self.use_cuda, nccl_version(self.use_cuda), capture_in_use(os.environ))
         fabric = before_process_group(self.graph_mode.on, dist, self.paths.rank_log(0).parent)
         timeout_s = cfg.train.collective_timeout_s
         joined_at = time.time()  # the group's formation, timed for summary.json's start-up

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import assert_one_line_error, run_module
+from conftest import GRAPH_STANDIN, assert_one_line_error, run_module
 from hpc.placement.scaling import scaling_prediction
 
 
@@ -76,16 +76,16 @@ def test_scaling_model():
 
 def test_the_graphed_configuration_is_the_trainers_checked_ddp_step(tmp_path):
     """"toolkit + CUDA graph" is built from the trainer's pieces (DDP by wrap_ddp, the step by graph_step,
-    the check by GraphRun), so it times what hpc.train runs. No GPU here: HPC_FAULT_INJECT's CPU stand-in
+    the check by GraphRun), so it times what hpc.train runs. No GPU here: the tests' CPU stand-in (HPC_GRAPH_CAPTURE)
     for capture lets the path run; a forced mismatch must then end that configuration with the check's
     line, not time a graph that was never trusted."""
     out = tmp_path / "bench.json"
     only = ("--arch", "tiny", "--batch", "8", "--steps", "2", "--warmup", "1", "--only", "toolkit + CUDA graph")
-    proc = run_module("hpc.bench", *only, "--out", str(out), env={"HPC_FAULT_INJECT": "graph-standin"})
+    proc = run_module("hpc.bench", *only, "--out", str(out), env=GRAPH_STANDIN)
     assert proc.returncode == 0, proc.stderr
     row, = json.loads(out.read_text())["results"]
     assert (row["config"], row["ddp"], row["cuda_graph"], row.get("error")) == ("toolkit + CUDA graph", True, True, None)
     assert "graph check passed on 1 rank(s)" in proc.stdout + proc.stderr
-    proc = run_module("hpc.bench", *only, "--out", str(out), env={"HPC_FAULT_INJECT": "graph-standin,graph-mismatch"})
+    proc = run_module("hpc.bench", *only, "--out", str(out), env={**GRAPH_STANDIN, "HPC_FAULT_INJECT": "graph-mismatch"})
     row, = json.loads(out.read_text())["results"]
     assert row["error"].startswith("UsageError: train.cuda_graph = true, and the graph check failed on rank 0")

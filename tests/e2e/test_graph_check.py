@@ -1,6 +1,6 @@
 """The graph check with two ranks over gloo on the CPU: hpc.train as users start it, one process per
 rank, with HPC_FAULT_INJECT failing the check on rank 1 only. The capture is the one part stood in for
-(graph-standin: no GPU here; the stand-in replays the step eagerly, hpc/training/graph/cudagraph.py), so
+(HPC_GRAPH_CAPTURE names the tests' CPU stand-in: no GPU here; it replays the step eagerly), so
 the check, the ranks' agreement over the control group, the fallback and the stop are the real code.
 
 Under train.cuda_graph = auto a failure on one rank makes both ranks eager: they agree, finish, exit 0
@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import GRAPH_STANDIN
 from trainrun import SMOKE, start_ranks, wait_all, weights, same_weights
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,7 @@ def command(data_root, run_dir, *extra):
 
 def run(data_root, run_dir, faults, *extra):
     start = time.monotonic()
-    env = {"HPC_FAULT_INJECT": faults} if faults else {}
+    env = {**GRAPH_STANDIN, **({"HPC_FAULT_INJECT": faults} if faults else {})}
     results = wait_all(start_ranks(2, command(data_root, run_dir, *extra), env), timeout=BOUND_S)
     return results, time.monotonic() - start
 
@@ -44,7 +45,7 @@ def summary(run_dir):
 
 
 def test_a_check_that_passes_on_both_ranks_keeps_the_graph_path(data_root, tmp_path, eager):
-    results, _ = run(data_root, tmp_path / "run", "graph-standin")
+    results, _ = run(data_root, tmp_path / "run", "")
     assert [r[0] for r in results] == [0, 0], results
     assert "graph check passed on 2 rank(s)" in results[0][1]
     ranks = summary(tmp_path / "run")["ranks"]
@@ -76,7 +77,7 @@ def test_a_check_that_passes_on_both_ranks_keeps_the_graph_path(data_root, tmp_p
 ])
 def test_one_rank_failing_the_check_makes_every_rank_eager(data_root, tmp_path, eager, fault, cause, budget):
     run_dir = tmp_path / "run"
-    results, took_s = run(data_root, run_dir, f"graph-standin,{fault}", *budget)
+    results, took_s = run(data_root, run_dir, fault, *budget)
     assert [r[0] for r in results] == [0, 0], results
     assert took_s < BOUND_S
     said = [line for line in results[0][1].splitlines() if line.startswith("graph check")]
@@ -95,7 +96,7 @@ def test_the_analysis_shows_the_check_beside_the_step_mode(data_root, tmp_path):
     from conftest import run_module
 
     run_dir = tmp_path / "run"
-    results, _ = run(data_root, run_dir, "graph-standin,graph-mismatch@rank=1")
+    results, _ = run(data_root, run_dir, "graph-mismatch@rank=1")
     assert [r[0] for r in results] == [0, 0], results
     out = run_module("analysis", str(run_dir), "--out", str(tmp_path / "analysis"))
     assert out.returncode == 0, out.stderr
@@ -108,7 +109,7 @@ def test_the_analysis_shows_the_check_beside_the_step_mode(data_root, tmp_path):
 @pytest.mark.parametrize("fault", ["graph-capture-fail@rank=1", "graph-mismatch@rank=1"])
 def test_under_true_a_failed_check_stops_every_rank_with_exit_2_and_leaves_nothing(data_root, tmp_path, fault):
     run_dir = tmp_path / "run"
-    results, _ = run(data_root, run_dir, f"graph-standin,{fault}", "--cuda-graph", "true")
+    results, _ = run(data_root, run_dir, fault, "--cuda-graph", "true")
     assert [r[0] for r in results] == [2, 2], results
     lines = [err.strip().splitlines() for _, _, err in results]
     assert all(len(said) == 1 for said in lines), lines

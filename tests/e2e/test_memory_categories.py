@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hpc.training import memcat
+from conftest import GRAPH_STANDIN
 from trainrun import summary, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +106,7 @@ def test_graph_replays_in_the_window_say_why_there_are_no_categories(tmp_path):
     train(1, ["--config", SMOKE, "--data-root", str(tmp_path / "data"), "--run-dir", str(run), "--max-steps", "6",
               "--cuda-graph", "true", "--set", "profiler.wait=0", "--set", "profiler.warmup=1",
               "--set", "profiler.active=2", "--set", "profiler.memory_categories=true"],
-          {"HPC_FAULT_INJECT": "graph-standin"})
+          GRAPH_STANDIN)
     rank = summary(run)["ranks"][0]
     cycle = rank["profiler"]["cycles"][0]
     assert rank["step_mode"] == "graph" and rank["graph_replays"] == 6

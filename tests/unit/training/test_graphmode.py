@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from hpc.core.errors import ConfigError, UsageError
 from hpc.settings.config import load_run_config
-from hpc.training.graph.graphmode import MIN_NCCL, decide_graph_mode, graph_obstacle
+from hpc.training.graph.graphmode import CUDA_GRAPH, MIN_NCCL, capture_in_use, decide_graph_mode, graph_obstacle
 
 NCCL = (2, 28, 9)  # the GPU machine's
 
@@ -87,35 +87,29 @@ def test_the_flag_reads_true_false_and_auto(tmp_path):
     )
 
 
-def test_the_cpu_stand_in_takes_the_graph_path_only_without_cuda_and_only_where_a_graph_could_run():
-    """HPC_FAULT_INJECT=graph-standin: the graph check's CPU tests take the graph path with no GPU; on a GPU
-    the real capture runs whatever the hook says, and every other obstacle still stands."""
-    stand_in = decide_graph_mode(config(), use_cuda=False, nccl=None, stand_in=True)
-    assert stand_in.on and stand_in.stand_in and not stand_in.captures and "graph stand-in" in stand_in.line
-    real = decide_graph_mode(config(), use_cuda=True, nccl=NCCL, stand_in=True)
-    assert real.on and real.captures and not real.stand_in
-    assert not decide_graph_mode(config(("train.grad_accum_steps", 2)), False, None, stand_in=True).on
-    assert not decide_graph_mode(config(("train.cuda_graph", False)), False, None, stand_in=True).on
+def test_another_capture_takes_the_graph_path_only_without_cuda_and_only_where_a_graph_could_run():
+    """HPC_GRAPH_CAPTURE (the tests' CPU stand-in): the graph check's CPU tests take the graph path with no
+    GPU; on a GPU the real capture runs whatever was named, and every other obstacle still stands."""
+    from graphstandin import CAPTURE
+
+    stand_in = decide_graph_mode(config(), use_cuda=False, nccl=None, capture=CAPTURE)
+    assert stand_in.on and stand_in.capture is CAPTURE and not stand_in.captures and CAPTURE.name in stand_in.line
+    real = decide_graph_mode(config(), use_cuda=True, nccl=NCCL, capture=CAPTURE)
+    assert real.on and real.captures and real.capture is CUDA_GRAPH
+    assert not decide_graph_mode(config(("train.grad_accum_steps", 2)), False, None, capture=CAPTURE).on
+    assert not decide_graph_mode(config(("train.cuda_graph", False)), False, None, capture=CAPTURE).on
+    assert not decide_graph_mode(config(), use_cuda=False, nccl=None).on  # CUDA's own, on a CPU: eager
 
 
-def test_the_stand_in_step_is_the_tests_own_and_elsewhere_one_line(monkeypatch):
-    """Issue 60: the stand-in lives with the tests (tests/standins/graphstandin.py, on the tests' path); a run
-    armed with graph-standin where it is not on the path is one line, not an ImportError."""
-    import sys
+def test_the_stand_in_comes_through_one_seam_and_a_bad_name_is_one_line():
+    """Issue 73: the stand-in is the tests' (tests/standins/graphstandin.py), named in HPC_GRAPH_CAPTURE;
+    no product module names it. Unset: CUDA's. A name that is no Capture is one line."""
+    import graphstandin
 
-    import torch
-
-    from conftest import STANDINS
-    from hpc.training import inject
-    from hpc.training.graph.cudagraph import GraphedStep, whole_step
-
-    model = torch.nn.Linear(2, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    core = whole_step(model, opt, lambda: torch.autocast("cpu", enabled=False))
-    step = inject.standin_step(core, model, opt, 2)
-    assert isinstance(step, GraphedStep) and type(step).__module__ == "graphstandin"
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(STANDINS)])
-    monkeypatch.delitem(sys.modules, "graphstandin")
-    with pytest.raises(UsageError) as said:
-        inject.standin_step(core, model, opt, 2)
-    assert "\n" not in str(said.value) and "graph-standin" in str(said.value) and "tests/standins" in str(said.value)
+    assert capture_in_use({}) is CUDA_GRAPH and capture_in_use({"HPC_GRAPH_CAPTURE": ""}) is CUDA_GRAPH
+    assert capture_in_use({"HPC_GRAPH_CAPTURE": "graphstandin:CAPTURE"}) is graphstandin.CAPTURE
+    for bad, said in (("nosuchmodule:CAPTURE", "No module named 'nosuchmodule'"), ("graphstandin", "names no Capture"),
+                      ("graphstandin:StandInStep", "names no Capture"), ("graphstandin:NOPE", "has no attribute")):
+        with pytest.raises(UsageError) as e:
+            capture_in_use({"HPC_GRAPH_CAPTURE": bad})
+        assert "\n" not in str(e.value) and f"HPC_GRAPH_CAPTURE={bad!r}" in str(e.value) and said in str(e.value)
