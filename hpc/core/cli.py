@@ -161,7 +161,7 @@ def _os_reason(error: OSError) -> str:
     return error.strerror or type(error).__name__
 
 
-def inspect_path(path: str | os.PathLike, source: str) -> os.stat_result | None:
+def inspect_path(path: str | os.PathLike[str], source: str) -> os.stat_result | None:
     """The status of what `path` names (links followed), or None where nothing is there; UsageError naming
     `source` and the path where the system will not look (a name too long, a loop of links, no access)."""
     try:
@@ -202,7 +202,7 @@ def first_missing(path: Path, source: str = "--run-dir") -> Path | None:
     return missing
 
 
-def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
+def check_output_dir(out: str | os.PathLike[str] | None, flag: str) -> None:
     """Before any work: `out` is a directory that can be written, or one that can be made: its nearest
     existing ancestor is a directory we can write in, and every name below it one the file system takes."""
     if out is None:
@@ -218,7 +218,7 @@ def check_output_dir(out: str | os.PathLike | None, flag: str) -> None:
     _probe_writable(existing, flag, path)
 
 
-def check_run_dir(path: str | os.PathLike, flag: str = "--run-dir") -> None:
+def check_run_dir(path: str | os.PathLike[str], flag: str = "--run-dir") -> None:
     """Before any work: an output directory (check_output_dir) that, where it exists, is empty or holds a
     run. Every door that writes a run (hpc.train, hpc.rank, hpc.batch) writes task.json, logs/, ranks/
     and more into it, and must not scatter them into a directory of other things (`--run-dir ~`, /etc)."""
@@ -239,7 +239,7 @@ def _check_name_part(part: str, path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {shown(str(path))}: a name in it is longer than 255 bytes")
 
 
-def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
+def check_output_file(path: str | os.PathLike[str] | None, flag: str) -> None:
     """Before any work: a result file can be written at `path`: its directory exists and can be written,
     and nothing but a regular file is there (writing replaces it: never a device such as /dev/null)."""
     if path is None:

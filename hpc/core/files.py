@@ -44,13 +44,13 @@ def is_temp_name(name: str) -> bool:
     return (name.startswith(".") and ".tmp." in name) or name.endswith(".tmp")
 
 
-def write_failure(path: str | os.PathLike, error: OSError, kept: bool) -> WriteError:
+def write_failure(path: str | os.PathLike[str], error: OSError, kept: bool) -> WriteError:
     """The one line of a failed write: the file, the system's reason, and what is on disk now."""
     state = "the previous version is intact" if kept else "nothing was written"
     return WriteError(f"{path}: could not be written ({error.strerror or type(error).__name__}); {state}")
 
 
-def write_atomic(path: str | os.PathLike, text: str | bytes, mode: int | None = None) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str | bytes, mode: int | None = None) -> None:
     """Write via a new temp file in the same directory and rename, so readers never see half a file. A
     failure is a WriteError naming the file and the cause; the temp file is removed, the old file kept.
     `mode`: the file's (default: the owner's, hpc/core/owner.py `file_mode`)."""
@@ -137,7 +137,7 @@ class _StrictLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
-                mark = self.peek_event().start_mark
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]  # PyYAML stubs: untyped
                 raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", mark)
             return super().compose_node(parent, index)
         finally:

@@ -108,7 +108,7 @@ def _problem(path: Path, status: os.stat_result, written_in: bool) -> str | None
     return None
 
 
-def unsafe(path: str | os.PathLike, made_in: bool = False) -> str | None:
+def unsafe(path: str | os.PathLike[str], made_in: bool = False) -> str | None:
     """Why the existing directory `path` may not be written in, or None (see the module doc); `made_in`:
     only a directory of ours is made in it. Links are followed: what counts is where the files land, and
     every directory on the way there."""
@@ -124,14 +124,14 @@ def unsafe(path: str | os.PathLike, made_in: bool = False) -> str | None:
     return None
 
 
-def refuse_unsafe(path: str | os.PathLike, source: str, made_in: bool = False) -> None:
+def refuse_unsafe(path: str | os.PathLike[str], source: str, made_in: bool = False) -> None:
     """UsageError naming `source` when `unsafe(path, made_in)` (path exists)."""
     problem = unsafe(path, made_in)
     if problem:
         raise UsageError(f"{source} {path}: not written in: {problem} (docs/security.md)")
 
 
-def make_dirs(path: str | os.PathLike, source: str = "directory") -> Path:
+def make_dirs(path: str | os.PathLike[str], source: str = "directory") -> Path:
     """`path` as a directory of the owner's (see the module doc): each missing one made with dir_mode()
     (and HPC_GROUP's group), the nearest existing one refused where `unsafe`. Returns the path."""
     path = Path(path)
@@ -149,7 +149,7 @@ def make_dirs(path: str | os.PathLike, source: str = "directory") -> Path:
     return path
 
 
-def make_new_dir(path: str | os.PathLike) -> bool:
+def make_new_dir(path: str | os.PathLike[str]) -> bool:
     """`path` made now, the owner's (in a directory make_dirs made or checked); False where something is
     there already (made by another meanwhile: whoever made it owns it)."""
     try:
@@ -162,14 +162,14 @@ def make_new_dir(path: str | os.PathLike) -> bool:
     return True
 
 
-def open_new(path: str | os.PathLike, mode: int | None = None) -> int:
+def open_new(path: str | os.PathLike[str], mode: int | None = None) -> int:
     """A descriptor of a file made now at `path` (write-only), never an existing one, never through a
     link: O_EXCL | O_NOFOLLOW. FileExistsError when anything is there."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     return os.open(path, flags, file_mode() if mode is None else mode)
 
 
-def open_append(path: str | os.PathLike) -> int:
+def open_append(path: str | os.PathLike[str]) -> int:
     """A descriptor to append to `path` (made where missing), never through a link: a log in a directory
     of the owner's."""
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())

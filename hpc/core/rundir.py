@@ -110,22 +110,69 @@ class RunPaths:
 
     root: Path
 
-    config = property(lambda self: self.root / CONFIG)
-    submitted = property(lambda self: self.root / SUBMITTED)
-    traces = property(lambda self: self.root / TRACES)
-    metrics = property(lambda self: self.root / METRICS)
-    summary = property(lambda self: self.root / SUMMARY)
-    checkpoints = property(lambda self: self.root / CHECKPOINTS)
-    checkpoint = property(lambda self: self.root / CHECKPOINT)
-    previous_checkpoint = property(lambda self: self.root / PREVIOUS_CHECKPOINT)
-    checkpoint_info = property(lambda self: self.root / CHECKPOINT_INFO)
-    tensorboard = property(lambda self: self.root / TENSORBOARD)
-    lock = property(lambda self: self.root / LOCK)
-    task = property(lambda self: self.root / TASK)
-    ranks = property(lambda self: self.root / RANKS)
-    meeting = property(lambda self: self.root / RANKS / MEETING)
-    scheduler = property(lambda self: self.root / RANKS / SCHEDULER)
-    agents_meeting = property(lambda self: self.root / RANKS / AGENTS_MEETING)
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def submitted(self) -> Path:
+        return self.root / SUBMITTED
+
+    @property
+    def traces(self) -> Path:
+        return self.root / TRACES
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / CHECKPOINT
+
+    @property
+    def previous_checkpoint(self) -> Path:
+        return self.root / PREVIOUS_CHECKPOINT
+
+    @property
+    def checkpoint_info(self) -> Path:
+        return self.root / CHECKPOINT_INFO
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+    @property
+    def task(self) -> Path:
+        return self.root / TASK
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / RANKS
+
+    @property
+    def meeting(self) -> Path:
+        return self.root / RANKS / MEETING
+
+    @property
+    def scheduler(self) -> Path:
+        return self.root / RANKS / SCHEDULER
+
+    @property
+    def agents_meeting(self) -> Path:
+        return self.root / RANKS / AGENTS_MEETING
 
     def rank_stream(self, rank: int, stream: str) -> Path:
         """A command's rank's `out` or `err` stream."""
@@ -138,7 +185,9 @@ class RunPaths:
         """A rank's exit record of an earlier start of it, by when that started."""
         return self.earlier / f"rank{rank}.{started_ns}{RANK_SIDE_SUFFIXES[0]}"
 
-    earlier = property(lambda self: self.root / RANKS / EARLIER)
+    @property
+    def earlier(self) -> Path:
+        return self.root / RANKS / EARLIER
 
     def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
@@ -154,15 +203,25 @@ class RunPaths:
 
     # NCCL's Flight Recorder (hpc/launch/rank/flightrec.py): torch appends the rank to each; its folder holds
     # the dumps alone (torch's analyzer reads every file in it), the pipes torch makes are in ranks/
-    flight_recorder_dir = property(lambda self: self.root / FLIGHT_RECORDER)
-    flight_recorder_prefix = property(lambda self: self.root / FLIGHT_RECORDER / "rank")
-    flight_recorder_pipe_prefix = property(lambda self: self.root / RANKS / "flight_recorder_pipe.rank")
+    @property
+    def flight_recorder_dir(self) -> Path:
+        return self.root / FLIGHT_RECORDER
+
+    @property
+    def flight_recorder_prefix(self) -> Path:
+        return self.root / FLIGHT_RECORDER / "rank"
+
+    @property
+    def flight_recorder_pipe_prefix(self) -> Path:
+        return self.root / RANKS / "flight_recorder_pipe.rank"
 
     def flight_recorder(self, rank: int) -> tuple[Path, Path]:
         """A rank's Flight Recorder dump, and the pipe that asks torch for one."""
         return (Path(f"{self.flight_recorder_prefix}{rank}"), Path(f"{self.flight_recorder_pipe_prefix}{rank}.pipe"))
 
-    gpus = property(lambda self: self.root / GPUS)
+    @property
+    def gpus(self) -> Path:
+        return self.root / GPUS
 
     def gpu_samples(self, node: str) -> Path:
         """One node's NVML samples (its name made safe for a file name)."""
@@ -214,15 +273,41 @@ class SweepPaths:
 
     root: Path
 
-    sweep_file = property(lambda self: self.root / SWEEP_FILE)
-    index = property(lambda self: self.root / INDEX)
-    study = property(lambda self: self.root / STUDY)
-    analysis = property(lambda self: self.root / ANALYSIS)
-    analysis_jobs = property(lambda self: self.root / ANALYSIS_JOBS)
-    report = property(lambda self: self.root / ANALYSIS / REPORT)
-    sweep_table = property(lambda self: self.root / ANALYSIS / SWEEP_TABLE)
-    why_table = property(lambda self: self.root / ANALYSIS / WHY_TABLE)
-    runs_json = property(lambda self: self.root / ANALYSIS / RUNS_JSON)
+    @property
+    def sweep_file(self) -> Path:
+        return self.root / SWEEP_FILE
+
+    @property
+    def index(self) -> Path:
+        return self.root / INDEX
+
+    @property
+    def study(self) -> Path:
+        return self.root / STUDY
+
+    @property
+    def analysis(self) -> Path:
+        return self.root / ANALYSIS
+
+    @property
+    def analysis_jobs(self) -> Path:
+        return self.root / ANALYSIS_JOBS
+
+    @property
+    def report(self) -> Path:
+        return self.root / ANALYSIS / REPORT
+
+    @property
+    def sweep_table(self) -> Path:
+        return self.root / ANALYSIS / SWEEP_TABLE
+
+    @property
+    def why_table(self) -> Path:
+        return self.root / ANALYSIS / WHY_TABLE
+
+    @property
+    def runs_json(self) -> Path:
+        return self.root / ANALYSIS / RUNS_JSON
 
     def run(self, run_dir: str) -> RunPaths:
         return RunPaths(self.root / run_dir)

@@ -372,7 +372,7 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
     hook: dict[str, Any] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
-    return msgspec.to_builtins(
+    built: dict[str, Any] = msgspec.to_builtins(
         RunRecord(
             kind="train" if config is not None else "command",
             run_dir=str(paths.root),
@@ -391,6 +391,7 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
             ranks=ranks,
         )
     )
+    return built
 
 
 def no_step_line(summary: dict[str, Any] | None) -> str | None:

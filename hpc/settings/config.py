@@ -164,7 +164,7 @@ def resolve_profile_path(name_or_path: str, source: str = "--profile") -> Path:
     return packaged
 
 
-def read_yaml(path: str | os.PathLike, flag: str = "") -> dict[str, dict[str, Any]]:
+def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[str, Any]]:
     """Read a profile/config file and check its top level. Raises ConfigError naming the file (after the
     flag that gave it, when one did: `--profile /x: is a directory`)."""
     path = Path(path)
@@ -218,7 +218,7 @@ class Layers:
         self.values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
         self.sources: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
 
-    def add_file(self, path: str | os.PathLike, only: tuple[str, ...] | None = None, flag: str = "") -> Layers:
+    def add_file(self, path: str | os.PathLike[str], only: tuple[str, ...] | None = None, flag: str = "") -> Layers:
         for section, body in read_yaml(path, flag).items():
             if only is not None and section not in only:
                 raise ConfigError(f"{path}: section {section!r} is not used here (expected {', '.join(only)})")
@@ -280,7 +280,8 @@ def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -
     layers = Layers().add_file(resolve_profile_path(profile), only=("cluster",), flag="--profile")
     for dotted, value, source in overrides:
         layers.set(dotted, value, source)
-    return layers.build("cluster")
+    cluster: ClusterConfig = layers.build("cluster")
+    return cluster
 
 
 def run_config_from_dict(data: Mapping[str, Any], source: str) -> RunConfig:

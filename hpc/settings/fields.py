@@ -43,7 +43,7 @@ def at_most(obj: Any, key: str, limit: int, why: str) -> None:
     check(value is None or value <= limit, key, f"must be <= {limit} ({why})")
 
 
-def one_of(obj: Any, key: str, choices: tuple) -> None:
+def one_of(obj: Any, key: str, choices: tuple[Any, ...]) -> None:
     check(getattr(obj, key) in choices, key, f"must be one of {', '.join(map(str, choices))}")
 
 
