@@ -158,6 +158,11 @@ VARIABLES: dict[str, Variable] = {
     "HPC_FAULT_INJECT": Variable(
         YOU, "faults injected on purpose, for tests and drills (grammar: hpc/core/faults.py), e.g. fail-at-step:3"
     ),
+    "HPC_GRAPH_CAPTURE": Variable(
+        YOU,
+        "graph mode's capture on a machine without CUDA: module:name of a graphmode.Capture (the tests' CPU "
+        "stand-in); unset: CUDA's own",
+    ),
     # Set by the toolkit for its own processes (a job's ranks, their tasks)
     "HPC_RUN_DIR": Variable(TOOLKIT, "the run directory, in every rank's environment (a script may write there)"),
     "HPC_PROFILER": Variable(TOOLKIT, "the profiler section, as JSON, for the start-up hook in your command"),
