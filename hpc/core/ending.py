@@ -116,7 +116,10 @@ SLURM_STATES: dict[str, PointState | Outcome] = {
 def slurm_state(word: str | None) -> PointState | Outcome:
     """A Slurm job state (squeue's, sacct's: "CANCELLED by 0" is sacct's CANCELLED) in our words; UNKNOWN for
     one not in Slurm's list (a newer Slurm's)."""
-    return SLURM_STATES.get((word or "").split(" ")[0], PointState.UNKNOWN)
+    if not word:
+        return PointState.UNKNOWN
+    words = word.split()
+    return SLURM_STATES.get(words[0], PointState.UNKNOWN) if words else PointState.UNKNOWN
 
 
 # How a run's end is a command's exit code, the same from `hpc.submit --local`, `--wait` on Slurm and

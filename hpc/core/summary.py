@@ -572,15 +572,16 @@ def summary_outcome(summary: Mapping[str, Any] | None) -> Outcome | None:
 
 @dataclasses.dataclass(frozen=True)
 class RunState:
-    """outcome: "done" (trained to its last step, its last epoch's evaluation recorded), "oom", "stopped"
-    (a checkpoint to resume from short of that), or None (nothing to resume: never started, or failed
+    """leaves: what the run leaves, not how it ended (that is `said`): done (trained to its last step, its
+    last epoch's evaluation recorded), oom, stopped (a checkpoint to resume from short of that, whatever
+    ended it: a stop, a preemption, a cancel, a kill), or None (nothing to resume: never started, or failed
     before its first checkpoint).
     step: the last step the run reached and kept (the checkpoint's or the summary's), None if none.
     stop_at: the run's last step, where a checkpoint says it. summary_current: summary.json exists and
     says what the checkpoint says (a run killed between its last checkpoint and its summary has not).
     said: the run's outcome as its ranks' records make it (ending.Outcome; None: no record)."""
 
-    outcome: str | None
+    leaves: Outcome | None
     step: int | None
     stop_at: int | None
     summary_current: bool
@@ -588,7 +589,7 @@ class RunState:
 
     @property
     def complete(self) -> bool:
-        return self.outcome == Outcome.DONE
+        return self.leaves == Outcome.DONE
 
 
 def _summary_step(summary: dict[str, Any] | None) -> int | None:

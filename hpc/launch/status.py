@@ -81,7 +81,7 @@ def point_state(
     and the logs. With the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
     run = RunPaths(run_dir)
     files = run_state(run)
-    outcome = files.outcome
+    outcome = files.leaves
     facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
     state: PointState | Outcome
     if queue_state:

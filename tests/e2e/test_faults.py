@@ -173,10 +173,10 @@ def test_a_rerun_finishes_what_a_kill_after_the_last_checkpoint_left_and_status_
     run_dir = tmp_path / "run"
     assert run(data_root, run_dir, "signal:KILL@summary", 1, "--no-profile")[0][0] == -signal.SIGKILL
     state = run_state(RunPaths(run_dir))
-    assert (state.outcome, state.step, state.summary_current) == ("done", STEPS, False)
+    assert (state.leaves, state.step, state.summary_current) == ("done", STEPS, False)
     assert run(data_root, run_dir, "", 1, "--no-profile")[0][0] == 0
     state = run_state(RunPaths(run_dir))
-    assert (state.outcome, state.step, state.summary_current) == ("done", STEPS, True)
+    assert (state.leaves, state.step, state.summary_current) == ("done", STEPS, True)
 
 
 def test_a_kill_before_the_last_evaluation_is_recorded_leaves_it_owed_and_a_rerun_does_it(
@@ -197,7 +197,7 @@ def test_a_kill_before_the_last_evaluation_is_recorded_leaves_it_owed_and_a_reru
     on_disk = check_on_disk(run_dir)["step"]
     assert on_disk in (STEPS, STEPS - 8) and not RunPaths(run_dir).summary.exists()
     state = run_state(RunPaths(run_dir))
-    assert (state.outcome, state.step, state.stop_at) == ("stopped", on_disk, STEPS)
+    assert (state.leaves, state.step, state.stop_at) == ("stopped", on_disk, STEPS)
     (code, out, err), = run(data_root, run_dir, "", 1, *every_8)
     assert code == 0 and "nothing to do" not in out, (out[-800:], err[-800:])
     assert out.count("epoch 2 done in") == 1 and "checkpoint (epoch end): epoch 2, batch 0, step 32" in out

@@ -319,9 +319,9 @@ def test_run_directory_readers_take_anything(value, tmp_path_factory):
     (root / "checkpoints").mkdir()
     (root / "checkpoints" / "last.json").write_bytes(data)
     state = run_state(RunPaths(root), warnings.append)  # the run's state from any files: never a traceback
-    assert state.outcome in (None, "done", "stopped", "oom")
+    assert state.leaves in (None, "done", "stopped", "oom")
     assert state.step is None or (type(state.step) is int and state.step >= 0)
-    assert state.complete == (state.outcome == "done")
+    assert state.complete == (state.leaves == "done")
 
 
 @given(kept=st.integers(0, 40), lines=st.lists(st.tuples(st.integers(0, 50), st.booleans()), max_size=30))

@@ -212,4 +212,5 @@ def test_one_table_maps_every_state_slurm_lists_onto_a_point_state():
     assert slurm_state("PREEMPTED") == Outcome.PREEMPTED  # not stopped: nothing says the run saved
     assert slurm_state("COMPLETED") == Outcome.DONE and slurm_state("TIMEOUT") == PointState.TIMEOUT
     assert slurm_state("NOT_A_STATE") == PointState.UNKNOWN == slurm_state(None) == slurm_state("")
+    assert slurm_state(" PENDING\t") == PointState.PENDING and slurm_state(" \t") == PointState.UNKNOWN  # blanks
     assert len(POINT_STATES) == len(set(POINT_STATES)) == len(PointState) - 1 + len(Outcome)  # all but unfinished

@@ -121,19 +121,19 @@ def test_a_runs_state_comes_from_its_files(tmp_path):
     done = {"outcome": "done", "ranks": [{"rank": 0, "complete": True, "steps": 8}]}
     stopped = {"outcome": "stopped", "ranks": [{"rank": 0, "complete": False, "steps": 4}]}
     empty = _state(tmp_path)
-    assert (empty.outcome, empty.step, empty.summary_current) == (None, None, False)
+    assert (empty.leaves, empty.step, empty.summary_current) == (None, None, False)
     s = _state(tmp_path, done, {"step": 8, "stop_at": 8})
-    assert (s.outcome, s.step, s.summary_current, s.complete) == ("done", 8, True, True)
+    assert (s.leaves, s.step, s.summary_current, s.complete) == ("done", 8, True, True)
     s = _state(tmp_path, None, {"step": 8, "stop_at": 8})  # killed after its last checkpoint
-    assert (s.outcome, s.step, s.summary_current) == ("done", 8, False)
+    assert (s.leaves, s.step, s.summary_current) == ("done", 8, False)
     s = _state(tmp_path, stopped, {"step": 8, "stop_at": 8})  # stopped at 4, resumed, killed before the summary
-    assert (s.outcome, s.summary_current) == ("done", False)
+    assert (s.leaves, s.summary_current) == ("done", False)
     s = _state(tmp_path, stopped, {"step": 4, "stop_at": 8})
-    assert (s.outcome, s.step, s.summary_current) == ("stopped", 4, True)
+    assert (s.leaves, s.step, s.summary_current) == ("stopped", 4, True)
     s = _state(tmp_path, None, {"step": 4, "stop_at": 8})  # crashed, or still running: the files cannot say
-    assert (s.outcome, s.step, s.summary_current) == ("stopped", 4, False)
-    assert _state(tmp_path, {"outcome": "oom", "ranks": []}).outcome == "oom"
-    assert _state(tmp_path, done).outcome == "done"  # a run from before last.json existed
+    assert (s.leaves, s.step, s.summary_current) == ("stopped", 4, False)
+    assert _state(tmp_path, {"outcome": "oom", "ranks": []}).leaves == "oom"
+    assert _state(tmp_path, done).leaves == "done"  # a run from before last.json existed
 
 
 def test_the_fault_hook_names_a_signal_a_moment_a_step_and_a_rank():
