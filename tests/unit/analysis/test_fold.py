@@ -115,3 +115,21 @@ def test_a_point_of_swept_values_scales_against_the_1_gpu_point_of_the_same_valu
                                                             (2, "lr=0.1"): 1.5, (2, "lr=0.01"): 2.0}
     assert run_columns(rows)[run_columns(rows).index("nodes") + 1] == "swept"
     assert run_columns([dataclasses.replace(r, swept=None) for r in rows]) == RUN_COLUMNS
+
+
+def test_a_run_is_judged_above_the_fold_with_its_summarys_model_facts():
+    """Issue 73: run_record folds without judging (runs sits below explain); judged_run attaches the verdict,
+    reading the model's work per step from summary.json: with the FLOPs, batch and device it can say the
+    share of the device's peak, without them it says why it cannot."""
+    from analysis.explain.verdict import judged_run
+
+    records = [_gpu_trace(0, 1200.0, (610.0, 200.0, 50.0), [100.0, 200.0, 300.0]),
+               _gpu_trace(1, 1300.0, (620.0, 150.0, 50.0), [90.0, 250.0, 310.0])]
+    run = run_record(Path("g2"), records, None)
+    assert run.verdict is None
+    summary = {"kind": "train", "config": {"train": {"amp": "bf16"}}, "ranks": [
+        {"rank": 0, "model_flops_per_image": 11.5e9, "batch_size_per_gpu": 128, "device_name": "NVIDIA A100-SXM4-40GB"}]}
+    bare, told = judged_run(run, records, None).verdict, judged_run(run, records, summary).verdict
+    assert bare["bound"] == told["bound"] == "compute"  # kernels busy the whole profiled span
+    assert "share of peak unknown (no FLOP count)" in bare["line"]
+    assert "of the device's dense peak" in told["line"] and "unknown" not in told["line"]
