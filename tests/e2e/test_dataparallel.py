@@ -37,10 +37,13 @@ def run_dir_of(stdout: str) -> Path:
 
 # Rank 1 made several times slower in its own work (a sleep before every module's forward), so that ranks
 # judged as one run would be named imbalanced: the oracle of "judged alone" is a real uneven run, not noise.
+# 30 ms a module (8 a step: about 0.24 s), not 10: on loaded cores rank 0's own step grew to 0.098 s, and
+# 10 ms a module left rank 1 only 1.09x slower (a CI run beside a mutation run); the sleep, not the load,
+# must set the ratio.
 SLOWED = """import os, runpy, sys, time
 if os.environ.get("RANK") == "1":
     import torch
-    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: time.sleep(0.01))
+    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: time.sleep(0.03))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
