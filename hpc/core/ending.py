@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -220,11 +220,24 @@ SCHEDULER_SCHEMA = 1  # scheduler.json
 TASK_SCHEMA = 1  # task.json (hpc/settings/rankcommand.py RankCommand; summary.json's reader: TaskSaid)
 
 
-def refuse_schema(found: int, reads: int) -> None:
-    """SchemaError, in one line, for a record of a layout this toolkit does not read (its reader,
-    who knows the file, names it)."""
-    if found != reads:
-        raise SchemaError(f"schema {found}, and this toolkit reads schema {reads}")
+class Versioned(Protocol):
+    """A record that says its layout (read-only: frozen records qualify)."""
+
+    @property
+    def schema(self) -> int: ...
+
+
+V = TypeVar("V", bound=Versioned)
+
+
+def decode_versioned(data: bytes, kind: type[V], reads: int) -> V:
+    """A record of `kind` from its file's bytes, strictly (msgspec.ValidationError or DecodeError: not that
+    shape; SchemaError, in one line, of a layout other than `reads`: its reader, who knows the file, names
+    it)."""
+    record = msgspec.json.decode(data, type=kind)
+    if record.schema != reads:
+        raise SchemaError(f"schema {record.schema}, and this toolkit reads schema {reads}")
+    return record
 
 
 class RankExit(msgspec.Struct, kw_only=True):
@@ -265,15 +278,9 @@ class RankExit(msgspec.Struct, kw_only=True):
         return {k: v for k, v in msgspec.to_builtins(self).items() if not (k in flags and v is None) and k != "schema"}
 
 
-_EXIT_DECODER = msgspec.json.Decoder(RankExit)
-
-
 def decode_exit(data: bytes) -> RankExit:
-    """An exit record from its file's bytes (msgspec.ValidationError or DecodeError: not one;
-    SchemaError: of another layout)."""
-    record = _EXIT_DECODER.decode(data)
-    refuse_schema(record.schema, RANK_EXIT_SCHEMA)
-    return record
+    """An exit record from its file's bytes (decode_versioned)."""
+    return decode_versioned(data, RankExit, RANK_EXIT_SCHEMA)
 
 
 def encode_exit(record: RankExit) -> bytes:
@@ -294,11 +301,8 @@ class SchedulerSaid(msgspec.Struct, kw_only=True):
 
 
 def decode_scheduler(data: bytes) -> SchedulerSaid:
-    """scheduler.json from its bytes (msgspec.ValidationError or DecodeError: not that shape;
-    SchemaError: of another layout)."""
-    said = msgspec.json.decode(data, type=SchedulerSaid)
-    refuse_schema(said.schema, SCHEDULER_SCHEMA)
-    return said
+    """scheduler.json from its bytes (decode_versioned)."""
+    return decode_versioned(data, SchedulerSaid, SCHEDULER_SCHEMA)
 
 
 class TaskSaid(msgspec.Struct, kw_only=True):
@@ -314,8 +318,5 @@ class TaskSaid(msgspec.Struct, kw_only=True):
 
 
 def decode_task_said(data: bytes) -> TaskSaid:
-    """task.json's bytes (msgspec.ValidationError or DecodeError: not that shape; SchemaError: of another
-    layout)."""
-    said = msgspec.json.decode(data, type=TaskSaid)
-    refuse_schema(said.schema, TASK_SCHEMA)
-    return said
+    """task.json's bytes (decode_versioned)."""
+    return decode_versioned(data, TaskSaid, TASK_SCHEMA)

@@ -61,8 +61,8 @@ from hpc.core.ending import (
     decode_exit,
     decode_scheduler,
     decode_task_said,
+    decode_versioned,
     first_bad,
-    refuse_schema,
     run_outcome,
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
@@ -293,9 +293,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
 def decode_run_record(data: bytes) -> RunRecord:
     """summary.json's bytes as the typed record, strictly (msgspec.ValidationError: not that shape;
     SchemaError: of another layout)."""
-    record = msgspec.json.decode(data, type=RunRecord)
-    refuse_schema(record.schema, SUMMARY_SCHEMA)
-    return record
+    return decode_versioned(data, RunRecord, SUMMARY_SCHEMA)
 
 
 def earlier_attempts(paths: RunPaths) -> list[EarlierAttempt]:

@@ -25,10 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from hpc.core.cli import shown
-from hpc.core.ending import TASK_SCHEMA, refuse_schema
+from hpc.core.ending import TASK_SCHEMA, decode_versioned
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UsageError
 from hpc.core.rundir import SUBMITTED
 
@@ -79,9 +77,7 @@ class RankCommand:
     def decode(cls, data: bytes) -> RankCommand:
         """A task as task.json's bytes hold it, strictly (msgspec.ValidationError or DecodeError: not one, or
         of another schema)."""
-        task = msgspec.json.decode(data, type=cls)
-        refuse_schema(task.schema, TASK_SCHEMA)
-        return task
+        return decode_versioned(data, cls, TASK_SCHEMA)
 
     def words_for(self, run_dir: Path, python: str) -> list[str]:
         """What the rank runs: the words with the run directory and the interpreter filled in."""
