@@ -122,7 +122,9 @@ def test_the_slow_rank_is_named_and_traced_and_the_trace_count_is_bounded(straig
     assert run["profiled_ranks"] == traced and run["verdict"]["bound"] == "imbalance", run["verdict"]
     slow = run["slow_rank"]
     assert (slow["rank"], slow["node"], slow["slow_node"]) == (SLOW_RANK, hosts[SLOW_RANK // PER_NODE], False), slow
-    assert slow["own_s"] - slow["median_own_s"] > 0.25  # the 300 ms it sleeps, against the median rank
+    # the 300 ms it sleeps sits inside its own work every step: a floor no load can lower; against the median
+    # rank, most of it (the ranks' own work differs by tens of ms on CI's loaded cores: 0.245 s seen)
+    assert slow["own_s"] >= 0.3 and slow["own_s"] - slow["median_own_s"] > 0.15, slow
     assert f"rank {SLOW_RANK} on {hosts[SLOW_RANK // PER_NODE]}" in run["verdict"]["line"]
     assert "a slow rank, not a slow node" in run["verdict"]["line"]
 
