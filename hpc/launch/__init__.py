@@ -8,7 +8,7 @@ another). Its rooms:
 - rank/: inside a job, one rank: the per-rank runner (`python -m hpc.rank`), its environment, meeting,
   records, output pump, hang watch and NCCL flight recorder;
 - batch.py: the batch shell of the hand-written sbatch scripts (`python -m hpc.batch`);
-- requeue.py: the one requeue rule;
+- requeue.py: the one requeue rule and its one executor, which both batch shells run after their step;
 - study.py: `python -m hpc.study run|status|resubmit`; status.py: each point of a sweep and how it stands;
 - configcli.py: `python -m hpc.config`.
 The torch half (hpc/training) runs only as a task's process.

@@ -10,12 +10,12 @@ hpc.train`) run after their #SBATCH lines and `module load`. Everything the two 
    hpc.rank --run-dir RUN` (the per-rank runner), or with HPC_LAUNCHER=torchrun one torchrun per node
    whose workers are those runners, or with HPC_LAUNCHER=node one runner per node whose command uses
    every GPU of it (a DataParallel script);
-4. after the step, one line saying how the run ended (the first failing rank named), and the requeue
-   rule of every job (hpc/launch/requeue.py `may_requeue`: a requeue code, not a person's stop,
-   requeues left: HPC_MAX_REQUEUES or the profile's max_requeues), applied with scontrol here in the
-   batch shell, outside any container. A SIGTERM that reaches this shell (the end of a preemption's
-   grace time, a `scancel`) makes srun kill the tasks at once: the run is requeued all the same, to
-   resume from what its task last saved.
+4. after the step, the one requeue executor of every job (hpc/launch/requeue.py `requeue_after_step`):
+   one line saying how the run ended (the first failing rank named), then the requeue rule (a requeue
+   code, not a person's stop, requeues left: HPC_MAX_REQUEUES or the profile's max_requeues), applied
+   with scontrol here in the batch shell, outside any container. A SIGTERM that reaches this shell (the
+   end of a preemption's grace time, a `scancel`) makes srun kill the tasks at once: the run is requeued
+   all the same, to resume from what its task last saved.
 
 `--dry-run` prints the srun words and the task instead of running them.
 
@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, UsageError
+from hpc.core.ending import EXIT_CODES, RESUMABLE
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
+from hpc.core.summary import write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
-from hpc.launch.requeue import ALREADY, may_requeue, not_to_requeue, requeue_code
+from hpc.launch.requeue import requeue_after_step
 from hpc.launch.submission.follow import print_ended
 from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}"
     )
     rc, terminated = run_step(step, env)
-    return requeue_after_step(task, run_dir, rc, terminated, env, cluster)
+    return requeue_after(task, run_dir, rc, terminated, env, cluster)
 
 
 def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
@@ -241,51 +241,14 @@ def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
     return rc, bool(terminated)
 
 
-def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
-    """The run's exit code, from its ranks' records: a stopped rank's (its requeue code), the first
-    failing rank's (128 + N for a signal N), 3 when srun killed the tasks on the batch shell's own
-    SIGTERM (they resume from what their task last saved), else srun's."""
-    ranks = list(summary.get("ranks", []))
-    if terminated and rc > 128:
-        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
-        return EXIT_PREEMPTED
-    cause = root_cause(ranks)
-    if cause is not None:
-        return exit_code_of(cause)
-    stopped = [code for code in map(requeue_code, ranks) if code is not None]
-    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == Outcome.DONE else rc or EXIT_FAILED)
-
-
-def requeue_after_step(
+def requeue_after(
     task: RankCommand, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
 ) -> int:
-    """How the run ended, in one line, then the requeue rule; the batch shell's exit code."""
-    summary = write_run_summary(RunPaths(run_dir), ended=True) or {}  # srun ended: every task has
-    outcome = summary.get("outcome") or "no rank started"
-    log.info(f"hpc.batch: {run_dir}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
-    restarted = restarts_line(summary)
-    if restarted:
-        log.info(f"hpc.batch: {restarted}")
-    code = run_code(summary, rc, terminated)
-    if code not in task.requeue_codes:
-        return code
-    job = env.get("SLURM_JOB_ID") or ""
+    """The one requeue executor (hpc/launch/requeue.py) in this batch shell; its exit code. The budget:
+    HPC_MAX_REQUEUES, else the profile's max_requeues."""
     budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
-    if not may_requeue(code, task.requeue_codes, None, env, budget):
-        restarts = env.get("SLURM_RESTART_COUNT") or 0
-        log.warning(f"stopped after {restarts} requeues (HPC_MAX_REQUEUES={budget}); resume by resubmitting")
-        return code
-    why_not = not_to_requeue(job, env)
-    if why_not is not None:  # requeued by another already (its end is that start's), or cancelled
-        log.info(f"job {job} {why_not}")
-        return EXIT_OK if why_not == ALREADY else code
-    log.info(f"the task asked to be requeued (exit {code}): requeueing job {job}")
-    said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if said.returncode == 0:
-        return EXIT_OK
-    words = " ".join((said.stdout + said.stderr).split()) or "no message"
-    log.warning(f"job {job} could not requeue itself (scontrol: {words}); resubmit the same command to resume")
-    return code
+    step = (env.get("SLURM_JOB_ID") or "", rc, terminated)
+    return requeue_after_step(RunPaths(run_dir), task.requeue_codes, step, env, budget, "hpc.batch")
 
 
 def allocation_step(here: Allocation, cluster: ClusterConfig, nodes: int, gpus: int, env: Mapping[str, str]) -> Step:

@@ -1,35 +1,43 @@
 """Requeueing a job that stopped with a checkpoint (Slurm's warning before the time limit, a preemption,
-a lost peer), in one place: the ranks decide (`ask_for_requeue`: the rule `may_requeue` held, Slurm's
-own state asked by rank 0, a mark left in the run directory), and the batch shell acts once, after the
-job's step has ended (`teardown_lines`, added to every Slurm job's script: outside the step, so no
-signal Slurm sends the step's processes can cut its `scontrol requeue`, and outside any container), as
-TorchX's batch script does. The batch shell of a hand-written sbatch script (hpc/launch/batch.py) is
-the same act on the same rule. A requeue that fails is one line in the job's log; the checkpoint stays,
-and resubmitting the point resumes it. A stop a person asked for (Ctrl-C, a local SIGTERM, scancel) is
-not requeued. No torch import.
+a lost peer), in one place, as TorchX's batch script does: once the job's step has ended, its batch shell
+runs `requeue_after_step`, the one executor, which decides from the run's records (the rule `may_requeue`:
+a requeue code in the run's end, `run_code`; not a person's stop; requeues left; then Slurm's own state,
+`not_to_requeue`: a person's scancel, a requeue made since this start) and acts with `scontrol requeue`.
+Outside the step, so no signal Slurm sends the step's processes can cut it, and outside any container.
+
+Both kinds of job call it: a hand-written sbatch script's batch shell (`python -m hpc.batch`,
+hpc/launch/batch.py) in-process, and submitit's batch script through its teardown lines
+(`teardown_lines`: `python -m hpc.launch.requeue`, with the submitter's interpreter). submitit's own
+requeue (`max_num_timeout`) is never used: the job it runs is not one of its Checkpointables. A requeue
+that fails is one line in the job's log; the checkpoint stays, and resubmitting the point resumes it. A
+stop a person asked for (Ctrl-C, a local SIGTERM, scancel) is not requeued. No torch import.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import logging
 import os
 import re
 import shlex
 import signal
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpc.core.ending import SLURM_CANCELLED, RankEnd
-from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, QueueError
-from hpc.core.files import write_atomic
-from hpc.core.summary import exit_code_of
+import msgspec
+
+from hpc.core.cli import Parser, run
+from hpc.core.ending import SLURM_CANCELLED, Outcome, RankEnd
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, SchemaError, UsageError
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.submission.queue import accounted, ask_slurm
+from hpc.settings.rankcommand import RankCommand
 
 log = logging.getLogger(__name__)
-
-REQUEST = ".hpc-requeue"  # in the run directory: the ranks ask their batch shell to requeue the job
 
 
 def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
@@ -95,67 +103,148 @@ def requeued_since(scontrol_job: str, env: dict[str, str] | Any) -> str | None:
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
-def ask_for_requeue(job_id: str, rank: int, code: int | None, run_dir: Path, why: str) -> bool:
-    """A rank whose task asked to be requeued (the rule held): the mark the batch shell reads once the step
-    has ended. Rank 0 decides for the job, after asking Slurm whether it may (not_to_requeue: a person's
-    cancel, a requeue made since this start); a rank that lost its peer marks too, without asking (rank 0
-    may be the peer lost, dead or frozen). `why` says how the task ended, in rank 0's line. Whether the
-    mark is there; a failed write is said."""
-    if rank == 0:
-        why_not = not_to_requeue(job_id, os.environ)
-        if why_not is not None:
-            log.info(f"hpc: job {job_id} {why_not}")
-            return False
-    elif code != EXIT_PEER_LOST:
-        return False  # a stop's requeue is rank 0's to ask for
-    try:
-        write_atomic(run_dir / REQUEST, job_id)
-    except OSError as e:
+def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
+    """The run's exit code, from its ranks' records: a stopped rank's (its requeue code), the first
+    failing rank's (128 + N for a signal N), 3 when srun killed the tasks on the batch shell's own
+    SIGTERM (they resume from what their task last saved), else srun's."""
+    ranks = list(summary.get("ranks", []))
+    if terminated and rc > 128:
+        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
+        return EXIT_PREEMPTED
+    cause = root_cause(ranks)
+    if cause is not None:
+        return exit_code_of(cause)
+    stopped = [code for code in map(requeue_code, ranks) if code is not None]
+    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == Outcome.DONE else rc or EXIT_FAILED)
+
+
+def person_stopped(summary: Mapping[str, Any]) -> int | None:
+    """The signal of a person's stop in the ranks' records (Ctrl-C: SIGINT), None without one."""
+    said = {r.get("stop") for r in summary.get("ranks", []) if isinstance(r, dict)}
+    return signal.SIGINT if signal.SIGINT.name in said else None
+
+
+def asked(summary: Mapping[str, Any], code: int) -> str:
+    """Why the run is requeued, in words: a rank killed after the grace time that followed Slurm's SIGTERM
+    (it took the stop and hung: Lightning's DDP ranks, docs/faults.md), else the task's own code."""
+    for r in summary.get("ranks", []):
+        if isinstance(r, dict) and r.get("kind") == RankEnd.KILLED and requeue_code(r) is not None:
+            return (
+                f"the task took Slurm's stop and did not end in time ({r.get('message')}): it resumes from what it "
+                "last saved"
+            )
+    return f"the task asked to be requeued (exit {code})"
+
+
+def requeue_after_step(
+    paths: RunPaths,
+    requeue_codes: tuple[int, ...],
+    step: tuple[str, int, bool],
+    env: Mapping[str, str],
+    max_requeues: int,
+    door: str,
+) -> int:
+    """The one requeue executor, once the job's step has ended: the run's end in one line (summary.json
+    written, every task having ended), then the rule, then `scontrol requeue`. `step`: the job (its array
+    form where it is one), srun's exit code, and whether a SIGTERM reached the batch shell meanwhile.
+    `door` begins each line (the command whose log it lands in). The run's exit code: 0 when requeued, or
+    requeued already since this start."""
+    job, rc, terminated = step
+    summary = write_run_summary(paths, ended=True) or {}
+    outcome = summary.get("outcome") or "no rank started"
+    log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
+    restarted = restarts_line(summary)
+    if restarted:
+        log.info(f"{door}: {restarted}")
+    code = run_code(summary, rc, terminated)
+    if code not in requeue_codes:
+        return code
+    signum = person_stopped(summary)
+    if stopped_by_user(signum, env):
+        log.info(f"{door}: job {job} was stopped by a person (Ctrl-C): not requeued; resubmit it to resume")
+        return code
+    if not may_requeue(code, requeue_codes, signum, env, max_requeues):
+        restarts = env.get("SLURM_RESTART_COUNT") or 0
         log.warning(
-            f"hpc: job {job_id}: rank {rank} could not ask its batch shell for a requeue ({e}); "
-            f"its checkpoint stays in {run_dir}: resubmit the point to resume it"
+            f"{door}: job {job} stopped after {restarts} requeues (max_requeues {max_requeues}); resume by resubmitting"
         )
-        return False
-    if rank == 0:
-        log.info(f"hpc: {why}: job {job_id} is requeued by its batch shell once its step has ended")
-    return True
-
-
-def clear_request(run_dir: Path) -> None:
-    """A new attempt starts clean: a REQUEST left by one whose batch shell never ran its teardown (killed
-    by a requeue from inside) must not requeue this one when it ends."""
-    with contextlib.suppress(OSError):  # none there (FileNotFoundError) is the usual case
-        (run_dir / REQUEST).unlink()
-
-
-# The batch shell's line before the step: a SIGTERM to it (a preemption signals the batch shell too) waits
-# for the step to end, so that the teardown lines still run (bash runs a trapped signal's handler once its
-# foreground command has ended; srun, exec'd, gets the default disposition back).
-KEEP_TEARDOWN = "trap 'echo \"hpc.submit: the batch shell got SIGTERM: its step ends first\" >&2' TERM"
-
-
-def teardown_lines(folder: Path) -> list[str]:
-    """The batch shell's lines after the step: requeue the job when its run directory (submitit's folder,
-    %j being this job's id, or its array job id and task) holds REQUEST; then end with the step's exit code,
-    so that Slurm records a job whose step failed as FAILED (not COMPLETED, which the last line would say)."""
-    mark = '"$hpc_jid"'.join(shlex.quote(part) for part in str(folder / REQUEST).split("%j"))  # every %j, as submitit
-    said_ok = 'echo "hpc.submit: job $hpc_jid requeued from the batch shell"'
-    said_already = f'echo "hpc.submit: job $hpc_jid {ALREADY}"'
-    said_not = (
-        "echo \"hpc.submit: job $hpc_jid could not requeue itself (scontrol: ${hpc_out//$'\\n'/ }); its checkpoint "
-        'stays in the run directory: resubmit the point to resume it" >&2'
+        return code
+    why_not = not_to_requeue(job, env)
+    if why_not is not None:  # requeued by another already (its end is that start's), or cancelled
+        log.info(f"{door}: job {job} {why_not}")
+        return EXIT_OK if why_not == ALREADY else code
+    log.info(f"{door}: {asked(summary, code)}: requeueing job {job}")
+    said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if said.returncode == 0:
+        log.info(f"{door}: job {job} requeued from the batch shell")
+        return EXIT_OK
+    words = " ".join((said.stdout + said.stderr).split()) or "no message"
+    log.warning(
+        f"{door}: job {job} could not requeue itself (scontrol: {words}); its checkpoint stays in {paths.root}: "
+        "resubmit the same command to resume it"
     )
+    return code
+
+
+# The batch shell's line before the step: a SIGTERM to it (a preemption signals the batch shell too) is noted
+# and waits for the step to end, so that the teardown lines still run (bash runs a trapped signal's handler
+# once its foreground command has ended; srun, exec'd, gets the default disposition back).
+KEEP_TEARDOWN = "trap 'hpc_term=1; echo \"hpc.submit: the batch shell got SIGTERM: its step ends first\" >&2' TERM"
+
+
+def teardown_lines(folder: Path, python: str, max_requeues: int) -> list[str]:
+    """submitit's batch shell's lines after the step: `requeue_after_step` on the run directory (submitit's
+    folder, every %j being this job's id, or its array job id and task, as submitit fills them), run by
+    `python` (the submitter's interpreter: outside any container); then the step's own exit code, as
+    submitit's script ends, so that Slurm records a job whose step failed as FAILED. A requeue command
+    that could not run at all is one line."""
+    run_dir = '"$hpc_jid"'.join(shlex.quote(part) if part else "" for part in str(folder).split("%j"))
     return [
         "hpc_rc=$?",
         "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
         "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
-        f'if [ -e {mark} ] && ! sacct -n -P -X -o State -j "$hpc_jid" 2>/dev/null '
-        f"| grep -q '^{SLURM_CANCELLED}'; then",
-        f"    rm -f {mark}",
-        "    hpc_restarts=$(scontrol show job -o \"$hpc_jid\" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2)",
-        '    if [ "${hpc_restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then',
-        f"        {said_already}",
-        f'    elif hpc_out=$(scontrol requeue "$hpc_jid" 2>&1); then {said_ok}; else {said_not}; fi',
-        "fi",
+        f'{python} -m hpc.launch.requeue --job "$hpc_jid" --run-dir {run_dir} --step-exit "$hpc_rc" '
+        f"--max-requeues {max_requeues} ${{hpc_term:+--terminated}} "
+        '|| echo "hpc.submit: job $hpc_jid: its requeue command could not run (exit $?): not requeued; resubmit the '
+        'point to resume it" >&2',
         'exit "$hpc_rc"',
     ]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = Parser(
+        prog="python -m hpc.launch.requeue",
+        description="submitit's batch shell after its step (the teardown lines): the run's end said, and the job "
+        "requeued when it stopped with a checkpoint. Not a command for people.",
+    )
+    parser.add_argument("--job", required=True, help="the job, in its array form where it is one")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--step-exit", required=True, type=int, help="srun's exit code")
+    parser.add_argument("--max-requeues", required=True, type=int)
+    parser.add_argument("--terminated", action="store_true", help="a SIGTERM reached the batch shell")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The teardown's door: 0 whatever the requeue became (each end is said in its line); 2 on bad input."""
+    args = parse(sys.argv[1:] if argv is None else list(argv))
+    paths = RunPaths(args.run_dir)
+    try:
+        codes = RankCommand.decode(paths.task.read_bytes()).requeue_codes
+    except OSError:
+        codes = ()  # no task started here: nothing to resume
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+        raise UsageError(f"--run-dir {args.run_dir}: {paths.task.name} is not a task ({e})") from None
+    requeue_after_step(
+        paths, codes, (args.job, args.step_exit, args.terminated), os.environ, args.max_requeues, "hpc.submit"
+    )
+    return EXIT_OK
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command (`python -m hpc.launch.requeue`): errors as one line, exit 2."""
+    return run("hpc.launch.requeue", main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -67,7 +67,7 @@ def submit_analysis(cluster: ClusterConfig, sweep_dir: Path, array_ids: list[str
     sweep = SweepPaths(sweep_dir)
     params = analysis_parameters(cluster, account, "afterany:" + ":".join(array_ids), sweep_dir.parent.name)
     with submission(sweep.analysis_jobs / "%j", "the analysis job", params):
-        job = make_executor(params, sweep.analysis_jobs / "%j", 3, local=False).submit(AnalysisJob(str(sweep_dir)))
+        job = make_executor(params, sweep.analysis_jobs / "%j", local=False).submit(AnalysisJob(str(sweep_dir)))
     record_analysis_job(sweep, job.job_id)
     return str(job.job_id)
 

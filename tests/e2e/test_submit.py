@@ -3,6 +3,7 @@
 import difflib
 import subprocess
 import os
+import shlex
 import pickle
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def golden_text(name: str = "perlmutter_2x4.sbatch") -> str:
     extra = shape.pop("sbatch", {})
     req = JobRequest(time_min=120, name="resnet152", options=JobOptions(account="m1234_g", extra=extra), **shape)
     folder = Path("/scratch/runs/resnet152/%j")
-    return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder, requeue_python="python"), folder, python="python")
 
 
 @pytest.mark.parametrize("name", list(GOLDENS))
@@ -83,6 +84,8 @@ def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
                       "--name", "resnet152", "--runs-dir", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     expected = golden_text().replace("/scratch/runs", str(tmp_path))
+    # the batch shell's requeue runs with the submitter's own interpreter (the golden file says `python`)
+    expected = expected.replace("python -m hpc.launch.requeue", f"{shlex.quote(sys.executable)} -m hpc.launch.requeue")
     body = lambda t: [l for l in t.splitlines() if "submitit.core._submit" not in l]
     run_dir = f"{tmp_path}/resnet152/%j"
     assert proc.stdout.splitlines()[0] == (f"# each rank runs: {sys.executable} -m hpc.train --config "
@@ -174,7 +177,7 @@ def test_forwarded_training_options_land_in_the_job(tmp_path):
     cfg = run_config_from_dict(task.config, "the task")
     assert (cfg.train.batch_size, cfg.data.root, cfg.train.seed, cfg.model.arch) == (12, "/x y", 5, "tiny")
     assert task.words[1:3] == ("-m", "hpc.train") and task.requeue_codes == (3, 5)
-    job = TaskJob(task.to_dict(), 3)
+    job = TaskJob(task.to_dict())
     # a requeued job runs its submitted pickle again (the batch shell requeues; no in-step checkpoint() for
     # submitit's own handler to call, issue 60): the same task
     assert not hasattr(job, "checkpoint") and pickle.loads(pickle.dumps(job)).task == job.task

@@ -219,9 +219,10 @@ def test_errors_are_one_family_defined_in_the_core():
 
 
 def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_their_own():
-    """The exit codes live in hpc/core/errors.py; the requeue rule in hpc/launch/requeue.py, which the
-    batch shell (hpc/launch/batch.py) and the job (hpc/launch/submission/job.py) both call; the sbatch scripts hand
+    """The exit codes live in hpc/core/errors.py; the requeue rule and its one executor in
+    hpc/launch/requeue.py, which both batch shells run after their step; the sbatch scripts hand
     over to that batch shell and hold no exit code, requeue or launch of their own (issue 50)."""
+    from hpc.launch.requeue import teardown_lines
     from hpc.settings.rankcommand import TRAINING_REQUEUE_CODES
 
     for name, path in MODULES.items():
@@ -232,8 +233,12 @@ def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_thei
         code = [line for line in (REPO / "jobs" / script).read_text().splitlines() if not line.startswith("#")]
         assert code[-1].startswith("exec python -m hpc.batch "), script
         assert not [w for w in ("srun", "scontrol", "EXIT_", "torch.distributed.run", "trap") if w in "\n".join(code)]
-    for caller in ("hpc.launch.batch", "hpc.launch.submission.job"):
-        assert "may_requeue(" in MODULES[caller].read_text(), caller
+    # one requeue executor (issue 73): the rule applied and `scontrol requeue` run in hpc/launch/requeue.py
+    # alone, which hpc.batch calls in-process and submitit's batch script runs from its teardown lines
+    for needle in ("may_requeue(", '"scontrol", "requeue"'):
+        assert {name for name, path in MODULES.items() if needle in path.read_text()} == {"hpc.launch.requeue"}
+    assert "requeue_after_step(" in MODULES["hpc.launch.batch"].read_text()
+    assert "-m hpc.launch.requeue" in "\n".join(teardown_lines(Path("run"), "python", 3))
 
 
 def test_the_fault_hook_is_parsed_in_one_place():

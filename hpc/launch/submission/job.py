@@ -8,15 +8,14 @@ alike; a worker that dies restarts the group, which resumes from the task's own 
 signal is SIGTERM (`--signal=TERM@<delay>`, hpc/launch/submission/slurm.py), sent by Slurm to every process of the
 step before the time limit and at a preemption. Then:
 
-- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) asks
-  for a requeue (the rule: hpc/launch/requeue.py `may_requeue`): rank 0, or a rank that lost its peer
-  (rank 0 may be that peer), leaves the mark its batch shell reads once the step has ended, and the
-  batch shell requeues the job, the one place it is done (hpc/launch/requeue.py). A rank that lost its
-  peer then exits with its code, so that srun ends the step even where the peer is frozen; the requeued
-  job runs the same task, which resumes by itself;
+- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) ends,
+  its exit record written; once the step has ended, the batch shell decides from the run's records and
+  requeues the job, the one place it is done (hpc/launch/requeue.py `requeue_after_step`). A rank that
+  lost its peer exits with its code, so that srun ends the step even where the peer is frozen; the
+  requeued job runs the same task, which resumes by itself;
 - a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted; after
-  Slurm's SIGTERM it asks for a requeue all the same (`requeue_code`): it took the stop and resumes from
-  what it last saved (Lightning's DDP ranks can deadlock in its SIGTERM handler: docs/faults.md);
+  Slurm's SIGTERM its end reads as a stop all the same (`requeue_code`): it took the stop and resumes
+  from what it last saved (Lightning's DDP ranks can deadlock in its SIGTERM handler: docs/faults.md);
 - a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
   their own task on seeing it), after its exit record and summary.json are written.
 """
@@ -42,7 +41,7 @@ from hpc.core.stop import StopSignal
 from hpc.core.summary import write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
-from hpc.launch.requeue import ask_for_requeue, clear_request, may_requeue, requeue_code, stopped_by_user
+from hpc.launch.requeue import requeue_code, stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
 
@@ -51,20 +50,18 @@ log = logging.getLogger(__name__)
 
 class TaskJob:
     """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
-    RankCommand's dict; the requeue budget and the launcher (srun: one task per GPU; torchrun: one task per
-    node, `nproc_per_node` workers, `max_restarts`) are the cluster profile's. Its state is in the run
+    RankCommand's dict; the launcher (srun: one task per GPU; torchrun: one task per node,
+    `nproc_per_node` workers, `max_restarts`) is the cluster profile's. Its state is in the run
     directory, so resubmitting the same job, or requeueing it, resumes it."""
 
     def __init__(
         self,
         task: dict[str, Any],
-        max_requeues: int,
         launcher: str = "srun",
         nproc_per_node: int = 1,
         max_restarts: int = 0,
     ):
         self.task = task
-        self.max_requeues = max_requeues
         self.launcher = launcher
         self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts
@@ -80,8 +77,6 @@ class TaskJob:
         paths = RunPaths(Path(job.paths.folder))
         task = self.the_command()
         write_task(paths, task)
-        if job.global_rank == 0:
-            clear_request(paths.root)
         stop = StopSignal.take()
         try:
             if self.launcher == "torchrun":
@@ -98,9 +93,8 @@ class TaskJob:
     def ended(
         self, record: dict[str, Any], signum: int | None, task: RankCommand, job: Any, paths: RunPaths
     ) -> dict[str, Any]:
-        """This task's result; a task that asked to be requeued (the rule: `may_requeue`) leaves the mark its
-        batch shell requeues the job on (hpc/launch/requeue.py); a rank that failed raises, after its records
-        are written."""
+        """This task's result (its batch shell decides on a requeue once the step has ended, from the run's
+        records: hpc/launch/requeue.py); a rank that failed raises, after its records are written."""
         kind = record.get("kind")
         if kind == RankEnd.FAILED:
             log.error(
@@ -108,8 +102,7 @@ class TaskJob:
             )
             raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
         status = task_status(kind)
-        code = requeue_code(record)
-        if code is None:  # done, oom, or a stop that left nothing said to resume from
+        if requeue_code(record) is None:  # done, oom, or a stop that left nothing said to resume from
             return {"status": str(status), "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
@@ -117,16 +110,8 @@ class TaskJob:
         orphaned = bool(record.get("orphaned")) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
         by_user = stopped_by_user(signum, os.environ) or orphaned
         on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
-        if on_slurm and not orphaned and may_requeue(code, task.requeue_codes, signum, os.environ, self.max_requeues):
-            why = (
-                f"the task asked to be requeued (exit {code})"
-                if kind == RankEnd.STOPPED
-                else f"the task took Slurm's stop and did not end in time ({record.get('message')}): it resumes "
-                "from what it last saved"
-            )
-            ask_for_requeue(job.job_id, job.global_rank, code, paths.root, why)  # the batch shell acts after the step
-        if on_slurm and code == EXIT_PEER_LOST:  # the step must end for its batch shell to act: a frozen peer
-            raise SystemExit(code)  # holds it, and srun's --kill-on-bad-exit ends it on this exit
+        if on_slurm and requeue_code(record) == EXIT_PEER_LOST:  # the step must end for its batch shell to act
+            raise SystemExit(EXIT_PEER_LOST)  # (a frozen peer holds it); srun's --kill-on-bad-exit ends it on this
         return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:

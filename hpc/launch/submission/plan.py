@@ -134,10 +134,7 @@ def job_spec(
         params = slurm_parameters(cluster, request, max_parallel, folder)
         text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
     charge = {"qos": params.get("qos"), "node_share": node_share(cluster, request.nodes, request.gpus)}
-    jobs = tuple(
-        TaskJob(task.to_dict(), cluster.max_requeues, cluster.launcher, request.gpus, cluster.max_restarts)
-        for _, task in points
-    )
+    jobs = tuple(TaskJob(task.to_dict(), cluster.launcher, request.gpus, cluster.max_restarts) for _, task in points)
     return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
 
 

@@ -71,14 +71,16 @@ def slurm_parameters(
     req: JobRequest,
     max_parallel: int | None = None,
     folder: Path | None = None,
+    requeue_python: str = sys.executable,
 ) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one job shape, whatever its task: the sbatch script is a
     function of these. A partial node goes to the profile's shared QOS. Every task sees every GPU of the
     job on its node (a rank takes `cuda:LOCAL_RANK`, torchrun's contract, which one visible GPU per task
     would break for a user's script). The warning before the time limit is SIGTERM, the signal of a
     preemption too, on which the training checkpoints and scripts save (USR2, submitit's default, ends a
-    script that does not catch it). With the job's `folder`, the batch shell requeues a job whose ranks
-    asked for it, once its step has ended, outliving a SIGTERM of its own to do so (hpc/launch/requeue.py)."""
+    script that does not catch it). With the job's `folder`, the batch shell runs the one requeue executor
+    once its step has ended (hpc/launch/requeue.py, by `requeue_python`: the submitter's interpreter),
+    outliving a SIGTERM of its own to do so."""
     # one task per node: torchrun starts the per-GPU workers, or (node) one process uses every GPU
     torchrun = cluster.launcher in ONE_TASK_PER_NODE
     partial = is_partial(cluster, req.nodes, req.gpus)
@@ -110,7 +112,7 @@ def slurm_parameters(
             **({"export": export} if export else {}),
             **extra_sbatch(cluster, ask.extra),
         },
-        "teardown": teardown_lines(folder) if folder is not None else None,
+        "teardown": teardown_lines(folder, shlex.quote(requeue_python), cluster.max_requeues) if folder else None,
     }
     return {k: v for k, v in params.items() if v is not None}
 

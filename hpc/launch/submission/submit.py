@@ -287,17 +287,17 @@ def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
     return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
 
 
-def make_executor(
-    params: dict[str, Any], folder: Path, max_requeues: int, local: bool, python: str | None = None
-) -> Any:
-    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor)."""
+def make_executor(params: dict[str, Any], folder: Path, local: bool, python: str | None = None) -> Any:
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor). Its own
+    requeue (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's
+    requeue is the batch shell's (hpc/launch/requeue.py)."""
     import submitit
 
     executor: Any
     if local:
-        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=max_requeues)
+        executor = submitit.LocalExecutor(folder=folder)
     else:
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=python)
+        executor = submitit.SlurmExecutor(folder=folder, python=python)
     executor.update_parameters(**params)
     return executor
 
@@ -341,11 +341,10 @@ def submit_specs(plan: Plan, done: list[Submitted]) -> int:
     """Submit every spec (adding to `done` as they go); here each point followed as it runs, and a stopped
     one ends the sweep. The exit code of what was followed (see execute)."""
     failures = 0
-    cluster = plan.cluster
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
         with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
-            executor = make_executor(spec.parameters, spec.folder, cluster.max_requeues, plan.local, spec.python)
+            executor = make_executor(spec.parameters, spec.folder, plan.local, spec.python)
             if not plan.local:
                 done.extend(submit_points(plan, executor, range(len(spec.points)), spec))
         if not plan.local:

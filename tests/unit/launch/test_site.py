@@ -4,14 +4,19 @@ the fabric's environment for multi-node jobs only, the container prefix, extra s
 NCCL network check on NCCL's own INFO lines, and the batch shell's requeue lines."""
 
 import contextlib
+import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
+from hpc.core.ending import RankEnd, RankExit, encode_exit
 from hpc.core.errors import ConfigError, DistEnvError, UsageError
+from hpc.core.rundir import RunPaths
 from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import (
     accounts,
@@ -22,6 +27,7 @@ from hpc.launch.submission.site import (
 )
 from hpc.placement.affinity import cores_text, gpu_index
 from hpc.settings.config import load_cluster
+from hpc.settings.rankcommand import user_command
 from hpc.training.distributed.netcheck import (
     debug_env,
     network_of,
@@ -116,61 +122,94 @@ def test_sockets_across_nodes_stop_or_warn_as_the_profile_says():
     assert debug_env({"NCCL_DEBUG": "WARN"}, __import__("pathlib").Path("/x"), 0) == {}  # the user's own kept
 
 
-def test_the_batch_shell_requeues_a_job_that_asked_for_it(tmp_path):
-    """The teardown lines run in bash with a stand-in scontrol: they requeue once, remove the request, and a
-    refusal is one line with scontrol's words; a job a person cancelled (its JobState, as scontrol shows it)
-    is never requeued, request or not (Slurm's accounting says so; scontrol says COMPLETING meanwhile)."""
-    (tmp_path / "7").mkdir()
-    bin_dir = tmp_path / "bin"
+def stopped_run(run_dir, kind=RankEnd.STOPPED, exit_code=3, ranks=2):
+    """A run directory as a stopped job's step leaves it: task.json (a user's command: requeue code 3) and
+    each rank's exit record."""
+    paths = RunPaths(run_dir)
+    paths.ranks.mkdir(parents=True)
+    paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
+    for rank in range(ranks):
+        record = RankExit(rank=rank, kind=kind, attempt="7.0.0", world_size=ranks, started_ns=10, ended_ns=20 + rank,
+                          exit_code=exit_code, hostname="nid001")
+        paths.rank_exit(rank).write_bytes(encode_exit(record))
+    return paths
+
+
+def slurm_stand_ins(bin_dir, srun=None):
+    """scontrol (`show job` says Slurm's restart count, RESTARTS; `requeue` is logged, refused with FAIL), sacct
+    (the job's state, STATE, as slurmdbd says it: "CANCELLED by 0"), and a stand-in srun where given."""
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(  # `show job` says Slurm's restart count (RESTARTS); `requeue` is logged
+    (bin_dir / "scontrol").write_text(
         '#!/bin/sh\nif [ "$1" = show ]; then echo "JobId=7 Restarts=${RESTARTS:-0} JobState=RUNNING"; exit 0; fi\n'
         'echo "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
-    (bin_dir / "scontrol").chmod(0o755)
-    (bin_dir / "sacct").write_text('#!/bin/sh\necho "${STATE:-RUNNING}"\n')  # as slurmdbd says it: "CANCELLED by 0"
-    (bin_dir / "sacct").chmod(0o755)
-    script = "\n".join(teardown_lines(tmp_path / "%j"))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    (tmp_path / "7" / ".hpc-requeue").write_text("7")
-    ok = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
-    assert ok.stdout.strip() == "hpc.submit: job 7 requeued from the batch shell"
-    assert (tmp_path / "calls").read_text() == "requeue 7\n" and not (tmp_path / "7" / ".hpc-requeue").exists()
-    subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)  # nothing asked: nothing done
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"
-    (tmp_path / "7" / ".hpc-requeue").write_text("7")
-    subprocess.run(["bash", "-c", script], env={**env, "STATE": "CANCELLED by 0"}, capture_output=True, text=True)
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # cancelled: not requeued
-    (tmp_path / "7" / ".hpc-requeue").write_text("7")
-    again = subprocess.run(["bash", "-c", script], env={**env, "RESTARTS": "1"}, capture_output=True, text=True)
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # requeued since this start (Lightning's own): not again
-    assert again.stdout.strip() == "hpc.submit: job 7 was requeued already since this start (by its task: Lightning " \
-                                   "requeues its job on SIGUSR1): not again"
-    (tmp_path / "7" / ".hpc-requeue").write_text("7")
-    failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
-    assert failed.stderr.strip() == ("hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
-                                     "its checkpoint stays in the run directory: resubmit the point to resume it")
-    # the batch shell ends with the step's own exit code: Slurm records a failed step's job as FAILED
-    for step, code in (("true", 0), ("exit_with() { return 5; }; exit_with", 5)):
-        assert subprocess.run(["bash", "-c", f"{step}\n{script}"], env=env).returncode == code
-
-
-def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
-    """A preemption signals the batch shell too: with the line before the step, bash waits for its step
-    (a stand-in srun that ends 1 s after the signal, as tasks that save and exit) and then runs the
-    teardown, which requeues the job its ranks asked for. Without the line bash dies of it (the check)."""
-    (tmp_path / "7").mkdir()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1" = show ] && exit 0\necho "$@" >> "$LOG"\n')
-    (bin_dir / "sacct").write_text("#!/bin/sh\necho RUNNING\n")
-    (bin_dir / "srun").write_text('#!/bin/sh\ntrap \'sleep 1; exit 0\' TERM\ntouch "$LOG.step"\nwhile :; do sleep 0.1; done\n')
+    (bin_dir / "sacct").write_text('#!/bin/sh\necho "7|${STATE:-RUNNING}"\n')
+    if srun is not None:
+        (bin_dir / "srun").write_text(srun)
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+
+
+def teardown(folder):
+    return "\n".join(teardown_lines(folder, shlex.quote(sys.executable), 3))
+
+
+def test_the_batch_shell_requeues_a_job_whose_run_stopped(tmp_path):
+    """The teardown lines run in bash the one requeue executor (python -m hpc.launch.requeue) with stand-in
+    Slurm clients: a stopped run is requeued once, a finished one never; a job a person cancelled is never
+    requeued; one requeued since this start (Lightning's own) not again; a refusal is one line with
+    scontrol's words; the batch shell ends with the step's own exit code."""
+    slurm_stand_ins(tmp_path / "bin")
+    paths = stopped_run(tmp_path / "7")
+    script = teardown(tmp_path / "%j")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    ok = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert "hpc.submit: job 7 requeued from the batch shell" in ok.stdout.splitlines(), ok.stdout + ok.stderr
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"
+    assert json.loads(paths.summary.read_text())["outcome"] == "stopped"  # the run's end, written after the step
+    subprocess.run(["bash", "-c", script], env={**env, "STATE": "CANCELLED by 0"}, capture_output=True, text=True)
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # cancelled: not requeued
+    again = subprocess.run(["bash", "-c", script], env={**env, "RESTARTS": "1"}, capture_output=True, text=True)
+    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # requeued since this start: not again
+    assert "hpc.submit: job 7 was requeued already since this start (by its task: Lightning requeues its job on " \
+           "SIGUSR1): not again" in again.stdout.splitlines()
+    failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
+    assert failed.stderr.strip() == (f"hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
+                                     f"its checkpoint stays in {tmp_path / '7'}: resubmit the same command to resume it")
+    stopped_run(tmp_path / "8", kind=RankEnd.OK, exit_code=0)
+    subprocess.run(["bash", "-c", script], env={**env, "SLURM_JOB_ID": "8"}, capture_output=True, text=True)
+    assert (tmp_path / "calls").read_text() == "requeue 7\nrequeue 7\n"  # the refused one; nothing for a done run
+    # the batch shell ends with the step's own exit code: Slurm records a failed step's job as FAILED
+    for step, code in (("true", 0), ("exit_with() { return 5; }; exit_with", 5)):
+        assert subprocess.run(["bash", "-c", f"{step}\n{script}"], env={**env, "SLURM_JOB_ID": "8"}).returncode == code
+
+
+def test_a_requeue_command_that_cannot_run_is_one_line(tmp_path):
+    """No interpreter where the submitter's was (a venv removed since): one line, and the step's code."""
+    slurm_stand_ins(tmp_path / "bin")
+    stopped_run(tmp_path / "7")
+    script = "\n".join(teardown_lines(tmp_path / "%j", str(tmp_path / "gone" / "python"), 3))
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    out = subprocess.run(["bash", "-c", f"false\n{script}"], env=env, capture_output=True, text=True)
+    said = [line for line in out.stderr.splitlines() if line.startswith("hpc.submit:")]
+    assert said == ["hpc.submit: job 7: its requeue command could not run (exit 127): not requeued; resubmit the "
+                    "point to resume it"] and out.returncode == 1, out.stderr
+    assert not (tmp_path / "calls").exists()
+
+
+@pytest.mark.parametrize("records", [True, False])
+def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path, records):
+    """A preemption signals the batch shell too: with the line before the step, bash waits for its step
+    (a stand-in srun that ends 1 s after the signal) and then runs the teardown, which requeues the job:
+    from the ranks' records (they saved and stopped), or without any (srun killed its tasks: 143) because
+    the shell says it got SIGTERM. Without the line bash dies of it (the check)."""
+    end = "exit 0" if records else "exit 143"
+    slurm_stand_ins(tmp_path / "bin", f'#!/bin/sh\ntrap \'sleep 1; {end}\' TERM\ntouch "$LOG.step"\n'
+                                      'while :; do sleep 0.1; done\n')
+    stopped_run(tmp_path / "7", ranks=2 if records else 0)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
     for kept in (True, False):
-        (tmp_path / "7" / ".hpc-requeue").write_text("7")
         (tmp_path / "calls").unlink(missing_ok=True)
-        script = "\n".join([*([KEEP_TEARDOWN] if kept else []), "srun", *teardown_lines(tmp_path / "%j")])
+        script = "\n".join([*([KEEP_TEARDOWN] if kept else []), "srun", teardown(tmp_path / "%j")])
         step = tmp_path / "calls.step"
         step.unlink(missing_ok=True)
         shell = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -181,7 +220,7 @@ def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
                 assert time.monotonic() < deadline and shell.poll() is None
                 time.sleep(0.05)
             os.killpg(shell.pid, signal.SIGTERM)  # Slurm signals every process of the job: bash and srun
-            out, err = shell.communicate(timeout=30)
+            out, err = shell.communicate(timeout=60)
         finally:  # nothing of the test outlives it, whatever failed
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGKILL)
@@ -194,18 +233,11 @@ def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path):
 @pytest.mark.parametrize("folder, run_dir", [
     ("runs/%j", "runs/7"), ("runs/fixed", "runs/fixed"), ("a b/%j/x/%j", "a b/7/x/7"),
 ])
-def test_the_batch_shell_finds_the_mark_in_any_shape_of_folder(tmp_path, folder, run_dir):
+def test_the_batch_shell_finds_the_run_in_any_shape_of_folder(tmp_path, folder, run_dir):
     """submitit fills every %j of its folder with the job's id; a folder without one is the run's own."""
-    (tmp_path / run_dir).mkdir(parents=True)
-    (tmp_path / run_dir / ".hpc-requeue").write_text("7")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1" = show ] && exit 0\necho "$@" >> "$LOG"\n')
-    (bin_dir / "sacct").write_text("#!/bin/sh\necho RUNNING\n")
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    script = "\n".join(teardown_lines(tmp_path / folder))
-    assert subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True).returncode == 0
+    slurm_stand_ins(tmp_path / "bin")
+    stopped_run(tmp_path / run_dir)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
+    assert subprocess.run(["bash", "-c", teardown(tmp_path / folder)], env=env, capture_output=True,
+                          text=True).returncode == 0
     assert (tmp_path / "calls").read_text() == "requeue 7\n"
-    assert not (tmp_path / run_dir / ".hpc-requeue").exists()

@@ -22,7 +22,7 @@ def command_sbatch_text() -> str:
     cluster = load_cluster("perlmutter")
     req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", options=JobOptions(account="m1234_g"))
     folder = Path("/scratch/runs/train/%j")
-    return sbatch_text(slurm_parameters(cluster, req, folder=folder), folder, python="python")
+    return sbatch_text(slurm_parameters(cluster, req, folder=folder, requeue_python="python"), folder, python="python")
 
 
 def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
@@ -80,35 +80,6 @@ def test_a_job_requeued_since_this_start_is_not_requeued_again(line, start, alre
     assert requeued_since(line, env) == (ALREADY if already else None)
 
 
-@pytest.mark.parametrize("rank, code, refused, marked", [
-    (0, 3, None, True),  # rank 0 asks Slurm; nothing forbids it
-    (0, 3, "was cancelled (scancel)", False),  # rank 0 asks Slurm; a person's cancel forbids it
-    (1, 3, None, False),  # a stop's requeue is rank 0's to ask for
-    (1, 5, "never asked", True),  # a rank that lost its peer marks without asking (rank 0 may be the peer)
-    (1, 0, None, False),
-])
-def test_the_ranks_ask_their_batch_shell_for_a_requeue(tmp_path, monkeypatch, rank, code, refused, marked):
-    from hpc.core.errors import EXIT_PEER_LOST
-    from hpc.launch import requeue
-
-    assert EXIT_PEER_LOST == 5  # the README's exit codes: 5 a lost peer
-    asked = []
-    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: asked.append(job) or refused)
-    assert requeue.ask_for_requeue("88", rank, code, tmp_path, "stopped") is marked
-    assert asked == (["88"] if rank == 0 else [])
-    mark = tmp_path / requeue.REQUEST
-    assert (mark.read_text() if mark.exists() else None) == ("88" if marked else None)
-
-
-def test_a_mark_that_cannot_be_written_is_no_requeue(tmp_path, monkeypatch, caplog):
-    from hpc.launch import requeue
-
-    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: None)
-    gone = tmp_path / "gone"  # the run directory removed under the rank: the write fails
-    assert requeue.ask_for_requeue("88", 0, 3, gone, "stopped") is False
-    assert "could not ask its batch shell for a requeue" in caplog.text and str(gone) in caplog.text
-
-
 @pytest.mark.parametrize("code, signum, env, requeued", [
     (3, None, {}, True), (5, None, {}, True), (0, None, {}, False), (1, None, {}, False),
     (3, signal.SIGINT, {}, False),  # Ctrl-C: a person's stop
@@ -117,8 +88,8 @@ def test_a_mark_that_cannot_be_written_is_no_requeue(tmp_path, monkeypatch, capl
     (3, None, {"SLURM_RESTART_COUNT": "3"}, False),  # no requeue left
 ])
 def test_the_one_requeue_rule(code, signum, env, requeued):
-    """may_requeue, the rule both the job (hpc/launch/submission/job.py) and the batch shell apply; the training's
-    codes (3 saved and stopped, 5 a lost peer), a budget of 3."""
+    """may_requeue, the rule the one executor (requeue_after_step) applies; the training's codes (3 saved and
+    stopped, 5 a lost peer), a budget of 3."""
     from hpc.launch.requeue import may_requeue
 
     assert may_requeue(code, (3, 5), signum, env, 3) is requeued
@@ -140,8 +111,7 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     """Issue 60: a command that took Slurm's SIGTERM and hung (Lightning's DDP ranks, deadlocked in its
     SIGTERM handler) is killed after the grace time and resumes as a stopped one does: 3; a kill that
     followed a person's stop or another rank's failure, and a command that died of the signal, are not."""
-    from hpc.launch.batch import run_code
-    from hpc.launch.requeue import requeue_code
+    from hpc.launch.requeue import requeue_code, run_code
 
     assert requeue_code(record) == code
     ranks = [{"rank": r, **record} for r in (0, 1)]  # the batch shell's code for a run of such ranks
@@ -191,41 +161,85 @@ def test_no_scontrol_to_ask_is_no_reason_not_to_requeue(tmp_path, monkeypatch):
     assert not_to_requeue("88", {"SLURM_RESTART_COUNT": "0"}) is None
 
 
-def test_rank_0_asks_with_its_own_environment_and_says_what_it_did(tmp_path, monkeypatch, caplog):
-    import logging
-
-    from hpc.launch import requeue
-
-    seen = []
-    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: seen.append(env) or None)
-    with caplog.at_level(logging.INFO, logger=requeue.__name__):
-        assert requeue.ask_for_requeue("88", 0, 3, tmp_path, "stopped by Slurm") is True
-        assert requeue.ask_for_requeue("88", 1, 5, tmp_path, "lost its peer") is True
-    assert seen == [os.environ]
-    assert [r.getMessage() for r in caplog.records] == [
-        "hpc: stopped by Slurm: job 88 is requeued by its batch shell once its step has ended"]
-    caplog.clear()
-    monkeypatch.setattr(requeue, "not_to_requeue", lambda job, env: requeue.CANCELLED)
-    with caplog.at_level(logging.INFO, logger=requeue.__name__):
-        assert requeue.ask_for_requeue("88", 0, 3, tmp_path, "stopped") is False
-    assert [r.getMessage() for r in caplog.records] == [f"hpc: job 88 {requeue.CANCELLED}"]
-
-
-def test_a_new_attempt_clears_the_last_ones_mark_and_survives_what_it_cannot_clear(tmp_path):
-    from hpc.launch.requeue import REQUEST, clear_request
-
-    (tmp_path / REQUEST).write_text("88")
-    clear_request(tmp_path)
-    assert not (tmp_path / REQUEST).exists()
-    clear_request(tmp_path)  # none there: nothing to say
-    (tmp_path / REQUEST).mkdir()  # something it cannot unlink (EISDIR): the attempt goes on
-    clear_request(tmp_path)
-    assert (tmp_path / REQUEST).is_dir()
-
-
 @pytest.mark.parametrize("restarts, budget, requeued", [("", 1, True), ("0", 1, True), ("1", 1, False)])
 def test_an_unset_restart_count_is_a_first_start(restarts, budget, requeued):
     from hpc.launch.requeue import may_requeue
 
     env = {"SLURM_RESTART_COUNT": restarts} if restarts else {}
     assert may_requeue(3, (3,), None, env, budget) is requeued
+
+
+def ended_run(tmp_path, *ends):
+    """A run directory after its step: each rank's exit record, (kind, exit code, stop) by rank."""
+    from hpc.core.ending import RankExit, encode_exit
+    from hpc.core.rundir import RunPaths
+
+    paths = RunPaths(tmp_path / "run")
+    paths.ranks.mkdir(parents=True)
+    for rank, (kind, code, stop, *message) in enumerate(ends):
+        record = RankExit(rank=rank, kind=kind, attempt="88.0.0", world_size=len(ends), started_ns=1,
+                          ended_ns=2 + rank, exit_code=code, stop=stop, message=(message or [None])[0])
+        paths.rank_exit(rank).write_bytes(encode_exit(record))
+    return paths
+
+
+@pytest.mark.parametrize("ends, env, code, calls, said", [
+    # saved and stopped on Slurm's SIGTERM: Slurm asked, then requeued
+    ([("stopped", 3, "SIGTERM")] * 2, {}, 0, ["sacct", "scontrol show", "scontrol requeue 88"],
+     "hpc.batch: the task asked to be requeued (exit 3): requeueing job 88\nhpc.batch: job 88 requeued from the "
+     "batch shell"),
+    # rank 0 frozen and killed without a record of a stop; rank 1 lost its peer: 5 is a requeue code too
+    ([("killed", None, None), ("stopped", 5, "rank 0 lost")], {}, 0, ["sacct", "scontrol show", "scontrol requeue 88"],
+     "requeueing job 88"),
+    # took Slurm's stop and hung (Lightning's DDP ranks): killed after the grace time, requeued, and said so
+    ([("killed", None, "SIGTERM", "killed 10 s after SIGTERM")] * 2, {}, 0, ["sacct", "scontrol show",
+     "scontrol requeue 88"], "the task took Slurm's stop and did not end in time (killed 10 s after SIGTERM)"),
+    # a person's Ctrl-C: not requeued, Slurm not even asked
+    ([("stopped", 3, "SIGINT")] * 2, {}, 3, [], "was stopped by a person (Ctrl-C): not requeued"),
+    # the budget spent (restart 3 of 3)
+    ([("stopped", 3, "SIGTERM")] * 2, {"SLURM_RESTART_COUNT": "3"}, 3, [], "job 88 stopped after 3 requeues"),
+    # a failure is no stop: its own code, nothing asked
+    ([("failed", 7, None), ("killed", None, "rank 0 failed")], {}, 7, [], "rank 0 failed first"),
+    ([("ok", 0, None)] * 2, {}, 0, [], ": done"),
+])
+def test_the_one_requeue_executor_decides_from_the_runs_records(slurm_clients, monkeypatch, tmp_path, caplog, ends,
+                                                                  env, code, calls, said):
+    """requeue_after_step, as both batch shells run it: the run's records decide, once; Slurm is asked only for
+    a requeue the rule allows, and scontrol requeues the job."""
+    import logging
+
+    from hpc.launch.requeue import requeue_after_step
+
+    monkeypatch.setenv("SACCT_SAYS", "88|RUNNING")
+    monkeypatch.setenv("SCONTROL_SAYS", "JobId=88 JobState=RUNNING Restarts=0")
+    paths = ended_run(tmp_path, *ends)
+    with caplog.at_level(logging.INFO):
+        assert requeue_after_step(paths, (3, 5), ("88", 0, False), env, 3, "hpc.batch") == code
+    made = slurm_clients.read_text().splitlines() if slurm_clients.exists() else []
+    assert [c for c in made if not any(c.startswith(p) for p in calls)] == [] and len(made) == len(calls), made
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    assert said in lines, lines
+    assert ("stopped after" in lines) is ("stopped after" in said), lines  # no budget said for an end
+    assert paths.summary.exists()  # the run's end, written once its step has ended
+
+
+def test_a_requeue_command_refuses_a_task_that_is_not_one(tmp_path, capsys):
+    from hpc.launch.requeue import main
+    from hpc.core.cli import run
+
+    (tmp_path / "task.json").write_text('{"schema": 99}')
+    code = run("hpc.launch.requeue", main, ["--job", "7", "--run-dir", str(tmp_path), "--step-exit", "0",
+                                            "--max-requeues", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "task.json is not a task" in err[0], err
+
+
+def test_submitits_own_requeue_never_runs_our_jobs():
+    """submitit requeues on a timeout only a Checkpointable (its max_num_timeout): the requeue is the batch
+    shell's alone (hpc/launch/requeue.py), so the executor is made without that budget."""
+    import submitit
+
+    from hpc.launch.submission.job import TaskJob
+
+    job = TaskJob({"words": ["python", "x.py"]})
+    assert not isinstance(job, submitit.helpers.Checkpointable) and not hasattr(job, "checkpoint")
