@@ -49,7 +49,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, overload
 
 from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, write_atomic
 
@@ -104,75 +104,50 @@ def trace_worker(rank: int) -> str:
     return f"rank{rank}"
 
 
+class HasRoot(Protocol):
+    """A directory record: RunPaths, SweepPaths."""
+
+    @property
+    def root(self) -> Path: ...
+
+
+class Under:
+    """A file or folder at a fixed place below a directory record's `root`: a typed, read-only attribute
+    (`RunPaths(r).summary` is `r / "summary.json"`), one line each instead of a property each."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Under: ...
+    @overload
+    def __get__(self, obj: HasRoot, owner: type) -> Path: ...
+    def __get__(self, obj: HasRoot | None, owner: type) -> Under | Path:
+        return self if obj is None else obj.root.joinpath(*self.parts)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunPaths:
     """The files of one run directory (see the module doc)."""
 
     root: Path
 
-    @property
-    def config(self) -> Path:
-        return self.root / CONFIG
-
-    @property
-    def submitted(self) -> Path:
-        return self.root / SUBMITTED
-
-    @property
-    def traces(self) -> Path:
-        return self.root / TRACES
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS
-
-    @property
-    def summary(self) -> Path:
-        return self.root / SUMMARY
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / CHECKPOINT
-
-    @property
-    def previous_checkpoint(self) -> Path:
-        return self.root / PREVIOUS_CHECKPOINT
-
-    @property
-    def checkpoint_info(self) -> Path:
-        return self.root / CHECKPOINT_INFO
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / TENSORBOARD
-
-    @property
-    def lock(self) -> Path:
-        return self.root / LOCK
-
-    @property
-    def task(self) -> Path:
-        return self.root / TASK
-
-    @property
-    def ranks(self) -> Path:
-        return self.root / RANKS
-
-    @property
-    def meeting(self) -> Path:
-        return self.root / RANKS / MEETING
-
-    @property
-    def scheduler(self) -> Path:
-        return self.root / RANKS / SCHEDULER
-
-    @property
-    def agents_meeting(self) -> Path:
-        return self.root / RANKS / AGENTS_MEETING
+    config = Under(CONFIG)
+    submitted = Under(SUBMITTED)
+    traces = Under(TRACES)
+    metrics = Under(METRICS)
+    summary = Under(SUMMARY)
+    checkpoints = Under(CHECKPOINTS)
+    checkpoint = Under(CHECKPOINT)
+    previous_checkpoint = Under(PREVIOUS_CHECKPOINT)
+    checkpoint_info = Under(CHECKPOINT_INFO)
+    tensorboard = Under(TENSORBOARD)
+    lock = Under(LOCK)
+    task = Under(TASK)
+    ranks = Under(RANKS)
+    meeting = Under(RANKS, MEETING)
+    scheduler = Under(RANKS, SCHEDULER)
+    agents_meeting = Under(RANKS, AGENTS_MEETING)
 
     def rank_stream(self, rank: int, stream: str) -> Path:
         """A command's rank's `out` or `err` stream."""
@@ -185,9 +160,7 @@ class RunPaths:
         """A rank's exit record of an earlier start of it, by when that started."""
         return self.earlier / f"rank{rank}.{started_ns}{RANK_SIDE_SUFFIXES[0]}"
 
-    @property
-    def earlier(self) -> Path:
-        return self.root / RANKS / EARLIER
+    earlier = Under(RANKS, EARLIER)
 
     def rank_facts(self, rank: int) -> Path:
         return self.root / RANKS / f"rank{rank}{RANK_SIDE_SUFFIXES[1]}"
@@ -203,25 +176,15 @@ class RunPaths:
 
     # NCCL's Flight Recorder (hpc/launch/rank/flightrec.py): torch appends the rank to each; its folder holds
     # the dumps alone (torch's analyzer reads every file in it), the pipes torch makes are in ranks/
-    @property
-    def flight_recorder_dir(self) -> Path:
-        return self.root / FLIGHT_RECORDER
-
-    @property
-    def flight_recorder_prefix(self) -> Path:
-        return self.root / FLIGHT_RECORDER / "rank"
-
-    @property
-    def flight_recorder_pipe_prefix(self) -> Path:
-        return self.root / RANKS / "flight_recorder_pipe.rank"
+    flight_recorder_dir = Under(FLIGHT_RECORDER)
+    flight_recorder_prefix = Under(FLIGHT_RECORDER, "rank")
+    flight_recorder_pipe_prefix = Under(RANKS, "flight_recorder_pipe.rank")
 
     def flight_recorder(self, rank: int) -> tuple[Path, Path]:
         """A rank's Flight Recorder dump, and the pipe that asks torch for one."""
         return (Path(f"{self.flight_recorder_prefix}{rank}"), Path(f"{self.flight_recorder_pipe_prefix}{rank}.pipe"))
 
-    @property
-    def gpus(self) -> Path:
-        return self.root / GPUS
+    gpus = Under(GPUS)
 
     def gpu_samples(self, node: str) -> Path:
         """One node's NVML samples (its name made safe for a file name)."""
@@ -273,41 +236,15 @@ class SweepPaths:
 
     root: Path
 
-    @property
-    def sweep_file(self) -> Path:
-        return self.root / SWEEP_FILE
-
-    @property
-    def index(self) -> Path:
-        return self.root / INDEX
-
-    @property
-    def study(self) -> Path:
-        return self.root / STUDY
-
-    @property
-    def analysis(self) -> Path:
-        return self.root / ANALYSIS
-
-    @property
-    def analysis_jobs(self) -> Path:
-        return self.root / ANALYSIS_JOBS
-
-    @property
-    def report(self) -> Path:
-        return self.root / ANALYSIS / REPORT
-
-    @property
-    def sweep_table(self) -> Path:
-        return self.root / ANALYSIS / SWEEP_TABLE
-
-    @property
-    def why_table(self) -> Path:
-        return self.root / ANALYSIS / WHY_TABLE
-
-    @property
-    def runs_json(self) -> Path:
-        return self.root / ANALYSIS / RUNS_JSON
+    sweep_file = Under(SWEEP_FILE)
+    index = Under(INDEX)
+    study = Under(STUDY)
+    analysis = Under(ANALYSIS)
+    analysis_jobs = Under(ANALYSIS_JOBS)
+    report = Under(ANALYSIS, REPORT)
+    sweep_table = Under(ANALYSIS, SWEEP_TABLE)
+    why_table = Under(ANALYSIS, WHY_TABLE)
+    runs_json = Under(ANALYSIS, RUNS_JSON)
 
     def run(self, run_dir: str) -> RunPaths:
         return RunPaths(self.root / run_dir)
