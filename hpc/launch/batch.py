@@ -61,7 +61,20 @@ from hpc.settings.schema import ClusterConfig
 log = logging.getLogger(__name__)
 
 
-def parse(argv: list[str]) -> tuple[Any, list[str]]:
+@dataclasses.dataclass(frozen=True)
+class BatchRequest:
+    """What `python -m hpc.batch` was asked, past its command line: the command, and its options."""
+
+    words: list[str]  # the command after --
+    name: str | None  # the runs directory's folder
+    run_dir: Path | None
+    profile: str | None
+    config: str | None  # a config YAML whose profiler section applies to the command
+    no_profile: bool
+    dry_run: bool
+
+
+def parse(argv: list[str]) -> BatchRequest:
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = Parser(
         prog="python -m hpc.batch",
@@ -82,13 +95,21 @@ def parse(argv: list[str]) -> tuple[Any, list[str]]:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if not words:
         raise UsageError("command line: --: no command after it (e.g. -- python train.py --epochs 3)")
-    return args, words
+    return BatchRequest(
+        words,
+        args.name,
+        Path(args.run_dir) if args.run_dir else None,
+        args.profile,
+        args.config,
+        args.no_profile,
+        args.dry_run,
+    )
 
 
-def run_dir_for(args: Any, words: list[str], env: Mapping[str, str], name: str) -> Path:
-    """--run-dir, the training's own --run-dir, else the runs directory's <name>/<job id>."""
-    if args.run_dir:
-        return Path(args.run_dir)
+def run_dir_for(given: Path | None, words: list[str], env: Mapping[str, str], name: str) -> Path:
+    """--run-dir (`given`), the training's own --run-dir, else the runs directory's <name>/<job id>."""
+    if given is not None:
+        return given
     if runs_training(words):
         for i, word in enumerate(words):
             if word == "--run-dir" and i + 1 < len(words):
@@ -191,18 +212,19 @@ def job_environment(cluster: ClusterConfig, env: Mapping[str, str]) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, words = parse(sys.argv[1:] if argv is None else list(argv))
+    req = parse(sys.argv[1:] if argv is None else list(argv))
+    words = req.words
     env = dict(os.environ)
-    cluster = load_cluster(args.profile or env.get("HPC_PROFILE") or "perlmutter")
+    cluster = load_cluster(req.profile or env.get("HPC_PROFILE") or "perlmutter")
     check_job_account(cluster, env)
     check_command(words, Path.cwd(), in_image=bool(cluster.image))
-    profiler, hang_timeout_s = command_sections(args.config, args.no_profile, [])
+    profiler, hang_timeout_s = command_sections(req.config, req.no_profile, [])
     task = user_command(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
-    run_dir = run_dir_for(args, words, env, args.name or task.name)
+    run_dir = run_dir_for(req.run_dir, words, env, req.name or task.name)
     check_run_dir(run_dir)
     env = job_environment(cluster, env)
     step = step_words(cluster, run_dir, job_step(env), env)
-    if args.dry_run:
+    if req.dry_run:
         print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
         return EXIT_OK
     write_task(RunPaths(run_dir), task)

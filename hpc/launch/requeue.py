@@ -23,7 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,14 @@ from hpc.settings.rankcommand import RankCommand
 log = logging.getLogger(__name__)
 
 
-def stopped_by_user(signum: int | None, env: dict[str, str] | Any) -> bool:
+def stopped_by_user(signum: int | None, env: Mapping[str, str]) -> bool:
     """A stop a person asked for, not the scheduler: Ctrl-C (SIGINT) anywhere; SIGTERM on this machine
     (submitit's local controller forwards the user's; on Slurm SIGTERM is a preemption). Not requeued."""
     return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
 
 
 def may_requeue(
-    code: int | None, requeue_codes: Any, signum: int | None, env: dict[str, str] | Any, max_requeues: int
+    code: int | None, requeue_codes: Iterable[int], signum: int | None, env: Mapping[str, str], max_requeues: int
 ) -> bool:
     """The requeue rule, the one place it is written (the job's own path, hpc/launch/submission/job.py, and the
     batch shell's, hpc/launch/batch.py): a task that exited with one of its requeue codes, not stopped by
@@ -80,7 +80,7 @@ ALREADY = "was requeued already since this start (by its task: Lightning requeue
 CANCELLED = "was cancelled (scancel): a person's stop is not requeued"
 
 
-def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
+def not_to_requeue(job_id: str, env: Mapping[str, str]) -> str | None:
     """Why Slurm's own state forbids requeueing the job now, in words (None: nothing does): a person
     cancelled it (its tasks saw only a SIGTERM, as in a preemption, and a requeue would undo the cancel:
     while the job completes scontrol says COMPLETING, Slurm's accounting says CANCELLED), or it was
@@ -96,7 +96,7 @@ def not_to_requeue(job_id: str, env: dict[str, str] | Any) -> str | None:
     return requeued_since(said.stdout, env)
 
 
-def requeued_since(scontrol_job: str, env: dict[str, str] | Any) -> str | None:
+def requeued_since(scontrol_job: str, env: Mapping[str, str]) -> str | None:
     """ALREADY where `scontrol show job -o`'s restart count is above this start's (SLURM_RESTART_COUNT, 0
     when unset); None where it is not, or says none."""
     now = restarts_in(scontrol_job)
