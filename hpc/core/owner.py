@@ -139,6 +139,8 @@ def make_dirs(path: str | os.PathLike[str], source: str = "directory") -> Path:
     top = path
     while not top.is_dir():
         if top.exists() or top.is_symlink() or top.parent == top:  # a file, a dangling link
+            if top.is_dir():  # made between the two looks, by a rank beside us (seen under load): it is one
+                break
             raise UsageError(f"{source} {path}: {top} is not a directory")
         missing.append(top)
         top = top.parent

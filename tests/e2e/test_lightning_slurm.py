@@ -65,7 +65,11 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     summary = json.loads((run_a / "summary.json").read_text())
     assert summary["world_size"] == 2 and [r["launcher"] for r in summary["ranks"]] == ["slurm"] * 2
 
-    run, said = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--step-sleep", "0.2")
+    # 2 s steps: both ranks inside the same step when Slurm's TERM reaches them. With 0.2 s steps, CI's loaded
+    # cores once let rank 0 run Lightning's SIGTERM broadcast while rank 1 sat in the all-reduce (Lightning's
+    # rank race, #20806: "Received SIGTERM" and no "Bypassing SIGTERM"); the toolkit then killed both after the
+    # grace time and requeued the job, as the deadlocked test below holds, but Lightning never said its line.
+    run, said = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--step-sleep", "2.0")
     assert "Bypassing SIGTERM" in said and "Restoring states from the checkpoint path at" in said, said[-3000:]
     assert job_state(run.name)["Restarts"] == "1"  # once: the toolkit's requeue, no second
     summary = json.loads((run / "summary.json").read_text())

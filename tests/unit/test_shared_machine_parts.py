@@ -95,6 +95,31 @@ def test_hpc_group_that_is_not_yours_is_one_line(monkeypatch):
         owner.take_umask()
 
 
+
+@pytest.mark.parametrize("where", ["run", "run/checkpoints"])
+def test_a_folder_a_rank_beside_us_makes_between_our_two_looks_is_taken(tmp_path, monkeypatch, where):
+    """CI, under load: two ranks made RUN/checkpoints at once; one looked (not a directory yet), the other
+    made it, the first looked again (it exists) and refused `--run-dir RUN/checkpoints: ... is not a
+    directory`, its peer then waiting 300 s for it. The race replayed: the folder appears right after the
+    first look; it is taken as made, and still checked as any existing folder."""
+    (tmp_path / "run").mkdir(mode=0o700) if where != "run" else None
+    target = tmp_path / where
+    real_is_dir = Path.is_dir
+    looked = []
+
+    def racing(self):
+        seen = real_is_dir(self)
+        if self == target and not looked:
+            looked.append(seen)
+            os.mkdir(target, 0o700)  # the rank beside us, between this look and the next
+        return seen
+
+    monkeypatch.setattr(Path, "is_dir", racing)
+    assert owner.make_dirs(target, "--run-dir") == target and looked == [False] and real_is_dir(target)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="is not a directory"):  # a file there is still refused
+        owner.make_dirs(tmp_path / "file" / "run", "--run-dir")
+
 def test_what_the_toolkit_makes_is_the_owners_whatever_the_umask(tmp_path):
     before = os.umask(0o000)
     try:
