@@ -27,11 +27,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from hpc.core.cli import Parser, run
 from hpc.core.ending import SLURM_CANCELLED, Outcome, RankEnd
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, SchemaError, UsageError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.submission.queue import accounted, ask_slurm
@@ -229,12 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     """The teardown's door: 0 whatever the requeue became (each end is said in its line); 2 on bad input."""
     args = parse(sys.argv[1:] if argv is None else list(argv))
     paths = RunPaths(args.run_dir)
-    try:
-        codes = RankCommand.decode(paths.task.read_bytes()).requeue_codes
-    except OSError:
-        codes = ()  # no task started here: nothing to resume
-    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
-        raise UsageError(f"--run-dir {args.run_dir}: {paths.task.name} is not a task ({e})") from None
+    task = RankCommand.read(paths.task, f"--run-dir {args.run_dir}")
+    codes = task.requeue_codes if task is not None else ()  # none: no task started here, nothing to resume
     requeue_after_step(
         paths, codes, (args.job, args.step_exit, args.terminated), os.environ, args.max_requeues, "hpc.submit"
     )

@@ -25,9 +25,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hpc.core.cli import shown
 from hpc.core.ending import TASK_SCHEMA, decode_versioned
-from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, UsageError
+from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, SchemaError, UsageError
 from hpc.core.rundir import SUBMITTED
 
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
@@ -78,6 +80,17 @@ class RankCommand:
         """A task as task.json's bytes hold it, strictly (msgspec.ValidationError or DecodeError: not one, or
         of another schema)."""
         return decode_versioned(data, cls, TASK_SCHEMA)
+
+    @classmethod
+    def read(cls, path: Path, source: str) -> RankCommand | None:
+        """task.json at `path`, None where there is none to read (OSError); one that is not a task is a
+        UsageError naming `source` (where the run directory came from)."""
+        try:
+            return cls.decode(path.read_bytes())
+        except OSError:
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+            raise UsageError(f"{source}: {path.name} is not a task ({e})") from None
 
     def words_for(self, run_dir: Path, python: str) -> list[str]:
         """What the rank runs: the words with the run directory and the interpreter filled in."""

@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.ending import EXIT_CODES, Outcome, RankEnd
-from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, SchemaError, UsageError
+from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import current_summary, exit_code_of, read_records, write_run_summary
 from hpc.launch.rank.rankenv import on_slurm
@@ -65,12 +63,9 @@ def task_for(args: Any, words: list[str]) -> RankCommand:
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
         return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
-    try:
-        saved = RankCommand.decode(paths.task.read_bytes())
-    except OSError:
-        raise UsageError(f"--run-dir {args.run_dir}: no task.json; give a command after --") from None
-    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
-        raise UsageError(f"--run-dir {args.run_dir}: {paths.task.name} is not a task ({e})") from None
+    saved = RankCommand.read(paths.task, f"--run-dir {args.run_dir}")
+    if saved is None:
+        raise UsageError(f"--run-dir {args.run_dir}: no task.json; give a command after --")
     if not saved.words:
         raise UsageError(f"--run-dir {args.run_dir}: {paths.task.name} has no command in it; give one after --")
     return saved
