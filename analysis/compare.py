@@ -106,18 +106,18 @@ def point_dir(sweep: Path, spec: str) -> Path:
     if not paths.index.is_file():
         raise UsageError(f"--point {spec!r}: {sweep} is not a sweep directory (no {paths.index.name})")
     points = read_index(paths.index)
-    swept = tuple(dict.fromkeys(k for p in points for k in p.get("values") or {}))
+    swept = tuple(dict.fromkeys(k for p in points for k in p.values))
     wanted, values = parse_point(spec, swept)
     found = [
         p
         for p in points
-        if all(p.get(k) == v for k, v in wanted.items())
-        and all(same_value((p.get("values") or {}).get(k), v) for k, v in values.items())
+        if all(getattr(p, k) == v for k, v in wanted.items())
+        and all(same_value(p.values.get(k), v) for k, v in values.items())
     ]
     if len(found) != 1:
         how = "no point" if not found else f"{len(found)} points (add an axis)"
         raise UsageError(f"--point {spec!r}: {how} of {sweep} has these axes")
-    return paths.run(found[0]["run_dir"]).root
+    return paths.run(found[0].run_dir).root
 
 
 def same_value(recorded: Any, given: Any) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 from analysis.records import RunRow, TraceRecord
 from analysis.runs.fold import model_facts
 from analysis.runs.ranks import slow_rank_words
+from hpc.core.summary import RunRecord
 from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
 HOST_LAUNCH, COMMUNICATION, DATA, MEMORY, IMBALANCE, COMPUTE, UNKNOWN = (
@@ -480,7 +481,7 @@ def judged_trace(rec: TraceRecord) -> TraceRecord:
     return dataclasses.replace(rec, verdict=judge(trace_evidence(rec)).as_dict())
 
 
-def judged_run(run: RunRow, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRow:
+def judged_run(run: RunRow, records: list[TraceRecord], summary: RunRecord | None) -> RunRow:
     """A run's record with its verdict attached: its ranks' records, and the model's work per step as its
     summary.json says it."""
     return dataclasses.replace(run, verdict=judge(run_evidence(records, run, model_facts(summary))).as_dict())

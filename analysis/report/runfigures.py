@@ -22,7 +22,7 @@ from analysis.report.figures import LOSS_PARTS, memory_category_figure, pyplot, 
 from analysis.runs.ranks import own_series
 from hpc.core.owner import make_dirs
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import read_summary
+from hpc.core.summary import RunRecord, read_summary
 
 MAX_LINES = 8  # ranks drawn one line each; beyond, the slowest MAX_LINES - 1 and the fastest
 TOP = 10  # operators and kernels a bar chart names
@@ -31,11 +31,11 @@ TOP = 10  # operators and kernels a bar chart names
 def plot_run(run: RunRow, traces: list[TraceRecord], out_dir: Path) -> list[Path]:
     """Every figure of one run its files have data for; the paths written."""
     make_dirs(out_dir, "--out")
-    summary = read_summary(RunPaths(Path(run.run_dir)).summary) or {}
+    summary = read_summary(RunPaths(Path(run.run_dir)).summary) or RunRecord()
     lowest = min(traces, key=lambda t: (t.rank is None, t.rank or 0, t.file), default=None)
     ops, kernels = (lowest.top_ops, lowest.top_kernels or []) if lowest else ([], [])
     written = [
-        step_time_figure(summary.get("ranks") or [], out_dir),
+        step_time_figure(summary.ranks, out_dir),
         breakdown_figure(traces, out_dir),
         top_figure(ops, "self_cpu_us", "Top operators by own host time", lowest, out_dir),
         top_figure(kernels, "total_us", "Top kernels by device time", lowest, out_dir),

@@ -26,7 +26,7 @@ from analysis.records import (
 from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
 from hpc.core.ending import Outcome, PointState
 from hpc.core.rundir import RunPaths, is_count, read_metrics
-from hpc.core.summary import current_summary, summary_outcome
+from hpc.core.summary import RunRecord, current_summary
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
 
@@ -41,11 +41,11 @@ def _sum_or_none(values: list[Any]) -> Any:
 
 
 def fold_run(
-    run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None
+    run_dir: Path, records: list[TraceRecord], summary: RunRecord | None
 ) -> tuple[list[TraceRecord], RunRow | None, bool]:
     """A run's per-trace records with its summary attached, its run-level record (None: no trace), and
     whether that record has timings to judge (not a run out of memory)."""
-    by_rank_summary = {r["rank"]: r for r in (summary or {}).get("ranks", [])}
+    by_rank_summary = {r["rank"]: r for r in ranks_of(summary)}
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if summary is not None else None
@@ -83,29 +83,34 @@ def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def first_rank(summary: dict[str, Any] | None) -> dict[str, Any]:
+def first_rank(summary: RunRecord | None) -> dict[str, Any]:
     """Rank 0's record in summary.json, where the run-wide facts are; {} without one."""
-    return ((summary or {}).get("ranks") or [{}])[0]
+    return summary.first_rank if summary is not None else {}
 
 
-def step_mode(summary: dict[str, Any] | None) -> str | None:
+def ranks_of(summary: RunRecord | None) -> list[dict[str, Any]]:
+    """summary.json's rank records; none without one."""
+    return summary.ranks if summary is not None else []
+
+
+def step_mode(summary: RunRecord | None) -> str | None:
     """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
     written before it had one, its config."""
     first = first_rank(summary)
     if first.get("step_mode") in ("eager", "graph"):
         return str(first["step_mode"])
-    cfg = (summary or {}).get("config")
-    train = cfg.get("train") if isinstance(cfg, dict) else None
+    cfg = summary.config if summary is not None else None
+    train = cfg.get("train") if cfg is not None else None
     graphed = train.get("cuda_graph") if isinstance(train, dict) else None
     return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
 
 
-def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRow | None:
+def oom_record(run_dir: Path, summary: RunRecord) -> RunRow | None:
     """The run-level row of a run that ended out of memory (hpc/training/oom.py): a result with no timings."""
-    oom = summary.get("oom")
-    if summary.get("outcome") != Outcome.OOM or not isinstance(oom, dict):
+    oom = summary.oom
+    if summary.outcome != Outcome.OOM or oom is None:
         return None
-    cfg = summary.get("config") or {}
+    cfg = summary.config or {}
     batch = oom.get("batch_size_per_gpu")
     return RunRow(
         run_dir=str(run_dir),
@@ -113,17 +118,17 @@ def oom_record(run_dir: Path, summary: dict[str, Any]) -> RunRow | None:
         arch=config_value(cfg, "model", "arch", str),
         step_mode=step_mode(summary),
         batch_size_per_gpu=batch if is_count(batch) else None,
-        gpus=summary.get("world_size"),
+        gpus=summary.world_size,
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
         oom=oom,
         gpu_line=gpu_line(summary),
     )
 
 
-def gpu_line(summary: dict[str, Any] | None) -> str | None:
+def gpu_line(summary: RunRecord | None) -> str | None:
     """summary.json's line of the node's GPUs as NVML sampled them (hpc/core/gpusample.py), if any."""
-    gpus = (summary or {}).get("gpus")
-    line = gpus.get("line") if isinstance(gpus, dict) else None
+    gpus = summary.gpus if summary is not None else None
+    line = gpus.get("line") if gpus is not None else None
     return line[:2000] if isinstance(line, str) else None
 
 
@@ -160,24 +165,22 @@ def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) 
     )
 
 
-def steps_per_epoch_by_rank(summary: dict[str, Any] | None) -> dict[Any, int | None]:
+def steps_per_epoch_by_rank(summary: RunRecord | None) -> dict[Any, int | None]:
     """Optimizer steps per epoch of each rank: as recorded, else from its data and batch (older runs:
     the sampler gives each rank ceil(images / ranks) images)."""
     out = {}
-    for r in (summary or {}).get("ranks", []):
+    for r in ranks_of(summary):
         value = r.get("steps_per_epoch")
         if not is_count(value):
-            images = r.get("train_images")
-            world = r.get("world_size")
-            batch = r.get("batch_size_per_gpu")
-            ok = all(type(v) is int and v > 0 for v in (images, world, batch))
-            value = math.ceil(math.ceil(images / world) / batch) if ok else None
+            counts = [r.get(k) for k in ("train_images", "world_size", "batch_size_per_gpu")]
+            known = [v for v in counts if type(v) is int and v > 0]
+            value = math.ceil(math.ceil(known[0] / known[1]) / known[2]) if len(known) == 3 else None
         out[r["rank"]] = value
     return out
 
 
 def slowest_step(
-    ranks: list[RankTotals], summary: dict[str, Any] | None, records: list[TraceRecord]
+    ranks: list[RankTotals], summary: RunRecord | None, records: list[TraceRecord]
 ) -> tuple[str | None, str | None]:
     """("rank R on NODE", None) for the rank whose profiled steps took longest (its node from summary.json),
     where it was slower step by step (analysis/runs/ranks.py's consistency); else (None, why not, or None
@@ -189,20 +192,20 @@ def slowest_step(
     evidence = profiled_step_consistency(records, rank)
     if not evidence["holds"]:
         return None, f"profiled steps: {evidence['why_not']}"
-    record: dict[str, Any] = next((r for r in (summary or {}).get("ranks") or [] if r.get("rank") == rank), {})
+    record: dict[str, Any] = next((r for r in ranks_of(summary) if r.get("rank") == rank), {})
     node = record.get("node") or record.get("hostname")
     return (f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"), None
 
 
-def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any] | None) -> RunRow:
+def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | None) -> RunRow:
     """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
     comparing the ranks shows (imbalance, skew, straggler); not yet judged (explain/verdict.py judged_run)."""
     ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
-    cfg = (summary or {}).get("config") or {}
+    cfg = (summary.config if summary is not None else None) or {}
     first = first_rank(summary)
     step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
     straggler_rank, straggler_share = straggler(records)
-    summary_ranks = (summary or {}).get("ranks") or []
+    summary_ranks = ranks_of(summary)
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
@@ -213,7 +216,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
         arch=config_value(cfg, "model", "arch", str) or command_name(summary),
         step_mode=step_mode(summary),
         batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
-        gpus=(summary or {}).get("world_size") or len(ranks),
+        gpus=(summary.world_size if summary is not None else None) or len(ranks),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
         images_per_s=number_or_none(first.get("global_images_per_s")),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
@@ -240,16 +243,15 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: dict[str, Any
 def why_no_trace(run_dir: Path) -> str | None:
     """Why your own command's run left no trace, from its summary.json, or None (not such a run)."""
     summary = current_summary(RunPaths(run_dir))
-    if (summary or {}).get("kind") != "command":
+    if summary is None or summary.kind != "command":
         return None
-    assert summary is not None
-    if not summary.get("profiled"):
+    if not summary.profiled:
         return "the command ran with profiling off (--no-profile, or profiler.enabled: false)"
-    ranks = summary.get("ranks") or []
+    ranks = summary.ranks
     notes = [str(p["note"]) for r in ranks if isinstance(p := r.get("profiler"), dict) and p.get("note")]
     if notes:
         return notes[0]
-    steps = [r.get("steps") for r in ranks if is_count(r.get("steps"))]
+    steps = [int(r["steps"]) for r in ranks if is_count(r.get("steps"))]
     if not steps or max(steps) == 0:
         return (
             "no torch.optim optimizer step was seen (the profiler steps on torch's optimizer step hook; a script "
@@ -258,22 +260,21 @@ def why_no_trace(run_dir: Path) -> str | None:
     return f"it made {max(steps)} optimizer step(s), fewer than the profiler's window (wait + warmup + active) needs"
 
 
-def outcome_of(summary: dict[str, Any] | None) -> str:
+def outcome_of(summary: RunRecord | None) -> str:
     """How the run ended, in hpc/core/ending.py's words (its summary as its ranks' records make it, the
     toolkit's training and a command alike), or unfinished: no record at all (killed before any, traces
     copied without them)."""
     if summary is None:
         return PointState.UNFINISHED
-    said = summary_outcome(summary)
-    return str(said) if said is not None else str(PointState.UNKNOWN)
+    return str(summary.outcome) if summary.outcome is not None else str(PointState.UNKNOWN)
 
 
-def command_name(summary: dict[str, Any] | None) -> str | None:
+def command_name(summary: RunRecord | None) -> str | None:
     """Your own command's run: the script it ran (`python train.py` -> train.py), else its program."""
-    words = (summary or {}).get("command")
-    if (summary or {}).get("kind") != "command" or not isinstance(words, list) or not words:
+    words = summary.command if summary is not None else None
+    if summary is None or summary.kind != "command" or not words:
         return None
-    scripts = [w for w in words[1:] if isinstance(w, str) and w.endswith(".py")]
+    scripts = [w for w in words[1:] if w.endswith(".py")]
     return Path(scripts[0] if scripts else str(words[0])).name[:60]
 
 
@@ -300,11 +301,11 @@ def graph_check(said: object) -> dict[str, str]:
     return {"graph_check": short[:40], "graph_check_cause": cause} if cause else {"graph_check": short[:40]}
 
 
-def memory_by_category(summary: dict[str, Any] | None) -> dict[str, Any]:
+def memory_by_category(summary: RunRecord | None) -> dict[str, Any]:
     """The categories at the largest peak torch's memory profiler saw, over every rank and cycle
     (hpc/training/memcat.py); nothing where no cycle recorded them."""
     best: dict[str, Any] | None = None
-    for rank in (summary or {}).get("ranks", []):
+    for rank in ranks_of(summary):
         cycles = _of_type(_of_type(rank, dict, {}).get("profiler"), dict, {}).get("cycles")
         for cycle in _of_type(cycles, list, []):
             found = _of_type(_of_type(cycle, dict, {}).get("memory_categories"), dict, {})
@@ -319,11 +320,11 @@ def _bytes(value: Any) -> bool:
     return type(value) is int and 0 <= value < 1 << 50
 
 
-def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
+def model_facts(summary: RunRecord | None) -> dict[str, Any]:
     """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
     first = first_rank(summary)
-    amp = config_value((summary or {}).get("config") or {}, "train", "amp", str)
+    amp = config_value((summary.config if summary is not None else None) or {}, "train", "amp", str)
     device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
     flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")
     return {
@@ -332,7 +333,7 @@ def model_facts(summary: dict[str, Any] | None) -> dict[str, Any]:
         "device_name": device,
         "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
         "graphed": step_mode(summary) == "graph",
-        "script": {"train": False, "command": True}.get(str((summary or {}).get("kind"))),  # None: no summary
+        "script": None if summary is None else summary.kind == "command",  # None: no summary
     }
 
 

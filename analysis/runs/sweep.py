@@ -16,7 +16,7 @@ from typing import Any
 
 from analysis.read.discover import Warnings, run_traces
 from analysis.records import RunRow, TraceRecord
-from hpc.core.rundir import SweepIndex, SweepPaths, is_count, read_sweep_index
+from hpc.core.rundir import SweepIndex, SweepPaths, read_sweep_index
 from hpc.placement.scaling import scaling_prediction
 
 # The pipeline's own (analysis/pipeline.py): every file's record at once, and one run from its records
@@ -35,33 +35,32 @@ def fold_sweep(
     rows: list[RunRow] = []
     index = read_sweep_index(sweep.index, warnings.append)
     points, replicas = index.points, replica_axis(index)
-    files = {p["run_dir"]: run_traces(sweep.run(p["run_dir"]).root) for p in points}
+    files = {p.run_dir: run_traces(sweep.run(p.run_dir).root) for p in points}
     by_file = {rec.file: rec for rec in analyze_files([f for fs in files.values() for f in fs], warnings)}
     for point in points:
-        run_dir = sweep.run(point["run_dir"]).root
-        recs, run = analyze_run(
-            run_dir, warnings, [by_file[str(f)] for f in files[point["run_dir"]] if str(f) in by_file]
-        )
-        words = swept_words(point.get("values") or {}, replicas)
-        where = {**{k: point.get(k) for k in ("data_fraction", "batch_size", "gpus")}, "swept": words["swept"]}
-        traces.extend(dataclasses.replace(rec, point=where) for rec in recs)
+        run_dir = sweep.run(point.run_dir).root
+        recs, run = analyze_run(run_dir, warnings, [by_file[str(f)] for f in files[point.run_dir] if str(f) in by_file])
+        words = swept_words(point.values, replicas)
+        where = {"data_fraction": point.data_fraction, "batch_size": point.batch_size, "gpus": point.gpus}
+        traces.extend(dataclasses.replace(rec, point={**where, "swept": words["swept"]}) for rec in recs)
         if run is None:
             warnings.append(
-                f"{run_dir}: no usable trace for point {point.get('data_fraction')}/"
-                f"{point.get('batch_size')}/{point.get('gpus')}"
+                f"{run_dir}: no usable trace for point {point.data_fraction}/{point.batch_size}/{point.gpus}"
             )
             continue
-        job_id = point.get("job_id")
+        share, wall_s = point.node_share, run.wall_time_s
+        node_hours = wall_s / 3600 * share if wall_s is not None and share is not None else None
         rows.append(
             dataclasses.replace(
                 run,
-                data_fraction=point["data_fraction"],
-                batch_size_per_gpu=point["batch_size"],
-                gpus=point["gpus"],
-                nodes=point["nodes"] if is_count(point.get("nodes")) and point["nodes"] > 0 else None,
+                data_fraction=point.data_fraction,
+                batch_size_per_gpu=point.batch_size,
+                gpus=point.gpus,
+                nodes=point.nodes,
                 **words,
-                job_id=str(job_id) if type(job_id) in (str, int) else None,
-                **charged(point, run.wall_time_s),
+                job_id=point.job or None,
+                qos=point.qos,
+                node_hours=node_hours,
             )
         )
     rows.sort(
@@ -74,7 +73,7 @@ def replica_axis(index: SweepIndex) -> str | None:
     """The sweep's replica axis (sweep.replicas, as index.json's header records the sweep), where its points
     have it."""
     named = index.replicas
-    return named if named is not None and any(named in (p.get("values") or {}) for p in index.points) else None
+    return named if named is not None and any(named in p.values for p in index.points) else None
 
 
 def swept_words(values: dict, replicas: str | None) -> dict[str, Any]:
@@ -88,17 +87,6 @@ def swept_words(values: dict, replicas: str | None) -> dict[str, Any]:
         "swept": words(list(values)),
         "series": words([k for k in values if k != replicas]),
         "replica": words([replicas]) if replicas is not None and replicas in values else None,
-    }
-
-
-def charged(point: dict, wall_time_s: float | None) -> dict:
-    """The QOS a point ran in and the node-hours it used: its wall time x the nodes it was charged for
-    (index.json's node_share: whole nodes, or a shared node's share of its GPUs)."""
-    qos, share = point.get("qos"), point.get("node_share")
-    share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and share > 0 else None
-    return {
-        "qos": qos if isinstance(qos, str) else None,
-        "node_hours": wall_time_s / 3600 * share if wall_time_s is not None and share is not None else None,
     }
 
 

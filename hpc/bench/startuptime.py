@@ -105,7 +105,7 @@ def measure(count: int, account: str, runs_dir: Path, train: list[str]) -> dict[
     summary = read_summary(RunPaths(Path(found.group(2))).summary)
     if not summary:
         raise UsageError(f"{count} ranks: {found.group(2)} has no readable summary")
-    ranks = summary["ranks"]
+    ranks = summary.ranks
     started = job_start_unix(found.group(1))
     return {"ranks": count, "nodes": nodes, **figures(ranks, started), "phases": phase_spans(ranks)}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -109,6 +110,26 @@ def read_json(path: Path, warn: Warn = ignore) -> Any:
     except (OSError, ValueError, RecursionError) as e:
         warn(f"{path}: unreadable ({' '.join(str(e).split())[:200]})")
         return None
+
+
+_AT = re.compile(r" - at `\$((?:\.\w+|\[\d+\])*)`$")
+
+
+def with_value(data: object, said: str) -> str:
+    """A decoder's complaint about `data` (msgspec's "Expected `int`, got `str` - at `$.ranks[0].rank`")
+    as one line that names the place and its bad value ("ranks[0].rank 'x': Expected `int`, got `str`")."""
+    at = _AT.search(said)
+    if at is None or not at.group(1):
+        return said[:200]
+    value = data
+    for key, index in re.findall(r"\.(\w+)|\[(\d+)\]", at.group(1)):
+        if key and isinstance(value, dict):
+            value = value.get(key)
+        elif index and isinstance(value, list) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return said[:200]
+    return f"{at.group(1).lstrip('.')} {str(value)[:40]!r}: {said[: at.start()][:160]}"
 
 
 _MERGE = "tag:yaml.org,2002:merge"

@@ -49,9 +49,11 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, overload
+from typing import Annotated, Any, Protocol, overload
 
-from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, write_atomic
+import msgspec
+
+from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, with_value, write_atomic
 
 CONFIG = "config.yaml"
 SUBMITTED = "submitted.yaml"
@@ -349,7 +351,13 @@ def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 
 POINT_KEY = ("data_fraction", "batch_size", "gpus", "nodes")
-POINT_FIELDS: dict[str, Any] = {"data_fraction": (int, float), "batch_size": int, "gpus": int}
+
+# index.json's layout. A reader refuses another in one line (a later toolkit's file); an index written
+# before the field was added is of the first.
+INDEX_SCHEMA = 1
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+AxisValue = str | int | float | bool  # a sweep axis's value, as sweep.yaml lists it
 
 
 def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -358,55 +366,76 @@ def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
     return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), tuple(sorted(values.items())))
 
 
+class IndexPoint(msgspec.Struct, kw_only=True):
+    """A point of index.json as read: the study's fields, its other axes' values, its job, its run
+    directory (a name inside the sweep), the QOS and node share it is charged (site.py), and the job ids
+    it had before a resubmission. Decoded strictly, one point at a time: one not this shape is skipped."""
+
+    run_dir: str
+    data_fraction: Annotated[float, msgspec.Meta(gt=0)]
+    batch_size: Positive
+    gpus: Positive
+    nodes: Positive = 1
+    values: dict[str, AxisValue] = msgspec.field(default_factory=dict)
+    job_id: str | int | None = None
+    qos: str | None = None
+    node_share: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    history: list[str | int] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.data_fraction):
+            raise ValueError(f"data_fraction {self.data_fraction} is not a positive number")
+        place = Path(self.run_dir)
+        if not self.run_dir or place.is_absolute() or ".." in place.parts:
+            raise ValueError(f"run_dir {self.run_dir[:80]!r} is not a directory name inside the sweep")
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """point_key of the point as submitted."""
+        return point_key({**{k: getattr(self, k) for k in POINT_KEY}, "values": self.values})
+
+    @property
+    def job(self) -> str:
+        """Its job id as Slurm says it ('' where none is recorded)."""
+        return "" if self.job_id is None else str(self.job_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepIndex:
     """A sweep's index.json as read once: its usable points, and its replica axis (sweep.replicas, as the
     header records the sweep; None where it names none)."""
 
-    points: list[dict[str, Any]]
+    points: list[IndexPoint]
     replicas: str | None = None
 
 
 def read_sweep_index(path: Path, warn: Warn = ignore) -> SweepIndex:
     """A sweep's index.json, read once; a point with a missing or mistyped field, or a run directory
-    outside the sweep directory, is warned about and skipped."""
+    outside the sweep directory, is warned about and skipped; an index of another layout is refused."""
     index = read_json(path, warn)
     if index is None:
         return SweepIndex([])
     if not isinstance(index, dict) or not isinstance(index.get("points"), list):
         warn(f"{path}: ignored: expected a mapping with a 'points' list")
         return SweepIndex([])
+    schema = index.get("schema", INDEX_SCHEMA)
+    if type(schema) is not int or schema != INDEX_SCHEMA:
+        warn(f"{path}: ignored: schema {schema!r:.40}, and this toolkit reads schema {INDEX_SCHEMA}")
+        return SweepIndex([])
     points = []
     for i, point in enumerate(index["points"]):
-        problem = _point_problem(point)
-        if problem:
-            warn(f"{path}: points[{i}] skipped: {problem}")
-        else:
-            points.append(point)
+        try:
+            points.append(msgspec.convert(point, IndexPoint))
+        except msgspec.ValidationError as e:
+            warn(f"{path}: points[{i}] skipped: {with_value(point, str(e))}")
     sweep = index.get("sweep")
     replicas = sweep.get("replicas") if isinstance(sweep, dict) else None
     return SweepIndex(points, replicas if isinstance(replicas, str) else None)
 
 
-def read_index(path: Path, warn: Warn = ignore) -> list[dict[str, Any]]:
+def read_index(path: Path, warn: Warn = ignore) -> list[IndexPoint]:
     """The usable points of a sweep's index.json (read_sweep_index)."""
     return read_sweep_index(path, warn).points
-
-
-def _point_problem(point: Any) -> str | None:
-    if not isinstance(point, dict):
-        return f"not a mapping ({type(point).__name__})"
-    run_dir = point.get("run_dir")
-    if not isinstance(run_dir, str) or not run_dir or Path(run_dir).is_absolute() or ".." in Path(run_dir).parts:
-        return f"run_dir {str(run_dir)[:80]!r} is not a directory name inside the sweep"
-    for key, kind in POINT_FIELDS.items():
-        value = point.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            return f"{key} {str(value)[:40]!r} is not a positive number"
-    values = point.get("values", {})
-    if not isinstance(values, dict) or not all(isinstance(v, (str, int, float, bool)) for v in values.values()):
-        return f"values {str(values)[:40]!r} is not a mapping of the sweep's axes to numbers, strings or booleans"
-    return None
 
 
 def write_index(sweep: SweepPaths, header: Mapping[str, Any], points: list[dict[str, Any]]) -> None:
@@ -421,7 +450,8 @@ def write_index(sweep: SweepPaths, header: Mapping[str, Any], points: list[dict[
         if old.get("job_id") not in (None, new["job_id"]):
             history.append(old["job_id"])
         merged[point_key(new)] = {**new, **({"history": history} if history else {})}
-    write_atomic(sweep.index, json.dumps({**header, "points": list(merged.values())}, indent=2))
+    document = {**header, "schema": INDEX_SCHEMA, "points": list(merged.values())}
+    write_atomic(sweep.index, json.dumps(document, indent=2))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ import re
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -66,7 +66,7 @@ from hpc.core.ending import (
     run_outcome,
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
-from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, write_atomic
+from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, with_value, write_atomic
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
 from hpc.core.rundir import RunPaths, is_count, read_checkpoint_info
@@ -269,25 +269,37 @@ SUMMARY_SCHEMA = 1
 
 
 class RunRecord(msgspec.Struct, kw_only=True):
-    """summary.json: the same top-level keys whatever the task. `ranks`: each rank's facts under its exit
-    record (RankExit's fields, `complete`, and what its task measured: the training's or the hook's)."""
+    """summary.json: the same top-level keys whatever the task, written whole by its one writer and decoded
+    into this when read (a field a file leaves out reads as its default: the file of a run whose writer had
+    not yet that field). `ranks`: each rank's facts under its exit record (RankExit's fields, `complete`, and
+    what its task measured: the training's or the hook's), each with an integer `rank`."""
 
-    kind: Literal["train", "command"]
-    run_dir: str
-    command: list[str] | None
-    point: dict[str, Any] | None
-    world_size: int
-    attempt: str | None
-    outcome: Outcome
-    failure: str | None
-    profiled: bool
-    config: dict[str, Any] | None
-    oom: dict[str, Any] | None
-    recovered: bool
-    earlier: list[EarlierAttempt]
-    gpus: dict[str, Any] | None
-    ranks: list[dict[str, Any]]
+    kind: Literal["train", "command"] = "train"
+    run_dir: str = ""
+    command: list[str] | None = None
+    point: dict[str, Any] | None = None
+    world_size: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    attempt: str | None = None
+    outcome: Outcome | None = None
+    failure: str | None = None
+    profiled: bool = False
+    config: dict[str, Any] | None = None
+    oom: dict[str, Any] | None = None
+    recovered: bool = False
+    earlier: list[EarlierAttempt] = msgspec.field(default_factory=list)
+    gpus: dict[str, Any] | None = None
+    ranks: list[dict[str, Any]] = msgspec.field(default_factory=list)
     schema: int = SUMMARY_SCHEMA
+
+    def __post_init__(self) -> None:
+        for i, rank in enumerate(self.ranks):
+            if not is_count(rank.get("rank")):
+                raise ValueError(f"ranks[{i}]: not a record with an integer 'rank'")
+
+    @property
+    def first_rank(self) -> dict[str, Any]:
+        """Rank 0's record (the lowest rank's), where the run-wide facts are; {} without one."""
+        return self.ranks[0] if self.ranks else {}
 
 
 def decode_run_record(data: bytes) -> RunRecord:
@@ -319,15 +331,15 @@ def earlier_attempts(paths: RunPaths) -> list[EarlierAttempt]:
     return attempts[-EARLIER_KEPT:]
 
 
-def restarts_line(summary: Mapping[str, Any]) -> str | None:
+def restarts_line(summary: RunRecord) -> str | None:
     """One line on the worker group's restarts inside this start of the job (torchrun's; a requeue is
     said where it happens), naming the rank each earlier group lost first; None when there were none."""
-    attempt = str(summary.get("attempt") or "")
+    attempt = summary.attempt or ""
     start = attempt.rsplit(".", 1)[0] + "."
-    restarts = [a for a in summary.get("earlier") or [] if str(a.get("attempt", "")).startswith(start)]
+    restarts = [a for a in summary.earlier if (a.attempt or "").startswith(start)]
     if not restarts or "." not in attempt:
         return None
-    ends = "; ".join(f"after {a['attempt']}, {a.get('first') or a.get('outcome')}" for a in restarts)
+    ends = "; ".join(f"after {a.attempt}, {a.first or a.outcome}" for a in restarts)
     count = f"{len(restarts)} time" + ("s" if len(restarts) > 1 else "")
     return f"torchrun restarted the worker group {count} (ranks/earlier/ has how each rank ended): {ends}"
 
@@ -349,7 +361,7 @@ def task_of(paths: RunPaths) -> tuple[TaskSaid, dict[str, Any] | None]:
     return task, config
 
 
-def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dict[str, Any]]) -> RunRecord:
     """summary.json's contents: the same top-level keys whatever the task (see the module doc); a
     function of the run directory's files alone."""
     task, resolved = task_of(paths)
@@ -370,34 +382,31 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
     ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
     profiler = (config or {}).get("profiler") or {}
     hook: dict[str, Any] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
-    built: dict[str, Any] = msgspec.to_builtins(
-        RunRecord(
-            kind="train" if config is not None else "command",
-            run_dir=str(paths.root),
-            command=(records[0].command if records else None) or task.words or None,
-            point=task.point,
-            world_size=world,
-            attempt=attempt or next((r.get("attempt") for r in ranks), None),
-            outcome=run_outcome(ranks, world, cancelled(said, attempt)),
-            failure=failure_line(ranks, world),
-            profiled=bool((profiler if config is not None else hook).get("enabled", True)),
-            config=config,
-            oom=ooms[0] if ooms else None,
-            recovered=any(r.get("recovered") for r in ranks),
-            earlier=earlier_attempts(paths),
-            gpus=summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
-            ranks=ranks,
-        )
+    return RunRecord(
+        kind="train" if config is not None else "command",
+        run_dir=str(paths.root),
+        command=(records[0].command if records else None) or task.words or None,
+        point=task.point,
+        world_size=world,
+        attempt=attempt or next((r.get("attempt") for r in ranks), None),
+        outcome=run_outcome(ranks, world, cancelled(said, attempt)),
+        failure=failure_line(ranks, world),
+        profiled=bool((profiler if config is not None else hook).get("enabled", True)),
+        config=config,
+        oom=ooms[0] if ooms else None,
+        recovered=any(r.get("recovered") for r in ranks),
+        earlier=earlier_attempts(paths),
+        gpus=summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
+        ranks=ranks,
     )
-    return built
 
 
-def no_step_line(summary: dict[str, Any] | None) -> str | None:
+def no_step_line(summary: RunRecord | None) -> str | None:
     """One line when a command ended with no optimizer step seen on any rank (the start-up hook counts
     torch.optim steps): a run that trained nothing, or trained out of the hook's sight, is not a silent done."""
-    if not summary or summary.get("kind") != "command" or summary.get("outcome") != Outcome.DONE:
+    if summary is None or summary.kind != "command" or summary.outcome != Outcome.DONE:
         return None
-    steps = [r.get("steps") for r in summary.get("ranks") or []]
+    steps = [r.get("steps") for r in summary.ranks]
     if any(isinstance(n, int) and n > 0 for n in steps):
         return None
     return (
@@ -452,7 +461,7 @@ def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:
     return str(said.job) == attempt.split(".")[0]
 
 
-def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | None:
+def write_run_summary(paths: RunPaths, ended: bool = False) -> RunRecord | None:
     """summary.json made again from the records, under a lock so that two writers do not interleave.
     Returns it, or None when no rank has left a record. A failed write (a full disk) raises OSError.
     `ended`: the caller saw the attempt's every task end (its srun step, its job): recorded first
@@ -471,14 +480,14 @@ def write_run_summary(paths: RunPaths, ended: bool = False) -> dict[str, Any] | 
     return summary
 
 
-def current_summary(paths: RunPaths, warn: Warn = ignore) -> dict[str, Any] | None:
+def current_summary(paths: RunPaths, warn: Warn = ignore) -> RunRecord | None:
     """The run's summary as its records make it now: summary.json as written, or made again in memory
     where it is missing or older than a record of its ranks (a run killed before its last writer came, a
     start outside any runner). Reading writes nothing (the reader may not own the run)."""
     return _current_and_written(paths, warn)[0]
 
 
-def _current_and_written(paths: RunPaths, warn: Warn) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _current_and_written(paths: RunPaths, warn: Warn) -> tuple[RunRecord | None, RunRecord | None]:
     """current_summary, and summary.json as on disk (the same value where nothing newer was recorded),
     each file read once."""
     newest = max((p.stat().st_mtime_ns for p in _record_files(paths)), default=None)
@@ -492,7 +501,7 @@ def _current_and_written(paths: RunPaths, warn: Warn) -> tuple[dict[str, Any] | 
     records, facts = read_records(paths), read_facts(paths)
     if not records and not facts:
         return written, written
-    return json.loads(json.dumps(build_summary(paths, records, facts))), written
+    return build_summary(paths, records, facts), written
 
 
 def _record_files(paths: RunPaths) -> list[Path]:
@@ -502,10 +511,10 @@ def _record_files(paths: RunPaths) -> list[Path]:
     return [p for p in found if p.is_file() and not p.is_symlink()]
 
 
-def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool = False) -> None:
+def write_summary(paths: RunPaths, summary: RunRecord, first_wins: bool = False) -> None:
     """Write summary.json atomically. With first_wins, an existing one is kept (a hard link never
     replaces a file)."""
-    text = json.dumps(summary, indent=2)
+    text = json.dumps(msgspec.to_builtins(summary), indent=2)
     if not first_wins:
         write_atomic(paths.summary, text)
         return
@@ -519,45 +528,22 @@ def write_summary(paths: RunPaths, summary: Mapping[str, Any], first_wins: bool 
         tmp.unlink()
 
 
-def read_summary(path: Path, warn: Warn = ignore) -> dict[str, Any] | None:
-    """summary.json, or None when absent or not that shape (warned). Rank records that are not mappings
-    with an integer rank are dropped, each warned about, as are a `config` or `oom` that is not a mapping
-    and a `world_size` that is not a count."""
+def read_summary(path: Path, warn: Warn = ignore) -> RunRecord | None:
+    """summary.json decoded into its record, or None when absent, not that shape or of another layout
+    (warned, in one line)."""
     if not path.exists():
         return None
     data = read_json(path, warn)
     if data is None:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("ranks", []), list):
-        warn(f"{path}: ignored: expected a mapping with a 'ranks' list, got {type(data).__name__}")
-        return None
-    schema = data.get("schema", SUMMARY_SCHEMA)
+    schema = data.get("schema", SUMMARY_SCHEMA) if isinstance(data, dict) else SUMMARY_SCHEMA
     if type(schema) is not int or schema != SUMMARY_SCHEMA:
-        warn(f"{path}: ignored: schema {data['schema']!r:.40}, and this toolkit reads schema {SUMMARY_SCHEMA}")
-        return None
-    ranks = []
-    for i, r in enumerate(data.get("ranks", [])):
-        if isinstance(r, dict) and is_count(r.get("rank")):
-            ranks.append(r)
-        else:
-            warn(f"{path}: ranks[{i}] ignored: not a record with an integer 'rank'")
-    for key in ("config", "oom"):
-        if data.get(key) is not None and not isinstance(data[key], dict):
-            warn(f"{path}: {key!r} ignored: not a mapping")
-            data = {k: v for k, v in data.items() if k != key}
-    if "world_size" in data and not is_count(data["world_size"]):
-        warn(f"{path}: world_size {str(data['world_size'])[:40]!r} ignored: not a count")
-        data = {k: v for k, v in data.items() if k != "world_size"}
-    return {**data, "ranks": ranks}
-
-
-def summary_outcome(summary: Mapping[str, Any] | None) -> Outcome | None:
-    """How a run ended, from its summary (None: no summary, or an outcome not one of ending.Outcome's)."""
-    if summary is None:
+        warn(f"{path}: ignored: schema {schema!r:.40}, and this toolkit reads schema {SUMMARY_SCHEMA}")
         return None
     try:
-        return Outcome(summary.get("outcome"))
-    except ValueError:
+        return msgspec.convert(data, RunRecord)
+    except msgspec.ValidationError as e:
+        warn(f"{path}: ignored: not a summary ({with_value(data, str(e))})")
         return None
 
 
@@ -590,16 +576,15 @@ class RunState:
         return self.leaves == Outcome.DONE
 
 
-def _summary_step(summary: dict[str, Any] | None) -> int | None:
-    ranks = (summary or {}).get("ranks") or []
-    steps = ranks[0].get("steps") if ranks else None
+def _summary_step(summary: RunRecord | None) -> int | None:
+    steps = summary.first_rank.get("steps") if summary is not None else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
     """The run's state from its files (see RunState); unreadable files are warned about and read as absent."""
     summary, written = _current_and_written(paths, warn)  # as the records make it; as on disk
-    said = summary_outcome(summary)
+    said = summary.outcome if summary is not None else None
     # what the run leaves: done, oom, or a checkpoint to resume from (stopped, preempted, cancelled, cut short)
     leaves = Outcome.STOPPED if said in RESUMABLE or (summary is not None and said is None) else said
     info = read_checkpoint_info(paths, warn)
@@ -612,6 +597,6 @@ def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
     step_saved, stop_at = int(info["step"]), int(info["stop_at"])
     # At the last step but its epoch's end (evaluation, record) still owed: not done. Older files lack it.
     done = info["complete"] if isinstance(info.get("complete"), bool) else step_saved >= stop_at
-    written_said = summary_outcome(written)
+    written_said = written.outcome if written is not None else None
     current = written is not None and _summary_step(written) == step_saved and (written_said == Outcome.DONE) == done
     return RunState(Outcome.DONE if done else Outcome.STOPPED, step_saved, stop_at, current, said)

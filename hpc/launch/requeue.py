@@ -31,7 +31,7 @@ from hpc.core.cli import Parser, run
 from hpc.core.ending import SLURM_CANCELLED, Outcome, RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import exit_code_of, restarts_line, root_cause, write_run_summary
+from hpc.core.summary import RunRecord, exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.submission.queue import accounted, ask_slurm
 from hpc.settings.rankcommand import RankCommand
 
@@ -101,11 +101,11 @@ def requeued_since(scontrol_job: str, env: Mapping[str, str]) -> str | None:
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
-def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
+def run_code(summary: RunRecord, rc: int, terminated: bool) -> int:
     """The run's exit code, from its ranks' records: a stopped rank's (its requeue code), the first
     failing rank's (128 + N for a signal N), 3 when srun killed the tasks on the batch shell's own
     SIGTERM (they resume from what their task last saved), else srun's."""
-    ranks = list(summary.get("ranks", []))
+    ranks = summary.ranks
     if terminated and rc > 128:
         log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
         return EXIT_PREEMPTED
@@ -113,20 +113,20 @@ def run_code(summary: Mapping[str, Any], rc: int, terminated: bool) -> int:
     if cause is not None:
         return exit_code_of(cause)
     stopped = [code for code in map(requeue_code, ranks) if code is not None]
-    return stopped[0] if stopped else (EXIT_OK if summary.get("outcome") == Outcome.DONE else rc or EXIT_FAILED)
+    return stopped[0] if stopped else (EXIT_OK if summary.outcome == Outcome.DONE else rc or EXIT_FAILED)
 
 
-def person_stopped(summary: Mapping[str, Any]) -> int | None:
+def person_stopped(summary: RunRecord) -> int | None:
     """The signal of a person's stop in the ranks' records (Ctrl-C: SIGINT), None without one."""
-    said = {r.get("stop") for r in summary.get("ranks", []) if isinstance(r, dict)}
+    said = {r.get("stop") for r in summary.ranks}
     return signal.SIGINT if signal.SIGINT.name in said else None
 
 
-def asked(summary: Mapping[str, Any], code: int) -> str:
+def asked(summary: RunRecord, code: int) -> str:
     """Why the run is requeued, in words: a rank killed after the grace time that followed Slurm's SIGTERM
     (it took the stop and hung: Lightning's DDP ranks, docs/faults.md), else the task's own code."""
-    for r in summary.get("ranks", []):
-        if isinstance(r, dict) and r.get("kind") == RankEnd.KILLED and requeue_code(r) is not None:
+    for r in summary.ranks:
+        if r.get("kind") == RankEnd.KILLED and requeue_code(r) is not None:
             return (
                 f"the task took Slurm's stop and did not end in time ({r.get('message')}): it resumes from what it "
                 "last saved"
@@ -148,9 +148,9 @@ def requeue_after_step(
     `door` begins each line (the command whose log it lands in). The run's exit code: 0 when requeued, or
     requeued already since this start."""
     job, rc, terminated = step
-    summary = write_run_summary(paths, ended=True) or {}
-    outcome = summary.get("outcome") or "no rank started"
-    log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary['failure']}" if summary.get("failure") else ""))
+    summary = write_run_summary(paths, ended=True) or RunRecord()
+    outcome = summary.outcome or "no rank started"
+    log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary.failure}" if summary.failure else ""))
     restarted = restarts_line(summary)
     if restarted:
         log.info(f"{door}: {restarted}")

@@ -113,7 +113,7 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     why the queue could not be read (None when it could)."""
     sweep = SweepPaths(sweep_dir)
     points = read_index(sweep.index)
-    job_ids = [str(p.get("job_id", "")) for p in points]
+    job_ids = [p.job for p in points]
     problem = None
     try:
         in_queue = queued([j.split("_")[0] for j in job_ids if j])
@@ -121,18 +121,18 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
         in_queue, problem = {}, str(e)
     ended = accounted([j for j in job_ids if j]) if problem is None else {}
     rows = []
-    for p, job_id in zip(points, job_ids, strict=False):
+    for p, job_id in zip(points, job_ids, strict=True):
+        root = sweep.run(p.run_dir).root
         row = {
-            "data_fraction": p["data_fraction"],
-            "batch_size": p["batch_size"],
-            "gpus": p["gpus"],
-            "nodes": p.get("nodes", 1),
-            **(p.get("values") or {}),  # the sweep's other axes, by name (read_index checked it is a mapping)
+            "data_fraction": p.data_fraction,
+            "batch_size": p.batch_size,
+            "gpus": p.gpus,
+            "nodes": p.nodes,
+            **p.values,  # the sweep's other axes, by name
             "job_id": job_id,
-            "run_dir": str(sweep.run(p["run_dir"]).root),
-            **({"values": p["values"]} if p.get("values") else {}),  # what tells the point apart (resubmit)
+            "run_dir": str(root),
+            **({"values": p.values} if p.values else {}),  # what tells the point apart (resubmit)
         }
-        root = sweep.run(p["run_dir"]).root
         row.update(point_state(root, job_id, in_queue.get(job_id), ended.get(job_id), problem is None))
         rows.append(row)
     return rows, problem
@@ -178,7 +178,7 @@ def status_command(argv: list[str]) -> int:
         {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == Outcome.DONE else None}
         for r in points
     ]
-    axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.get("values") or {}))
+    axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.values))
     columns = [*STATUS_COLUMNS[:4], *axes, *STATUS_COLUMNS[4:]]
     sys.stdout.write(render(rows, columns, args.format))
     if args.format == "table":

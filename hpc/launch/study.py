@@ -84,7 +84,7 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
         log.info(f"sweep:  {plan.sweep_dir}\nreport: {sweep.report}")
         return EXIT_FAILED if local_failures else EXIT_OK
     submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
-    arrays = sorted({str(p["job_id"]).split("_")[0] for p in read_index(sweep.index) if point_key(p) in submitted})
+    arrays = sorted({p.job.split("_")[0] for p in read_index(sweep.index) if p.key in submitted and p.job})
     try:
         analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
     except (QueueError, UsageError) as e:

@@ -432,8 +432,8 @@ def test_bad_events_are_skipped_and_the_rest_analysed(hostile_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("run, warning", [
-    ("run_bad_summary", "expected a mapping with a 'ranks' list, got list"),
-    ("run_bad_ranks", "ranks[0] ignored"),
+    ("run_bad_summary", "summary.json: ignored: not a summary (Expected `object`, got `array`)"),
+    ("run_bad_ranks", "summary.json: ignored: not a summary (world_size 'two': Expected `int | null`, got `str`)"),
 ])
 def test_a_summary_of_the_wrong_shape_is_reported_and_the_traces_still_analysed(run, warning, hostile_dir, monkeypatch):
     h, _ = hostile_dir
@@ -446,7 +446,7 @@ def test_one_bad_sweep_point_does_not_lose_the_sweep(hostile_dir, monkeypatch):
     h, _ = hostile_dir
     code, stdout, stderr = call("analysis", [str(h / "sweep_ok_with_bad_point"), "--format", "csv"], None, monkeypatch)
     assert code == 0, stderr
-    assert len(stdout.strip().splitlines()) == 2 and "points[1] skipped: gpus 'None' is not a positive number" in stderr
+    assert len(stdout.strip().splitlines()) == 2 and "points[1] skipped: gpus 'None': Expected `int`, got `null`" in stderr
 
 
 # --- each command's real entry point, as a process: the same one line -----------------------------------

@@ -24,7 +24,7 @@ from analysis.pipeline import analyze_trace
 from conftest import SHARED_TRACES
 from hpc.core.errors import ConfigError, DistEnvError, HostlistError, TraceError
 from hpc.core.rundir import RunPaths, read_index, read_metrics, truncate_metrics
-from hpc.core.summary import read_summary
+from hpc.core.summary import RunRecord, read_summary
 from hpc.core.summary import run_state
 from hpc.settings.config import Layers
 from hpc.placement.hostlist import expand_hostlist, expand_tasks_per_node
@@ -309,11 +309,11 @@ def test_run_directory_readers_take_anything(value, tmp_path_factory):
         (root / name).write_bytes(data)
     warnings: list[str] = []
     summary = read_summary(root / "summary.json", warnings.append)
-    assert summary is None or (isinstance(summary, dict) and all(
-        isinstance(r, dict) and type(r["rank"]) is int for r in summary["ranks"]))
+    assert summary is None or (isinstance(summary, RunRecord) and all(
+        isinstance(r, dict) and type(r["rank"]) is int for r in summary.ranks))
     for point in read_index(root / "index.json", warnings.append):
-        assert isinstance(point["run_dir"], str) and not Path(point["run_dir"]).is_absolute()
-        assert all(point[k] > 0 for k in ("data_fraction", "batch_size", "gpus"))
+        assert isinstance(point.run_dir, str) and not Path(point.run_dir).is_absolute()
+        assert all(getattr(point, k) > 0 for k in ("data_fraction", "batch_size", "gpus", "nodes"))
     assert all(isinstance(r, dict) for r in read_metrics(root / "metrics.jsonl"))
     assert all(isinstance(w, str) and w for w in warnings)
     (root / "checkpoints").mkdir()

@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         write_task(paths, task)
     record = run_rank(task, paths.root).as_dict()
     if record["rank"] == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
-        summary = current_summary(paths) or {}
+        summary = current_summary(paths)
         print(
-            f"hpc.rank: {paths.root}: {summary.get('outcome')}; the task's output: {paths.rank_stream(0, 'out').parent}"
+            f"hpc.rank: {paths.root}: {summary and summary.outcome}; the task's output: "
+            f"{paths.rank_stream(0, 'out').parent}"
         )
     code = exit_code_of(record)
     if record["kind"] == RankEnd.STOPPED and code != EXIT_PEER_LOST and on_slurm(os.environ):
@@ -115,8 +116,8 @@ def print_outcome(paths: RunPaths) -> int:
     summary = write_run_summary(paths) if read_records(paths) else None
     if summary is None:
         raise UsageError(f"--run-dir {paths.root}: no rank of a task has started there (no {paths.ranks})")
-    print(f"hpc.rank: {paths.root}: {summary['outcome']}" + (f": {summary['failure']}" if summary["failure"] else ""))
-    return EXIT_CODES[Outcome(summary["outcome"])]
+    print(f"hpc.rank: {paths.root}: {summary.outcome}" + (f": {summary.failure}" if summary.failure else ""))
+    return EXIT_CODES[summary.outcome or Outcome.FAILED]
 
 
 def cli(argv: list[str] | None = None) -> int:

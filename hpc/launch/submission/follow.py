@@ -29,7 +29,14 @@ from analysis.api import end_of_run_lines, render, run_numbers
 from hpc.core.ending import EXIT_CODES, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, read_checkpoint_info
-from hpc.core.summary import no_step_line, read_records, record_scheduler, restarts_line, write_run_summary
+from hpc.core.summary import (
+    RunRecord,
+    no_step_line,
+    read_records,
+    record_scheduler,
+    restarts_line,
+    write_run_summary,
+)
 from hpc.launch.submission.points import Point
 from hpc.launch.submission.queue import QueueWatch, accounted
 
@@ -248,7 +255,7 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
             paths = RunPaths(sub.run_dir)
             with contextlib.suppress(OSError):
                 summary = write_run_summary(paths, ended=True)
-                if summary is not None and summary.get("outcome") == Outcome.PREEMPTED:
+                if summary is not None and summary.outcome == Outcome.PREEMPTED:
                     # ranks killed or lost, not saved: by this run's own person (Ctrl-C, a local SIGTERM), whom
                     # the record names as Slurm names a person's scancel, not by a scheduler's preemption
                     record_scheduler(paths, job=sub.job_id, state=SLURM_CANCELLED)
@@ -285,10 +292,10 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     return print_ended(f"job {sub.job_id}", paths, summary, numbers=follow)
 
 
-def print_ended(label: str, paths: RunPaths, summary: dict[str, Any], numbers: bool) -> Outcome:
+def print_ended(label: str, paths: RunPaths, summary: RunRecord, numbers: bool) -> Outcome:
     """How a run ended, from its summary: done (with its numbers where the run was followed here), or the
     first failing rank named with its code and last stderr line; then where everything is."""
-    outcome = Outcome(summary["outcome"])
+    outcome = summary.outcome or Outcome.FAILED
     if outcome == Outcome.DONE and numbers:
         print_run_numbers(paths.root)
     restarted = restarts_line(summary)
@@ -297,10 +304,10 @@ def print_ended(label: str, paths: RunPaths, summary: dict[str, Any], numbers: b
     no_step = no_step_line(summary)
     if no_step:
         print(f"{label}: {no_step}", file=sys.stderr)
-    if summary.get("failure"):
-        print(f"{label}: FAILED: {summary['failure']}", file=sys.stderr)
+    if summary.failure:
+        print(f"{label}: FAILED: {summary.failure}", file=sys.stderr)
     elif outcome != Outcome.DONE:
-        said = "; ".join(sorted({str(r.get("message")) for r in summary.get("ranks", []) if r.get("message")}))
+        said = "; ".join(sorted({str(r.get("message")) for r in summary.ranks if r.get("message")}))
         print(f"{label}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
     print(
         f"{label}: {outcome}\n  run:     {paths.root}\n  logs:    {paths.rank_stream(0, 'out').parent}"

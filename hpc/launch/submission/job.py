@@ -38,7 +38,7 @@ from hpc.core.meet import free_port
 from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import write_run_summary
+from hpc.core.summary import RunRecord, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import requeue_code, stopped_by_user
@@ -128,11 +128,11 @@ class TaskJob:
             }
         rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
         rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
-        summary = write_run_summary(paths) or {}
-        outcome = str(summary.get("outcome"))
+        summary = write_run_summary(paths) or RunRecord()
+        outcome = str(summary.outcome)
         kind = rank_end_of_outcome(outcome) if rc == 0 or outcome != Outcome.DONE else RankEnd.FAILED
-        codes = [r.get("exit_code") for r in summary.get("ranks", []) if r.get("kind") == kind]
-        message = summary.get("failure") or f"torchrun exited {rc} ({outcome})"
+        codes = [r.get("exit_code") for r in summary.ranks if r.get("kind") == kind]
+        message = summary.failure or f"torchrun exited {rc} ({outcome})"
         return {"kind": kind, "exit_code": codes[0] if codes else rc, "message": message}
 
 

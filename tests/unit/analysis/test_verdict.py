@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from analysis.explain import verdict as v
 from analysis.records import RunRow, Spread
 from analysis.report.units import human_column
 from analysis.runs.fold import step_mode
+from hpc.core.summary import RunRecord
 
 SPAN = 100_000.0  # µs
 ROOT = Path(__file__).resolve().parents[3]
@@ -223,14 +225,14 @@ def test_any_evidence_gets_one_line_and_a_bound_that_reached_its_threshold(e):
 
 
 @pytest.mark.parametrize("summary, mode", [
-    ({"ranks": [{"step_mode": "graph"}]}, "graph"),
-    ({"ranks": [{}], "config": {"train": {"cuda_graph": True}}}, "graph"),  # a summary from before the fact
-    ({"ranks": [{}], "config": {"train": {"cuda_graph": False}}}, "eager"),
-    ({"ranks": [{"step_mode": "warp"}], "config": {"train": {"cuda_graph": "yes"}}}, None),  # neither says
+    ({"ranks": [{"rank": 0, "step_mode": "graph"}]}, "graph"),
+    ({"ranks": [{"rank": 0}], "config": {"train": {"cuda_graph": True}}}, "graph"),  # a summary from before the fact
+    ({"ranks": [{"rank": 0}], "config": {"train": {"cuda_graph": False}}}, "eager"),
+    ({"ranks": [{"rank": 0, "step_mode": "warp"}], "config": {"train": {"cuda_graph": "yes"}}}, None),  # neither says
     (None, None),
 ])
 def test_the_step_mode_comes_from_the_summary(summary, mode):
-    assert step_mode(summary) == mode
+    assert step_mode(None if summary is None else msgspec.convert(summary, RunRecord)) == mode
 
 
 def _point(**loss) -> RunRow:

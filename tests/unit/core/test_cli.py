@@ -6,17 +6,21 @@ import pytest
 
 from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError
-from hpc.core.rundir import read_index, read_sweep_index
+from hpc.core.rundir import INDEX_SCHEMA, SweepPaths, read_index, read_sweep_index, write_index
 from hpc.core.summary import read_summary
 
 
 def test_summary_and_index_readers(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"world_size": 2, "ranks": [{"rank": 0}, {"rank": "x"}]}))
-    assert [r["rank"] for r in read_summary(tmp_path / "summary.json")["ranks"]] == [0]
+    warned: list[str] = []
+    assert read_summary(tmp_path / "summary.json", warned.append) is None  # decoded whole, or refused in a line
+    assert len(warned) == 1 and "ranks[1]: not a record with an integer 'rank'" in warned[0]
+    (tmp_path / "summary.json").write_text(json.dumps({"world_size": 2, "ranks": [{"rank": 0}, {"rank": 1}]}))
+    assert [r["rank"] for r in read_summary(tmp_path / "summary.json").ranks] == [0, 1]
     (tmp_path / "index.json").write_text(json.dumps({"points": [
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "a"},
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "/etc"}]}))
-    assert [p["run_dir"] for p in read_index(tmp_path / "index.json")] == ["a"]
+    assert [p.run_dir for p in read_index(tmp_path / "index.json")] == ["a"]
     assert read_sweep_index(tmp_path / "index.json").replicas is None  # a header that names no replica axis
 
 
@@ -26,7 +30,7 @@ def test_the_index_is_read_once_for_its_points_and_its_replica_axis(tmp_path, sw
     point = {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "a", "values": {"train.seed": 1}}
     (tmp_path / "index.json").write_text(json.dumps({"sweep": sweep, "points": [point]}))
     index = read_sweep_index(tmp_path / "index.json")
-    assert index.replicas == replicas and [p["run_dir"] for p in index.points] == ["a"]
+    assert index.replicas == replicas and [p.run_dir for p in index.points] == ["a"]
 
 
 def test_parser_errors_are_one_line_usage_errors():
@@ -56,3 +60,24 @@ def test_check_name_refuses(name):
 
 def test_check_name_accepts_a_hostile_but_valid_name():
     check_name("we ird'\"$(touch x);`y`", "--name")
+
+
+@pytest.mark.parametrize(("schema", "read"), [(None, True), (1, True), (2, False), ("1", False), (True, False)])
+def test_an_index_of_another_layout_is_refused_in_one_line(tmp_path, schema, read):
+    point = {"data_fraction": 0.5, "batch_size": 8, "gpus": 2, "run_dir": "a", "job_id": 7, "node_share": 0.5}
+    header = {} if schema is None else {"schema": schema}  # none: written before the field was added
+    (tmp_path / "index.json").write_text(json.dumps({**header, "points": [point]}))
+    warned: list[str] = []
+    points = read_index(tmp_path / "index.json", warned.append)
+    if read:
+        assert [(p.run_dir, p.data_fraction, p.nodes, p.job, p.node_share) for p in points] == [("a", 0.5, 1, "7", 0.5)]
+        assert warned == []
+    else:
+        assert points == [] and len(warned) == 1 and f"schema {schema!r}" in warned[0] and "reads schema 1" in warned[0]
+
+
+def test_the_index_written_says_its_layout(tmp_path):
+    write_index(SweepPaths(tmp_path), {"cluster": "x"}, [{"data_fraction": 1, "batch_size": 8, "gpus": 1,
+                                                          "job_id": "3", "run_dir": "3"}])
+    assert json.loads((tmp_path / "index.json").read_text())["schema"] == INDEX_SCHEMA == 1
+    assert [p.job for p in read_index(tmp_path / "index.json")] == ["3"]

@@ -11,11 +11,10 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from recordedruns import recorded_run
 
 from hpc.core.ending import EXIT_CODES, Outcome, RankEnd, RankExit, decode_exit, encode_exit, run_outcome
-from hpc.core.rundir import RunPaths
 from hpc.core.summary import current_summary, decode_run_record, read_records, run_state, write_run_summary
-from hpc.settings.rankcommand import user_command
 
 
 def exit_record(rank, kind, **more):
@@ -24,14 +23,7 @@ def exit_record(rank, kind, **more):
 
 
 def run_with(tmp_path, *records, facts=()):
-    paths = RunPaths(tmp_path / "run")
-    paths.ranks.mkdir(parents=True)
-    paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
-    for record in records:
-        paths.rank_exit(record.rank).write_bytes(encode_exit(record))
-    for fact in facts:
-        paths.rank_facts(fact["rank"]).write_text(json.dumps(fact))
-    return paths
+    return recorded_run(tmp_path / "run", records, facts)
 
 
 def test_a_summary_deleted_and_made_again_from_its_records_is_the_same_file(tmp_path):
@@ -41,13 +33,13 @@ def test_a_summary_deleted_and_made_again_from_its_records_is_the_same_file(tmp_
     paths = run_with(tmp_path, exit_record(0, RankEnd.OK, ended_ns=50, exit_code=0),
                      exit_record(1, RankEnd.RUNNING), facts=[{"rank": 0, "attempt": "41.0.0", "steps": 7}])
     first = write_run_summary(paths, ended=True)
-    assert first["outcome"] == "preempted" and [r["kind"] for r in first["ranks"]] == ["ok", "lost"]
+    assert first.outcome == "preempted" and [r["kind"] for r in first.ranks] == ["ok", "lost"]
     written = paths.summary.read_bytes()
     assert decode_run_record(written).outcome == Outcome.PREEMPTED  # the typed record, strictly
     with pytest.raises(msgspec.ValidationError):
         decode_run_record(written.replace(b'"outcome": "preempted"', b'"outcome": "finished-ish"'))
     paths.summary.unlink()
-    assert write_run_summary(paths)["outcome"] == "preempted"
+    assert write_run_summary(paths).outcome == "preempted"
     assert paths.summary.read_bytes() == written
 
 
@@ -56,16 +48,16 @@ def test_a_reader_gets_the_summary_its_records_make_without_writing(tmp_path):
     writes nothing (it may not own the run). A summary older than a record is remade; a current one is read."""
     paths = run_with(tmp_path, exit_record(0, RankEnd.STOPPED, ended_ns=50, exit_code=3),
                      exit_record(1, RankEnd.STOPPED, ended_ns=51, exit_code=3))
-    assert current_summary(paths)["outcome"] == "stopped" and not paths.summary.exists()
+    assert current_summary(paths).outcome == "stopped" and not paths.summary.exists()
     assert run_state(paths).said == Outcome.STOPPED
     write_run_summary(paths)
     paths.rank_exit(1).write_bytes(encode_exit(exit_record(1, RankEnd.FAILED, ended_ns=52, exit_code=1)))
     old = paths.summary.stat().st_mtime_ns
     os.utime(paths.rank_exit(1), ns=(old + 10**9, old + 10**9))  # the record written after the summary
-    assert current_summary(paths)["outcome"] == "failed"
+    assert current_summary(paths).outcome == "failed"
     assert json.loads(paths.summary.read_text())["outcome"] == "stopped"  # on disk: untouched
     os.utime(paths.summary, ns=(old + 2 * 10**9, old + 2 * 10**9))
-    assert current_summary(paths)["outcome"] == "stopped"  # the written one, current by its time
+    assert current_summary(paths).outcome == "stopped"  # the written one, current by its time
 
 
 def test_an_exit_record_not_of_the_contracts_shape_is_no_record(tmp_path):

@@ -9,6 +9,7 @@ from hpc.core.errors import SchemaError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import (
     attempt_of,
+    RunRecord,
     build_summary,
     failure_line,
     last_said,
@@ -64,7 +65,7 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     assert [(r.rank, r.attempt) for r in read_records(paths)] == [(0, "9.1.0")]
     (tmp_path / "task.json").write_text(json.dumps(user_command(["x"], "/", None, 60).to_dict()))
     summary = build_summary(paths, read_records(paths), {})
-    assert summary["outcome"] == "running" and summary["world_size"] == 4 and not summary["profiled"]
+    assert summary.outcome == "running" and summary.world_size == 4 and not summary.profiled
 
 
 def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
@@ -90,15 +91,15 @@ def test_an_earlier_starts_records_are_kept_and_said(tmp_path):
     assert sorted(p.name for p in paths.earlier.iterdir()) == ["rank0.1.exit.json", "rank1.2.exit.json"]
     assert [(r.rank, r.attempt) for r in read_records(paths)] == [(0, "9.0.0"), (1, "9.0.1")]
     summary = build_summary(paths, read_records(paths), {})
-    assert summary["outcome"] == "done" and summary["attempt"] == "9.0.1"
-    assert summary["earlier"] == [{
+    assert summary.outcome == "done" and summary.attempt == "9.0.1"
+    assert msgspec.to_builtins(summary.earlier) == [{
         "attempt": "9.0.0", "outcome": "failed", "first": "rank 1 (nid002): signal SIGKILL: killed from outside",
         "failure": "rank 1 failed first (on nid002, local rank 0): signal SIGKILL: killed from outside; its stderr: "
                    "/r/logs/rank1.err; rank 0 ended after it"}]
     assert restarts_line(summary) == (
         "torchrun restarted the worker group 1 time (ranks/earlier/ has how each rank ended): after 9.0.0, "
         "rank 1 (nid002): signal SIGKILL: killed from outside")
-    assert restarts_line({**summary, "attempt": "9.1.0"}) is None  # a requeue's earlier start
+    assert restarts_line(msgspec.structs.replace(summary, attempt="9.1.0")) is None  # a requeue's earlier start
 
 
 @pytest.mark.parametrize("lines, said", [
@@ -143,7 +144,7 @@ def test_only_a_command_done_with_no_step_on_any_rank_is_said_to_have_stepped_no
     from hpc.core.summary import no_step_line
 
     def summary(kind="command", outcome="done", steps=(0, 0)):
-        return {"kind": kind, "outcome": outcome, "ranks": [{"rank": i, "steps": n} for i, n in enumerate(steps)]}
+        return RunRecord(kind=kind, outcome=outcome, ranks=[{"rank": i, "steps": n} for i, n in enumerate(steps)])
 
     assert "no torch.optim optimizer step on any rank" in no_step_line(summary())
     assert no_step_line(summary(steps=(None, None))) is not None  # no facts, no beats: nothing seen either
@@ -159,13 +160,13 @@ def test_a_cancel_the_scheduler_reported_is_the_runs_outcome_unless_it_finished(
     paths.ranks.mkdir()
     stopped = exits(record(0, "stopped", 10, attempt="77.0.0", world_size=1))
     (paths.ranks / "rank0.exit.json").write_bytes(msgspec.json.encode(stopped[0]))
-    assert build_summary(paths, stopped, {})["outcome"] == "stopped"
+    assert build_summary(paths, stopped, {}).outcome == "stopped"
     paths.scheduler.write_text(json.dumps({"job": "77", "state": "CANCELLED"}))
-    assert build_summary(paths, stopped, {})["outcome"] == "cancelled"
+    assert build_summary(paths, stopped, {}).outcome == "cancelled"
     done = exits(record(0, "ok", 10, attempt="77.0.0", world_size=1))
-    assert build_summary(paths, done, {})["outcome"] == "done"
+    assert build_summary(paths, done, {}).outcome == "done"
     paths.scheduler.write_text(json.dumps({"job": "76", "state": "CANCELLED"}))
-    assert build_summary(paths, stopped, {})["outcome"] == "stopped"
+    assert build_summary(paths, stopped, {}).outcome == "stopped"
 
 
 @pytest.mark.parametrize("outcomes, code", [
@@ -188,17 +189,17 @@ def test_summary_json_says_its_schema_and_another_is_refused_in_one_line(tmp_pat
     paths.ranks.mkdir()
     paths.rank_exit(0).write_text(json.dumps({**record(0, "ok", 2), "group": "9.0.0", "started_ns": 1}))
     written = build_summary(paths, read_records(paths), {})
-    assert written["schema"] == SUMMARY_SCHEMA == 1
+    assert written.schema == SUMMARY_SCHEMA == 1
     path = tmp_path / "summary.json"
     for schema, read in ((1, True), (None, True), (2, False), ("1", False), (True, False)):
         said = []
-        body = {k: v for k, v in written.items() if k != "schema"}
+        body = {k: v for k, v in msgspec.to_builtins(written).items() if k != "schema"}
         path.write_text(json.dumps(body if schema is None else {**body, "schema": schema}))
         got = read_summary(path, said.append)
         assert (got is not None) is read, (schema, said)
         assert said == ([] if read else [f"{path}: ignored: schema {schema!r}, and this toolkit reads schema 1"])
     with pytest.raises(SchemaError, match="schema 2, and this toolkit reads schema 1"):
-        decode_run_record(json.dumps({**written, "schema": 2}).encode())
+        decode_run_record(json.dumps({**msgspec.to_builtins(written), "schema": 2}).encode())
 
 
 def test_every_record_between_processes_says_its_schema_and_another_is_refused(tmp_path, caplog):
@@ -214,12 +215,12 @@ def test_every_record_between_processes_says_its_schema_and_another_is_refused(t
         assert [r.rank for r in read_records(paths)] == ([0] if read else [])
         assert ("rank0.exit.json: not an exit record (schema 2, and this toolkit reads schema 1)" in caplog.text) is (not read)
     paths.rank_exit(0).write_text(json.dumps(stopped))
-    assert "schema" not in build_summary(paths, read_records(paths), {})["ranks"][0]  # summary.json's own
+    assert "schema" not in build_summary(paths, read_records(paths), {}).ranks[0]  # summary.json's own
     for schema, outcome in ((None, "cancelled"), (1, "cancelled"), (2, "stopped")):
         said = {"job": "77", "state": "CANCELLED"}
         paths.scheduler.write_text(json.dumps(said if schema is None else {**said, "schema": schema}))
         caplog.clear()
-        assert build_summary(paths, read_records(paths), {})["outcome"] == outcome
+        assert build_summary(paths, read_records(paths), {}).outcome == outcome
         assert ("scheduler.json: ignored: schema 2, and this toolkit" in caplog.text) is (schema == 2)
     task = user_command(["python", "train.py"], "/", {"enabled": True}, 60).to_dict()
     for schema, command in ((1, ["python", "train.py"]), (2, None)):
@@ -227,7 +228,7 @@ def test_every_record_between_processes_says_its_schema_and_another_is_refused(t
         paths.rank_exit(0).write_text(json.dumps({k: v for k, v in stopped.items() if k != "command"}))
         caplog.clear()
         summary = build_summary(paths, read_records(paths), {})
-        assert summary["command"] == command and summary["profiled"] is (schema == 1)
+        assert summary.command == command and summary.profiled is (schema == 1)
         assert ("task.json: ignored: schema 2, and this toolkit" in caplog.text) is (schema == 2)
 
 

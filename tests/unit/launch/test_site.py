@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from hpc.core.ending import RankEnd, RankExit, encode_exit
+from hpc.core.ending import RankEnd, RankExit
 from hpc.core.errors import ConfigError, DistEnvError, UsageError
-from hpc.core.rundir import RunPaths
 from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import (
     accounts,
@@ -27,13 +26,13 @@ from hpc.launch.submission.site import (
 )
 from hpc.placement.affinity import cores_text, gpu_index
 from hpc.settings.config import load_cluster
-from hpc.settings.rankcommand import user_command
 from hpc.training.distributed.netcheck import (
     debug_env,
     network_of,
     verdict,
     wants_check,
 )
+from recordedruns import recorded_run
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +124,9 @@ def test_sockets_across_nodes_stop_or_warn_as_the_profile_says():
 def stopped_run(run_dir, kind=RankEnd.STOPPED, exit_code=3, ranks=2):
     """A run directory as a stopped job's step leaves it: task.json (a user's command: requeue code 3) and
     each rank's exit record."""
-    paths = RunPaths(run_dir)
-    paths.ranks.mkdir(parents=True)
-    paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
-    for rank in range(ranks):
-        record = RankExit(rank=rank, kind=kind, attempt="7.0.0", world_size=ranks, started_ns=10, ended_ns=20 + rank,
-                          exit_code=exit_code, hostname="nid001")
-        paths.rank_exit(rank).write_bytes(encode_exit(record))
-    return paths
+    return recorded_run(run_dir, [RankExit(rank=rank, kind=kind, attempt="7.0.0", world_size=ranks, started_ns=10,
+                                           ended_ns=20 + rank, exit_code=exit_code, hostname="nid001")
+                                  for rank in range(ranks)])
 
 
 def slurm_stand_ins(bin_dir, srun=None):

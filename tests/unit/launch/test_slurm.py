@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from hpc.core.ending import RankExit
 from hpc.launch.submission.sbatchflags import JobOptions
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.settings.config import load_cluster
+from recordedruns import recorded_run
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -111,12 +113,14 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     """Issue 60: a command that took Slurm's SIGTERM and hung (Lightning's DDP ranks, deadlocked in its
     SIGTERM handler) is killed after the grace time and resumes as a stopped one does: 3; a kill that
     followed a person's stop or another rank's failure, and a command that died of the signal, are not."""
+    from hpc.core.ending import Outcome
+    from hpc.core.summary import RunRecord
     from hpc.launch.requeue import requeue_code, run_code
 
     assert requeue_code(record) == code
     ranks = [{"rank": r, **record} for r in (0, 1)]  # the batch shell's code for a run of such ranks
     if code is not None:
-        assert run_code({"ranks": ranks, "outcome": "preempted"}, 0, False) == code
+        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.PREEMPTED), 0, False) == code
 
 
 @pytest.fixture
@@ -171,16 +175,10 @@ def test_an_unset_restart_count_is_a_first_start(restarts, budget, requeued):
 
 def ended_run(tmp_path, *ends):
     """A run directory after its step: each rank's exit record, (kind, exit code, stop) by rank."""
-    from hpc.core.ending import RankExit, encode_exit
-    from hpc.core.rundir import RunPaths
-
-    paths = RunPaths(tmp_path / "run")
-    paths.ranks.mkdir(parents=True)
-    for rank, (kind, code, stop, *message) in enumerate(ends):
-        record = RankExit(rank=rank, kind=kind, attempt="88.0.0", world_size=len(ends), started_ns=1,
-                          ended_ns=2 + rank, exit_code=code, stop=stop, message=(message or [None])[0])
-        paths.rank_exit(rank).write_bytes(encode_exit(record))
-    return paths
+    return recorded_run(tmp_path / "run", [
+        RankExit(rank=rank, kind=kind, attempt="88.0.0", world_size=len(ends), started_ns=1, ended_ns=2 + rank,
+                 exit_code=code, stop=stop, message=(message or [None])[0])
+        for rank, (kind, code, stop, *message) in enumerate(ends)], task=False)
 
 
 @pytest.mark.parametrize("ends, env, code, calls, said", [
@@ -224,8 +222,8 @@ def test_the_one_requeue_executor_decides_from_the_runs_records(slurm_clients, m
 
 
 def test_a_requeue_command_refuses_a_task_that_is_not_one(tmp_path, capsys):
-    from hpc.launch.requeue import main
     from hpc.core.cli import run
+    from hpc.launch.requeue import main
 
     (tmp_path / "task.json").write_text('{"schema": 99}')
     code = run("hpc.launch.requeue", main, ["--job", "7", "--run-dir", str(tmp_path), "--step-exit", "0",

@@ -133,8 +133,8 @@ def test_points_that_differ_only_in_their_values_are_two_points_of_the_index(tmp
     write_index(sweep, {}, [{**a, "job_id": "1_0", "run_dir": "1_0"}, {**b, "job_id": "1_1", "run_dir": "1_1"}])
     write_index(sweep, {}, [{**b, "job_id": "2_0", "run_dir": "2_0"}])  # b resubmitted
     rows = read_index(sweep.index)
-    assert [(r["values"]["lr"], r["job_id"], r.get("history")) for r in rows] == [(0.1, "1_0", None),
-                                                                                   (0.01, "2_0", ["1_1"])]
+    assert [(r.values["lr"], r.job_id, r.history) for r in rows] == [(0.1, "1_0", []), (0.01, "2_0", ["1_1"])]
+    assert [r.key for r in rows] == [point_key(a), point_key(b)]
     warned: list[str] = []
     sweep.index.write_text(json.dumps({"points": [{**study, "run_dir": "x", "values": {"lr": [1]}}]}))
     assert read_index(sweep.index, warned.append) == [] and "values" in warned[0]

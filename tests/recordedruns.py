@@ -1,0 +1,24 @@
+"""A run directory as its ranks' runners leave it after a step, written from typed records: the tests' one
+maker of exit records, facts and the task they ran (a user's command, whose requeue code is 3)."""
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from hpc.core.ending import RankExit, encode_exit
+from hpc.core.rundir import RunPaths
+from hpc.settings.rankcommand import user_command
+
+
+def recorded_run(root: Path, records: Iterable[RankExit], facts: Iterable[Mapping] = (), task: bool = True) -> RunPaths:
+    """`root` made with each rank's exit record, its facts where given, and task.json unless `task` is False
+    (a run started outside any runner)."""
+    paths = RunPaths(root)
+    paths.ranks.mkdir(parents=True)
+    if task:
+        paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
+    for record in records:
+        paths.rank_exit(record.rank).write_bytes(encode_exit(record))
+    for fact in facts:
+        paths.rank_facts(fact["rank"]).write_text(json.dumps(fact))
+    return paths
