@@ -50,6 +50,7 @@ from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import requeue_after_step
 from hpc.launch.submission.follow import print_ended
+from hpc.launch.submission.request import Allocation
 from hpc.launch.submission.site import job_env, srun_words
 from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
@@ -165,17 +166,6 @@ def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[s
     restarts = int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts)
     torchrun = slurm_torchrun_args({**env, "SLURM_NNODES": str(step.nodes)}, step.gpus, restarts)
     return [*srun, *per_node, *srun_words(cluster), "python", "-m", "torch.distributed.run", *torchrun, *rank]
-
-
-@dataclasses.dataclass(frozen=True)
-class Allocation:
-    """The interactive allocation this process runs in (salloc's shell): its job, nodes, and where Slurm
-    says them, GPUs and CPUs per node."""
-
-    job_id: str
-    nodes: int
-    gpus: int | None
-    cpus: int | None
 
 
 INTERACTIVE_STEP_ID = "4294967290"  # SLURM_INTERACTIVE_STEP: salloc's shell on a node (use_interactive_step)

@@ -15,6 +15,7 @@ report. No torch import here (fast CLI).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -131,9 +132,9 @@ def print_report_tables(sweep: SweepPaths) -> None:
 def run_command(argv: list[str]) -> int:
     """`run SWEEP.yaml [hpc.submit options]`: hpc.submit's command line, its --wait meaning "until the
     report exists"."""
-    args, plan = plan_for(argv, STUDY_RUN)
-    analysis_account = accounts(plan.cluster, args.account, args.analysis_account)[1]
-    if args.dry_run:
+    request, plan = plan_for(argv, STUDY_RUN)
+    analysis_account = accounts(plan.cluster, request.account, request.analysis_account)[1]
+    if request.dry_run:
         print_plan(plan)
         print(
             f"# then the analysis job, after the arrays (job ids known once they are submitted)\n"
@@ -142,7 +143,7 @@ def run_command(argv: list[str]) -> int:
         )
         print("\n".join(["# what the points can be charged:", *plan_charges(plan)]))
         return EXIT_OK
-    return submit_and_analyse(plan, analysis_account, args.wait)
+    return submit_and_analyse(plan, analysis_account, request.wait)
 
 
 def plan_charges(plan: Plan) -> list[str]:
@@ -179,7 +180,8 @@ def resubmit_command(argv: list[str]) -> int:
     )
     p.add_argument("--missing", action="store_true", help="points never run (no run directory, not queued)")
     own, words = split_command(argv)
-    args = settle(p.parse_args(own), STUDY_RESUBMIT, os.environ)
+    args = p.parse_args(own)  # the choice of points; the rest is the request
+    request = settle(args, STUDY_RESUBMIT, os.environ)
     sweep_dir = existing_sweep(args.sweep_dir)
     if not (args.failed or args.missing):
         raise UsageError("hpc.study resubmit: say which points: --failed, --missing or both")
@@ -192,14 +194,14 @@ def resubmit_command(argv: list[str]) -> int:
     if not keys:
         print(f"hpc.study: no {' or '.join(sorted(wanted))} points in {sweep_dir}")
         return EXIT_OK
-    args.sweep = str(SweepPaths(sweep_dir).sweep_file)  # the sweep as it was submitted, a value
-    plan = make_plan(args, words, into=(sweep_dir, keys))
-    if args.dry_run:
+    request = dataclasses.replace(request, sweep=str(SweepPaths(sweep_dir).sweep_file))  # as it was submitted
+    plan = make_plan(request, words, into=(sweep_dir, keys))
+    if request.dry_run:
         print_plan(plan)
         return EXIT_OK
     print(f"resubmitting {sum(len(s.points) for s in plan.specs)} point(s) into {sweep_dir}")
-    analysis_account = accounts(plan.cluster, args.account, args.analysis_account)[1]
-    return submit_and_analyse(plan, analysis_account, args.wait)
+    analysis_account = accounts(plan.cluster, request.account, request.analysis_account)[1]
+    return submit_and_analyse(plan, analysis_account, request.wait)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,11 @@ SWITCHES = {  # flag -> (config key, value, help)
 }
 
 
+# The flags of the toolkit's own training: a user's command takes its own arguments instead (--no-profile
+# is the profiler's, which a command takes too).
+TRAINING_FLAGS = (*FLAGS, *(name for name in SWITCHES if name != "no_profile"))
+
+
 def add_training_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The run-config flags, on `parser` (hpc.train's, or a group of hpc.submit's)."""
     parser.add_argument("--config", help="run config YAML (e.g. profiles/smoke.yaml)")

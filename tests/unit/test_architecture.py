@@ -241,6 +241,18 @@ def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_thei
     assert "-m hpc.launch.requeue" in "\n".join(teardown_lines(Path("run"), "python", 3))
 
 
+def test_a_command_line_is_a_typed_value_past_its_entry_modules():
+    """Issue 73: argparse's Namespace is read where a command line is parsed (its entry module, the flags'
+    own modules); the plan and its points take a SubmitRequest and never read a flag by its name."""
+    typed = {name for name, path in MODULES.items() if name.startswith(("hpc.launch", "hpc.settings"))
+             and "argparse.Namespace" in path.read_text()}
+    assert typed == {"hpc.launch.submission.submit", "hpc.launch.submission.sbatchflags", "hpc.settings.flags",
+                     "hpc.launch.requeue"}, typed
+    for name in ("hpc.launch.submission.plan", "hpc.launch.submission.points"):
+        text = MODULES[name].read_text()
+        assert "argparse" not in text and "request: SubmitRequest" in text, name
+
+
 def test_the_fault_hook_is_parsed_in_one_place():
     for name, path in MODULES.items():
         text = path.read_text()

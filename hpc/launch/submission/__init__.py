@@ -1,5 +1,6 @@
 """From a command line to jobs and back (torch-free at module level).
 
+- request.py: a submission command line as one typed value, past its entry module;
 - plan.py: what a submission command line asks for, as a pure plan;
 - points.py: the sweep's grid and each point's task;
 - site.py: a cluster profile's site practices as a job's settings;

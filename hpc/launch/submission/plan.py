@@ -8,7 +8,6 @@ import.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import os
@@ -20,7 +19,6 @@ from typing import Any
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
 from hpc.core.rundir import point_key
-from hpc.launch.batch import Allocation
 from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
     COMMAND_SECTIONS,
@@ -32,11 +30,11 @@ from hpc.launch.submission.points import (
     refuse_training_flags,
     training_points,
 )
-from hpc.launch.submission.sbatchflags import ACCT_GATHER_PROFILE, JobOptions, job_options
+from hpc.launch.submission.request import Allocation, SubmitRequest
+from hpc.launch.submission.sbatchflags import ACCT_GATHER_PROFILE, JobOptions
 from hpc.launch.submission.site import accounts, node_share
 from hpc.launch.submission.slurm import JobRequest, job_python, local_parameters, sbatch_text, slurm_parameters
 from hpc.settings.config import check_request, load_cluster, require_section
-from hpc.settings.flags import overrides_from_args
 from hpc.settings.rankcommand import RankCommand
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
 
@@ -85,7 +83,7 @@ Request = Callable[[int, int, str, str], JobRequest]
 
 
 def make_plan(
-    args: argparse.Namespace,
+    request: SubmitRequest,
     words: list[str] | None,
     now: dt.datetime | None = None,
     into: tuple[Path, set[tuple[Any, ...]]] | None = None,
@@ -93,28 +91,29 @@ def make_plan(
     """The plan of a command line (`words`: the command after `--`, None for the training or a sweep's
     own command section): every shape and every point validated, nothing written. `into`: a sweep
     directory that exists, and the keys of its points to submit again there (`hpc.study resubmit`)."""
-    command = words is not None or is_command_sweep(args.sweep)
+    command = words is not None or is_command_sweep(request.sweep)
     if command:
-        refuse_training_flags(args)
-    cluster = load_cluster_for(args, COMMAND_SECTIONS if command else (*RUN_SECTIONS, "command"))
-    work: Points = command_points(args, cluster, words) if command else training_points(args, cluster)
-    request, runs_dir = job_basics(args, cluster)
-    name = args.name if args.name is not None else work.name
+        refuse_training_flags(request)
+    cluster = load_cluster_for(request, COMMAND_SECTIONS if command else (*RUN_SECTIONS, "command"))
+    work: Points = command_points(request, cluster, words) if command else training_points(request, cluster)
+    job, runs_dir = job_basics(request, cluster)
+    name = request.name if request.name is not None else work.name
     if work.sweep is None:
-        gpus = args.gpus if args.gpus is not None else cluster.gpus_per_node
+        gpus = request.gpus if request.gpus is not None else cluster.gpus_per_node
         single = ((None, work.task_for(None)),)
-        shapes = [Shape(request(args.nodes, gpus, name, "command line"), runs_dir / name / "%j", single, False)]
+        shapes = [Shape(job(request.nodes, gpus, name, "command line"), runs_dir / name / "%j", single, False)]
         sweep_dir = None
     else:
+        source = request.sweep or "sweep"
         sweep_dir = runs_dir / name / (now or dt.datetime.now()).strftime("sweep-%Y%m%d-%H%M%S")
-        grid = grid_points(work.sweep, args.sweep)
+        grid = grid_points(work.sweep, source)
         if into is not None:
             sweep_dir, keys = into
             grid = [p for p in grid if point_key(p) in keys]
-        shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], request, name, sweep_dir, args.sweep)
-    specs = tuple(job_spec(cluster, args.local, args.max_parallel, shape) for shape in shapes)
+        shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], job, name, sweep_dir, source)
+    specs = tuple(job_spec(cluster, request.local, request.max_parallel, shape) for shape in shapes)
     record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
-    return Plan(cluster, specs, args.local, work.sweep, sweep_dir, record)
+    return Plan(cluster, specs, request.local, work.sweep, sweep_dir, record)
 
 
 def job_spec(
@@ -138,50 +137,50 @@ def job_spec(
     return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
 
 
-def load_cluster_for(args: argparse.Namespace, sections: tuple[str, ...]) -> ClusterConfig:
+def load_cluster_for(request: SubmitRequest, sections: tuple[str, ...]) -> ClusterConfig:
     """The cluster profile (with --set cluster.* values), checked against what the command line asks;
     --set may name the cluster section and `sections` (and the sweep's, with --sweep)."""
-    overrides = overrides_from_args(args)
-    if args.profile and ACCT_GATHER_PROFILE.fullmatch(args.profile) and not os.path.exists(args.profile):
+    profile, overrides = request.profile, request.overrides
+    if profile and ACCT_GATHER_PROFILE.fullmatch(profile) and not os.path.exists(profile):
         raise UsageError(
-            f"command line: --profile {args.profile}: here --profile names the cluster profile (perlmutter, local or "
-            f"a YAML); sbatch's --profile (acct_gather_profile) goes as --sbatch profile={args.profile}"
+            f"command line: --profile {profile}: here --profile names the cluster profile (perlmutter, local or "
+            f"a YAML); sbatch's --profile (acct_gather_profile) goes as --sbatch profile={profile}"
         )
     for dotted, _, source in overrides:
-        require_section(dotted, sections + ("cluster",) + (("sweep",) if args.sweep else ()), source)
+        require_section(dotted, sections + ("cluster",) + (("sweep",) if request.sweep else ()), source)
     cluster = load_cluster(
-        args.profile or ("local" if args.local else "perlmutter"), [o for o in overrides if o[0].startswith("cluster.")]
+        profile or ("local" if request.local else "perlmutter"), [o for o in overrides if o[0].startswith("cluster.")]
     )
-    if args.local and cluster.max_nodes < args.nodes:
-        raise UsageError(f"command line: --nodes {args.nodes}: --local runs on this machine only (1 node)")
-    if args.max_parallel is not None and args.max_parallel < 1:
-        raise UsageError(f"command line: --max-parallel {args.max_parallel}: must be >= 1")
-    if not args.local and cluster.scheduler != "slurm":
+    if request.local and cluster.max_nodes < request.nodes:
+        raise UsageError(f"command line: --nodes {request.nodes}: --local runs on this machine only (1 node)")
+    if request.max_parallel is not None and request.max_parallel < 1:
+        raise UsageError(f"command line: --max-parallel {request.max_parallel}: must be >= 1")
+    if not request.local and cluster.scheduler != "slurm":
         raise UsageError(f"profile {cluster.name!r}: scheduler is {cluster.scheduler!r}; use --local")
-    if not args.local and not args.dry_run and args.allocation is None and not shutil.which("sbatch"):
+    if not request.local and not request.dry_run and request.allocation is None and not shutil.which("sbatch"):
         raise UsageError("sbatch not found on this machine: submit from a Slurm login node, or run here with --local")
     return cluster
 
 
-def job_basics(args: argparse.Namespace, cluster: ClusterConfig) -> tuple[Request, Path]:
+def job_basics(request: SubmitRequest, cluster: ClusterConfig) -> tuple[Request, Path]:
     """What every job of a command line shares: a maker of checked job requests (nodes, GPUs per node,
     job name, where the shape came from), and the runs directory."""
-    time_min = args.time if args.time is not None else cluster.time_limit_min
-    if args.name is not None:
-        check_name(args.name, "command line: --name")
-    asked = job_options(args, os.environ)
-    if args.local or args.allocation is not None:
-        refuse_for_a_run_here(asked, args.allocation)
-    account = check_account(cluster, args.account, needed=not (args.dry_run or args.local or args.allocation))
+    time_min = request.time if request.time is not None else cluster.time_limit_min
+    if request.name is not None:
+        check_name(request.name, "command line: --name")
+    asked, here = request.options, request.allocation
+    if request.local or here is not None:
+        refuse_for_a_run_here(asked, here)
+    account = check_account(cluster, asked.account, needed=not (request.dry_run or request.local or here))
     asked = dataclasses.replace(asked, account=account)
-    runs_dir = runs_dir_for(args.runs_dir, cluster).absolute()
+    runs_dir = runs_dir_for(request.runs_dir, cluster).absolute()
     check_output_dir(runs_dir, "command line: --runs-dir")
 
-    def request(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
+    def job(nodes: int, gpus: int, job_name: str, source: str) -> JobRequest:
         check_request(cluster, nodes, gpus, time_min, source=source)
         return JobRequest(nodes, gpus, time_min, job_name, asked)
 
-    return request, runs_dir
+    return job, runs_dir
 
 
 def refuse_for_a_run_here(asked: JobOptions, allocation: Allocation | None) -> None:

@@ -11,7 +11,6 @@ toolkit's own training (--batch-size, --arch...) are refused: a command takes it
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import os
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.errors import UsageError
+from hpc.launch.submission.request import SubmitRequest
 from hpc.settings.config import Layers, parse_override, read_yaml
-from hpc.settings.flags import FLAGS, SWITCHES, overrides_from_args
 from hpc.settings.rankcommand import (
     BATCH_VARIABLE,
     RankCommand,
@@ -102,27 +101,27 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
     return name.strip(), [parse_override(f"v={word}")[1] for word in raw.split(",")]
 
 
-def layers_for(args: argparse.Namespace, sections: tuple[str, ...] | None) -> Layers:
+def layers_for(request: SubmitRequest, sections: tuple[str, ...] | None) -> Layers:
     """The sections a task takes (None: any; and the sweep's) from --config, --sweep and the flags."""
     layers = Layers()
-    if args.config:
-        layers.add_file(args.config, only=sections, flag="--config")
-    if args.sweep:
-        layers.add_file(args.sweep, only=(*sections, "sweep") if sections else None, flag="--sweep")
-    for dotted, value, source in overrides_from_args(args):
+    if request.config:
+        layers.add_file(request.config, only=sections, flag="--config")
+    if request.sweep:
+        layers.add_file(request.sweep, only=(*sections, "sweep") if sections else None, flag="--sweep")
+    for dotted, value, source in request.overrides:
         if not dotted.startswith("cluster."):  # the cluster profile takes those
             layers.set(dotted, value, source)
-    for text in getattr(args, "axis", None) or []:  # hpc.study run's: over the sweep file's own axes
+    for text in request.axes:  # hpc.study run's: over the sweep file's own axes
         name, values = parse_axis(text)
         layers.set("sweep.axes", {**(layers.values["sweep"].get("axes") or {}), name: values}, f"--axis {text}")
-    if sections == COMMAND_SECTIONS and args.no_profile:
+    if sections == COMMAND_SECTIONS and request.no_profile:
         layers.set("profiler.enabled", False, "--no-profile")
     return layers
 
 
-def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
+def training_points(request: SubmitRequest, cluster: ClusterConfig) -> Points:
     """The toolkit's training at every point: the run config with the point's data fraction and batch."""
-    layers = layers_for(args, None)
+    layers = layers_for(request, None)
     base = layers.run_config()  # validates the run config before anything is submitted
     watch: CommandConfig = layers.build("command")  # the training's task reads its hang bound only
     others = {
@@ -134,11 +133,11 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
             "command.hang_timeout_s of that section"
         )
     hang_timeout_s = watch.hang_timeout_s
-    sweep = layers.build("sweep") if args.sweep else None
+    sweep = layers.build("sweep") if request.sweep else None
     named = [axis for axis in (sweep.axes if sweep else ()) if "." not in axis]
     if named:
         raise UsageError(
-            f"{args.sweep}: sweep.axes.{named[0]}: a placeholder fills a command's words; the toolkit's training "
+            f"{request.sweep}: sweep.axes.{named[0]}: a placeholder fills a command's words; the toolkit's training "
             f"sweeps its config keys (e.g. train.lr, train.seed, model.arch)"
         )
     cwd = os.getcwd()
@@ -156,24 +155,24 @@ def training_points(args: argparse.Namespace, cluster: ClusterConfig) -> Points:
     return Points(task_for, sweep.name if sweep else base.model.arch, sweep, base.to_dict())
 
 
-def refuse_training_flags(args: argparse.Namespace) -> None:
+def refuse_training_flags(request: SubmitRequest) -> None:
     """The toolkit's own training's flags mean nothing to a command: one line naming the first given."""
-    for name in [*FLAGS, *(s for s in SWITCHES if s != "no_profile")]:
-        if getattr(args, name, None) not in (None, False):
-            raise UsageError(
-                f"command line: --{name.replace('_', '-')}: a flag of the toolkit's own training (hpc.train); "
-                "your command takes its own arguments after --"
-            )
+    if request.training_flags:
+        flag = "--" + request.training_flags[0].replace("_", "-")
+        raise UsageError(
+            f"command line: {flag}: a flag of the toolkit's own training (hpc.train); your command takes its own "
+            "arguments after --"
+        )
 
 
-def command_points(args: argparse.Namespace, cluster: ClusterConfig, words: list[str] | None) -> Points:
+def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[str] | None) -> Points:
     """A user's command at every point: its words verbatim, the section's args and env filled."""
-    layers = layers_for(args, COMMAND_SECTIONS)
+    layers = layers_for(request, COMMAND_SECTIONS)
     profiler = layers.build("profiler")
     section: CommandConfig = layers.build("command")
     argv = list(words) if words else list(section.run)
     if not argv:
-        where = f"; or command.run in {args.sweep}" if args.sweep else ""
+        where = f"; or command.run in {request.sweep}" if request.sweep else ""
         raise UsageError(f"command line: no command: give it after -- (e.g. -- python train.py){where}")
     cwd = Path(section.cwd or Path.cwd()).absolute()
     check_command(argv, cwd, in_image=bool(cluster.image))
@@ -181,9 +180,9 @@ def command_points(args: argparse.Namespace, cluster: ClusterConfig, words: list
         "command": {**dataclasses.asdict(section), "run": argv, "cwd": str(cwd)},
         "profiler": dataclasses.asdict(profiler),
     }
-    sweep = grid_for(layers, section, argv, args.sweep) if args.sweep else None
+    sweep = grid_for(layers, section, argv, request.sweep) if request.sweep else None
     if sweep is None:
-        check_unfilled(section, args)
+        check_unfilled(section, request.config)
 
     def task_for(point: Point | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
@@ -202,10 +201,11 @@ def command_points(args: argparse.Namespace, cluster: ClusterConfig, words: list
     return Points(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
 
 
-def check_unfilled(section: CommandConfig, args: argparse.Namespace) -> None:
-    """A point's field in a single job's words has no value: say so before anything runs."""
+def check_unfilled(section: CommandConfig, config: str | None) -> None:
+    """A point's field in a single job's words has no value: say so before anything runs (`config`: the
+    --config file its section came from)."""
     for word in (*section.args, *section.env.values()):
-        fill(word, {}, f"--config {args.config}: command", final=False)
+        fill(word, {}, f"--config {config}: command", final=False)
 
 
 def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: str) -> SweepConfig:

@@ -38,14 +38,15 @@ from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
 from hpc.core.rundir import SweepPaths, write_index, write_yaml
-from hpc.launch.batch import Allocation, allocation_here, allocation_step, allocation_words, run_in_allocation
+from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
-from hpc.launch.submission.sbatchflags import SLURM_GROUP, add_slurm_options, merge_sbatch_words
+from hpc.launch.submission.request import Allocation, SubmitRequest
+from hpc.launch.submission.sbatchflags import SLURM_GROUP, add_slurm_options, job_options, merge_sbatch_words
 from hpc.settings.cluster import ranks_per_node
-from hpc.settings.flags import add_training_flags
+from hpc.settings.flags import TRAINING_FLAGS, add_training_flags, overrides_from_args
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 
 log = logging.getLogger(__name__)
@@ -145,64 +146,85 @@ LOCAL_RANKS = 2  # --local without --gpus on a machine without a GPU: two CPU ra
 
 def parse_options(
     own: list[str], prog: str = "python -m hpc.submit", environ: Mapping[str, str] | None = None
-) -> argparse.Namespace:
+) -> SubmitRequest:
     """The command line's own options (before `--`), parsed and settled (`settle`)."""
     return settle(build_parser(prog).parse_args(own), prog, environ)
 
 
-def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | None) -> argparse.Namespace:
-    """`--sbatch KEY=VALUE` onto its flag; inside an interactive allocation (`environ`'s) hpc.submit's job
-    runs there (`args.allocation`; not with --local or --new-job), its shape the allocation's unless given;
-    --local's ranks, unless given, this machine's GPUs or two. What was chosen so goes to `args.notes`,
-    said once the plan holds (bad input stays one line)."""
+def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | None) -> SubmitRequest:
+    """The parsed options as one request: `--sbatch KEY=VALUE` onto its flag and sbatch's options checked;
+    inside an interactive allocation (`environ`'s) hpc.submit's job runs there (`allocation`; not with
+    --local or --new-job), its shape the allocation's unless given; --local's ranks, unless given, this
+    machine's GPUs or two. What was chosen so goes to `notes`, said once the plan holds (bad input stays
+    one line)."""
     merge_sbatch_words(args)
-    args.notes = []
+    notes = []
     here = allocation_here(environ) if environ is not None and not args.local else None
     if here is not None and study_prog(prog):
-        args.notes.append(
-            f"inside allocation {here.job_id} (salloc): the sweep's arrays go to Slurm as jobs of their own"
-        )
-    args.allocation = here if not study_prog(prog) and not args.new_job else None
-    if args.allocation is not None:
-        args.nodes = args.allocation.nodes if args.nodes is None else args.nodes
-        args.gpus = args.allocation.gpus if args.gpus is None else args.gpus
+        notes.append(f"inside allocation {here.job_id} (salloc): the sweep's arrays go to Slurm as jobs of their own")
+    allocation = here if not study_prog(prog) and not getattr(args, "new_job", False) else None
+    nodes, gpus = args.nodes, args.gpus
+    if allocation is not None:
+        nodes = allocation.nodes if nodes is None else nodes
+        gpus = allocation.gpus if gpus is None else gpus
         given = [f for f, v in (("-A", args.account), ("-q", args.qos), ("-p", args.partition), ("-t", args.time)) if v]
         if given:
-            args.notes.append(f"{', '.join(given)}: the allocation's own (salloc's); --new-job submits a job with them")
-    if args.nodes is None:  # -N's default: unset until here, where an allocation's may stand in
-        args.nodes = 1
-    if args.local and args.gpus is None and not study_prog(prog):  # a sweep's points have their own GPUs
+            notes.append(f"{', '.join(given)}: the allocation's own (salloc's); --new-job submits a job with them")
+    if args.local and gpus is None and not study_prog(prog):  # a sweep's points have their own GPUs
         found = count_here(os.environ if environ is None else environ)
-        args.gpus = found or LOCAL_RANKS
+        gpus = found or LOCAL_RANKS
         here_has = f"this machine's {found} GPU(s)" if found else f"no GPU here: {LOCAL_RANKS} CPU ranks"
-        args.notes.append(f"--local: {args.gpus} rank(s) (no --gpus; {here_has})")
-    return args
+        notes.append(f"--local: {gpus} rank(s) (no --gpus; {here_has})")
+    return SubmitRequest(
+        nodes=1 if nodes is None else nodes,  # -N's default: unset until here, where an allocation's may stand in
+        gpus=gpus,
+        time=args.time,
+        name=args.name,
+        options=job_options(args, os.environ),
+        profile=args.profile,
+        runs_dir=args.runs_dir,
+        config=args.config,
+        sweep=getattr(args, "sweep", None),  # hpc.study resubmit's is its directory's, set by the caller
+        axes=tuple(getattr(args, "axis", None) or ()),
+        overrides=tuple(overrides_from_args(args)),
+        training_flags=tuple(name for name in TRAINING_FLAGS if getattr(args, name, None) not in (None, False)),
+        no_profile=args.no_profile,
+        local=args.local,
+        dry_run=args.dry_run,
+        wait=args.wait,
+        max_parallel=args.max_parallel,
+        analysis_account=getattr(args, "analysis_account", None),
+        allocation=allocation,
+        notes=tuple(notes),
+    )
 
 
-def plan_for(argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None) -> tuple[Any, Plan]:
-    """The parsed options and the plan (your own command's after `--`, or the toolkit's training);
-    `into`: make_plan's (a resubmission)."""
+def plan_for(
+    argv: list[str] | None, prog: str = "python -m hpc.submit", into: Any = None
+) -> tuple[SubmitRequest, Plan]:
+    """The request and its plan (your own command's after `--`, or the toolkit's training); `into`:
+    make_plan's (a resubmission)."""
     own, words = split_command(sys.argv[1:] if argv is None else list(argv))
-    args = parse_options(own, prog, os.environ)
-    if not study_prog(prog) and args.sweep is not None:
+    request = parse_options(own, prog, os.environ)
+    if not study_prog(prog) and request.sweep is not None:
         raise UsageError(
-            f"--sweep {args.sweep}: a sweep is submitted by python -m hpc.study run {args.sweep} "
+            f"--sweep {request.sweep}: a sweep is submitted by python -m hpc.study run {request.sweep} "
             "(its job arrays, then the analysis job that writes its report)"
         )
-    plan = make_plan(args, words, into=into)
-    for note in args.notes:  # the plan holds: what was chosen for the user is said
+    plan = make_plan(request, words, into=into)
+    for note in request.notes:  # the plan holds: what was chosen for the user is said
         log.info(f"hpc: {note}", extra=TO_STDERR)
-    return args, plan
+    return request, plan
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, plan = plan_for(argv)
-    if args.allocation is not None:
-        return in_allocation(plan, args.allocation, args.dry_run)
-    if args.dry_run:
+    request, plan = plan_for(argv)
+    if request.allocation is not None:
+        return in_allocation(plan, request.allocation, request.dry_run)
+    if request.dry_run:
         print_plan(plan)
         return EXIT_OK
-    return execute(plan, wait=args.wait)
+    return execute(plan, wait=request.wait)
 
 
 def in_allocation(plan: Plan, here: Allocation, dry_run: bool) -> int:
