@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from analysis.records import (
     SPREAD_FIELDS,
     RankTotals,
@@ -111,7 +113,7 @@ def oom_record(run_dir: Path, summary: RunRecord) -> RunRow | None:
     if summary.outcome != Outcome.OOM or oom is None:
         return None
     cfg = summary.config or {}
-    batch = oom.get("batch_size_per_gpu")
+    batch = oom.batch_size_per_gpu
     return RunRow(
         run_dir=str(run_dir),
         outcome=Outcome.OOM,
@@ -120,16 +122,15 @@ def oom_record(run_dir: Path, summary: RunRecord) -> RunRow | None:
         batch_size_per_gpu=batch if is_count(batch) else None,
         gpus=summary.world_size,
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
-        oom=oom,
+        oom=msgspec.to_builtins(oom),
         gpu_line=gpu_line(summary),
     )
 
 
 def gpu_line(summary: RunRecord | None) -> str | None:
     """summary.json's line of the node's GPUs as NVML sampled them (hpc/core/gpusample.py), if any."""
-    gpus = summary.gpus if summary is not None else None
-    line = gpus.get("line") if gpus is not None else None
-    return line[:2000] if isinstance(line, str) else None
+    line = summary.gpus.line if summary is not None and summary.gpus is not None else None
+    return line[:2000] if line is not None else None
 
 
 def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[Any, int | None] | None = None) -> list[RankTotals]:

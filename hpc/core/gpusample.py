@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hpc.core.files import append_line, read_json, write_atomic
 
 log = logging.getLogger(__name__)
@@ -365,7 +367,18 @@ def gpu_line(records: list[dict[str, Any]], idle: list[str], none: list[str]) ->
     return f"GPUs (NVML): {said}" + (f"; allocated but idle (never {IDLE_UTIL_PCT:g}% busy): {named}" if idle else "")
 
 
-def summarize(folder: Path) -> dict[str, Any] | None:
+class GpuSummary(msgspec.Struct, kw_only=True):
+    """summary.json's `gpus`: each sampled GPU's figures (its node, what NVML names it, samples, means and
+    peaks), those allocated but idle ("nid001 GPU 2"), the nodes with none to sample, and the line said."""
+
+    sampled: bool
+    gpus: list[dict[str, Any]]
+    idle: list[str]
+    none: list[str]
+    line: str | None
+
+
+def summarize(folder: Path) -> GpuSummary | None:
     """summary.json's `gpus`: every sampled GPU's figures, those allocated but idle, the nodes with none
     to sample, and the verdict's line; None when no node wrote samples (an older run, sampling off)."""
     paths = sorted(folder.glob("*.jsonl"))
@@ -380,10 +393,4 @@ def summarize(folder: Path) -> dict[str, Any] | None:
         return None
     records = [gpus[key].record() for key in sorted(gpus)]
     idle = [f"{r['node']} GPU {r['index']}" for r in records if r["samples"] and r["util_max_pct"] < IDLE_UTIL_PCT]
-    return {
-        "sampled": bool(records),
-        "gpus": records,
-        "idle": idle,
-        "none": none,
-        "line": gpu_line(records, idle, none),
-    }
+    return GpuSummary(sampled=bool(records), gpus=records, idle=idle, none=none, line=gpu_line(records, idle, none))

@@ -67,6 +67,7 @@ from hpc.core.ending import (
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
 from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, with_value, write_atomic
+from hpc.core.gpusample import GpuSummary
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
 from hpc.core.rundir import RunPaths, is_count, read_checkpoint_info
@@ -263,6 +264,36 @@ class EarlierAttempt(msgspec.Struct):
     first: str | None  # the first rank to end badly, in a phrase
 
 
+class OomRecord(msgspec.Struct, kw_only=True):
+    """A CUDA out-of-memory error as its rank recorded it (hpc/training/oom.py oom_record, the training's and
+    a script's one recorder; in the rank's facts, and summary.json's `oom`): the allocator's first line, the
+    allocation it names, the device's memory (None off a GPU), the batch where known, the step it came in,
+    and the allocator's history dumped beside the run (`snapshot`, a file name) when asked."""
+
+    rank: int
+    message: str
+    batch_size_per_gpu: int | None = None
+    global_batch_size: int | None = None
+    requested_bytes: int | None = None
+    memory_fraction: float | None = None  # train.cuda_memory_fraction
+    device_total_bytes: int | None = None
+    device_free_bytes: int | None = None
+    limit_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    step: int | None = None
+    snapshot: str | None = None
+
+
+def oom_in(entry: Mapping[str, Any]) -> OomRecord | None:
+    """A rank's OOM record in its facts, decoded (None: none, or not that shape)."""
+    try:
+        return msgspec.convert(entry.get("oom"), OomRecord) if entry.get("oom") is not None else None
+    except msgspec.ValidationError as e:
+        log.warning(f"hpc: rank {entry.get('rank')}: its out-of-memory record ignored ({e})")
+        return None
+
+
 # summary.json's layout. A reader refuses another in one line (a later toolkit's file); a file written
 # before the field was added is of the first.
 SUMMARY_SCHEMA = 1
@@ -284,10 +315,10 @@ class RunRecord(msgspec.Struct, kw_only=True):
     failure: str | None = None
     profiled: bool = False
     config: dict[str, Any] | None = None
-    oom: dict[str, Any] | None = None
+    oom: OomRecord | None = None
     recovered: bool = False
     earlier: list[EarlierAttempt] = msgspec.field(default_factory=list)
-    gpus: dict[str, Any] | None = None
+    gpus: GpuSummary | None = None
     ranks: list[dict[str, Any]] = msgspec.field(default_factory=list)
     schema: int = SUMMARY_SCHEMA
 
@@ -379,7 +410,7 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dic
         if rank.get("kind") == RankEnd.RUNNING:
             rank.update(kind=RankEnd.LOST, message=LOST)
     world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
-    ooms = [r["oom"] for r in ranks if isinstance(r.get("oom"), dict)]
+    ooms = [oom for oom in map(oom_in, ranks) if oom is not None]
     profiler = (config or {}).get("profiler") or {}
     hook: dict[str, Any] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
     return RunRecord(

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
+import msgspec
 import torch
 
 from hpc.core.errors import EXIT_OOM
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import attempt_of, write_facts, write_run_summary
+from hpc.core.summary import OomRecord, attempt_of, write_facts, write_run_summary
 from hpc.settings.schema import RunConfig
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
@@ -73,34 +73,34 @@ def oom_record(
     fraction: float | None,
     snapshot: bool,
     step: int | None,
-) -> dict[str, Any]:
+) -> OomRecord:
     """The record of an OOM, the one recorder of the toolkit's training and a script's start-up hook
     (hpc/training/hook/scriptoom.py): the allocator's first line, the allocation it names, the device's
     memory, the batch where known, the step it came in, and with `snapshot` (profiler.memory_snapshot) on a
     GPU the allocator's history dumped beside the run (RUN/memory_snapshot.rank{R}.pickle)."""
     text = str(error).strip()
     message = text.splitlines()[0] if text else type(error).__name__
-    oom: dict[str, Any] = {
-        "rank": rank,
-        "batch_size_per_gpu": per_gpu,
-        "global_batch_size": per_gpu * world if per_gpu else None,
-        "requested_bytes": requested_bytes(message),
-        "memory_fraction": fraction,
-        **device_memory(cuda, fraction),
-        "message": message[:500],
-        "step": step,
-        "snapshot": None,
-    }
+    snapshot_name = None
     if snapshot and cuda:
         path = paths.memory_snapshot(rank)
         torch.cuda.memory._dump_snapshot(str(path))
-        oom["snapshot"] = path.name
-    return oom
+        snapshot_name = path.name
+    return OomRecord(
+        rank=rank,
+        message=message[:500],
+        batch_size_per_gpu=per_gpu,
+        global_batch_size=per_gpu * world if per_gpu else None,
+        requested_bytes=requested_bytes(message),
+        memory_fraction=fraction,
+        **device_memory(cuda, fraction),
+        step=step,
+        snapshot=snapshot_name,
+    )
 
 
 def record_oom(
     error: BaseException, cfg: RunConfig, paths: RunPaths, rank: int, world: int, cuda: bool, step: int | None
-) -> dict[str, Any]:
+) -> OomRecord:
     """The training's OOM: its record (oom_record) in this rank's facts, then summary.json (outcome "oom")."""
     tc = cfg.train
     per_gpu = tc.batch_size if tc.batch_scope == "per_gpu" else tc.batch_size // max(world, 1)
@@ -115,7 +115,7 @@ def record_oom(
             "attempt": attempt_of(os.environ),
             "exit_code": EXIT_OOM,
             "complete": False,
-            "oom": oom,
+            "oom": msgspec.to_builtins(oom),
             "config": cfg.to_dict(),
         },
     )
@@ -123,16 +123,16 @@ def record_oom(
     return oom
 
 
-def describe(oom: dict[str, Any]) -> str:
+def describe(oom: OomRecord) -> str:
     """One line for stderr."""
 
     def gib(n: float | None) -> str:
         return "?" if n is None else f"{n / 2**30:.2f} GiB"
 
-    limit = "" if oom.get("memory_fraction") is None else f" (train.cuda_memory_fraction {oom['memory_fraction']:g})"
+    limit = "" if oom.memory_fraction is None else f" (train.cuda_memory_fraction {oom.memory_fraction:g})"
     return (
-        f"CUDA out of memory at batch {oom['batch_size_per_gpu']} per GPU on rank {oom['rank']}: "
-        f"asked {gib(oom['requested_bytes'])} with {gib(oom['peak_allocated_bytes'])} allocated at the peak, "
-        f"limit {gib(oom.get('limit_bytes'))}{limit} of {gib(oom['device_total_bytes'])}"
-        + (f"; snapshot {oom['snapshot']}" if oom["snapshot"] else "")
+        f"CUDA out of memory at batch {oom.batch_size_per_gpu} per GPU on rank {oom.rank}: "
+        f"asked {gib(oom.requested_bytes)} with {gib(oom.peak_allocated_bytes)} allocated at the peak, "
+        f"limit {gib(oom.limit_bytes)}{limit} of {gib(oom.device_total_bytes)}"
+        + (f"; snapshot {oom.snapshot}" if oom.snapshot else "")
     )

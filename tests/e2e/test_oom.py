@@ -5,6 +5,7 @@ same torch.cuda.OutOfMemoryError the allocator raises); tests/gpu/test_gpu.py ma
 
 import json
 
+import msgspec
 import pytest
 
 from analysis.report.figures import plot_sweep
@@ -13,6 +14,7 @@ from analysis.report.tables import RUN_COLUMNS, render
 from conftest import run_module
 from hpc.core.errors import EXIT_OOM, UsageError
 from hpc.core.faults import Fault, parse_faults
+from hpc.core.summary import OomRecord
 from hpc.training.oom import describe, requested_bytes
 from trainrun import SMOKE, summary, train
 
@@ -53,14 +55,14 @@ def test_a_fault_hits_only_its_step_batch_and_world():
 
 
 def test_describe_names_batch_rank_and_memory():
-    oom = {"rank": 1, "batch_size_per_gpu": 2048, "requested_bytes": 2**25, "device_free_bytes": 70 * 2**30,
-           "device_total_bytes": 80 * 2**30, "limit_bytes": 2 * 2**30, "memory_fraction": 0.025,
-           "peak_allocated_bytes": 2**31 - 2**28, "snapshot": "memory_snapshot.rank1.pickle"}
+    oom = OomRecord(rank=1, message="CUDA out of memory.", batch_size_per_gpu=2048, requested_bytes=2**25,
+                    device_free_bytes=70 * 2**30, device_total_bytes=80 * 2**30, limit_bytes=2 * 2**30,
+                    memory_fraction=0.025, peak_allocated_bytes=2**31 - 2**28, snapshot="memory_snapshot.rank1.pickle")
     assert describe(oom) == ("CUDA out of memory at batch 2048 per GPU on rank 1: asked 0.03 GiB with 1.75 GiB "
                              "allocated at the peak, limit 2.00 GiB (train.cuda_memory_fraction 0.025) of 80.00 GiB; "
                              "snapshot memory_snapshot.rank1.pickle")
-    cpu = dict(oom, device_free_bytes=None, device_total_bytes=None, limit_bytes=None, memory_fraction=None,
-               peak_allocated_bytes=None, snapshot=None)
+    cpu = msgspec.structs.replace(oom, device_free_bytes=None, device_total_bytes=None, limit_bytes=None,
+                                  memory_fraction=None, peak_allocated_bytes=None, snapshot=None)
     assert describe(cpu) == ("CUDA out of memory at batch 2048 per GPU on rank 1: asked 0.03 GiB with ? allocated "
                              "at the peak, limit ? of ?")
 

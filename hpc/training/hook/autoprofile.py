@@ -35,8 +35,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import attempt_of, write_facts
+from hpc.core.summary import OomRecord, attempt_of, write_facts
 from hpc.training.steptimes import StepClock, Timeline, measures, startup_record
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
@@ -140,7 +142,7 @@ class StepHook:
         self.script_profiles: str | None = None  # why ours must not start: the script's own runs
         self.broken = False  # an error of ours turned the hook off
         self.listeners: list[Callable[[StepHook], None]] = []  # called after each counted step
-        self.oom: dict[str, Any] | None = None  # hpc/training/hook/scriptoom.py's record
+        self.oom: OomRecord | None = None  # hpc/training/hook/scriptoom.py's record
         self.rank = int(os.environ.get("RANK") or 0)
         self.world_size = 1
         self.cuda = False
@@ -308,7 +310,7 @@ class StepHook:
         if self.accelerate is not None:
             facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
             facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-        return {**facts, "oom": self.oom} if self.oom is not None else facts
+        return {**facts, "oom": msgspec.to_builtins(self.oom)} if self.oom is not None else facts
 
     def write(self) -> None:
         try:

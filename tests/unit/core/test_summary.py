@@ -255,3 +255,19 @@ def test_hpc_rank_refuses_a_task_json_it_cannot_read_in_one_line(tmp_path):
                               text=True, timeout=60)
         assert_one_line_error(proc, needles[name])
         assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_the_runs_oom_is_the_lowest_ranks_record_decoded_and_a_mistyped_one_is_none(tmp_path, caplog):
+    """Issue 73: summary.json's `oom` is an OomRecord (hpc/training/oom.py's recorder, the training's and a
+    script's); one that is not that shape is said and left out, never handed on as a dict."""
+    from hpc.core.summary import OomRecord
+
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    ended = exits(record(0, "oom", 5, attempt="3.0.0", exit_code=4), record(1, "oom", 6, attempt="3.0.0", exit_code=4))
+    oom = {"rank": 1, "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "batch_size_per_gpu": 512}
+    facts = {1: {"rank": 1, "attempt": "3.0.0", "oom": oom}, 0: {"rank": 0, "attempt": "3.0.0", "oom": {"rank": "x"}}}
+    summary = build_summary(paths, ended, facts)
+    assert summary.oom == OomRecord(rank=1, message=oom["message"], batch_size_per_gpu=512)
+    assert "rank 0: its out-of-memory record ignored" in caplog.text
+    assert build_summary(paths, ended, {0: facts[0]}).oom is None
