@@ -217,13 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     if req.dry_run:
         print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
         return EXIT_OK
-    write_task(RunPaths(run_dir), task)
+    paths = RunPaths(run_dir)
+    write_task(paths, task)
     log.info(
         f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
         f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}"
     )
     rc, terminated = run_step(step, env)
-    return requeue_after(task, run_dir, rc, terminated, env, cluster)
+    return requeue_after(task, paths, rc, terminated, env, cluster)
 
 
 def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
@@ -254,13 +255,13 @@ def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
 
 
 def requeue_after(
-    task: RankCommand, run_dir: Path, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
+    task: RankCommand, paths: RunPaths, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
 ) -> int:
     """The one requeue executor (hpc/launch/requeue.py) in this batch shell; its exit code. The budget:
     HPC_MAX_REQUEUES, else the profile's max_requeues."""
     budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
     step = (env.get("SLURM_JOB_ID") or "", rc, terminated)
-    return requeue_after_step(RunPaths(run_dir), task.requeue_codes, step, env, budget, "hpc.batch")
+    return requeue_after_step(paths, task.requeue_codes, step, env, budget, "hpc.batch")
 
 
 def allocation_step(here: Allocation, cluster: ClusterConfig, nodes: int, gpus: int, env: Mapping[str, str]) -> Step:
@@ -308,19 +309,20 @@ def run_in_allocation(
     the per-rank runner on every task), its end said as a followed run's, and hpc.submit's exit code. A run
     that stopped resumes with the same step again (an interactive job is not requeued)."""
     _, words, env = allocation_words(task, runs, cluster, step, exports, dry_run=False)
-    run_dir = Path(words[words.index("--run-dir") + 1])
+    paths = RunPaths(Path(words[words.index("--run-dir") + 1]))
+    run_dir = paths.root
     here = env.get("SLURM_JOB_ID", "")
-    write_task(RunPaths(run_dir), task)
+    write_task(paths, task)
     log.info(
         f"hpc.submit: inside allocation {here} (salloc): the run is one srun step there; run dir {run_dir}",
         extra=TO_STDERR,
     )
     rc = run_step_here(words, env)
-    summary = write_run_summary(RunPaths(run_dir), ended=True)
+    summary = write_run_summary(paths, ended=True)
     if summary is None:
         log.error(f"hpc.submit: the step ended (srun exit {rc}) before any rank started; see {run_dir}")
         return EXIT_FAILED
-    ended = print_ended(f"job {here}", RunPaths(run_dir), summary, numbers=True)
+    ended = print_ended(f"job {here}", paths, summary, numbers=True)
     if ended in RESUMABLE:
         log.info(f"hpc.submit: to resume it in an allocation: {shlex.join(words)}")
     return EXIT_CODES[ended]

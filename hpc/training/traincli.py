@@ -147,7 +147,8 @@ def train_or_oom(
     from hpc.training.trainer import Trainer
 
     stop = StopSignal.take(stop)  # the door's, installed before torch was imported
-    lock = RunLock(RunPaths(run_dir).lock)  # rank 0 takes it in the Trainer's set-up
+    paths = RunPaths(run_dir)
+    lock = RunLock(paths.lock)  # rank 0 takes it in the Trainer's set-up
     trainer = None
     try:
         trainer = Trainer(cfg, run_dir, dist, stop, lock, resume_from)
@@ -155,15 +156,15 @@ def train_or_oom(
     except torch.cuda.OutOfMemoryError as e:
         cuda = cfg.train.device != "cpu" and torch.cuda.is_available()
         step = trainer.state.step + 1 if trainer is not None else None  # the step it came in
-        oom = record_oom(e, cfg, RunPaths(run_dir), dist.rank, dist.world_size, cuda, step)
-        log.warning(f"hpc.train: {describe(oom)}; recorded in {RunPaths(run_dir).summary}")
+        oom = record_oom(e, cfg, paths, dist.rank, dist.world_size, cuda, step)
+        log.warning(f"hpc.train: {describe(oom)}; recorded in {paths.summary}")
         return EXIT_OOM
     except Exception as e:
         if REFUSED in str(e) and not isinstance(e, HpcError):  # said by the sealed store, through torch's C++
             raise StoreError(" ".join(str(e).split())[:300]) from None
         if isinstance(e, HpcError) or not is_peer_failure(e):
             raise
-        kept = keep_traceback(RunPaths(run_dir), dist.rank)
+        kept = keep_traceback(paths, dist.rank)
         lost = (
             trainer.peer_lost(e)
             if trainer is not None

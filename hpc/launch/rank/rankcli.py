@@ -89,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-grace-s", type=int, help="seconds from a stop to a kill (default: the profile's)")
     parser.add_argument("--outcome", action="store_true", help="print how the run ended, in one line, and exit")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    paths = RunPaths(Path(args.run_dir))
     if args.outcome:
-        return print_outcome(RunPaths(Path(args.run_dir)))
+        return print_outcome(paths)
     check_run_dir(args.run_dir)
     task = task_for(args, words)
-    paths = RunPaths(Path(args.run_dir))
     if words:
         write_task(paths, task)
     record = run_rank(task, paths.root).as_dict()
