@@ -279,20 +279,43 @@ def is_count(value: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+# checkpoints/last.json's layout; a reader refuses another in one line, and one without the field is of the first.
+CHECKPOINT_INFO_SCHEMA = 1
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class CheckpointInfo(msgspec.Struct, kw_only=True):
+    """checkpoints/last.json as read: the step last.pt holds and the run's last step; whether the run has
+    nothing left to do (`complete`; None in a file written before it said so), its epoch and why it was
+    written (a checkpoint's own fields: the training's checkpoint.py writes them, with its checksum)."""
+
+    step: Count
+    stop_at: Count
+    complete: bool | None = None
+    epoch: int | None = None
+    reason: str | None = None
+    schema: int = CHECKPOINT_INFO_SCHEMA
+
+
 def write_checkpoint_info(paths: RunPaths, info: Mapping[str, Any]) -> None:
     """What checkpoints/last.pt holds, for readers without torch (hpc.study status, the analysis)."""
-    write_atomic(paths.checkpoint_info, json.dumps(info, indent=2))
+    write_atomic(paths.checkpoint_info, json.dumps({**info, "schema": CHECKPOINT_INFO_SCHEMA}, indent=2))
 
 
-def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> dict[str, Any] | None:
-    """checkpoints/last.json, or None when absent or not a mapping with a `step` and `stop_at` count."""
+def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> CheckpointInfo | None:
+    """checkpoints/last.json decoded, or None when absent, not that shape or of another layout (warned)."""
     if not paths.checkpoint_info.exists():
         return None
     info = read_json(paths.checkpoint_info, warn)
-    if not isinstance(info, dict) or not is_count(info.get("step")) or not is_count(info.get("stop_at")):
-        warn(f"{paths.checkpoint_info}: ignored: expected a mapping with 'step' and 'stop_at' counts")
+    schema = info.get("schema", CHECKPOINT_INFO_SCHEMA) if isinstance(info, dict) else CHECKPOINT_INFO_SCHEMA
+    if type(schema) is not int or schema != CHECKPOINT_INFO_SCHEMA:
+        warn(f"{paths.checkpoint_info}: ignored: schema {schema!r:.40}, and this toolkit reads schema 1")
         return None
-    return info
+    try:
+        return msgspec.convert(info, CheckpointInfo) if info is not None else None
+    except msgspec.ValidationError as e:
+        warn(f"{paths.checkpoint_info}: ignored: {with_value(info, str(e))}")
+        return None
 
 
 # ----------------------------------------------------------------------------------------------

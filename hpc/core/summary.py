@@ -621,13 +621,13 @@ def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:
     info = read_checkpoint_info(paths, warn)
     step_said = _summary_step(summary)
     if leaves == Outcome.OOM:
-        return RunState(leaves, info["step"] if info else None, info["stop_at"] if info else None, True, said)
+        return RunState(leaves, info.step if info else None, info.stop_at if info else None, True, said)
     if info is None:  # no checkpoint to compare with (or one written before last.json existed): the summary says
         kept = leaves if leaves in (Outcome.DONE, Outcome.STOPPED) else None
         return RunState(kept, step_said, None, written is not None, said)
-    step_saved, stop_at = int(info["step"]), int(info["stop_at"])
+    step_saved, stop_at = info.step, info.stop_at
     # At the last step but its epoch's end (evaluation, record) still owed: not done. Older files lack it.
-    done = info["complete"] if isinstance(info.get("complete"), bool) else step_saved >= stop_at
+    done = info.complete if info.complete is not None else step_saved >= stop_at
     written_said = written.outcome if written is not None else None
     current = written is not None and _summary_step(written) == step_saved and (written_said == Outcome.DONE) == done
     return RunState(Outcome.DONE if done else Outcome.STOPPED, step_saved, stop_at, current, said)

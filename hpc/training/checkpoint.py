@@ -293,7 +293,7 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.wait()
         info = read_checkpoint_info(self.paths)
-        return int(info["step"]) if info is not None else self.saved_step
+        return info.step if info is not None else self.saved_step
 
     @property
     def latest_step(self) -> int | None:

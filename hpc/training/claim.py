@@ -74,7 +74,7 @@ def note_start(
             write_yaml(paths.config, config)
             if paths.checkpoint_info.exists():
                 paths.checkpoint_info.unlink()
-        elif (read_checkpoint_info(paths) or {}).get("step") != resumed["step"]:
+        elif (info := read_checkpoint_info(paths)) is None or info.step != resumed["step"]:
             write_checkpoint_info(paths, {**resumed, "stop_at": stop_at, "reason": "resumed"})
         step = resumed["step"] if resumed else 0
         dropped = truncate_metrics(paths.metrics, step, resumed["epoch"] if resumed else None)

@@ -131,12 +131,12 @@ def resume_command(run_dir: Path, ranks: int) -> str:
 def said_stopped(subs: list[Submitted], interrupts: Interrupts) -> int:
     """One line per stopped local run: what it kept and what resumes it. EXIT_PREEMPTED."""
     for sub in subs:
-        paths, resume = RunPaths(sub.run_dir), resume_command(sub.run_dir, sub.ranks)
+        paths, resume = sub.paths, resume_command(sub.run_dir, sub.ranks)
         info = read_checkpoint_info(paths)
         if info is not None:
             log.warning(
-                f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info['step']} of "
-                f"{info['stop_at']}; resume with: {resume}"
+                f"hpc: stopped ({interrupts.name}): {sub.run_dir} holds a checkpoint at step {info.step} of "
+                f"{info.stop_at}; resume with: {resume}"
             )
         elif sub.training:
             log.warning(
@@ -162,6 +162,11 @@ class Submitted(msgspec.Struct, frozen=True):
     point: Point | None = None
     ranks: int = 1  # the run's world size (for the command that resumes it)
     training: bool = False  # the toolkit's training, which says where its checkpoint is
+
+    @property
+    def paths(self) -> RunPaths:
+        """Its run directory's places."""
+        return RunPaths(self.run_dir)
 
     def ended(self, watch: QueueWatch | None) -> bool:
         """Whether the job has ended: submitit's done() here; on Slurm once squeue no longer lists it (see
@@ -212,7 +217,7 @@ class _LogFollower:
     def echo(self) -> None:
         for sub in self.subs:
             for stream in ("out", "err"):
-                self.copy(RunPaths(sub.run_dir).rank_stream(0, stream))
+                self.copy(sub.paths.rank_stream(0, stream))
 
     def copy(self, log: Path) -> None:
         if not log.exists():
@@ -252,7 +257,7 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
             (sub.run_dir.parent / "%j").rmdir()
     if follow and interrupts.signum is not None:
         for sub in subs:  # every task has ended, killed by a second stop or not: a rank still `running` is lost
-            paths = RunPaths(sub.run_dir)
+            paths = sub.paths
             with contextlib.suppress(OSError):
                 summary = write_run_summary(paths, ended=True)
                 if summary is not None and summary.outcome == Outcome.PREEMPTED:
@@ -277,7 +282,7 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     the first failing rank named with its code and last stderr line, and where everything is; a job that
     left no record failed outside its task (its log named). On Slurm a person's cancel (sacct's CANCELLED)
     is recorded as such: its ranks saw only a SIGTERM. Returns the outcome ("failed" for no record)."""
-    paths = RunPaths(sub.run_dir)
+    paths = sub.paths
     cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == SLURM_CANCELLED
     if cancel and paths.ranks.is_dir():
         with contextlib.suppress(OSError):

@@ -81,3 +81,28 @@ def test_the_index_written_says_its_layout(tmp_path):
                                                           "job_id": "3", "run_dir": "3"}])
     assert json.loads((tmp_path / "index.json").read_text())["schema"] == INDEX_SCHEMA == 1
     assert [p.job for p in read_index(tmp_path / "index.json")] == ["3"]
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ({"step": 4, "stop_at": 8}, None),  # written before the field: the first layout
+    ({"step": 4, "stop_at": 8, "schema": 1, "sha256": "ab", "epoch": 1}, None),
+    ({"step": 4, "stop_at": 8, "schema": 2}, "schema 2, and this toolkit reads schema 1"),
+    ({"step": -1, "stop_at": 8}, "step '-1': Expected `int` >= 0"),
+    ({"step": 4}, "missing required field `stop_at`"),
+    ([4, 8], "Expected `object`, got `array`"),
+])
+def test_the_checkpoints_info_is_decoded_or_refused_in_one_line(tmp_path, body, said):
+    from hpc.core.rundir import CheckpointInfo, RunPaths, read_checkpoint_info, write_checkpoint_info
+
+    paths = RunPaths(tmp_path)
+    paths.checkpoints.mkdir()
+    paths.checkpoint_info.write_text(json.dumps(body))
+    warned: list[str] = []
+    info = read_checkpoint_info(paths, warned.append)
+    if said is None:
+        assert info is not None and (info.step, info.stop_at, info.complete) == (4, 8, None) and warned == []
+        write_checkpoint_info(paths, {"step": 6, "stop_at": 8, "complete": False})
+        assert json.loads(paths.checkpoint_info.read_text())["schema"] == 1
+        assert read_checkpoint_info(paths) == CheckpointInfo(step=6, stop_at=8, complete=False)
+    else:
+        assert info is None and len(warned) == 1 and said in warned[0], warned
