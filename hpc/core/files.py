@@ -21,12 +21,15 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import yaml
 
 from hpc.core.errors import WriteError
 from hpc.core.owner import open_append, open_new
+
+T = TypeVar("T")
 
 Warn = Callable[[str], None]
 
@@ -130,6 +133,28 @@ def with_value(data: object, said: str) -> str:
         else:
             return said[:200]
     return f"{at.group(1).lstrip('.')} {str(value)[:40]!r}: {said[: at.start()][:160]}"
+
+
+def other_layout(data: object, reads: int) -> str | None:
+    """Why a JSON record of another layout (its `schema`: a later toolkit's file) is not read, in words;
+    None for one of layout `reads`, or one without the field (written before it was added: the first)."""
+    schema = data.get("schema", reads) if isinstance(data, dict) else reads
+    if type(schema) is int and schema == reads:
+        return None
+    return f"schema {schema!r:.40}, and this toolkit reads schema {reads}"
+
+
+def decoded(data: object, kind: type[T], reads: int, where: str, warn: Warn) -> T | None:
+    """A JSON value (read_json's) as the struct `kind` of layout `reads`; None when it is of another layout or
+    not that shape, said through `warn` in one line naming `where`, the place and its bad value."""
+    why = other_layout(data, reads)
+    if why is None:
+        try:
+            return msgspec.convert(data, kind)
+        except msgspec.ValidationError as e:
+            why = with_value(data, str(e))
+    warn(f"{where}: ignored: {why}")
+    return None
 
 
 _MERGE = "tag:yaml.org,2002:merge"

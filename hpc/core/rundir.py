@@ -53,7 +53,18 @@ from typing import Annotated, Any, Protocol, overload
 
 import msgspec
 
-from hpc.core.files import Warn, append_line, dump_yaml, ignore, is_temp_name, read_json, with_value, write_atomic
+from hpc.core.files import (
+    Warn,
+    append_line,
+    decoded,
+    dump_yaml,
+    ignore,
+    is_temp_name,
+    other_layout,
+    read_json,
+    with_value,
+    write_atomic,
+)
 
 CONFIG = "config.yaml"
 SUBMITTED = "submitted.yaml"
@@ -307,15 +318,8 @@ def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> CheckpointInfo
     if not paths.checkpoint_info.exists():
         return None
     info = read_json(paths.checkpoint_info, warn)
-    schema = info.get("schema", CHECKPOINT_INFO_SCHEMA) if isinstance(info, dict) else CHECKPOINT_INFO_SCHEMA
-    if type(schema) is not int or schema != CHECKPOINT_INFO_SCHEMA:
-        warn(f"{paths.checkpoint_info}: ignored: schema {schema!r:.40}, and this toolkit reads schema 1")
-        return None
-    try:
-        return msgspec.convert(info, CheckpointInfo) if info is not None else None
-    except msgspec.ValidationError as e:
-        warn(f"{paths.checkpoint_info}: ignored: {with_value(info, str(e))}")
-        return None
+    where = str(paths.checkpoint_info)
+    return decoded(info, CheckpointInfo, CHECKPOINT_INFO_SCHEMA, where, warn) if info is not None else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,9 +445,9 @@ def read_sweep_index(path: Path, warn: Warn = ignore) -> SweepIndex:
     if not isinstance(index, dict) or not isinstance(index.get("points"), list):
         warn(f"{path}: ignored: expected a mapping with a 'points' list")
         return SweepIndex([])
-    schema = index.get("schema", INDEX_SCHEMA)
-    if type(schema) is not int or schema != INDEX_SCHEMA:
-        warn(f"{path}: ignored: schema {schema!r:.40}, and this toolkit reads schema {INDEX_SCHEMA}")
+    why = other_layout(index, INDEX_SCHEMA)
+    if why is not None:
+        warn(f"{path}: ignored: {why}")
         return SweepIndex([])
     points = []
     for i, point in enumerate(index["points"]):

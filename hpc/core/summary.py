@@ -46,7 +46,7 @@ import re
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -66,11 +66,11 @@ from hpc.core.ending import (
     run_outcome,
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
-from hpc.core.files import Warn, ignore, load_yaml_text, read_json, temp_name, with_value, write_atomic
+from hpc.core.files import Warn, decoded, ignore, load_yaml_text, read_json, temp_name, write_atomic
 from hpc.core.gpusample import GpuSummary
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
-from hpc.core.rundir import RunPaths, is_count, read_checkpoint_info
+from hpc.core.rundir import Count, RunPaths, is_count, read_checkpoint_info
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     run_dir: str = ""
     command: list[str] | None = None
     point: dict[str, Any] | None = None
-    world_size: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    world_size: Count | None = None
     attempt: str | None = None
     outcome: Outcome | None = None
     failure: str | None = None
@@ -565,17 +565,7 @@ def read_summary(path: Path, warn: Warn = ignore) -> RunRecord | None:
     if not path.exists():
         return None
     data = read_json(path, warn)
-    if data is None:
-        return None
-    schema = data.get("schema", SUMMARY_SCHEMA) if isinstance(data, dict) else SUMMARY_SCHEMA
-    if type(schema) is not int or schema != SUMMARY_SCHEMA:
-        warn(f"{path}: ignored: schema {schema!r:.40}, and this toolkit reads schema {SUMMARY_SCHEMA}")
-        return None
-    try:
-        return msgspec.convert(data, RunRecord)
-    except msgspec.ValidationError as e:
-        warn(f"{path}: ignored: not a summary ({with_value(data, str(e))})")
-        return None
+    return decoded(data, RunRecord, SUMMARY_SCHEMA, str(path), warn) if data is not None else None
 
 
 # How a run stands, from its directory alone (hpc.train decides with it that a finished run whose summary

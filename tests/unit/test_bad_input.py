@@ -432,8 +432,8 @@ def test_bad_events_are_skipped_and_the_rest_analysed(hostile_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("run, warning", [
-    ("run_bad_summary", "summary.json: ignored: not a summary (Expected `object`, got `array`)"),
-    ("run_bad_ranks", "summary.json: ignored: not a summary (world_size 'two': Expected `int | null`, got `str`)"),
+    ("run_bad_summary", "summary.json: ignored: Expected `object`, got `array`"),
+    ("run_bad_ranks", "summary.json: ignored: world_size 'two': Expected `int | null`, got `str`"),
 ])
 def test_a_summary_of_the_wrong_shape_is_reported_and_the_traces_still_analysed(run, warning, hostile_dir, monkeypatch):
     h, _ = hostile_dir
