@@ -95,14 +95,18 @@ def ranks_of(summary: RunRecord | None) -> list[dict[str, Any]]:
     return summary.ranks if summary is not None else []
 
 
+def config_of(summary: RunRecord | None) -> dict[str, Any]:
+    """The run config summary.json records (the toolkit's training's); {} for a command or without one."""
+    return (summary.config if summary is not None else None) or {}
+
+
 def step_mode(summary: RunRecord | None) -> str | None:
     """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
     written before it had one, its config."""
     first = first_rank(summary)
     if first.get("step_mode") in ("eager", "graph"):
         return str(first["step_mode"])
-    cfg = summary.config if summary is not None else None
-    train = cfg.get("train") if cfg is not None else None
+    train = config_of(summary).get("train")
     graphed = train.get("cuda_graph") if isinstance(train, dict) else None
     return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
 
@@ -202,7 +206,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
     """The run's record: what it was (from its summary), its ranks' numbers spread over ranks, and what
     comparing the ranks shows (imbalance, skew, straggler); not yet judged (explain/verdict.py judged_run)."""
     ranks = rank_totals(records, steps_per_epoch_by_rank(summary))
-    cfg = (summary.config if summary is not None else None) or {}
+    cfg = config_of(summary)
     first = first_rank(summary)
     step_times = [r.step_time_us_mean for r in ranks if r.step_time_us_mean]
     straggler_rank, straggler_share = straggler(records)
@@ -325,7 +329,7 @@ def model_facts(summary: RunRecord | None) -> dict[str, Any]:
     """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
     first = first_rank(summary)
-    amp = config_value((summary.config if summary is not None else None) or {}, "train", "amp", str)
+    amp = config_value(config_of(summary), "train", "amp", str)
     device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
     flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")
     return {

@@ -51,9 +51,8 @@ def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> t
     return dataclasses.asdict(layers.build("profiler")), command.hang_timeout_s
 
 
-def task_for(args: Any, words: list[str]) -> RankCommand:
-    """The task to run: the words after --, or the run directory's task.json."""
-    paths = RunPaths(Path(args.run_dir))
+def task_for(args: Any, words: list[str], paths: RunPaths) -> RankCommand:
+    """The task to run: the words after --, or the run directory's task.json (`paths`: --run-dir's)."""
     if words:
         check_command(words, Path.cwd(), in_image=False)
         profiler, hang_timeout_s = command_sections(args.config, args.no_profile, args.set)
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.outcome:
         return print_outcome(paths)
     check_run_dir(args.run_dir)
-    task = task_for(args, words)
+    task = task_for(args, words, paths)
     if words:
         write_task(paths, task)
     record = run_rank(task, paths.root).as_dict()
