@@ -5,8 +5,11 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import msgspec
+
 from hpc.core.ending import RankExit, encode_exit
 from hpc.core.rundir import RunPaths
+from hpc.core.summary import RankEntry, RunRecord
 from hpc.settings.rankcommand import user_command
 
 
@@ -22,3 +25,13 @@ def recorded_run(root: Path, records: Iterable[RankExit], facts: Iterable[Mappin
     for fact in facts:
         paths.rank_facts(fact["rank"]).write_text(json.dumps(fact))
     return paths
+
+
+def entries(ranks: Iterable[Mapping]) -> list[RankEntry]:
+    """summary.json's rank entries decoded from the mappings a test writes, as read_summary decodes them."""
+    return [msgspec.convert(r, RankEntry) for r in ranks]
+
+
+def summary_of(**fields: object) -> RunRecord:
+    """A RunRecord decoded from summary.json's fields as a test writes them (its ranks as mappings)."""
+    return msgspec.convert(fields, RunRecord)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
 
 from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import LOSS_PARTS, memory_category_figure, pyplot, save_figure
 from analysis.runs.ranks import own_series
 from hpc.core.owner import make_dirs
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import RunRecord, read_summary
+from hpc.core.summary import RankEntry, RunRecord, read_summary
 
 MAX_LINES = 8  # ranks drawn one line each; beyond, the slowest MAX_LINES - 1 and the fastest
 TOP = 10  # operators and kernels a bar chart names
@@ -52,9 +51,9 @@ def drawn_ranks(series: dict[int, dict[int, float]]) -> list[int]:
     return sorted({*by_median[-(MAX_LINES - 1) :], by_median[0]})
 
 
-def step_time_figure(ranks: list[dict[str, Any]], out_dir: Path) -> Path | None:
+def step_time_figure(ranks: list[RankEntry], out_dir: Path) -> Path | None:
     """Each rank's own work per step over the steps (ms)."""
-    series = {r["rank"]: s for r in ranks if isinstance(r, dict) and (s := own_series(r))}
+    series = {r.rank: s for r in ranks if (s := own_series(r))}
     if not series:
         return None
     fig, ax = pyplot().subplots(figsize=(6, 4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,13 @@ from analysis.records import (
 from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
 from hpc.core.ending import Outcome, PointState
 from hpc.core.rundir import RunPaths, is_count, read_metrics
-from hpc.core.summary import RunRecord, current_summary
+from hpc.core.summary import RankEntry, RunRecord, current_summary
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
 
 
-def number_or_none(value: Any) -> Any:
-    return value if type(value) in (int, float) and math.isfinite(value) else None
+def number_or_none(value: object) -> float | int | None:
+    return value if (type(value) is int or type(value) is float) and math.isfinite(value) else None
 
 
 def _sum_or_none(values: list[Any]) -> Any:
@@ -47,7 +48,7 @@ def fold_run(
 ) -> tuple[list[TraceRecord], RunRow | None, bool]:
     """A run's per-trace records with its summary attached, its run-level record (None: no trace), and
     whether that record has timings to judge (not a run out of memory)."""
-    by_rank_summary = {r["rank"]: r for r in ranks_of(summary)}
+    by_rank_summary = {r.rank: r for r in ranks_of(summary)}
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if summary is not None else None
@@ -56,46 +57,41 @@ def fold_run(
     return records, run_record(run_dir, records, summary), True
 
 
-def with_summary(rec: TraceRecord, rank_summary: dict[str, Any]) -> TraceRecord:
+def with_summary(rec: TraceRecord, rank_summary: RankEntry) -> TraceRecord:
     """The record with what summary.json knows about its rank: the peak RSS, and the profiler's own
     totals for the same cycle (trace i <-> cycle i), for cross-checking."""
-    profiler = _of_type(rank_summary.get("profiler"), dict, {})
-    names = _of_type(profiler.get("traces"), list, [])
-    cycles = _of_type(profiler.get("cycles"), list, [])
+    profiler = rank_summary.profiler
+    names, cycles = (profiler.traces, profiler.cycles) if profiler is not None else ([], [])
     name = Path(rec.file).name
     key_averages = rec.key_averages
-    if name in names and names.index(name) < len(cycles) and isinstance(cycles[names.index(name)], dict):
+    if name in names and names.index(name) < len(cycles):
         cycle = cycles[names.index(name)]
         key_averages = {
             k: number_or_none(cycle.get(k))
             for k in ("self_cpu_time_total_us", "self_device_time_total_us", "conv2d_calls")
         }
-    return dataclasses.replace(
-        rec, peak_cpu_mem_bytes=number_or_none(rank_summary.get("peak_rss_bytes")), key_averages=key_averages
-    )
+    return dataclasses.replace(rec, peak_cpu_mem_bytes=rank_summary.peak_rss_bytes, key_averages=key_averages)
 
 
-def _of_type(value: Any, kind: type, default: Any) -> Any:
-    return value if isinstance(value, kind) else default
-
-
-def config_value(cfg: dict[str, Any], section: str, key: str, kind: Any) -> Any:
+def config_value(cfg: Mapping[str, object], section: str, key: str, kind: type | tuple[type, ...]) -> Any:
     body = cfg.get(section)
     value = body.get(key) if isinstance(body, dict) else None
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def first_rank(summary: RunRecord | None) -> dict[str, Any]:
-    """Rank 0's record in summary.json, where the run-wide facts are; {} without one."""
-    return summary.first_rank if summary is not None else {}
+def first_rank(summary: RunRecord | None) -> RankEntry:
+    """Rank 0's record in summary.json, where the run-wide facts are; an empty one (rank 0, nothing said)
+    without one."""
+    first = summary.first_rank if summary is not None else None
+    return first if first is not None else RankEntry(rank=0)
 
 
-def ranks_of(summary: RunRecord | None) -> list[dict[str, Any]]:
+def ranks_of(summary: RunRecord | None) -> list[RankEntry]:
     """summary.json's rank records; none without one."""
     return summary.ranks if summary is not None else []
 
 
-def config_of(summary: RunRecord | None) -> dict[str, Any]:
+def config_of(summary: RunRecord | None) -> Mapping[str, object]:
     """The run config summary.json records (the toolkit's training's); {} for a command or without one."""
     return (summary.config if summary is not None else None) or {}
 
@@ -103,9 +99,9 @@ def config_of(summary: RunRecord | None) -> dict[str, Any]:
 def step_mode(summary: RunRecord | None) -> str | None:
     """How the run's steps ran, eager or graph (train.cuda_graph): summary.json's fact, or for a summary
     written before it had one, its config."""
-    first = first_rank(summary)
-    if first.get("step_mode") in ("eager", "graph"):
-        return str(first["step_mode"])
+    said = first_rank(summary).step_mode
+    if said is not None:
+        return said
     train = config_of(summary).get("train")
     graphed = train.get("cuda_graph") if isinstance(train, dict) else None
     return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
@@ -175,12 +171,12 @@ def steps_per_epoch_by_rank(summary: RunRecord | None) -> dict[Any, int | None]:
     the sampler gives each rank ceil(images / ranks) images)."""
     out = {}
     for r in ranks_of(summary):
-        value = r.get("steps_per_epoch")
-        if not is_count(value):
-            counts = [r.get(k) for k in ("train_images", "world_size", "batch_size_per_gpu")]
-            known = [v for v in counts if type(v) is int and v > 0]
+        value = r.steps_per_epoch
+        if value is None or not is_count(value):
+            counts = [r.train_images, r.world_size, r.batch_size_per_gpu]
+            known = [v for v in counts if v is not None and v > 0]
             value = math.ceil(math.ceil(known[0] / known[1]) / known[2]) if len(known) == 3 else None
-        out[r["rank"]] = value
+        out[r.rank] = value
     return out
 
 
@@ -197,8 +193,8 @@ def slowest_step(
     evidence = profiled_step_consistency(records, rank)
     if not evidence["holds"]:
         return None, f"profiled steps: {evidence['why_not']}"
-    record: dict[str, Any] = next((r for r in ranks_of(summary) if r.get("rank") == rank), {})
-    node = record.get("node") or record.get("hostname")
+    record = next((r for r in ranks_of(summary) if r.rank == rank), None)
+    node = record.node or record.hostname if record is not None else None
     return (f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"), None
 
 
@@ -220,10 +216,10 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
         ranks=len(ranks),
         arch=config_value(cfg, "model", "arch", str) or command_name(summary),
         step_mode=step_mode(summary),
-        batch_size_per_gpu=first.get("batch_size_per_gpu") if is_count(first.get("batch_size_per_gpu")) else None,
+        batch_size_per_gpu=first.batch_size_per_gpu if is_count(first.batch_size_per_gpu) else None,
         gpus=(summary.world_size if summary is not None else None) or len(ranks),
         data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
-        images_per_s=number_or_none(first.get("global_images_per_s")),
+        images_per_s=number_or_none(first.global_images_per_s),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
         outcome=outcome_of(summary),
         epoch_time_s=epoch_time_s(RunPaths(run_dir).metrics),
@@ -253,10 +249,10 @@ def why_no_trace(run_dir: Path) -> str | None:
     if not summary.profiled:
         return "the command ran with profiling off (--no-profile, or profiler.enabled: false)"
     ranks = summary.ranks
-    notes = [str(p["note"]) for r in ranks if isinstance(p := r.get("profiler"), dict) and p.get("note")]
+    notes = [p.note for r in ranks if (p := r.profiler) is not None and p.note]
     if notes:
         return notes[0]
-    steps = [int(r["steps"]) for r in ranks if is_count(r.get("steps"))]
+    steps = [r.steps for r in ranks if r.steps is not None and is_count(r.steps)]
     if not steps or max(steps) == 0:
         return (
             "no torch.optim optimizer step was seen (the profiler steps on torch's optimizer step hook; a script "
@@ -283,17 +279,17 @@ def command_name(summary: RunRecord | None) -> str | None:
     return Path(scripts[0] if scripts else str(words[0])).name[:60]
 
 
-def run_facts(first: dict[str, Any]) -> dict[str, Any]:
+def run_facts(first: RankEntry) -> dict[str, Any]:
     """What the ranks trained on, from rank 0's summary record: the device kind and the data."""
-    device = str(first["device"]) if isinstance(first.get("device"), str) else ""
-    source = first.get("data_source")
-    images = first.get("train_images")
+    device = first.device or ""
+    source = first.data_source
+    images = first.train_images
     return {
         "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
         "data_source": source if source in ("cifar100", "synthetic", "script") else None,
         "train_images": images if is_count(images) else None,
-        "wall_time_s": number_or_none(first.get("wall_time_s")),
-        **graph_check(first.get("graph_check")),
+        "wall_time_s": number_or_none(first.wall_time_s),
+        **graph_check(first.graph_check),
     }
 
 
@@ -311,17 +307,16 @@ def memory_by_category(summary: RunRecord | None) -> dict[str, Any]:
     (hpc/training/memcat.py); nothing where no cycle recorded them."""
     best: dict[str, Any] | None = None
     for rank in ranks_of(summary):
-        cycles = _of_type(_of_type(rank, dict, {}).get("profiler"), dict, {}).get("cycles")
-        for cycle in _of_type(cycles, list, []):
-            found = _of_type(_of_type(cycle, dict, {}).get("memory_categories"), dict, {})
-            peak, cats = found.get("peak_bytes"), found.get("categories")
+        for cycle in rank.profiler.cycles if rank.profiler is not None else []:
+            found = cycle.get("memory_categories")
+            peak, cats = (found.get("peak_bytes"), found.get("categories")) if isinstance(found, dict) else (None, None)
             if _bytes(peak) and isinstance(cats, dict) and all(_bytes(v) for v in cats.values()):
                 if best is None or peak > best["peak_mem_categorised_bytes"]:
                     best = {"peak_mem_categorised_bytes": peak, "peak_mem_by_category": dict(cats)}
     return best or {}
 
 
-def _bytes(value: Any) -> bool:
+def _bytes(value: object) -> bool:
     return type(value) is int and 0 <= value < 1 << 50
 
 
@@ -330,10 +325,10 @@ def model_facts(summary: RunRecord | None) -> dict[str, Any]:
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
     first = first_rank(summary)
     amp = config_value(config_of(summary), "train", "amp", str)
-    device = first.get("device_name") if isinstance(first.get("device_name"), str) else None
-    flops, batch = first.get("model_flops_per_image"), first.get("batch_size_per_gpu")
+    device = first.device_name
+    flops, batch = first.model_flops_per_image, first.batch_size_per_gpu
     return {
-        "flops_per_image": number_or_none(flops),
+        "flops_per_image": flops,
         "batch_size_per_gpu": batch if is_count(batch) else None,
         "device_name": device,
         "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),

@@ -9,9 +9,10 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from analysis.records import TraceRecord
+from hpc.core.summary import RankEntry
 
 
 def _by_rank_and_step(
@@ -64,12 +65,9 @@ SLOW_NODE_PART = 0.5
 MIN_OWN_STEPS = 3
 
 
-def _own_median_s(rank: dict[str, Any]) -> float | None:
-    stats = rank.get("own_step_time_s")
-    if not isinstance(stats, dict) or not isinstance(n := stats.get("n"), int) or n < MIN_OWN_STEPS:
-        return None
-    value = stats.get("median")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _own_median_s(rank: RankEntry) -> float | None:
+    stats = rank.own_step_time_s
+    return stats.median if stats is not None and stats.n >= MIN_OWN_STEPS else None
 
 
 # Ranks talk when a collective ran in at least this part of the intervals between their optimizer steps:
@@ -78,23 +76,22 @@ def _own_median_s(rank: dict[str, Any]) -> float | None:
 TALKING_SHARE = 0.5
 
 
-def separate_copies(ranks: list[dict[str, Any]]) -> str | None:
+def separate_copies(ranks: list[RankEntry]) -> str | None:
     """Why a run's ranks never waited for each other, in words, or None: two or more ranks, each said by its
     start-up hook to be in no process group at its first step (a DataParallel or single-process script
     started on every GPU), or to have run a collective in under TALKING_SHARE of its step intervals
     (a process group, no DDP: pytorch/examples' imagenet/main.py on a CPU). No imbalance is told of them."""
     if len(ranks) < 2:
         return None
-    said = [r.get("process_group") for r in ranks if "process_group" in r]
+    said = [r.process_group for r in ranks if r.process_group is not None]
     if said and not any(said):
         return f"{len(ranks)} ranks each trained a separate copy: no torch.distributed process group"
     counts: list[tuple[int, int]] = []
     for r in ranks:
-        c = r.get("collectives_in_steps")
-        n, w = (c.get("intervals"), c.get("with_collectives")) if isinstance(c, dict) else (None, None)
-        # counts, not bools or floats; n >= 0 would let (0, 0) in, and any() then says the same: not mutated
-        if type(n) is int and type(w) is int and n > 0 and w >= 0:  # pragma: no mutate
-            counts.append((n, w))
+        c = r.collectives_in_steps
+        # n >= 0 would let (0, 0) in, and any() then says the same: not mutated
+        if c is not None and c.intervals > 0 and c.with_collectives >= 0:  # pragma: no mutate
+            counts.append((c.intervals, c.with_collectives))
     if len(counts) < len(ranks):  # a rank that did not measure it (or said nonsense): not said
         return None
     if any(w >= TALKING_SHARE * n for n, w in counts):
@@ -166,10 +163,10 @@ def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: flo
 STARVED_PART = 0.5
 
 
-def starved(ranks: list[dict[str, Any]], candidate: Any, evidence: dict[str, Any]) -> str | None:
+def starved(ranks: list[RankEntry], candidate: Any, evidence: dict[str, Any]) -> str | None:
     """Why a straggler by wall time is a rank that waited for a core, in words; None where its wait for a
     core (own_step_series' queued_ms) explains under STARVED_PART of its excess, or is not known."""
-    queued = {r["rank"]: own_series(r, "queued_ms") for r in ranks if isinstance(r.get("rank"), int)}
+    queued = {r.rank: own_series(r, "queued_ms") for r in ranks}
     if not evidence.get("holds"):
         return None
     common, waits = _excesses(queued, candidate)  # none in common where a rank (or the candidate) has none
@@ -185,21 +182,21 @@ def starved(ranks: list[dict[str, Any]], candidate: Any, evidence: dict[str, Any
     )
 
 
-def own_series(rank: dict[str, Any], key: str = "ms") -> dict[int, float]:
+def own_series(rank: RankEntry, key: Literal["ms", "queued_ms"] = "ms") -> dict[int, float]:
     """{step: own work in seconds} of a rank's summary record (own_step_series, hpc/training/steptimes.py);
     `key` queued_ms: its wait for a core in the same spans."""
-    series = rank.get("own_step_series")
-    if not isinstance(series, dict) or type(first := series.get("first_step")) is not int:
+    series = rank.own_step_series
+    if series is None:
         return {}
-    values = series.get(key)
+    values = series.ms if key == "ms" else series.queued_ms
     return {
-        first + i: v / 1e3
-        for i, v in enumerate(values if isinstance(values, list) else [])
-        if type(v) in (int, float) and math.isfinite(v) and v >= 0
+        series.first_step + i: v / 1e3
+        for i, v in enumerate(values or [])
+        if v is not None and math.isfinite(v) and v >= 0
     }
 
 
-def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def slow_rank(ranks: list[RankEntry]) -> dict[str, Any] | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/steptimes.py's StepClock), against the
     other ranks' median (what they wait for it: with two ranks, the other's own work), and whether its
@@ -207,19 +204,19 @@ def slow_rank(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     `wait_share`: the part of a step the other ranks wait for it. None: under two ranks measured over
     MIN_OWN_STEPS steps or more. `holds`: the rule above (consistency), without which no straggler is named;
     `why_not` says why it does not hold."""
-    own = {r["rank"]: v for r in ranks if isinstance(r.get("rank"), int) and (v := _own_median_s(r)) is not None}
+    own = {r.rank: v for r in ranks if (v := _own_median_s(r)) is not None}
     if len(own) < 2:
         return None
-    node = {r["rank"]: str(r.get("node") or r.get("hostname") or "?") for r in ranks if r.get("rank") in own}
+    node = {r.rank: str(r.node or r.hostname or "?") for r in ranks if r.rank in own}
     slowest = max(own, key=lambda r: (own[r], -r))
     median = statistics.median([v for r, v in own.items() if r != slowest])
     mates = [v for r, v in own.items() if r != slowest and node[r] == node[slowest]]
     mates_median = statistics.median(mates) if mates else None
-    steps = [s["median"] for r in ranks if isinstance(s := r.get("step_time_s"), dict) and s.get("median")]
+    steps = [s.median for r in ranks if (s := r.step_time_s) is not None and s.median]
     step = statistics.median(steps) if steps else None
     excess = own[slowest] - median
-    evidence = consistency({r["rank"]: own_series(r) for r in ranks if r.get("rank") in own}, slowest, 1e3)
-    waited_for_a_core = starved([r for r in ranks if r.get("rank") in own], slowest, evidence)
+    evidence = consistency({r.rank: own_series(r) for r in ranks if r.rank in own}, slowest, 1e3)
+    waited_for_a_core = starved([r for r in ranks if r.rank in own], slowest, evidence)
     if waited_for_a_core:
         evidence = {**evidence, "holds": False, "why_not": waited_for_a_core}
     return {

@@ -31,7 +31,7 @@ from typing import Any
 from hpc.core.cli import Parser, counts, run
 from hpc.core.errors import EXIT_OK, UsageError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import read_summary
+from hpc.core.summary import RankEntry, StartupRecord, read_summary
 from hpc.training.steptimes import PHASES
 
 PER_NODE = 4
@@ -50,22 +50,24 @@ def job_start_unix(job: str) -> float:
     return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S"))
 
 
-def figures(ranks: list[dict[str, Any]], started: float) -> dict[str, float]:
+def figures(ranks: list[RankEntry], started: float) -> dict[str, float | None]:
     """The start-up of one job from its ranks' records (hpc/training/steptimes.py's startup_record)."""
-    s = [r["startup"] for r in ranks]
+    s = [r.startup or StartupRecord() for r in ranks]
     # the toolkit's training times its group's forming; a script's hook does not see it (None: not measured)
-    joined = [x for x in s if x.get("group_join_start_unix") is not None and x.get("group_join_s") is not None]
-    arrived = [x["group_join_start_unix"] for x in joined]
-    formed = max((x["group_join_start_unix"] + x["group_join_s"] for x in joined), default=None)
-    rss = [r["peak_rss_bytes"] / 2**20 for r in ranks if r.get("peak_rss_bytes")]
+    joined = [
+        (x.group_join_start_unix, x.group_join_s, x.process_start_unix or 0.0)
+        for x in s
+        if x.group_join_start_unix is not None and x.group_join_s is not None
+    ]
+    arrived = [began for began, _, _ in joined]
+    formed = max((began + span for began, span, _ in joined), default=None)
+    rss = [r.peak_rss_bytes / 2**20 for r in ranks if r.peak_rss_bytes]
     return {
-        "to_process_s": max(x["process_start_unix"] for x in s) - started,
-        "setup_s": statistics.median(a - x["process_start_unix"] for a, x in zip(arrived, joined, strict=True))
-        if joined
-        else None,
+        "to_process_s": max(x.process_start_unix or 0.0 for x in s) - started,
+        "setup_s": statistics.median(began - process for began, _, process in joined) if joined else None,
         "group_after_last_s": formed - max(arrived) if formed is not None else None,
-        "longest_wait_s": max((x["group_join_s"] for x in joined), default=None),
-        "to_first_step_s": max(x["first_step_end_unix"] for x in s) - started,
+        "longest_wait_s": max((span for _, span, _ in joined), default=None),
+        "to_first_step_s": max(x.first_step_end_unix or 0.0 for x in s) - started,
         "rss_median_mib": statistics.median(rss) if rss else 0.0,
         "rss_max_mib": max(rss) if rss else 0.0,
     }
@@ -75,19 +77,14 @@ def _shown(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def phase_spans(ranks: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+def phase_spans(ranks: list[RankEntry]) -> list[tuple[str, float, float]]:
     """Each start-up phase a rank recorded (summary.json's startup.phases, hpc/training/steptimes.py PHASES),
     as seconds since its process started: (phase, median over the ranks that saw it, the slowest rank's),
     in the phases' order; a phase no rank saw is left out (a script's hook sees fewer than the training)."""
     out = []
     for phase in PHASES[1:]:
-        since = [
-            p[phase] - p["process_start"]
-            for r in ranks
-            if isinstance(p := (r.get("startup") or {}).get("phases"), dict)
-            and p.get(phase) is not None
-            and p.get("process_start") is not None
-        ]
+        seen = [(r.startup.phases.get(phase), r.startup.phases.get("process_start")) for r in ranks if r.startup]
+        since = [at - began for at, began in seen if at is not None and began is not None]
         if since:
             out.append((phase, statistics.median(since), max(since)))
     return out

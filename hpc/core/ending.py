@@ -9,7 +9,7 @@ and the analysis. A leaf: nothing of the project but the exit codes; no torch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -156,26 +156,40 @@ def outcome(word: object) -> Outcome | None:
         return None
 
 
-def first_bad(ranks: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+class Ending(Protocol):
+    """A rank's end as the rule reads it: an exit record (RankExit) or summary.json's entry (RankEntry)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def kind(self) -> RankEnd: ...
+    @property
+    def ended_ns(self) -> int | None: ...
+
+
+E = TypeVar("E", bound=Ending)
+
+
+def first_bad(ranks: Iterable[E]) -> E | None:
     """The first rank to end failed or out of memory (an OOM first at the same moment), or None."""
-    bad = [r for r in ranks if r.get("kind") in (RankEnd.FAILED, RankEnd.OOM)]
-    return min(bad, key=lambda r: (r.get("ended_ns") or 0, r["kind"] != RankEnd.OOM, r["rank"])) if bad else None
+    bad = [r for r in ranks if r.kind in (RankEnd.FAILED, RankEnd.OOM)]
+    return min(bad, key=lambda r: (r.ended_ns or 0, r.kind != RankEnd.OOM, r.rank)) if bad else None
 
 
-def run_outcome(ranks: Iterable[Mapping[str, Any]], world_size: int, cancelled: bool = False) -> Outcome:
-    """The one rule from the ranks' ends (each a mapping with rank, kind, ended_ns) to the run's outcome:
+def run_outcome(ranks: Iterable[Ending], world_size: int, cancelled: bool = False) -> Outcome:
+    """The one rule from the ranks' ends (each with its rank, kind and ended_ns) to the run's outcome:
     done if every rank of the world ended ok; else a person's cancel, where the scheduler said so; else the
     first rank to end bad says failed or oom (a script's peers fail after its OOM); else preempted if a
     rank was stopped from outside; stopped if one saved and stopped; else running."""
     ranks = list(ranks)
-    kinds = {rank_end(r.get("kind")) for r in ranks}
+    kinds = {r.kind for r in ranks}
     if len(ranks) == world_size and kinds == {RankEnd.OK}:
         return Outcome.DONE
     if cancelled:  # the scheduler's word: its ranks saw only a SIGTERM, as in a preemption
         return Outcome.CANCELLED
     first = first_bad(ranks)
     if first is not None:
-        return Outcome.FAILED if first["kind"] == RankEnd.FAILED else Outcome.OOM
+        return Outcome.FAILED if first.kind == RankEnd.FAILED else Outcome.OOM
     if kinds & _STOPPED_FROM_OUTSIDE:
         return Outcome.PREEMPTED
     return Outcome.STOPPED if RankEnd.STOPPED in kinds else Outcome.RUNNING

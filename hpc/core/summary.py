@@ -44,9 +44,9 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -66,7 +66,7 @@ from hpc.core.ending import (
     run_outcome,
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
-from hpc.core.files import Warn, decoded, ignore, load_yaml_text, read_json, temp_name, write_atomic
+from hpc.core.files import Warn, decoded, ignore, load_yaml_text, read_json, temp_name, with_value, write_atomic
 from hpc.core.gpusample import GpuSummary
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
@@ -86,6 +86,186 @@ LOST = (
 )
 EARLIER_KEPT = 20  # earlier attempts in summary.json (their records all stay on disk)
 ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (which has no SUBMITIT_* variables)
+
+
+# ----------------------------------------------------------------------------------------------
+# The records: what a rank's task measured (RUN/ranks/rank{R}.facts.json), written by the task (the
+# toolkit's training, hpc/training/summary.py; a script's start-up hook, hpc/training/hook/autoprofile.py;
+# the one OOM recorder, hpc/training/oom.py) and decoded into RankFacts when read (read_facts); summary.json's
+# `ranks` are RankEntry's: the facts under the rank's exit record, with `complete`. Every field but `rank`
+# is optional: each task writes what it knows (a script's hook knows no batch size) and a reader finds None
+# where a task did not say. The nested records a profiler cycle or a config carry stay mappings of JSON
+# values (JsonObject): their keys are torch's and the config's, read where they are used.
+# ----------------------------------------------------------------------------------------------
+
+JsonObject = dict[str, object]  # a JSON object whose keys another owns (a config, a profiler cycle)
+Rank = Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]  # as rundir.is_count reads a rank
+
+
+class StepStats(msgspec.Struct, kw_only=True):
+    """Step times in seconds (hpc/training/steptimes.py step_time_stats): how many, their mean, median,
+    90th percentile and extremes (None where none was timed)."""
+
+    n: int = 0
+    mean: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class OwnSeries(msgspec.Struct, kw_only=True):
+    """The last steps' own work in ms, each in its place from `first_step` (None: not measured), and the
+    time the rank waited for a core in the same spans where measured (steptimes.own_work_series)."""
+
+    first_step: int = 0
+    ms: list[float | None] = msgspec.field(default_factory=list)
+    queued_ms: list[float | None] | None = None
+
+
+class StartupRecord(msgspec.Struct, kw_only=True):
+    """Where a rank's start-up went (steptimes.startup_record): Unix times and spans, and each phase's
+    Unix time (None where not seen)."""
+
+    process_start_unix: float | None = None
+    group_join_start_unix: float | None = None
+    group_join_s: float | None = None
+    first_step_end_unix: float | None = None
+    to_first_step_s: float | None = None
+    phases: dict[str, float | None] = msgspec.field(default_factory=dict)
+
+
+class TraceFailure(msgspec.Struct, kw_only=True):
+    """A trace the profiler could not write: its file, why, and the step."""
+
+    file: str | None = None
+    error: str | None = None
+    step: int | None = None
+
+
+class ProfilerFacts(msgspec.Struct, kw_only=True):
+    """What a rank's profiler did: each finished cycle's totals (torch's key averages, window peaks: keys
+    of torch's), the trace files it wrote, those it could not, and a script's note on why none."""
+
+    cycles: list[JsonObject] = msgspec.field(default_factory=list)
+    traces: list[str] = msgspec.field(default_factory=list)
+    failed: list[TraceFailure] = msgspec.field(default_factory=list)
+    note: str | None = None
+
+
+class Collectives(msgspec.Struct, kw_only=True):
+    """A script's step intervals, and how many of them held a collective (the hook's `collectives_in_steps`)."""
+
+    intervals: int
+    with_collectives: int
+
+
+class OomRecord(msgspec.Struct, kw_only=True):
+    """A CUDA out-of-memory error as its rank recorded it (hpc/training/oom.py oom_record, the training's and
+    a script's one recorder; in the rank's facts, and summary.json's `oom`): the allocator's first line, the
+    allocation it names, the device's memory (None off a GPU), the batch where known, the step it came in,
+    and the allocator's history dumped beside the run (`snapshot`, a file name) when asked."""
+
+    rank: int
+    message: str
+    batch_size_per_gpu: int | None = None
+    global_batch_size: int | None = None
+    requested_bytes: int | None = None
+    memory_fraction: float | None = None  # train.cuda_memory_fraction
+    device_total_bytes: int | None = None
+    device_free_bytes: int | None = None
+    limit_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    step: int | None = None
+    snapshot: str | None = None
+
+
+class RankFacts(msgspec.Struct, kw_only=True):
+    """A rank's facts file: who and where it is, what it ran, and what it measured (the training's and a
+    script's from the same clock: steptimes.RANK_MEASURES)."""
+
+    rank: Rank
+    world_size: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    hostname: str | None = None
+    node: str | None = None  # as Slurm names it
+    launcher: str | None = None
+    attempt: str | None = None  # which start of the job measured this
+    pid: int | None = None
+    master_addr: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    torch: str | None = None
+    backend: str | None = None
+    # the toolkit's training: its model, batch and data, and how its steps ran
+    arch: str | None = None
+    stem: str | None = None
+    batch_size_per_gpu: int | None = None
+    global_batch_size: int | None = None
+    data_fraction: float | None = None
+    data_source: str | None = None
+    step_mode: Literal["graph", "eager"] | None = None
+    graph_check: str | None = None  # "passed", or what failed where
+    graph_check_detail: JsonObject | None = None
+    graph_replays: int | None = None
+    ddp: bool | None = None
+    train_images: int | None = None
+    steps_per_epoch: int | None = None
+    model_flops_per_image: float | None = None
+    affinity: JsonObject | None = None
+    slurm: dict[str, str | None] | None = None
+    nccl_network: str | None = None
+    epochs_completed: int | None = None
+    weights_sha256: str | None = None
+    env: dict[str, str] | None = None
+    config: JsonObject | None = None
+    # where it stopped, and how its task exited
+    steps: int | None = None
+    exit_code: int | None = None
+    complete: bool | None = None
+    recovered: bool | None = None  # a rerun that only wrote a finished run's missing summary
+    # what it measured (steptimes.measures)
+    step_time_s: StepStats | None = None
+    own_step_time_s: StepStats | None = None
+    own_step_series: OwnSeries | None = None
+    startup: StartupRecord | None = None
+    step_time_after_profiler_s: StepStats | None = None
+    wall_time_s: float | None = None
+    cuda_max_memory_allocated_bytes: int | None = None
+    cuda_max_memory_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    images_per_s: float | None = None
+    global_images_per_s: float | None = None
+    profiler: ProfilerFacts | None = None
+    # a script's: whether it made a process group, its collectives, Accelerate's settings
+    process_group: bool | None = None
+    collectives_in_steps: Collectives | None = None
+    accelerate: dict[str, str] | None = None
+    mixed_precision: str | None = None
+    oom: OomRecord | None = None
+
+
+class RankEntry(RankFacts, kw_only=True):
+    """A rank's entry in summary.json: its facts, its exit record's fields over them (RankExit's), and
+    `complete` (it ended ok). A run without exit records (no runner) has its facts alone, `running`."""
+
+    kind: RankEnd = RankEnd.RUNNING
+    group: str | None = None
+    logs: dict[str, str] = msgspec.field(default_factory=dict)
+    command: list[str] | None = None
+    started_ns: int | None = None
+    ended_ns: int | None = None
+    signal: str | None = None
+    message: str | None = None
+    stderr_tail: list[str] = msgspec.field(default_factory=list)
+    signals_passed_on: list[str] | None = None
+    steps_seen: int | None = None
+    stop: str | None = None
+    hung: bool | None = None
+    orphaned: bool | None = None
+    leftovers_killed: bool | None = None
 
 
 def attempt_of(env: Mapping[str, str]) -> str:
@@ -115,15 +295,6 @@ def last_said(lines: list[str]) -> str | None:
     """What a failed rank said last: its last exception line where there is one (a process that raised and
     then aborted at its exit, as gloo's threads make it, still says why), else its last line."""
     return next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), lines[-1] if lines else None)
-
-
-def _records(folder: Path, suffix: str) -> list[dict[str, Any]]:
-    found = []
-    for path in sorted(folder.glob(f"rank*{suffix}")) if folder.is_dir() else []:
-        record = read_json(path)
-        if isinstance(record, dict) and is_count(record.get("rank")):
-            found.append(record)
-    return found
 
 
 def _exits(folder: Path) -> list[RankExit]:
@@ -166,18 +337,33 @@ def read_records(paths: RunPaths) -> list[RankExit]:
     return sorted((r for r in found if group_of(r) == newest), key=lambda r: r.rank)
 
 
-def read_facts(paths: RunPaths) -> dict[int, dict[str, Any]]:
-    """Every rank's facts (what its task measured), by rank."""
-    return {r["rank"]: r for r in _records(paths.ranks, ".facts.json")}
+def read_facts(paths: RunPaths) -> dict[int, RankFacts]:
+    """Every rank's facts (what its task measured), by rank, each decoded into RankFacts: a file not that
+    shape is no record (said); a mistyped OOM record in one is said and left out, the rest kept."""
+    found = {}
+    for path in sorted(paths.ranks.glob("rank*.facts.json")) if paths.ranks.is_dir() else []:
+        data = read_json(path)
+        if not isinstance(data, dict):
+            continue  # cut, or being written: no record yet
+        oom = oom_in(data, str(path))
+        try:
+            facts = msgspec.convert({**data, "oom": None}, RankFacts)
+        except msgspec.ValidationError as e:
+            log.warning(f"hpc: {path}: not a facts record ({with_value(data, str(e))})")
+            continue
+        facts.oom = oom
+        found[facts.rank] = facts
+    return found
 
 
-def write_facts(paths: RunPaths, facts: Mapping[str, Any]) -> None:
+def write_facts(paths: RunPaths, facts: RankFacts) -> None:
     """A rank's facts file, whole (the caller says a failed write in its own terms)."""
     paths.ranks.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths.rank_facts(int(facts["rank"])), json.dumps(dict(facts), indent=1, default=str))
+    data = msgspec.json.encode(facts, enc_hook=str)  # a value JSON has no form for (a torch type) is written as text
+    write_atomic(paths.rank_facts(facts.rank), msgspec.json.format(data, indent=1).decode())
 
 
-def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -> RankEnd:
+def kind_of_code(code: int | None, requeue_codes: tuple[int, ...], oom: bool = False) -> RankEnd:
     """How a task that exited with `code` ended, as its exit record names it (signals aside)."""
     if code == EXIT_OK:
         return RankEnd.OK
@@ -186,41 +372,50 @@ def kind_of_code(code: Any, requeue_codes: tuple[int, ...], oom: bool = False) -
     return RankEnd.STOPPED if code in requeue_codes else RankEnd.FAILED
 
 
-def exit_code_of(record: Mapping[str, Any]) -> int:
+Ended = RankExit | RankEntry  # a rank's end as its runner recorded it, or as summary.json holds it
+
+
+def exit_code_of(record: Ended) -> int:
     """A rank's exit code as a shell reads it: its task's own, 128 + N for a signal N, 1 when unknown; 3
     for a task stopped that exited 0 without saying it finished (stopped: requeued by the rule)."""
-    if record.get("kind") == RankEnd.OK:
+    if record.kind == RankEnd.OK:
         return EXIT_OK
-    code = record.get("exit_code")
-    if record.get("kind") == RankEnd.STOPPED and code == EXIT_OK:
+    code = record.exit_code
+    if record.kind == RankEnd.STOPPED and code == EXIT_OK:
         return EXIT_PREEMPTED
-    if isinstance(code, int) and code > 0:
+    if code is not None and code > 0:
         return code
-    sig = record.get("signal")
-    number = getattr(signal, sig, None) if isinstance(sig, str) and sig.startswith("SIG") else None
+    sig = record.signal
+    number = getattr(signal, sig, None) if sig is not None and sig.startswith("SIG") else None
     return 128 + int(number) if isinstance(number, signal.Signals) else 1
 
 
-def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def root_cause(records: Sequence[Ended]) -> Ended | None:
     """The first rank to fail on its own (see the module doc), or None."""
-    failed = [r for r in records if r.get("kind") == RankEnd.FAILED]
-    return min(failed, key=lambda r: (r.get("ended_ns") or 0, r["rank"])) if failed else None
+    failed = [r for r in records if r.kind == RankEnd.FAILED]
+    return min(failed, key=lambda r: (r.ended_ns or 0, r.rank)) if failed else None
 
 
-def failure_line(records: list[dict[str, Any]], world_size: int) -> str | None:
+def failure_line(records: Sequence[Ended], world_size: int) -> str | None:
     """One line naming the failing rank, its host, its exit code or signal, its last stderr line and its
     log, and what became of the others; None when no rank failed."""
     cause = root_cause(records)
-    if cause is None or (first_bad(records) or cause)["kind"] == RankEnd.OOM:  # an OOM's peers failing after it
+    if cause is None or (first_bad(records) or cause).kind == RankEnd.OOM:  # an OOM's peers failing after it
         return None
-    others = [r["rank"] for r in records if r is not cause]
-    missing = sorted(set(range(world_size)) - {r["rank"] for r in records})
+    others = [r.rank for r in records if r is not cause]
+    missing = sorted(set(range(world_size)) - {r.rank for r in records})
     after = f"; {_ranks(others)} ended after it" if others else ""
     lost = f"; {_ranks(missing)} left no record (killed with the job)" if missing else ""
     return (
-        f"rank {cause['rank']} failed first (on {cause.get('hostname')}, local rank {cause.get('local_rank')}): "
-        f"{cause.get('message')}; its stderr: {cause.get('logs', {}).get('err')}{after}{lost}"
+        f"rank {cause.rank} failed first (on {cause.hostname}, local rank {cause.local_rank}): "
+        f"{cause.message}; its stderr: {cause.logs.get('err')}{after}{lost}"
     )
+
+
+def world_of(records: Sequence[Ended]) -> int:
+    """The ranks' world size as they recorded it (the largest said), else how many recorded."""
+    said = [r.world_size for r in records if r.world_size is not None and is_count(r.world_size)]
+    return max(said, default=len(records))
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -228,29 +423,34 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {listed}" if len(ranks) == 1 else f"ranks {listed}"
 
 
+def _ended_on_its_own(facts: RankFacts) -> bool:
+    """Whether a task recorded its own end: its exit code, or an OOM."""
+    return facts.exit_code is not None or facts.oom is not None
+
+
 def rank_entries(
-    records: list[RankExit], facts: dict[int, dict[str, Any]], requeue_codes: tuple[int, ...]
-) -> list[dict[str, Any]]:
+    records: list[RankExit], facts: dict[int, RankFacts], requeue_codes: tuple[int, ...]
+) -> list[RankEntry]:
     """Each rank's record in summary.json: its facts, then its exit record over them, with `complete`. A
     rank still `running` by its runner's record but whose task recorded its exit code is judged by that
     code; without exit records (no runner), the facts alone make the ranks."""
-    by_rank = {r.rank: r.as_dict() for r in records} or {
-        rank: {"rank": rank, "kind": RankEnd.RUNNING} for rank, f in facts.items() if "exit_code" in f or "oom" in f
-    }
+    exits = {r.rank: r for r in records}
+    ranks = sorted(exits) or sorted(rank for rank, f in facts.items() if _ended_on_its_own(f))
     entries = []
-    for rank in sorted(by_rank):
-        record, own = by_rank[rank], facts.get(rank) or {}
-        if "attempt" in record and own.get("attempt") not in (None, record["attempt"]):
-            own = {}  # an earlier attempt's measurements are not this one's
-        entry = {**own, **record}
-        if record.get("kind") == RankEnd.RUNNING and ("exit_code" in own or "oom" in own):
-            entry["kind"] = kind_of_code(own.get("exit_code", EXIT_OOM), requeue_codes, "oom" in own)
-            entry["exit_code"] = own.get("exit_code", EXIT_OOM)
-        seen = record.get("steps_seen")  # a command's steps by its beats: a script killed before its facts' last write
-        if is_count(seen) and not (is_count(entry.get("steps")) and entry["steps"] >= seen):
-            entry["steps"] = seen
-        entry["complete"] = entry.get("kind") == RankEnd.OK
-        entry.setdefault("profiler", {"traces": [], "cycles": [], "failed": [], "note": None})
+    for rank in ranks:
+        record, own = exits.get(rank), facts.get(rank)
+        if own is not None and record is not None and own.attempt not in (None, record.attempt):
+            own = None  # an earlier attempt's measurements are not this one's
+        fields = msgspec.to_builtins(own) if own is not None else {"rank": rank}
+        entry = msgspec.convert({**fields, **(record.as_dict() if record is not None else {})}, RankEntry)
+        if entry.kind == RankEnd.RUNNING and own is not None and _ended_on_its_own(own):
+            entry.exit_code = own.exit_code if own.exit_code is not None else EXIT_OOM
+            entry.kind = kind_of_code(entry.exit_code, requeue_codes, own.oom is not None)
+        seen = record.steps_seen if record is not None else None  # a script killed before its facts' last write
+        if seen is not None and is_count(seen) and (entry.steps is None or entry.steps < seen):
+            entry.steps = seen
+        entry.complete = entry.kind == RankEnd.OK
+        entry.profiler = entry.profiler or ProfilerFacts()
         entries.append(entry)
     return entries
 
@@ -264,33 +464,12 @@ class EarlierAttempt(msgspec.Struct):
     first: str | None  # the first rank to end badly, in a phrase
 
 
-class OomRecord(msgspec.Struct, kw_only=True):
-    """A CUDA out-of-memory error as its rank recorded it (hpc/training/oom.py oom_record, the training's and
-    a script's one recorder; in the rank's facts, and summary.json's `oom`): the allocator's first line, the
-    allocation it names, the device's memory (None off a GPU), the batch where known, the step it came in,
-    and the allocator's history dumped beside the run (`snapshot`, a file name) when asked."""
-
-    rank: int
-    message: str
-    batch_size_per_gpu: int | None = None
-    global_batch_size: int | None = None
-    requested_bytes: int | None = None
-    memory_fraction: float | None = None  # train.cuda_memory_fraction
-    device_total_bytes: int | None = None
-    device_free_bytes: int | None = None
-    limit_bytes: int | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    step: int | None = None
-    snapshot: str | None = None
-
-
-def oom_in(entry: Mapping[str, Any]) -> OomRecord | None:
-    """A rank's OOM record in its facts, decoded (None: none, or not that shape)."""
+def oom_in(facts: Mapping[str, object], where: str) -> OomRecord | None:
+    """A rank's OOM record in its facts, decoded (None: none, or not that shape: said)."""
     try:
-        return msgspec.convert(entry.get("oom"), OomRecord) if entry.get("oom") is not None else None
+        return msgspec.convert(facts.get("oom"), OomRecord) if facts.get("oom") is not None else None
     except msgspec.ValidationError as e:
-        log.warning(f"hpc: rank {entry.get('rank')}: its out-of-memory record ignored ({e})")
+        log.warning(f"hpc: {where}: rank {facts.get('rank')}: its out-of-memory record ignored ({e})")
         return None
 
 
@@ -308,29 +487,24 @@ class RunRecord(msgspec.Struct, kw_only=True):
     kind: Literal["train", "command"] = "train"
     run_dir: str = ""
     command: list[str] | None = None
-    point: dict[str, Any] | None = None
+    point: JsonObject | None = None
     world_size: Count | None = None
     attempt: str | None = None
     outcome: Outcome | None = None
     failure: str | None = None
     profiled: bool = False
-    config: dict[str, Any] | None = None
+    config: JsonObject | None = None
     oom: OomRecord | None = None
     recovered: bool = False
     earlier: list[EarlierAttempt] = msgspec.field(default_factory=list)
     gpus: GpuSummary | None = None
-    ranks: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    ranks: list[RankEntry] = msgspec.field(default_factory=list)
     schema: int = SUMMARY_SCHEMA
 
-    def __post_init__(self) -> None:
-        for i, rank in enumerate(self.ranks):
-            if not is_count(rank.get("rank")):
-                raise ValueError(f"ranks[{i}]: not a record with an integer 'rank'")
-
     @property
-    def first_rank(self) -> dict[str, Any]:
-        """Rank 0's record (the lowest rank's), where the run-wide facts are; {} without one."""
-        return self.ranks[0] if self.ranks else {}
+    def first_rank(self) -> RankEntry | None:
+        """Rank 0's record (the lowest rank's), where the run-wide facts are; None without one."""
+        return self.ranks[0] if self.ranks else None
 
 
 def decode_run_record(data: bytes) -> RunRecord:
@@ -343,20 +517,19 @@ def earlier_attempts(paths: RunPaths) -> list[EarlierAttempt]:
     """How each earlier attempt of the run ended (the last EARLIER_KEPT, oldest first), from the exit
     records moved aside (keep_earlier): its attempt, outcome, the line naming its first failing rank, and
     that rank's end in a phrase. A rank still `running` there was lost (its runner never recorded its end)."""
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    for exit_record in _exits(paths.earlier):
-        record = exit_record.as_dict()
-        if exit_record.kind == RankEnd.RUNNING:
-            record.update(kind=RankEnd.LOST, message=LOST)
-        by_group.setdefault(group_of(exit_record), []).append(record)
+    by_group: dict[str, list[RankExit]] = {}
+    for record in _exits(paths.earlier):
+        if record.kind == RankEnd.RUNNING:
+            record = msgspec.structs.replace(record, kind=RankEnd.LOST, message=LOST)
+        by_group.setdefault(group_of(record), []).append(record)
     attempts: list[EarlierAttempt] = []
-    for records in sorted(by_group.values(), key=lambda rs: min(r.get("started_ns") or 0 for r in rs)):
-        records.sort(key=lambda r: r["rank"])
-        attempt = max((r["attempt"] for r in records), key=_attempt_order)
-        world = max((int(r["world_size"]) for r in records if is_count(r.get("world_size"))), default=len(records))
-        ended = [r for r in records if r.get("kind") != RankEnd.OK]
-        first = first_bad(records) or min(ended, key=lambda r: (r.get("ended_ns") or 0, r["rank"]), default=None)
-        said = None if first is None else f"rank {first['rank']} ({first.get('hostname')}): {first.get('message')}"
+    for records in sorted(by_group.values(), key=lambda rs: min(r.started_ns or 0 for r in rs)):
+        records.sort(key=lambda r: r.rank)
+        attempt = max((r.attempt for r in records), key=_attempt_order)
+        world = world_of(records)
+        ended = [r for r in records if r.kind != RankEnd.OK]
+        first = first_bad(records) or min(ended, key=lambda r: (r.ended_ns or 0, r.rank), default=None)
+        said = None if first is None else f"rank {first.rank} ({first.hostname}): {first.message}"
         outcome, failure = run_outcome(records, world), failure_line(records, world)
         attempts.append(EarlierAttempt(attempt, outcome, failure, said))
     return attempts[-EARLIER_KEPT:]
@@ -375,7 +548,7 @@ def restarts_line(summary: RunRecord) -> str | None:
     return f"torchrun restarted the worker group {count} (ranks/earlier/ has how each rank ended): {ends}"
 
 
-def task_of(paths: RunPaths) -> tuple[TaskSaid, dict[str, Any] | None]:
+def task_of(paths: RunPaths) -> tuple[TaskSaid, JsonObject | None]:
     """What the run is, for summary.json: the task's record (task.json, written by the job), and the
     resolved config of the toolkit's training (config.yaml)."""
     try:
@@ -392,40 +565,37 @@ def task_of(paths: RunPaths) -> tuple[TaskSaid, dict[str, Any] | None]:
     return task, config
 
 
-def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, dict[str, Any]]) -> RunRecord:
+def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, RankFacts]) -> RunRecord:
     """summary.json's contents: the same top-level keys whatever the task (see the module doc); a
     function of the run directory's files alone."""
     task, resolved = task_of(paths)
     said = scheduler_said(paths)
     attempt = latest_attempt(records)
     ended = attempt is not None and said.ended == attempt
-    config = (
-        resolved
-        or task.config
-        or next((f["config"] for f in facts.values() if isinstance(f.get("config"), dict)), None)
-    )
+    config = resolved or task.config or next((f.config for f in facts.values() if f.config is not None), None)
     codes = tuple(task.requeue_codes)
     ranks = rank_entries(records, facts, codes)
     for rank in ranks if ended else ():
-        if rank.get("kind") == RankEnd.RUNNING:
-            rank.update(kind=RankEnd.LOST, message=LOST)
-    world = max((int(r["world_size"]) for r in ranks if is_count(r.get("world_size"))), default=len(ranks))
-    ooms = [oom for oom in map(oom_in, ranks) if oom is not None]
-    profiler = (config or {}).get("profiler") or {}
-    hook: dict[str, Any] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
+        if rank.kind == RankEnd.RUNNING:
+            rank.kind, rank.message = RankEnd.LOST, LOST
+    world = world_of(ranks)
+    ooms = [r.oom for r in ranks if r.oom is not None]
+    section = (config or {}).get("profiler")
+    profiler = section if isinstance(section, dict) else {}
+    hook: Mapping[str, object] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
     return RunRecord(
         kind="train" if config is not None else "command",
         run_dir=str(paths.root),
         command=(records[0].command if records else None) or task.words or None,
         point=task.point,
         world_size=world,
-        attempt=attempt or next((r.get("attempt") for r in ranks), None),
+        attempt=attempt or next((r.attempt for r in ranks), None),
         outcome=run_outcome(ranks, world, cancelled(said, attempt)),
         failure=failure_line(ranks, world),
         profiled=bool((profiler if config is not None else hook).get("enabled", True)),
         config=config,
         oom=ooms[0] if ooms else None,
-        recovered=any(r.get("recovered") for r in ranks),
+        recovered=any(r.recovered for r in ranks),
         earlier=earlier_attempts(paths),
         gpus=summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
         ranks=ranks,
@@ -437,8 +607,7 @@ def no_step_line(summary: RunRecord | None) -> str | None:
     torch.optim steps): a run that trained nothing, or trained out of the hook's sight, is not a silent done."""
     if summary is None or summary.kind != "command" or summary.outcome != Outcome.DONE:
         return None
-    steps = [r.get("steps") for r in summary.ranks]
-    if any(isinstance(n, int) and n > 0 for n in steps):
+    if any(r.steps is not None and r.steps > 0 for r in summary.ranks):
         return None
     return (
         "the command exited 0 with no torch.optim optimizer step on any rank: nothing was trained that the "
@@ -598,8 +767,8 @@ class RunState:
 
 
 def _summary_step(summary: RunRecord | None) -> int | None:
-    steps = summary.first_rank.get("steps") if summary is not None else None
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    first = summary.first_rank if summary is not None else None
+    return first.steps if first is not None else None
 
 
 def run_state(paths: RunPaths, warn: Warn = ignore) -> RunState:

@@ -25,13 +25,12 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from hpc.core.cli import Parser, run
 from hpc.core.ending import SLURM_CANCELLED, Outcome, RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import RunRecord, exit_code_of, restarts_line, root_cause, write_run_summary
+from hpc.core.summary import Ended, RunRecord, exit_code_of, restarts_line, root_cause, write_run_summary
 from hpc.launch.submission.queue import accounted, ask_slurm
 from hpc.settings.rankcommand import RankCommand
 
@@ -54,16 +53,15 @@ def may_requeue(
     return code in tuple(requeue_codes) and not stopped_by_user(signum, env) and restarts < max_requeues
 
 
-def requeue_code(record: Mapping[str, Any]) -> int | None:
+def requeue_code(record: Ended) -> int | None:
     """The code the requeue rule reads for a rank's end, None where the rank's end is not one to resume: a
     stopped rank's own (its requeue code; 3 for exit 0 unfinished after a stop), and 3 for a rank killed
     after the grace time that followed a SIGTERM: a command that took the stop and did not end in time
     (Lightning's DDP ranks, deadlocked by the collective in its SIGTERM handler: docs/faults.md) resumes
     from what it last saved, as a task srun killed on its batch shell's SIGTERM does."""
-    kind = record.get("kind")
-    if kind == RankEnd.STOPPED:
+    if record.kind == RankEnd.STOPPED:
         return exit_code_of(record)
-    if kind == RankEnd.KILLED and record.get("stop") == signal.SIGTERM.name:
+    if record.kind == RankEnd.KILLED and record.stop == signal.SIGTERM.name:
         return EXIT_PREEMPTED
     return None
 
@@ -118,7 +116,7 @@ def run_code(summary: RunRecord, rc: int, terminated: bool) -> int:
 
 def person_stopped(summary: RunRecord) -> int | None:
     """The signal of a person's stop in the ranks' records (Ctrl-C: SIGINT), None without one."""
-    said = {r.get("stop") for r in summary.ranks}
+    said = {r.stop for r in summary.ranks}
     return signal.SIGINT if signal.SIGINT.name in said else None
 
 
@@ -126,10 +124,9 @@ def asked(summary: RunRecord, code: int) -> str:
     """Why the run is requeued, in words: a rank killed after the grace time that followed Slurm's SIGTERM
     (it took the stop and hung: Lightning's DDP ranks, docs/faults.md), else the task's own code."""
     for r in summary.ranks:
-        if r.get("kind") == RankEnd.KILLED and requeue_code(r) is not None:
+        if r.kind == RankEnd.KILLED and requeue_code(r) is not None:
             return (
-                f"the task took Slurm's stop and did not end in time ({r.get('message')}): it resumes from what it "
-                "last saved"
+                f"the task took Slurm's stop and did not end in time ({r.message}): it resumes from what it last saved"
             )
     return f"the task asked to be requeued (exit {code})"
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 import re
 
-import msgspec
 import torch
 
 from hpc.core.errors import EXIT_OOM
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import OomRecord, attempt_of, write_facts, write_run_summary
+from hpc.core.summary import OomRecord, RankFacts, attempt_of, write_facts, write_run_summary
 from hpc.settings.schema import RunConfig
 
 SNAPSHOT_MAX_ENTRIES = 100_000  # allocator events kept; the tail before the OOM is what matters
@@ -107,18 +106,16 @@ def record_oom(
     snapshot = cfg.profiler.memory_snapshot
     oom = oom_record(error, paths, rank, per_gpu, world, cuda, tc.cuda_memory_fraction, snapshot, step)
     # Every rank may hit it at once: each records its own, and summary.json names rank 0's (or the lowest's).
-    write_facts(
-        paths,
-        {
-            "rank": rank,
-            "world_size": world,
-            "attempt": attempt_of(os.environ),
-            "exit_code": EXIT_OOM,
-            "complete": False,
-            "oom": msgspec.to_builtins(oom),
-            "config": cfg.to_dict(),
-        },
+    facts = RankFacts(
+        rank=rank,
+        world_size=world,
+        attempt=attempt_of(os.environ),
+        exit_code=EXIT_OOM,
+        complete=False,
+        oom=oom,
+        config=cfg.to_dict(),
     )
+    write_facts(paths, facts)
     write_run_summary(paths)
     return oom
 

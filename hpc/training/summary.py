@@ -12,12 +12,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from hpc.core.ending import Outcome
 from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import attempt_of, write_facts, write_run_summary
+from hpc.core.summary import RankFacts, attempt_of, write_facts, write_run_summary
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
@@ -110,17 +111,17 @@ class RunSummary:
         profiling: Profiling | None,
         wall_s: float,
         startup: dict[str, Any],
-    ) -> dict[str, Any]:
+    ) -> RankFacts:
         """This rank's entry: the facts, where it stopped, its measurements (hpc/training/steptimes.py's
         `measures`, as a script's), throughput, the environment, the profiler's cycles and the traces it
         wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's Profiling,
         or None."""
         measured = measures(clock, profiling, wall_s, startup, self.device if self.use_cuda else None)
         mean_step = measured["step_time_s"]["mean"]
-        return {
+        record = {
             **self.facts,
             "device_name": torch.cuda.get_device_name(self.device) if self.use_cuda else "cpu",
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "steps": step,
             "epochs_completed": epoch,
             "exit_code": exit_code,
@@ -135,8 +136,9 @@ class RunSummary:
                 "failed": profiling.failed if profiling is not None else [],
             },
         }
+        return msgspec.convert(record, RankFacts)
 
-    def write_own(self, record: dict[str, Any]) -> None:
+    def write_own(self, record: RankFacts) -> None:
         """This rank's facts (RUN/ranks/rank{R}.facts.json), written by the rank itself as a script's are.
         A write that fails is a WriteError naming the file."""
         try:
@@ -163,15 +165,15 @@ class RunSummary:
 MEASURED = (*RANK_MEASURES, "images_per_s", "global_images_per_s")
 
 
-def recovered_record(record: dict[str, Any]) -> dict[str, Any]:
-    return {**record, **dict.fromkeys(MEASURED), "recovered": True}
+def recovered_record(record: RankFacts) -> RankFacts:
+    return msgspec.structs.replace(record, **dict.fromkeys(MEASURED), recovered=True)
 
 
-def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: list[dict[str, Any]]) -> tuple[str, str]:
+def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: list[RankFacts]) -> tuple[str, str]:
     """(what rank 0 prints at the end, the line of the failure when a trace could not be written or "")."""
     outcome = "stopped by signal, checkpoint written (rerun to resume)" if exit_code else str(Outcome.DONE)
-    failed = [(r["rank"], f) for r in records for f in (r.get("profiler") or {}).get("failed") or []]
-    written = sum(len((r.get("profiler") or {}).get("traces") or []) for r in records)
+    failed = [(r.rank, f) for r in records if r.profiler is not None for f in r.profiler.failed]
+    written = sum(len(r.profiler.traces) for r in records if r.profiler is not None)
     traces = f"{paths.traces} ({written} written{f', {len(failed)} NOT written' if failed else ''})"
     if not written and not failed:
         traces = "none written (the profiler was off, or the run ended before its window closed)"
@@ -179,7 +181,7 @@ def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: li
         outcome,
         f"  run:        {paths.root}",
         f"  traces:     {traces}",
-        *(f"    not written: rank {rank}'s {f['file']} ({f['error']})" for rank, f in failed),
+        *(f"    not written: rank {rank}'s {f.file} ({f.error})" for rank, f in failed),
         f"  summary:    {paths.summary}",
         f"  checkpoint: {checkpoint}",
     ]
@@ -189,7 +191,8 @@ def closing_lines(paths: RunPaths, checkpoint: Path, exit_code: int, records: li
     if failed:
         rank, first = failed[0]
         lost = (
-            f"{len(failed)} profiler trace(s) could not be written, first rank {rank}'s {paths.traces / first['file']} "
-            f"({first['error']}); the run's other files are complete (summary.json lists what was written)"
+            f"{len(failed)} profiler trace(s) could not be written, first rank {rank}'s "
+            f"{paths.traces / str(first.file)} "
+            f"({first.error}); the run's other files are complete (summary.json lists what was written)"
         )
     return "\n".join(lines), lost

@@ -36,7 +36,7 @@ from hpc.core.gpusample import GpuSampler, start_sampler
 from hpc.core.lock import RunLock
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import keep_earlier, run_state
+from hpc.core.summary import RankFacts, keep_earlier, run_state
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
@@ -406,14 +406,14 @@ class Trainer:
         record = self.summary.rank_record(st.step, st.epoch, self.timer, exit_code, profiling, wall_s, startup)
         record = recovered_record(record) if recovered else record
         self.group.sync_buffers(self.net.model)
-        record["weights_sha256"] = weights_digest(self.net.model)
+        record.weights_sha256 = weights_digest(self.net.model)
         own_error = None
         try:  # every rank writes its own facts, as a script's rank does (hpc/training/hook/autoprofile.py)
             self.summary.write_own(record)
         except WriteError as e:
             own_error = e
         self.stop_if_write_failed(own_error, "its facts file", who="a rank")
-        gathered: list[dict[str, Any] | None] = [None] * self.dist.world_size
+        gathered: list[RankFacts | None] = [None] * self.dist.world_size
         tdist.all_gather_object(gathered, record, group=self.group.control)  # the closing lines' traces
         records = [r for r in gathered if r is not None]  # every rank's: all_gather_object fills each slot
         inject.at("summary")

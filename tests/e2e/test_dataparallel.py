@@ -19,6 +19,7 @@ import torch
 from analysis.explain.verdict import judged_run
 from analysis.runs.fold import run_record
 from hpc.core.summary import RunRecord
+from recordedruns import summary_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "dataparallel.py"
@@ -83,7 +84,7 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
               "own_step_series": {"first_step": 1, "ms": [own * 1e3] * 12},
               "step_time_s": {"median": 0.6}} for r, own in enumerate([0.01, 0.31])]
     for grouped, named in ((True, True), (False, False)):
-        summary = RunRecord(world_size=2, ranks=[{**x, "process_group": grouped} for x in ranks])
+        summary = summary_of(world_size=2, ranks=[{**x, "process_group": grouped} for x in ranks])
         verdict = judged_run(run_record(tmp_path, [], summary), [], summary).verdict
         assert (verdict["bound"] == "imbalance") is named, verdict
         assert ("rank 1 on nid001" in verdict["line"]) is named

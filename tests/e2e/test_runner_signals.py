@@ -118,8 +118,8 @@ def test_the_command_dies_with_its_runner_however_the_runner_dies(tmp_path):
     # the rank is lost, and the run preempted, not running
     assert json.loads((run / "ranks" / "rank0.exit.json").read_text())["kind"] == "running"
     summary = write_run_summary(RunPaths(run), ended=True)
-    assert summary.outcome == "preempted" and summary.ranks[0]["kind"] == "lost"
-    assert "its runner ended without recording" in summary.ranks[0]["message"]
+    assert summary.outcome == "preempted" and summary.ranks[0].kind == "lost"
+    assert "its runner ended without recording" in summary.ranks[0].message
 
 
 @pytest.mark.slow

@@ -95,15 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     task = task_for(args, words, paths)
     if words:
         write_task(paths, task)
-    record = run_rank(task, paths.root).as_dict()
-    if record["rank"] == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
+    record = run_rank(task, paths.root)
+    if record.rank == 0 and not on_slurm(os.environ):  # by hand: the task's output is in its logs
         summary = current_summary(paths)
         print(
             f"hpc.rank: {paths.root}: {summary and summary.outcome}; the task's output: "
             f"{paths.rank_stream(0, 'out').parent}"
         )
     code = exit_code_of(record)
-    if record["kind"] == RankEnd.STOPPED and code != EXIT_PEER_LOST and on_slurm(os.environ):
+    if record.kind == RankEnd.STOPPED and code != EXIT_PEER_LOST and on_slurm(os.environ):
         return EXIT_OK  # the first rank to stop is no bad exit to srun (see the module doc)
     return code
 

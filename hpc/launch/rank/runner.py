@@ -346,7 +346,8 @@ class RankRun:
             self.hang.beats.read()  # the last ones, written just before its end
             end["steps_seen"] = self.hang.beats.steps  # summary.json's steps where its facts stopped short
         what = f"exit {code}" if signum is None else f"signal {end['signal']}"
-        oom = code == EXIT_OOM and "oom" in (read_facts(self.paths).get(self.dist.rank) or {})
+        facts = read_facts(self.paths).get(self.dist.rank)
+        oom = code == EXIT_OOM and facts is not None and facts.oom is not None
         kind = kind_of_code(code, self.task.requeue_codes, oom) if signum is None else RankEnd.FAILED
         after = f" after {self.why_stopping}" if self.why_stopping else ""
         if self.hung is not None:
@@ -373,7 +374,8 @@ class RankRun:
 
     def said_complete(self) -> bool:
         """Whether the task said it finished (the toolkit's training does in its facts; a script cannot)."""
-        return (read_facts(self.paths).get(self.dist.rank) or {}).get("complete") is True
+        facts = read_facts(self.paths).get(self.dist.rank)
+        return facts is not None and facts.complete is True
 
     def write(self, **fields: Any) -> None:
         """The rank's exit record with `fields` added, whole (a failed write is said, not raised: the

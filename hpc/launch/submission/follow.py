@@ -312,7 +312,7 @@ def print_ended(label: str, paths: RunPaths, summary: RunRecord, numbers: bool) 
     if summary.failure:
         print(f"{label}: FAILED: {summary.failure}", file=sys.stderr)
     elif outcome != Outcome.DONE:
-        said = "; ".join(sorted({str(r.get("message")) for r in summary.ranks if r.get("message")}))
+        said = "; ".join(sorted({r.message for r in summary.ranks if r.message}))
         print(f"{label}: {outcome}" + (f" ({said})" if said else ""), file=sys.stderr)
     print(
         f"{label}: {outcome}\n  run:     {paths.root}\n  logs:    {paths.rank_stream(0, 'out').parent}"

@@ -38,7 +38,7 @@ from hpc.core.meet import free_port
 from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import RunRecord, write_run_summary
+from hpc.core.summary import Ended, RankEntry, RunRecord, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import requeue_code, stopped_by_user
@@ -80,9 +80,9 @@ class TaskJob:
         stop = StopSignal.take()
         try:
             if self.launcher == "torchrun":
-                record = self.run_torchrun(paths, job.job_id, stop, job.global_rank == 0)
+                record: Ended = self.run_torchrun(paths, job.job_id, stop, job.global_rank)
             else:
-                record = run_rank(task, paths.root, stop=stop).as_dict()
+                record = run_rank(task, paths.root, stop=stop)
         finally:
             stop.restore()
             if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may
@@ -90,50 +90,42 @@ class TaskJob:
                     (paths.root.parent / "%j").rmdir()
         return self.ended(record, stop.signum, task, job, paths)
 
-    def ended(
-        self, record: dict[str, Any], signum: int | None, task: RankCommand, job: Any, paths: RunPaths
-    ) -> dict[str, Any]:
+    def ended(self, record: Ended, signum: int | None, task: RankCommand, job: Any, paths: RunPaths) -> dict[str, Any]:
         """This task's result (its batch shell decides on a requeue once the step has ended, from the run's
         records: hpc/launch/requeue.py); a rank that failed raises, after its records are written."""
-        kind = record.get("kind")
-        if kind == RankEnd.FAILED:
-            log.error(
-                f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.get('message')}; see {paths.ranks}"
-            )
-            raise RuntimeError(f"rank {job.global_rank} failed: {record.get('message')}")
-        status = task_status(kind)
+        if record.kind == RankEnd.FAILED:
+            log.error(f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.message}; see {paths.ranks}")
+            raise RuntimeError(f"rank {job.global_rank} failed: {record.message}")
+        status = task_status(record.kind)
         if requeue_code(record) is None:  # done, oom, or a stop that left nothing said to resume from
             return {"status": str(status), "run_dir": str(paths.root)}
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
         # before its own runner saw it gone)
-        orphaned = bool(record.get("orphaned")) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
+        orphaned = bool(record.orphaned) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
         by_user = stopped_by_user(signum, os.environ) or orphaned
         on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
         if on_slurm and requeue_code(record) == EXIT_PEER_LOST:  # the step must end for its batch shell to act
             raise SystemExit(EXIT_PEER_LOST)  # (a frozen peer holds it); srun's --kill-on-bad-exit ends it on this
         return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
-    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, first: bool) -> dict[str, Any]:
+    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, global_rank: int) -> RankEntry:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
         task.json); the stop signals passed on to it. This task's end as the run's records say once
-        torchrun has ended: an exit record's kind and code."""
+        torchrun has ended: an entry with its kind, code and message."""
         try:
-            args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, first, stop)
+            args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, global_rank == 0, stop)
         except StoreError as e:
-            return {
-                "kind": RankEnd.INTERRUPTED if stop.signum else RankEnd.FAILED,
-                "exit_code": None,
-                "message": str(e),
-            }
+            kind = RankEnd.INTERRUPTED if stop.signum else RankEnd.FAILED
+            return RankEntry(rank=global_rank, kind=kind, message=str(e))
         rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
         rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
         summary = write_run_summary(paths) or RunRecord()
         outcome = str(summary.outcome)
         kind = rank_end_of_outcome(outcome) if rc == 0 or outcome != Outcome.DONE else RankEnd.FAILED
-        codes = [r.get("exit_code") for r in summary.ranks if r.get("kind") == kind]
+        codes = [r.exit_code for r in summary.ranks if r.kind == kind]
         message = summary.failure or f"torchrun exited {rc} ({outcome})"
-        return {"kind": kind, "exit_code": codes[0] if codes else rc, "message": message}
+        return RankEntry(rank=global_rank, kind=kind, exit_code=codes[0] if codes else rc, message=message)
 
 
 def run_forwarding(argv: list[str], stop: StopSignal) -> int:

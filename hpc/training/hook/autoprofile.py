@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import OomRecord, attempt_of, write_facts
+from hpc.core.summary import OomRecord, RankFacts, attempt_of, write_facts
 from hpc.training.steptimes import StepClock, Timeline, measures, startup_record
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
@@ -280,7 +280,7 @@ class StepHook:
             self.close()
         self.write()
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> RankFacts:
         """What the analysis reads beside the traces (summary.json's per-rank record takes them over)."""
         import torch
 
@@ -295,7 +295,7 @@ class StepHook:
             "attempt": attempt_of(os.environ),
             "device": "cuda" if self.cuda else "cpu",
             "device_name": torch.cuda.get_device_name() if self.cuda else "cpu",
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "steps": self.steps,
             "process_group": self.grouped,
             "collectives_in_steps": self.traffic.record(),
@@ -310,7 +310,7 @@ class StepHook:
         if self.accelerate is not None:
             facts["accelerate"] = {k.removeprefix("ACCELERATE_").lower(): v for k, v in self.accelerate.items()}
             facts["mixed_precision"] = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-        return {**facts, "oom": msgspec.to_builtins(self.oom)} if self.oom is not None else facts
+        return msgspec.convert({**facts, "oom": self.oom}, RankFacts)
 
     def write(self) -> None:
         try:

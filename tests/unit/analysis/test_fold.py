@@ -19,6 +19,7 @@ from analysis.report.tables import RUN_COLUMNS
 from analysis.runs.fold import rank_totals, run_record
 from analysis.runs.sweep import with_scaling
 from hpc.core.summary import RunRecord
+from recordedruns import summary_of
 
 
 def _trace(rank, steps, cpu_us, step_us, peak=None):
@@ -128,7 +129,7 @@ def test_a_run_is_judged_above_the_fold_with_its_summarys_model_facts():
                _gpu_trace(1, 1300.0, (620.0, 150.0, 50.0), [90.0, 250.0, 310.0])]
     run = run_record(Path("g2"), records, None)
     assert run.verdict is None
-    summary = RunRecord(kind="train", config={"train": {"amp": "bf16"}}, ranks=[
+    summary = summary_of(kind="train", config={"train": {"amp": "bf16"}}, ranks=[
         {"rank": 0, "model_flops_per_image": 11.5e9, "batch_size_per_gpu": 128, "device_name": "NVIDIA A100-SXM4-40GB"}])
     bare, told = judged_run(run, records, None).verdict, judged_run(run, records, summary).verdict
     assert bare["bound"] == told["bound"] == "compute"  # kernels busy the whole profiled span

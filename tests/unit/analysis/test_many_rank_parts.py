@@ -11,7 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.runs.ranks import slow_rank, slow_rank_words
+from recordedruns import entries
+
+from analysis.runs import ranks as rr
+from analysis.runs.ranks import slow_rank_words
+from hpc.bench import startuptime
 from hpc.core.errors import UsageError
 from hpc.settings.profranks import (
     ALL_RANKS_UP_TO,
@@ -51,6 +55,31 @@ def test_a_bad_ranks_setting_is_one_line_naming_it(bad):
         check_setting(bad)
     with pytest.raises(UsageError, match="rank 40 not in a job of 32"):
         static_choice("0,40", 0, 32)
+
+
+def numbered(ranks):
+    """summary.json's rank entries of the mappings a test writes, each with its rank where it gives none."""
+    return entries({"rank": i, **r} for i, r in enumerate(ranks))
+
+
+def slow_rank(ranks):
+    return rr.slow_rank(numbered(ranks))
+
+
+def separate_copies(ranks):
+    return rr.separate_copies(numbered(ranks))
+
+
+def starved(ranks, candidate, evidence):
+    return rr.starved(numbered(ranks), candidate, evidence)
+
+
+def figures(ranks, started):
+    return startuptime.figures(numbered(ranks), started)
+
+
+def phase_spans(ranks):
+    return startuptime.phase_spans(numbered(ranks))
 
 
 def ranks(own: list[float], per_node: int = 4, step: float = 0.6, steps: int = 8) -> list[dict]:
@@ -161,7 +190,7 @@ def test_a_process_start_time_from_proc_is_when_it_was_started():
 
 def test_the_startup_benchmark_reads_where_the_start_went():
     """Two ranks with known start-up records (literal times): the figures are their differences."""
-    from hpc.bench.startuptime import figures, parse_ranks
+    from hpc.bench.startuptime import parse_ranks
 
     rank = {"process_start_unix": 100.0, "group_join_start_unix": 104.0, "group_join_s": 3.0,
             "first_step_end_unix": 110.0}
@@ -227,8 +256,6 @@ def test_the_schema_and_the_choice_read_one_grammar():
 
 
 def test_ranks_in_a_group_that_never_talk_between_steps_are_separate_copies():
-    from analysis.runs.ranks import separate_copies
-
     def talk(*counts):  # (intervals, with_collectives) per rank, as the start-up hook records them
         return [{"rank": i, "process_group": True, "collectives_in_steps": {"intervals": n, "with_collectives": w}}
                 for i, (n, w) in enumerate(counts)]
@@ -357,8 +384,6 @@ def _queued(rank: int, queued_ms: float, steps: int) -> dict:
     (3.0, 9, False), (3.0, 10, True),  # the rule's ten steps, every rank measured
 ])
 def test_a_straggler_that_waited_for_a_core_for_half_its_excess_is_the_machines_load(queued_ms, steps, said):
-    from analysis.runs.ranks import starved
-
     ranks = [_queued(0, 0.0, steps), _queued(1, queued_ms, steps), _queued(2, 0.0, steps)]
     why = starved(ranks, 1, {"holds": True, "excess": 0.004})
     assert (why is not None) is said
@@ -367,8 +392,6 @@ def test_a_straggler_that_waited_for_a_core_for_half_its_excess_is_the_machines_
 
 
 def test_no_core_wait_is_judged_without_a_straggler_or_its_measure():
-    from analysis.runs.ranks import starved
-
     ranks = [_queued(0, 0.0, 12), _queued(1, 3.0, 12)]
     assert starved(ranks, 1, {"holds": False, "excess": 0.004}) is None  # no straggler held
     assert starved(ranks[1:], 1, {"holds": True, "excess": 0.004}) is None  # one rank: no others
@@ -381,8 +404,6 @@ def test_no_core_wait_is_judged_without_a_straggler_or_its_measure():
 def test_the_startup_benchmark_gives_each_phase_after_each_ranks_own_start():
     """Three ranks' phases (literal times): each phase's median and slowest, as seconds after the rank's own
     process start, in the phases' order; a phase no rank saw is left out, one some ranks saw is theirs."""
-    from hpc.bench.startuptime import phase_spans
-
     def rank(start, **at):
         return {"startup": {"phases": {"process_start": start, "imports": None, "first_step": None, **at}}}
 

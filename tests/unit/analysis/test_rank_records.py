@@ -6,6 +6,9 @@ import math
 
 import pytest
 
+import msgspec
+from recordedruns import entries
+
 from analysis.records import TraceRecord
 from analysis.runs import ranks as rr
 
@@ -25,6 +28,22 @@ def rank(r, own_ms, node="nid001", step_s=0.5, queued_ms=None, **extra):
     return out
 
 
+def slow_rank(ranks):
+    return rr.slow_rank(entries(ranks))
+
+
+def own_series(rank):
+    return rr.own_series(entries([{"rank": 0, **rank}])[0])
+
+
+def separate_copies(ranks):
+    return rr.separate_copies(entries(ranks))
+
+
+def starved(ranks, candidate, evidence):
+    return rr.starved(entries(ranks), candidate, evidence)
+
+
 def wobbling(r, own_ms, node="nid001", **kw):
     """A rank whose own work wobbles by 1 ms step to step (a spread of about 1 ms) around own_ms."""
     out = rank(r, own_ms, node, **kw)
@@ -35,46 +54,53 @@ def wobbling(r, own_ms, node="nid001", **kw):
 def test_a_slow_node_is_one_whose_other_ranks_carry_half_its_excess_or_more():
     """Rank 0 at 750 ms, its node's other rank at 500, two ranks elsewhere at 250: the others' median is
     250, the excess 500, the node's other rank 250 over that median: half the excess exactly, a slow node."""
-    at = rr.slow_rank([rank(0, 750.0), rank(1, 500.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
+    at = slow_rank([rank(0, 750.0), rank(1, 500.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
     assert (at["rank"], at["node"], at["own_s"], at["median_own_s"], at["node_others_own_s"]) == (
         0, "nid001", 0.75, 0.25, 0.5)
     assert at["slow_node"] is True and at["step_s"] == 0.5 and at["wait_share"] == 1.0  # capped at the step
-    under = rr.slow_rank([rank(0, 750.0), rank(1, 496.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
+    under = slow_rank([rank(0, 750.0), rank(1, 496.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
     assert under["slow_node"] is False  # 246 ms of a 500 ms excess: under half
-    level = rr.slow_rank([rank(0, 250.0), rank(1, 250.0), rank(2, 250.0, "nid002")])
+    level = slow_rank([rank(0, 250.0), rank(1, 250.0), rank(2, 250.0, "nid002")])
     assert level["slow_node"] is False and level["wait_share"] == 0.0  # no excess: no slow node
 
 
 def test_the_node_is_the_records_node_else_its_hostname_else_unknown():
     ranks = [rank(0, 300.0, node=None, hostname="h0"), rank(1, 100.0, node=None, hostname="h1"),
              rank(2, 100.0, node=None)]
-    at = rr.slow_rank(ranks)
+    at = slow_rank(ranks)
     assert at["node"] == "h0" and at["node_others_own_s"] is None  # alone on its host
     ranks[0]["hostname"] = None
-    assert rr.slow_rank(ranks)["node"] == "?"
+    assert slow_rank(ranks)["node"] == "?"
 
 
 def test_a_rank_without_a_step_time_leaves_the_wait_share_unknown():
-    at = rr.slow_rank([rank(0, 300.0, step_s=None), rank(1, 100.0, step_s=None)])
+    at = slow_rank([rank(0, 300.0, step_s=None), rank(1, 100.0, step_s=None)])
     assert at["step_s"] is None and at["wait_share"] is None
-    some = rr.slow_rank([rank(0, 300.0, step_s=None), rank(1, 100.0, step_s=0.8)])
+    some = slow_rank([rank(0, 300.0, step_s=None), rank(1, 100.0, step_s=0.8)])
     assert some["step_s"] == 0.8 and some["wait_share"] == pytest.approx(0.2 / 0.8)
 
 
-@pytest.mark.parametrize("median", [True, "0.3", None, "x"])
-def test_a_median_that_is_not_a_number_is_no_measurement(median):
+def test_a_median_not_measured_is_no_measurement():
+    bad = rank(0, 300.0)
+    bad["own_step_time_s"]["median"] = None
+    assert slow_rank([bad, rank(1, 100.0), rank(2, 100.0)])["rank"] in (1, 2)  # rank 0 is not measured
+    assert slow_rank([bad, rank(1, 100.0)]) is None  # one rank measured: nothing to compare
+
+
+@pytest.mark.parametrize("median", [True, "0.3", "x"])
+def test_a_median_that_is_not_a_number_is_refused_when_read(median):
     bad = rank(0, 300.0)
     bad["own_step_time_s"]["median"] = median
-    assert rr.slow_rank([bad, rank(1, 100.0), rank(2, 100.0)])["rank"] in (1, 2)  # rank 0 is not measured
-    assert rr.slow_rank([bad, rank(1, 100.0)]) is None  # one rank measured: nothing to compare
+    with pytest.raises(msgspec.ValidationError, match="own_step_time_s.median"):
+        entries([bad])
 
 
 def test_why_a_rank_a_little_behind_is_no_straggler_in_milliseconds():
     """Rank 0 0.25 ms behind ranks wobbling by a 1 ms spread: not over twice the spread. The words give the
     excess and spread in ms from the records' seconds."""
     ranks = [wobbling(0, 100.25), wobbling(1, 100.0), wobbling(2, 100.0)]
-    at = rr.slow_rank(ranks)
-    by_rank = {r["rank"]: rr.own_series(r) for r in ranks}
+    at = slow_rank(ranks)
+    by_rank = {r["rank"]: own_series(r) for r in ranks}
     iqr = [rr._iqr(list(series.values())) for series in by_rank.values()]
     assert at["spread"] == pytest.approx(sorted(iqr)[1]) and at["excess"] == pytest.approx(0.25e-3)
     assert at["holds"] is False and at["why_not"] == (
@@ -89,17 +115,17 @@ def test_a_rank_that_waited_for_a_core_is_the_machines_load_and_said_so():
     """Rank 0's own work 50 ms over the others' in every step, 40 ms of it waiting for a core: at least
     half of the excess, so the straggler does not hold and the words say why."""
     ranks = [rank(0, 150.0, queued_ms=40.0), rank(1, 100.0, queued_ms=0.0), rank(2, 100.0, queued_ms=0.0)]
-    at = rr.slow_rank(ranks)
+    at = slow_rank(ranks)
     assert at["holds"] is False and at["why_not"] == (
         "rank 0's own work took a median 50.00 ms more than the others' a step, 40.00 ms of it waiting for a core "
         "(other processes on its CPUs: the machine's load), not more work")
     ranks[1]["own_step_series"].pop("queued_ms")  # a rank that did not measure it: the straggler stands
-    assert rr.slow_rank(ranks)["holds"] is True
-    assert rr.starved(ranks[:1], 0, {"holds": True, "excess": 50e-3}) is None  # no other rank to compare with
+    assert slow_rank(ranks)["holds"] is True
+    assert starved(ranks[:1], 0, {"holds": True, "excess": 50e-3}) is None  # no other rank to compare with
 
 
 def test_words_for_a_slow_rank_give_its_node_mates_in_milliseconds():
-    at = rr.slow_rank([rank(0, 750.0), rank(1, 500.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
+    at = slow_rank([rank(0, 750.0), rank(1, 500.0), rank(2, 250.0, "nid002"), rank(3, 250.0, "nid002")])
     assert rr.slow_rank_words(at) == (
         f"rank 0 on nid001: own work (before the gradient sync) 750.0 ms a step against the other 3 ranks' median "
         f"of 250.0 ms (3.0x), above the others in {STEPS} of {STEPS} steps; its node's other ranks 500.0 ms: "
@@ -107,9 +133,11 @@ def test_words_for_a_slow_rank_give_its_node_mates_in_milliseconds():
 
 
 def test_a_ranks_series_keeps_its_step_numbers_and_only_real_durations():
-    r = {"own_step_series": {"first_step": 5, "ms": [1.0, -1, float("nan"), "3", True, 4, float("inf"), 0]}}
-    assert rr.own_series(r) == {5: 1e-3, 10: 4e-3, 12: 0.0}
-    assert rr.own_series({"own_step_series": {"first_step": 5.0, "ms": [1.0]}}) == {}  # a step number is whole
+    r = {"own_step_series": {"first_step": 5, "ms": [1.0, -1, float("nan"), None, 4, float("inf"), 0]}}
+    assert own_series(r) == {5: 1e-3, 9: 4e-3, 11: 0.0}
+    for bad in ({"first_step": 5.0, "ms": [1.0]}, {"first_step": 5, "ms": ["3"]}, {"first_step": 5, "ms": [True]}):
+        with pytest.raises(msgspec.ValidationError):  # a step number is whole, a time a number: else refused
+            own_series({"own_step_series": bad})
 
 
 @pytest.mark.parametrize("intervals, talked, said", [
@@ -118,11 +146,17 @@ def test_a_ranks_series_keeps_its_step_numbers_and_only_real_durations():
     (10, 4, "2 ranks each trained a separate copy: a process group, but a collective in only 4 of their 10 or "
             "more step intervals (no DistributedDataParallel), so no rank waited for another"),
     (10, 5, None),  # half the intervals: they talk (TALKING_SHARE)
-    (10, None, None), (0, 0, None), (10, True, None),  # not measured, or nonsense: nothing said
+    (0, 0, None),  # no interval measured: nothing said
 ])
 def test_ranks_that_rarely_talk_are_separate_copies(intervals, talked, said):
     ranks = [{"rank": r, "collectives_in_steps": {"intervals": intervals, "with_collectives": talked}} for r in (0, 1)]
-    assert rr.separate_copies(ranks) == said
+    assert separate_copies(ranks) == said
+
+
+@pytest.mark.parametrize("talked", [None, True, 1.5])
+def test_a_collectives_count_that_is_not_a_count_is_refused_when_read(talked):
+    with pytest.raises(msgspec.ValidationError, match="with_collectives"):
+        entries([{"rank": 0, "collectives_in_steps": {"intervals": 10, "with_collectives": talked}}])
 
 
 def test_a_candidate_without_steps_compares_none():

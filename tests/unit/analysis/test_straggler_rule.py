@@ -7,6 +7,8 @@ that the rule's terms are known by construction, and the expected answer is work
 
 import statistics
 
+from recordedruns import entries
+
 import pytest
 
 BASE_MS = 10.0
@@ -93,7 +95,7 @@ def test_with_two_ranks_the_candidate_is_measured_against_the_other_alone():
                 "step_time_s": {"median": 2 * ms / 1e3},
                 "own_step_series": {"first_step": 1, "ms": [ms + (0.01 if i % 2 else -0.01) for i in range(20)]}}
 
-    s = slow_rank([rank(0, 10.0), rank(1, 20.0)])
+    s = slow_rank(entries([rank(0, 10.0), rank(1, 20.0)]))
     assert s["rank"] == 1 and s["median_own_s"] == pytest.approx(0.010)
     assert s["excess"] == pytest.approx(0.010) and s["holds"] is True
     series = {0: {n: 10.0 for n in range(20)}, 1: {n: 20.0 for n in range(20)}}

@@ -228,7 +228,7 @@ def test_any_evidence_gets_one_line_and_a_bound_that_reached_its_threshold(e):
     ({"ranks": [{"rank": 0, "step_mode": "graph"}]}, "graph"),
     ({"ranks": [{"rank": 0}], "config": {"train": {"cuda_graph": True}}}, "graph"),  # a summary from before the fact
     ({"ranks": [{"rank": 0}], "config": {"train": {"cuda_graph": False}}}, "eager"),
-    ({"ranks": [{"rank": 0, "step_mode": "warp"}], "config": {"train": {"cuda_graph": "yes"}}}, None),  # neither says
+    ({"ranks": [{"rank": 0}], "config": {"train": {"cuda_graph": "yes"}}}, None),  # neither says
     (None, None),
 ])
 def test_the_step_mode_comes_from_the_summary(summary, mode):

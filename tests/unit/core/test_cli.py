@@ -14,9 +14,9 @@ def test_summary_and_index_readers(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"world_size": 2, "ranks": [{"rank": 0}, {"rank": "x"}]}))
     warned: list[str] = []
     assert read_summary(tmp_path / "summary.json", warned.append) is None  # decoded whole, or refused in a line
-    assert len(warned) == 1 and "ranks[1]: not a record with an integer 'rank'" in warned[0]
+    assert len(warned) == 1 and "ranks[1].rank 'x': Expected `int`, got `str`" in warned[0]
     (tmp_path / "summary.json").write_text(json.dumps({"world_size": 2, "ranks": [{"rank": 0}, {"rank": 1}]}))
-    assert [r["rank"] for r in read_summary(tmp_path / "summary.json").ranks] == [0, 1]
+    assert [r.rank for r in read_summary(tmp_path / "summary.json").ranks] == [0, 1]
     (tmp_path / "index.json").write_text(json.dumps({"points": [
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "a"},
         {"data_fraction": 1, "batch_size": 8, "gpus": 1, "run_dir": "/etc"}]}))

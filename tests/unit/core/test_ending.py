@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from recordedruns import recorded_run
+from recordedruns import entries, recorded_run
 
 from hpc.core.ending import EXIT_CODES, Outcome, RankEnd, RankExit, decode_exit, encode_exit, run_outcome
 from hpc.core.summary import current_summary, decode_run_record, read_records, run_state, write_run_summary
@@ -33,7 +33,7 @@ def test_a_summary_deleted_and_made_again_from_its_records_is_the_same_file(tmp_
     paths = run_with(tmp_path, exit_record(0, RankEnd.OK, ended_ns=50, exit_code=0),
                      exit_record(1, RankEnd.RUNNING), facts=[{"rank": 0, "attempt": "41.0.0", "steps": 7}])
     first = write_run_summary(paths, ended=True)
-    assert first.outcome == "preempted" and [r["kind"] for r in first.ranks] == ["ok", "lost"]
+    assert first.outcome == "preempted" and [r.kind for r in first.ranks] == ["ok", "lost"]
     written = paths.summary.read_bytes()
     assert decode_run_record(written).outcome == Outcome.PREEMPTED  # the typed record, strictly
     with pytest.raises(msgspec.ValidationError):
@@ -83,7 +83,7 @@ def test_the_one_rule_against_its_words(ends, cancelled):
     """The rule, checked against a plain statement of it (not its code): done only when every rank of the
     world ended ok; a cancel the scheduler said is a cancel unless done; else the first of the ranks that
     ended failed or oom names the run; else any rank stopped from outside makes it preempted."""
-    ranks = [{"rank": r, "kind": k, "ended_ns": t} for r, (k, t) in enumerate(ends)]
+    ranks = entries({"rank": r, "kind": k, "ended_ns": t} for r, (k, t) in enumerate(ends))
     said = run_outcome(ranks, len(ranks), cancelled)
     kinds = [k for k, _ in ends]
     bad = sorted((t, k != RankEnd.OOM, r, k) for r, (k, t) in enumerate(ends) if k in (RankEnd.FAILED, RankEnd.OOM))
@@ -183,8 +183,8 @@ def test_a_bad_end_of_unknown_time_counts_as_the_first():
     """A rank whose end time was not recorded (its runner died first) is not taken for a later one."""
     from hpc.core.ending import first_bad
 
-    ranks = [{"rank": 1, "kind": "failed", "ended_ns": None}, {"rank": 0, "kind": "oom", "ended_ns": 1}]
-    assert first_bad(ranks)["rank"] == 1
+    ranks = entries([{"rank": 1, "kind": "failed", "ended_ns": None}, {"rank": 0, "kind": "oom", "ended_ns": 1}])
+    assert first_bad(ranks).rank == 1
 
 
 # squeue(1)'s JOB STATE CODES, as its manual lists them (Slurm 23.11): the oracle for the one table

@@ -9,7 +9,9 @@ from hpc.core.errors import SchemaError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import (
     attempt_of,
+    RankFacts,
     RunRecord,
+    read_facts,
     build_summary,
     failure_line,
     last_said,
@@ -18,6 +20,7 @@ from hpc.core.summary import (
 )
 from hpc.core.ending import RankExit, run_outcome
 from hpc.settings.rankcommand import user_command
+from recordedruns import summary_of
 
 
 def exits(*records):
@@ -32,16 +35,16 @@ def record(rank, kind, ended, **more):
 
 
 def test_the_root_cause_is_the_first_rank_to_fail_on_its_own():
-    records = [record(0, "peer", 50), record(1, "failed", 30, message="exit 1: ValueError: x"),
-               record(2, "failed", 20, message="signal SIGSEGV: "), record(3, "peer", 10)]
-    assert root_cause(records)["rank"] == 2  # the victims ended first, yet are never the cause
+    records = exits(record(0, "peer", 50), record(1, "failed", 30, message="exit 1: ValueError: x"),
+                    record(2, "failed", 20, message="signal SIGSEGV: "), record(3, "peer", 10))
+    assert root_cause(records).rank == 2  # the victims ended first, yet are never the cause
     assert run_outcome(records, 4) == "failed"
     line = failure_line(records, 4)
     assert line.startswith("rank 2 failed first (on nid002, local rank 0): signal SIGSEGV")
     assert "/r/logs/rank2.err" in line and "ranks 0,1,3 ended after it" in line
     assert "left no record" in failure_line(records[1:3], 4) and "ranks 0,3 left no record" in failure_line(records[1:3], 4)
-    tie = [record(3, "failed", 5), record(1, "failed", 5)]
-    assert root_cause(tie)["rank"] == 1
+    tie = exits(record(3, "failed", 5), record(1, "failed", 5))
+    assert root_cause(tie).rank == 1
 
 
 @pytest.mark.parametrize("kinds, outcome", [
@@ -50,8 +53,8 @@ def test_the_root_cause_is_the_first_rank_to_fail_on_its_own():
     (["running", "ok", "ok", "ok"], "running"),
 ])
 def test_a_runs_outcome_from_its_ranks(kinds, outcome):
-    assert run_outcome([record(r, k, r) for r, k in enumerate(kinds)], 4) == outcome
-    assert failure_line([record(r, k, r) for r, k in enumerate(kinds)], 4) is None
+    assert run_outcome(exits(*[record(r, k, r) for r, k in enumerate(kinds)]), 4) == outcome
+    assert failure_line(exits(*[record(r, k, r) for r, k in enumerate(kinds)]), 4) is None
 
 
 def test_only_the_latest_attempt_is_read(tmp_path):
@@ -132,19 +135,22 @@ def test_a_commands_steps_are_its_beats_where_its_facts_stopped_short():
     resumed at step 100, counted from 0 this start) keep theirs; no beats counted, the facts' stand."""
     from hpc.core.summary import rank_entries
 
+    def facts(steps):
+        return {0: RankFacts(rank=0, attempt="7.0.0", steps=steps)}
+
     record = {"rank": 0, "kind": "interrupted", "attempt": "7.0.0", "steps_seen": 80}
-    assert rank_entries(exits(record), {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 80
-    assert rank_entries(exits(record), {}, ())[0]["steps"] == 80  # killed before any facts
-    assert rank_entries(exits(record), {0: {"rank": 0, "attempt": "7.0.0", "steps": 100}}, ())[0]["steps"] == 100
+    assert rank_entries(exits(record), facts(5), ())[0].steps == 80
+    assert rank_entries(exits(record), {}, ())[0].steps == 80  # killed before any facts
+    assert rank_entries(exits(record), facts(100), ())[0].steps == 100
     plain = {k: v for k, v in record.items() if k != "steps_seen"}
-    assert rank_entries(exits(plain), {0: {"rank": 0, "attempt": "7.0.0", "steps": 5}}, ())[0]["steps"] == 5
+    assert rank_entries(exits(plain), facts(5), ())[0].steps == 5
 
 
 def test_only_a_command_done_with_no_step_on_any_rank_is_said_to_have_stepped_none():
     from hpc.core.summary import no_step_line
 
     def summary(kind="command", outcome="done", steps=(0, 0)):
-        return RunRecord(kind=kind, outcome=outcome, ranks=[{"rank": i, "steps": n} for i, n in enumerate(steps)])
+        return summary_of(kind=kind, outcome=outcome, ranks=[{"rank": i, "steps": n} for i, n in enumerate(steps)])
 
     assert "no torch.optim optimizer step on any rank" in no_step_line(summary())
     assert no_step_line(summary(steps=(None, None))) is not None  # no facts, no beats: nothing seen either
@@ -215,7 +221,7 @@ def test_every_record_between_processes_says_its_schema_and_another_is_refused(t
         assert [r.rank for r in read_records(paths)] == ([0] if read else [])
         assert ("rank0.exit.json: not an exit record (schema 2, and this toolkit reads schema 1)" in caplog.text) is (not read)
     paths.rank_exit(0).write_text(json.dumps(stopped))
-    assert "schema" not in build_summary(paths, read_records(paths), {}).ranks[0]  # summary.json's own
+    assert "schema" not in msgspec.to_builtins(build_summary(paths, read_records(paths), {}).ranks[0])  # summary.json's
     for schema, outcome in ((None, "cancelled"), (1, "cancelled"), (2, "stopped")):
         said = {"job": "77", "state": "CANCELLED"}
         paths.scheduler.write_text(json.dumps(said if schema is None else {**said, "schema": schema}))
@@ -266,8 +272,24 @@ def test_the_runs_oom_is_the_lowest_ranks_record_decoded_and_a_mistyped_one_is_n
     paths.ranks.mkdir()
     ended = exits(record(0, "oom", 5, attempt="3.0.0", exit_code=4), record(1, "oom", 6, attempt="3.0.0", exit_code=4))
     oom = {"rank": 1, "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "batch_size_per_gpu": 512}
-    facts = {1: {"rank": 1, "attempt": "3.0.0", "oom": oom}, 0: {"rank": 0, "attempt": "3.0.0", "oom": {"rank": "x"}}}
+    paths.rank_facts(1).write_text(json.dumps({"rank": 1, "attempt": "3.0.0", "steps": 4, "oom": oom}))
+    paths.rank_facts(0).write_text(json.dumps({"rank": 0, "attempt": "3.0.0", "steps": 4, "oom": {"rank": "x"}}))
+    facts = read_facts(paths)
+    assert "rank 0: its out-of-memory record ignored" in caplog.text and facts[0].steps == 4  # the rest is kept
     summary = build_summary(paths, ended, facts)
     assert summary.oom == OomRecord(rank=1, message=oom["message"], batch_size_per_gpu=512)
-    assert "rank 0: its out-of-memory record ignored" in caplog.text
     assert build_summary(paths, ended, {0: facts[0]}).oom is None
+
+
+def test_a_facts_file_not_of_its_shape_is_no_record_and_said(tmp_path, caplog):
+    """Issue 73: each rank's facts are decoded into RankFacts when read; a mistyped one is said in a line
+    naming the value and left out, a cut one (being written) is no record yet, the others are kept."""
+    paths = RunPaths(tmp_path)
+    paths.ranks.mkdir()
+    paths.rank_facts(0).write_text(json.dumps({"rank": 0, "steps": "x"}))
+    paths.rank_facts(1).write_text(json.dumps({"rank": 1, "steps": 3, "step_time_s": {"n": 2, "mean": 0.5}}))
+    paths.rank_facts(2).write_text('{"rank": 2, "ste')
+    facts = read_facts(paths)
+    assert list(facts) == [1] and facts[1].step_time_s.mean == 0.5
+    assert "rank0.facts.json: not a facts record (steps 'x': Expected `int | null`, got `str`" in caplog.text
+    assert "rank2" not in caplog.text

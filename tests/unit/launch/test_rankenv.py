@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpc.core.summary import attempt_of, exit_code_of
+from recordedruns import entries
 from hpc.launch.rank.rankenv import ordered_gpus, rank_env
 from hpc.placement.distenv import from_environ
 from hpc.settings.config import load_cluster
@@ -77,7 +78,7 @@ def test_the_gpus_are_ordered_so_cuda_local_rank_is_the_near_one(env, expected):
     ({"kind": "stopped", "exit_code": 0}, 3),  # exit 0 after a stop, unfinished: the stop's code, requeued as one
 ])
 def test_hpc_rank_exits_as_its_command_did(rec, code):
-    assert exit_code_of(rec) == code
+    assert exit_code_of(entries([{"rank": 0, **rec}])[0]) == code
 
 
 BATCH_SHELL = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2",

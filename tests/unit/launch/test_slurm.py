@@ -12,7 +12,7 @@ from hpc.core.ending import RankExit
 from hpc.launch.submission.sbatchflags import JobOptions
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 from hpc.settings.config import load_cluster
-from recordedruns import recorded_run
+from recordedruns import entries, recorded_run
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -117,8 +117,8 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     from hpc.core.summary import RunRecord
     from hpc.launch.requeue import requeue_code, run_code
 
-    assert requeue_code(record) == code
-    ranks = [{"rank": r, **record} for r in (0, 1)]  # the batch shell's code for a run of such ranks
+    ranks = entries({"rank": r, **record} for r in (0, 1))  # the batch shell's code for a run of such ranks
+    assert requeue_code(ranks[0]) == code
     if code is not None:
         assert run_code(RunRecord(ranks=ranks, outcome=Outcome.PREEMPTED), 0, False) == code
 

@@ -16,7 +16,8 @@ import torch
 
 from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import run_outcome
+from hpc.core.summary import RankFacts, run_outcome
+from recordedruns import entries
 from hpc.core.proc import process_state
 from hpc.launch.rank.flightrec import ask_for_dump
 from hpc.launch.rank.hang import HangWatch, main_frames, waits_for_a_peer, where
@@ -115,9 +116,9 @@ def test_a_silent_rank_is_named_only_past_the_bound_and_not_when_a_peer_failed(t
 def test_the_first_rank_to_end_badly_says_what_the_run_is():
     oom = {"rank": 1, "kind": "oom", "ended_ns": 100}
     peer = {"rank": 0, "kind": "failed", "ended_ns": 105}  # its collective failed after the OOM
-    assert run_outcome([peer, oom], 2) == "oom"
-    assert run_outcome([{**peer, "ended_ns": 90}, oom], 2) == "failed"
-    assert run_outcome([{**peer, "kind": "ok"}, {**oom, "kind": "ok"}], 2) == "done"
+    assert run_outcome(entries([peer, oom]), 2) == "oom"
+    assert run_outcome(entries([{**peer, "ended_ns": 90}, oom]), 2) == "failed"
+    assert run_outcome(entries([{**peer, "kind": "ok"}, {**oom, "kind": "ok"}]), 2) == "done"
 
 
 def test_an_out_of_memory_error_is_found_along_the_chain_of_causes():
@@ -435,9 +436,11 @@ def test_a_scripts_rank_record_carries_every_measurement_the_trainings_does(tmp_
         optimizer.step()
         hook(optimizer, (), {})
     facts = hook.facts()
-    assert set(RANK_MEASURES) <= set(facts) and set(RANK_MEASURES) <= set(MEASURED)
-    assert facts["startup"]["first_step_end_unix"] is not None and facts["wall_time_s"] > 0
-    assert facts["own_step_series"]["first_step"] == 0 and len(facts["own_step_series"]["ms"]) == 4
+    assert set(RANK_MEASURES) <= set(RankFacts.__struct_fields__) and set(RANK_MEASURES) <= set(MEASURED)
+    off_a_gpu = {"cuda_max_memory_allocated_bytes", "cuda_max_memory_reserved_bytes", "step_time_after_profiler_s"}
+    assert [k for k in RANK_MEASURES if getattr(facts, k) is None] == sorted(off_a_gpu, key=RANK_MEASURES.index)
+    assert facts.startup.first_step_end_unix is not None and facts.wall_time_s > 0
+    assert facts.own_step_series.first_step == 0 and len(facts.own_step_series.ms) == 4
 
 
 def test_a_ready_task_is_asked_for_its_stacks_and_the_whole_dump_is_read(tmp_path):
