@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, SchemaError
+from hpc.core.files import JsonObject
 
 
 class Word(str, enum.Enum):
@@ -286,7 +287,7 @@ class RankExit(msgspec.Struct, kw_only=True):
     leftovers_killed: bool | None = None
     schema: int = RANK_EXIT_SCHEMA
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         """The record as summary.json holds it (unset optional flags left out; the schema is summary.json's)."""
         flags = ("signals_passed_on", "steps_seen", "stop", "hung", "orphaned", "leftovers_killed", "pid")
         return {k: v for k, v in msgspec.to_builtins(self).items() if not (k in flags and v is None) and k != "schema"}
@@ -325,9 +326,9 @@ class TaskSaid(msgspec.Struct, kw_only=True):
 
     words: list[str] = msgspec.field(default_factory=list)
     requeue_codes: list[int] = msgspec.field(default_factory=list)
-    profiler: dict[str, Any] | None = None
-    point: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
+    profiler: JsonObject | None = None
+    point: JsonObject | None = None
+    config: JsonObject | None = None
     schema: int = TASK_SCHEMA
 
 

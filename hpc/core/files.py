@@ -32,6 +32,7 @@ from hpc.core.owner import open_append, open_new
 T = TypeVar("T")
 
 Warn = Callable[[str], None]
+JsonObject = dict[str, object]  # a JSON object whose keys another owns (a config, a profiler cycle): read where used
 
 
 def ignore(message: str) -> None:

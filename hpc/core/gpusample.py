@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from hpc.core.files import append_line, read_json, write_atomic
+from hpc.core.files import JsonObject, append_line, read_json, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class GpuSummary(msgspec.Struct, kw_only=True):
     peaks), those allocated but idle ("nid001 GPU 2"), the nodes with none to sample, and the line said."""
 
     sampled: bool
-    gpus: list[dict[str, Any]]
+    gpus: list[JsonObject]
     idle: list[str]
     none: list[str]
     line: str | None

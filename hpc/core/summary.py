@@ -66,7 +66,17 @@ from hpc.core.ending import (
     run_outcome,
 )
 from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
-from hpc.core.files import Warn, decoded, ignore, load_yaml_text, read_json, temp_name, with_value, write_atomic
+from hpc.core.files import (
+    JsonObject,
+    Warn,
+    decoded,
+    ignore,
+    load_yaml_text,
+    read_json,
+    temp_name,
+    with_value,
+    write_atomic,
+)
 from hpc.core.gpusample import GpuSummary
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
@@ -98,7 +108,6 @@ ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (wh
 # values (JsonObject): their keys are torch's and the config's, read where they are used.
 # ----------------------------------------------------------------------------------------------
 
-JsonObject = dict[str, object]  # a JSON object whose keys another owns (a config, a profiler cycle)
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]  # as rundir.is_count reads a rank
 
 

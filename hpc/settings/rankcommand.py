@@ -30,6 +30,7 @@ import msgspec
 from hpc.core.cli import shown
 from hpc.core.ending import TASK_SCHEMA, decode_versioned
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, SchemaError, UsageError
+from hpc.core.files import JsonObject
 from hpc.core.rundir import SUBMITTED
 
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
@@ -55,12 +56,12 @@ class RankCommand:
     name: str  # the job's name when none is given, and the runs directory's folder
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # templates too
     requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
-    profiler: dict[str, Any] | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
+    profiler: JsonObject | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
     stop_grace_s: int = 60
     # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py); None: its learned bounds
     hang_timeout_s: int | None = None
-    point: dict[str, Any] | None = None  # the sweep point it runs, recorded in summary.json
-    config: dict[str, Any] | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
+    point: JsonObject | None = None  # the sweep point it runs, recorded in summary.json
+    config: JsonObject | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
     schema: int = TASK_SCHEMA  # task.json's layout (hpc/core/ending.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,7 +137,7 @@ def training_command(
 def user_command(
     argv: Sequence[str],
     cwd: str,
-    profiler: dict[str, Any] | None,
+    profiler: JsonObject | None,
     stop_grace_s: int,
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
