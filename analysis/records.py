@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 
 @dataclass(kw_only=True, frozen=True)
 class CpuTotals:
@@ -150,6 +152,35 @@ class RankTotals:
     )
 
 
+class Consistency(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether a candidate is slower than the others step by step (analysis/runs/ranks.py's rule): the steps
+    compared, those it was above the others' median in, its median excess and the run's spread (the values'
+    unit), whether that holds, and if not, why, in words."""
+
+    steps_compared: int
+    steps_above: int | None = None
+    excess: float | None = None
+    spread: float | None = None
+    holds: bool = False
+    why_not: str | None = None
+
+
+class SlowRank(Consistency, frozen=True, kw_only=True):
+    """The straggler by every rank's own work (analysis/runs/ranks.py slow_rank): who and where, its own work
+    and the others' median, its node's other ranks', whether its node is the slow one, the step, and the part
+    of each step the others wait for it; with the rule's evidence (Consistency's fields)."""
+
+    rank: int
+    node: str
+    own_s: float
+    median_own_s: float
+    ranks_measured: int
+    node_others_own_s: float | None = None
+    slow_node: bool = False
+    step_s: float | None = None
+    wait_share: float | None = None
+
+
 def max_present(values: Iterable[Any]) -> Any:
     """The largest of the values that are there (None: none is)."""
     present = [v for v in values if v is not None]
@@ -230,7 +261,7 @@ class RunRow:
     straggler_share: float | None = None  # ... and the share of collectives it was last at
     slowest_step: str | None = None  # "rank R on NODE": the rank whose profiled steps took longest
     # every rank's own work per step from summary.json, profiled or not (analysis/runs/ranks.py's slow_rank)
-    slow_rank: dict[str, Any] | None = None
+    slow_rank: SlowRank | None = None
     slowest_step_not_named: str | None = None  # why the profiled steps name no slowest rank (no consistency)
     separate_copies: str | None = None  # why its ranks never waited for each other (analysis/runs/ranks.py)
     gpu_line: str | None = None  # what NVML saw of each GPU during the run (summary.json's gpus), in words
@@ -312,5 +343,5 @@ def as_row(record: Any) -> dict[str, Any]:
         if isinstance(value, Spread):
             row[f"{f.name}_mean"], row[f"{f.name}_max"] = value.mean, value.max
         else:
-            row[f.name] = value
+            row[f.name] = msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value
     return row

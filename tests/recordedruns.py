@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 
+from analysis.records import SlowRank
 from hpc.core.ending import RankExit, encode_exit
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import RankEntry, RunRecord
@@ -35,3 +36,10 @@ def entries(ranks: Iterable[Mapping]) -> list[RankEntry]:
 def summary_of(**fields: object) -> RunRecord:
     """A RunRecord decoded from summary.json's fields as a test writes them (its ranks as mappings)."""
     return msgspec.convert(fields, RunRecord)
+
+
+def slow_rank_of(**fields: object) -> SlowRank:
+    """The analysis's straggler record with the fields a test gives, the rest those of a plain two-rank run."""
+    plain: dict[str, object] = {"rank": 1, "node": "nid001", "own_s": 0.02, "median_own_s": 0.01,
+                                "ranks_measured": 2, "steps_compared": 12}
+    return msgspec.convert({**plain, **fields}, SlowRank)

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from analysis.records import RunRow, TraceRecord
+from analysis.records import RunRow, SlowRank, TraceRecord
 from analysis.runs.fold import model_facts
 from analysis.runs.ranks import slow_rank_words
 from hpc.core.summary import RunRecord
@@ -115,7 +115,7 @@ class Evidence:
     slowest_step: str | None = None  # which rank that is, on which node: no imbalance verdict without it
     straggler_rank: int | None = None
     straggler_share: float | None = None
-    slow_rank: dict[str, Any] | None = None  # from every rank's own work per step (analysis/runs/ranks.py)
+    slow_rank: SlowRank | None = None  # from every rank's own work per step (analysis/runs/ranks.py)
     # why no straggler is named where a mean says one (its evidence does not hold step by step)
     imbalance_unproven: str | None = None
     achieved_tflops: float | None = None  # where the model's FLOPs are known
@@ -173,7 +173,7 @@ def shares(e: Evidence) -> dict[str, float]:
         out[IMBALANCE] = (e.step_max_us - e.step_mean_us) / e.step_max_us
     # Under DDP every rank's step ends at the same all-reduce, so whole steps come out alike: the wait for
     # the slowest rank's own work (all ranks', from summary.json) is the measure that sees a straggler.
-    waited = (e.slow_rank or {}).get("wait_share") if (e.slow_rank or {}).get("holds") else None
+    waited = e.slow_rank.wait_share if e.slow_rank is not None and e.slow_rank.holds else None
     by_mean = out.get(IMBALANCE) or 0.0
     if waited is not None and waited > by_mean:  # pragma: no mutate (>= would set the same value)
         out[IMBALANCE] = waited
@@ -281,7 +281,7 @@ def describe(bound: str, e: Evidence, measured: dict[str, float]) -> str:
         return f"the DataLoader took {_pct(measured[DATA])} of the profiled steps, {waits}"
     if bound == MEMORY:
         return f"memory copies and sets no kernel covered took {_pct(measured[MEMORY])} of the span"
-    if bound == IMBALANCE and e.slow_rank is not None and e.slow_rank.get("wait_share") == measured[IMBALANCE]:
+    if bound == IMBALANCE and e.slow_rank is not None and e.slow_rank.wait_share == measured[IMBALANCE]:
         return f"{slow_rank_words(e.slow_rank)}; the others wait for it {_pct(measured[IMBALANCE])} of every step"
     if bound == IMBALANCE:
         who = (
@@ -424,9 +424,9 @@ def unproven_imbalance(run: RunRow) -> str | None:
     """Why no straggler is named where a mean alone would have named one (its share at the threshold or
     more): the step-by-step rule's words (analysis/runs/ranks.py), else None."""
     said = []
-    s = run.slow_rank or {}
-    if not s.get("holds") and (s.get("wait_share") or 0.0) >= THRESHOLDS[IMBALANCE] and s.get("why_not"):
-        said.append(f"own work: {s['why_not']}")
+    s = run.slow_rank
+    if s is not None and not s.holds and (s.wait_share or 0.0) >= THRESHOLDS[IMBALANCE] and s.why_not:
+        said.append(f"own work: {s.why_not}")
     mean, worst = run.step_time_us_mean.mean, run.step_time_us_mean.max
     if run.slowest_step_not_named and mean and worst and (worst - mean) / worst >= THRESHOLDS[IMBALANCE]:
         said.append(run.slowest_step_not_named)

@@ -191,8 +191,8 @@ def slowest_step(
         return None, None
     rank = max(timed, key=lambda r: r.step_time_us_mean or 0.0).rank
     evidence = profiled_step_consistency(records, rank)
-    if not evidence["holds"]:
-        return None, f"profiled steps: {evidence['why_not']}"
+    if not evidence.holds:
+        return None, f"profiled steps: {evidence.why_not}"
     record = next((r for r in ranks_of(summary) if r.rank == rank), None)
     node = record.node or record.hostname if record is not None else None
     return (f"rank {rank} on {node}" if node else f"rank {rank} (its node unknown: no summary.json)"), None

@@ -11,7 +11,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Literal
 
-from analysis.records import TraceRecord
+import msgspec
+
+from analysis.records import Consistency, SlowRank, TraceRecord
 from hpc.core.summary import RankEntry
 
 
@@ -36,7 +38,7 @@ def step_skew_us(records: list[TraceRecord]) -> float | None:
     return sum(skews) / len(skews) if skews else None
 
 
-def profiled_step_consistency(records: list[TraceRecord], rank: Any) -> dict[str, Any]:
+def profiled_step_consistency(records: list[TraceRecord], rank: Any) -> Consistency:
     """The rule (consistency) on the profiled steps' times, each rank's step by its ProfilerStep number."""
     return consistency(_by_rank_and_step(records, lambda r: r.step_time_us), rank, 1e-3)
 
@@ -134,16 +136,15 @@ def _iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: float) -> dict[str, Any]:
+def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: float) -> Consistency:
     """Whether `candidate` is slower than the others step by step (the rule above), from each rank's
     {step: time}: the steps compared, those it was above the others' median in, its median excess and the
     run's spread (in the values' unit; `to_ms` makes them ms for the words), whether that holds, and if
     not, why, in words."""
     common, excesses = _excesses(by_rank, candidate)
-    out: dict[str, Any] = {"steps_compared": len(common), "steps_above": None, "excess": None, "spread": None}
     if len(common) < MIN_COMPARED_STEPS:
         few = f"{len(common)} step(s) measured by every rank, {MIN_COMPARED_STEPS} needed to compare ranks"
-        return {**out, "holds": False, "why_not": few}
+        return Consistency(steps_compared=len(common), why_not=few)
     above = sum(e > 0 for e in excesses)
     excess = statistics.median(excesses)
     spread = statistics.median(_iqr([v[n] for n in common]) for v in by_rank.values())
@@ -155,7 +156,9 @@ def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: flo
         f"{MOST_STEPS:.0%} or more), by a median {excess * to_ms:.2f} ms against the run's step-to-step spread "
         f"of {spread * to_ms:.2f} ms (a straggler: over {SPREADS:g}x)"
     )
-    return {**out, "steps_above": above, "excess": excess, "spread": spread, "holds": holds, "why_not": why}
+    return Consistency(
+        steps_compared=len(common), steps_above=above, excess=excess, spread=spread, holds=holds, why_not=why
+    )
 
 
 # A rank whose own work exceeds the others' because it waited for a core (runnable, not running: other
@@ -163,20 +166,20 @@ def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: flo
 STARVED_PART = 0.5
 
 
-def starved(ranks: list[RankEntry], candidate: Any, evidence: dict[str, Any]) -> str | None:
+def starved(ranks: list[RankEntry], candidate: Any, evidence: Consistency) -> str | None:
     """Why a straggler by wall time is a rank that waited for a core, in words; None where its wait for a
     core (own_step_series' queued_ms) explains under STARVED_PART of its excess, or is not known."""
     queued = {r.rank: own_series(r, "queued_ms") for r in ranks}
-    if not evidence.get("holds"):
+    if not evidence.holds or evidence.excess is None:
         return None
     common, waits = _excesses(queued, candidate)  # none in common where a rank (or the candidate) has none
     if len(common) < MIN_COMPARED_STEPS:
         return None
     waited = statistics.median(waits)
-    if waited < STARVED_PART * evidence["excess"]:
+    if waited < STARVED_PART * evidence.excess:
         return None
     return (
-        f"rank {candidate}'s own work took a median {evidence['excess'] * 1e3:.2f} ms more than the others' a step, "
+        f"rank {candidate}'s own work took a median {evidence.excess * 1e3:.2f} ms more than the others' a step, "
         f"{waited * 1e3:.2f} ms of it waiting for a core (other processes on its CPUs: the machine's load), "
         "not more work"
     )
@@ -196,7 +199,7 @@ def own_series(rank: RankEntry, key: Literal["ms", "queued_ms"] = "ms") -> dict[
     }
 
 
-def slow_rank(ranks: list[RankEntry]) -> dict[str, Any] | None:
+def slow_rank(ranks: list[RankEntry]) -> SlowRank | None:
     """The straggler from every rank's step timing in summary.json, profiled or not: the rank with the most
     own work per step (the part before its gradient sync, hpc/training/steptimes.py's StepClock), against the
     other ranks' median (what they wait for it: with two ranks, the other's own work), and whether its
@@ -218,39 +221,35 @@ def slow_rank(ranks: list[RankEntry]) -> dict[str, Any] | None:
     evidence = consistency({r.rank: own_series(r) for r in ranks if r.rank in own}, slowest, 1e3)
     waited_for_a_core = starved([r for r in ranks if r.rank in own], slowest, evidence)
     if waited_for_a_core:
-        evidence = {**evidence, "holds": False, "why_not": waited_for_a_core}
-    return {
-        **evidence,
-        "rank": slowest,
-        "node": node[slowest],
-        "own_s": own[slowest],
-        "median_own_s": median,
-        "ranks_measured": len(own),
-        "node_others_own_s": mates_median,
-        "slow_node": mates_median is not None and excess > 0 and mates_median - median >= SLOW_NODE_PART * excess,
-        "step_s": step,
-        "wait_share": max(0.0, min(1.0, excess / step)) if step else None,
-    }
+        evidence = msgspec.structs.replace(evidence, holds=False, why_not=waited_for_a_core)
+    return SlowRank(
+        **msgspec.structs.asdict(evidence),
+        rank=slowest,
+        node=node[slowest],
+        own_s=own[slowest],
+        median_own_s=median,
+        ranks_measured=len(own),
+        node_others_own_s=mates_median,
+        slow_node=mates_median is not None and excess > 0 and mates_median - median >= SLOW_NODE_PART * excess,
+        step_s=step,
+        wait_share=max(0.0, min(1.0, excess / step)) if step else None,
+    )
 
 
-def slow_rank_words(s: dict[str, Any]) -> str:
+def slow_rank_words(s: SlowRank) -> str:
     """`rank 13 on nid004: own work 0.31 s a step against the other 31 ranks' median of 0.01 s (25x); its node's
     other 3 ranks 0.01 s: a slow rank, not a slow node`."""
-    ratio = f" ({s['own_s'] / s['median_own_s']:.1f}x)" if s["median_own_s"] > 0 else ""
-    mates = s["node_others_own_s"]
+    ratio = f" ({s.own_s / s.median_own_s:.1f}x)" if s.median_own_s > 0 else ""
+    mates = s.node_others_own_s
     node = (
         f"its node's other ranks {mates * 1e3:.1f} ms: "
-        + ("a slow node, not a slow rank" if s["slow_node"] else "a slow rank, not a slow node")
+        + ("a slow node, not a slow rank" if s.slow_node else "a slow rank, not a slow node")
         if mates is not None
         else "no other rank on its node"
     )
-    steps = (
-        f", above the others in {s['steps_above']} of {s['steps_compared']} steps"
-        if s.get("steps_above") is not None
-        else ""
-    )
+    steps = f", above the others in {s.steps_above} of {s.steps_compared} steps" if s.steps_above is not None else ""
     return (
-        f"rank {s['rank']} on {s['node']}: own work (before the gradient sync) {s['own_s'] * 1e3:.1f} ms a step "
-        f"against the other {s['ranks_measured'] - 1} ranks' median of {s['median_own_s'] * 1e3:.1f} ms{ratio}{steps}; "
+        f"rank {s.rank} on {s.node}: own work (before the gradient sync) {s.own_s * 1e3:.1f} ms a step "
+        f"against the other {s.ranks_measured - 1} ranks' median of {s.median_own_s * 1e3:.1f} ms{ratio}{steps}; "
         f"{node}"
     )

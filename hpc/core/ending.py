@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, SchemaError
-from hpc.core.files import JsonObject
+from hpc.core.files import JsonObject, layout_said
 
 
 class Word(str, enum.Enum):
@@ -251,7 +251,7 @@ def decode_versioned(data: bytes, kind: type[V], reads: int) -> V:
     it)."""
     record = msgspec.json.decode(data, type=kind)
     if record.schema != reads:
-        raise SchemaError(f"schema {record.schema}, and this toolkit reads schema {reads}")
+        raise SchemaError(layout_said(record.schema, reads))
     return record
 
 

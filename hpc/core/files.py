@@ -142,6 +142,11 @@ def other_layout(data: object, reads: int) -> str | None:
     schema = data.get("schema", reads) if isinstance(data, dict) else reads
     if type(schema) is int and schema == reads:
         return None
+    return layout_said(schema, reads)
+
+
+def layout_said(schema: object, reads: int) -> str:
+    """The words for a record of layout `schema` that a reader of layout `reads` refuses (every reader's)."""
     return f"schema {schema!r:.40}, and this toolkit reads schema {reads}"
 
 

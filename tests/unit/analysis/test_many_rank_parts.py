@@ -8,6 +8,8 @@ import sys
 import time
 
 import pytest
+
+from analysis.records import Consistency
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,8 +91,8 @@ def ranks(own: list[float], per_node: int = 4, step: float = 0.6, steps: int = 8
 
 def test_a_slow_rank_is_named_with_its_node_and_its_node_is_not_blamed():
     s = slow_rank(ranks([0.01] * 13 + [0.31] + [0.01] * 18))
-    assert (s["rank"], s["node"], s["slow_node"]) == (13, "nid004", False)
-    assert s["median_own_s"] == pytest.approx(0.01) and s["wait_share"] == pytest.approx(0.3 / 0.6)
+    assert (s.rank, s.node, s.slow_node) == (13, "nid004", False)
+    assert s.median_own_s == pytest.approx(0.01) and s.wait_share == pytest.approx(0.3 / 0.6)
     assert "rank 13 on nid004" in slow_rank_words(s) and "a slow rank, not a slow node" in slow_rank_words(s)
 
 
@@ -98,15 +100,15 @@ def test_a_slow_node_is_told_from_a_slow_rank():
     own = [0.01] * 32
     own[12:16] = [0.30, 0.31, 0.29, 0.30]  # every rank of nid004
     s = slow_rank(ranks(own))
-    assert (s["rank"], s["node"], s["slow_node"]) == (13, "nid004", True)
+    assert (s.rank, s.node, s.slow_node) == (13, "nid004", True)
     assert "a slow node, not a slow rank" in slow_rank_words(s)
 
 
 @given(st.lists(st.floats(0, 5), min_size=2, max_size=300))
 def test_the_named_rank_has_the_most_own_work(own):
     s = slow_rank(ranks(own))
-    assert own[s["rank"]] == max(own) and s["rank"] == own.index(max(own))  # ties: the lowest rank
-    assert 0 <= s["wait_share"] <= 1 and s["ranks_measured"] == len(own)
+    assert own[s.rank] == max(own) and s.rank == own.index(max(own))  # ties: the lowest rank
+    assert 0 <= s.wait_share <= 1 and s.ranks_measured == len(own)
 
 
 def test_no_straggler_without_two_measured_ranks():
@@ -119,10 +121,10 @@ def test_one_step_of_own_work_names_no_straggler():
     against 3.7 ms is noise, not a slow rank; from three steps each the same medians name rank 0."""
     assert slow_rank(ranks([0.0153, 0.0037], steps=1)) is None
     assert slow_rank(ranks([0.0153, 0.0037], steps=2)) is None
-    assert slow_rank(ranks([0.0153, 0.0037], steps=3))["rank"] == 0
+    assert slow_rank(ranks([0.0153, 0.0037], steps=3)).rank == 0
     few = ranks([0.0153, 0.0037, 0.004], steps=3)
     few[0]["own_step_time_s"]["n"] = 1  # the slowest median rests on one step: left out, not named
-    assert slow_rank(few)["rank"] == 2 and slow_rank(few)["ranks_measured"] == 2
+    assert slow_rank(few).rank == 2 and slow_rank(few).ranks_measured == 2
 
 
 def test_a_steps_own_work_runs_from_the_last_step_to_its_last_backwards_first_gradient():
@@ -294,9 +296,9 @@ def test_noise_alone_names_no_straggler(ranks_n):
         runs = [[0.01 * rng.lognormvariate(0, 0.3) + (0.02 if rng.random() < 0.1 else 0) for _ in range(60)]
                 for _ in range(ranks_n)]
         s = slow_rank(with_series(runs))
-        assert s is not None and not s["holds"], (seed, s)
+        assert s is not None and not s.holds, (seed, s)
         by_rank = {r: dict(enumerate(v)) for r, v in enumerate(runs)}
-        assert not consistency(by_rank, s["rank"], 1e3)["holds"]
+        assert not consistency(by_rank, s.rank, 1e3).holds
 
 
 @pytest.mark.parametrize("ranks_n", [2, 4, 32])
@@ -310,16 +312,16 @@ def test_a_rank_slowed_in_every_step_is_named_through_the_same_noise(ranks_n):
         slowed = seed % ranks_n
         runs[slowed] = [x + 0.03 for x in runs[slowed]]  # 30 ms more own work each step: 3x the typical
         s = slow_rank(with_series(runs))
-        assert s["holds"] and s["rank"] == slowed and s["steps_above"] >= 0.75 * 60, (seed, s)
-        assert f"above the others in {s['steps_above']} of 60 steps" in slow_rank_words(s)
+        assert s.holds and s.rank == slowed and s.steps_above >= 0.75 * 60, (seed, s)
+        assert f"above the others in {s.steps_above} of 60 steps" in slow_rank_words(s)
 
 
 def test_too_few_steps_compared_names_no_straggler_and_says_so():
     s = slow_rank(with_series([[0.01] * 9, [0.31] * 9]))  # 9 steps compared, 10 needed
-    assert s["rank"] == 1 and not s["holds"] and s["why_not"] == (
+    assert s.rank == 1 and not s.holds and s.why_not == (
         "9 step(s) measured by every rank, 10 needed to compare ranks")
     s = slow_rank(with_series([[0.01] * 12, [0.31] * 12]))
-    assert s["holds"] and s["steps_compared"] == 12
+    assert s.holds and s.steps_compared == 12
 
 
 def test_a_rank_that_waited_for_a_core_is_no_straggler():
@@ -337,11 +339,11 @@ def test_a_rank_that_waited_for_a_core_is_no_straggler():
         rec["own_step_series"]["queued_ms"] = [x * 1e3 for x in q]
     s = slow_rank(starved_run)
     waited_ms = (0.003 - 1e-5) * 1e3  # rank 1's queued time over rank 0's, as built
-    assert s["rank"] == 1 and not s["holds"] and f"{waited_ms:.2f} ms of it waiting for a core" in s["why_not"], s
+    assert s.rank == 1 and not s.holds and f"{waited_ms:.2f} ms of it waiting for a core" in s.why_not, s
     slept = with_series(wall)
     for rec in slept:
         rec["own_step_series"]["queued_ms"] = [0.01] * 20
-    assert slow_rank(slept)["holds"]
+    assert slow_rank(slept).holds
 
 
 def _loading_trace(path, loading_us):
@@ -385,7 +387,7 @@ def _queued(rank: int, queued_ms: float, steps: int) -> dict:
 ])
 def test_a_straggler_that_waited_for_a_core_for_half_its_excess_is_the_machines_load(queued_ms, steps, said):
     ranks = [_queued(0, 0.0, steps), _queued(1, queued_ms, steps), _queued(2, 0.0, steps)]
-    why = starved(ranks, 1, {"holds": True, "excess": 0.004})
+    why = starved(ranks, 1, Consistency(steps_compared=12, holds=True, excess=0.004))
     assert (why is not None) is said
     if said:
         assert why.startswith("rank 1's own work took a median 4.00 ms more") and f"{queued_ms:.2f} ms of it" in why
@@ -393,12 +395,12 @@ def test_a_straggler_that_waited_for_a_core_for_half_its_excess_is_the_machines_
 
 def test_no_core_wait_is_judged_without_a_straggler_or_its_measure():
     ranks = [_queued(0, 0.0, 12), _queued(1, 3.0, 12)]
-    assert starved(ranks, 1, {"holds": False, "excess": 0.004}) is None  # no straggler held
-    assert starved(ranks[1:], 1, {"holds": True, "excess": 0.004}) is None  # one rank: no others
-    assert starved(ranks, 5, {"holds": True, "excess": 0.004}) is None  # not a rank of the run
+    assert starved(ranks, 1, Consistency(steps_compared=12, holds=False, excess=0.004)) is None  # no straggler held
+    assert starved(ranks[1:], 1, Consistency(steps_compared=12, holds=True, excess=0.004)) is None  # one rank: no others
+    assert starved(ranks, 5, Consistency(steps_compared=12, holds=True, excess=0.004)) is None  # not a rank of the run
     bare = [ranks[0], {"rank": 1, "own_step_series": {"first_step": 1, "ms": [3.0] * 12}}]
-    assert starved(bare, 1, {"holds": True, "excess": 0.004}) is None  # no queued_ms recorded
-    assert starved(ranks, 1, {"holds": True, "excess": 0.004}) is not None
+    assert starved(bare, 1, Consistency(steps_compared=12, holds=True, excess=0.004)) is None  # no queued_ms recorded
+    assert starved(ranks, 1, Consistency(steps_compared=12, holds=True, excess=0.004)) is not None
 
 
 def test_the_startup_benchmark_gives_each_phase_after_each_ranks_own_start():

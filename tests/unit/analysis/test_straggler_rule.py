@@ -45,9 +45,9 @@ def test_a_straggler_is_above_the_others_in_three_quarters_of_the_steps(above, h
     excess_at = {n: (5.0 if n < above else -0.001) for n in range(100)}
     by_rank = with_candidate(mates, excess_at)
     got = consistency(by_rank, 0, 1.0)
-    assert got["steps_compared"] == 100 and got["steps_above"] == above
+    assert got.steps_compared == 100 and got.steps_above == above
     assert 5.0 > 2 * run_spread(by_rank)  # the excess term holds throughout: only the share decides
-    assert got["holds"] is holds
+    assert got.holds is holds
 
 
 @pytest.mark.parametrize("times_spread, holds", [(1.9, False), (2.0, False), (2.1, True)])
@@ -60,8 +60,8 @@ def test_a_straggler_is_slower_by_more_than_twice_the_spread(times_spread, holds
     by_rank = with_candidate(mates, {n: times_spread * spread for n in range(40)})
     assert run_spread(by_rank) == pytest.approx(spread)  # adding a constant moves no one's IQR
     got = consistency(by_rank, 0, 1.0)
-    assert got["steps_above"] == 40 and got["excess"] == pytest.approx(times_spread * spread)
-    assert got["holds"] is holds
+    assert got.steps_above == 40 and got.excess == pytest.approx(times_spread * spread)
+    assert got.holds is holds
 
 
 def test_the_excess_is_a_median_not_a_mean():
@@ -74,7 +74,7 @@ def test_the_excess_is_a_median_not_a_mean():
     excess_at[7] = 1000.0
     got = consistency(with_candidate(mates, excess_at), 0, 1.0)
     assert statistics.mean(excess_at.values()) > 2 * spread  # what a mean would say
-    assert got["excess"] == pytest.approx(0.5 * spread) and got["holds"] is False
+    assert got.excess == pytest.approx(0.5 * spread) and got.holds is False
 
 
 @pytest.mark.parametrize("steps, holds", [(9, False), (10, True)])
@@ -82,7 +82,7 @@ def test_ten_steps_are_needed(steps, holds):
     from analysis.runs.ranks import consistency
 
     got = consistency(with_candidate(others(steps, 0.2), {n: 5.0 for n in range(steps)}), 0, 1.0)
-    assert got["holds"] is holds and got["steps_compared"] == steps
+    assert got.holds is holds and got.steps_compared == steps
 
 
 def test_with_two_ranks_the_candidate_is_measured_against_the_other_alone():
@@ -96,10 +96,10 @@ def test_with_two_ranks_the_candidate_is_measured_against_the_other_alone():
                 "own_step_series": {"first_step": 1, "ms": [ms + (0.01 if i % 2 else -0.01) for i in range(20)]}}
 
     s = slow_rank(entries([rank(0, 10.0), rank(1, 20.0)]))
-    assert s["rank"] == 1 and s["median_own_s"] == pytest.approx(0.010)
-    assert s["excess"] == pytest.approx(0.010) and s["holds"] is True
+    assert s.rank == 1 and s.median_own_s == pytest.approx(0.010)
+    assert s.excess == pytest.approx(0.010) and s.holds is True
     series = {0: {n: 10.0 for n in range(20)}, 1: {n: 20.0 for n in range(20)}}
-    assert consistency(series, 1, 1.0)["excess"] == pytest.approx(10.0)  # not 5.0, half way
+    assert consistency(series, 1, 1.0).excess == pytest.approx(10.0)  # not 5.0, half way
 
 
 @pytest.mark.parametrize("slow_steps, named", [(4, False), (5, True), (6, True)])
@@ -132,7 +132,7 @@ def test_a_step_level_with_the_others_is_not_above_them(equal, holds):
 
     excess_at = {n: 5.0 if n < 74 else (0.0 if n < 74 + equal else -0.001) for n in range(100)}
     got = consistency(with_candidate(others(100, wobble=0.2), excess_at), 0, 1.0)
-    assert got["steps_above"] == 74 and got["holds"] is holds
+    assert got.steps_above == 74 and got.holds is holds
 
 
 def test_why_no_straggler_is_named_golden_sentences():
@@ -140,11 +140,11 @@ def test_why_no_straggler_is_named_golden_sentences():
     from analysis.runs.ranks import consistency
 
     share = consistency(with_candidate(others(100, 0.2), {n: (5.0 if n < 74 else -0.001) for n in range(100)}), 0, 1.0)
-    assert share["why_not"] == ("rank 0 was above the others in 74 of 100 steps (a straggler: 75% or more), by a "
+    assert share.why_not == ("rank 0 was above the others in 74 of 100 steps (a straggler: 75% or more), by a "
                                 "median 5.00 ms against the run's step-to-step spread of 0.20 ms (a straggler: over "
                                 "2x)")
     few = consistency(with_candidate(others(9, 0.2), {n: 5.0 for n in range(9)}), 0, 1.0)
-    assert few["why_not"] == "9 step(s) measured by every rank, 10 needed to compare ranks"
-    assert few["steps_above"] is None and few["excess"] is None and few["spread"] is None
+    assert few.why_not == "9 step(s) measured by every rank, 10 needed to compare ranks"
+    assert few.steps_above is None and few.excess is None and few.spread is None
     held = consistency(with_candidate(others(40, 0.5), {n: 5.0 for n in range(40)}), 0, 1.0)
-    assert held["why_not"] is None and held["holds"] is True
+    assert held.why_not is None and held.holds is True

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from recordedruns import slow_rank_of
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -305,7 +306,7 @@ def ranks_evidence(step_share: float, slow_rank: dict | None) -> v.Evidence:
     (False, 0.30, 0.05),  # a wait whose straggler does not hold is not the share
 ])
 def test_imbalance_is_the_larger_of_the_steps_and_a_proven_stragglers_wait(holds, wait, share):
-    got = v.shares(ranks_evidence(0.05, {"holds": holds, "wait_share": wait}))
+    got = v.shares(ranks_evidence(0.05, slow_rank_of(holds=holds, wait_share=wait)))
     assert got[v.IMBALANCE] == pytest.approx(share)
 
 
@@ -320,13 +321,13 @@ def test_no_straggler_named_is_said_where_a_mean_would_have_named_one(permille, 
     says why; under it, nothing is said (no rank would have been named)."""
     t = readme_thresholds()[v.IMBALANCE]
     assert t == 100
-    own = _run(slow={"holds": False, "wait_share": permille / 1000, "why_not": "3 of 12 steps"})
+    own = _run(slow=slow_rank_of(holds=False, wait_share=permille / 1000, why_not="3 of 12 steps"))
     assert v.unproven_imbalance(own) == ("own work: 3 of 12 steps" if said else None)
-    held = _run(slow={"holds": True, "wait_share": 0.5, "why_not": "n/a"})
+    held = _run(slow=slow_rank_of(holds=True, wait_share=0.5, why_not="n/a"))
     assert v.unproven_imbalance(held) is None
     steps = _run(mean=1000.0 - permille, worst=1000.0, not_named="profiled steps: 3 measured by every rank")
     assert v.unproven_imbalance(steps) == ("profiled steps: 3 measured by every rank" if said else None)
-    both = _run(mean=800.0, worst=1000.0, not_named="b", slow={"holds": False, "wait_share": 0.2, "why_not": "a"})
+    both = _run(mean=800.0, worst=1000.0, not_named="b", slow=slow_rank_of(holds=False, wait_share=0.2, why_not="a"))
     assert v.unproven_imbalance(both) == "own work: a; b"
     assert v.unproven_imbalance(_run(mean=800.0, worst=1000.0)) is None  # nothing said why: nothing to add
 
@@ -420,13 +421,13 @@ def test_the_slow_ranks_golden_sentence():
 
     s = {"rank": 13, "node": "nid004", "own_s": 0.31, "median_own_s": 0.0124, "node_others_own_s": 0.0125,
          "slow_node": False, "ranks_measured": 32, "steps_above": 57, "steps_compared": 60}
-    assert slow_rank_words(s) == (
+    assert slow_rank_words(slow_rank_of(**s)) == (
         "rank 13 on nid004: own work (before the gradient sync) 310.0 ms a step against the other 31 ranks' median "
         "of 12.4 ms (25.0x), above the others in 57 of 60 steps; its node's other ranks 12.5 ms: a slow rank, not a "
         "slow node")
-    alone = slow_rank_words({**s, "node_others_own_s": None, "median_own_s": 0.0, "steps_above": None})
+    alone = slow_rank_words(slow_rank_of(**{**s, "node_others_own_s": None, "median_own_s": 0.0, "steps_above": None}))
     assert alone.endswith("median of 0.0 ms; no other rank on its node")
-    assert slow_rank_words({**s, "slow_node": True}).endswith(": a slow node, not a slow rank")
+    assert slow_rank_words(slow_rank_of(**{**s, "slow_node": True})).endswith(": a slow node, not a slow rank")
 
 
 # --- the evidence a run and a trace give the rules ------------------------------------------------------------
@@ -492,9 +493,9 @@ def test_the_words_of_each_branch_carry_their_numbers():
     nothing measured at all, and an idle span whose gaps are not measured."""
     from analysis.runs.ranks import slow_rank_words
 
-    s = {"rank": 1, "node": "nid001", "own_s": 0.02, "median_own_s": 0.01, "node_others_own_s": None,
-         "slow_node": False, "ranks_measured": 2, "steps_above": 12, "steps_compared": 12, "holds": True,
-         "wait_share": 0.3}
+    s = slow_rank_of(rank=1, node="nid001", own_s=0.02, median_own_s=0.01, node_others_own_s=None,
+         slow_node=False, ranks_measured=2, steps_above=12, steps_compared=12, holds=True,
+         wait_share=0.3)
     proven = v.judge(ranks_evidence(0.05, s))
     assert proven.bound == v.IMBALANCE
     assert proven.evidence == f"{slow_rank_words(s)}; the others wait for it 30.0% of every step"

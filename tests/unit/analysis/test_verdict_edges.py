@@ -3,6 +3,7 @@ number worked out here from the evidence built (shares of a 100 ms span, binary-
 met exactly). The golden sentence of each verdict kind is in test_verdict.py."""
 
 import pytest
+from recordedruns import slow_rank_of
 
 from analysis.explain import verdict as v
 from analysis.records import RunRow, Spread, TraceRecord
@@ -10,9 +11,9 @@ from test_verdict import SPAN, gpu
 
 
 def test_a_straggler_measured_by_own_work_counts_where_no_mean_does():
-    e = v.Evidence(slow_rank={"holds": True, "wait_share": 0.3})  # one trace: no mean over ranks
+    e = v.Evidence(slow_rank=slow_rank_of(holds=True, wait_share=0.3))  # one trace: no mean over ranks
     assert v.shares(e)[v.IMBALANCE] == 0.3
-    assert v.IMBALANCE not in v.shares(v.Evidence(slow_rank={"holds": False, "wait_share": 0.3}))
+    assert v.IMBALANCE not in v.shares(v.Evidence(slow_rank=slow_rank_of(holds=False, wait_share=0.3)))
 
 
 def test_data_loading_at_its_threshold_takes_host_launch_off():
@@ -109,12 +110,12 @@ def run(**kw) -> RunRow:
 
 
 def test_a_runs_evidence_carries_its_straggler_and_its_flops():
-    slow = {"holds": False, "wait_share": 0.2, "why_not": "rank 1 was above the others in 5 of 12 steps"}
+    slow = slow_rank_of(holds=False, wait_share=0.2, why_not="rank 1 was above the others in 5 of 12 steps")
     r = run(ranks=2, step_time_us_mean=Spread(100_000.0, 100_000.0), slow_rank=slow)
     e = v.run_evidence([], r, {"flops_per_image": 1e9, "batch_size_per_gpu": 100, "device_name": "NVIDIA A100"})
     assert e.achieved_tflops == 3.0  # 3 x 1e9 x 100 images / 0.1 s = 3e12 FLOP/s
     assert e.peak_tflops == v.DEVICE_PEAK_TFLOPS["A100"]["tf32"]
-    assert e.slow_rank == slow and e.imbalance_unproven == f"own work: {slow['why_not']}"
+    assert e.slow_rank == slow and e.imbalance_unproven == f"own work: {slow.why_not}"
     for model in ({"batch_size_per_gpu": 100, "device_name": "NVIDIA A100"}, {"flops_per_image": 1e9}):
         unknown = v.run_evidence([], r, model)
         assert unknown.achieved_tflops is None and unknown.peak_tflops is None
@@ -125,7 +126,7 @@ def test_a_runs_evidence_carries_its_straggler_and_its_flops():
 def test_an_unproven_straggler_needs_its_share_at_the_threshold():
     words = "rank 1 was above the others in 5 of 12 steps"
     for share, said in ((None, None), (0.09, None), (0.1, f"own work: {words}")):
-        assert v.unproven_imbalance(run(slow_rank={"holds": False, "wait_share": share, "why_not": words})) == said
+        assert v.unproven_imbalance(run(slow_rank=slow_rank_of(holds=False, wait_share=share, why_not=words))) == said
 
 
 @pytest.mark.parametrize("kw, note", [
