@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -100,7 +100,10 @@ def per_step(value: float | None, steps: int) -> float | None:
     return value / steps if (value is not None and steps) else None
 
 
-def in_steps(launched: float | None, window: float | None) -> float | None:
+N = TypeVar("N", int, float)  # a count or a measure
+
+
+def in_steps(launched: N | None, window: N | None) -> N | None:
     """What the steps launched where the trace says (it has steps), else the window's total."""
     return window if launched is None else launched
 
@@ -181,13 +184,13 @@ class SlowRank(Consistency, frozen=True, kw_only=True):
     wait_share: float | None = None
 
 
-def max_present(values: Iterable[Any]) -> Any:
+def max_present(values: Iterable[N | None]) -> N | None:
     """The largest of the values that are there (None: none is)."""
     present = [v for v in values if v is not None]
     return max(present) if present else None
 
 
-def mean_present(values: Iterable[Any]) -> float | None:
+def mean_present(values: Iterable[float | None]) -> float | None:
     """The mean of the values that are there (None: none is)."""
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None

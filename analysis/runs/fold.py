@@ -18,6 +18,7 @@ import msgspec
 
 from analysis.records import (
     SPREAD_FIELDS,
+    N,
     RankTotals,
     RunRow,
     Spread,
@@ -38,9 +39,9 @@ def number_or_none(value: object) -> float | int | None:
     return value if (type(value) is int or type(value) is float) and math.isfinite(value) else None
 
 
-def _sum_or_none(values: list[Any]) -> Any:
+def _sum_or_none(values: list[N | None]) -> N | None:
     present = [v for v in values if v is not None]
-    return sum(present) if present else None
+    return sum(present[1:], present[0]) if present else None
 
 
 def fold_run(
@@ -133,15 +134,16 @@ def gpu_line(summary: RunRecord | None) -> str | None:
     return line[:2000] if line is not None else None
 
 
-def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[Any, int | None] | None = None) -> list[RankTotals]:
+def rank_totals(records: list[TraceRecord], steps_per_epoch: dict[int, int | None] | None = None) -> list[RankTotals]:
     """Fold each rank's traces (one per profiling cycle) into one: sums of counts and times, peaks' max."""
-    by_rank: dict[Any, list[TraceRecord]] = {}
+    by_rank: dict[int | None, list[TraceRecord]] = {}
     for rec in records:
         by_rank.setdefault(rec.rank, []).append(rec)
-    return [_fold_rank(rank, recs, (steps_per_epoch or {}).get(rank)) for rank, recs in by_rank.items()]
+    per_epoch = steps_per_epoch or {}
+    return [_fold_rank(rank, recs, per_epoch.get(rank) if rank is not None else None) for rank, recs in by_rank.items()]
 
 
-def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) -> RankTotals:
+def _fold_rank(rank: int | None, recs: list[TraceRecord], steps_per_epoch: int | None) -> RankTotals:
     step_means = [r.step_time_us_mean for r in recs if r.step_time_us_mean is not None]
     breakdown = {
         k: _sum_or_none([r.temporal_breakdown_us[k] if r.temporal_breakdown_us else None for r in recs])
@@ -166,7 +168,7 @@ def _fold_rank(rank: Any, recs: list[TraceRecord], steps_per_epoch: int | None) 
     )
 
 
-def steps_per_epoch_by_rank(summary: RunRecord | None) -> dict[Any, int | None]:
+def steps_per_epoch_by_rank(summary: RunRecord | None) -> dict[int, int | None]:
     """Optimizer steps per epoch of each rank: as recorded, else from its data and batch (older runs:
     the sampler gives each rank ceil(images / ranks) images)."""
     out = {}

@@ -8,20 +8,23 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Hashable, Mapping
+from typing import Literal, TypeVar
 
 import msgspec
 
 from analysis.records import Consistency, SlowRank, TraceRecord
 from hpc.core.summary import RankEntry
 
+T = TypeVar("T")  # what a trace records per step: a time, or a step's collective launch times
+K = TypeVar("K", bound=Hashable)  # a rank as its records key it (a trace's may be None)
+
 
 def _by_rank_and_step(
-    records: list[TraceRecord], values: Callable[[TraceRecord], list[Any] | None]
-) -> dict[Any, dict[int, Any]]:
+    records: list[TraceRecord], values: Callable[[TraceRecord], list[T] | None]
+) -> dict[int | None, dict[int, T]]:
     """{rank: {ProfilerStep number: value}} from each trace's per-step lists."""
-    out: dict[Any, dict[int, Any]] = {}
+    out: dict[int | None, dict[int, T]] = {}
     for rec in records:
         # a cut-off trace has more step numbers than values: those steps have none (strict=None reads as False)
         out.setdefault(rec.rank, {}).update(zip(rec.step_numbers, values(rec) or [], strict=False))  # pragma: no mutate
@@ -38,18 +41,18 @@ def step_skew_us(records: list[TraceRecord]) -> float | None:
     return sum(skews) / len(skews) if skews else None
 
 
-def profiled_step_consistency(records: list[TraceRecord], rank: Any) -> Consistency:
+def profiled_step_consistency(records: list[TraceRecord], rank: int | None) -> Consistency:
     """The rule (consistency) on the profiled steps' times, each rank's step by its ProfilerStep number."""
     return consistency(_by_rank_and_step(records, lambda r: r.step_time_us), rank, 1e-3)
 
 
-def straggler(records: list[TraceRecord]) -> tuple[Any, float | None]:
+def straggler(records: list[TraceRecord]) -> tuple[int | None, float | None]:
     """The rank that launches a collective last most often (each rank's launch time measured from its
     own step start), and the share of collectives it was last at."""
     by_rank = _by_rank_and_step(records, lambda r: r.collective_launch_us)
     if len(by_rank) < 2:
         return None, None
-    last: Counter[Any] = Counter()
+    last: Counter[int | None] = Counter()
     for n in set.intersection(*(set(steps) for steps in by_rank.values())):
         launches = {rank: steps[n] for rank, steps in by_rank.items()}
         for j in range(min(len(v) for v in launches.values())):
@@ -121,7 +124,7 @@ MOST_STEPS = 0.75
 SPREADS = 2.0
 
 
-def _excesses(by_rank: dict[Any, dict[int, float]], candidate: Any) -> tuple[list[int], list[float]]:
+def _excesses(by_rank: Mapping[K, dict[int, float]], candidate: K) -> tuple[list[int], list[float]]:
     """The steps every rank measured, and at each the candidate's value over the others' median."""
     others = [r for r in by_rank if r != candidate]
     common = sorted(set(by_rank.get(candidate, {})).intersection(*(set(by_rank[r]) for r in others)))
@@ -136,7 +139,7 @@ def _iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: float) -> Consistency:
+def consistency(by_rank: Mapping[K, dict[int, float]], candidate: K, to_ms: float) -> Consistency:
     """Whether `candidate` is slower than the others step by step (the rule above), from each rank's
     {step: time}: the steps compared, those it was above the others' median in, its median excess and the
     run's spread (in the values' unit; `to_ms` makes them ms for the words), whether that holds, and if
@@ -166,7 +169,7 @@ def consistency(by_rank: dict[Any, dict[int, float]], candidate: Any, to_ms: flo
 STARVED_PART = 0.5
 
 
-def starved(ranks: list[RankEntry], candidate: Any, evidence: Consistency) -> str | None:
+def starved(ranks: list[RankEntry], candidate: int, evidence: Consistency) -> str | None:
     """Why a straggler by wall time is a rank that waited for a core, in words; None where its wait for a
     core (own_step_series' queued_ms) explains under STARVED_PART of its excess, or is not known."""
     queued = {r.rank: own_series(r, "queued_ms") for r in ranks}
