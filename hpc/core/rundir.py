@@ -296,21 +296,26 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class CheckpointInfo(msgspec.Struct, kw_only=True):
-    """checkpoints/last.json as read: the step last.pt holds and the run's last step; whether the run has
-    nothing left to do (`complete`; None in a file written before it said so), its epoch and why it was
-    written (a checkpoint's own fields: the training's checkpoint.py writes them, with its checksum)."""
+    """checkpoints/last.json, written with every checkpoint and decoded when read: the step last.pt holds and
+    the run's last step; whether the run has nothing left to do (`complete`; None in a file written before
+    it said so), its epoch, the batch within it, why it was written, and the file's checksum, size and
+    time (the training's checkpoint.py; None for a last.json remade at a resume)."""
 
     step: Count
     stop_at: Count
     complete: bool | None = None
     epoch: int | None = None
+    position: int | None = None
     reason: str | None = None
+    sha256: str | None = None
+    size: int | None = msgspec.field(default=None, name="bytes")
+    written_unix: float | None = msgspec.field(default=None, name="time")
     schema: int = CHECKPOINT_INFO_SCHEMA
 
 
-def write_checkpoint_info(paths: RunPaths, info: Mapping[str, Any]) -> None:
+def write_checkpoint_info(paths: RunPaths, info: CheckpointInfo) -> None:
     """What checkpoints/last.pt holds, for readers without torch (hpc.study status, the analysis)."""
-    write_atomic(paths.checkpoint_info, json.dumps({**info, "schema": CHECKPOINT_INFO_SCHEMA}, indent=2))
+    write_atomic(paths.checkpoint_info, msgspec.json.format(msgspec.json.encode(info), indent=2).decode())
 
 
 def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> CheckpointInfo | None:

@@ -30,11 +30,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import torch
 
 from hpc.core.errors import UsageError, WriteError
 from hpc.core.files import temp_name, write_atomic
-from hpc.core.rundir import RunPaths, read_checkpoint_info, write_checkpoint_info
+from hpc.core.rundir import CheckpointInfo, RunPaths, read_checkpoint_info, write_checkpoint_info
 from hpc.training import inject
 
 CHECKPOINT_KEYS = {
@@ -111,7 +112,7 @@ def keep_previous(paths: RunPaths) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any]) -> None:
+def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: CheckpointInfo) -> None:
     """last.pt with its checksum (atomic), previous.pt kept, then last.json. WriteError on failure."""
 
     host = to_host(state)
@@ -120,9 +121,10 @@ def save_checkpoint(paths: RunPaths, state: dict[str, Any], info: dict[str, Any]
     torch.save(host, buf)
     data = buf.getvalue()
     keep_previous(paths)
-    inject.at_checkpoint(paths.checkpoint, data, int(info["step"]))  # the fault point: unarmed, nothing
+    inject.at_checkpoint(paths.checkpoint, data, info.step)  # the fault point: unarmed, nothing
     write_atomic(paths.checkpoint, data)
-    write_checkpoint_info(paths, {**info, DIGEST: host[DIGEST], "bytes": len(data), "time": time.time()})
+    written = msgspec.structs.replace(info, sha256=host[DIGEST], size=len(data), written_unix=time.time())
+    write_checkpoint_info(paths, written)
 
 
 def load_checkpoint(path: Path) -> dict | None:
@@ -262,8 +264,14 @@ class Checkpointer:
         training goes on; the ranks agree on it at the next save or settle(). A run with faults injected
         writes as any run does: the fault tests (tests/e2e/test_faults.py) meet the writer users run."""
         self.settle()
-        info = {k: state[k] for k in ("step", "epoch", "position")}
-        info |= {"stop_at": stop_at, "complete": complete, "reason": reason}
+        info = CheckpointInfo(
+            step=state["step"],
+            epoch=state["epoch"],
+            position=state["position"],
+            stop_at=stop_at,
+            complete=complete,
+            reason=reason,
+        )
         if background:
             if self.is_main:
                 self.writer = CheckpointWriter(self.paths, to_host(state, copy=True), info, self.log)
@@ -301,14 +309,14 @@ class Checkpointer:
         return self.saved_step if self.in_flight_step is None else self.in_flight_step
 
 
-def save_and_say(paths: RunPaths, state: dict, info: dict[str, Any], log: Callable[[str], None]) -> WriteError | None:
+def save_and_say(paths: RunPaths, state: dict, info: CheckpointInfo, log: Callable[[str], None]) -> WriteError | None:
     """save_checkpoint, then its line; the WriteError returned for the ranks to agree on."""
     try:
         save_checkpoint(paths, state, info)
     except WriteError as e:
         return e
-    where = f"epoch {info['epoch']}, batch {info['position']}, step {info['step']}"
-    log(f"checkpoint ({info['reason']}): {where} -> {paths.checkpoint}")
+    where = f"epoch {info.epoch}, batch {info.position}, step {info.step}"
+    log(f"checkpoint ({info.reason}): {where} -> {paths.checkpoint}")
     return None
 
 
@@ -316,12 +324,12 @@ class CheckpointWriter:
     """One checkpoint written on a thread (checksum, file, last.json): a non-daemon thread, so a process
     leaving early still finishes it, atomically, before it exits."""
 
-    def __init__(self, paths: RunPaths, host: dict, info: dict[str, Any], log: Callable[[str], None]):
+    def __init__(self, paths: RunPaths, host: dict, info: CheckpointInfo, log: Callable[[str], None]):
         self.error: WriteError | None = None
         self.thread = threading.Thread(target=self._run, args=(paths, host, info, log), name="hpc-checkpoint")
         self.thread.start()
 
-    def _run(self, paths: RunPaths, host: dict, info: dict[str, Any], log: Callable[[str], None]) -> None:
+    def _run(self, paths: RunPaths, host: dict, info: CheckpointInfo, log: Callable[[str], None]) -> None:
         self.error = save_and_say(paths, host, info, log)
 
     def wait(self) -> WriteError | None:

@@ -20,7 +20,14 @@ from typing import Any
 from hpc.core.errors import HpcError, UsageError, WriteError
 from hpc.core.files import write_failure
 from hpc.core.lock import RunLock
-from hpc.core.rundir import RunPaths, read_checkpoint_info, truncate_metrics, write_checkpoint_info, write_yaml
+from hpc.core.rundir import (
+    CheckpointInfo,
+    RunPaths,
+    read_checkpoint_info,
+    truncate_metrics,
+    write_checkpoint_info,
+    write_yaml,
+)
 from hpc.training.checkpoint import Checkpointer
 from hpc.training.distributed.group import RankGroup
 
@@ -75,7 +82,14 @@ def note_start(
             if paths.checkpoint_info.exists():
                 paths.checkpoint_info.unlink()
         elif (info := read_checkpoint_info(paths)) is None or info.step != resumed["step"]:
-            write_checkpoint_info(paths, {**resumed, "stop_at": stop_at, "reason": "resumed"})
+            held = CheckpointInfo(
+                step=resumed["step"],
+                epoch=resumed["epoch"],
+                position=resumed["position"],
+                stop_at=stop_at,
+                reason="resumed",
+            )
+            write_checkpoint_info(paths, held)
         step = resumed["step"] if resumed else 0
         dropped = truncate_metrics(paths.metrics, step, resumed["epoch"] if resumed else None)
     except OSError as e:

@@ -101,8 +101,9 @@ def test_the_checkpoints_info_is_decoded_or_refused_in_one_line(tmp_path, body, 
     info = read_checkpoint_info(paths, warned.append)
     if said is None:
         assert info is not None and (info.step, info.stop_at, info.complete) == (4, 8, None) and warned == []
-        write_checkpoint_info(paths, {"step": 6, "stop_at": 8, "complete": False})
-        assert json.loads(paths.checkpoint_info.read_text())["schema"] == 1
-        assert read_checkpoint_info(paths) == CheckpointInfo(step=6, stop_at=8, complete=False)
+        write_checkpoint_info(paths, CheckpointInfo(step=6, stop_at=8, complete=False, size=10, written_unix=1.5))
+        written = json.loads(paths.checkpoint_info.read_text())
+        assert (written["schema"], written["bytes"], written["time"]) == (1, 10, 1.5)  # the file's own names
+        assert read_checkpoint_info(paths) == CheckpointInfo(step=6, stop_at=8, complete=False, size=10, written_unix=1.5)
     else:
         assert info is None and len(warned) == 1 and said in warned[0], warned
