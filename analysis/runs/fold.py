@@ -350,6 +350,4 @@ def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
 
 def epoch_time_s(metrics: Path) -> float | None:
     """The mean measured epoch wall time of the run's `epoch` records (metrics.jsonl), or None."""
-    return mean_present(
-        [number_or_none(r.get("epoch_time_s")) for r in read_metrics(metrics) if r.get("kind") == "epoch"]
-    )
+    return mean_present([number_or_none(r.epoch_time_s) for r in read_metrics(metrics) if r.kind == "epoch"])

@@ -49,7 +49,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Protocol, overload
+from typing import Annotated, Any, Literal, Protocol, overload
 
 import msgspec
 
@@ -332,9 +332,33 @@ def read_checkpoint_info(paths: RunPaths, warn: Warn = ignore) -> CheckpointInfo
 # ----------------------------------------------------------------------------------------------
 
 
-def append_metrics(path: Path, record: Mapping[str, Any]) -> None:
+class MetricsRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One line of metrics.jsonl, written by the training's rank 0 (hpc/training/metrics.py) and decoded when
+    read: its kind, step, epoch and time, then the kind's figures (`train`: the loss since the last line, the
+    learning rate, images/s; `epoch`: its wall time, images/s, mean training loss, and the evaluation's loss,
+    top-1 and top-5 accuracy (%) and images where it ran). A figure a line does not carry is left out."""
+
+    kind: Literal["train", "epoch"]
+    step: Count | None = None
+    epoch: Count | None = None
+    time: float | None = None
+    loss: float | None = None
+    lr: float | None = None
+    images_per_s: float | None = None
+    epoch_time_s: float | None = None
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    eval_top1: float | None = None
+    eval_top5: float | None = None
+    eval_images: int | None = None
+
+
+_METRICS_LINE = msgspec.json.Decoder(MetricsRecord)
+
+
+def append_metrics(path: Path, record: MetricsRecord) -> None:
     """One JSON record per line, whole or not at all (a failed write is a WriteError naming the file)."""
-    append_line(path, json.dumps(record))
+    append_line(path, msgspec.json.encode(record).decode())
 
 
 def truncate_metrics(path: Path, step: int, epoch: int | None = None) -> int:
@@ -348,32 +372,29 @@ def truncate_metrics(path: Path, step: int, epoch: int | None = None) -> int:
     records = list(read_metrics(path))
     kept = [r for r in records if not _after(r, step, epoch)]
     if len(kept) < len(records) or len(path.read_bytes().splitlines()) != len(records):
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_atomic(path, "".join(msgspec.json.encode(r).decode() + "\n" for r in kept))
     return len(records) - len(kept)
 
 
-def _after(record: Mapping[str, Any], step: int, epoch: int | None) -> bool:
-    r_step, r_epoch = record.get("step"), record.get("epoch")
-    if not isinstance(r_step, int) or r_step != step:
-        return isinstance(r_step, int) and r_step > step
-    return epoch is not None and isinstance(r_epoch, int) and r_epoch > epoch
+def _after(record: MetricsRecord, step: int, epoch: int | None) -> bool:
+    if record.step is None or record.step != step:
+        return record.step is not None and record.step > step
+    return epoch is not None and record.epoch is not None and record.epoch > epoch
 
 
-def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a run's metrics.jsonl, one mapping at a time; lines that are not JSON objects
-    (a line cut off by a kill) are skipped, and a missing file, or one that is no regular file (a device
-    such as /dev/zero would be read for ever), has none."""
+def read_metrics(path: Path) -> Iterator[MetricsRecord]:
+    """The records of a run's metrics.jsonl, one at a time, each decoded into MetricsRecord; a line that
+    is not one (a line cut off by a kill) is skipped, and a missing file, or one that is no regular file (a
+    device such as /dev/zero would be read for ever), has none."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return
-        with open(path, errors="replace") as f:
+        with open(path, "rb") as f:
             for line in f:
                 try:
-                    rec = json.loads(line)
-                except ValueError:
+                    yield _METRICS_LINE.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError):
                     continue
-                if isinstance(rec, dict):
-                    yield rec
     except OSError:
         return
 

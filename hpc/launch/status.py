@@ -70,7 +70,7 @@ def steps_reached(run: RunPaths, kept: int | None) -> int | None:
     """The steps a point reached: what its checkpoint or summary keeps, else its last metrics record."""
     if kept is not None:
         return kept
-    steps = [r["step"] for r in read_metrics(run.metrics) if isinstance(r.get("step"), int)]
+    steps = [r.step for r in read_metrics(run.metrics) if r.step is not None]
     return steps[-1] if steps else None
 
 

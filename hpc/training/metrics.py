@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from hpc.core.errors import WriteError
-from hpc.core.rundir import RunPaths, append_metrics
+from hpc.core.rundir import MetricsRecord, RunPaths, append_metrics
 
 
 def format_duration(seconds: float) -> str:
@@ -93,9 +94,10 @@ class MetricsLog:
         if self.writer is None or self.failed is not None:
             return
         try:
-            append_metrics(
-                self.paths.metrics, {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **values}
+            record = msgspec.convert(
+                {"kind": kind, "step": step, "epoch": epoch, "time": time.time(), **values}, MetricsRecord
             )
+            append_metrics(self.paths.metrics, record)
         except WriteError as e:
             self.failed = e
             return

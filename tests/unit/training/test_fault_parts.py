@@ -43,7 +43,7 @@ def test_a_line_cut_short_is_ended_and_a_full_disk_is_one_error(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"kind": "train", "step": 1}\n{"kind": "tr')  # a kill cut the second line short
     append_line(log, json.dumps({"kind": "train", "step": 2}))
-    assert [r["step"] for r in read_metrics(log)] == [1, 2]
+    assert [r.step for r in read_metrics(log)] == [1, 2]
     with pytest.raises(WriteError, match=r"/dev/full: could not be written \(No space left on device\)"):
         append_line(Path("/dev/full"), "{}")  # the kernel's always-full device: ENOSPC on every write
 
@@ -52,7 +52,7 @@ def test_a_resume_drops_the_records_after_its_step(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"kind": "train", "step": s}) + "\n" for s in (4, 8, 12, 16)))
     assert truncate_metrics(log, 8) == 2
-    assert [r["step"] for r in read_metrics(log)] == [4, 8]
+    assert [r.step for r in read_metrics(log)] == [4, 8]
     assert truncate_metrics(tmp_path / "none.jsonl", 8) == 0 and not (tmp_path / "none.jsonl").exists()
 
 
@@ -64,10 +64,10 @@ def test_a_resume_from_an_epochs_last_step_drops_that_epochs_end_record(tmp_path
     text = "".join(json.dumps({"kind": k, "step": s, "epoch": e}) + "\n" for k, s, e in records)
     log.write_text(text)
     assert truncate_metrics(log, 16, 0) == 2
-    assert [(r["kind"], r["step"]) for r in read_metrics(log)] == [("train", 12), ("train", 16)]
+    assert [(r.kind, r.step) for r in read_metrics(log)] == [("train", 12), ("train", 16)]
     log.write_text(text)
     assert truncate_metrics(log, 16, 1) == 1
-    assert [(r["kind"], r["step"]) for r in read_metrics(log)] == [("train", 12), ("train", 16), ("epoch", 16)]
+    assert [(r.kind, r.step) for r in read_metrics(log)] == [("train", 12), ("train", 16), ("epoch", 16)]
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_blocks_nobody(tmp_path):
@@ -279,3 +279,19 @@ def test_a_missing_rank_is_placed_where_slurms_block_layout_puts_it():
     assert named([5, 6, 7, 1, 2], dist, env) == (
         "rank 5 (on nid002), rank 6 (on nid002), rank 7 (on nid002), rank 1 (on nid001) and 1 more"
     )
+
+
+def test_a_metrics_line_is_decoded_into_its_record_and_one_of_another_shape_is_skipped(tmp_path):
+    """Issue 73: metrics.jsonl's lines are MetricsRecords when read; a line whose figure is mistyped, or of a
+    kind the training does not write, is skipped as a cut one is; a line written keeps only what it says."""
+    from hpc.core.rundir import MetricsRecord, append_metrics
+
+    log = tmp_path / "metrics.jsonl"
+    append_metrics(log, MetricsRecord(kind="epoch", step=8, epoch=1, epoch_time_s=12.5, eval_top1=3.0))
+    assert json.loads(log.read_text()) == {"kind": "epoch", "step": 8, "epoch": 1, "epoch_time_s": 12.5,
+                                           "eval_top1": 3.0}
+    append_line(log, json.dumps({"kind": "epoch", "step": 9, "epoch_time_s": "slow"}))
+    append_line(log, json.dumps({"kind": "eval", "step": 10}))
+    append_line(log, json.dumps({"kind": "train", "step": 11, "loss": 2.5}))
+    assert [(r.kind, r.step, r.loss, r.epoch_time_s) for r in read_metrics(log)] == [
+        ("epoch", 8, None, 12.5), ("train", 11, 2.5, None)]
