@@ -54,6 +54,7 @@ from typing import Annotated, Any, Literal, Protocol, overload
 import msgspec
 
 from hpc.core.files import (
+    JsonObject,
     Warn,
     append_line,
     decoded,
@@ -491,20 +492,28 @@ def read_index(path: Path, warn: Warn = ignore) -> list[IndexPoint]:
     return read_sweep_index(path, warn).points
 
 
-def write_index(sweep: SweepPaths, header: Mapping[str, Any], points: list[dict[str, Any]]) -> None:
-    """index.json with `points` (each: its fields, job_id, run_dir) merged into the earlier ones. A point
-    submitted again (`hpc.study resubmit`) replaces its entry; its earlier job ids go to `history`."""
-    earlier = read_json(sweep.index) if sweep.index.exists() else None
-    listed = earlier.get("points", []) if isinstance(earlier, dict) else []
-    merged = {point_key(p): p for p in listed if isinstance(p, dict)} if isinstance(listed, list) else {}
+class SweepIndexFile(msgspec.Struct, kw_only=True):
+    """index.json as written: the sweep as submitted (sweep.yaml's settings), the cluster's profile, the
+    layout, and every point (read back by read_sweep_index, one point at a time)."""
+
+    sweep: JsonObject | None = None
+    cluster: str | None = None
+    schema: int = INDEX_SCHEMA
+    points: list[IndexPoint] = msgspec.field(default_factory=list)
+
+
+def write_index(sweep: SweepPaths, header: SweepIndexFile, points: list[IndexPoint]) -> None:
+    """index.json with `points` merged into the earlier ones (those it can read). A point submitted again
+    (`hpc.study resubmit`) replaces its entry; its earlier job ids go to `history`."""
+    merged = {p.key: p for p in read_index(sweep.index)} if sweep.index.exists() else {}
     for new in points:
-        old = merged.get(point_key(new)) or {}
-        history = list(old.get("history", [])) if isinstance(old.get("history"), list) else []
-        if old.get("job_id") not in (None, new["job_id"]):
-            history.append(old["job_id"])
-        merged[point_key(new)] = {**new, **({"history": history} if history else {})}
-    document = {**header, "schema": INDEX_SCHEMA, "points": list(merged.values())}
-    write_atomic(sweep.index, json.dumps(document, indent=2))
+        old = merged.get(new.key)
+        history = list(old.history) if old is not None else []
+        if old is not None and old.job_id is not None and old.job_id != new.job_id:
+            history.append(old.job_id)
+        merged[new.key] = msgspec.structs.replace(new, history=history)
+    document = msgspec.structs.replace(header, schema=INDEX_SCHEMA, points=list(merged.values()))
+    write_atomic(sweep.index, msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,13 +31,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from hpc.core.cli import Parser, first_missing, run, shown
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError, UsageError
 from hpc.core.gpusample import count_here
 from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
-from hpc.core.rundir import SweepPaths, write_index, write_yaml
+from hpc.core.rundir import IndexPoint, SweepIndexFile, SweepPaths, write_index, write_yaml
 from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
@@ -405,8 +407,10 @@ def record_index(plan: Plan, done: list[Submitted]) -> None:
     """The sweep's index.json: every point submitted so far, with its job id and run directory."""
     if plan.sweep_dir is None or plan.sweep is None:
         return
-    header = {"sweep": dataclasses.asdict(plan.sweep), "cluster": plan.cluster.name}
-    points = [{**(s.point or {}), "job_id": s.job_id, "run_dir": s.run_dir.name} for s in done]
+    header = SweepIndexFile(sweep=dataclasses.asdict(plan.sweep), cluster=plan.cluster.name)
+    points = [
+        msgspec.convert({**(s.point or {}), "job_id": s.job_id, "run_dir": s.run_dir.name}, IndexPoint) for s in done
+    ]
     write_index(SweepPaths(plan.sweep_dir), header, points)
 
 

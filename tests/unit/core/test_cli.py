@@ -6,7 +6,15 @@ import pytest
 
 from hpc.core.cli import Parser, check_name, one_line, shown
 from hpc.core.errors import UsageError
-from hpc.core.rundir import INDEX_SCHEMA, SweepPaths, read_index, read_sweep_index, write_index
+from hpc.core.rundir import (
+    INDEX_SCHEMA,
+    IndexPoint,
+    SweepIndexFile,
+    SweepPaths,
+    read_index,
+    read_sweep_index,
+    write_index,
+)
 from hpc.core.summary import read_summary
 
 
@@ -77,9 +85,10 @@ def test_an_index_of_another_layout_is_refused_in_one_line(tmp_path, schema, rea
 
 
 def test_the_index_written_says_its_layout(tmp_path):
-    write_index(SweepPaths(tmp_path), {"cluster": "x"}, [{"data_fraction": 1, "batch_size": 8, "gpus": 1,
-                                                          "job_id": "3", "run_dir": "3"}])
-    assert json.loads((tmp_path / "index.json").read_text())["schema"] == INDEX_SCHEMA == 1
+    point = IndexPoint(data_fraction=1, batch_size=8, gpus=1, job_id="3", run_dir="3")
+    write_index(SweepPaths(tmp_path), SweepIndexFile(cluster="x", schema=7), [point])
+    written = json.loads((tmp_path / "index.json").read_text())
+    assert (written["schema"], written["cluster"]) == (INDEX_SCHEMA, "x") and INDEX_SCHEMA == 1
     assert [p.job for p in read_index(tmp_path / "index.json")] == ["3"]
 
 

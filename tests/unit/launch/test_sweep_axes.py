@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import commands
+import msgspec
 import pytest
 import yaml
 
 from hpc.core.errors import ConfigError, UsageError
-from hpc.core.rundir import SweepPaths, point_key, read_index, write_index
+from hpc.core.rundir import IndexPoint, SweepIndexFile, SweepPaths, point_key, read_index, write_index
 from hpc.settings.config import Layers
 from hpc.settings.rankcommand import fill_named
 
@@ -130,8 +131,12 @@ def test_points_that_differ_only_in_their_values_are_two_points_of_the_index(tmp
     study = {"data_fraction": 1.0, "batch_size": 8, "gpus": 1, "nodes": 1}
     a, b = {**study, "values": {"lr": 0.1}}, {**study, "values": {"lr": 0.01}}
     assert point_key(a) != point_key(b) and point_key(a) == point_key({**study, "values": {"lr": 0.1}})
-    write_index(sweep, {}, [{**a, "job_id": "1_0", "run_dir": "1_0"}, {**b, "job_id": "1_1", "run_dir": "1_1"}])
-    write_index(sweep, {}, [{**b, "job_id": "2_0", "run_dir": "2_0"}])  # b resubmitted
+    def submitted(point, job):
+        return msgspec.convert({**point, "job_id": job, "run_dir": job}, IndexPoint)
+
+    write_index(sweep, SweepIndexFile(), [submitted(a, "1_0"), submitted(b, "1_1")])
+    write_index(sweep, SweepIndexFile(), [submitted(b, "2_0")])  # b resubmitted
+    write_index(sweep, SweepIndexFile(), [submitted(a, "1_0")])  # the same job again: no history of itself
     rows = read_index(sweep.index)
     assert [(r.values["lr"], r.job_id, r.history) for r in rows] == [(0.1, "1_0", []), (0.01, "2_0", ["1_1"])]
     assert [r.key for r in rows] == [point_key(a), point_key(b)]
