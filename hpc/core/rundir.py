@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import re
@@ -521,10 +520,21 @@ def write_index(sweep: SweepPaths, header: SweepIndexFile, points: list[IndexPoi
 # ----------------------------------------------------------------------------------------------
 
 
+STUDY_SCHEMA = 1  # study.json's layout
+
+
+class StudyFile(msgspec.Struct, kw_only=True):
+    """study.json: the analysis jobs hpc.study submitted for the sweep, oldest first."""
+
+    analysis_jobs: list[str] = msgspec.field(default_factory=list)
+    schema: int = STUDY_SCHEMA
+
+
 def record_analysis_job(sweep: SweepPaths, job_id: str) -> None:
-    """Add an analysis job to study.json (hpc.study: one per run or resubmission)."""
-    record = read_json(sweep.study) if sweep.study.exists() else None
-    record = record if isinstance(record, dict) else {}
-    jobs = record.get("analysis_jobs")
-    jobs = list(jobs) if isinstance(jobs, list) else []
-    write_atomic(sweep.study, json.dumps({**record, "analysis_jobs": [*jobs, job_id]}, indent=2))
+    """Add an analysis job to study.json (hpc.study: one per run or resubmission); one that cannot be read
+    (cut, of another layout) is begun again."""
+    data = read_json(sweep.study) if sweep.study.exists() else None
+    said = decoded(data, StudyFile, STUDY_SCHEMA, str(sweep.study), ignore) if data is not None else None
+    jobs = said.analysis_jobs if said is not None else []
+    record = StudyFile(analysis_jobs=[*jobs, job_id])
+    write_atomic(sweep.study, msgspec.json.format(msgspec.json.encode(record), indent=2).decode())

@@ -116,3 +116,16 @@ def test_the_checkpoints_info_is_decoded_or_refused_in_one_line(tmp_path, body, 
         assert read_checkpoint_info(paths) == CheckpointInfo(step=6, stop_at=8, complete=False, size=10, written_unix=1.5)
     else:
         assert info is None and len(warned) == 1 and said in warned[0], warned
+
+
+def test_study_json_lists_each_analysis_job_and_begins_again_over_one_it_cannot_read(tmp_path):
+    from hpc.core.rundir import record_analysis_job
+
+    sweep = SweepPaths(tmp_path)
+    record_analysis_job(sweep, "5")
+    record_analysis_job(sweep, "6")
+    assert json.loads(sweep.study.read_text()) == {"analysis_jobs": ["5", "6"], "schema": 1}
+    for unreadable in ('{"analysis_jobs": "5"}', '{"analysis_jobs": ["5"], "schema": 2}', '{"analysis'):
+        sweep.study.write_text(unreadable)
+        record_analysis_job(sweep, "7")
+        assert json.loads(sweep.study.read_text())["analysis_jobs"] == ["7"]
