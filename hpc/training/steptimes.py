@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hpc.core.proc import process_started_unix, queued_s
+from hpc.core.summary import OwnSeries, StartupRecord, StepStats
 from hpc.settings.profranks import typical
 
 if TYPE_CHECKING:  # torch's types for the annotations only: torch is imported where a GPU's events are asked for
@@ -53,16 +54,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def step_time_stats(timed: list[float]) -> dict[str, Any]:
-    mean = sum(timed) / len(timed) if timed else None
-    return {
-        "n": len(timed),
-        "mean": mean,
-        "median": percentile(timed, 0.5),
-        "p90": percentile(timed, 0.9),
-        "min": min(timed) if timed else None,
-        "max": max(timed) if timed else None,
-    }
+def step_time_stats(timed: list[float]) -> StepStats:
+    return StepStats(
+        n=len(timed),
+        mean=sum(timed) / len(timed) if timed else None,
+        median=percentile(timed, 0.5),
+        p90=percentile(timed, 0.9),
+        min=min(timed) if timed else None,
+        max=max(timed) if timed else None,
+    )
 
 
 def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]:
@@ -76,7 +76,7 @@ def own_work_basis(own: list[float | None], profiled: list[bool]) -> list[float]
 
 def own_work_series(
     own: list[float | None], profiled: list[bool], queued: list[float | None] | None = None
-) -> dict[str, Any] | None:
+) -> OwnSeries | None:
     """The last SERIES_STEPS steps' own work in ms, each step in its place (null: not measured, the first
     step, or a profiled one), and the number of the first: ranks are compared step by step by it.
     `queued`: the time the rank's main thread waited for a core in the same spans (hpc/core/proc.py's
@@ -93,10 +93,10 @@ def own_work_series(
             for i, t in enumerate(values[first : len(own)], start=first)
         ]
 
-    series: dict[str, Any] = {"first_step": first, "ms": kept(own)}
-    if queued is not None and len(queued) == len(own):
-        series["queued_ms"] = kept(queued)
-    return series
+    measured = queued is not None and len(queued) == len(own)
+    return OwnSeries(
+        first_step=first, ms=kept(own), queued_ms=kept(queued) if queued is not None and measured else None
+    )
 
 
 # A rank's start-up and end by phase, in order (summary.json's startup.phases: each one's Unix time, None where
@@ -138,7 +138,7 @@ class Timeline:
 
 def startup_record(
     join_began: float | None, join_ended: float | None, first_step_unix: float | None, timeline: Timeline | None = None
-) -> dict[str, Any]:
+) -> StartupRecord:
     """Where this rank's start-up went, in Unix seconds and spans: the process started, the process group
     began to form and was formed (every rank in), the first optimizer step ended, and each phase of PHASES
     the rank's timeline saw. Compared with the job's start (Slurm's StartTime) they give its time to the
@@ -147,14 +147,14 @@ def startup_record(
     phases = (timeline or Timeline()).record(started)
     phases["group_joined"] = phases["group_joined"] or join_ended
     phases["first_step"] = phases["first_step"] or first_step_unix
-    return {
-        "process_start_unix": started,
-        "group_join_start_unix": join_began,
-        "group_join_s": join_ended - join_began if join_ended is not None and join_began is not None else None,
-        "first_step_end_unix": first_step_unix,
-        "to_first_step_s": first_step_unix - started if first_step_unix and started else None,
-        "phases": phases,
-    }
+    return StartupRecord(
+        process_start_unix=started,
+        group_join_start_unix=join_began,
+        group_join_s=join_ended - join_began if join_ended is not None and join_began is not None else None,
+        first_step_end_unix=first_step_unix,
+        to_first_step_s=first_step_unix - started if first_step_unix and started else None,
+        phases=phases,
+    )
 
 
 # A Python call per parameter per backward costs about 3 us on a CPU (1.4 ms a step for ResNet152's 470
@@ -286,9 +286,9 @@ def measures(
     clock: StepClock,
     profiling: Profiling | None,
     wall_s: float | None,
-    startup: dict[str, Any],
+    startup: StartupRecord,
     device: torch.device | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A rank's measurements for summary.json (RANK_MEASURES), the training's and a script's from the same
     clock: step times (the first, which warms caches, left out), own work, start-up, the speed after the
     profiler's last window, wall time and memory peaks (the profiler resets the allocator's peaks as each
@@ -305,7 +305,7 @@ def measures(
         peak = max(int(torch.cuda.max_memory_allocated(device)), run_peak.get("allocated", 0))
         reserved = max(int(torch.cuda.max_memory_reserved(device)), run_peak.get("reserved", 0))
     basis = own_work_basis(own, clock.profiled)
-    record = {
+    record: dict[str, object] = {
         "step_time_s": step_time_stats(timed),
         "own_step_time_s": step_time_stats(basis) if basis else None,
         "own_step_series": own_work_series(own, clock.profiled, None if clock.cuda else clock.queued),

@@ -10,7 +10,6 @@ import hashlib
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import torch
@@ -18,7 +17,7 @@ import torch
 from hpc.core.ending import Outcome
 from hpc.core.errors import WriteError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import RankFacts, attempt_of, write_facts, write_run_summary
+from hpc.core.summary import RankFacts, StartupRecord, attempt_of, write_facts, write_run_summary
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import RUN_DIR_VARIABLE
 from hpc.settings.schema import RunConfig
@@ -110,14 +109,13 @@ class RunSummary:
         exit_code: int,
         profiling: Profiling | None,
         wall_s: float,
-        startup: dict[str, Any],
+        startup: StartupRecord,
     ) -> RankFacts:
         """This rank's entry: the facts, where it stopped, its measurements (hpc/training/steptimes.py's
         `measures`, as a script's), throughput, the environment, the profiler's cycles and the traces it
         wrote (and those it could not: `profiler.failed`). `profiling`: hpc.training.profiling's Profiling,
         or None."""
         measured = measures(clock, profiling, wall_s, startup, self.device if self.use_cuda else None)
-        mean_step = measured["step_time_s"]["mean"]
         record = {
             **self.facts,
             "device_name": torch.cuda.get_device_name(self.device) if self.use_cuda else "cpu",
@@ -127,8 +125,6 @@ class RunSummary:
             "exit_code": exit_code,
             "complete": exit_code == 0,
             **measured,
-            "images_per_s": self.plan.per_gpu / mean_step if mean_step else None,
-            "global_images_per_s": self.plan.global_batch / mean_step if mean_step else None,
             "env": performance_env(),
             "profiler": {
                 "cycles": profiling.cycles if profiling is not None else [],
@@ -136,7 +132,11 @@ class RunSummary:
                 "failed": profiling.failed if profiling is not None else [],
             },
         }
-        return msgspec.convert(record, RankFacts)
+        facts = msgspec.convert(record, RankFacts)
+        mean_step = facts.step_time_s.mean if facts.step_time_s is not None else None
+        facts.images_per_s = self.plan.per_gpu / mean_step if mean_step else None
+        facts.global_images_per_s = self.plan.global_batch / mean_step if mean_step else None
+        return facts
 
     def write_own(self, record: RankFacts) -> None:
         """This rank's facts (RUN/ranks/rank{R}.facts.json), written by the rank itself as a script's are.

@@ -664,7 +664,7 @@ def test_a_ranks_timeline_keeps_each_phases_first_time_and_the_last_steps_latest
     timeline.mark("last_step", 21.0, again=True)  # each step's end: the latest stands
     with pytest.raises(ValueError, match="no start-up phase 'warmup'"):
         timeline.mark("warmup")
-    phases = startup_record(None, None, 15.0, timeline)["phases"]
+    phases = startup_record(None, None, 15.0, timeline).phases
     assert list(phases) == list(PHASES)
     assert (phases["imports"], phases["last_step"], phases["first_step"]) == (10.0, 21.0, 15.0)
     assert phases["process_start"] == process_started_unix() and phases["exit"] is None  # not seen: None
