@@ -12,6 +12,7 @@ Slurm's through its one table (SLURM_STATES).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -49,9 +50,29 @@ def existing_sweep(path: str) -> Path:
     return sweep_dir.absolute()
 
 
-def log_facts(run: RunPaths, job_id: str) -> dict[str, Any]:
-    """What the job's logs say: how often it was requeued, whether Slurm killed it at the time limit,
-    and the last error line."""
+@dataclasses.dataclass(frozen=True)
+class LogFacts:
+    """What a job's logs say: how often it was requeued, whether Slurm killed it at the time limit, and the
+    last error line."""
+
+    requeues: int = 0
+    timed_out: bool = False
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PointStatus:
+    """How a point stands (point_state): its state (hpc/core/ending.py POINT_STATES), its requeues, the
+    steps it reached, and the line that says why where it failed, timed out or stopped."""
+
+    state: PointState | Outcome
+    requeues: int
+    steps: int | None
+    error: str | None
+
+
+def log_facts(run: RunPaths, job_id: str) -> LogFacts:
+    """What the job's logs say (LogFacts)."""
     text = ""
     for log in run.job_logs(job_id):
         try:
@@ -59,11 +80,11 @@ def log_facts(run: RunPaths, job_id: str) -> dict[str, Any]:
         except OSError:
             pass
     errors = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line) and "submitit INFO" not in line]
-    return {
-        "requeues": len(re.findall(r"Requeued job|requeued", text)),
-        "timed_out": "DUE TO TIME LIMIT" in text,
-        "error": errors[-1][:200] if errors else None,
-    }
+    return LogFacts(
+        requeues=len(re.findall(r"Requeued job|requeued", text)),
+        timed_out="DUE TO TIME LIMIT" in text,
+        error=errors[-1][:200] if errors else None,
+    )
 
 
 def steps_reached(run: RunPaths, kept: int | None) -> int | None:
@@ -76,23 +97,23 @@ def steps_reached(run: RunPaths, kept: int | None) -> int | None:
 
 def point_state(
     run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None, queue_known: bool = True
-) -> dict[str, Any]:
+) -> PointStatus:
     """The state of one point (hpc/core/ending.py POINT_STATES), from the queue, the run directory, sacct
     and the logs. With the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
     run = RunPaths(run_dir)
     files = run_state(run)
     outcome = files.leaves
-    facts = log_facts(run, job_id) if run_dir.is_dir() else {"requeues": 0, "timed_out": False, "error": None}
+    facts = log_facts(run, job_id) if run_dir.is_dir() else LogFacts()
     state: PointState | Outcome
     if queue_state:
         state = slurm_state(queue_state)
-        if state == PointState.PENDING and (files.step is not None or facts["requeues"]):
+        if state == PointState.PENDING and (files.step is not None or facts.requeues):
             state = PointState.REQUEUED  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
     elif outcome in (Outcome.OOM, Outcome.DONE):
         state = Outcome(outcome)
     elif not queue_known:
         state = PointState.UNKNOWN
-    elif facts["timed_out"] or slurm_state(sacct_state) == PointState.TIMEOUT:
+    elif facts.timed_out or slurm_state(sacct_state) == PointState.TIMEOUT:
         state = PointState.TIMEOUT
     elif sacct_state == SLURM_CANCELLED or files.said == Outcome.CANCELLED:
         state = Outcome.CANCELLED  # a person's scancel (sacct's word, or the follower's record): not a failure
@@ -102,10 +123,10 @@ def point_state(
         state = Outcome.PREEMPTED if files.said == Outcome.PREEMPTED else Outcome.STOPPED
     else:  # an ended job that said nothing of itself: as Slurm's accounting has it (none: it failed)
         state = slurm_state(sacct_state) if sacct_state else Outcome.FAILED
-    note = facts["error"] if state in (Outcome.FAILED, PointState.TIMEOUT, Outcome.STOPPED, Outcome.PREEMPTED) else None
+    note = facts.error if state in (Outcome.FAILED, PointState.TIMEOUT, Outcome.STOPPED, Outcome.PREEMPTED) else None
     if state == Outcome.DONE and not files.summary_current:
         note = "summary.json missing or out of date: run the point again to write it"
-    return {"state": state, "requeues": facts["requeues"], "steps": steps_reached(run, files.step), "error": note}
+    return PointStatus(state, facts.requeues, steps_reached(run, files.step), note)
 
 
 def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
@@ -133,7 +154,9 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
             "run_dir": str(root),
             **({"values": p.values} if p.values else {}),  # what tells the point apart (resubmit)
         }
-        row.update(point_state(root, job_id, in_queue.get(job_id), ended.get(job_id), problem is None))
+        row.update(
+            dataclasses.asdict(point_state(root, job_id, in_queue.get(job_id), ended.get(job_id), problem is None))
+        )
         rows.append(row)
     return rows, problem
 

@@ -2,7 +2,7 @@
 
 import json
 
-from hpc.launch.status import point_state
+from hpc.launch.status import PointStatus, point_state
 
 
 def _run_dir(root, name, summary=None, err="", metrics=()):
@@ -22,22 +22,21 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
                        metrics=[{"kind": "train", "step": 2}, {"kind": "train", "step": 3}])
     timed_out = _run_dir(tmp_path, "1_3", err="slurmstepd: error: *** JOB 1 ON nid001 CANCELLED AT 2026 DUE TO TIME LIMIT ***\n"
                                              "submitit INFO (2026) - Requeued job 1 (2 remaining timeouts)\n")
-    assert point_state(done, "1_0", None, None)["state"] == "done"
-    assert point_state(done, "1_0", None, None)["steps"] == 6
-    assert point_state(oom, "1_1", None, None)["state"] == "oom"
-    assert point_state(crashed, "1_2", None, None) == {"state": "failed", "requeues": 0, "steps": 3,
-                                                        "error": "RuntimeError: boom"}
+    assert point_state(done, "1_0", None, None).state == "done"
+    assert point_state(done, "1_0", None, None).steps == 6
+    assert point_state(oom, "1_1", None, None).state == "oom"
+    assert point_state(crashed, "1_2", None, None) == PointStatus("failed", 0, 3, "RuntimeError: boom")
     t = point_state(timed_out, "1_3", None, None)
-    assert t["state"] == "timeout" and t["requeues"] == 1 and "DUE TO TIME LIMIT" in t["error"]
-    assert point_state(tmp_path / "never", "1_4", None, None)["state"] == "missing"
-    assert point_state(crashed, "1_2", "RUNNING", None)["state"] == "running"  # the queue knows best
-    assert point_state(tmp_path / "never", "1_4", "PENDING", None)["state"] == "pending"
+    assert t.state == "timeout" and t.requeues == 1 and "DUE TO TIME LIMIT" in t.error
+    assert point_state(tmp_path / "never", "1_4", None, None).state == "missing"
+    assert point_state(crashed, "1_2", "RUNNING", None).state == "running"  # the queue knows best
+    assert point_state(tmp_path / "never", "1_4", "PENDING", None).state == "pending"
     # pending again after it ran: Slurm requeued it (a lost node, a preemption) or it requeued itself
-    assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", "PENDING", None)["state"] == "requeued"
-    assert point_state(timed_out, "1_3", "PENDING", None)["state"] == "requeued"  # "Requeued job" in its log
-    assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY")["state"] == "failed"  # host OOM: sacct's word
-    assert point_state(crashed, "1_2", None, "CANCELLED")["state"] == "cancelled"  # a person's scancel, not a failure
-    assert point_state(tmp_path / "never", "1_4", None, "CANCELLED")["state"] == "cancelled"  # before it started
+    assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", "PENDING", None).state == "requeued"
+    assert point_state(timed_out, "1_3", "PENDING", None).state == "requeued"  # "Requeued job" in its log
+    assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY").state == "failed"  # host OOM: sacct's word
+    assert point_state(crashed, "1_2", None, "CANCELLED").state == "cancelled"  # a person's scancel, not a failure
+    assert point_state(tmp_path / "never", "1_4", None, "CANCELLED").state == "cancelled"  # before it started
 
 
 def _checkpoint_info(run_dir, step, stop_at):
@@ -53,25 +52,24 @@ def test_a_silent_queue_leaves_unknown_what_the_run_directory_cannot_settle(tmp_
     oom = _run_dir(tmp_path, "2_1", {"outcome": "oom", "ranks": []})
     halfway = _checkpoint_info(_run_dir(tmp_path, "2_2", metrics=[{"kind": "train", "step": 4}]), 4, 8)
     crashed = _run_dir(tmp_path, "2_3", err="RuntimeError: boom\n")
-    assert point_state(done, "2_0", None, None, queue_known=False)["state"] == "done"
-    assert point_state(oom, "2_1", None, None, queue_known=False)["state"] == "oom"
-    assert point_state(halfway, "2_2", None, None, queue_known=False) == {
-        "state": "unknown", "requeues": 0, "steps": 4, "error": None}
-    assert point_state(crashed, "2_3", None, None, queue_known=False)["state"] == "unknown"
-    assert point_state(tmp_path / "never", "2_4", None, None, queue_known=False)["state"] == "unknown"
-    assert point_state(halfway, "2_2", None, None)["state"] == "failed"  # the queue read: it is not running
+    assert point_state(done, "2_0", None, None, queue_known=False).state == "done"
+    assert point_state(oom, "2_1", None, None, queue_known=False).state == "oom"
+    assert point_state(halfway, "2_2", None, None, queue_known=False) == PointStatus("unknown", 0, 4, None)
+    assert point_state(crashed, "2_3", None, None, queue_known=False).state == "unknown"
+    assert point_state(tmp_path / "never", "2_4", None, None, queue_known=False).state == "unknown"
+    assert point_state(halfway, "2_2", None, None).state == "failed"  # the queue read: it is not running
 
 
 def test_a_finished_run_without_its_summary_is_done_and_says_what_is_missing(tmp_path):
     """Killed between its last checkpoint and summary.json: the checkpoint says it is complete."""
     finished = _checkpoint_info(_run_dir(tmp_path, "3_0"), 8, 8)
     state = point_state(finished, "3_0", None, None)
-    assert state["state"] == "done" and state["steps"] == 8 and "summary.json missing" in state["error"]
+    assert state.state == "done" and state.steps == 8 and "summary.json missing" in state.error
     stale = _checkpoint_info(_run_dir(tmp_path, "3_1", {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}), 8, 8)
-    assert point_state(stale, "3_1", None, None)["state"] == "done"  # the summary said stopped at 4: out of date
+    assert point_state(stale, "3_1", None, None).state == "done"  # the summary said stopped at 4: out of date
     said_stopped = _checkpoint_info(_run_dir(tmp_path, "3_2", {"ranks": [{"rank": 0, "complete": False, "steps": 4}]}),
                                     4, 8)
-    assert point_state(said_stopped, "3_2", None, None)["state"] == "stopped"
+    assert point_state(said_stopped, "3_2", None, None).state == "stopped"
 
 
 def test_slurms_words_for_an_ended_job_are_read_through_the_one_table(tmp_path):
@@ -79,10 +77,10 @@ def test_slurms_words_for_an_ended_job_are_read_through_the_one_table(tmp_path):
     alone (no log line) is the time limit; a job still accounted RUNNING after it left the queue is running;
     a state no Slurm lists is unknown, never shown lower-cased as a word of its own."""
     crashed = _run_dir(tmp_path, "4_0", err="RuntimeError: boom\n")
-    assert point_state(crashed, "4_0", None, "PREEMPTED")["state"] == "preempted"
-    assert point_state(crashed, "4_0", None, "TIMEOUT")["state"] == "timeout"
-    assert point_state(crashed, "4_0", None, "RUNNING")["state"] == "running"
-    assert point_state(crashed, "4_0", None, "NODE_FAIL")["state"] == "failed"
-    assert point_state(crashed, "4_0", "SOMETHING_NEW", None)["state"] == "unknown"
-    assert point_state(crashed, "4_0", "REQUEUE_HOLD", None)["state"] == "requeued"
-    assert point_state(crashed, "4_0", None, "PREEMPTED")["error"] == "RuntimeError: boom"  # the why, kept
+    assert point_state(crashed, "4_0", None, "PREEMPTED").state == "preempted"
+    assert point_state(crashed, "4_0", None, "TIMEOUT").state == "timeout"
+    assert point_state(crashed, "4_0", None, "RUNNING").state == "running"
+    assert point_state(crashed, "4_0", None, "NODE_FAIL").state == "failed"
+    assert point_state(crashed, "4_0", "SOMETHING_NEW", None).state == "unknown"
+    assert point_state(crashed, "4_0", "REQUEUE_HOLD", None).state == "requeued"
+    assert point_state(crashed, "4_0", None, "PREEMPTED").error == "RuntimeError: boom"  # the why, kept
