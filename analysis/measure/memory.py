@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from collections.abc import Hashable
 
 import numpy as np
 
@@ -20,7 +20,10 @@ def _floats(values: list) -> np.ndarray:
     return np.array(values, dtype=np.float64)  # None -> NaN
 
 
-def _same(key: Any) -> Any:
+Device = Hashable  # a CUDA device's id as its events give it (an int or a string), or _NOT_CUDA
+
+
+def _same(key: Device) -> Device:
     return key
 
 
@@ -30,12 +33,12 @@ class DeviceMemory:
     with their args decoded and typed (events.Args)."""
 
     def __init__(self) -> None:
-        self.alloc: dict[Any, float] = {}
-        self.reserved: dict[Any, float] = {}
-        self.bytes_only: dict[Any, list[np.ndarray]] = defaultdict(list)  # per device: [ts, bytes] arrays
-        self.devices: dict[Any, int] = {_NOT_CUDA: 0}  # the CUDA devices met, numbered from 1
+        self.alloc: dict[Device, float] = {}
+        self.reserved: dict[Device, float] = {}
+        self.bytes_only: dict[Device, list[np.ndarray]] = defaultdict(list)  # per device: [ts, bytes] arrays
+        self.devices: dict[Device, int] = {_NOT_CUDA: 0}  # the CUDA devices met, numbered from 1
 
-    def _new_device(self, key: Any) -> int:
+    def _new_device(self, key: Device) -> int:
         self.devices[key] = len(self.devices)
         return self.devices[key]
 
@@ -58,7 +61,7 @@ class DeviceMemory:
         return int(garbage.sum())
 
     def _add_device(
-        self, dev: Any, ts: np.ndarray, total: np.ndarray, reserved: np.ndarray, nbytes: np.ndarray
+        self, dev: Device, ts: np.ndarray, total: np.ndarray, reserved: np.ndarray, nbytes: np.ndarray
     ) -> None:
         has_total = ~np.isnan(total)
         if has_total.any():

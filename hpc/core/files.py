@@ -102,7 +102,7 @@ def append_line(path: Path, line: str) -> None:
 MAX_JSON_BYTES = 2**30  # summary.json and index.json are kilobytes to megabytes
 
 
-def read_json(path: Path, warn: Warn = ignore) -> Any:
+def read_json(path: Path, warn: Warn = ignore) -> object:
     """The JSON value in `path`, or None (and `warn` says why) when it cannot be read or parsed, or is no
     regular file of at most MAX_JSON_BYTES (a device such as /dev/zero would be read for ever)."""
     try:
@@ -208,7 +208,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml_text(text: str) -> Any:
+def load_yaml_text(text: str) -> object:
     """Parse YAML safely and strictly (see _StrictLoader). Raises yaml.YAMLError."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass: as safe as safe_load
 
@@ -222,5 +222,5 @@ def plain(value: Any) -> Any:
     return value
 
 
-def dump_yaml(data: Any) -> str:
+def dump_yaml(data: object) -> str:
     return yaml.safe_dump(plain(data), sort_keys=False, default_flow_style=None)

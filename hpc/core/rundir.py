@@ -48,7 +48,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, overload
+from typing import Annotated, Literal, Protocol, overload
 
 import msgspec
 
@@ -271,7 +271,7 @@ class SweepPaths:
 # ----------------------------------------------------------------------------------------------
 
 
-def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
+def write_yaml(path: Path, data: Mapping[str, object]) -> None:
     write_atomic(path, dump_yaml(data))
 
 
@@ -280,7 +280,7 @@ def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def is_count(value: Any) -> bool:
+def is_count(value: object) -> bool:
     """A rank, world size or step count: a plain int in [0, 2**20)."""
     return type(value) is int and 0 <= value < 1 << 20
 
@@ -413,10 +413,11 @@ Positive = Annotated[int, msgspec.Meta(gt=0)]
 AxisValue = str | int | float | bool  # a sweep axis's value, as sweep.yaml lists it
 
 
-def point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
+def point_key(point: Mapping[str, object]) -> tuple[object, ...]:
     """What tells a point from the others: the study's four fields and its other axes' values."""
-    values = point.get("values") or {}
-    return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), tuple(sorted(values.items())))
+    values = point.get("values")
+    axes = tuple(sorted(values.items())) if isinstance(values, dict) else ()
+    return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), axes)
 
 
 class IndexPoint(msgspec.Struct, kw_only=True):
@@ -443,7 +444,7 @@ class IndexPoint(msgspec.Struct, kw_only=True):
             raise ValueError(f"run_dir {self.run_dir[:80]!r} is not a directory name inside the sweep")
 
     @property
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[object, ...]:
         """point_key of the point as submitted."""
         return point_key({**{k: getattr(self, k) for k in POINT_KEY}, "values": self.values})
 

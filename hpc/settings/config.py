@@ -47,7 +47,7 @@ INT64_MAX = 2**63 - 1  # torch seeds, counts and sizes are int64: a larger integ
 # ----------------------------------------------------------------------------------------------
 
 
-def _expected(tp: Any) -> str:
+def _expected(tp: object) -> str:
     """What an annotation asks for, in a person's words (the error's "expected ...")."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -57,14 +57,15 @@ def _expected(tp: Any) -> str:
     if origin is dict:
         return "a mapping of names to scalar values"
     # every type the schema's fields use (tests/unit/settings/test_config_messages.py walks them all)
-    return {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}[tp]
+    words: dict[object, str] = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
+    return words[tp]
 
 
-def _wants(tp: Any, kind: type) -> bool:
+def _wants(tp: object, kind: type) -> bool:
     return tp is kind or kind in typing.get_args(tp)
 
 
-def _prepared(value: Any, tp: Any) -> Any:
+def _prepared(value: object, tp: object) -> object:
     """The value as msgspec should see it: a fraction string read as a number where a number is wanted
     ("1/10" reads better than 0.1 for data fractions), a mapping's scalars as the strings it holds."""
     if typing.get_origin(tp) is tuple and isinstance(value, (list, tuple)):
@@ -83,7 +84,7 @@ def _prepared(value: Any, tp: Any) -> Any:
     return value
 
 
-def _out_of_range(value: Any) -> str | None:
+def _out_of_range(value: object) -> str | None:
     """What msgspec lets through that a run cannot take: a number torch cannot hold, a NUL in a string."""
     if isinstance(value, (tuple, list)):
         return next((e for e in map(_out_of_range, value) if e), None)
@@ -98,7 +99,7 @@ def _out_of_range(value: Any) -> str | None:
     return None
 
 
-def typed_value(value: Any, tp: Any) -> Any:
+def typed_value(value: object, tp: Any) -> object:
     """`value` as the annotation `tp` types it (msgspec.convert, strict: no true for 1, no "3" for 3);
     raise TypeError(what was expected) when it does not fit."""
     try:
@@ -187,7 +188,7 @@ def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[st
             f"{where}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start : e.start + 1]!r}"
         ) from None
     try:
-        data = load_yaml_text(text)
+        loaded = load_yaml_text(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -196,19 +197,21 @@ def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[st
         raise ConfigError(f"{where}: nested too deeply to be a config file") from None
     except ValueError as e:  # e.g. an integer of over 4300 digits
         raise ConfigError(f"{where}: not a usable value ({' '.join(str(e).split())[:120]})") from None
-    if data is None:
+    if loaded is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
-    for section, body in data.items():
+    if not isinstance(loaded, dict):
+        kind = type(loaded).__name__
+        raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {kind}")
+    sections: dict[str, dict[str, Any]] = loaded
+    for section, body in sections.items():
         if section not in SECTIONS:
             hint = suggestion(str(section), SECTIONS) or f" (known: {', '.join(SECTIONS)})"
             raise ConfigError(f"{path}: unknown section {shown(section)}{hint}")
         if body is None:
-            data[section] = {}
+            sections[section] = {}
         elif not isinstance(body, dict):
             raise ConfigError(f"{path}: section {section!r} must be a mapping, got {shown(body)}")
-    return data
+    return sections
 
 
 class Layers:
@@ -226,7 +229,7 @@ class Layers:
                 self.set(f"{section}.{key}", value, str(path))
         return self
 
-    def set(self, dotted: str, value: Any, source: str) -> Layers:
+    def set(self, dotted: str, value: object, source: str) -> Layers:
         section, _, key = dotted.partition(".")
         if section not in SECTIONS or not key:
             raise ConfigError(f"{source}: {dotted!r} is not SECTION.KEY (sections: {', '.join(SECTIONS)})")
@@ -246,7 +249,7 @@ def set_source(text: str) -> str:
     return "--set " + (text if len(text) <= 100 else text[:97] + "...")
 
 
-def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
+def parse_override(text: str, source: str = "--set") -> tuple[str, object]:
     """'train.lr=0.1' -> ('train.lr', 0.1); the value is read as YAML (numbers, booleans, lists)."""
     key, eq, raw = text.partition("=")
     if not eq:
@@ -258,7 +261,7 @@ def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_run_config(config_path: str | None, overrides: Sequence[tuple[str, Any, str]] = ()) -> RunConfig:
+def load_run_config(config_path: str | None, overrides: Sequence[tuple[str, object, str]] = ()) -> RunConfig:
     """defaults < YAML file < command line. `overrides`: (dotted key, value, source flag). Only the run
     sections: a cluster or sweep value here would be silently ignored, so it is an error."""
     layers = Layers()
@@ -276,7 +279,7 @@ def require_section(dotted: str, allowed: tuple[str, ...], source: str) -> None:
         raise ConfigError(f"{source}: section {section!r} is not used here (this command reads {', '.join(allowed)})")
 
 
-def load_cluster(profile: str, overrides: Sequence[tuple[str, Any, str]] = ()) -> ClusterConfig:
+def load_cluster(profile: str, overrides: Sequence[tuple[str, object, str]] = ()) -> ClusterConfig:
     layers = Layers().add_file(resolve_profile_path(profile), only=("cluster",), flag="--profile")
     for dotted, value, source in overrides:
         layers.set(dotted, value, source)

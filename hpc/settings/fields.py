@@ -26,24 +26,24 @@ def check(ok: bool, key: str, reason: str, other: str | None = None) -> None:
         raise Invalid(key, reason, other)
 
 
-def positive(obj: Any, *keys: str) -> None:
+def positive(obj: object, *keys: str) -> None:
     for key in keys:
         value = getattr(obj, key)
         check(value is None or value > 0, key, "must be > 0")
 
 
-def non_negative(obj: Any, *keys: str) -> None:
+def non_negative(obj: object, *keys: str) -> None:
     for key in keys:
         value = getattr(obj, key)
         check(value is None or value >= 0, key, "must be >= 0")
 
 
-def at_most(obj: Any, key: str, limit: int, why: str) -> None:
+def at_most(obj: object, key: str, limit: int, why: str) -> None:
     value = getattr(obj, key)
     check(value is None or value <= limit, key, f"must be <= {limit} ({why})")
 
 
-def one_of(obj: Any, key: str, choices: tuple[Any, ...]) -> None:
+def one_of(obj: object, key: str, choices: tuple[object, ...]) -> None:
     check(getattr(obj, key) in choices, key, f"must be one of {', '.join(map(str, choices))}")
 
 

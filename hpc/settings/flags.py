@@ -69,7 +69,7 @@ def add_training_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
 
 
-def overrides_from_args(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
+def overrides_from_args(args: argparse.Namespace) -> list[tuple[str, object, str]]:
     """(dotted key, value, source flag) for every --set and every training flag given."""
     out = [(*parse_override(s), set_source(s)) for s in args.set]
     for name, (key, _, _) in FLAGS.items():

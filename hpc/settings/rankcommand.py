@@ -112,11 +112,11 @@ def verbatim(words: Sequence[str]) -> list[str]:
 
 
 def training_command(
-    config: Mapping[str, Any],
+    config: Mapping[str, object],
     cwd: str,
     name: str,
     stop_grace_s: int,
-    point: Any = None,
+    point: JsonObject | None = None,
     hang_timeout_s: int | None = None,
 ) -> RankCommand:
     """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config, watched
@@ -141,7 +141,7 @@ def user_command(
     stop_grace_s: int,
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
-    point: Any = None,
+    point: JsonObject | None = None,
     hang_timeout_s: int | None = None,
 ) -> RankCommand:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
@@ -264,7 +264,7 @@ def check_command(argv: Sequence[str], cwd: Path, in_image: bool = False) -> Non
         raise UsageError(f"command line: -- {Path(program).name} {shown(script)}: no such script in {cwd}")
 
 
-def fill(word: str, values: Mapping[str, Any], source: str, final: bool = True) -> str:
+def fill(word: str, values: Mapping[str, object], source: str, final: bool = True) -> str:
     """`word` with each {field} replaced by its value ({{ and }} are braces); a field with no value is a
     UsageError naming it and `source`. Not `final` (a sweep's plan), a field of RUN_FIELDS stays a field
     and the result is still a template, filled again when the rank starts."""
@@ -302,7 +302,7 @@ def point_values(point: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def fill_named(word: str, values: Mapping[str, Any], source: str) -> str:
+def fill_named(word: str, values: Mapping[str, object], source: str) -> str:
     """A word of the command as the user gave it, each {name} or {name:spec} of `values` filled and every
     other brace left as written (a command's own code: `python -c "d = {}"` is no template)."""
     if not values:

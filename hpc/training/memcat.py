@@ -18,9 +18,10 @@ each cycle as `memory_categories_s`).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
+
+from hpc.core.files import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def torch_category_names() -> list[str]:
     return ["unused"] + [c.name.lower() if c is not None else "unknown" for c in _CATEGORY_TO_INDEX]
 
 
-def peak_of(times: list[int], sizes: list[list[int]], names: list[str]) -> dict[str, Any] | None:
+def peak_of(times: list[int], sizes: list[list[int]], names: list[str]) -> JsonObject | None:
     """The moment the total peaks (the first such moment), and each category's bytes then."""
     if not times:
         return None
@@ -52,7 +53,7 @@ def peak_of(times: list[int], sizes: list[list[int]], names: list[str]) -> dict[
     return {"peak_bytes": int(totals[i]), "at_us": int(times[i]), "categories": study, "torch_categories": by_torch}
 
 
-def at_peak(prof: torch.profiler.profile, device: torch.device) -> dict[str, Any]:
+def at_peak(prof: torch.profiler.profile, device: torch.device) -> JsonObject:
     """This cycle's peak on `device`, by category; {"error": why} where torch cannot say."""
     try:
         from torch.profiler._memory_profiler import MemoryProfileTimeline

@@ -26,15 +26,15 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 from torch.torch_version import TorchVersion
 
-from hpc.core.files import temp_name
+from hpc.core.files import JsonObject, temp_name
 from hpc.core.rundir import trace_worker
+from hpc.core.summary import TraceFailure
 from hpc.settings.profranks import chosen, static_choice
 from hpc.settings.schema import ProfilerConfig
 from hpc.training import inject
@@ -48,7 +48,7 @@ LOW_SPACE_BYTES = 1 << 20  # less than this free after a failed export: it was t
 DEVICE_COPY_PREFIXES = ("Memcpy", "Memset")  # key_averages' names for gpu_memcpy / gpu_memset events
 
 
-def key_average_totals(prof: profile) -> dict[str, Any]:
+def key_average_totals(prof: profile) -> JsonObject:
     """The profiler's own totals for one cycle, kept to cross-check the trace analysis.
 
     key_averages() holds CPU operators and device events (kernels, memcpys, memsets) side by side. A
@@ -143,7 +143,7 @@ class Profiling:
     def __init__(
         self,
         prof: profile,
-        cycles: list[dict[str, Any]],
+        cycles: list[JsonObject],
         base: Callable[[int], ProfilerAction],
         cuda: bool,
         choice: Choice,
@@ -157,7 +157,7 @@ class Profiling:
         self._host_s = 0.0  # inside prof.step() since the last cycle ended
         self.cycles = cycles  # per finished cycle, in order: window peak, key_average_totals() if asked
         self.run_peak_bytes = {"allocated": 0, "reserved": 0}
-        self.failed: list[dict[str, Any]] = []  # exports that could not be written: file, error, step
+        self.failed: list[TraceFailure] = []  # exports that could not be written: file, error, step
         self.window_replays = 0  # the recorded steps of the current cycle that were CUDA graph replays
 
     def _recording(self, step: int) -> bool:
@@ -296,7 +296,7 @@ def detach_cupti_after_cycles() -> None:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 
-def categories(prof: profile, device: torch.device, replays: int) -> dict[str, Any]:
+def categories(prof: profile, device: torch.device, replays: int) -> JsonObject:
     """The cycle's peak memory by category, or why not: a CUDA graph's replay allocates nothing (its
     tensors were made in the graph's pool at capture, before any window), so the memory profiler sees
     none of the step's tensors (seen on an H200: 36 MB of 'other' against 883 MB allocated)."""
@@ -330,7 +330,7 @@ def maybe_profile(
 
     trace_dir = Path(trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    cycles: list = []
+    cycles: list[JsonObject] = []
     sched = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
     profiling: Profiling | None = None
 
@@ -352,7 +352,7 @@ def maybe_profile(
         cycles.append(totals)
         if failure and profiling is not None:
             step = step_of() if step_of is not None else prof.step_num
-            profiling.failed.append({"file": name, "error": failure, "step": step})
+            profiling.failed.append(TraceFailure(file=name, error=failure, step=step))
 
     if cuda and cfg.detach_cupti:
         detach_cupti_after_cycles()

@@ -296,7 +296,7 @@ def measures(
     times, own = clock.times(), clock.own_times()
     timed = times[1:] if len(times) > 2 else times
     cycles = profiling.cycles if profiling is not None else []
-    ends = [c["end_step"] for c in cycles if isinstance(c, dict) and isinstance(c.get("end_step"), int)]
+    ends = [end for c in cycles if isinstance(end := c.get("end_step"), int)]
     peak = reserved = None
     if clock.cuda:
         import torch

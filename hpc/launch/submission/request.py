@@ -6,11 +6,10 @@ the entry module: no later stage reads a flag by its name."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from hpc.launch.submission.sbatchflags import JobOptions
 
-Override = tuple[str, Any, str]  # (dotted config key, value, the flag or --set that gave it)
+Override = tuple[str, object, str]  # (dotted config key, value, the flag or --set that gave it)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from hpc.core.errors import UsageError
+from hpc.core.files import JsonObject
 from hpc.settings.schema import TrainConfig
 from hpc.training import inject
 from hpc.training.graph.cudagraph import GraphedStep, Snapshot
@@ -68,12 +69,12 @@ class CheckResult:
 
     passed: bool
     line: str
-    record: dict[str, Any]
+    record: JsonObject
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> JsonObject:
         """summary.json's fields: `graph_check` ("passed", or what failed where), its detail, and the step
         mode where the check turned the run eager."""
-        said = {
+        said: JsonObject = {
             "graph_check": "passed" if self.passed else self.line.removeprefix("graph check "),
             "graph_check_detail": self.record,
         }
@@ -283,7 +284,7 @@ class GraphRun:
         self.replays += 1
         return self.step(x, y).clone()
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> JsonObject:
         """summary.json's graph_check fields and the steps replayed, once checked; else none."""
         return {**self.result.facts(), "graph_replays": self.replays} if self.result is not None else {}
 
