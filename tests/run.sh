@@ -47,10 +47,12 @@ fi
 base="$(mktemp -d -t hpc-tests.XXXXXX)"
 slurm_log="$base/slurm-tier.log"
 set +e
-python -m pytest -m slurm -p no:cacheprovider --durations=10 --basetemp "$base/slurm" >"$slurm_log" 2>&1 &
+python -m pytest -m slurm -p no:cacheprovider --durations=30 --basetemp "$base/slurm" >"$slurm_log" 2>&1 &
 slurm_pid=$!
 trap 'kill "$slurm_pid" 2>/dev/null' EXIT  # a run stopped here stops the other too
-python -m pytest -m "not slurm" --durations=10 --basetemp "$base/rest"
+# The rest on two xdist workers, a test module to a worker (its module fixtures made once): many of its tests
+# wait (a stop's grace time, a hang's bound), so two share the cores the Slurm tier mostly leaves idle.
+python -m pytest -m "not slurm" -n 2 --dist loadfile --durations=30 --basetemp "$base/rest"
 rest_rc=$?
 wait "$slurm_pid"
 slurm_rc=$?

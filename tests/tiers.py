@@ -13,10 +13,15 @@ happens before a test runs counts too: a test module skipped as it was collected
 the folders collected that gave no test at all (emptied, guarded away, or in a folder pytest did not
 enter), each fail a required run. The run ends with what skipped and why. Not required, a missing part skips its tests, saying why (a laptop
 without Slurm still runs the rest).
+
+Under pytest-xdist (tests/run.sh runs the rest with `-n 2`) each worker collects the whole selection and
+runs part of it: each counts its own, hands its counts to the controller at its end (`workeroutput`), and
+the controller adds up what ran and judges the run on the sum, as one process would.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections import Counter
@@ -81,6 +86,7 @@ class Tiers:
         self.with_items: set[Path] = set()  # modules that gave a test (before -m and -k deselect)
         self.empty: list[str] = []  # test modules below the collected folders that gave none
         self.errored: set[str] = set()  # modules that failed to import
+        self.config: pytest.Config | None = None
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         self.with_items.add(Path(str(item.path)).resolve())
@@ -119,6 +125,8 @@ class Tiers:
                         item.add_marker(pytest.mark.skip(reason=reason))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.controller:  # its workers count their own tests (see the module doc)
+            return
         if (report.when == "call" and not report.skipped) or (report.when == "setup" and report.failed):
             self.ran.update(self.of.get(report.nodeid, []))
         if report.skipped:
@@ -136,7 +144,42 @@ class Tiers:
         modules = [n for n in self.modules_skipped if "gpu" not in Path(n).parts and allowed(n) is None]
         return tests + modules
 
+    def pytest_configure(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @property
+    def controller(self) -> bool:
+        """xdist's controller: the process that runs no test (its workers do)."""
+        return self.config is not None and self.config.pluginmanager.hasplugin("dsession")
+
+    @property
+    def worker(self) -> bool:
+        return self.config is not None and hasattr(self.config, "workerinput")
+
+    def counts(self) -> dict[str, object]:
+        """What this process counted, as a worker hands it on (JSON: xdist's channel carries plain values)."""
+        return {"of": self.of, "selected": dict(self.selected), "ran": dict(self.ran), "skipped": self.skipped,
+                "modules_skipped": self.modules_skipped, "empty": self.empty}
+
+    def add(self, counts: dict) -> None:
+        """A worker's counts: each worker selected the whole run, so what was selected is taken once; what ran
+        and what skipped add up."""
+        self.of.update(counts["of"])
+        self.selected = Counter(counts["selected"])
+        self.ran.update(counts["ran"])
+        self.skipped.update(counts["skipped"])
+        self.modules_skipped.update(counts["modules_skipped"])
+        self.empty = sorted(set(self.empty) | set(counts["empty"]))
+
+    def pytest_testnodedown(self, node: object, error: object) -> None:  # the controller: a worker ended
+        output = getattr(node, "workeroutput", {})
+        if "tiers" in output:
+            self.add(json.loads(output["tiers"]))
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.worker:
+            session.config.workeroutput["tiers"] = json.dumps(self.counts())  # type: ignore[attr-defined]
+            return
         if required() and (self.vanished() or self.unallowed() or self.empty) and session.exitstatus == 0:
             session.exitstatus = 1
 

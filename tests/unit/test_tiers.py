@@ -40,13 +40,14 @@ def test_on_a_gpu():
 
 def run_suite(tmp_path: Path, *, required: bool, slurm_missing: str | None = None,
               slurm_body: str = "assert True", plain_body: str = "assert True",
-              env: dict | None = None) -> subprocess.CompletedProcess:
+              env: dict | None = None, workers: int = 0) -> subprocess.CompletedProcess:
     folder = tmp_path / "e2e"
     folder.mkdir(exist_ok=True)  # a test may have put a module of its own there first
     (tmp_path / "conftest.py").write_text(CONFTEST.format(why=slurm_missing))
     (folder / "test_suite.py").write_text(textwrap.dedent(SUITE.format(slurm_body=slurm_body, plain_body=plain_body)))
     env = {"PATH": "/usr/bin:/bin", "HPC_REQUIRE_TIERS": "1" if required else "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+    spread = ["-n", str(workers)] if workers else []  # pytest-xdist, as tests/run.sh runs the rest
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, str(folder)],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
 
 
@@ -149,3 +150,19 @@ def test_a_folder_pytest_does_not_enter_is_seen(tmp_path):
     r = run_suite(tmp_path, required=True)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "tests: e2e/build/test_left_out.py gave no test (fails the run)" in r.stdout
+
+
+def test_under_xdist_the_workers_counts_add_up_and_the_guard_holds(tmp_path):
+    """tests/run.sh runs the rest on two xdist workers: the controller judges the run on the workers' summed
+    counts, as one process would (a worker alone saw part of the run): the counts line, a tier whose tests all
+    skipped, a skip outside the gpu tier and a module that gave no test each fail it."""
+    r = run_suite(tmp_path, required=True, workers=2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tiers (tests ran of selected): e2e 2 of 3, slurm 1 of 1, gpu 0 of 1" in r.stdout
+    r = run_suite(tmp_path, required=True, workers=2, slurm_body="pytest.skip('no cluster today')")
+    assert r.returncode == 1 and "tests: every slurm test skipped; that fails the run" in r.stdout, r.stdout
+    r = run_suite(tmp_path, required=True, workers=2, plain_body="pytest.skip('an oracle is not installed')")
+    assert r.returncode == 1 and "skipped (not allowed: fails the run): e2e/test_suite.py::test_plain" in r.stdout
+    (tmp_path / "e2e" / "test_emptied.py").write_text("def helper():\n    return 1\n")
+    r = run_suite(tmp_path, required=True, workers=2)
+    assert r.returncode == 1 and "tests: e2e/test_emptied.py gave no test (fails the run)" in r.stdout, r.stdout
