@@ -6,7 +6,8 @@ torch import; every function takes and returns plain paths, records and text.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from analysis.explain.verdict import headline
 from analysis.pipeline import analyze_run
@@ -14,9 +15,18 @@ from analysis.read.discover import print_warnings
 from analysis.records import RunRow, TraceRecord
 from analysis.report.tables import render, run_label, verdict_lines
 from hpc.core.cli import check_output_dir
+from hpc.core.files import read_json
 from hpc.core.rundir import SweepPaths
 
-__all__ = ["end_of_run_lines", "render", "report", "run_numbers", "run_verdict", "verdict_headline"]
+__all__ = [
+    "end_of_run_lines",
+    "render",
+    "report",
+    "reported_headlines",
+    "run_numbers",
+    "run_verdict",
+    "verdict_headline",
+]
 
 
 def run_numbers(run_dir: Path) -> tuple[list[TraceRecord], RunRow | None]:
@@ -41,12 +51,43 @@ def end_of_run_lines(run: RunRow) -> list[str]:
     return [f"verdict{suffix}: {text}" for suffix, text in said if suffix in END_OF_RUN]
 
 
-def verdict_headline(verdict: Any) -> str | None:
+class ReportedVerdict(msgspec.Struct):
+    """A verdict as a run's record holds it (explain/verdict.py's, in runs.json): what bounds the run, and
+    what would next; the rest of it is the report's."""
+
+    bound: str
+    secondary: str | None = None
+
+
+class ReportedRun(msgspec.Struct):
+    """A run of the report's runs.json, as far as a status reads it: its directory and its verdict."""
+
+    run_dir: str
+    verdict: ReportedVerdict | None = None
+
+
+def verdict_headline(verdict: object) -> str | None:
     """`bound (then secondary)` of a verdict record (as runs.json holds it), None for anything else."""
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("bound"), str):
+    try:
+        said = msgspec.convert(verdict, ReportedVerdict)
+    except msgspec.ValidationError:
         return None
-    secondary = verdict.get("secondary")
-    return headline(verdict["bound"], secondary if isinstance(secondary, str) else None)
+    return headline(said.bound, said.secondary)
+
+
+def reported_headlines(runs_json: Path) -> dict[str, str]:
+    """Each run's verdict headline as the report's runs.json has it, by its directory's name (a sweep moves);
+    a run not of that shape, or a file that is none, gives none."""
+    records = read_json(runs_json) if runs_json.is_file() else None
+    out = {}
+    for record in records if isinstance(records, list) else []:
+        try:
+            run = msgspec.convert(record, ReportedRun)
+        except msgspec.ValidationError:
+            continue
+        if run.verdict is not None:
+            out[Path(run.run_dir).name] = headline(run.verdict.bound, run.verdict.secondary)
+    return out
 
 
 def run_verdict(run_dir: Path) -> str | None:

@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.api import render, run_verdict, verdict_headline
+from analysis.api import render, reported_headlines, run_verdict
 from hpc.core.cli import Parser, inspect_path
 from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, Outcome, PointState, slurm_state
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
-from hpc.core.files import read_json
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
 from hpc.core.summary import run_state
 from hpc.launch.submission.queue import accounted, queued
@@ -163,15 +162,7 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 def reported_verdicts(sweep: SweepPaths) -> dict[str, str]:
     """Each point's verdict as the analysis job wrote it (analysis/runs.json), by run directory name."""
-    records = read_json(sweep.runs_json) if sweep.runs_json.is_file() else None
-    out = {}
-    for r in records if isinstance(records, list) else []:
-        short = (
-            verdict_headline(r.get("verdict")) if isinstance(r, dict) and isinstance(r.get("run_dir"), str) else None
-        )
-        if short:
-            out[Path(r["run_dir"]).name] = short
-    return out
+    return reported_headlines(sweep.runs_json)
 
 
 def verdict_of(run_dir: Path, reported: dict[str, str]) -> str | None:
