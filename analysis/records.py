@@ -18,6 +18,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from hpc.core.files import JsonObject
+from hpc.core.rundir import AxisValue
+
 
 @dataclass(kw_only=True, frozen=True)
 class CpuTotals:
@@ -90,10 +93,10 @@ class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     kernel_calls_per_step: float | None = None
     comm_time_us_per_step: float | None = None
     peak_cpu_mem_bytes: int | None = None  # from the run's summary.json (the trace does not hold it)
-    key_averages: dict[str, Any] | None = None  # the profiler's own totals for the same cycle, if recorded
-    point: dict[str, Any] | None = None  # the sweep point the trace belongs to
+    key_averages: dict[str, float | int | None] | None = None  # the profiler's own totals of the same cycle
+    point: JsonObject | None = None  # the sweep point the trace belongs to
     device_name: str | None = None  # the trace's first device (deviceProperties), where recorded
-    verdict: dict[str, Any] | None = None  # what bounds this trace (analysis/explain/verdict.py)
+    verdict: JsonObject | None = None  # what bounds this trace (analysis/explain/verdict.py)
 
 
 def per_step(value: float | None, steps: int) -> float | None:
@@ -250,13 +253,13 @@ class RunRow:
     swept: str | None = None  # the point's values of the sweep's other axes (sweep.axes): lr=0.1, seed=1
     series: str | None = None  # the same but its replica axis (sweep.replicas): lr=0.1, what a figure's line is
     replica: str | None = None  # its value of the replica axis (seed=1): folded into a mean and a spread
-    values: dict[str, Any] | None = None  # the point's values of sweep.axes, by key (a figure's x)
+    values: dict[str, AxisValue] | None = None  # the point's values of sweep.axes, by key (a figure's x)
     job_id: str | None = None
     images_per_s: float | None = None
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's
     speedup: float | None = None  # against the 1-GPU point of the same fraction and batch
     scaling_efficiency: float | None = None
-    oom: dict[str, Any] | None = None  # hpc/training/oom.py's record, for outcome "oom"
+    oom: JsonObject | None = None  # hpc/training/oom.py's record, for outcome "oom"
     nodes: int | None = None
     epoch_time_s: float | None = None  # measured: the mean of metrics.jsonl's epoch records
     step_skew_us: float | None = None  # mean over profiled steps of (slowest rank's step - fastest rank's)
@@ -273,7 +276,7 @@ class RunRow:
     allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
     loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (runs/sweep.py)
     predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
-    verdict: dict[str, Any] | None = None  # what bounds the run, over all its ranks (analysis/explain/verdict.py)
+    verdict: JsonObject | None = None  # what bounds the run, over all its ranks (analysis/explain/verdict.py)
     scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/explain/verdict.py)
     device_kind: str | None = None  # cpu | cuda: what its ranks trained on (summary.json), for the words
     data_source: str | None = None  # cifar100 | synthetic (summary.json's data_source)
@@ -335,7 +338,7 @@ def data_words(fraction: float | None, source: str | None, images: int | None) -
     return words.get(fraction or 0.0, f"data fraction {fraction:g}" if fraction is not None else "CIFAR-100")
 
 
-def as_row(record: Any) -> dict[str, Any]:
+def as_row(record: Any) -> dict[str, Any]:  # a dataclass record, or a plain row
     """A record as one flat mapping (JSON, CSV, tables): a Spread field `x` becomes `x_mean` and `x_max`.
     Mappings pass through, so tables can mix records with plain rows."""
     if isinstance(record, dict):

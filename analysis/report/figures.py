@@ -428,12 +428,13 @@ def axis_figure(rows: list[RunRow], key: str, metric: Metric, out_dir: Path) -> 
     fig, ax = pyplot().subplots(figsize=(6, 4))
     _lines_against_batch(ax, lines, metric.ylabel, f"{metric.title} against {key}")
     ax.set_xlabel(key)
+    numbers = sorted(v for v in raw if isinstance(v, (int, float)))  # every value, where numeric
     if numeric:
         from matplotlib.ticker import NullLocator
 
-        positive = all(v > 0 for v in raw)
-        ax.set_xscale("log" if positive and max(raw) >= 10 * min(raw) else "linear")
-        ax.set_xticks(sorted(raw), [f"{v:g}" for v in sorted(raw)])
+        positive = all(v > 0 for v in numbers)
+        ax.set_xscale("log" if positive and max(numbers) >= 10 * min(numbers) else "linear")
+        ax.set_xticks(numbers, [f"{v:g}" for v in numbers])
         ax.xaxis.set_minor_locator(NullLocator())
     else:
         ax.set_xscale("linear")
