@@ -26,7 +26,7 @@ from analysis.report.units import number
 from analysis.runs.diff import Profile, compare, profile
 from hpc.core.cli import Parser, inspect_path, run
 from hpc.core.errors import EXIT_OK, UsageError
-from hpc.core.rundir import SweepPaths, read_index
+from hpc.core.rundir import AxisValue, SweepPaths, read_index
 
 AXES = {
     "batch": "batch_size",
@@ -70,11 +70,11 @@ def sides(paths: list[str], points: list[str]) -> list[tuple[str, Path]]:
     )
 
 
-def parse_point(spec: str, swept: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, Any]]:
+def parse_point(spec: str, swept: tuple[str, ...] = ()) -> tuple[dict[str, float], dict[str, AxisValue]]:
     """`batch=512,gpus=4,lr=0.1` -> ({batch_size: 512, gpus: 4}, {lr: 0.1}): the study's axes, then the
     sweep's others (`swept`: sweep.axes, index.json's `values`), a value read as a number, true/false or text."""
     wanted: dict[str, float] = {}
-    values: dict[str, Any] = {}
+    values: dict[str, AxisValue] = {}
     for part in spec.split(","):
         key, eq, value = (w.strip() for w in part.partition("="))
         if not eq or (key not in AXES and key not in swept):
@@ -90,13 +90,14 @@ def parse_point(spec: str, swept: tuple[str, ...] = ()) -> tuple[dict[str, float
     return wanted, values
 
 
-def scalar(text: str) -> Any:
+def scalar(text: str) -> AxisValue:
     """A swept value as written on the command line: an int, a float, true/false, else the text itself."""
     for kind in (int, float):
         try:
-            return kind(text)
+            number: AxisValue = kind(text)
         except ValueError:
-            pass
+            continue
+        return number
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
@@ -120,7 +121,7 @@ def point_dir(sweep: Path, spec: str) -> Path:
     return paths.run(found[0].run_dir).root
 
 
-def same_value(recorded: Any, given: Any) -> bool:
+def same_value(recorded: AxisValue | None, given: AxisValue) -> bool:
     """A recorded value and one typed on the command line: equal, numbers as numbers (0.10 is 0.1; true is
     not 1)."""
     if isinstance(recorded, bool) or isinstance(given, bool):

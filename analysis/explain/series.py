@@ -39,7 +39,7 @@ def gpu_series(traces: list[TraceRecord]) -> list[tuple[str, str]]:
         values = f", {swept}" if swept else ""
         for lo, hi in zip(counts, counts[1:], strict=False):
             why = explain(points[(fraction, batch, lo, swept)], points[(fraction, batch, hi, swept)])
-            lines.append((f"fraction {fraction:g}, batch {batch}{values}: {lo} -> {hi} GPUs", why["sentence"]))
+            lines.append((f"fraction {fraction:g}, batch {batch}{values}: {lo} -> {hi} GPUs", why.sentence))
     return lines
 
 
@@ -55,8 +55,8 @@ def sweeps_side_by_side(a: list[TraceRecord], b: list[TraceRecord], label_a: str
                 "name": f"fraction {key[0]:g}, batch {key[1]}, {key[2]} GPU(s)" + (f", {key[3]}" if key[3] else ""),
                 "step_time_us_a": left.step_time_us,
                 "step_time_us_b": right.step_time_us,
-                "largest_term": why["term"],
-                "why": why["sentence"],
+                "largest_term": why.term,
+                "why": why.sentence,
             }
         )
     return rows

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from analysis.measure.kernels import KERNEL_CLASSES
 from analysis.records import TraceRecord, max_present
 
@@ -153,7 +155,19 @@ def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> list[dict]:
     return [{"name": k, "a": a.get(k, 0.0), "b": b.get(k, 0.0), "delta": b.get(k, 0.0) - a.get(k, 0.0)} for k in keys]
 
 
-def explain(a: Profile, b: Profile) -> dict[str, Any]:
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    """Why B's step differs from A's: the term that changed most (None: none did), by how much, its share
+    of the change (of the step's terms, or of the time that moved between them), the step's total change,
+    and the sentence that says it."""
+
+    term: str | None
+    delta_us: float
+    share_pct: float | None
+    total_delta_us: float
+    sentence: str
+
+
+def explain(a: Profile, b: Profile) -> Explanation:
     """The term with the largest change and its share of the total change of the step's terms. Where the
     total does not change, time moved between terms: the share is of all the terms' changes together."""
     rows = side_by_side(a.terms_us, b.terms_us)
@@ -163,7 +177,7 @@ def explain(a: Profile, b: Profile) -> dict[str, Any]:
     rows.sort(key=lambda r: (-abs(r["delta"]), r["name"]))
     scale = max(abs(total_a), abs(total_b), 1e-9)
     if not rows or moved <= 1e-9 * scale:
-        return {"term": None, "delta_us": 0.0, "share_pct": None, "total_delta_us": total, "sentence": _same(a, b)}
+        return Explanation(term=None, delta_us=0.0, share_pct=None, total_delta_us=total, sentence=_same(a, b))
     top = rows[0]
     share = 100.0 * top["delta"] / total if abs(total) > 0.01 * moved else 100.0 * abs(top["delta"]) / moved
     whole = "the step's terms" if abs(total) > 0.01 * moved else "the time that moved between terms"
@@ -173,13 +187,9 @@ def explain(a: Profile, b: Profile) -> dict[str, Any]:
     )
     if abs(total) <= 0.01 * moved and len(rows) > 1:
         sentence += f", against {rows[1]['name']}: {_signed(rows[1]['delta'])} ms"
-    return {
-        "term": top["name"],
-        "delta_us": top["delta"],
-        "share_pct": share,
-        "total_delta_us": total,
-        "sentence": sentence,
-    }
+    return Explanation(
+        term=top["name"], delta_us=top["delta"], share_pct=share, total_delta_us=total, sentence=sentence
+    )
 
 
 def _what(rows: list[dict]) -> str:
@@ -204,7 +214,7 @@ def compare(a: Profile, b: Profile) -> dict[str, Any]:
     return {
         "a": {"label": a.label, "files": a.files, "steps": a.steps, "note": a.note},
         "b": {"label": b.label, "files": b.files, "steps": b.steps, "note": b.note},
-        "explanation": explain(a, b),
+        "explanation": msgspec.to_builtins(explain(a, b)),
         "summary": side_by_side(_scalars(a), _scalars(b)),
         "terms_us": sorted(side_by_side(a.terms_us, b.terms_us), key=lambda r: -abs(r["delta"])),
         "kernel_time_by_class_us": side_by_side(a.kernel_time_by_class_us, b.kernel_time_by_class_us),
