@@ -16,8 +16,9 @@ RUN/ranks/scheduler.json (ending.SchedulerSaid), so summary.json is a function o
 files alone: deleting it and writing it again gives the same file, and a reader finds it rebuilt where a
 record is newer than it (`current_summary`). The outcome and its words: hpc/core/ending.py.
 
-Each record between processes is decoded into its struct when read (exit records: RankExit; scheduler.json:
-SchedulerSaid; task.json: TaskSaid here, RankCommand where it runs; summary.json: RunRecord) and says its
+Each record between processes is decoded into its struct when read (exit records: RankExit; facts: RankFacts;
+scheduler.json: SchedulerSaid; task.json: TaskSaid here, RankCommand where it runs; summary.json: RunRecord of
+RankEntry records) and says its
 layout (`schema`): one of another layout (a later toolkit's) is refused in one line (SchemaError), one
 without the field is of the first.
 
@@ -72,6 +73,7 @@ from hpc.core.files import (
     decoded,
     ignore,
     load_yaml_text,
+    other_layout,
     read_json,
     temp_name,
     with_value,
@@ -102,13 +104,14 @@ ATTEMPT_VARIABLE = "HPC_ATTEMPT"  # the runner's attempt, handed to its task (wh
 # The records: what a rank's task measured (RUN/ranks/rank{R}.facts.json), written by the task (the
 # toolkit's training, hpc/training/summary.py; a script's start-up hook, hpc/training/hook/autoprofile.py;
 # the one OOM recorder, hpc/training/oom.py) and decoded into RankFacts when read (read_facts); summary.json's
-# `ranks` are RankEntry's: the facts under the rank's exit record, with `complete`. Every field but `rank`
+# `ranks` are RankEntry records: the facts under the rank's exit record, with `complete`. Every field but `rank`
 # is optional: each task writes what it knows (a script's hook knows no batch size) and a reader finds None
 # where a task did not say. The nested records a profiler cycle or a config carry stay mappings of JSON
 # values (JsonObject): their keys are torch's and the config's, read where they are used.
 # ----------------------------------------------------------------------------------------------
 
 Rank = Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]  # as rundir.is_count reads a rank
+FACTS_SCHEMA = 1  # rank{R}.facts.json's layout (its `schema`; one without the field is of the first)
 
 
 class StepStats(msgspec.Struct, kw_only=True):
@@ -354,6 +357,9 @@ def read_facts(paths: RunPaths) -> dict[int, RankFacts]:
         data = read_json(path)
         if not isinstance(data, dict):
             continue  # cut, or being written: no record yet
+        if (why := other_layout(data, FACTS_SCHEMA)) is not None:
+            log.warning(f"hpc: {path}: not read: {why}")
+            continue
         oom = oom_in(data, str(path))
         try:
             facts = msgspec.convert({**data, "oom": None}, RankFacts)
@@ -366,10 +372,10 @@ def read_facts(paths: RunPaths) -> dict[int, RankFacts]:
 
 
 def write_facts(paths: RunPaths, facts: RankFacts) -> None:
-    """A rank's facts file, whole (the caller says a failed write in its own terms)."""
+    """A rank's facts file, whole, with its layout (the caller says a failed write in its own terms)."""
     paths.ranks.mkdir(parents=True, exist_ok=True)
-    data = msgspec.json.encode(facts, enc_hook=str)  # a value JSON has no form for (a torch type) is written as text
-    write_atomic(paths.rank_facts(facts.rank), msgspec.json.format(data, indent=1).decode())
+    record = {**msgspec.to_builtins(facts, enc_hook=str), "schema": FACTS_SCHEMA}  # a torch type: as text
+    write_atomic(paths.rank_facts(facts.rank), msgspec.json.format(msgspec.json.encode(record), indent=1).decode())
 
 
 def kind_of_code(code: int | None, requeue_codes: tuple[int, ...], oom: bool = False) -> RankEnd:

@@ -293,3 +293,17 @@ def test_a_facts_file_not_of_its_shape_is_no_record_and_said(tmp_path, caplog):
     assert list(facts) == [1] and facts[1].step_time_s.mean == 0.5
     assert "rank0.facts.json: not a facts record (steps 'x': Expected `int | null`, got `str`" in caplog.text
     assert "rank2" not in caplog.text
+
+
+def test_a_facts_file_says_its_layout_and_one_of_another_is_refused_in_a_line(tmp_path, caplog):
+    """Issue 73: rank{R}.facts.json carries its layout like every record between processes; one of a later
+    layout is said and not read, one without the field (written before it) is of the first."""
+    from hpc.core.summary import write_facts
+
+    paths = RunPaths(tmp_path)
+    write_facts(paths, RankFacts(rank=0, steps=3))
+    assert json.loads(paths.rank_facts(0).read_text())["schema"] == 1
+    paths.rank_facts(1).write_text(json.dumps({"rank": 1, "steps": 4}))
+    paths.rank_facts(2).write_text(json.dumps({"rank": 2, "steps": 5, "schema": 2}))
+    assert {r: f.steps for r, f in read_facts(paths).items()} == {0: 3, 1: 4}
+    assert "rank2.facts.json: not read: schema 2, and this toolkit reads schema 1" in caplog.text
