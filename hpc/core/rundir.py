@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -356,9 +357,15 @@ class MetricsRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 _METRICS_LINE = msgspec.json.Decoder(MetricsRecord)
 
 
+def metrics_line(record: MetricsRecord) -> str:
+    """A record as its line: JSON with the standard library's spacing, as the file has always been written
+    (a `grep '"kind": "epoch"'` finds it)."""
+    return json.dumps(msgspec.to_builtins(record))
+
+
 def append_metrics(path: Path, record: MetricsRecord) -> None:
     """One JSON record per line, whole or not at all (a failed write is a WriteError naming the file)."""
-    append_line(path, msgspec.json.encode(record).decode())
+    append_line(path, metrics_line(record))
 
 
 def truncate_metrics(path: Path, step: int, epoch: int | None = None) -> int:
@@ -372,7 +379,7 @@ def truncate_metrics(path: Path, step: int, epoch: int | None = None) -> int:
     records = list(read_metrics(path))
     kept = [r for r in records if not _after(r, step, epoch)]
     if len(kept) < len(records) or len(path.read_bytes().splitlines()) != len(records):
-        write_atomic(path, "".join(msgspec.json.encode(r).decode() + "\n" for r in kept))
+        write_atomic(path, "".join(metrics_line(r) + "\n" for r in kept))
     return len(records) - len(kept)
 
 

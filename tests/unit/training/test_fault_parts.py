@@ -288,6 +288,7 @@ def test_a_metrics_line_is_decoded_into_its_record_and_one_of_another_shape_is_s
 
     log = tmp_path / "metrics.jsonl"
     append_metrics(log, MetricsRecord(kind="epoch", step=8, epoch=1, epoch_time_s=12.5, eval_top1=3.0))
+    assert log.read_text() == '{"kind": "epoch", "step": 8, "epoch": 1, "epoch_time_s": 12.5, "eval_top1": 3.0}\n'
     assert json.loads(log.read_text()) == {"kind": "epoch", "step": 8, "epoch": 1, "epoch_time_s": 12.5,
                                            "eval_top1": 3.0}
     append_line(log, json.dumps({"kind": "epoch", "step": 9, "epoch_time_s": "slow"}))
