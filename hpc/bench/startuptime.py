@@ -53,21 +53,25 @@ def job_start_unix(job: str) -> float:
 def figures(ranks: list[RankEntry], started: float) -> dict[str, float | None]:
     """The start-up of one job from its ranks' records (hpc/training/steptimes.py's startup_record)."""
     s = [r.startup or StartupRecord() for r in ranks]
+    starts = [x.process_start_unix for x in s]
+    firsts = [x.first_step_end_unix for x in s]
+    if None in starts or None in firsts:  # every rank times its start and first step: one that did not is no run
+        raise UsageError("a rank's summary record has no process start or first step time (startup)")
     # the toolkit's training times its group's forming; a script's hook does not see it (None: not measured)
     joined = [
-        (x.group_join_start_unix, x.group_join_s, x.process_start_unix or 0.0)
+        (x.group_join_start_unix, x.group_join_s, x.process_start_unix)
         for x in s
-        if x.group_join_start_unix is not None and x.group_join_s is not None
+        if x.group_join_start_unix is not None and x.group_join_s is not None and x.process_start_unix is not None
     ]
     arrived = [began for began, _, _ in joined]
     formed = max((began + span for began, span, _ in joined), default=None)
     rss = [r.peak_rss_bytes / 2**20 for r in ranks if r.peak_rss_bytes]
     return {
-        "to_process_s": max(x.process_start_unix or 0.0 for x in s) - started,
+        "to_process_s": max(t for t in starts if t is not None) - started,
         "setup_s": statistics.median(began - process for began, _, process in joined) if joined else None,
         "group_after_last_s": formed - max(arrived) if formed is not None else None,
         "longest_wait_s": max((span for _, span, _ in joined), default=None),
-        "to_first_step_s": max(x.first_step_end_unix or 0.0 for x in s) - started,
+        "to_first_step_s": max(t for t in firsts if t is not None) - started,
         "rss_median_mib": statistics.median(rss) if rss else 0.0,
         "rss_max_mib": max(rss) if rss else 0.0,
     }

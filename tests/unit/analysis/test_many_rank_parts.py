@@ -208,6 +208,8 @@ def test_the_startup_benchmark_reads_where_the_start_went():
     g = figures([{"startup": script}], started=99.0)
     assert (g["setup_s"], g["group_after_last_s"], g["longest_wait_s"]) == (None, None, None)
     assert g["to_first_step_s"] == 9.0
+    with pytest.raises(UsageError, match="no process start or first step time"):  # never a made-up figure
+        figures([{"startup": rank}, {"startup": None}], started=99.0)
     assert parse_ranks("4,8,16,32") == [4, 8, 16, 32]
     for bad in ("0", "4,,8", "four", "-4"):
         with pytest.raises(UsageError, match="--ranks"):
