@@ -3,7 +3,9 @@ oracle on a run's raw measurements (summary.json as the ranks wrote it), not the
 rank with the most own work per step is a straggler when, over 10 or more steps every rank measured, it
 is above the others' median in at least 75% of them by a median excess more than twice the run's
 step-to-step spread (the median over ranks of each one's interquartile range, linear quartiles), and the
-others' wait for it (its median own work over the other ranks' median, over the median step) is 10% or more."""
+others' wait for it (its median own work over the other ranks' median, over the median step) is 10% or more;
+and not when its wait for a core (own_step_series' queued_ms), over the others' median at each of the 10 or
+more steps every rank has one for, has a median of half that median excess or more: the machine's load."""
 
 import statistics
 
@@ -29,5 +31,15 @@ def readme_straggler(summary: dict) -> int | None:
     spread = statistics.median(iqr([s[n] for n in common]) for s in series)
     step = statistics.median(r["step_time_s"]["median"] for r in ranks)
     wait_share = (max(own) - statistics.median(o for i, o in enumerate(own) if i != slow)) / step
-    holds = above >= 0.75 * len(common) and statistics.median(diffs) > 2 * spread
-    return slow if holds and wait_share >= 0.10 else None
+    excess = statistics.median(diffs)
+    holds = above >= 0.75 * len(common) and excess > 2 * spread
+    if not holds or wait_share < 0.10:
+        return None
+    queued = [{r["own_step_series"]["first_step"] + i: v for i, v in
+               enumerate(r["own_step_series"].get("queued_ms") or []) if v is not None} for r in ranks]
+    waited = sorted(set.intersection(*(set(q) for q in queued)))
+    if len(waited) >= 10:
+        waits = [queued[slow][n] - statistics.median(q[n] for i, q in enumerate(queued) if i != slow) for n in waited]
+        if statistics.median(waits) >= 0.5 * excess:
+            return None
+    return slow

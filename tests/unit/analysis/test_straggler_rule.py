@@ -7,9 +7,11 @@ that the rule's terms are known by construction, and the expected answer is work
 
 import statistics
 
-from recordedruns import entries
-
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from recordedruns import entries
+from stragglers import readme_straggler
 
 BASE_MS = 10.0
 
@@ -148,3 +150,50 @@ def test_why_no_straggler_is_named_golden_sentences():
     assert few.steps_above is None and few.excess is None and few.spread is None
     held = consistency(with_candidate(others(40, 0.5), {n: 5.0 for n in range(40)}), 0, 1.0)
     assert held.why_not is None and held.holds is True
+
+
+def _summary(ms: list[list[float]], queued: list[list[float]] | None, step_ms: float) -> dict:
+    """summary.json as the ranks write it: each rank's own work a step (ms) and its wait for a core."""
+    def rank(r: int) -> dict:
+        series = {"first_step": 1, "ms": ms[r], **({"queued_ms": queued[r]} if queued else {})}
+        return {"rank": r, "node": "n", "own_step_time_s": {"n": len(ms[r]), "median": statistics.median(ms[r]) / 1e3},
+                "step_time_s": {"n": len(ms[r]), "median": step_ms / 1e3}, "own_step_series": series}
+
+    return {"ranks": [rank(r) for r in range(len(ms))]}
+
+
+@st.composite
+def _runs(draw):
+    """2-4 ranks over 10-24 steps: one slow by a drawn excess, with a drawn wait for a core in its steps."""
+    world, steps = draw(st.integers(2, 4)), draw(st.integers(10, 24))
+    noise = st.floats(0.0, 2.0, allow_nan=False)
+    base = [[10.0 + draw(noise) for _ in range(steps)] for _ in range(world)]
+    excess = draw(st.floats(0.0, 8.0, allow_nan=False))
+    base[0] = [v + excess for v in base[0]]
+    wait = st.floats(0.0, 6.0, allow_nan=False)
+    queued = [[draw(wait) if r == 0 else draw(st.floats(0.0, 0.5)) for _ in range(steps)] for r in range(world)]
+    return base, draw(st.none() | st.just(queued)), draw(st.floats(12.0, 60.0))
+
+
+@given(_runs())
+@settings(max_examples=300, deadline=None)
+def test_the_analysis_names_the_straggler_the_tests_oracle_names(run):
+    """Two writings of the README's rule, the analysis's and tests/stragglers.py's (the e2e tests' oracle,
+    from the README's words alone), name the same rank on any run: the e2e tests compare a run's verdict
+    with the oracle, and a clause one has and the other lacks (the wait for a core, 2026-11-30) failed CI
+    there on the machine's noise. Cases within a rounding of a threshold are left to the boundary tests."""
+    from analysis.runs.ranks import consistency, own_series, slow_rank
+
+    ms, queued, step_ms = run
+    summary = _summary(ms, queued, step_ms)
+    ranks = entries(summary["ranks"])
+    s = slow_rank(ranks)
+    evidence = consistency({r.rank: own_series(r) for r in ranks}, s.rank, 1e3)
+    near = [(evidence.excess, 2 * evidence.spread), (s.wait_share, 0.10)]
+    if queued:
+        waits = [q - statistics.median(o[i] for o in queued if o is not queued[s.rank]) for i, q in
+                 enumerate(queued[s.rank])]
+        near.append((statistics.median(waits) / 1e3, 0.5 * evidence.excess))
+    assume(all(abs(a - b) > 1e-9 for a, b in near))
+    named = s.rank if s.holds and s.wait_share >= 0.10 else None
+    assert named == readme_straggler(summary), (s, evidence)
