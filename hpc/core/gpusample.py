@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import math
 import os
@@ -23,11 +22,11 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import msgspec
 
-from hpc.core.files import JsonObject, append_line, read_json, write_atomic
+from hpc.core.files import append_line, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +36,68 @@ SUM_EVERY_S = 5.0  # the running figures written beside the samples: summary.jso
 # (set-up, a profiler's host-side analysis) still reached full use in its steps.
 IDLE_UTIL_PCT = 5.0
 FIELDS = ("util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "sm_mhz", "mem_mhz")
+
+
+class GpuAbout(msgspec.Struct, kw_only=True):
+    """A GPU as NVML names it, in its node's first line: its index on the node, name, UUID and memory."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    memory_total_bytes: int | None = None
+
+
+class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A line of gpus/{node}.jsonl, whichever of three: the GPUs (`node`, `period_s`, `fields`, `gpus`), a
+    sample (`t`, `g`: each GPU's FIELDS) or why there is none to sample (`node`, `none`)."""
+
+    node: str | None = None
+    period_s: float | None = None
+    fields: list[str] | None = None
+    gpus: list[GpuAbout] | None = None
+    t: float | None = None
+    g: list[list[float]] | None = None
+    none: str | None = None
+
+
+class _GpuState(msgspec.Struct, kw_only=True):
+    """One GPU's running figures as its sampler keeps them in gpus/{node}.sum.json."""
+
+    about: GpuAbout
+    n: int
+    first_t: float | None
+    last_t: float | None
+    sums: list[float]
+    maxes: list[float]
+
+
+class _Sums(msgspec.Struct, kw_only=True):
+    """gpus/{node}.sum.json: the node's running figures and the offset in its samples file they reach."""
+
+    node: str | None = None
+    offset: int
+    gpus: list[_GpuState]
+
+
+class GpuFigures(msgspec.Struct, kw_only=True):
+    """One sampled GPU in summary.json's `gpus`: where it is, what NVML names it, its samples' span, and
+    the means and peaks of its FIELDS (None where it has no sample)."""
+
+    node: str
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    memory_total_bytes: int | None = None
+    samples: int = 0
+    seconds: float = 0.0
+    util_mean_pct: float | None = None
+    util_max_pct: float | None = None
+    mem_util_mean_pct: float | None = None
+    mem_used_max_bytes: int | None = None
+    power_mean_w: float | None = None
+    power_max_w: float | None = None
+    sm_mhz_mean: float | None = None
+    mem_mhz_mean: float | None = None
 
 
 def allocated(env: Mapping[str, str]) -> list[str] | None:
@@ -65,8 +126,8 @@ def count_here(env: Mapping[str, str]) -> int:
         nvml.nvmlShutdown()
 
 
-def _open(nvml: Any, wanted: list[str] | None) -> list[tuple[Any, dict[str, Any]]]:
-    """(handle, description) of each wanted GPU."""
+def _open(nvml: ModuleType, wanted: list[str] | None) -> list[tuple[object, GpuAbout]]:
+    """(handle, description) of each wanted GPU; a handle is NVML's own, passed back to it."""
     found = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -74,21 +135,12 @@ def _open(nvml: Any, wanted: list[str] | None) -> list[tuple[Any, dict[str, Any]
         if wanted is not None and str(index) not in wanted and uuid not in wanted:
             continue
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        found.append(
-            (
-                handle,
-                {
-                    "index": index,
-                    "name": str(nvml.nvmlDeviceGetName(handle)),
-                    "uuid": uuid,
-                    "memory_total_bytes": int(memory.total),
-                },
-            )
-        )
+        name = str(nvml.nvmlDeviceGetName(handle))
+        found.append((handle, GpuAbout(index=index, name=name, uuid=uuid, memory_total_bytes=int(memory.total))))
     return found
 
 
-def _sample(nvml: Any, handle: Any) -> list[float]:
+def _sample(nvml: ModuleType, handle: object) -> list[float]:
     rates = nvml.nvmlDeviceGetUtilizationRates(handle)
     return [
         float(rates.gpu),
@@ -130,7 +182,7 @@ class GpuSampler:
             self._none(why)
             return None
         if not self._write(
-            {"node": self.node, "period_s": self.period_s, "fields": FIELDS, "gpus": [g for _, g in gpus]}
+            _Line(node=self.node, period_s=self.period_s, fields=list(FIELDS), gpus=[g for _, g in gpus])
         ):
             nvml.nvmlShutdown()
             return None
@@ -144,18 +196,18 @@ class GpuSampler:
     def _none(self, cause: str) -> None:
         why = f"no GPU to sample on {self.node} ({cause})"
         log.debug("hpc: %s", why)  # said in summary.json's gpus and the verdict, not on every run's console
-        self._write({"node": self.node, "none": why}, quiet=True)  # a full disk: nothing was to be sampled
+        self._write(_Line(node=self.node, none=why), quiet=True)  # a full disk: nothing was to be sampled
 
-    def _write(self, record: Mapping[str, Any], quiet: bool = False) -> bool:
+    def _write(self, record: _Line, quiet: bool = False) -> bool:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            append_line(self.path, json.dumps(record))
+            append_line(self.path, msgspec.json.encode(record).decode())
             return True
         except Exception as e:  # noqa: BLE001  (a full disk: the run goes on unsampled)
             log.log(logging.DEBUG if quiet else logging.WARNING, "hpc: GPU sampling of %s stopped: %s", self.node, e)
             return False
 
-    def _run(self, nvml: Any, handles: list[Any]) -> None:
+    def _run(self, nvml: ModuleType, handles: list[object]) -> None:
         summed_at = time.monotonic()
         try:
             while not self.done.is_set():
@@ -165,7 +217,7 @@ class GpuSampler:
                     log.warning("hpc: GPU sampling of %s stopped: %s", self.node, e)
                     return
                 t = round(time.time(), 3)
-                if not self._write({"t": t, "g": sample}):
+                if not self._write(_Line(t=t, g=sample)):
                     return
                 for gpu, values in zip(self.sums, sample, strict=True):
                     gpu.add(t, values)
@@ -181,10 +233,8 @@ class GpuSampler:
         """The running figures and how far into the samples file they reach (a reader adds the lines after)."""
         with contextlib.suppress(Exception):  # a full disk: the samples file still has every line written
             offset = self.path.stat().st_size
-            write_atomic(
-                sums_path(self.path),
-                json.dumps({"node": self.node, "offset": offset, "gpus": [g.state() for g in self.sums]}),
-            )
+            sums = _Sums(node=self.node, offset=offset, gpus=[g.state() for g in self.sums])
+            write_atomic(sums_path(self.path), msgspec.json.encode(sums).decode())
 
     def stop(self) -> None:
         self.done.set()
@@ -213,9 +263,9 @@ def start_sampler(path: Path, node: str, env: Mapping[str, str] | None = None) -
 class _Gpu:
     """One GPU's running figures over its samples (bounded memory whatever the run's length)."""
 
-    def __init__(self, node: str, about: Mapping[str, Any]):
+    def __init__(self, node: str, about: GpuAbout):
         self.node = node
-        self.about = dict(about)
+        self.about = about
         self.n = 0
         self.first_t = math.inf
         self.last_t = -math.inf
@@ -230,54 +280,48 @@ class _Gpu:
             self.sums[i] += v
             self.maxes[i] = max(self.maxes[i], v)
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "about": self.about,
-            "n": self.n,
-            "first_t": self.first_t if self.n else None,
-            "last_t": self.last_t if self.n else None,
-            "sums": self.sums,
-            "maxes": self.maxes,
-        }
+    def state(self) -> _GpuState:
+        first, last = (self.first_t, self.last_t) if self.n else (None, None)
+        return _GpuState(about=self.about, n=self.n, first_t=first, last_t=last, sums=self.sums, maxes=self.maxes)
 
     @classmethod
-    def from_state(cls, node: str, state: Any) -> _Gpu | None:
+    def from_state(cls, node: str, state: _GpuState) -> _Gpu | None:
         """The figures a sampler wrote (None: not of that shape)."""
-        try:
-            gpu = cls(node, state["about"])
-            n = int(state["n"])
-            sums = [float(v) for v in state["sums"]]
-            maxes = [float(v) for v in state["maxes"]]
-            if (
-                n < 0
-                or len(sums) != len(FIELDS)
-                or len(maxes) != len(FIELDS)
-                or not isinstance(gpu.about["index"], int)
-            ):
-                return None
-            if n:
-                gpu.first_t, gpu.last_t = float(state["first_t"]), float(state["last_t"])
-        except (KeyError, TypeError, ValueError):
+        if state.n < 0 or len(state.sums) != len(FIELDS) or len(state.maxes) != len(FIELDS):
             return None
-        gpu.n, gpu.sums, gpu.maxes = n, sums, maxes
+        gpu = cls(node, state.about)
+        if state.n:
+            if state.first_t is None or state.last_t is None:
+                return None
+            gpu.first_t, gpu.last_t = state.first_t, state.last_t
+        gpu.n, gpu.sums, gpu.maxes = state.n, state.sums, state.maxes
         return gpu
 
-    def record(self) -> dict[str, Any]:
-        mean = [s / self.n for s in self.sums] if self.n else [None] * len(FIELDS)
-        return {
-            "node": self.node,
-            **self.about,
-            "samples": self.n,
-            "seconds": round(self.last_t - self.first_t, 3) if self.n else 0.0,
-            "util_mean_pct": mean[0],
-            "util_max_pct": self.maxes[0] if self.n else None,
-            "mem_util_mean_pct": mean[1],
-            "mem_used_max_bytes": int(self.maxes[2]) if self.n else None,
-            "power_mean_w": mean[3],
-            "power_max_w": self.maxes[3] if self.n else None,
-            "sm_mhz_mean": mean[4],
-            "mem_mhz_mean": mean[5],
-        }
+    def record(self) -> GpuFigures:
+        about, n = self.about, self.n
+        figures = GpuFigures(
+            node=self.node,
+            index=about.index,
+            name=about.name,
+            uuid=about.uuid,
+            memory_total_bytes=about.memory_total_bytes,
+            samples=n,
+        )
+        if not n:
+            return figures
+        mean = [s / n for s in self.sums]
+        return msgspec.structs.replace(
+            figures,
+            seconds=round(self.last_t - self.first_t, 3),
+            util_mean_pct=mean[0],
+            util_max_pct=self.maxes[0],
+            mem_util_mean_pct=mean[1],
+            mem_used_max_bytes=int(self.maxes[2]),
+            power_mean_w=mean[3],
+            power_max_w=self.maxes[3],
+            sm_mhz_mean=mean[4],
+            mem_mhz_mean=mean[5],
+        )
 
 
 def sums_path(samples: Path) -> Path:
@@ -287,29 +331,24 @@ def sums_path(samples: Path) -> Path:
 
 def _read_sums(samples: Path, node: str) -> tuple[list[_Gpu], int] | None:
     """A node's running figures and the offset in its samples file they reach, or None (none, or damaged)."""
-    doc = read_json(sums_path(samples))
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list) or not isinstance(doc.get("offset"), int):
+    try:
+        doc = msgspec.json.decode(sums_path(samples).read_bytes(), type=_Sums)
+    except (OSError, msgspec.DecodeError):  # none yet, or damaged: every line is read instead
         return None
-    gpus = [_Gpu.from_state(str(doc.get("node", node)), g) for g in doc["gpus"]]
-    return None if None in gpus else ([g for g in gpus if g is not None], doc["offset"])
+    gpus = [_Gpu.from_state(doc.node or node, g) for g in doc.gpus]
+    return None if None in gpus else ([g for g in gpus if g is not None], doc.offset)
 
 
-def _carried(samples: Path, node: str, gpus: list[dict[str, Any]]) -> list[_Gpu]:
+def _carried(samples: Path, node: str, gpus: list[GpuAbout]) -> list[_Gpu]:
     """Each GPU's figures from an earlier start of the run on this node (a requeue), else none yet."""
     earlier: dict[tuple[str, int], _Gpu] = {}
     with contextlib.suppress(OSError):
         read_node(samples, earlier, [])
-    by_uuid = {g.about.get("uuid"): g for g in earlier.values() if g.node == node}
-    return [by_uuid.get(about["uuid"]) or _Gpu(node, about) for about in gpus]
+    by_uuid = {g.about.uuid: g for g in earlier.values() if g.node == node}
+    return [by_uuid.get(about.uuid) or _Gpu(node, about) for about in gpus]
 
 
-def _is_sample(record: Any) -> bool:
-    return (
-        isinstance(record, dict)
-        and isinstance(record.get("t"), (int, float))
-        and isinstance(record.get("g"), list)
-        and all(isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in record["g"])
-    )
+_LINE = msgspec.json.Decoder(_Line)
 
 
 def read_node(path: Path, gpus: dict[tuple[str, int], _Gpu], none: list[str]) -> None:
@@ -319,47 +358,46 @@ def read_node(path: Path, gpus: dict[tuple[str, int], _Gpu], none: list[str]) ->
     summed = _read_sums(path, path.stem)
     current: list[_Gpu] = []
     if summed is not None:
-        current = [gpus.setdefault((g.node, g.about["index"]), g) for g in summed[0]]
+        current = [gpus.setdefault((g.node, g.about.index), g) for g in summed[0]]
     with open(path, "rb") as raw:
         raw.seek(summed[1] if summed is not None else 0)
         f = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-        for line in f:
+        for text in f:
             try:
-                record = json.loads(line)
-            except ValueError:
+                line = _LINE.decode(text)
+            except msgspec.DecodeError:  # cut short by a kill, or of another shape: skipped
                 continue
-            if _is_sample(record):
-                for gpu, values in zip(current, record["g"], strict=False):
-                    gpu.add(float(record["t"]), values)
-            elif isinstance(record, dict) and isinstance(record.get("none"), str):
-                none.append(record["none"])
-            elif isinstance(record, dict) and isinstance(record.get("gpus"), list):
-                node = str(record.get("node", path.stem))
-                about = [g for g in record["gpus"] if isinstance(g, dict) and isinstance(g.get("index"), int)]
-                current = [gpus.setdefault((node, g["index"]), _Gpu(node, g)) for g in about]
+            if line.t is not None and line.g is not None:
+                for gpu, values in zip(current, line.g, strict=False):
+                    gpu.add(line.t, values)
+            elif line.none is not None:
+                none.append(line.none)
+            elif line.gpus is not None:
+                node = line.node or path.stem
+                current = [gpus.setdefault((node, g.index), _Gpu(node, g)) for g in line.gpus]
 
 
 def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**30:.1f}"
 
 
-def gpu_line(records: list[dict[str, Any]], idle: list[str], none: list[str]) -> str:
+def gpu_line(records: list[GpuFigures], idle: list[str], none: list[str]) -> str:
     """One line for the verdict: each GPU (or, over 8, the spread), then the idle ones named."""
     if not records:
         return none[0] if none else "no GPU samples"
     if len(records) <= 8:
         each = [
-            f"{r['node']} GPU {r['index']} {r['util_mean_pct']:.0f}% busy, {_gib(r['mem_used_max_bytes'])} of "
-            f"{_gib(r.get('memory_total_bytes'))} GiB, {r['power_mean_w']:.0f} W"
+            f"{r.node} GPU {r.index} {r.util_mean_pct or 0.0:.0f}% busy, {_gib(r.mem_used_max_bytes)} of "
+            f"{_gib(r.memory_total_bytes)} GiB, {r.power_mean_w or 0.0:.0f} W"
             for r in records
-            if r["samples"]
+            if r.samples
         ]
         said = "; ".join(each)
     else:
-        busy = sorted((r for r in records if r["samples"]), key=lambda r: r["util_mean_pct"])
+        busy = sorted((r for r in records if r.samples), key=lambda r: r.util_mean_pct or 0.0)
         said = (
-            f"{len(records)} GPUs: busy {busy[0]['util_mean_pct']:.0f}% ({busy[0]['node']} GPU {busy[0]['index']}) to "
-            f"{busy[-1]['util_mean_pct']:.0f}%"
+            f"{len(records)} GPUs: busy {busy[0].util_mean_pct or 0.0:.0f}% ({busy[0].node} GPU {busy[0].index}) to "
+            f"{busy[-1].util_mean_pct or 0.0:.0f}%"
             if busy
             else f"{len(records)} GPUs, no samples"
         )
@@ -372,7 +410,7 @@ class GpuSummary(msgspec.Struct, kw_only=True):
     peaks), those allocated but idle ("nid001 GPU 2"), the nodes with none to sample, and the line said."""
 
     sampled: bool
-    gpus: list[JsonObject]
+    gpus: list[GpuFigures]
     idle: list[str]
     none: list[str]
     line: str | None
@@ -392,5 +430,5 @@ def summarize(folder: Path) -> GpuSummary | None:
     if not gpus and not none:
         return None
     records = [gpus[key].record() for key in sorted(gpus)]
-    idle = [f"{r['node']} GPU {r['index']}" for r in records if r["samples"] and r["util_max_pct"] < IDLE_UTIL_PCT]
+    idle = [f"{r.node} GPU {r.index}" for r in records if r.samples and (r.util_max_pct or 0.0) < IDLE_UTIL_PCT]
     return GpuSummary(sampled=bool(records), gpus=records, idle=idle, none=none, line=gpu_line(records, idle, none))

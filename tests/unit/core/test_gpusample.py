@@ -44,10 +44,10 @@ def test_summary_of_literal_samples_names_the_idle_gpu(tmp_path):
         f.write('{"t": 101.0, "g": [[50, 0')  # a kill cut this line short: skipped
     s = summarize(tmp_path)
     first, idle = s.gpus
-    assert (first["node"], first["index"], first["samples"], first["seconds"]) == ("nid001", 0, 2, 0.5)
-    assert first["util_mean_pct"] == 95 and first["util_max_pct"] == 100 and first["mem_used_max_bytes"] == 12 * GIB
-    assert first["power_mean_w"] == 325 and first["power_max_w"] == 350 and first["sm_mhz_mean"] == 1410
-    assert idle["util_mean_pct"] == 1 and s.idle == ["nid001 GPU 3"] and s.sampled is True
+    assert (first.node, first.index, first.samples, first.seconds) == ("nid001", 0, 2, 0.5)
+    assert first.util_mean_pct == 95 and first.util_max_pct == 100 and first.mem_used_max_bytes == 12 * GIB
+    assert first.power_mean_w == 325 and first.power_max_w == 350 and first.sm_mhz_mean == 1410
+    assert idle.util_mean_pct == 1 and s.idle == ["nid001 GPU 3"] and s.sampled is True
     assert s.line == ("GPUs (NVML): nid001 GPU 0 95% busy, 12.0 of 40.0 GiB, 325 W; nid001 GPU 3 1% busy, "
                          "1.0 of 40.0 GiB, 51 W; allocated but idle (never 5% busy): nid001 GPU 3")
 
@@ -112,8 +112,8 @@ def test_the_sampler_thread_samples_the_allocated_gpus_until_stopped(tmp_path, m
     sampler.stop()
     assert not sampler.thread.is_alive() and nvml.shut == [True]
     s = summarize(path.parent)
-    assert [(g["index"], g["util_mean_pct"], g["mem_used_max_bytes"]) for g in s.gpus] == [(0, 80, GIB), (2, 0, 3 * GIB)]
-    assert s.gpus[0]["samples"] >= 5 and s.idle == ["nid001 GPU 2"] and s.gpus[0]["power_mean_w"] == 250
+    assert [(g.index, g.util_mean_pct, g.mem_used_max_bytes) for g in s.gpus] == [(0, 80, GIB), (2, 0, 3 * GIB)]
+    assert s.gpus[0].samples >= 5 and s.idle == ["nid001 GPU 2"] and s.gpus[0].power_mean_w == 250
 
 
 def test_an_error_inside_the_sampler_is_said_once_and_stops_it(tmp_path, monkeypatch, caplog):
@@ -125,7 +125,7 @@ def test_an_error_inside_the_sampler_is_said_once_and_stops_it(tmp_path, monkeyp
     assert not sampler.thread.is_alive() and nvml.shut == [True]
     said = [r.getMessage() for r in caplog.records if "GPU sampling" in r.getMessage()]
     assert said == ["hpc: GPU sampling of n stopped: GPU is lost"]
-    assert summarize(tmp_path).gpus[0]["samples"] == 3  # what it took before is kept
+    assert summarize(tmp_path).gpus[0].samples == 3  # what it took before is kept
 
 
 @settings(max_examples=200, deadline=None)
@@ -161,16 +161,16 @@ def test_the_summary_reads_the_running_figures_and_only_the_lines_after_them(tmp
     with open(path, "a") as f:
         f.write(json.dumps({"t": 1e10, "g": [[100, 0, 5 * GIB, 300, 1410, 1215]]}) + "\n")
     (gpu,) = summarize(path.parent).gpus
-    assert gpu["samples"] == written + 1 and gpu["util_max_pct"] == 100 and gpu["mem_used_max_bytes"] == 5 * GIB
+    assert gpu.samples == written + 1 and gpu.util_max_pct == 100 and gpu.mem_used_max_bytes == 5 * GIB
     # the next start (a requeue) carries the figures on
     again = start_sampler(path, "nid001", env)
     samples_written(path, written + 3)  # its own samples after the earlier start's
     again.stop()
     total = sum(1 for line in path.read_text().splitlines() if '"t"' in line)
-    assert summarize(path.parent).gpus[0]["samples"] == total
+    assert summarize(path.parent).gpus[0].samples == total
     # damaged figures: every line is read instead
     (tmp_path / "gpus" / "nid001.sum.json").write_text('{"node": "nid001", "offset": 3, "gpus": [{"n": "x"}]}')
-    assert summarize(path.parent).gpus[0]["samples"] == total
+    assert summarize(path.parent).gpus[0].samples == total
 
 
 def test_a_gpu_busy_in_part_of_a_short_run_is_not_named_idle(tmp_path):
@@ -183,7 +183,7 @@ def test_a_gpu_busy_in_part_of_a_short_run_is_not_named_idle(tmp_path):
     write_node(tmp_path / "nid001.jsonl", "nid001", gpus, samples)
     s = summarize(tmp_path)
     busy_once, never = s.gpus
-    assert busy_once["util_mean_pct"] == 4.5 and busy_once["util_max_pct"] == 90  # a mean rule would name it
+    assert busy_once.util_mean_pct == 4.5 and busy_once.util_max_pct == 90  # a mean rule would name it
     assert s.idle == ["nid001 GPU 1"], s.idle
 
 
@@ -201,6 +201,6 @@ def test_the_summary_takes_the_running_figures_and_reads_only_the_lines_after_th
     with open(path, "a") as f:
         f.write(json.dumps({"t": 100.0, "g": [[100, 0, 3 * GIB, 400, 1410, 1215]]}) + "\n")
     (gpu,) = summarize(tmp_path).gpus
-    assert gpu["samples"] == 101 and gpu["seconds"] == 100.0
-    assert gpu["util_mean_pct"] == (5000 + 100) / 101 and gpu["util_max_pct"] == 100
-    assert gpu["mem_used_max_bytes"] == 3 * GIB and gpu["power_max_w"] == 400
+    assert gpu.samples == 101 and gpu.seconds == 100.0
+    assert gpu.util_mean_pct == (5000 + 100) / 101 and gpu.util_max_pct == 100
+    assert gpu.mem_used_max_bytes == 3 * GIB and gpu.power_max_w == 400
