@@ -14,17 +14,27 @@ run) has the operators' self CPU time as its terms instead. No torch import.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 
 import msgspec
 
 from analysis.measure.kernels import KERNEL_CLASSES
 from analysis.records import TraceRecord, max_present
+from hpc.core.files import JsonObject
 
 COMPUTE_CLASSES = [c for c in KERNEL_CLASSES if c != "communication"]
 TOP_CHANGES = 10  # operators and kernels listed by change
+
+
+@dataclass
+class CollectiveSum:
+    """One kind of collective per step: calls, bytes and time summed, the best bus bandwidth seen."""
+
+    calls: float = 0.0
+    bytes: float = 0.0
+    time_us: float = 0.0
+    busbw_GBps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,12 @@ class Profile:
     idle_us: dict[str, float] = field(default_factory=dict)  # host_wait / kernel_wait / other
     ops: dict[str, list[float]] = field(default_factory=dict)  # name -> [calls, self CPU µs, self device µs]
     kernels: dict[str, list[float]] = field(default_factory=dict)  # name -> [calls, µs]
-    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> calls, bytes, µs, busbw
+    collectives: dict[str, CollectiveSum] = field(default_factory=dict)
     peak_gpu_mem_bytes: int | None = None
     peak_cpu_mem_bytes: int | None = None
 
 
-def _add(into: dict[str, Any], items: Iterable[tuple[str, Any]], scale: float) -> None:
+def _add(into: dict[str, float], items: Iterable[tuple[str, float | None]], scale: float) -> None:
     for k, v in items:
         if v is not None:
             into[k] = into.get(k, 0.0) + v * scale
@@ -68,27 +78,30 @@ def profile(label: str, records: list[TraceRecord]) -> Profile:
     note = None if all(r.steps for r in records) else "a trace without ProfilerStep# counts as one step"
     n = steps + sum(1 for r in records if not r.steps)
     per = 1.0 / n
-    out: dict[str, Any] = {k: {} for k in ("terms", "calls", "time", "idle", "ops", "kernels")}
-    colls: dict[str, dict[str, Any]] = {}
+    terms: dict[str, float] = {}
+    calls: dict[str, float] = {}
+    time: dict[str, float] = {}
+    idle: dict[str, float] = {}
+    ops: dict[str, list[float]] = {}
+    kernels: dict[str, list[float]] = {}
+    colls: dict[str, CollectiveSum] = {}
     kernel_calls: float | None = None
     launch: float | None = None
     for r in records:
-        _add(out["terms"], step_terms(r).items(), per)
-        _add(out["calls"], (r.kernel_calls_by_class or {}).items(), per)
-        _add(out["time"], (r.kernel_time_by_class_us or {}).items(), per)
-        _add(out["idle"], ((k[:-3], v) for k, v in (r.idle_breakdown_us or {}).items() if k != "stream"), per)
+        _add(terms, step_terms(r).items(), per)
+        _add(calls, (r.kernel_calls_by_class or {}).items(), per)
+        _add(time, (r.kernel_time_by_class_us or {}).items(), per)
+        _add(idle, ((k[:-3], v) for k, v in (r.idle_breakdown_us or {}).items() if k != "stream"), per)
         for op in r.top_ops:
-            _add_lists(out["ops"], op["name"], [op["calls"], op["self_cpu_us"], op["self_device_us"]], per)
+            _add_lists(ops, op["name"], [op["calls"], op["self_cpu_us"], op["self_device_us"]], per)
         for k in r.top_kernels or []:
-            _add_lists(out["kernels"], k["name"], [k["calls"], k["total_us"]], per)
+            _add_lists(kernels, k["name"], [k["calls"], k["total_us"]], per)
         for c in r.collectives or []:
-            row = colls.setdefault(c["kind"], {"calls": 0.0, "bytes": 0.0, "time_us": 0.0, "busbw_GBps": None})
-            row["calls"] = (row["calls"] or 0.0) + c["calls"] * per
-            row["bytes"] = (row["bytes"] or 0.0) + (c["bytes_per_call"] or 0.0) * c["calls"] * per
-            row["time_us"] = (row["time_us"] or 0.0) + c["time_us"] * per
-            row["busbw_GBps"] = (
-                c["busbw_GBps"] if row["busbw_GBps"] is None else max(row["busbw_GBps"], c["busbw_GBps"] or 0)
-            )
+            row = colls.setdefault(c["kind"], CollectiveSum())
+            row.calls += c["calls"] * per
+            row.bytes += (c["bytes_per_call"] or 0.0) * c["calls"] * per
+            row.time_us += c["time_us"] * per
+            row.busbw_GBps = c["busbw_GBps"] if row.busbw_GBps is None else max(row.busbw_GBps, c["busbw_GBps"] or 0)
         if r.kernel_calls is not None:
             kernel_calls = (kernel_calls or 0.0) + r.kernel_calls * per
         if r.runtime_us is not None:
@@ -99,14 +112,14 @@ def profile(label: str, records: list[TraceRecord]) -> Profile:
         steps=n,
         note=note,
         step_time_us=sum(sum(r.step_time_us) for r in records) / steps if steps else None,
-        terms_us=out["terms"],
+        terms_us=terms,
         kernel_calls=kernel_calls,
-        kernel_calls_by_class=out["calls"],
-        kernel_time_by_class_us=out["time"],
+        kernel_calls_by_class=calls,
+        kernel_time_by_class_us=time,
         launch_us=launch,
-        idle_us=out["idle"],
-        ops=out["ops"],
-        kernels=out["kernels"],
+        idle_us=idle,
+        ops=ops,
+        kernels=kernels,
         collectives=colls,
         peak_gpu_mem_bytes=max_present(r.peak_gpu_mem_bytes for r in records),
         peak_cpu_mem_bytes=max_present(r.peak_cpu_mem_bytes for r in records),
@@ -137,19 +150,19 @@ def delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
 
-def changes(a: dict[str, list[float]], b: dict[str, list[float]], at: int, n: int = TOP_CHANGES) -> list[dict]:
+def changes(a: dict[str, list[float]], b: dict[str, list[float]], at: int, n: int = TOP_CHANGES) -> list[JsonObject]:
     """The n names whose value (index `at` of their row) changed most, A's and B's and the difference."""
     none = [0.0] * (at + 1)
-    rows: list[dict[str, Any]] = []
-    for k in set(a) | set(b):
-        ra, rb = a.get(k, none), b.get(k, none)
-        rows.append(
-            {"name": k, "calls_a": ra[0], "calls_b": rb[0], "us_a": ra[at], "us_b": rb[at], "delta_us": rb[at] - ra[at]}
-        )
-    return sorted(rows, key=lambda r: (-abs(r["delta_us"]), r["name"]))[:n]
+    moved = sorted(
+        ((b.get(k, none), a.get(k, none), k) for k in set(a) | set(b)), key=lambda m: (-abs(m[0][at] - m[1][at]), m[2])
+    )
+    return [
+        {"name": k, "calls_a": ra[0], "calls_b": rb[0], "us_a": ra[at], "us_b": rb[at], "delta_us": rb[at] - ra[at]}
+        for rb, ra, k in moved[:n]
+    ]
 
 
-def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> list[dict]:
+def side_by_side(a: Mapping[str, float], b: Mapping[str, float]) -> list[dict]:
     """Each key of either mapping: A, B and B - A (a key missing on one side counts as 0 there)."""
     keys = list(dict.fromkeys([*a, *b]))
     return [{"name": k, "a": a.get(k, 0.0), "b": b.get(k, 0.0), "delta": b.get(k, 0.0) - a.get(k, 0.0)} for k in keys]
@@ -209,7 +222,7 @@ def _signed(us: float) -> str:
     return f"{us / 1e3:+.3f}"
 
 
-def compare(a: Profile, b: Profile) -> dict[str, Any]:
+def compare(a: Profile, b: Profile) -> JsonObject:
     """Everything side by side, per step, and the explanation (the command renders it)."""
     return {
         "a": {"label": a.label, "files": a.files, "steps": a.steps, "note": a.note},
@@ -230,7 +243,7 @@ def _has_device(a: Profile, b: Profile) -> bool:
     return bool(a.kernel_time_by_class_us or b.kernel_time_by_class_us)
 
 
-def _scalars(p: Profile) -> dict[str, Any]:
+def _scalars(p: Profile) -> dict[str, float]:
     return {
         k: v
         for k, v in {
@@ -247,13 +260,14 @@ def _scalars(p: Profile) -> dict[str, Any]:
 def _collectives(a: Profile, b: Profile) -> list[dict]:
     rows = []
     for kind in dict.fromkeys([*a.collectives, *b.collectives]):
-        ca, cb = a.collectives.get(kind, {}), b.collectives.get(kind, {})
+        ca, cb = a.collectives.get(kind), b.collectives.get(kind)
+        sides = {side: asdict(c) if c else dict.fromkeys(asdict(CollectiveSum())) for side, c in (("a", ca), ("b", cb))}
         rows.append(
             {
                 "kind": kind,
-                **{f"{k}_a": ca.get(k) for k in ("calls", "bytes", "time_us", "busbw_GBps")},
-                **{f"{k}_b": cb.get(k) for k in ("calls", "bytes", "time_us", "busbw_GBps")},
-                "delta_time_us": (cb.get("time_us") or 0.0) - (ca.get("time_us") or 0.0),
+                **{f"{k}_a": v for k, v in sides["a"].items()},
+                **{f"{k}_b": v for k, v in sides["b"].items()},
+                "delta_time_us": (cb.time_us if cb else 0.0) - (ca.time_us if ca else 0.0),
             }
         )
     return rows

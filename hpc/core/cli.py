@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from hpc.core.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, HpcError, NoArguments, UsageError
 from hpc.core.logs import LEVELS, LOG_LEVEL_ENV, configure
@@ -101,7 +101,9 @@ class Parser(argparse.ArgumentParser):
             raise UsageError(f"command line: {flag} {shown(arg_string)}: must be an integer within +-{INT64_MAX}")
         return value
 
-    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
         """As argparse's, and an empty value is refused: `--config ""` or `--run-dir ""` would
         otherwise mean "not given" (or the current directory) without a word."""
         self._no_arguments(args)
@@ -111,8 +113,8 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: Any = None
-    ) -> tuple[Any, list[str]]:
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._no_arguments(args)
         parsed, rest = super().parse_known_args(args, namespace)
         refuse_empty(self, parsed)
@@ -142,7 +144,7 @@ def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return found
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """repr(value), cut to about MAX_VALUE characters without building the whole repr (reprlib: a
     YAML alias bomb is a small object whose full repr has billions of characters)."""
     limits = reprlib.Repr()
@@ -315,7 +317,7 @@ class EscapedStream:
     """A text stream whose writes reach `stream` with their terminal controls escaped (escape_controls);
     everything else (flush, fileno, encoding) is the stream's."""
 
-    def __init__(self, stream: Any):
+    def __init__(self, stream: TextIO):
         self.stream = stream
 
     def write(self, text: str) -> int:
