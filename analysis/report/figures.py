@@ -19,12 +19,19 @@ import statistics
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from analysis.records import RunRow, data_words, ranks_words
 from hpc.core.ending import Outcome
 from hpc.core.files import write_atomic
 from hpc.core.owner import make_dirs
+
+if TYPE_CHECKING:  # matplotlib itself is imported when a figure is drawn (pyplot())
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+Point = tuple[float, float]  # a line's (x, y): a batch size or an axis value's place, and the metric
+LineKey = tuple[tuple[int, int], str, str]  # a job shape, a step mode, a series
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
 STUDY_FIGURE = {
@@ -138,7 +145,7 @@ def pyplot():
     return plt
 
 
-def save_figure(fig: Any, path: Path, bottom: float = 0.0) -> Path:
+def save_figure(fig: Figure, path: Path, bottom: float = 0.0) -> Path:
     """Render to memory, then write whole (a full disk is one error naming the figure, no half PNG);
     `bottom`: the share of the height kept free under the axes (for a note)."""
     fig.tight_layout(rect=(0, bottom, 1, 1))
@@ -169,10 +176,12 @@ def _data_title(rows: list[RunRow], fraction: float) -> str:
     return data_words(fraction, "cifar100", None)
 
 
-def mark_oom(ax: Any, oom_rows: list[RunRow]) -> None:
+def mark_oom(ax: Axes, oom_rows: list[RunRow]) -> None:
     """Points that ran out of memory: a red cross on the top edge at their batch size, labelled OOM."""
     for r in oom_rows:
         x = r.batch_size_per_gpu
+        if x is None:  # no batch size to place it at
+            continue
         ax.plot([x], [1.0], marker="x", color="red", markersize=9, transform=ax.get_xaxis_transform(), clip_on=False)
         ax.annotate(
             f"OOM ({_shape_label(r.shape)})",
@@ -187,13 +196,13 @@ def mark_oom(ax: Any, oom_rows: list[RunRow]) -> None:
 
 
 def _lines_against_batch(
-    ax: Any, lines: dict[str, list[tuple[Any, Any]]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
+    ax: Axes, lines: dict[str, list[Point]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
 ) -> None:
     """One line per label, x = batch size per GPU (log 2); replicas at one x (sweep.replicas) as their mean,
     with a bar from the lowest to the highest."""
     for label, pts in lines.items():
         if pts:
-            at: dict[Any, list[float]] = {}
+            at: dict[float, list[float]] = {}
             for x, y in pts:
                 at.setdefault(x, []).append(y)
             xs = sorted(at)
@@ -227,12 +236,12 @@ def _modes_title(rows: list[RunRow]) -> str:
     return f" ({' and '.join(modes)} steps)" if modes else ""
 
 
-def _line_key(r: RunRow, split_modes: bool) -> tuple[Any, ...]:
+def _line_key(r: RunRow, split_modes: bool) -> LineKey:
     """A figure's line: a job shape, a step mode where the rows ran in both, a series of sweep.axes' values."""
     return (r.shape, r.step_mode or "" if split_modes else "", r.series or "")
 
 
-def _line_label(key: tuple[Any, ...], cpu: bool) -> str:
+def _line_label(key: LineKey, cpu: bool) -> str:
     return ", ".join(part for part in (_shape_label(key[0], cpu), key[1], key[2]) if part)
 
 
@@ -253,17 +262,19 @@ def memory_note(rows: list[RunRow]) -> str | None:
 def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: Path) -> Path | None:
     """The metric against batch size for one data fraction, one line per GPU count, and per step mode
     where the rows ran in both (None: no data)."""
-    sel = [r for r in rows if r.data_fraction == fraction and metric.value(r) is not None]
-    if not sel:
+    sel = [r for r in rows if r.data_fraction == fraction and r.batch_size_per_gpu and metric.value(r) is not None]
+    if not sel:  # no run of this fraction measured it at a batch size
         return None
     number = STUDY_FIGURE.get((metric.study, fraction)) if metric.study else None
     words = _data_title(sel, fraction)
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}{_modes_title(sel)}"
     fig, ax = pyplot().subplots(figsize=(6, 4))
     split = len(step_modes(sel)) > 1
-    lines = {
+    lines: dict[str, list[Point]] = {
         _line_label(k, _all_cpu(sel)): [
-            (r.batch_size_per_gpu, (metric.value(r) or 0.0) * metric.scale) for r in sel if _line_key(r, split) == k
+            (r.batch_size_per_gpu or 0, (metric.value(r) or 0.0) * metric.scale)
+            for r in sel
+            if _line_key(r, split) == k
         ]
         for k in sorted({_line_key(r, split) for r in sel})
     }
@@ -280,23 +291,23 @@ def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: 
 
 def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     """Measured scaling efficiency against batch size (solid) and the model's prediction (dashed)."""
-    sel = [r for r in rows if r.scaling_efficiency is not None and r.shape[0] * r.shape[1] > 1]
+    sel = [r for r in rows if r.scaling_efficiency is not None and r.batch_size_per_gpu and r.shape[0] * r.shape[1] > 1]
     if not sel:
         return None
     fig, ax = pyplot().subplots(figsize=(6, 4))
     keys = sorted({(r.data_fraction, (r.shape, r.series or "")) for r in sel})
     cpu = _all_cpu(sel)
-    lines = {
+    lines: dict[str, list[Point]] = {
         f"fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
-            (r.batch_size_per_gpu, r.scaling_efficiency)
+            (r.batch_size_per_gpu or 0, r.scaling_efficiency or 0.0)
             for r in sel
             if (r.data_fraction, (r.shape, r.series or "")) == (f, k)
         ]
         for f, k in keys
     }
-    predicted = {
+    predicted: dict[str, list[Point]] = {
         f"model: fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
-            (r.batch_size_per_gpu, r.predicted_efficiency)
+            (r.batch_size_per_gpu or 0, r.predicted_efficiency)
             for r in sel
             if (r.data_fraction, (r.shape, r.series or "")) == (f, k) and r.predicted_efficiency is not None
         ]
@@ -409,9 +420,10 @@ def axis_figure(rows: list[RunRow], key: str, metric: Metric, out_dir: Path) -> 
         return None
     raw = list(dict.fromkeys((r.values or {})[key] for r in sel))
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw)
-    position = {v: v if numeric else i + 1 for i, v in enumerate(raw)}  # from 1: never 0 on a log axis
+    # from 1: never 0 on a log axis
+    position = {v: v if numeric and isinstance(v, (int, float)) else i + 1 for i, v in enumerate(raw)}
     cpu = _all_cpu(sel)
-    lines: dict[str, list[tuple[Any, Any]]] = {}
+    lines: dict[str, list[Point]] = {}
     for r in sel:
         others = ", ".join(f"{k}={v}" for k, v in (r.values or {}).items() if k != key and f"{k}={v}" != r.replica)
         label = ", ".join(

@@ -88,6 +88,21 @@ def test_a_sweeps_figures_are_drawn_against_each_swept_key_but_its_replicas(tmp_
     assert not any(name.startswith(("by_seed", "by_one")) for name in written)
 
 
+def test_a_run_without_a_batch_size_is_left_off_the_figures_against_batch_size(tmp_path):
+    """A run whose summary has no batch size (a damaged record, an OOM record without one) has no place
+    on a batch-size axis: its neighbours' figure is drawn without it, and no TypeError (None against an
+    int in sorting the axis, seen before 2026-11-30)."""
+    from analysis.report.figures import plot_sweep
+
+    def run(name, batch, outcome="done"):
+        return RunRow(run_dir=name, data_fraction=0.1, batch_size_per_gpu=batch, gpus=1, nodes=1, outcome=outcome,
+                      cpu_time_us_per_epoch=Spread(mean=5e6, max=5e6))
+
+    written = {p.name for p in plot_sweep([run("a", None), run("b", 32), run("c", 64), run("d", None, "oom")], tmp_path)}
+    assert "fig01_cpu_runtime_fraction0.1.png" in written, written
+    assert not {p.name for p in plot_sweep([run("a", None)], tmp_path / "alone")}
+
+
 def test_a_point_of_two_replicas_or_one_is_said_so_and_a_measure_a_script_lacks_is_left_out():
     """Scripts report no images/s: the step time is still judged. Two replicas a side are too few to tell;
     one has no spread to show. The study point names its nodes where it has several."""
