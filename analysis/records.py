@@ -199,6 +199,19 @@ def mean_present(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+class ModelFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What summary.json knows of a run's model, for compute's share of the device's peak: forward FLOPs
+    per image, the per-GPU batch, the device, whether it trained in bf16 or graphed, and whether it was a
+    user's script (None: no summary to say)."""
+
+    flops_per_image: float | None = None
+    batch_size_per_gpu: int | None = None
+    device_name: str | None = None
+    bf16: bool = False
+    graphed: bool = False
+    script: bool | None = None
+
+
 @dataclass(frozen=True)
 class Spread:
     """A per-rank quantity across a run's ranks: its mean and its largest value (None: no rank has it)."""

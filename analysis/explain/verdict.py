@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TypedDict
 
-from analysis.records import RunRow, SlowRank, TraceRecord
+from analysis.records import ModelFacts, RunRow, SlowRank, TraceRecord
 from analysis.runs.fold import model_facts
 from analysis.runs.ranks import slow_rank_words
+from hpc.core.files import JsonObject
 from hpc.core.summary import RunRecord
 from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
@@ -145,7 +146,7 @@ class Verdict:
         remedy = f"; remedy: {self.remedy}" if self.remedy else ""
         return f"{headline(self.bound, self.secondary)}: {self.evidence}{remedy}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {**dataclasses.asdict(self), "line": self.line()}
 
 
@@ -336,23 +337,38 @@ def undecided(e: Evidence, measured: dict[str, float]) -> str:
 # --- the evidence, from what the analysis measured -------------------------------------------------------
 
 
-def _breakdown(records: list[TraceRecord]) -> dict[str, Any]:
+class Breakdown(TypedDict):
+    """Evidence's temporal and idle breakdowns, summed over a run's records (None: no record has one)."""
+
+    span_us: float | None
+    computation_us: float | None
+    communication_us: float | None
+    memory_us: float | None
+    idle_us: float | None
+    host_wait_us: float | None
+    kernel_wait_us: float | None
+    other_wait_us: float | None
+
+
+def _breakdown(records: list[TraceRecord]) -> Breakdown:
     """The temporal and idle breakdowns summed over records (None where no record has one)."""
-    out: dict[str, float | None] = {}
-    parts = {
-        "span_us": ("temporal", "span_us"),
-        "computation_us": ("temporal", "computation_us"),
-        "communication_us": ("temporal", "communication_us"),
-        "memory_us": ("temporal", "memory_us"),
-        "idle_us": ("temporal", "idle_us"),
-        "host_wait_us": ("idle", "host_wait_us"),
-        "kernel_wait_us": ("idle", "kernel_wait_us"),
-        "other_wait_us": ("idle", "other_us"),
-    }
-    for name, (which, key) in parts.items():
-        values = [getattr(r, f"{which}_breakdown_us") for r in records]
-        out[name] = _sum_present(v[key] for v in values if v)
-    return out
+
+    def temporal(key: str) -> float | None:
+        return _sum_present(b[key] for r in records if (b := r.temporal_breakdown_us))
+
+    def idle(key: str) -> float | None:
+        return _sum_present(b[key] for r in records if (b := r.idle_breakdown_us))
+
+    return Breakdown(
+        span_us=temporal("span_us"),
+        computation_us=temporal("computation_us"),
+        communication_us=temporal("communication_us"),
+        memory_us=temporal("memory_us"),
+        idle_us=temporal("idle_us"),
+        host_wait_us=idle("host_wait_us"),
+        kernel_wait_us=idle("kernel_wait_us"),
+        other_wait_us=idle("other_us"),
+    )
 
 
 def _sum_present(values: Iterable[float | None]) -> float | None:
@@ -388,14 +404,14 @@ def peak_tflops(device_name: str | None, bf16: bool) -> float | None:
     return None
 
 
-def run_evidence(records: list[TraceRecord], run: RunRow, model: dict[str, Any] | None = None) -> Evidence:
+def run_evidence(records: list[TraceRecord], run: RunRow, model: ModelFacts | None = None) -> Evidence:
     """A run over all its ranks' traces. `model`: what summary.json knows of the model's FLOPs per image
     (forward), the per-GPU batch and whether it trained in bf16, for compute's share of the device's peak."""
-    model = model or {}
+    model = model or ModelFacts()
     step_s = (run.step_time_us_mean.mean or 0.0) / 1e6
-    flops, batch = model.get("flops_per_image"), model.get("batch_size_per_gpu")
+    flops, batch = model.flops_per_image, model.batch_size_per_gpu
     achieved = 3 * flops * batch / step_s / 1e12 if flops and batch and step_s else None
-    device = next((r.device_name for r in records if r.device_name), None) or model.get("device_name")
+    device = next((r.device_name for r in records if r.device_name), None) or model.device_name
     return Evidence(
         **_breakdown(records),
         dataloader_us=_sum_present(r.dataloader_us for r in records),
@@ -413,10 +429,10 @@ def run_evidence(records: list[TraceRecord], run: RunRow, model: dict[str, Any] 
         slow_rank=run.slow_rank,
         imbalance_unproven=unproven_imbalance(run),
         achieved_tflops=achieved,
-        peak_tflops=peak_tflops(device, bool(model.get("bf16"))) if achieved else None,
+        peak_tflops=peak_tflops(device, model.bf16) if achieved else None,
         # the run's summary says so, or its traces do (kernels replayed from a graph)
-        graphed=bool(model.get("graphed")) or any(r.graph_kernel_calls for r in records),
-        script=model.get("script"),
+        graphed=model.graphed or any(r.graph_kernel_calls for r in records),
+        script=model.script,
     )
 
 

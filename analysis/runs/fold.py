@@ -12,12 +12,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeGuard, TypeVar
 
 import msgspec
 
 from analysis.records import (
     SPREAD_FIELDS,
+    ModelFacts,
     N,
     RankTotals,
     RunRow,
@@ -74,10 +75,19 @@ def with_summary(rec: TraceRecord, rank_summary: RankEntry) -> TraceRecord:
     return dataclasses.replace(rec, peak_cpu_mem_bytes=rank_summary.peak_rss_bytes, key_averages=key_averages)
 
 
-def config_value(cfg: Mapping[str, object], section: str, key: str, kind: type | tuple[type, ...]) -> Any:
+V = TypeVar("V")
+
+
+def config_value(cfg: Mapping[str, object], section: str, key: str, kind: type[V]) -> V | None:
+    """The run's config value at section.key when it is a `kind` (never a bool for a number), else None."""
     body = cfg.get(section)
     value = body.get(key) if isinstance(body, dict) else None
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def config_number(cfg: Mapping[str, object], section: str, key: str) -> float | None:
+    """The run's config value at section.key when it is a finite number, else None."""
+    return number_or_none(config_value(cfg, section, key, object))
 
 
 def first_rank(summary: RunRecord | None) -> RankEntry:
@@ -122,7 +132,7 @@ def oom_record(run_dir: Path, summary: RunRecord) -> RunRow | None:
         step_mode=step_mode(summary),
         batch_size_per_gpu=batch if is_count(batch) else None,
         gpus=summary.world_size,
-        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        data_fraction=config_number(cfg, "data", "fraction"),
         oom=msgspec.to_builtins(oom),
         gpu_line=gpu_line(summary),
     )
@@ -211,8 +221,10 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
     summary_ranks = ranks_of(summary)
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
-    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
-    return RunRow(
+    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}  # by name
+    facts = run_facts(first)
+    facts.update(memory_by_category(summary))
+    row = RunRow(
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
@@ -220,7 +232,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
         step_mode=step_mode(summary),
         batch_size_per_gpu=first.batch_size_per_gpu if is_count(first.batch_size_per_gpu) else None,
         gpus=(summary.world_size if summary is not None else None) or len(ranks),
-        data_fraction=number_or_none(config_value(cfg, "data", "fraction", (int, float))),
+        data_fraction=config_number(cfg, "data", "fraction"),
         images_per_s=number_or_none(first.global_images_per_s),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
         outcome=outcome_of(summary),
@@ -237,10 +249,9 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
         slow_rank=None if alone else slow_rank(summary_ranks),
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         gpu_line=gpu_line(summary),
-        **run_facts(first),
-        **memory_by_category(summary),
-        **spreads,
+        **facts,
     )
+    return dataclasses.replace(row, **spreads)
 
 
 def why_no_trace(run_dir: Path) -> str | None:
@@ -281,71 +292,90 @@ def command_name(summary: RunRecord | None) -> str | None:
     return Path(scripts[0] if scripts else str(words[0])).name[:60]
 
 
-def run_facts(first: RankEntry) -> dict[str, Any]:
+class RunFacts(TypedDict, total=False):
+    """RunRow's fields from rank 0's summary record (run_facts) and its memory categories (memory_by_category)."""
+
+    device_kind: str | None
+    data_source: str | None
+    train_images: int | None
+    wall_time_s: float | None
+    graph_check: str
+    graph_check_cause: str
+    peak_mem_categorised_bytes: int
+    peak_mem_by_category: dict[str, int]
+
+
+def run_facts(first: RankEntry) -> RunFacts:
     """What the ranks trained on, from rank 0's summary record: the device kind and the data."""
     device = first.device or ""
     source = first.data_source
     images = first.train_images
-    return {
-        "device_kind": "cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
-        "data_source": source if source in ("cifar100", "synthetic", "script") else None,
-        "train_images": images if is_count(images) else None,
-        "wall_time_s": number_or_none(first.wall_time_s),
-        **graph_check(first.graph_check),
-    }
+    facts = RunFacts(
+        device_kind="cpu" if device.startswith("cpu") else ("cuda" if device.startswith("cuda") else None),
+        data_source=source if source in ("cifar100", "synthetic", "script") else None,
+        train_images=images if is_count(images) else None,
+        wall_time_s=number_or_none(first.wall_time_s),
+    )
+    facts.update(graph_check(first.graph_check))
+    return facts
 
 
-def graph_check(said: object) -> dict[str, str]:
+def graph_check(said: object) -> RunFacts:
     """summary.json's graph_check ("passed", or "failed on rank R: cause") as the short word for tables
     and the cause for JSON; nothing for a run that was not graphed (or was written before the check)."""
     if not isinstance(said, str) or not said:
         return {}
     short, _, cause = said.partition(": ")
-    return {"graph_check": short[:40], "graph_check_cause": cause} if cause else {"graph_check": short[:40]}
+    return RunFacts(graph_check=short[:40], graph_check_cause=cause) if cause else RunFacts(graph_check=short[:40])
 
 
-def memory_by_category(summary: RunRecord | None) -> dict[str, Any]:
+def memory_by_category(summary: RunRecord | None) -> RunFacts:
     """The categories at the largest peak torch's memory profiler saw, over every rank and cycle
     (hpc/training/memcat.py); nothing where no cycle recorded them."""
-    best: dict[str, Any] | None = None
+    best: RunFacts | None = None
     for rank in ranks_of(summary):
         for cycle in rank.profiler.cycles if rank.profiler is not None else []:
             found = cycle.get("memory_categories")
             peak, cats = (found.get("peak_bytes"), found.get("categories")) if isinstance(found, dict) else (None, None)
-            if _bytes(peak) and isinstance(cats, dict) and all(_bytes(v) for v in cats.values()):
-                if best is None or peak > best["peak_mem_categorised_bytes"]:
-                    best = {"peak_mem_categorised_bytes": peak, "peak_mem_by_category": dict(cats)}
+            if (
+                isinstance(peak, int)
+                and _bytes(peak)
+                and isinstance(cats, dict)
+                and all(_bytes(v) for v in cats.values())
+            ):
+                if best is None or peak > best.get("peak_mem_categorised_bytes", 0):
+                    best = RunFacts(peak_mem_categorised_bytes=peak, peak_mem_by_category=dict(cats))
     return best or {}
 
 
-def _bytes(value: object) -> bool:
+def _bytes(value: object) -> TypeGuard[int]:
     return type(value) is int and 0 <= value < 1 << 50
 
 
-def model_facts(summary: RunRecord | None) -> dict[str, Any]:
+def model_facts(summary: RunRecord | None) -> ModelFacts:
     """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
     first = first_rank(summary)
     amp = config_value(config_of(summary), "train", "amp", str)
     device = first.device_name
     flops, batch = first.model_flops_per_image, first.batch_size_per_gpu
-    return {
-        "flops_per_image": flops,
-        "batch_size_per_gpu": batch if is_count(batch) else None,
-        "device_name": device,
-        "bf16": amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
-        "graphed": step_mode(summary) == "graph",
-        "script": None if summary is None else summary.kind == "command",  # None: no summary
-    }
+    return ModelFacts(
+        flops_per_image=flops,
+        batch_size_per_gpu=batch if is_count(batch) else None,
+        device_name=device,
+        bf16=amp == "bf16" or (amp == "auto" and device not in (None, "cpu")),
+        graphed=step_mode(summary) == "graph",
+        script=None if summary is None else summary.kind == "command",  # None: no summary
+    )
 
 
-def _all_reduce(rec: TraceRecord, key: str) -> Any:
+def _all_reduce(rec: TraceRecord, key: str) -> float | None:
     return next((c[key] for c in rec.collectives or [] if c["kind"] == "all_reduce"), None)
 
 
 def _all_reduce_bytes_per_step(rec: TraceRecord) -> float | None:
     per_call, calls = _all_reduce(rec, "bytes_per_call"), _all_reduce(rec, "calls")
-    return per_call * calls / rec.steps if per_call is not None and rec.steps else None
+    return per_call * calls / rec.steps if per_call is not None and calls is not None and rec.steps else None
 
 
 def epoch_time_s(metrics: Path) -> float | None:

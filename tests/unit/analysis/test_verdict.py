@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis.explain import verdict as v
-from analysis.records import RunRow, Spread
+from analysis.records import ModelFacts, RunRow, Spread
 from analysis.report.units import human_column
 from analysis.runs.fold import step_mode
 from hpc.core.summary import RunRecord
@@ -452,7 +452,7 @@ def test_a_runs_evidence_sums_its_ranks_traces_and_takes_the_rest_from_its_recor
     run = RunRow(run_dir="r", ranks=2, nodes=3, allreduce_busbw_GBps=7.5, step_time_us_mean=Spread(2e5, 3e5),
                     kernel_calls_per_step=Spread(60.0, 80.0), slowest_step="rank 1 on nid002", straggler_rank=1,
                     straggler_share=0.8)
-    model = {"flops_per_image": 1e9, "batch_size_per_gpu": 64, "bf16": True, "script": True}
+    model = ModelFacts(flops_per_image=1e9, batch_size_per_gpu=64, bf16=True, script=True)
     e = v.run_evidence([a, b], run, model)
     assert (e.span_us, e.computation_us, e.communication_us, e.memory_us, e.idle_us) == (3000.0, 1500.0, 300.0,
                                                                                        150.0, 1050.0)
@@ -464,13 +464,14 @@ def test_a_runs_evidence_sums_its_ranks_traces_and_takes_the_rest_from_its_recor
     # forward + backward: 3 x FLOPs x batch per step of 0.2 s; the H100's bf16 peak
     assert e.achieved_tflops == pytest.approx(3 * 1e9 * 64 / 0.2 / 1e12) and e.peak_tflops == 989.0
     assert e.graphed is True and e.script is True  # a kernel replayed from a graph in rank 1's trace
-    plain = v.run_evidence([a], RunRow(run_dir="r"), {})
+    plain = v.run_evidence([a], RunRow(run_dir="r"), ModelFacts())
     assert (plain.ranks, plain.nodes, plain.achieved_tflops, plain.peak_tflops, plain.graphed, plain.script) == (
         1, 1, None, None, False, None)
-    assert v.run_evidence([b], run, {**model, "bf16": False}).peak_tflops == 494.0  # tf32's
-    named = v.run_evidence([a], run, {**model, "device_name": "NVIDIA A100-SXM4-40GB"})
+    assert v.run_evidence([b], run, msgspec.structs.replace(model, bf16=False)).peak_tflops == 494.0  # tf32's
+    named = v.run_evidence([a], run, msgspec.structs.replace(model, device_name="NVIDIA A100-SXM4-40GB"))
     assert named.peak_tflops == 312.0  # no device in the traces: the summary's
-    assert v.run_evidence([a], run, {**model, "graphed": True}).graphed is True
+    assert v.run_evidence([a], run, msgspec.structs.replace(model, graphed=True)).graphed is True
+    assert v.run_evidence([a], run).achieved_tflops is None  # no summary: nothing known of the model
 
 
 def test_a_traces_evidence_is_its_own():

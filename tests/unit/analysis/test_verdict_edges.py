@@ -6,7 +6,7 @@ import pytest
 from recordedruns import slow_rank_of
 
 from analysis.explain import verdict as v
-from analysis.records import RunRow, Spread, TraceRecord
+from analysis.records import ModelFacts, RunRow, Spread, TraceRecord
 from test_verdict import SPAN, gpu
 
 
@@ -112,14 +112,14 @@ def run(**kw) -> RunRow:
 def test_a_runs_evidence_carries_its_straggler_and_its_flops():
     slow = slow_rank_of(holds=False, wait_share=0.2, why_not="rank 1 was above the others in 5 of 12 steps")
     r = run(ranks=2, step_time_us_mean=Spread(100_000.0, 100_000.0), slow_rank=slow)
-    e = v.run_evidence([], r, {"flops_per_image": 1e9, "batch_size_per_gpu": 100, "device_name": "NVIDIA A100"})
+    e = v.run_evidence([], r, ModelFacts(flops_per_image=1e9, batch_size_per_gpu=100, device_name="NVIDIA A100"))
     assert e.achieved_tflops == 3.0  # 3 x 1e9 x 100 images / 0.1 s = 3e12 FLOP/s
     assert e.peak_tflops == v.DEVICE_PEAK_TFLOPS["A100"]["tf32"]
     assert e.slow_rank == slow and e.imbalance_unproven == f"own work: {slow.why_not}"
-    for model in ({"batch_size_per_gpu": 100, "device_name": "NVIDIA A100"}, {"flops_per_image": 1e9}):
+    for model in (ModelFacts(batch_size_per_gpu=100, device_name="NVIDIA A100"), ModelFacts(flops_per_image=1e9)):
         unknown = v.run_evidence([], r, model)
         assert unknown.achieved_tflops is None and unknown.peak_tflops is None
-    no_step = v.run_evidence([], run(ranks=2), {"flops_per_image": 1e9, "batch_size_per_gpu": 100})
+    no_step = v.run_evidence([], run(ranks=2), ModelFacts(flops_per_image=1e9, batch_size_per_gpu=100))
     assert no_step.achieved_tflops is None
 
 
