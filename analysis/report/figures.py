@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # matplotlib itself is imported when a figure is drawn (pyplo
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-Point = tuple[float, float]  # a line's (x, y): a batch size or an axis value's place, and the metric
+XY = tuple[float, float]  # a line's (x, y): a batch size or an axis value's place, and the metric
 LineKey = tuple[tuple[int, int], str, str]  # a job shape, a step mode, a series
 
 # The study's figure numbers: (quantity, data fraction) -> Figure N
@@ -196,7 +196,7 @@ def mark_oom(ax: Axes, oom_rows: list[RunRow]) -> None:
 
 
 def _lines_against_batch(
-    ax: Axes, lines: dict[str, list[Point]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
+    ax: Axes, lines: dict[str, list[XY]], ylabel: str, title: str, dashed: frozenset[str] = frozenset()
 ) -> None:
     """One line per label, x = batch size per GPU (log 2); replicas at one x (sweep.replicas) as their mean,
     with a bar from the lowest to the highest."""
@@ -270,7 +270,7 @@ def metric_figure(rows: list[RunRow], metric: Metric, fraction: float, out_dir: 
     title = f"{'Figure ' + str(number) + ': ' if number else ''}{metric.title}, {words}{_modes_title(sel)}"
     fig, ax = pyplot().subplots(figsize=(6, 4))
     split = len(step_modes(sel)) > 1
-    lines: dict[str, list[Point]] = {
+    lines: dict[str, list[XY]] = {
         _line_label(k, _all_cpu(sel)): [
             (r.batch_size_per_gpu or 0, (metric.value(r) or 0.0) * metric.scale)
             for r in sel
@@ -297,7 +297,7 @@ def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
     fig, ax = pyplot().subplots(figsize=(6, 4))
     keys = sorted({(r.data_fraction, (r.shape, r.series or "")) for r in sel})
     cpu = _all_cpu(sel)
-    lines: dict[str, list[Point]] = {
+    lines: dict[str, list[XY]] = {
         f"fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
             (r.batch_size_per_gpu or 0, r.scaling_efficiency or 0.0)
             for r in sel
@@ -305,7 +305,7 @@ def efficiency_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
         ]
         for f, k in keys
     }
-    predicted: dict[str, list[Point]] = {
+    predicted: dict[str, list[XY]] = {
         f"model: fraction {f:g}, {_line_label((k[0], '', k[1]), cpu)}": [
             (r.batch_size_per_gpu or 0, r.predicted_efficiency)
             for r in sel
@@ -423,7 +423,7 @@ def axis_figure(rows: list[RunRow], key: str, metric: Metric, out_dir: Path) -> 
     # from 1: never 0 on a log axis
     position = {v: v if numeric and isinstance(v, (int, float)) else i + 1 for i, v in enumerate(raw)}
     cpu = _all_cpu(sel)
-    lines: dict[str, list[Point]] = {}
+    lines: dict[str, list[XY]] = {}
     for r in sel:
         others = ", ".join(f"{k}={v}" for k, v in (r.values or {}).items() if k != key and f"{k}={v}" != r.replica)
         label = ", ".join(

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-Formatter = Callable[[Any], str]
+Formatter = Callable[[object], str]  # a table cell's value (a number, a word, None) as shown
 
 _TIME_US = re.compile(r"^(.*)_us(_.*)?$")
 _BYTES = re.compile(r"^(.*)_bytes(_.*)?$")
@@ -21,7 +20,7 @@ _FRACTION = re.compile(r"^(.*_(?:share|efficiency))(_.*)?$")
 _FIXED = {"_ms": "ms", "_s": "s", "_pct": "%", "_GBps": "GB/s"}
 
 
-def number(value: Any) -> str:
+def number(value: object) -> str:
     """A number as a person reads it: three significant figures, no exponent, '-' for none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -38,12 +37,12 @@ def _scaled(scale: float) -> Formatter:
     return lambda v: number(v / scale) if isinstance(v, (int, float)) and not isinstance(v, bool) else number(v)
 
 
-def _largest(values: Iterable[Any]) -> float:
+def _largest(values: Iterable[object]) -> float:
     present = [abs(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return max(present, default=0.0)
 
 
-def human_column(name: str, values: list[Any]) -> tuple[str, Formatter]:
+def human_column(name: str, values: list[object]) -> tuple[str, Formatter]:
     """(header with its unit, how each value is shown) for a column and its values."""
     if name.endswith("_per_s"):  # a rate (images/s) is shown as it is
         return name, number
@@ -63,5 +62,5 @@ def human_column(name: str, values: list[Any]) -> tuple[str, Formatter]:
     return name, number
 
 
-def human_columns(rows: list[dict[str, Any]], columns: list[str]) -> list[tuple[str, Formatter]]:
+def human_columns(rows: Sequence[Mapping[str, object]], columns: list[str]) -> list[tuple[str, Formatter]]:
     return [human_column(c, [r.get(c) for r in rows]) for c in columns]

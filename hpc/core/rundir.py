@@ -427,6 +427,23 @@ def point_key(point: Mapping[str, object]) -> tuple[object, ...]:
     return (*(point.get(k, 1 if k == "nodes" else None) for k in POINT_KEY), axes)
 
 
+class SweepPoint(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A point of a sweep's grid as planned (hpc/launch/submission/points.py): the study's four fields and
+    the values of its other axes (sweep.axes) where it has any. Recorded as a mapping in task.json and
+    summary.json (`point`) and index.json (IndexPoint, with its job)."""
+
+    data_fraction: float
+    batch_size: int
+    gpus: int
+    nodes: int
+    values: dict[str, AxisValue] | None = None
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """point_key of the point."""
+        return point_key(msgspec.structs.asdict(self))
+
+
 class IndexPoint(msgspec.Struct, kw_only=True):
     """A point of index.json as read: the study's fields, its other axes' values, its job, its run
     directory (a name inside the sweep), the QOS and node share it is charged (site.py), and the job ids

@@ -84,7 +84,7 @@ def submit_and_analyse(plan: Plan, account: str | None, wait: bool) -> int:
         report(plan.sweep_dir)
         log.info(f"sweep:  {plan.sweep_dir}\nreport: {sweep.report}")
         return EXIT_FAILED if local_failures else EXIT_OK
-    submitted = {point_key(point) for spec in plan.specs for point, _ in spec.points if point is not None}
+    submitted = {point.key for spec in plan.specs for point, _ in spec.points if point is not None}
     arrays = sorted({p.job.split("_")[0] for p in read_index(sweep.index) if p.key in submitted and p.job})
     try:
         analysis_id = submit_analysis(plan.cluster, plan.sweep_dir, arrays, account)
@@ -150,7 +150,7 @@ def plan_charges(plan: Plan) -> list[str]:
     """Per QOS: the points and the most node-hours they can be charged (hpc/launch/submission/site.py)."""
     shapes = [
         (
-            str(spec.charge.get("qos") or "-"),
+            spec.charge.qos or "-",
             len(spec.points),
             spec.request.nodes,
             spec.request.gpus,

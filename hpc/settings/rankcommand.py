@@ -31,7 +31,7 @@ from hpc.core.cli import shown
 from hpc.core.ending import TASK_SCHEMA, decode_versioned
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, SchemaError, UsageError
 from hpc.core.files import JsonObject
-from hpc.core.rundir import SUBMITTED
+from hpc.core.rundir import SUBMITTED, AxisValue, SweepPoint
 
 RUN_DIR_VARIABLE = "HPC_RUN_DIR"  # the run directory, for the command's own outputs
 # off | warn | stop: what a multi-node run does when NCCL would use sockets (cluster.nccl_fabric)
@@ -116,7 +116,7 @@ def training_command(
     cwd: str,
     name: str,
     stop_grace_s: int,
-    point: JsonObject | None = None,
+    point: SweepPoint | None = None,
     hang_timeout_s: int | None = None,
 ) -> RankCommand:
     """The toolkit's training as a task: `python -m hpc.train` on the run directory and its config, watched
@@ -129,7 +129,7 @@ def training_command(
         requeue_codes=TRAINING_REQUEUE_CODES,
         stop_grace_s=stop_grace_s,
         hang_timeout_s=hang_timeout_s,
-        point=dict(point) if point else None,
+        point=recorded(point),
         config=dict(config),
     )
 
@@ -141,7 +141,7 @@ def user_command(
     stop_grace_s: int,
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
-    point: JsonObject | None = None,
+    point: SweepPoint | None = None,
     hang_timeout_s: int | None = None,
 ) -> RankCommand:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
@@ -160,8 +160,13 @@ def user_command(
         hook,
         stop_grace_s,
         hang_timeout_s,
-        dict(point) if point else None,
+        recorded(point),
     )
+
+
+def recorded(point: SweepPoint | None) -> JsonObject | None:
+    """A sweep point as task.json and summary.json record it (a mapping of its fields)."""
+    return msgspec.to_builtins(point) if point is not None else None
 
 
 def runs_training(argv: Sequence[str]) -> bool:
@@ -290,15 +295,15 @@ def fill(word: str, values: Mapping[str, object], source: str, final: bool = Tru
     return "".join(out)
 
 
-def point_values(point: Mapping[str, Any]) -> dict[str, Any]:
+def point_values(point: SweepPoint) -> dict[str, AxisValue]:
     """A sweep point's fields under the names a command template uses, its placeholder axes' ({lr}) too."""
     return {
-        "batch": point["batch_size"],
-        "fraction": f"{point['data_fraction']:g}",
-        "gpus": point["gpus"],
-        "nodes": point["nodes"],
-        "ranks": point["gpus"] * point["nodes"],
-        **{name: value for name, value in (point.get("values") or {}).items() if "." not in name},
+        "batch": point.batch_size,
+        "fraction": f"{point.data_fraction:g}",
+        "gpus": point.gpus,
+        "nodes": point.nodes,
+        "ranks": point.gpus * point.nodes,
+        **{name: value for name, value in (point.values or {}).items() if "." not in name},
     }
 
 

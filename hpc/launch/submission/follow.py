@@ -20,7 +20,9 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import msgspec
@@ -28,7 +30,7 @@ import msgspec
 from analysis.api import end_of_run_lines, render, run_numbers
 from hpc.core.ending import EXIT_CODES, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
-from hpc.core.rundir import RunPaths, read_checkpoint_info
+from hpc.core.rundir import RunPaths, SweepPoint, read_checkpoint_info
 from hpc.core.summary import (
     RunRecord,
     no_step_line,
@@ -37,8 +39,8 @@ from hpc.core.summary import (
     restarts_line,
     write_run_summary,
 )
-from hpc.launch.submission.points import Point
 from hpc.launch.submission.queue import QueueWatch, accounted
+from hpc.launch.submission.site import Charge
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +54,13 @@ class Interrupts:
         self.signum: int | None = None
         self.count = 0
         self.sent_at = 0.0  # when the ranks were last told to stop (monotonic)
-        self.previous: dict[int, Any] = {}
+        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "-"
 
-    def _record(self, signum: int, frame: Any) -> None:
+    def _record(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
         self.count = self.count + 1
 
@@ -67,7 +69,7 @@ class Interrupts:
         self.previous = {sig: signal.signal(sig, self._record) for sig in caught}
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
@@ -159,7 +161,8 @@ class Submitted(msgspec.Struct, frozen=True):
     run_dir: Path
     logs: tuple[Path, Path]  # stdout, stderr of task 0
     job: Any  # submitit's Job
-    point: Point | None = None
+    point: SweepPoint | None = None
+    charge: Charge | None = None  # what the point is charged (index.json)
     ranks: int = 1  # the run's world size (for the command that resumes it)
     training: bool = False  # the toolkit's training, which says where its checkpoint is
 

@@ -18,11 +18,10 @@ from typing import Any
 
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
-from hpc.core.rundir import point_key
+from hpc.core.rundir import SweepPoint
 from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
     COMMAND_SECTIONS,
-    Point,
     Points,
     command_points,
     grid_points,
@@ -32,13 +31,14 @@ from hpc.launch.submission.points import (
 )
 from hpc.launch.submission.request import Allocation, SubmitRequest
 from hpc.launch.submission.sbatchflags import ACCT_GATHER_PROFILE, JobOptions
-from hpc.launch.submission.site import accounts, node_share
+from hpc.launch.submission.site import Charge, accounts, node_share
 from hpc.launch.submission.slurm import JobRequest, job_python, local_parameters, sbatch_text, slurm_parameters
 from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.rankcommand import RankCommand
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
 
-PointCommand = tuple[Point | None, RankCommand]  # a point (None: a single job) and what its ranks run
+PointCommand = tuple[SweepPoint | None, RankCommand]
+# a point (None: a single job) and what its ranks run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ class JobSpec:
     array: bool  # submitted as a job array (a sweep), or as a plain job
     parameters: dict[str, Any]
     sbatch: str | None
-    charge: dict[str, Any]  # what index.json says each point ran in, for the report's node-hours (site.py)
+    charge: Charge  # what index.json says each point ran in, for the report's node-hours (site.py)
     jobs: tuple[TaskJob, ...]  # what submitit runs in every task of each point, in the points' order
     python: str | None  # the python each task runs (None: this one; a container's own `python`)
 
@@ -109,7 +109,7 @@ def make_plan(
         grid = grid_points(work.sweep, source)
         if into is not None:
             sweep_dir, keys = into
-            grid = [p for p in grid if point_key(p) in keys]
+            grid = [p for p in grid if p.key in keys]
         shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], job, name, sweep_dir, source)
     specs = tuple(job_spec(cluster, request.local, request.max_parallel, shape) for shape in shapes)
     record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
@@ -132,7 +132,10 @@ def job_spec(
     else:
         params = slurm_parameters(cluster, request, max_parallel, folder)
         text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
-    charge = {"qos": params.get("qos"), "node_share": node_share(cluster, request.nodes, request.gpus)}
+    qos = params.get("qos")
+    charge = Charge(
+        qos=qos if isinstance(qos, str) else None, node_share=node_share(cluster, request.nodes, request.gpus)
+    )
     jobs = tuple(TaskJob(task.to_dict(), cluster.launcher, request.gpus, cluster.max_restarts) for _, task in points)
     return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
 
@@ -226,13 +229,13 @@ def runs_dir_for(flag: str | None, cluster: ClusterConfig) -> Path:
 
 
 def sweep_shapes(
-    points: list[tuple[Point, RankCommand]], request: Request, name: str, sweep_dir: Path, source: str
+    points: list[tuple[SweepPoint, RankCommand]], request: Request, name: str, sweep_dir: Path, source: str
 ) -> list[Shape]:
     """One job array per job shape (nodes x GPUs per node) of the points; every shape is checked
     (`request`) before anything is submitted."""
     by_shape: dict[tuple[int, int], list[PointCommand]] = {}
     for point, task in points:
-        by_shape.setdefault((point["nodes"], point["gpus"]), []).append((point, task))
+        by_shape.setdefault((point.nodes, point.gpus), []).append((point, task))
     return [
         Shape(
             request(

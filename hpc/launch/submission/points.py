@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.errors import UsageError
+from hpc.core.rundir import AxisValue, SweepPoint
 from hpc.launch.submission.request import SubmitRequest
 from hpc.settings.config import Layers, parse_override, read_yaml
 from hpc.settings.rankcommand import (
@@ -35,7 +36,6 @@ from hpc.settings.rankcommand import (
 )
 from hpc.settings.schema import ClusterConfig, CommandConfig, SweepConfig
 
-Point = dict[str, Any]  # data_fraction, batch_size, gpus, nodes
 COMMAND_SECTIONS = ("profiler", "command")  # what --config, --sweep and --set may hold for a command
 AXES = {"data_fractions": "fraction", "batch_sizes": "batch"}  # the axes a command's words must use
 
@@ -45,7 +45,7 @@ class Points:
     """What every point of a command line runs: each point's task (None: a single job), the name a job
     takes by default, the grid (None: a single job), and the sections sweep.yaml records."""
 
-    task_for: Callable[[Point | None], RankCommand]
+    task_for: Callable[[SweepPoint | None], RankCommand]
     name: str
     sweep: SweepConfig | None
     sections: dict[str, Any]
@@ -64,7 +64,7 @@ def is_command_sweep(path: str | None) -> bool:
     return bool(path) and "command" in read_yaml(str(path), "--sweep")
 
 
-def axis_values(sweep: SweepConfig) -> list[dict[str, Any]]:
+def axis_values(sweep: SweepConfig) -> list[dict[str, AxisValue]]:
     """The sweep's own axes' values at each point (one empty mapping without any): their grid, or zipped."""
     names = list(sweep.axes)
     values = list(sweep.axes.values())
@@ -73,7 +73,7 @@ def axis_values(sweep: SweepConfig) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in rows]  # pragma: no mutate
 
 
-def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[Point]:
+def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[SweepPoint]:
     """Every (data fraction, batch size, GPUs per node, nodes) point of the grid, with the values of the
     sweep's other axes (`values`) where it has any; more than sweep.max_points is refused, in one line."""
     study = len(sweep.nodes) * len(sweep.gpus) * len(sweep.data_fractions) * len(sweep.batch_sizes)
@@ -84,7 +84,7 @@ def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[Point]:
             f"is more than sweep.max_points = {sweep.max_points}; set sweep.max_points to submit them"
         )
     return [
-        {"data_fraction": fraction, "batch_size": batch, "gpus": gpus, "nodes": nodes, **({"values": v} if v else {})}
+        SweepPoint(data_fraction=fraction, batch_size=batch, gpus=gpus, nodes=nodes, values=v or None)
         for nodes in sweep.nodes
         for gpus in sweep.gpus
         for fraction in sweep.data_fractions
@@ -142,12 +142,12 @@ def training_points(request: SubmitRequest, cluster: ClusterConfig) -> Points:
         )
     cwd = os.getcwd()
 
-    def task_for(point: Point | None) -> RankCommand:
+    def task_for(point: SweepPoint | None) -> RankCommand:
         cfg = base
         if point is not None:
-            layers.set("data.fraction", point["data_fraction"], f"sweep point fraction={point['data_fraction']:g}")
-            layers.set("train.batch_size", point["batch_size"], f"sweep point batch={point['batch_size']}")
-            for key, value in (point.get("values") or {}).items():
+            layers.set("data.fraction", point.data_fraction, f"sweep point fraction={point.data_fraction:g}")
+            layers.set("train.batch_size", point.batch_size, f"sweep point batch={point.batch_size}")
+            for key, value in (point.values or {}).items():
                 layers.set(key, value, f"sweep point {key}={value}")
             cfg = layers.run_config()
         return training_command(cfg.to_dict(), cwd, base.model.arch, cluster.stop_grace_s, point, hang_timeout_s)
@@ -184,10 +184,10 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
     if sweep is None:
         check_unfilled(section, request.config)
 
-    def task_for(point: Point | None) -> RankCommand:
+    def task_for(point: SweepPoint | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
         source = f"sweep point {values}" if point is not None else "command"
-        for key, value in (point or {}).get("values", {}).items():
+        for key, value in (point.values or {} if point is not None else {}).items():
             if "." in key:  # profiler.KEY: what the hook records at this point
                 layers.set(key, value, f"sweep point {key}={value}")
         hook = dataclasses.asdict(layers.build("profiler"))  # enabled false: the hook counts and watches only
@@ -195,7 +195,7 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
         filled = tuple(fill(word, values, f"{source}: command.args", final=False) for word in section.args)
         env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
         if point is not None and "{batch" in " ".join((*argv, *section.args, *section.env.values())):
-            env[BATCH_VARIABLE] = str(point["batch_size"])  # the batch an out-of-memory record names
+            env[BATCH_VARIABLE] = str(point.batch_size)  # the batch an out-of-memory record names
         return user_command(words, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s)
 
     return Points(task_for, sweep.name if sweep else job_name(argv), sweep, sections)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import msgspec
+
 from hpc.core.cli import shown
 from hpc.core.errors import UsageError
 from hpc.placement.affinity import GPU_ORDER
@@ -24,6 +26,14 @@ STOP_SIGNAL = "TERM"
 def is_partial(cluster: ClusterConfig, nodes: int, gpus: int) -> bool:
     """A job of fewer GPUs than one node, which the profile sends to its shared QOS."""
     return bool(cluster.shared_qos) and nodes == 1 and gpus < cluster.gpus_per_node
+
+
+class Charge(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job's points are charged: the QOS it asks for and the share of a node (node_share), recorded
+    beside each point in index.json for the report's node-hours."""
+
+    qos: str | None
+    node_share: float
 
 
 def node_share(cluster: ClusterConfig, nodes: int, gpus: int) -> float:

@@ -397,8 +397,9 @@ def submit_points(plan: Plan, executor: Any, points: range, spec: JobSpec) -> li
         point, command = spec.points[i]
         paths = job.paths
         logs = (Path(paths.stdout), Path(paths.stderr))
-        point_charged = {**point, **spec.charge} if point else None
-        made.append(Submitted(job.job_id, Path(paths.folder), logs, job, point_charged, ranks, command.is_training))
+        made.append(
+            Submitted(job.job_id, Path(paths.folder), logs, job, point, spec.charge, ranks, command.is_training)
+        )
         log.info(f"job {job.job_id}: run dir {paths.folder}\n  logs: {', '.join(str(p) for p in logs)}")
     return made
 
@@ -409,7 +410,17 @@ def record_index(plan: Plan, done: list[Submitted]) -> None:
         return
     header = SweepIndexFile(sweep=dataclasses.asdict(plan.sweep), cluster=plan.cluster.name)
     points = [
-        msgspec.convert({**(s.point or {}), "job_id": s.job_id, "run_dir": s.run_dir.name}, IndexPoint) for s in done
+        msgspec.convert(
+            {
+                **msgspec.to_builtins(s.point),
+                **msgspec.to_builtins(s.charge),
+                "job_id": s.job_id,
+                "run_dir": s.run_dir.name,
+            },
+            IndexPoint,
+        )
+        for s in done
+        if s.point is not None
     ]
     write_index(SweepPaths(plan.sweep_dir), header, points)
 

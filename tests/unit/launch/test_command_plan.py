@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+import msgspec
+
 import commands
 import pytest
 
@@ -65,11 +67,11 @@ def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path)
     plan = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
     points = [(p, c) for spec in plan.specs for p, c in spec.points]
     # data_fractions defaults to three values, but no word uses {fraction}: one each, not three copies
-    assert sorted((p["batch_size"], p["gpus"]) for p, _ in points) == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    assert sorted((p.batch_size, p.gpus) for p, _ in points) == [(8, 1), (8, 2), (16, 1), (16, 2)]
     for p, c in points:
-        assert c.words[2:] == ("--batch-size", str(p["batch_size"]), "--out", "{run_dir}/w.pt")
+        assert c.words[2:] == ("--batch-size", str(p.batch_size), "--out", "{run_dir}/w.pt")
         # and the batch the start-up hook's out-of-memory record names (the words use {batch})
-        assert c.env == {"N": str(p["gpus"]), "HPC_POINT_BATCH": str(p["batch_size"])} and c.point == p
+        assert c.env == {"N": str(p.gpus), "HPC_POINT_BATCH": str(p.batch_size)} and c.point == msgspec.to_builtins(p)
         assert c.words_for(Path("/r/7"), "py")[-1] == "/r/7/w.pt"
     sweep.write_text("sweep:\n  data_fractions: [1, 0.5]\ncommand:\n  args: ['{batch}']\n")
     with pytest.raises(UsageError) as e:

@@ -26,7 +26,7 @@ def test_a_single_job_is_a_plan_of_one_point(tmp_path):
 def test_the_study_is_three_arrays_of_twelve(tmp_path, capsys):
     plan = plan_for("--dry-run", "--account", "m1_g", "--sweep", str(REPO / "profiles" / "study.yaml"), tmp_path=tmp_path)
     assert [(s.request.gpus, len(s.points), s.array) for s in plan.specs] == [(1, 12, True), (2, 12, True), (4, 12, True)]
-    fractions = {p["data_fraction"] for s in plan.specs for p, _ in s.points}
+    fractions = {p.data_fraction for s in plan.specs for p, _ in s.points}
     assert fractions == {1.0, 0.5, 0.1}
     assert {task.config["train"]["batch_size"] for s in plan.specs for _, task in s.points} == {128, 512, 1024, 2048}
     print_plan(plan)

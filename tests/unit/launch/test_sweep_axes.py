@@ -36,7 +36,7 @@ def refusal(tmp_path, sweep_text, *argv) -> str:
 def test_a_scripts_lr_and_seed_from_the_file_and_the_command_line_fill_the_words_after_the_double_dash(tmp_path):
     plan, points = points_of(tmp_path, ONE + "  axes:\n    lr: [0.1, 0.01]\n", "--axis", "seed=1,2", "--",
                              "python", SCRIPT, "--lr", "{lr}", "--out", "w{seed:03d}.pt", "--json", "{}")
-    got = sorted((c.words[3], c.words[5], p["values"]["lr"], p["values"]["seed"]) for p, c in points)
+    got = sorted((c.words[3], c.words[5], p.values["lr"], p.values["seed"]) for p, c in points)
     assert got == [("0.01", "w001.pt", 0.01, 1), ("0.01", "w002.pt", 0.01, 2),
                    ("0.1", "w001.pt", 0.1, 1), ("0.1", "w002.pt", 0.1, 2)]
     # a brace that names no axis is the command's own (a JSON argument, Python code): left as written
@@ -48,8 +48,8 @@ def test_a_scripts_lr_and_seed_from_the_file_and_the_command_line_fill_the_words
 def test_zipped_axes_pair_their_values_instead_of_crossing_them(tmp_path):
     _, points = points_of(tmp_path, ONE + "  combine: zip\n  axes:\n    lr: [0.1, 0.2, 0.4]\n    seed: [1, 2, 3]\n",
                           "--", "python", SCRIPT, "{lr}", "{seed}")
-    assert sorted(p["values"]["lr"] for p, _ in points) == [0.1, 0.2, 0.4]
-    assert {(p["values"]["lr"], p["values"]["seed"]) for p, _ in points} == {(0.1, 1), (0.2, 2), (0.4, 3)}
+    assert sorted(p.values["lr"] for p, _ in points) == [0.1, 0.2, 0.4]
+    assert {(p.values["lr"], p.values["seed"]) for p, _ in points} == {(0.1, 1), (0.2, 2), (0.4, 3)}
     said = refusal(tmp_path, ONE + "  combine: zip\n  axes:\n    lr: [0.1, 0.2]\n    seed: [1, 2, 3]\n",
                    "--", "python", SCRIPT, "{lr}", "{seed}")
     assert "combine: zip takes lists of one length" in said
@@ -59,7 +59,7 @@ def test_the_trainings_config_keys_are_its_axes_and_each_point_runs_its_values(t
     _, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n    model.arch: [tiny, resnet18]\n")
     runs = sorted((c.to_dict()["config"]["train"]["lr"], c.to_dict()["config"]["model"]["arch"]) for _, c in points)
     assert runs == [(0.01, "resnet18"), (0.01, "tiny"), (0.1, "resnet18"), (0.1, "tiny")]
-    assert all(set(p["values"]) == {"train.lr", "model.arch"} for p, _ in points)
+    assert all(set(p.values) == {"train.lr", "model.arch"} for p, _ in points)
 
 
 @pytest.mark.parametrize("axes, argv, needle", [
@@ -164,12 +164,12 @@ def test_a_resubmission_plans_exactly_the_points_of_the_values_it_is_given(tmp_p
     args = parse_options([str(saved), "--runs-dir", str(tmp_path), "--dry-run"], STUDY_RUN)
     again = make_plan(args, None, into=(saved.parent, {point_key(json.loads(json.dumps(failed)))}))
     ((point, command),) = [pc for spec in again.specs for pc in spec.points]
-    assert point == failed and command.words[2:] == ("--lr", "0.01", "--seed", "2")
+    assert msgspec.to_builtins(point) == failed and command.words[2:] == ("--lr", "0.01", "--seed", "2")
 
 
 def test_a_sweep_without_axes_has_points_without_values_and_an_axis_value_may_hold_an_equals_sign(tmp_path):
     _, points = points_of(tmp_path, ONE, "--", "python", SCRIPT)
-    assert [p for p, _ in points] == [{"data_fraction": 1.0, "batch_size": 8, "gpus": 1, "nodes": 1}]
+    assert [msgspec.to_builtins(p) for p, _ in points] == [{"data_fraction": 1.0, "batch_size": 8, "gpus": 1, "nodes": 1}]
     _, points = points_of(tmp_path, ONE, "--axis", "opt=a=1,b=2", "--", "python", SCRIPT, "--set", "{opt}")
     assert sorted(c.words[-1] for _, c in points) == ["a=1", "b=2"]
 
