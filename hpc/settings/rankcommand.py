@@ -23,7 +23,6 @@ import shutil
 import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -64,17 +63,13 @@ class RankCommand:
     config: JsonObject | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
     schema: int = TASK_SCHEMA  # task.json's layout (hpc/core/ending.py)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RankCommand:
-        """A task as task.json holds it."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {k: v for k, v in data.items() if k in fields}
-        for key in ("words", "requeue_codes"):
-            values[key] = tuple(values.get(key) or ())
-        return cls(**values)
+    def from_dict(cls, data: Mapping[str, object]) -> RankCommand:
+        """A task as to_dict made it, typed (msgspec.ValidationError: not one)."""
+        return msgspec.convert(data, cls)
 
     @classmethod
     def decode(cls, data: bytes) -> RankCommand:

@@ -14,10 +14,10 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
+from hpc.core.files import JsonObject
 from hpc.core.rundir import SweepPoint
 from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
@@ -32,7 +32,14 @@ from hpc.launch.submission.points import (
 from hpc.launch.submission.request import Allocation, SubmitRequest
 from hpc.launch.submission.sbatchflags import ACCT_GATHER_PROFILE, JobOptions
 from hpc.launch.submission.site import Charge, accounts, node_share
-from hpc.launch.submission.slurm import JobRequest, job_python, local_parameters, sbatch_text, slurm_parameters
+from hpc.launch.submission.slurm import (
+    JobRequest,
+    Parameters,
+    job_python,
+    local_parameters,
+    sbatch_text,
+    slurm_parameters,
+)
 from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.rankcommand import RankCommand
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
@@ -60,7 +67,7 @@ class JobSpec:
     folder: Path  # submitit's folder, with %j for the job id: each run directory
     points: tuple[PointCommand, ...]
     array: bool  # submitted as a job array (a sweep), or as a plain job
-    parameters: dict[str, Any]
+    parameters: Parameters  # submitit's, for this shape
     sbatch: str | None
     charge: Charge  # what index.json says each point ran in, for the report's node-hours (site.py)
     jobs: tuple[TaskJob, ...]  # what submitit runs in every task of each point, in the points' order
@@ -76,7 +83,7 @@ class Plan:
     local: bool
     sweep: SweepConfig | None = None
     sweep_dir: Path | None = None
-    sweep_file: dict[str, Any] | None = None  # sweep.yaml: the sweep and what its points run, as resolved
+    sweep_file: JsonObject | None = None  # sweep.yaml: the sweep and what its points run, as resolved
 
 
 Request = Callable[[int, int, str, str], JobRequest]
@@ -86,7 +93,7 @@ def make_plan(
     request: SubmitRequest,
     words: list[str] | None,
     now: dt.datetime | None = None,
-    into: tuple[Path, set[tuple[Any, ...]]] | None = None,
+    into: tuple[Path, set[tuple[object, ...]]] | None = None,
 ) -> Plan:
     """The plan of a command line (`words`: the command after `--`, None for the training or a sweep's
     own command section): every shape and every point validated, nothing written. `into`: a sweep
@@ -112,7 +119,9 @@ def make_plan(
             grid = [p for p in grid if p.key in keys]
         shapes = sweep_shapes([(p, work.task_for(p)) for p in grid], job, name, sweep_dir, source)
     specs = tuple(job_spec(cluster, request.local, request.max_parallel, shape) for shape in shapes)
-    record = {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
+    record: JsonObject | None = (
+        {"sweep": dataclasses.asdict(work.sweep), **work.sections} if work.sweep is not None else None
+    )
     return Plan(cluster, specs, request.local, work.sweep, sweep_dir, record)
 
 

@@ -17,9 +17,9 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hpc.core.errors import UsageError
+from hpc.core.files import JsonObject
 from hpc.core.rundir import AxisValue, SweepPoint
 from hpc.launch.submission.request import SubmitRequest
 from hpc.settings.config import Layers, parse_override, read_yaml
@@ -48,7 +48,7 @@ class Points:
     task_for: Callable[[SweepPoint | None], RankCommand]
     name: str
     sweep: SweepConfig | None
-    sections: dict[str, Any]
+    sections: dict[str, JsonObject]
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -93,7 +93,7 @@ def grid_points(sweep: SweepConfig, source: str = "sweep") -> list[SweepPoint]:
     ]
 
 
-def parse_axis(text: str) -> tuple[str, list[Any]]:
+def parse_axis(text: str) -> tuple[str, list[object]]:
     """--axis KEY=V1,V2,...: the axis and its values, each read as YAML reads a scalar (0.1, true, resnet18)."""
     name, eq, raw = text.partition("=")
     if not eq or not name.strip() or not raw.strip():
@@ -227,7 +227,7 @@ def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: st
                 f"{source}: sweep.axes.{axis}: the command never uses {{{axis}}}: every point would run the same "
                 "command"
             )
-    changes: dict[str, Any] = {}
+    one = set()  # the axes cut to their first value
     for axis, field in AXES.items():
         if "{" + field in used or len(getattr(sweep, axis)) == 1:
             continue
@@ -236,5 +236,10 @@ def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: st
                 f"{source}: sweep.{axis} has {len(getattr(sweep, axis))} values but the command never uses "
                 f"{{{field}}}: every point would run the same command"
             )
-        changes[axis] = getattr(sweep, axis)[:1]
-    return dataclasses.replace(sweep, **changes)
+        one.add(axis)
+    fractions, batches = sweep.data_fractions, sweep.batch_sizes
+    return dataclasses.replace(
+        sweep,
+        data_fractions=fractions[:1] if "data_fractions" in one else fractions,
+        batch_sizes=batches[:1] if "batch_sizes" in one else batches,
+    )

@@ -24,6 +24,9 @@ from hpc.launch.submission.site import STOP_SIGNAL, extra_sbatch, is_partial, jo
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
 
+# submitit's executor parameters: its keyword arguments, which its own typed functions check when given
+Parameters = dict[str, Any]
+
 
 def _check_text(flag: str, value: str | None) -> None:
     """Names and paths reach #SBATCH lines and shell text: quoting handles the rest, not line breaks."""
@@ -72,7 +75,7 @@ def slurm_parameters(
     max_parallel: int | None = None,
     folder: Path | None = None,
     requeue_python: str = sys.executable,
-) -> dict[str, Any]:
+) -> Parameters:
     """submitit SlurmExecutor parameters for one job shape, whatever its task: the sbatch script is a
     function of these. A partial node goes to the profile's shared QOS. Every task sees every GPU of the
     job on its node (a rank takes `cuda:LOCAL_RANK`, torchrun's contract, which one visible GPU per task
@@ -117,7 +120,7 @@ def slurm_parameters(
     return {k: v for k, v in params.items() if v is not None}
 
 
-def local_parameters(cluster: ClusterConfig, req: JobRequest) -> dict[str, Any]:
+def local_parameters(cluster: ClusterConfig, req: JobRequest) -> Parameters:
     """submitit LocalExecutor parameters: the same job on this machine (one node)."""
     return {
         "nodes": 1,
@@ -129,7 +132,7 @@ def local_parameters(cluster: ClusterConfig, req: JobRequest) -> dict[str, Any]:
     }
 
 
-def analysis_parameters(cluster: ClusterConfig, account: str | None, dependency: str, name: str) -> dict[str, Any]:
+def analysis_parameters(cluster: ClusterConfig, account: str | None, dependency: str, name: str) -> Parameters:
     """The sweep's analysis job: one CPU task, the profile's analysis_* keys, after `dependency`."""
     req = JobRequest(1, 1, cluster.analysis_time_min, f"{name}-analysis")
     params = {
@@ -153,12 +156,12 @@ def submitit_command(folder: Path, python: str | None = None) -> str:
     return " ".join([python or shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
-def sbatch_text(params: dict[str, Any], folder: Path, python: str | None = None, map_count: int | None = None) -> str:
+def sbatch_text(params: Parameters, folder: Path, python: str | None = None, map_count: int | None = None) -> str:
     """Exactly the script submitit would hand to sbatch for these parameters (a job array of
     `map_count` tasks when given); needs no Slurm on this machine."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    extra: dict[str, Any] = {"map_count": map_count} if map_count is not None else {}
+    extra: Parameters = {"map_count": map_count} if map_count is not None else {}
     return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params, **extra)
 
 
