@@ -20,7 +20,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import msgspec
 import yaml
@@ -28,7 +28,19 @@ import yaml
 from hpc.core.cli import inspect_path, shown, suggestion
 from hpc.core.errors import ConfigError
 from hpc.core.files import load_yaml_text
-from hpc.settings.schema import RUN_SECTIONS, SECTIONS, ClusterConfig, RunConfig, _Invalid
+from hpc.settings.schema import (
+    RUN_SECTIONS,
+    SECTIONS,
+    ClusterConfig,
+    CommandConfig,
+    DataConfig,
+    ModelConfig,
+    ProfilerConfig,
+    RunConfig,
+    SweepConfig,
+    TrainConfig,
+    _Invalid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +125,7 @@ def typed_value(value: object, tp: Any) -> object:
     return typed
 
 
-def build_section(name: str, raw: Mapping[str, Any], sources: Mapping[str, str]) -> Any:
+def build_section(name: str, raw: Mapping[str, object], sources: Mapping[str, str]) -> object:
     """Build section `name` from raw values; `sources[key]` says where each value came from."""
     cls = SECTIONS[name]
     hints = typing.get_type_hints(cls)
@@ -165,7 +177,7 @@ def resolve_profile_path(name_or_path: str, source: str = "--profile") -> Path:
     return packaged
 
 
-def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[str, Any]]:
+def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[str, object]]:
     """Read a profile/config file and check its top level. Raises ConfigError naming the file (after the
     flag that gave it, when one did: `--profile /x: is a directory`)."""
     path = Path(path)
@@ -202,7 +214,7 @@ def read_yaml(path: str | os.PathLike[str], flag: str = "") -> dict[str, dict[st
     if not isinstance(loaded, dict):
         kind = type(loaded).__name__
         raise ConfigError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {kind}")
-    sections: dict[str, dict[str, Any]] = loaded
+    sections: dict[str, dict[str, object]] = loaded
     for section, body in sections.items():
         if section not in SECTIONS:
             hint = suggestion(str(section), SECTIONS) or f" (known: {', '.join(SECTIONS)})"
@@ -218,7 +230,7 @@ class Layers:
     """Raw values per section with where each came from; later layers override earlier ones."""
 
     def __init__(self) -> None:
-        self.values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        self.values: dict[str, dict[str, object]] = {name: {} for name in SECTIONS}
         self.sources: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
 
     def add_file(self, path: str | os.PathLike[str], only: tuple[str, ...] | None = None, flag: str = "") -> Layers:
@@ -237,11 +249,27 @@ class Layers:
         self.sources[section][key] = source
         return self
 
-    def build(self, section: str) -> Any:
+    @overload
+    def build(self, section: Literal["cluster"]) -> ClusterConfig: ...
+    @overload
+    def build(self, section: Literal["data"]) -> DataConfig: ...
+    @overload
+    def build(self, section: Literal["model"]) -> ModelConfig: ...
+    @overload
+    def build(self, section: Literal["train"]) -> TrainConfig: ...
+    @overload
+    def build(self, section: Literal["profiler"]) -> ProfilerConfig: ...
+    @overload
+    def build(self, section: Literal["sweep"]) -> SweepConfig: ...
+    @overload
+    def build(self, section: Literal["command"]) -> CommandConfig: ...
+    def build(self, section: str) -> object:
+        """Section `section` of the layers, typed as its class (SECTIONS)."""
         return build_section(section, self.values[section], self.sources[section])
 
     def run_config(self) -> RunConfig:
-        return RunConfig(**{name: self.build(name) for name in RUN_SECTIONS})
+        data, model, train = self.build("data"), self.build("model"), self.build("train")
+        return RunConfig(data=data, model=model, train=train, profiler=self.build("profiler"))
 
 
 def set_source(text: str) -> str:
@@ -287,12 +315,14 @@ def load_cluster(profile: str, overrides: Sequence[tuple[str, object, str]] = ()
     return cluster
 
 
-def run_config_from_dict(data: Mapping[str, Any], source: str) -> RunConfig:
+def run_config_from_dict(data: Mapping[str, object], source: str) -> RunConfig:
     """Rebuild a RunConfig from a saved config.yaml (or any mapping of run sections)."""
     layers = Layers()
     for section, body in data.items():
         if section not in RUN_SECTIONS:
             continue
+        if body is not None and not isinstance(body, Mapping):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping, got {shown(body)}")
         for key, value in (body or {}).items():
             layers.set(f"{section}.{key}", value, source)
     return layers.run_config()

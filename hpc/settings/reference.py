@@ -76,7 +76,7 @@ def type_words(hint: Any) -> str:
     return {str: "text", bool: "true or false", int: "int", float: "float", Any: "value"}.get(hint, str(hint))
 
 
-def default_words(value: Any) -> str:
+def default_words(value: object) -> str:
     if value is None:
         return "none"
     if isinstance(value, bool):

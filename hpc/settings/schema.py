@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import name_problem
-from hpc.core.files import plain
+from hpc.core.files import JsonObject, plain
 from hpc.settings.cluster import ClusterConfig
 from hpc.settings.fields import Invalid as _Invalid
 from hpc.settings.fields import at_most as _at_most
@@ -240,7 +240,7 @@ STUDY_AXES = {
 AXIS_SECTIONS = ("data", "model", "train", "profiler")  # a swept key's section: the training's run sections
 
 
-def axis_problem(axis: str, values: tuple[Any, ...]) -> str | None:
+def axis_problem(axis: str, values: tuple[object, ...]) -> str | None:
     """What is wrong with a sweep axis (None: nothing); its key is checked against the sections where it
     is used, its values' types at each point."""
     if axis in STUDY_AXES:
@@ -339,8 +339,14 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     profiler: ProfilerConfig = dataclasses.field(default_factory=ProfilerConfig)
 
-    def to_dict(self) -> dict[str, Any]:
+    def sections(self) -> dict[str, JsonObject]:
+        """Each run section as plain values, by name."""
         return {name: plain(dataclasses.asdict(getattr(self, name))) for name in RUN_SECTIONS}
+
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {}
+        out.update(self.sections())
+        return out
 
 
 # The sections one training run reads: RunConfig's fields, in its order.

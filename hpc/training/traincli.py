@@ -97,7 +97,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> None:
         saved = read_yaml(paths.config)
     except ConfigError as e:
         raise UsageError(f"{e}; this run directory's saved config is damaged: use another --run-dir") from None
-    for section, body in cfg.to_dict().items():
+    for section, body in cfg.sections().items():
         for key, value in body.items():
             old = (saved.get(section) or {}).get(key, value)
             if old != value and not may_change_on_resume(section, key):  # marked on the config's fields

@@ -15,11 +15,10 @@ import dataclasses
 import itertools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from hpc.core.errors import UsageError
-from hpc.core.files import JsonObject
 from hpc.core.rundir import AxisValue, SweepPoint
 from hpc.launch.submission.request import SubmitRequest
 from hpc.settings.config import Layers, parse_override, read_yaml
@@ -48,7 +47,7 @@ class Points:
     task_for: Callable[[SweepPoint | None], RankCommand]
     name: str
     sweep: SweepConfig | None
-    sections: dict[str, JsonObject]
+    sections: Mapping[str, object]
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -113,7 +112,9 @@ def layers_for(request: SubmitRequest, sections: tuple[str, ...] | None) -> Laye
             layers.set(dotted, value, source)
     for text in request.axes:  # hpc.study run's: over the sweep file's own axes
         name, values = parse_axis(text)
-        layers.set("sweep.axes", {**(layers.values["sweep"].get("axes") or {}), name: values}, f"--axis {text}")
+        earlier = layers.values["sweep"].get("axes")
+        axes = {**(earlier if isinstance(earlier, dict) else {}), name: values}
+        layers.set("sweep.axes", axes, f"--axis {text}")
     if sections == COMMAND_SECTIONS and request.no_profile:
         layers.set("profiler.enabled", False, "--no-profile")
     return layers
