@@ -17,9 +17,9 @@ Also here: the few helpers that read a column from a window's structs (`pick`, `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from operator import attrgetter, itemgetter
-from typing import Any, ClassVar, NamedTuple, Union
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeGuard, TypeVar, Union
 
 import msgspec
 import numpy as np
@@ -43,32 +43,29 @@ def int_args(values: list) -> np.ndarray:
     return np.array([v if type(v) is int and -ID_LIMIT < v < ID_LIMIT else -1 for v in values], dtype=np.int64)
 
 
-def _arg(name: str) -> Any:
-    return msgspec.field(name=name, default=None)
-
-
 class Args(msgspec.Struct, gc=False):
     """The args of a complete event the analysis reads, by their names in the trace; checked where they
     are used. Few fields on purpose: every complete event builds one."""
 
-    correlation: Any = None
-    stream: Any = None
-    collective: Any = _arg("Collective name")
-    in_nelems: Any = _arg("In msg nelems")
-    out_nelems: Any = _arg("Out msg nelems")
-    dtype: Any = None
-    group_size: Any = _arg("Group size")
-    graph_id: Any = _arg("graph id")  # a kernel replayed from a CUDA graph (CUPTI's graphId; 0: launched alone)
+    correlation: object = None
+    stream: object = None
+    collective: object = msgspec.field(name="Collective name", default=None)
+    in_nelems: object = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: object = msgspec.field(name="Out msg nelems", default=None)
+    dtype: object = None
+    group_size: object = msgspec.field(name="Group size", default=None)
+    # a kernel replayed from a CUDA graph (CUPTI's graphId; 0: launched alone)
+    graph_id: object = msgspec.field(name="graph id", default=None)
 
 
 class MemoryArgs(msgspec.Struct, gc=False):
     """The args of a `[memory]` event, typed: a memory event with a mistyped one is bad."""
 
-    device_type: int | str | None = _arg("Device Type")
-    device_id: int | str | None = _arg("Device Id")
-    total_allocated: float | None = _arg("Total Allocated")
-    total_reserved: float | None = _arg("Total Reserved")
-    nbytes: float | None = _arg("Bytes")
+    device_type: int | str | None = msgspec.field(name="Device Type", default=None)
+    device_id: int | str | None = msgspec.field(name="Device Id", default=None)
+    total_allocated: float | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: float | None = msgspec.field(name="Total Reserved", default=None)
+    nbytes: float | None = msgspec.field(name="Bytes", default=None)
 
 
 NO_ARGS, NO_MEMORY_ARGS = Args(), MemoryArgs()  # what an event without args reads as: every arg absent
@@ -86,7 +83,13 @@ def field(items: list, name: str) -> list:
     return list(map(attrgetter(name), items))
 
 
-def interned(found: list, items: list, key: Callable[[Any], Any], ids: dict, new: Callable[[Any], int]) -> np.ndarray:
+T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
+
+
+def interned(
+    found: list[int | None], items: Sequence[T], key: Callable[[T], H], ids: Mapping[H, int], new: Callable[[H], int]
+) -> np.ndarray:
     """Ids as int32: `found` holds each item's `ids.get(key(item))`, looked up by the caller in one pass
     (None: not there yet); such an item's key gets `new(key)`, once."""
     if None in found:
@@ -94,7 +97,7 @@ def interned(found: list, items: list, key: Callable[[Any], Any], ids: dict, new
     return np.fromiter(found, np.int32, len(found))
 
 
-def all_args(events: list, absent: Any = NO_ARGS) -> list:
+def all_args(events: list, absent: object = NO_ARGS) -> list:
     """Each event's args, `absent` where it has none."""
     args = field(events, "args")
     return [a or absent for a in args] if None in args else args
@@ -141,14 +144,14 @@ _SKIPPED = tuple(
 class _LooseEvent(msgspec.Struct, gc=False):
     """The same fields, any type: how a window with a mistyped event is read before `admit` checks it."""
 
-    ph: Any = None
-    cat: Any = None
-    name: Any = ""
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: Any = None
+    ph: object = None
+    cat: object = None
+    name: object = ""
+    pid: object = None
+    tid: object = None
+    ts: object = None
+    dur: object = None
+    args: object = None
 
 
 _ANY_PHASE: Any = Union.__getitem__((Event, Instant, *_SKIPPED))  # one tagged union, built from a tuple
@@ -157,14 +160,26 @@ _LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _LOOSE_FIELDS = _LooseEvent.__struct_fields__
 
 
+class Routed(Protocol):
+    """What every decoded event answers: `cat`, by which trace._route gives it to an accumulator."""
+
+    @property
+    def cat(self) -> object: ...
+
+
 class Batch(NamedTuple):
-    events: list[Any]  # Event, Instant, or the empty struct of a phase not read: each answers `.cat`
+    events: list[Routed]  # Event, Instant, or the empty struct of a phase not read
     n_events: int  # how many events the file had there
     bad: int  # how many of them the analysis would read but cannot (mistyped fields)
 
 
-def _number(value: Any) -> bool:
-    return type(value) in _NUMBER and -NUMBER_LIMIT < value < NUMBER_LIMIT
+def _number(value: object) -> TypeGuard[float]:
+    """A finite int or float within NUMBER_LIMIT (never a bool)."""
+    return isinstance(value, _NUMBER) and type(value) is not bool and -NUMBER_LIMIT < value < NUMBER_LIMIT
+
+
+def _id(value: object) -> TypeGuard[int | str | None]:
+    return type(value) in _ID
 
 
 def out_of_range(values: np.ndarray) -> np.ndarray:
@@ -177,12 +192,12 @@ class _Mistyped(Exception):
     """A field the analysis reads has the wrong type: the event is bad."""
 
 
-def _args(value: Any) -> Args | None:
+def _args(value: object) -> Args | None:
     """A decoded args mapping as Args (their fields are checked where used); None when it is not a mapping."""
     return msgspec.convert(value, Args) if isinstance(value, dict) else None
 
 
-def _memory_args(value: Any) -> MemoryArgs | None:
+def _memory_args(value: object) -> MemoryArgs | None:
     """A decoded args mapping as MemoryArgs; None when it is not a mapping. A mistyped field raises _Mistyped."""
     if not isinstance(value, dict):
         return None
@@ -205,9 +220,10 @@ def admit(e: _LooseEvent) -> Event | Instant | None | bool:
         if ts is None:
             return None
         dur = e.dur or 0.0
-        if not (_number(ts) and _number(dur) and type(name) is str and type(e.pid) in _ID and type(e.tid) in _ID):
+        pid, tid = e.pid, e.tid
+        if not (_number(ts) and _number(dur) and type(name) is str and _id(pid) and _id(tid)):
             return False
-        return Event(e.cat if type(e.cat) is str else None, name, e.pid, e.tid, float(ts), float(dur), _args(e.args))
+        return Event(e.cat if type(e.cat) is str else None, name, pid, tid, float(ts), float(dur), _args(e.args))
     if ph == "i" and name == "[memory]":
         try:
             args = _memory_args(e.args)
@@ -219,9 +235,9 @@ def admit(e: _LooseEvent) -> Event | Instant | None | bool:
     return None
 
 
-def admitted(loose: list[Any]) -> Batch:
+def admitted(loose: Sequence[object]) -> Batch:
     """Events decoded leniently (structs, or values from the standard library's decoder) as a Batch."""
-    events: list[Any] = []
+    events: list[Routed] = []
     bad = 0
     for value in loose:
         if isinstance(value, dict):
