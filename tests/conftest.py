@@ -53,6 +53,7 @@ def slurm_up() -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(Tiers(slurm_up), "tiers")
+    config.pluginmanager.import_plugin("cputime")
 
 
 @pytest.fixture(autouse=True)
