@@ -165,7 +165,7 @@ class ProfilerFacts(msgspec.Struct, kw_only=True):
     note: str | None = None
 
 
-class Collectives(msgspec.Struct, kw_only=True):
+class CollectivesInSteps(msgspec.Struct, kw_only=True):
     """A script's step intervals, and how many of them held a collective (the hook's `collectives_in_steps`)."""
 
     intervals: int
@@ -253,7 +253,7 @@ class RankFacts(msgspec.Struct, kw_only=True):
     profiler: ProfilerFacts | None = None
     # a script's: whether it made a process group, its collectives, Accelerate's settings
     process_group: bool | None = None
-    collectives_in_steps: Collectives | None = None
+    collectives_in_steps: CollectivesInSteps | None = None
     accelerate: dict[str, str] | None = None
     mixed_precision: str | None = None
     oom: OomRecord | None = None
