@@ -221,7 +221,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
     summary_ranks = ranks_of(summary)
     alone = separate_copies(summary_ranks)  # ranks that never communicate: none waits for another
     slowest, not_slowest = (None, None) if alone else slowest_step(ranks, summary, records)
-    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}  # by name
+    # RunRow's Spread fields, set by their names in SPREAD_FIELDS: mypy cannot check those
+    spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
     facts = run_facts(first)
     facts.update(memory_by_category(summary))
     row = RunRow(
