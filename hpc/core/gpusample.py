@@ -26,7 +26,7 @@ from types import ModuleType
 
 import msgspec
 
-from hpc.core.files import append_line, write_atomic
+from hpc.core.files import append_line, read_json, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -331,9 +331,9 @@ def sums_path(samples: Path) -> Path:
 
 def _read_sums(samples: Path, node: str) -> tuple[list[_Gpu], int] | None:
     """A node's running figures and the offset in its samples file they reach, or None (none, or damaged)."""
-    try:
-        doc = msgspec.json.decode(sums_path(samples).read_bytes(), type=_Sums)
-    except (OSError, msgspec.DecodeError):  # none yet, or damaged: every line is read instead
+    try:  # read_json: a regular file of bounded size (a planted /dev/zero is no figures file)
+        doc = msgspec.convert(read_json(sums_path(samples)), _Sums)
+    except msgspec.ValidationError:  # none yet, or damaged: every line is read instead
         return None
     gpus = [_Gpu.from_state(doc.node or node, g) for g in doc.gpus]
     return None if None in gpus else ([g for g in gpus if g is not None], doc.offset)

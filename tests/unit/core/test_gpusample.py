@@ -204,3 +204,18 @@ def test_the_summary_takes_the_running_figures_and_reads_only_the_lines_after_th
     assert gpu.samples == 101 and gpu.seconds == 100.0
     assert gpu.util_mean_pct == (5000 + 100) / 101 and gpu.util_max_pct == 100
     assert gpu.mem_used_max_bytes == 3 * GIB and gpu.power_max_w == 400
+
+
+def test_a_figures_file_that_is_no_regular_file_is_not_read(tmp_path):
+    """gpus/{node}.sum.json linked to /dev/zero (planted in a shared run folder) is passed over, as any
+    file that is not a regular one of bounded size, and the samples are read line by line: in a child
+    process with a bound, since reading /dev/zero would never end."""
+    import subprocess
+
+    about = {"index": 0, "name": "A100", "uuid": "GPU-0", "memory_total_bytes": 40 * GIB}
+    write_node(tmp_path / "nid001.jsonl", "nid001", [about], [(0.0, [[10, 0, GIB, 100, 1000, 1215]])])
+    (tmp_path / "nid001.sum.json").symlink_to("/dev/zero")
+    code = ("import sys; from pathlib import Path; from hpc.core.gpusample import summarize; "
+            "print(summarize(Path(sys.argv[1])).gpus[0].samples)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
