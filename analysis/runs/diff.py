@@ -15,7 +15,7 @@ run) has the operators' self CPU time as its terms instead. No torch import.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import msgspec
 
@@ -35,6 +35,9 @@ class CollectiveSum:
     bytes: float = 0.0
     time_us: float = 0.0
     busbw_GBps: float | None = None
+
+
+COLLECTIVE_FIELDS = tuple(f.name for f in fields(CollectiveSum))
 
 
 @dataclass(frozen=True)
@@ -261,12 +264,11 @@ def _collectives(a: Profile, b: Profile) -> list[dict]:
     rows = []
     for kind in dict.fromkeys([*a.collectives, *b.collectives]):
         ca, cb = a.collectives.get(kind), b.collectives.get(kind)
-        sides = {side: asdict(c) if c else dict.fromkeys(asdict(CollectiveSum())) for side, c in (("a", ca), ("b", cb))}
         rows.append(
             {
                 "kind": kind,
-                **{f"{k}_a": v for k, v in sides["a"].items()},
-                **{f"{k}_b": v for k, v in sides["b"].items()},
+                **{f"{k}_a": getattr(ca, k) if ca else None for k in COLLECTIVE_FIELDS},
+                **{f"{k}_b": getattr(cb, k) if cb else None for k in COLLECTIVE_FIELDS},
                 "delta_time_us": (cb.time_us if cb else 0.0) - (ca.time_us if ca else 0.0),
             }
         )

@@ -338,12 +338,7 @@ def memory_by_category(summary: RunRecord | None) -> RunFacts:
         for cycle in rank.profiler.cycles if rank.profiler is not None else []:
             found = cycle.get("memory_categories")
             peak, cats = (found.get("peak_bytes"), found.get("categories")) if isinstance(found, dict) else (None, None)
-            if (
-                isinstance(peak, int)
-                and _bytes(peak)
-                and isinstance(cats, dict)
-                and all(_bytes(v) for v in cats.values())
-            ):
+            if _bytes(peak) and isinstance(cats, dict) and all(_bytes(v) for v in cats.values()):
                 if best is None or peak > best.get("peak_mem_categorised_bytes", 0):
                     best = RunFacts(peak_mem_categorised_bytes=peak, peak_mem_by_category=dict(cats))
     return best or {}

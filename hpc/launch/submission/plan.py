@@ -44,8 +44,7 @@ from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.rankcommand import RankCommand
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
 
-PointCommand = tuple[SweepPoint | None, RankCommand]
-# a point (None: a single job) and what its ranks run
+PointCommand = tuple[SweepPoint | None, RankCommand]  # a point (None: a single job) and what its ranks run
 
 
 @dataclasses.dataclass(frozen=True)

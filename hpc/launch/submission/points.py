@@ -188,7 +188,7 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
     def task_for(point: SweepPoint | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
         source = f"sweep point {values}" if point is not None else "command"
-        for key, value in (point.values or {} if point is not None else {}).items():
+        for key, value in (point.values if point is not None and point.values else {}).items():
             if "." in key:  # profiler.KEY: what the hook records at this point
                 layers.set(key, value, f"sweep point {key}={value}")
         hook = dataclasses.asdict(layers.build("profiler"))  # enabled false: the hook counts and watches only
@@ -228,7 +228,7 @@ def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: st
                 f"{source}: sweep.axes.{axis}: the command never uses {{{axis}}}: every point would run the same "
                 "command"
             )
-    one = set()  # the axes cut to their first value
+    one: set[str] = set()  # the axes cut to their first value
     for axis, field in AXES.items():
         if "{" + field in used or len(getattr(sweep, axis)) == 1:
             continue
