@@ -136,7 +136,8 @@ def test_lightnings_own_requeue_on_usr1_is_one_requeue(slurm_cluster, tmp_path):
     (first,) = summary["earlier"]
     if first["outcome"] == "stopped":  # the first start: Bypassing SIGTERM, exit 0
         said_of_job = [line for line in logs.splitlines() if line.startswith(f"hpc.submit: job {run.name} ")]
-        already = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
+        already = ("was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): "
+                   "not again")
         assert set(said_of_job) <= {f"hpc.submit: job {run.name} {already}"}, logs
     else:
         assert first["outcome"] == "preempted" and "ended without recording" in str(first["first"]), first
