@@ -225,7 +225,7 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
     spreads: dict[str, Any] = {name: Spread.of([getattr(r, name) for r in ranks]) for name in SPREAD_FIELDS}
     facts = run_facts(first)
     facts.update(memory_by_category(summary))
-    row = RunRow(
+    return RunRow(
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
@@ -251,8 +251,8 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
         profiled_ranks=sorted({r.rank for r in records if isinstance(r.rank, int)}),
         gpu_line=gpu_line(summary),
         **facts,
+        **spreads,
     )
-    return dataclasses.replace(row, **spreads)
 
 
 def why_no_trace(run_dir: Path) -> str | None:
