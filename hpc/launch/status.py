@@ -6,7 +6,8 @@ directory says so: hpc/core/summary.py run_state; or Slurm's accounting, PREEMPT
 says Slurm cancelled it at the time limit); cancelled (a person's scancel, as Slurm's accounting says);
 missing (never ran); failed (with the last error line of its log); or unknown, when the queue could not
 be read and the run directory alone cannot tell (a point not finished may still be running): then the
-command says why in one line on stderr and exits 1. Every word is hpc/core/ending.py's (POINT_STATES),
+command says why in one line on stderr and exits 1. A silent queue that no point needed (every one settled
+by its run directory) changes no answer: the status is whole, exit 0. Every word is hpc/core/ending.py's (POINT_STATES),
 Slurm's through its one table (SLURM_STATES).
 """
 
@@ -202,8 +203,8 @@ def status_command(argv: list[str]) -> int:
             ", ".join(f"{n} {s}" for s, n in counts.items() if n)
             + f"; report: {report if report.exists() else 'not yet'}"
         )
-    if problem is not None:
-        unknown = sum(r["state"] == PointState.UNKNOWN for r in rows)
+    unknown = sum(r["state"] == PointState.UNKNOWN for r in rows)
+    if problem is not None and unknown:  # a queue that could not be read, where a point needed it
         print(
             f"hpc.study: {problem}; {unknown} point(s) shown as unknown (their run directories alone cannot tell)",
             file=sys.stderr,
