@@ -248,6 +248,22 @@ def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> di
 
 
 @pytest.fixture(scope="session")
+def straight_smoke_2x4(data_root, tmp_path_factory):
+    """The weights smoke.yaml ends with after 4 epochs on 2 ranks, nothing stopped: the oracle of the Slurm
+    tests that stop, requeue or lose a node of that same training (one run here for all of them, where each
+    ran an uninterrupted job of its own beside the faulted one). Neither the launcher nor the nodes enter
+    the arithmetic: one thread a rank, gloo's sum of two is exact, and test_many_ranks holds srun's and
+    torchrun's jobs to the same weights bit for bit. Checkpoints, profiling and slowed steps do not either."""
+    from trainrun import SMOKE, start_ranks, wait_all, weights
+
+    run_dir = tmp_path_factory.mktemp("straight-smoke-2x4") / "run"
+    ranks = wait_all(start_ranks(2, ["--config", SMOKE, "--data-root", str(data_root), "--run-dir", str(run_dir),
+                                     "--epochs", "4", "--no-profile"]))
+    assert [code for code, _, _ in ranks] == [0, 0], ranks
+    return weights(run_dir)
+
+
+@pytest.fixture(scope="session")
 def data_root(tmp_path_factory):
     """A synthetic CIFAR-100 in the real files' format (1000 training, 250 test images), shared by every
     test that trains; tests that need another size write their own."""

@@ -107,23 +107,20 @@ def test_a_partial_node_runs_on_the_shared_qos_and_says_where_it_sat(data_root, 
 
 @pytest.mark.usefixtures("slurm_cluster")
 @pytest.mark.parametrize("full", [False, True], ids=["grace-time-sigterm", "sigterm-to-the-batch-shell-too"])
-def test_preemption_sigterm_requeues_and_resumes_to_the_same_weights(data_root, tmp_path, full):
+def test_preemption_sigterm_requeues_and_resumes_to_the_same_weights(data_root, tmp_path, full, straight_smoke_2x4):
     """What Slurm sends a preempted job: SIGTERM to its tasks at once (`scancel --signal=TERM`), and at the
     grace time's end to the batch shell as well (`--full`). On the first the ranks checkpoint at the end
     of their step and exit 3; on the second srun kills its tasks (Slurm's srun answers SIGTERM so): the
     script's trap keeps it alive to requeue, and the job resumes from the last checkpoint on disk. Either
-    way it ends with the weights of a run nothing stopped."""
+    way it ends with the weights of a run nothing stopped (straight_smoke_2x4)."""
     env = environment(tmp_path)
     train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "4", "--no-profile",
              "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=8"]
-    straight = sbatch(env, tmp_path, "-N", "1", "--ntasks-per-node=2", "jobs/resnet152.sbatch", *train, "--run-dir",
-                      str(tmp_path / "straight"))
     preempted = sbatch(env, tmp_path, "-N", "1", "--ntasks-per-node=2", "jobs/resnet152.sbatch", *train,
                        "--run-dir", str(tmp_path / "preempted"))
     wait_lines(tmp_path / "preempted" / "metrics.jsonl", 12)
     subprocess.run(["scancel", "--signal=TERM", *(["--full"] if full else []), preempted], check=True)
     final = wait_done(preempted)
-    wait_done(straight)
     assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) == 1, final
     log = (tmp_path / f"out-{preempted}.txt").read_text()
     if full:
@@ -131,7 +128,7 @@ def test_preemption_sigterm_requeues_and_resumes_to_the_same_weights(data_root, 
     else:
         assert "checkpoint (signal SIGTERM)" in log and "SIGTERM (preempted" not in log
     assert "requeueing job" in log and "resuming from" in log
-    assert same_weights(weights(tmp_path / "straight"), weights(tmp_path / "preempted"))
+    assert same_weights(straight_smoke_2x4, weights(tmp_path / "preempted"))
 
 
 @pytest.mark.usefixtures("slurm_cluster")

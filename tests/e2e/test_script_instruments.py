@@ -141,9 +141,12 @@ def test_a_rank_stuck_in_python_is_named_hung_with_where_it_was(tmp_path):
 
 def test_a_rank_busy_in_a_long_evaluation_is_never_hung_nor_its_waiting_peer(tmp_path):
     """Rank 0 evaluates alone for 80 s between epochs (no step; longer than the learned bound, 60 s, and its
-    extras), rank 1 waits in a barrier: with the default watch neither is named, and the run is done."""
+    extras), rank 1 waits in a barrier: with the default watch neither is named, and the run is done. Its
+    forward passes are a quarter of that time, each then waiting for its next batch (a loader on a disk):
+    a quarter of a core, five times the busy bound (hang.py BUSY_CPU_SHARE), and 60 CPU-seconds fewer
+    for the suite than passes back to back."""
     r = submit("--local", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--no-profile", "--", PY,
-               str(SCRIPTS / "long_eval_ddp.py"), "--epochs", "1", "--eval-s", "80", timeout=400)
+               str(SCRIPTS / "long_eval_ddp.py"), "--epochs", "1", "--eval-s", "80", "--busy", "0.25", timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "hung" not in r.stdout + r.stderr, r.stdout + r.stderr
     run = run_dir_of(r.stdout)

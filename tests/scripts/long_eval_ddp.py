@@ -12,16 +12,20 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def evaluate(model, seconds):
-    """Forward passes over a fixed validation set until `seconds` have gone (a large set, a slow model)."""
+def evaluate(model, seconds, busy):
+    """Forward passes over a fixed validation set until `seconds` have gone (a large set, a slow model). With
+    busy under 1, each pass is followed by a wait for the next batch, as from a loader reading a disk: the
+    passes are that share of the time."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(256, 3, 32, 32, generator=g)
     began, batches = time.monotonic(), 0
     model.eval()
     with torch.no_grad():
         while time.monotonic() - began < seconds:
+            start = time.monotonic()
             model(x)
             batches += 1
+            time.sleep((time.monotonic() - start) * (1 - busy) / busy)
     model.train()
     return time.monotonic() - began, batches
 
@@ -31,6 +35,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps an epoch")
     parser.add_argument("--eval-s", type=float, default=60.0)
+    parser.add_argument("--busy", type=float, default=1.0, help="the evaluation's share of time in forward passes")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -45,7 +50,7 @@ def main():
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
         if rank == 0:
-            took, batches = evaluate(model.module, args.eval_s)
+            took, batches = evaluate(model.module, args.eval_s, args.busy)
             print(f"epoch {epoch}: evaluated {batches} batches in {took:.0f} s", flush=True)
         dist.barrier()
     print(f"rank {rank}: done", flush=True)
