@@ -72,7 +72,8 @@ def test_a_silent_controller_makes_status_unknown_and_resubmit_refuse(tmp_path):
 
 def test_a_silent_controller_no_point_needed_leaves_the_status_whole(tmp_path):
     """Every point settled by its run directory (done): the queue's silence changes no answer, so the
-    status is whole (exit 0, no line), also while another user's restart has the controller away."""
+    status is whole (exit 0, no line), also while another user's restart has the controller away. One
+    point that needs the queue is enough for the line and exit 1."""
     env = stand_ins(tmp_path / "bin", squeue=f'echo "{DOWN}" >&2; exit 1')
     sweep = made_sweep(tmp_path)
     index = json.loads((sweep / "index.json").read_text())
@@ -81,6 +82,9 @@ def test_a_silent_controller_no_point_needed_leaves_the_status_whole(tmp_path):
     assert status.returncode == 0 and status.stderr == "", status.stdout + status.stderr
     assert [line.split()[4:6] for line in status.stdout.splitlines()[1:] if line.startswith(" ")] == [
         ["41_0", "done"]], status.stdout
+    (sweep / "index.json").write_text(json.dumps({**index, "points": index["points"][:2]}))  # and one half-way
+    status = hpc(env, "hpc.study", "status", str(sweep))
+    assert status.returncode == 1 and "; 1 point(s) shown as unknown" in status.stderr, status.stdout + status.stderr
 
 
 def test_an_sbatch_that_cannot_reach_the_controller_is_one_line_and_leaves_nothing(tmp_path):
