@@ -28,7 +28,7 @@ def _cpu() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
-def _machine_busy() -> float:
+def machine_busy() -> float:
     """Core-seconds every CPU of the machine spent not idle since boot (/proc/stat's first line)."""
     with open("/proc/stat") as f:
         ticks = [int(v) for v in f.readline().split()[1:]]
@@ -42,12 +42,12 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     if not path:
         yield
         return
-    own, children, machine, wall = *_cpu(), _machine_busy(), time.monotonic()
+    own, children, machine, wall = *_cpu(), machine_busy(), time.monotonic()
     yield
     own_after, children_after = _cpu()
     line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(own_after - own, 2),
             "children_cpu_s": round(children_after - children, 2),
-            "machine_busy_s": round(_machine_busy() - machine, 2)}
+            "machine_busy_s": round(machine_busy() - machine, 2)}
     with open(path, "a") as f:  # one short write: lines from two workers do not interleave
         f.write(json.dumps(line) + "\n")
 

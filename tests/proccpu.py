@@ -15,7 +15,7 @@ import sys
 import time
 from collections import defaultdict
 
-from cputime import _machine_busy
+from cputime import machine_busy
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -56,13 +56,13 @@ def main(argv: list[str]) -> int:
         print("usage: python tests/proccpu.py -- COMMAND...", file=sys.stderr)
         return 2
     seen: dict[tuple[str, bytes], list] = {}
-    busy = _machine_busy()
+    busy = machine_busy()
     proc = subprocess.Popen(argv[1:])
     sample(seen, first=True)
     while proc.poll() is None:
         time.sleep(1.0)
         sample(seen, first=False)
-    busy = _machine_busy() - busy
+    busy = machine_busy() - busy
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for command, cpu, before in seen.values():
         if cpu - before > 0:
