@@ -56,6 +56,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.import_plugin("cputime")
 
 
+# Run last in their run: tests that keep both cores busy for minutes on end (32 ranks on 2 cores), so that
+# the Slurm tier's tail, after the rest has ended beside it, computes rather than waits (tests/run.sh).
+# Measured (tests/cputime.py over a clean-clone run): the other Slurm tests wait on the cluster for up to
+# half their time, which the rest's tests fill while both run.
+RUN_LAST = ("tests/e2e/test_many_ranks.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in RUN_LAST)  # stable: the order is kept otherwise
+
+
 @pytest.fixture(autouse=True)
 def command_logging():
     """Code called in-process logs as a command does (hpc/core/logs.py: INFO on stdout, warnings on
@@ -249,9 +260,9 @@ def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> di
 
 @pytest.fixture(scope="session")
 def straight_smoke_2x4(data_root, tmp_path_factory):
-    """The weights smoke.yaml ends with after 4 epochs on 2 ranks, nothing stopped: the oracle of the Slurm
-    tests that stop, requeue or lose a node of that same training (one run here for all of them, where each
-    ran an uninterrupted job of its own beside the faulted one). Neither the launcher nor the nodes enter
+    """The weights smoke.yaml ends with after 4 epochs on 2 ranks, nothing stopped: the oracle of the tests
+    that stop, resume, requeue or lose a node of that same training, here and on Slurm (one run for all of
+    them in a pytest process, where each ran an uninterrupted run or job of its own beside the faulted one). Neither the launcher nor the nodes enter
     the arithmetic: one thread a rank, gloo's sum of two is exact, and test_many_ranks holds srun's and
     torchrun's jobs to the same weights bit for bit. Checkpoints, profiling and slowed steps do not either."""
     from trainrun import SMOKE, start_ranks, wait_all, weights

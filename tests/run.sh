@@ -8,23 +8,40 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q -e ".[test,oracle]"
-.venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
-
+# As root, the machine's part (Debian's Slurm, MariaDB and munge through tests/slurm/cluster.sh, then
+# Chromium and its driver for the TensorBoard browser test) is installed and started in the background
+# while pip installs the package: on a fresh machine both are mostly downloads and unpacking, so side by
+# side they take the longer one's time, not the sum. One chain, so that two apt-gets never race for its lock.
+system_pid=""
 if [ "$(id -u)" = 0 ]; then
     export HPC_REQUIRE_TIERS=1
-    bash tests/slurm/cluster.sh start || { echo "tests/run.sh: the Slurm cluster did not start (above)" >&2; exit 1; }
+    system_log="$(mktemp -t hpc-system.XXXXXX)"
+    (
+        bash tests/slurm/cluster.sh start || { echo "tests/run.sh: the Slurm cluster did not start (above)" >&2; exit 1; }
+        if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+            export DEBIAN_FRONTEND=noninteractive
+            (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+                || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }) \
+                || { echo "tests/run.sh: could not install chromium and chromium-driver" >&2; exit 1; }
+        fi
+    ) >"$system_log" 2>&1 &
+    system_pid=$!
 else
     echo "tests/run.sh: not root, so no local Slurm cluster; slurm tests will skip" >&2
 fi
-# Chromium and its driver for the TensorBoard browser test, when we may install them.
-if [ "$(id -u)" = 0 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
-    export DEBIAN_FRONTEND=noninteractive
-    (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
-        || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }) \
-        || { echo "tests/run.sh: could not install chromium and chromium-driver" >&2; exit 1; }
+
+python_rc=0
+{ python3 -m venv .venv && .venv/bin/python -m pip install -q -e ".[test,oracle]" \
+  && .venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
+} || python_rc=$?
+if [ -n "$system_pid" ]; then  # waited for even when pip failed: an apt-get is never left half done
+    system_rc=0
+    wait "$system_pid" || system_rc=$?
+    cat "$system_log" >&2
+    rm -f "$system_log"
+    [ "$system_rc" = 0 ] || exit 1
 fi
+[ "$python_rc" = 0 ] || exit "$python_rc"
 export HPC_ARTIFACTS="${HPC_ARTIFACTS:-$PWD/artifacts}"  # the TensorBoard screenshot lands here
 
 export PATH="$PWD/.venv/bin:$PATH"

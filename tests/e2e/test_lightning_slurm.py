@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,14 +56,21 @@ def signalled_after_an_epoch(runs, root, signal_name: str, *extra: str, grace_s:
     return run, (run / "logs" / "rank0.out").read_text() + (run / "logs" / "rank0.err").read_text()
 
 
-def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterrupted_weights(slurm_cluster,
-                                                                                               tmp_path):
-    whole = subprocess.run(lightning(tmp_path / "a", tmp_path / "ra"), capture_output=True, text=True, cwd=REPO,
-                           env=ENV, timeout=600)
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_cluster, tmp_path_factory) -> Path:
+    """The run directory of the same Lightning job nothing stopped: both TERM tests' oracle (the step and
+    straggler sleeps they add change no arithmetic), one job for the two."""
+    base = tmp_path_factory.mktemp("lightning-whole")
+    whole = subprocess.run(lightning(base / "a", base / "ra"), capture_output=True, text=True, cwd=REPO, env=ENV,
+                           timeout=600)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    run_a = run_dir_of(whole.stdout)
-    expected = digest((run_a / "logs" / "rank0.out").read_text())
-    summary = json.loads((run_a / "summary.json").read_text())
+    return run_dir_of(whole.stdout)
+
+
+def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterrupted_weights(uninterrupted,
+                                                                                               tmp_path):
+    expected = digest((uninterrupted / "logs" / "rank0.out").read_text())
+    summary = json.loads((uninterrupted / "summary.json").read_text())
     assert summary["world_size"] == 2 and [r["launcher"] for r in summary["ranks"]] == ["slurm"] * 2
 
     # 2 s steps: both ranks inside the same step when Slurm's TERM reaches them. With 0.2 s steps, CI's loaded
@@ -81,7 +89,7 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     assert re.search(r"hpc: the command exited 0 after SIGTERM, not known to have finished", logs), logs[-3000:]
 
 
-def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(slurm_cluster, tmp_path):
+def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(uninterrupted, tmp_path):
     """Why Lightning stopped by Slurm's TERM was once in four not requeued (issue 60): Lightning (2.6: its PR #20825,
     its signal connector) runs a collective, `dist.broadcast`, inside its SIGTERM handler. Slurm signals
     every rank at once; a rank blocked in DDP's all-reduce cannot run a Python handler, while one that was
@@ -91,10 +99,7 @@ def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(slur
     all-reduce. The toolkit kills the hung ranks after the grace time and, the stop being the scheduler's,
     requeues the job like one that stopped by itself: the second start resumes from Lightning's last.ckpt
     to the uninterrupted run's weights."""
-    whole = subprocess.run(lightning(tmp_path / "a", tmp_path / "ra"), capture_output=True, text=True, cwd=REPO,
-                           env=ENV, timeout=600)
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
-    expected = digest((run_dir_of(whole.stdout) / "logs" / "rank0.out").read_text())
+    expected = digest((uninterrupted / "logs" / "rank0.out").read_text())
 
     # no --step-sleep: rank 1 sleeps in no step, so it is in the all-reduce, waiting for rank 0, when TERM comes
     run, _ = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--straggler-sleep", "0.5",

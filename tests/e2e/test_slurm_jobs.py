@@ -147,27 +147,26 @@ def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
     assert status.returncode == 0 and "8 done; report: " in status.stdout, status.stdout + status.stderr
 
 
-def preempt_and_compare(common: list[str], tmp_path: Path) -> str:
-    """Submit the same training twice; USR2 one of them after a few steps (a preemption). It must
-    checkpoint, requeue once, resume and end with the other's weights. Returns its log."""
-    straight = submit(*common, "--name", "straight", "--runs-dir", str(tmp_path))
-    pre = submit(*common, "--name", "pre", "--runs-dir", str(tmp_path))
-    (job_s,), (job_p,) = job_ids(straight.stdout), job_ids(pre.stdout)
+def preempt_and_compare(common: list[str], tmp_path: Path, straight: dict) -> str:
+    """Submit the training of smoke.yaml on 2 ranks for 4 epochs; USR2 it after a few steps (a preemption).
+    It must checkpoint, requeue once, resume and end with the weights of the same training nothing stopped
+    (`straight`: straight_smoke_2x4). Returns its log."""
+    pre = submit(*common, "--epochs", "4", "--name", "pre", "--runs-dir", str(tmp_path))
+    (job_p,) = job_ids(pre.stdout)
     metrics = tmp_path / "pre" / job_p / "metrics.jsonl"
     wait_until(lambda: has_lines(metrics, 5), f"5 records in {metrics}")
     subprocess.run(["scancel", "--signal=USR2", job_p], check=True)
     wait_gone(job_p, 600, hurry_requeue=True)
-    wait_gone(job_s, 300)
     state = job_state(job_p)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", state
-    assert same_weights(weights(tmp_path / "straight" / job_s), weights(tmp_path / "pre" / job_p))
+    assert same_weights(straight, weights(tmp_path / "pre" / job_p))
     return (tmp_path / "pre" / job_p / f"{job_p}_0_log.out").read_text()
 
 
-def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path):
+def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path, straight_smoke_2x4):
     log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
-                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "3", "--set",
-                               "train.log_every_steps=1"], tmp_path)
+                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--set",
+                               "train.log_every_steps=1"], tmp_path, straight_smoke_2x4)
     assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
 
 
@@ -258,33 +257,32 @@ def _workers(run_dir: Path) -> list[int]:
             if "hpc.train" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd]
 
 
-def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path):
+def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path,
+                                                                   straight_smoke_2x4):
     common = ["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root", str(data_root),
-              "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "3", "--set", "train.log_every_steps=1",
+              "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "4", "--set", "train.log_every_steps=1",
               "--set", "train.checkpoint_every_steps=2", "--set", "cluster.launcher=torchrun",
               "--set", "cluster.max_restarts=2"]
     dry = submit(*common, "--dry-run")
     assert "#SBATCH --ntasks-per-node=1" in dry.stdout and "#SBATCH --cpus-per-task=64" in dry.stdout, dry.stdout
-    straight = submit(*common, "--name", "straight", "--runs-dir", str(tmp_path))
     killed = submit(*common, "--name", "killed", "--runs-dir", str(tmp_path))
-    (job_s,), (job_k,) = job_ids(straight.stdout), job_ids(killed.stdout)
+    (job_k,) = job_ids(killed.stdout)
     run_dir = tmp_path / "killed" / job_k
     wait_until(lambda: has_lines(run_dir / "metrics.jsonl", 5), "5 records in the run's metrics.jsonl")
     victims = _workers(run_dir)
     assert len(victims) == 2, victims  # one worker per "GPU"
     os.kill(victims[-1], signal.SIGKILL)
     wait_gone(job_k, 600)
-    wait_gone(job_s, 300)
     state = job_state(job_k)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", state  # the same Slurm job, no requeue
     log = (run_dir / f"{job_k}_0_log.err").read_text() + (run_dir / f"{job_k}_0_log.out").read_text()
     assert "resuming from" in log  # the restarted worker group resumed from the last checkpoint
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and all(r["launcher"] == "torchrun" for r in summary["ranks"])
-    assert same_weights(weights(tmp_path / "straight" / job_s), weights(run_dir))
+    assert same_weights(straight_smoke_2x4, weights(run_dir))
 
 
-def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_root, tmp_path):
+def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_root, tmp_path, straight_smoke_2x4):
     """Preemption under torchrun: the agent passes SIGUSR2 on to the workers (--signals-to-handle), they
     checkpoint, submitit requeues the job, and the requeued job resumes to the same weights."""
     torch_minor = tuple(int(p) for p in importlib.metadata.version("torch").split(".")[:2])
@@ -292,6 +290,7 @@ def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_
         pytest.skip("torchrun has --signals-to-handle from torch 2.9 (pytorch/pytorch#160690): before it, it "
                     "cannot pass SIGUSR2 to the workers")
     log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
-                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--epochs", "8", "--set",
-                               "train.log_every_steps=1", "--set", "cluster.launcher=torchrun"], tmp_path)
+                               str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--set",
+                               "train.log_every_steps=1", "--set", "cluster.launcher=torchrun"], tmp_path,
+                              straight_smoke_2x4)
     assert "checkpoint (signal SIG" in log and "resuming from" in log
