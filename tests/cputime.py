@@ -3,9 +3,10 @@
 `--durations` says how long each test took; on two shared cores that is mostly how long it waited. With
 HPC_TEST_CPU_LOG naming a file, each test appends one JSON line there: its id, its wall seconds, and the
 CPU seconds of the test process and of the children it waited for (subprocess.run, Popen.wait: a rank,
-hpc.submit, the analysis), from getrusage. xdist's workers append to the same file. Jobs that run under
-Slurm's daemons are not a test's children: for them each line also has the busy core-seconds of the whole
-machine during the test (/proc/stat), the true cost where one test runs at a time (the Slurm tier alone).
+hpc.submit, the analysis), from getrusage; when it ended and in which worker (a timeline of the run).
+xdist's workers append to the same file. Jobs that run under Slurm's daemons are not a test's children:
+for them each line also has the busy core-seconds of the whole machine during the test (/proc/stat), the
+true cost where one test runs at a time (the Slurm tier alone).
 `python tests/cputime.py FILE [machine]` prints the tests and modules that took the most CPU (or machine)."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     own_after, children_after = _cpu()
     line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(own_after - own, 2),
             "children_cpu_s": round(children_after - children, 2),
-            "machine_busy_s": round(machine_busy() - machine, 2)}
+            "machine_busy_s": round(machine_busy() - machine, 2), "ended": round(time.time(), 1),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
     with open(path, "a") as f:  # one short write: lines from two workers do not interleave
         f.write(json.dumps(line) + "\n")
 

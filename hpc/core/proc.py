@@ -1,6 +1,6 @@
 """What /proc says of a process of this host: its state (running, sleeping, stopped...), its children, the
-work it has done (CPU time, bytes moved to and from storage), when it started, and (for this process)
-how long it has waited for a core. One definition for the runner's hang
+work it has done (CPU time and time waiting for a core, bytes moved to and from storage), when it
+started, and (for this process) how long it has waited for a core. One definition for the runner's hang
 watch (hpc/launch/rank/hang.py) and the training's account of a lost peer (hpc/training/distributed/
 group.py). Linux only; None or nothing where /proc does not say.
 """
@@ -38,16 +38,32 @@ def family(pid: int) -> list[int]:
 
 
 def progress(pid: int) -> tuple[int, int]:
-    """(CPU clock ticks, bytes read from or written to storage) so far by the process and its children."""
+    """(CPU clock ticks, bytes read from or written to storage) so far by the process and its children. The
+    ticks count the time their threads ran and the time they waited in a run queue for a core: a process
+    that other processes starve of its cores (a loaded node) is working, not blocked; a blocked one does
+    neither."""
     ticks = moved = 0
+    hz = os.sysconf("SC_CLK_TCK")
     for member in family(pid):
         fields = proc_stat(member)
         if fields is not None and len(fields) > 12:
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        ticks += queued_ns(member) * hz // 1_000_000_000
         with contextlib.suppress(OSError, ValueError):
             io = dict(line.split(": ") for line in Path(f"/proc/{member}/io").read_text().splitlines())
             moved += int(io.get("read_bytes", 0)) + int(io.get("write_bytes", 0))
     return ticks, moved
+
+
+def queued_ns(pid: int) -> int:
+    """Nanoseconds the process's threads have been runnable but not running, waiting for a core (the second
+    field of each /proc/PID/task/TID/schedstat); 0 where /proc does not say."""
+    queued = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                queued += int((task / "schedstat").read_text().split()[1])
+    return queued
 
 
 def process_started_unix(pid: int | None = None) -> float | None:

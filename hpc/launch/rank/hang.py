@@ -8,9 +8,10 @@ By default (command.hang_timeout_s unset) the bounds are the run's own:
   idle peers' stacks are dumped first); no stack can be had from it (a stopped process runs no handler).
 - hung: after its first steps, no step for the learned bound (LEARNED_FACTOR times the longest time
   between its steps so far, within LEARNED_MIN_S..LEARNED_MAX_S) and, over the last PROGRESS_WINDOW_S,
-  no progress: its process and its children (DataLoader workers) used under BUSY_CPU_SHARE of a core
-  and moved under BUSY_BYTES to or from storage. A rank busy in a long evaluation or checkpoint (minutes
-  without an optimizer step, its CPU or its disk busy) is never called hung; its runner touches
+  no progress: its process and its children (DataLoader workers) ran or waited for a core (on a loaded
+  node, starved is not blocked) under BUSY_CPU_SHARE of a core and moved under BUSY_BYTES to or from
+  storage. A rank busy in a long evaluation or checkpoint (minutes without an optimizer step, its CPU or
+  its disk busy) is never called hung; its runner touches
   RUN/ranks/rank{R}.busy meanwhile, so that its peers, waiting for it in a collective, are not either.
   Its stack is dumped first (faulthandler, on DUMP_SIGNAL), and the line says where its main thread was.
   A rank whose main thread waits inside torch.distributed or autograd's engine (DDP's gradient sync)

@@ -387,6 +387,54 @@ def test_by_default_the_bound_is_learned_and_a_working_rank_is_never_hung(tmp_pa
             os.close(w)
 
 
+# One core shared by a watched process and SPINNERS processes that never sleep: the watched one computes
+# 10 ms of CPU, then sleeps three times what that pass took on the clock (as long_eval_ddp.py's evaluation
+# waits for its next batch): a quarter of its time wanting a core, a 32nd of it on one.
+SPINNERS = 7
+STARVED = """import os, time
+os.sched_setaffinity(0, {%d})
+while True:
+    began, cpu = time.monotonic(), time.process_time()
+    while time.process_time() - cpu < 0.01:
+        pass
+    time.sleep(3 * (time.monotonic() - began))
+"""
+
+
+def test_a_rank_its_node_starves_of_cores_is_working_not_hung():
+    """On a loaded node (CI: 32 ranks on 2 cores) a rank evaluating in passes got 1/4 of its time's worth
+    of work done at a fraction of a core: under 5% of one by its CPU ticks alone, so a watch that counted
+    only those named it hung (seen in CI, 2026-11-30). Starved is not blocked: the time it waited in the run
+    queue for a core counts. The oracle is the kernel's CPU count for it (/proc/PID/stat: under the bar,
+    so the case is real) and the clock (it wants a core a quarter of the time)."""
+    from hpc.launch.rank import hang
+
+    core = min(os.sched_getaffinity(0))
+    spinners = [_child(f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass") for _ in range(SPINNERS)]
+    starved = _child(STARVED % core)
+    hz = os.sysconf("SC_CLK_TCK")
+    watch = HangWatch(starved.pid, Beats(beat_pipe()[0]), None, Path("unused"), lambda: False)
+    try:
+        time.sleep(0.5)  # past its start-up (imports on a shared core), which is work of another kind
+        began, cpu_then = time.monotonic(), _cpu_ticks(starved.pid)
+        assert watch.working(began) is None
+        while (now := time.monotonic()) - began < hang.PROGRESS_WINDOW_S / 2:
+            time.sleep(0.1)
+        judged = watch.working(now)
+        cpu_share = (_cpu_ticks(starved.pid) - cpu_then) / hz / (now - began)
+        assert cpu_share < hang.BUSY_CPU_SHARE, cpu_share  # by CPU alone it would read idle
+        assert judged is True
+    finally:
+        for p in (*spinners, starved):
+            p.kill()
+            p.wait()
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_by_default_a_stopped_rank_is_frozen_after_a_minute_and_a_waiter_behind_a_busy_peer_is_not_hung(tmp_path):
     from hpc.launch.rank.hang import FROZEN_S
 
