@@ -60,8 +60,8 @@ fi
 # The whole suite as two pytest runs side by side: the Slurm tier, whose tests mostly wait on the cluster
 # (collective timeouts, requeue holds, a controller's restart, slowed steps), beside the rest, which mostly
 # computes. Each counts its own tiers (tests/tiers.py) in its own temporary folder; the Slurm tier's output
-# follows the rest's. Measured on 2 cores (tests/README.md, 2026-11-30): 36 to 45 minutes in all as the
-# machine's speed varied, the rest on two workers beside the Slurm tier, the cores the bound (8.5% idle).
+# follows the rest's. Measured on 2 cores (tests/README.md, 2026-11-30): 33 to 45 minutes in all as the
+# machine's speed and the suite varied, the rest on two workers beside the Slurm tier, the cores the bound.
 base="$(mktemp -d -t hpc-tests.XXXXXX)"
 slurm_log="$base/slurm-tier.log"
 set +e
