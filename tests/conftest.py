@@ -262,9 +262,10 @@ def tb_operator_row(port: int, run: str, name: str, worker: str = "rank0") -> di
 def straight_smoke_2x4(data_root, tmp_path_factory):
     """The weights smoke.yaml ends with after 4 epochs on 2 ranks, nothing stopped: the oracle of the tests
     that stop, resume, requeue or lose a node of that same training, here and on Slurm (one run for all of
-    them in a pytest process, where each ran an uninterrupted run or job of its own beside the faulted one). Neither the launcher nor the nodes enter
-    the arithmetic: one thread a rank, gloo's sum of two is exact, and test_many_ranks holds srun's and
-    torchrun's jobs to the same weights bit for bit. Checkpoints, profiling and slowed steps do not either."""
+    them in a pytest process, where each ran an uninterrupted run or job of its own beside the faulted one).
+    Neither the launcher nor the nodes enter the arithmetic: one thread a rank, gloo's sum of two is exact,
+    and test_many_ranks holds srun's and torchrun's jobs to the same weights bit for bit. Checkpoints,
+    profiling and slowed steps do not either."""
     from trainrun import SMOKE, start_ranks, wait_all, weights
 
     run_dir = tmp_path_factory.mktemp("straight-smoke-2x4") / "run"

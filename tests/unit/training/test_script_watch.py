@@ -18,7 +18,7 @@ from hpc.core.beat import READY, STEP, Beats, beat_fd, beat_pipe
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import RankFacts, run_outcome
 from recordedruns import entries
-from hpc.core.proc import process_state
+from hpc.core.proc import proc_stat, process_state
 from hpc.launch.rank.flightrec import ask_for_dump
 from hpc.launch.rank.hang import HangWatch, main_frames, waits_for_a_peer, where
 from hpc.launch.rank.rankenv import rank_env
@@ -431,7 +431,9 @@ def test_a_rank_its_node_starves_of_cores_is_working_not_hung():
 
 
 def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """The kernel's CPU count for the process alone (utime + stime), without the run-queue time."""
+    fields = proc_stat(pid)
+    assert fields is not None
     return int(fields[11]) + int(fields[12])
 
 
