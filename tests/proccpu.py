@@ -14,31 +14,32 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 from cputime import machine_busy
+
+from hpc.core.proc import proc_stat
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def sample(seen: dict[tuple[str, bytes], list], first: bool) -> None:
+def sample(seen: dict[tuple[str, str], list], first: bool) -> None:
     """Every process's CPU seconds so far into seen[(pid, start time)] = [command, cpu, cpu when first seen]."""
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+        if not pid.isdigit() or (fields := proc_stat(int(pid))) is None or len(fields) <= 19:
+            continue  # gone between the listing and the read
+        cpu = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        key = (pid, fields[19])  # the start time tells a reused pid apart
+        if key in seen:
+            seen[key][1] = cpu
             continue
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-            fields = stat[stat.rindex(b")") + 2 :].split()  # after the command's name, which may hold spaces
-            cpu = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-            key = (pid, fields[19])  # the start time tells a reused pid apart
-            if key in seen:
-                seen[key][1] = cpu
-                continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            seen[key] = [command or stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(), cpu, cpu if first else 0.0]
-        except (OSError, ValueError, IndexError):  # gone between the listing and the read
+            command = command or Path(f"/proc/{pid}/comm").read_text().strip()  # a kernel thread: its name
+        except OSError:
             continue
+        seen[key] = [command, cpu, cpu if first else 0.0]
 
 
 def kind(command: str) -> str:
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["--"] or len(argv) < 2:
         print("usage: python tests/proccpu.py -- COMMAND...", file=sys.stderr)
         return 2
-    seen: dict[tuple[str, bytes], list] = {}
+    seen: dict[tuple[str, str], list] = {}
     busy = machine_busy()
     proc = subprocess.Popen(argv[1:])
     sample(seen, first=True)
