@@ -45,8 +45,10 @@ def launch_env(config: Any, world_size: int, cuda: bool) -> dict[str, str]:  # A
         if backend and str(backend).upper() != "NO":  # as accelerate's launcher words them (utils/launch.py)
             out["ACCELERATE_DYNAMO_BACKEND"] = str(backend).upper()
             out["ACCELERATE_DYNAMO_MODE"] = str(dynamo.get("dynamo_mode") or "default")
-            for key in ("use_fullgraph", "use_dynamic", "use_regional_compilation"):
+            for key in ("use_fullgraph", "use_regional_compilation"):
                 out[f"ACCELERATE_DYNAMO_{key.upper()}"] = str(bool(dynamo.get(f"dynamo_{key}")))
+            if dynamo.get("dynamo_use_dynamic") is not None:  # unset: torch decides (accelerate >= 1.16 leaves it out)
+                out["ACCELERATE_DYNAMO_USE_DYNAMIC"] = str(bool(dynamo["dynamo_use_dynamic"]))
     if not cuda and world_size > 1:
         out.setdefault("ACCELERATE_USE_CPU", "true")
     return out

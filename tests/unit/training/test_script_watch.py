@@ -221,6 +221,8 @@ ACCELERATE_CONFIGS = {
     "  dynamo_use_dynamic: true\n  dynamo_use_regional_compilation: true\n",
     "inductor, its options left out": "mixed_precision: fp16\nuse_cpu: false\ndynamo_config:\n"
     "  dynamo_backend: inductor\n",
+    "inductor, dynamic shapes off": "mixed_precision: fp16\nuse_cpu: false\ndynamo_config:\n"
+    "  dynamo_backend: inductor\n  dynamo_use_dynamic: false\n",
     "no precision, CPU, no dynamo": "mixed_precision: 'no'\nuse_cpu: true\ndynamo_config: {}\n",
     "dynamo backend no": "mixed_precision: bf16\nuse_cpu: false\ndynamo_config:\n  dynamo_backend: 'NO'\n",
 }
