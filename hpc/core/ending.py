@@ -84,8 +84,11 @@ POINT_STATES: tuple[PointState | Outcome, ...] = (
 )
 
 # Slurm's job states (squeue's %T, sacct's State: one list, slurm.conf's JOB_STATE words) -> ours. A person's
-# scancel and the time limit are also read by name: SLURM_CANCELLED (sacct; scheduler.json's `state`).
+# scancel, the time limit and a running job are also read by name (SLURM_CANCELLED, SLURM_TIMEOUT, SLURM_RUNNING:
+# sacct, scontrol during a job's teardown; scheduler.json's `state`).
 SLURM_CANCELLED = "CANCELLED"
+SLURM_TIMEOUT = "TIMEOUT"
+SLURM_RUNNING = "RUNNING"
 SLURM_STATES: dict[str, PointState | Outcome] = {
     "PENDING": PointState.PENDING,
     "CONFIGURING": PointState.PENDING,
@@ -95,7 +98,7 @@ SLURM_STATES: dict[str, PointState | Outcome] = {
     "REQUEUE_HOLD": PointState.REQUEUED,
     "REQUEUE_FED": PointState.REQUEUED,
     "SPECIAL_EXIT": PointState.REQUEUED,  # requeued held after its special exit code
-    "RUNNING": Outcome.RUNNING,
+    SLURM_RUNNING: Outcome.RUNNING,
     "COMPLETING": Outcome.RUNNING,
     "SIGNALING": Outcome.RUNNING,
     "STAGE_OUT": Outcome.RUNNING,
@@ -106,7 +109,7 @@ SLURM_STATES: dict[str, PointState | Outcome] = {
     "OUT_OF_MEMORY": Outcome.FAILED,
     "NODE_FAIL": Outcome.FAILED,
     "BOOT_FAIL": Outcome.FAILED,
-    "TIMEOUT": PointState.TIMEOUT,
+    SLURM_TIMEOUT: PointState.TIMEOUT,
     "DEADLINE": PointState.TIMEOUT,
     "PREEMPTED": Outcome.PREEMPTED,
     SLURM_CANCELLED: Outcome.CANCELLED,

@@ -3,6 +3,7 @@
 A run directory (`RunPaths`; a job's ranks write it, the analysis and hpc.study read it):
 
     task.json            what every rank runs (hpc/settings/rankcommand.py): its words, where, with what
+    job.json             the Slurm job it runs in: its shape and options (`JobRecord`), what resumes it
     logs/rank{R}.out, .err    a rank's stdout and stderr (the runner: hpc/launch/rank/runner.py)
     ranks/rank{R}.exit.json   how a rank's process ended (the runner); .facts.json what it measured
                          (the training, or the profiler hook in a user's script)
@@ -80,6 +81,7 @@ TENSORBOARD = "tensorboard"
 LOGS = "logs"
 LOCK = ".lock"
 TASK = "task.json"
+JOB = "job.json"  # the Slurm job's shape and options (JobRecord), written by its batch shell at each start
 RANKS = "ranks"
 MEETING = "meeting.json"  # ranks/meeting.json: the run's store and its secret, for the owner alone (hpc/core/meet.py)
 SCHEDULER = "scheduler.json"  # the scheduler's word on how the job ended (a cancel), written by its follower
@@ -89,7 +91,7 @@ GPUS = "gpus"  # NVML samples of each node's GPUs (hpc/core/gpusample.py)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
 EARLIER = "earlier"  # ranks/earlier/: earlier attempts' exit records
 RUN_ENTRIES = frozenset(
-    {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, RANKS, FLIGHT_RECORDER, GPUS}
+    {CONFIG, CHECKPOINTS, SUMMARY, METRICS, TRACES, TENSORBOARD, LOGS, TASK, JOB, RANKS, FLIGHT_RECORDER, GPUS}
 )
 
 SWEEP_FILE = "sweep.yaml"
@@ -108,7 +110,7 @@ WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
 # JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
 SIDE_FILES = frozenset(
-    {SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, MEETING, AGENTS_MEETING, Path(CHECKPOINT_INFO).name}
+    {SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, JOB, MEETING, AGENTS_MEETING, Path(CHECKPOINT_INFO).name}
 )
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
@@ -158,6 +160,7 @@ class RunPaths:
     tensorboard = Under(TENSORBOARD)
     lock = Under(LOCK)
     task = Under(TASK)
+    job = Under(JOB)
     ranks = Under(RANKS)
     meeting = Under(RANKS, MEETING)
     scheduler = Under(RANKS, SCHEDULER)
@@ -312,6 +315,39 @@ class CheckpointInfo(msgspec.Struct, kw_only=True):
     size: int | None = msgspec.field(default=None, name="bytes")
     written_unix: float | None = msgspec.field(default=None, name="time")
     schema: int = CHECKPOINT_INFO_SCHEMA
+
+
+JOB_SCHEMA = 1  # job.json's layout
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """job.json: the Slurm job a run directory's run ran in, as its batch shell knew it at its start (None:
+    not known there, the profile's then): what `hpc.submit --resume RUN` submits again."""
+
+    nodes: int
+    gpus: int  # per node, a rank each (launcher srun)
+    profile: str  # the cluster profile
+    time_min: int | None = None
+    name: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    constraint: str | None = None
+    export_all: bool = True  # sbatch's --export: ALL (this environment) or NONE, then `exports`
+    exports: dict[str, str] = msgspec.field(default_factory=dict)
+    schema: int = JOB_SCHEMA
+
+
+def write_job_record(paths: RunPaths, record: JobRecord) -> None:
+    write_atomic(paths.job, msgspec.json.format(msgspec.json.encode(record), indent=1).decode())
+
+
+def read_job_record(paths: RunPaths, warn: Warn = ignore) -> JobRecord | None:
+    """job.json decoded, or None when absent, not that shape or of another layout (warned)."""
+    if not paths.job.exists():
+        return None
+    data = read_json(paths.job, warn)
+    return decoded(data, JobRecord, JOB_SCHEMA, str(paths.job), warn) if data is not None else None
 
 
 def write_checkpoint_info(paths: RunPaths, info: CheckpointInfo) -> None:

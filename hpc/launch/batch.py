@@ -1,25 +1,26 @@
-"""The batch shell of a hand-written sbatch script: `python -m hpc.batch [options] -- COMMAND [ARG ...]`, what
-jobs/run.sbatch (your own command) and jobs/resnet152.sbatch (the toolkit's training, `python -m
-hpc.train`) run after their #SBATCH lines and `module load`. Everything the two scripts do is here, once:
+"""Every Slurm job's batch shell, one road (`run_job`): `python -m hpc.batch [options] -- COMMAND [ARG ...]`,
+what jobs/run.sbatch (your own command) and jobs/resnet152.sbatch (the toolkit's training, `python -m
+hpc.train`) run after their #SBATCH lines and `module load`, and `BatchJob`, what `hpc.submit`'s jobs run
+there through submitit. Everything a job does is here, once:
 
 1. the profile's environment for the job's shape (a variable already set in the job wins) and srun's
    extra words (CPU binding, the container: hpc/launch/submission/site.py), as `hpc.submit` takes them;
 2. the run directory: --run-dir, or the training's own --run-dir among its words, else
-   $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH);
-3. the task (hpc/settings/rankcommand.py) written to RUN/task.json, then one srun step: each task `python -m
-   hpc.rank --run-dir RUN` (the per-rank runner), or with HPC_LAUNCHER=torchrun one torchrun per node
-   whose workers are those runners, or with HPC_LAUNCHER=node one runner per node whose command uses
-   every GPU of it (a DataParallel script);
-4. after the step, the one requeue executor of every job (hpc/launch/requeue.py `requeue_after_step`):
-   one line saying how the run ended (the first failing rank named), then the requeue rule (a requeue
-   code, not a person's stop, requeues left: HPC_MAX_REQUEUES or the profile's max_requeues), applied
-   with scontrol here in the batch shell, outside any container. A SIGTERM that reaches this shell (the
-   end of a preemption's grace time, a `scancel`) makes srun kill the tasks at once: the run is requeued
-   all the same, to resume from what its task last saved.
+   $SCRATCH/hpc-resnet-study/runs/<name>/<job id> (./runs without $SCRATCH); submitit's folder for its job;
+3. the task (hpc/settings/rankcommand.py) written to RUN/task.json, then one srun step (`step_words`, the
+   one builder of it): each task `python -m hpc.rank --run-dir RUN` (the per-rank runner), or with
+   HPC_LAUNCHER=torchrun one torchrun per node whose workers are those runners, or with HPC_LAUNCHER=node
+   one runner per node whose command uses every GPU of it (a DataParallel script); the job's warning
+   (SIGUSR2 to this shell) passed on to the tasks as SIGTERM meanwhile (hpc/launch/requeue.py `JobSignals`);
+4. after the step, the one requeue executor (hpc/launch/requeue.py `requeue_after_step`): one line saying
+   how the run ended (the first failing rank named), then the requeue rule (after the warning, a run that
+   saved; never after a person's stop; requeues left: HPC_MAX_REQUEUES or the profile's max_requeues),
+   applied with scontrol here in the batch shell, outside any container. The job's exit code is 0 only
+   when its run finished.
 
 `--dry-run` prints the srun words and the task instead of running them.
 
-The same road serves `hpc.submit` inside an interactive allocation (salloc; `allocation_here`): the run
+The same step serves `hpc.submit` inside an interactive allocation (salloc; `allocation_here`): the run
 is one srun step of that allocation (`run_in_allocation`), sized to what it asks, in RUNS/<name>/<job
 id>.<n>, its end said as a followed run's; an interactive job is not requeued. No torch import.
 """
@@ -37,18 +38,17 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, RESUMABLE
+from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
-from hpc.core.logs import TO_STDERR
+from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
-from hpc.core.rundir import RunPaths
+from hpc.core.rundir import JobRecord, RunPaths, write_job_record
 from hpc.core.summary import write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
-from hpc.launch.requeue import requeue_after_step
+from hpc.launch.requeue import JobSignals, StepEnd, requeue_after_step
 from hpc.launch.submission.follow import print_ended
 from hpc.launch.submission.request import Allocation
 from hpc.launch.submission.site import job_env, srun_words
@@ -131,16 +131,22 @@ class Step:
     gpus: int
     cpus: int | None  # None: Slurm's own, the job's
     sized: bool = False
+    python: str = "python"  # what each task's runner runs under (a container's own, or the module's)
 
 
 def job_step(env: Mapping[str, str]) -> Step:
-    """The batch job's own step, from its variables (HPC_LAUNCHER: the sbatch script's choice)."""
-    return Step(
-        env.get("HPC_LAUNCHER", "srun"),
-        int(env.get("SLURM_NNODES") or 1),
-        int(env.get("SLURM_NTASKS_PER_NODE", "4").split("(")[0]),
-        int(env.get("SLURM_CPUS_PER_TASK") or 1),
-    )
+    """The batch job's own step, from its variables (HPC_LAUNCHER: the sbatch script's choice): a task a
+    GPU, as many as sbatch's --gpus-per-node gives (which a script's --ntasks-per-node does not follow by
+    itself: the step is sized to the GPUs then, and says so)."""
+    tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE")) or 4
+    gpus = _first_int((env.get("SLURM_GPUS_PER_NODE") or "").rsplit(":", 1)[-1]) or tasks
+    launcher = env.get("HPC_LAUNCHER", "srun")
+    sized = gpus != tasks and launcher not in ONE_TASK_PER_NODE
+    if sized:
+        log.info(
+            f"hpc.batch: --gpus-per-node={gpus}: {gpus} rank(s) a node, not the script's --ntasks-per-node={tasks}"
+        )
+    return Step(launcher, int(env.get("SLURM_NNODES") or 1), gpus, int(env.get("SLURM_CPUS_PER_TASK") or 1), sized)
 
 
 def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[str, str]) -> list[str]:
@@ -154,7 +160,7 @@ def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[s
     if step.launcher not in ONE_TASK_PER_NODE:
         cpus = [f"--cpus-per-task={step.cpus}"] if step.sized and step.cpus else []
         tasks = [*nodes, f"--ntasks-per-node={step.gpus}", *cpus] if step.sized else []
-        return [*srun, *tasks, *srun_words(cluster), "python", *rank]
+        return [*srun, *tasks, *srun_words(cluster), step.python, *rank]
     per_node = [
         *nodes,
         "--ntasks-per-node=1",
@@ -162,10 +168,19 @@ def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[s
         f"--cpus-per-task={(step.cpus or 1) * step.gpus}",
     ]
     if step.launcher == "node":  # one process a node with every GPU of it (nn.DataParallel)
-        return [*srun, *per_node, *srun_words(cluster), "python", *rank]
+        return [*srun, *per_node, *srun_words(cluster), step.python, *rank]
     restarts = int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts)
     torchrun = slurm_torchrun_args({**env, "SLURM_NNODES": str(step.nodes)}, step.gpus, restarts)
-    return [*srun, *per_node, *srun_words(cluster), "python", "-m", "torch.distributed.run", *torchrun, *rank]
+    return [*srun, *per_node, *srun_words(cluster), step.python, "-m", "torch.distributed.run", *torchrun, *rank]
+
+
+def step_preview(cluster: ClusterConfig, run_dir: Path, step: Step, export: str | None) -> str:
+    """The step a job's batch shell runs, as a dry run says it (sbatch's --export as the job's variable);
+    torchrun's rendezvous is the job's own, known once it runs."""
+    if step.launcher == "torchrun":
+        return f"srun ... torchrun a node, its workers: {step.python} -m hpc.rank --run-dir {shlex.quote(str(run_dir))}"
+    env = {"SLURM_EXPORT_ENV": export} if export else {}
+    return shlex.join(step_words(cluster, run_dir, step, env))
 
 
 INTERACTIVE_STEP_ID = "4294967290"  # SLURM_INTERACTIVE_STEP: salloc's shell on a node (use_interactive_step)
@@ -213,18 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = run_dir_for(req.run_dir, words, env, req.name or task.name)
     check_run_dir(run_dir)
     env = job_environment(cluster, env)
-    step = step_words(cluster, run_dir, job_step(env), env)
+    shape = job_step(env)
     if req.dry_run:
+        step = step_words(cluster, run_dir, shape, env)
         print(f"# each rank runs: {' '.join(shlex.quote(w) for w in words)}\n{' '.join(shlex.quote(w) for w in step)}")
         return EXIT_OK
-    paths = RunPaths(run_dir)
-    write_task(paths, task)
-    log.info(
-        f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
-        f"{env.get('SLURM_JOB_NODELIST')}: {env.get('SLURM_NTASKS')} tasks; run dir {run_dir}"
+    record = JobRecord(
+        nodes=shape.nodes,
+        gpus=shape.gpus,
+        profile=cluster.name,
+        name=env.get("SLURM_JOB_NAME"),
+        account=env.get("SLURM_JOB_ACCOUNT"),
+        qos=env.get("SLURM_JOB_QOS"),
+        partition=env.get("SLURM_JOB_PARTITION"),
     )
-    rc, terminated = run_step(step, env)
-    return requeue_after(task, paths, rc, terminated, env, cluster)
+    return run_job(task, RunPaths(run_dir), cluster, shape, env, record, "hpc.batch")
 
 
 def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
@@ -238,30 +256,72 @@ def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
         )
 
 
-def run_step(step: list[str], env: Mapping[str, str]) -> tuple[int, bool]:
-    """srun to its end; whether a SIGTERM reached this shell meanwhile (srun got it too)."""
-    terminated: list[int] = []
-
-    def noted(signum: int, frame: Any) -> None:
-        terminated.append(signum)  # said with os.write: a signal handler must not take logging's lock
-        os.write(1, b"SIGTERM (preempted or cancelled): the ranks stop and save what they can\n")
-
-    previous = signal.signal(signal.SIGTERM, noted)
-    try:
-        rc = subprocess.run(step, env=dict(env)).returncode
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return rc, bool(terminated)
+def job_of(env: Mapping[str, str]) -> str:
+    """The job as its ranks' attempts name it: an array's task as ARRAY_TASK, else the job id."""
+    array = env.get("SLURM_ARRAY_JOB_ID")
+    return f"{array}_{env.get('SLURM_ARRAY_TASK_ID', '')}" if array else env.get("SLURM_JOB_ID") or ""
 
 
-def requeue_after(
-    task: RankCommand, paths: RunPaths, rc: int, terminated: bool, env: Mapping[str, str], cluster: ClusterConfig
+def run_job(
+    task: RankCommand,
+    paths: RunPaths,
+    cluster: ClusterConfig,
+    shape: Step,
+    env: Mapping[str, str],
+    record: JobRecord,
+    door: str,
 ) -> int:
-    """The one requeue executor (hpc/launch/requeue.py) in this batch shell; its exit code. The budget:
+    """Every Slurm job's one road, in its batch shell (a hand-written script's `python -m hpc.batch`, and
+    submitit's job, `BatchJob`): the task written to RUN/task.json and the job to RUN/job.json (what
+    `hpc.submit --resume` submits again), one srun step of the per-rank runner
+    (`step_words`), the job's signals told apart meanwhile (hpc/launch/requeue.py `JobSignals`), then the
+    one requeue executor. The job's exit code: 0 only for a run that finished. The budget of requeues:
     HPC_MAX_REQUEUES, else the profile's max_requeues."""
+    write_task(paths, task)
+    write_job_record(paths, record)
+    log.info(
+        f"job {env.get('SLURM_JOB_ID')} (restart {env.get('SLURM_RESTART_COUNT') or 0}) on "
+        f"{env.get('SLURM_JOB_NODELIST')}: {shape.nodes} node(s) x {shape.gpus} GPU(s); run dir {paths.root}"
+    )
     budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
-    step = (env.get("SLURM_JOB_ID") or "", rc, terminated)
-    return requeue_after_step(paths, task.requeue_codes, step, env, budget, "hpc.batch")
+    with JobSignals(env.get("SLURM_JOB_ID") or "") as signals:
+        rc = run_step(step_words(cluster, paths.root, shape, env), env, signals)
+        end = StepEnd(job_of(env), rc, warned=signals.warned, ended=signals.ended)
+        return requeue_after_step(paths, task.requeue_codes, end, env, budget, door, signals)
+
+
+def run_step(step: list[str], env: Mapping[str, str], signals: JobSignals) -> int:
+    """srun to its end, its exit code; the job's warning passed on to its tasks meanwhile (`signals`)."""
+    proc = subprocess.Popen(step, env=dict(env))
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(timeout=0.5)
+        signals.tell_tasks()
+
+
+class BatchJob:
+    """What submitit runs in a job's batch shell (its script execs python there: `use_srun` off,
+    hpc/launch/submission/slurm.py), the same road as `python -m hpc.batch`: `run_job` in submitit's folder
+    (the run directory). A run that did not finish ends the job with its code (raised past submitit, which
+    keeps no result then: the run's records say how it ended)."""
+
+    def __init__(self, task: RankCommand, cluster: ClusterConfig, shape: Step, record: JobRecord):
+        self.task = task
+        self.cluster = cluster
+        self.shape = shape
+        self.record = record
+
+    def __call__(self) -> str:
+        import submitit
+
+        configure()  # HPC_LOG_LEVEL, exported with the job
+        paths = RunPaths(Path(submitit.JobEnvironment().paths.folder))
+        code = run_job(self.task, paths, self.cluster, self.shape, os.environ, self.record, "hpc.submit")
+        with contextlib.suppress(OSError):  # submitit's unexpanded '%j' folder beside the run, left empty
+            (paths.root.parent / "%j").rmdir()
+        if code != EXIT_OK:
+            raise SystemExit(code)
+        return str(Outcome.DONE)
 
 
 def allocation_step(here: Allocation, cluster: ClusterConfig, nodes: int, gpus: int, env: Mapping[str, str]) -> Step:

@@ -1,66 +1,134 @@
-"""Requeueing a job that stopped with a checkpoint (Slurm's warning before the time limit, a preemption,
-a lost peer), in one place, as TorchX's batch script does: once the job's step has ended, its batch shell
-runs `requeue_after_step`, the one executor, which decides from the run's records (the rule `may_requeue`:
-a requeue code in the run's end, `run_code`; not a person's stop; requeues left; then Slurm's own state,
-`not_to_requeue`: a person's scancel, a requeue made since this start) and acts with `scontrol requeue`.
-Outside the step, so no signal Slurm sends the step's processes can cut it, and outside any container.
+"""How a Slurm job's stop is told apart, and the one requeue executor, in one place: the batch shell's
+signals while its step runs (`JobSignals`), then, once the step has ended, `requeue_after_step`, which
+says how the run ended, decides from the run's records and those signals, and acts with `scontrol
+requeue`. Every Slurm job of the toolkit runs it in its batch shell (hpc/launch/batch.py `run_job`:
+`python -m hpc.batch` of a hand-written script, and submitit's job, whose script execs python there).
 
-Both kinds of job call it: a hand-written sbatch script's batch shell (`python -m hpc.batch`,
-hpc/launch/batch.py) in-process, and submitit's batch script through its teardown lines
-(`teardown_lines`: `python -m hpc.launch.requeue`, with the submitter's interpreter). submitit's own
-requeue (`max_num_timeout`) is never used: the job it runs is not one of its Checkpointables. A requeue
-that fails is one line in the job's log; the checkpoint stays, and resubmitting the point resumes it. A
-stop a person asked for (Ctrl-C, a local SIGTERM, scancel) is not requeued. No torch import.
+What each stop is (docs/faults.md; ../shared/design/stops.md has what Slurm sends):
+- USR2 to the batch shell: the time limit's warning (`--signal=B:USR2@N`), a preemption where the site
+  sends the job's signal, or `scancel -b --signal=USR2`. The tasks are told as scripts expect (SIGTERM,
+  through `scancel --signal=TERM` of the job's steps), and a run that saved is requeued (max_requeues).
+- SIGTERM to the batch shell: Slurm is ending the job (a person's `scancel`, the time limit itself, a
+  preemption). Final: never requeued here; a preemption's requeue is Slurm's own (`--requeue`).
+- A stop the tasks alone saw (`scancel --signal=TERM`, a person's): the run stops, is not requeued, and
+  the job ends non-zero with the line that resumes it.
+The job's exit code is 0 only when its run finished, so `afterok` holds. No torch import.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import dataclasses
 import logging
-import os
 import re
 import shlex
 import signal
 import subprocess
-import sys
+import time
+import types
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
-from hpc.core.cli import Parser, run
-from hpc.core.ending import SLURM_CANCELLED, Outcome, RankEnd
+from hpc.core.ending import SLURM_CANCELLED, SLURM_RUNNING, SLURM_TIMEOUT, Outcome, RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import Ended, RunRecord, exit_code_of, restarts_line, root_cause, write_run_summary
+from hpc.core.summary import (
+    Ended,
+    RunRecord,
+    exit_code_of,
+    record_scheduler,
+    restarts_line,
+    root_cause,
+    write_run_summary,
+)
 from hpc.launch.submission.queue import accounted, ask_slurm
-from hpc.settings.rankcommand import RankCommand
 
 log = logging.getLogger(__name__)
 
+WARNING_SIGNAL = signal.SIGUSR2  # the job's own signal, to its batch shell alone: sbatch's --signal=B:USR2@N
+TELL_AGAIN_S = 2.0  # a warning the tasks could not be told yet (no step yet, scancel failed) is tried again
+
+
+class JobSignals:
+    """The batch shell's signals while its job runs, the one place a Slurm stop is told apart: USR2
+    (`warned`: the time limit's warning, a site's preemption signal, `scancel -b --signal=USR2`) is passed
+    on to the tasks as the SIGTERM scripts expect; SIGTERM (`ended`: a person's scancel, the time limit
+    itself, a preemption) is final. The handlers only note; `tell_tasks` acts, from the waiting loop."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job  # Slurm's id of this job (an array task's own id): what scancel signals
+        self.warned = False
+        self.ended = False
+        self.told = False  # the tasks were told of the warning
+        self.tried_at = 0.0
+        self._previous: dict[int, signal._HANDLER] = {}
+
+    def _note(self, signum: int, frame: types.FrameType | None) -> None:
+        if signum == WARNING_SIGNAL:
+            self.warned = True
+        else:
+            self.ended = True
+
+    def __enter__(self) -> JobSignals:
+        self._previous = {sig: signal.signal(sig, self._note) for sig in (WARNING_SIGNAL, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def tell_tasks(self) -> None:
+        """After the warning, SIGTERM to every process of the job's steps (not this shell): what a script
+        saves on. Said once; tried again every TELL_AGAIN_S until scancel takes it."""
+        if not self.warned or self.told or self.ended or time.monotonic() - self.tried_at < TELL_AGAIN_S:
+            return
+        if not self.tried_at:
+            log.info(f"job {self.job}: Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)")
+        self.tried_at = time.monotonic()
+        try:
+            said = ask_slurm(["scancel", "--signal=TERM", self.job])
+        except QueueError as e:
+            log.warning(f"job {self.job}: the ranks could not be told yet ({e}); trying again")
+            return
+        self.told = said.returncode == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEnd:
+    """How a job's step ended, as its batch shell saw it."""
+
+    job: str  # the job, in its array form where it is one (as the ranks' attempts name it)
+    rc: int  # srun's exit code
+    warned: bool = False  # the job's warning reached the batch shell (JobSignals)
+    ended: bool = False  # Slurm is ending the job: a SIGTERM reached the batch shell
+
 
 def stopped_by_user(signum: int | None, env: Mapping[str, str]) -> bool:
-    """A stop a person asked for, not the scheduler: Ctrl-C (SIGINT) anywhere; SIGTERM on this machine
-    (submitit's local controller forwards the user's; on Slurm SIGTERM is a preemption). Not requeued."""
+    """A stop a person asked for on this machine: Ctrl-C (SIGINT) anywhere; SIGTERM to a local run
+    (submitit's local controller forwards the user's). Not requeued."""
     return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
 
 
 def may_requeue(
-    code: int | None, requeue_codes: Iterable[int], signum: int | None, env: Mapping[str, str], max_requeues: int
+    code: int | None, requeue_codes: Iterable[int], warned: bool, env: Mapping[str, str], budget: int
 ) -> bool:
-    """The requeue rule, the one place it is written (the job's own path, hpc/launch/submission/job.py, and the
-    batch shell's, hpc/launch/batch.py): a task that exited with one of its requeue codes, not stopped by
-    a person, with requeues left (Slurm's restart count below the profile's max_requeues)."""
+    """The requeue rule, the one place it is written: a run that ended with one of its task's requeue codes,
+    with requeues left (Slurm's restart count below the budget); a saved stop (3) only after the job's
+    warning (a stop the tasks alone saw is a person's: final)."""
     restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
-    return code in tuple(requeue_codes) and not stopped_by_user(signum, env) and restarts < max_requeues
+    if code not in tuple(requeue_codes) or restarts >= budget:
+        return False
+    return warned or code != EXIT_PREEMPTED
 
 
 def requeue_code(record: Ended) -> int | None:
-    """The code the requeue rule reads for a rank's end, None where the rank's end is not one to resume: a
-    stopped rank's own (its requeue code; 3 for exit 0 unfinished after a stop), and 3 for a rank killed
+    """The code the requeue rule reads for a rank's end, None where the rank's end asks for nothing: a
+    stopped rank's own requeue code (a script that exited 0 after the stop asked for nothing: it keeps no
+    checkpoint the toolkit knows of, and would start again from its first step), and 3 for a rank killed
     after the grace time that followed a SIGTERM: a command that took the stop and did not end in time
     (Lightning's DDP ranks, deadlocked by the collective in its SIGTERM handler: docs/faults.md) resumes
-    from what it last saved, as a task srun killed on its batch shell's SIGTERM does."""
+    from what it last saved, as a task killed at the end of the warning would."""
     if record.kind == RankEnd.STOPPED:
-        return exit_code_of(record)
+        return record.exit_code if record.exit_code else None
     if record.kind == RankEnd.KILLED and record.stop == signal.SIGTERM.name:
         return EXIT_PREEMPTED
     return None
@@ -68,28 +136,47 @@ def requeue_code(record: Ended) -> int | None:
 
 def restarts_in(scontrol_job: str) -> int | None:
     """Slurm's restart count of a job in `scontrol show job -o`'s line (Restarts=N), None without one."""
-    found = re.search(r"(?:^|\s)Restarts=(\d+)(?:\s|$)", scontrol_job)
-    return int(found.group(1)) if found else None
+    return _count(_field(scontrol_job, "Restarts"))
+
+
+def _field(scontrol_job: str, name: str) -> str | None:
+    found = re.search(rf"(?:^|\s){name}=(\S*)(?:\s|$)", scontrol_job)
+    return found.group(1) if found else None
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 ALREADY = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
 CANCELLED = "was cancelled (scancel): a person's stop is not requeued"
+ENDING = "is being ended by Slurm (JobState {state}: a person's scancel, or its time limit): not requeued"
+ENDED = "was ended by Slurm (scancel, its time limit or a preemption): not requeued"
+BY_A_PERSON = "was stopped by a person (scancel --signal: no warning reached its batch shell): not requeued"
+UNFINISHED = (
+    "ended unfinished: the command exited 0 after the stop; not requeued, since it would start again from its first "
+    "step (a script asks for a requeue by exiting 3 once it saved)"
+)
 
 
 def not_to_requeue(job_id: str, env: Mapping[str, str]) -> str | None:
-    """Why Slurm's own state forbids requeueing the job now, in words (None: nothing does): a person
-    cancelled it (its tasks saw only a SIGTERM, as in a preemption, and a requeue would undo the cancel:
-    while the job completes scontrol says COMPLETING, Slurm's accounting says CANCELLED), or it was
-    requeued since this start by someone else (its task: Lightning requeues its own job on SIGUSR1; a
-    person): Slurm's restart count above this start's. No answer says nothing: the requeue is tried (and
-    Slurm refuses a second one of a job already pending)."""
-    if accounted([job_id]).get(job_id) == SLURM_CANCELLED:
-        return CANCELLED
+    """Why Slurm's own state forbids requeueing the job now, in words (None: nothing does): it is being
+    ended (scontrol's JobState is no longer RUNNING: a person's scancel while the step ended), a person
+    cancelled it (Slurm's accounting, where it runs), or it was requeued since this start by someone else
+    (its task: Lightning requeues its own job on SIGUSR1; a person): Slurm's restart count above this
+    start's. No answer says nothing: the requeue is tried (and Slurm refuses a second one of a job already
+    pending)."""
     try:
         said = ask_slurm(["scontrol", "show", "job", "-o", job_id])
     except QueueError:
-        return None
-    return requeued_since(said.stdout, env)
+        said = None
+    line = said.stdout if said is not None and said.returncode == 0 else ""
+    state = _field(line, "JobState")
+    if state is not None and state != SLURM_RUNNING:
+        return ENDING.format(state=state)
+    if accounted([job_id]).get(job_id) == SLURM_CANCELLED:
+        return CANCELLED
+    return requeued_since(line, env)
 
 
 def requeued_since(scontrol_job: str, env: Mapping[str, str]) -> str | None:
@@ -99,30 +186,40 @@ def requeued_since(scontrol_job: str, env: Mapping[str, str]) -> str | None:
     return ALREADY if now is not None and now > int(env.get("SLURM_RESTART_COUNT") or 0) else None
 
 
-def run_code(summary: RunRecord, rc: int, terminated: bool) -> int:
-    """The run's exit code, from its ranks' records: a stopped rank's (its requeue code), the first
-    failing rank's (128 + N for a signal N), 3 when srun killed the tasks on the batch shell's own
-    SIGTERM (they resume from what their task last saved), else srun's."""
-    ranks = summary.ranks
-    if terminated and rc > 128:
-        log.info(f"srun ended the tasks on SIGTERM (exit {rc}): they resume from what their task last saved")
-        return EXIT_PREEMPTED
-    cause = root_cause(ranks)
+def ending_state(job_id: str, env: Mapping[str, str]) -> str | None:
+    """Slurm's word for a job whose batch shell got SIGTERM, while it is torn down (KillWait: seconds): None
+    where it was requeued since this start (its task's own requeue: Lightning's; its next start follows);
+    TIMEOUT where scontrol says its reason is the time limit; else CANCELLED, a person's scancel. The same
+    with and without Slurm's accounting, which is not asked here: it may not answer within KillWait. A
+    preemption reads as a cancel too: its requeue, where the site makes one, is Slurm's own, and the next
+    start's records replace this one's."""
+    try:
+        line = ask_slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    except QueueError:
+        return SLURM_CANCELLED
+    if requeued_since(line, env) is not None:
+        return None
+    return SLURM_TIMEOUT if _field(line, "Reason") == "TimeLimit" else SLURM_CANCELLED
+
+
+def run_code(summary: RunRecord, rc: int) -> int:
+    """The run's exit code, from its ranks' records, never 0 for a run that did not finish: the first
+    failing rank's (128 + N for a signal N), a stopped rank's (3 for a script that exited 0 unfinished),
+    else srun's, else 1."""
+    if summary.outcome == Outcome.DONE:
+        return EXIT_OK
+    cause = root_cause(summary.ranks)
     if cause is not None:
         return exit_code_of(cause)
-    stopped = [code for code in map(requeue_code, ranks) if code is not None]
-    return stopped[0] if stopped else (EXIT_OK if summary.outcome == Outcome.DONE else rc or EXIT_FAILED)
-
-
-def person_stopped(summary: RunRecord) -> int | None:
-    """The signal of a person's stop in the ranks' records (Ctrl-C: SIGINT), None without one."""
-    said = {r.stop for r in summary.ranks}
-    return signal.SIGINT if signal.SIGINT.name in said else None
+    stopped = [
+        requeue_code(r) or exit_code_of(r) for r in summary.ranks if r.kind == RankEnd.STOPPED or requeue_code(r)
+    ]
+    return stopped[0] if stopped else rc or EXIT_FAILED
 
 
 def asked(summary: RunRecord, code: int) -> str:
-    """Why the run is requeued, in words: a rank killed after the grace time that followed Slurm's SIGTERM
-    (it took the stop and hung: Lightning's DDP ranks, docs/faults.md), else the task's own code."""
+    """Why the run is requeued, in words: a rank killed after the grace time that followed the warning's
+    SIGTERM (it took the stop and hung: Lightning's DDP ranks, docs/faults.md), else the task's own code."""
     for r in summary.ranks:
         if r.kind == RankEnd.KILLED and requeue_code(r) is not None:
             return (
@@ -131,111 +228,82 @@ def asked(summary: RunRecord, code: int) -> str:
     return f"the task asked to be requeued (exit {code})"
 
 
+def resume_line(paths: RunPaths) -> str:
+    """The one command that resumes a stopped Slurm run from its checkpoint, in its run directory."""
+    return f"python -m hpc.submit --resume {shlex.quote(str(paths.root))}"
+
+
 def requeue_after_step(
     paths: RunPaths,
     requeue_codes: tuple[int, ...],
-    step: tuple[str, int, bool],
+    end: StepEnd,
     env: Mapping[str, str],
-    max_requeues: int,
+    budget: int,
     door: str,
+    signals: JobSignals | None = None,
 ) -> int:
     """The one requeue executor, once the job's step has ended: the run's end in one line (summary.json
-    written, every task having ended), then the rule, then `scontrol requeue`. `step`: the job (its array
-    form where it is one), srun's exit code, and whether a SIGTERM reached the batch shell meanwhile.
-    `door` begins each line (the command whose log it lands in). The run's exit code: 0 when requeued, or
-    requeued already since this start."""
-    job, rc, terminated = step
+    written, every task having ended; Slurm's word first where Slurm is ending the job), then the rule,
+    then `scontrol requeue`. `door` begins each line (the command whose log it lands in); `signals`, still
+    listening, may say that Slurm began to end the job meanwhile. The job's exit code: 0 only for a run
+    that finished (requeued or not, an unfinished run's job ends non-zero: `afterok` waits)."""
+    job = end.job
+    state = ending_state(job, env) if end.ended else None
+    if state is not None:  # Slurm's own word, before the summary is made of it (a person's scancel reads cancelled)
+        with contextlib.suppress(OSError):
+            record_scheduler(paths, job=job, state=state)
     summary = write_run_summary(paths, ended=True) or RunRecord()
     outcome = summary.outcome or "no rank started"
     log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary.failure}" if summary.failure else ""))
     restarted = restarts_line(summary)
     if restarted:
         log.info(f"{door}: {restarted}")
-    code = run_code(summary, rc, terminated)
-    if code not in requeue_codes:
+    code = run_code(summary, end.rc)
+    if code == EXIT_OK or (code not in requeue_codes and not end.ended):  # done; a failure: its own line said
         return code
-    signum = person_stopped(summary)
-    if stopped_by_user(signum, env):
-        log.info(f"{door}: job {job} was stopped by a person (Ctrl-C): not requeued; resubmit it to resume")
+    why_not = not_requeued(summary, code, requeue_codes, end, env, budget, state, signals)
+    if why_not is not None:
+        level, words = why_not
+        resume = "" if words == ALREADY else f"; resume with: {resume_line(paths)}"
+        log.log(level, f"{door}: job {job} {words}{resume}")
         return code
-    if not may_requeue(code, requeue_codes, signum, env, max_requeues):
-        restarts = env.get("SLURM_RESTART_COUNT") or 0
-        log.warning(
-            f"{door}: job {job} stopped after {restarts} requeues (max_requeues {max_requeues}); resume by resubmitting"
-        )
-        return code
-    why_not = not_to_requeue(job, env)
-    if why_not is not None:  # requeued by another already (its end is that start's), or cancelled
-        log.info(f"{door}: job {job} {why_not}")
-        return EXIT_OK if why_not == ALREADY else code
     log.info(f"{door}: {asked(summary, code)}: requeueing job {job}")
     said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if said.returncode == 0:
         log.info(f"{door}: job {job} requeued from the batch shell")
-        return EXIT_OK
+        return code
     words = " ".join((said.stdout + said.stderr).split()) or "no message"
     log.warning(
-        f"{door}: job {job} could not requeue itself (scontrol: {words}); its checkpoint stays in {paths.root}: "
-        "resubmit the same command to resume it"
+        f"{door}: job {job} could not requeue itself (scontrol: {words}); its checkpoint stays; resume with: "
+        f"{resume_line(paths)}"
     )
     return code
 
 
-# The batch shell's line before the step: a SIGTERM to it (a preemption signals the batch shell too) is noted
-# and waits for the step to end, so that the teardown lines still run (bash runs a trapped signal's handler
-# once its foreground command has ended; srun, exec'd, gets the default disposition back).
-KEEP_TEARDOWN = "trap 'hpc_term=1; echo \"hpc.submit: the batch shell got SIGTERM: its step ends first\" >&2' TERM"
-
-
-def teardown_lines(folder: Path, python: str, max_requeues: int) -> list[str]:
-    """submitit's batch shell's lines after the step: `requeue_after_step` on the run directory (submitit's
-    folder, every %j being this job's id, or its array job id and task, as submitit fills them), run by
-    `python` (the submitter's interpreter: outside any container); then the step's own exit code, as
-    submitit's script ends, so that Slurm records a job whose step failed as FAILED. A requeue command
-    that could not run at all is one line."""
-    run_dir = '"$hpc_jid"'.join(shlex.quote(part) if part else "" for part in str(folder).split("%j"))
-    return [
-        "hpc_rc=$?",
-        "hpc_jid=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}",
-        "hpc_jid=${hpc_jid:-$SLURM_JOB_ID}",
-        f'{python} -m hpc.launch.requeue --job "$hpc_jid" --run-dir {run_dir} --step-exit "$hpc_rc" '
-        f"--max-requeues {max_requeues} ${{hpc_term:+--terminated}} "
-        '|| echo "hpc.submit: job $hpc_jid: its requeue command could not run (exit $?): not requeued; resubmit the '
-        'point to resume it" >&2',
-        'exit "$hpc_rc"',
-    ]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = Parser(
-        prog="python -m hpc.launch.requeue",
-        description="submitit's batch shell after its step (the teardown lines): the run's end said, and the job "
-        "requeued when it stopped with a checkpoint. Not a command for people.",
-    )
-    parser.add_argument("--job", required=True, help="the job, in its array form where it is one")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--step-exit", required=True, type=int, help="srun's exit code")
-    parser.add_argument("--max-requeues", required=True, type=int)
-    parser.add_argument("--terminated", action="store_true", help="a SIGTERM reached the batch shell")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The teardown's door: 0 whatever the requeue became (each end is said in its line); 2 on bad input."""
-    args = parse(sys.argv[1:] if argv is None else list(argv))
-    paths = RunPaths(args.run_dir)
-    task = RankCommand.read(paths.task, f"--run-dir {args.run_dir}")
-    codes = task.requeue_codes if task is not None else ()  # none: no task started here, nothing to resume
-    requeue_after_step(
-        paths, codes, (args.job, args.step_exit, args.terminated), os.environ, args.max_requeues, "hpc.submit"
-    )
-    return EXIT_OK
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """The command (`python -m hpc.launch.requeue`): errors as one line, exit 2."""
-    return run("hpc.launch.requeue", main, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli())
+def not_requeued(
+    summary: RunRecord,
+    code: int,
+    requeue_codes: tuple[int, ...],
+    end: StepEnd,
+    env: Mapping[str, str],
+    budget: int,
+    state: str | None,
+    signals: JobSignals | None,
+) -> tuple[int, str] | None:
+    """Why a stopped run is not requeued (its log level and words), or None: it is. In order: Slurm is
+    ending the job (a person's scancel; a requeue since this start); a command that asked for nothing; a
+    stop the tasks alone saw (a person's); the budget spent; then Slurm's own state (being ended,
+    cancelled, requeued already), asked last, and a SIGTERM that came meanwhile."""
+    if end.ended:
+        return logging.INFO, ALREADY if state is None else ENDED
+    if not [c for c in map(requeue_code, summary.ranks) if c is not None]:
+        return logging.WARNING, UNFINISHED
+    if code == EXIT_PREEMPTED and not end.warned:
+        return logging.INFO, BY_A_PERSON
+    if not may_requeue(code, requeue_codes, end.warned, env, budget):
+        restarts = env.get("SLURM_RESTART_COUNT") or 0
+        return logging.WARNING, f"stopped after {restarts} requeues (max_requeues {budget})"
+    why_not = not_to_requeue(end.job, env)
+    if why_not is None and signals is not None and signals.ended:
+        why_not = ENDING.format(state="SIGTERM")
+    return None if why_not is None else (logging.INFO, why_not)

@@ -221,8 +221,8 @@ def test_errors_are_one_family_defined_in_the_core():
 def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_their_own():
     """The exit codes live in hpc/core/errors.py; the requeue rule and its one executor in
     hpc/launch/requeue.py, which both batch shells run after their step; the sbatch scripts hand
-    over to that batch shell and hold no exit code, requeue or launch of their own (issue 50)."""
-    from hpc.launch.requeue import teardown_lines
+    over to that batch shell and hold no exit code, requeue or launch of their own (issue 50); their warning
+    is the job's own signal to that batch shell (issue 87)."""
     from hpc.settings.rankcommand import TRAINING_REQUEUE_CODES
 
     for name, path in MODULES.items():
@@ -233,12 +233,13 @@ def test_exit_codes_are_defined_once_and_the_sbatch_scripts_hold_no_rule_of_thei
         code = [line for line in (REPO / "jobs" / script).read_text().splitlines() if not line.startswith("#")]
         assert code[-1].startswith("exec python -m hpc.batch "), script
         assert not [w for w in ("srun", "scontrol", "EXIT_", "torch.distributed.run", "trap") if w in "\n".join(code)]
+        assert "#SBATCH --signal=B:USR2@180" in (REPO / "jobs" / script).read_text().splitlines(), script
     # one requeue executor (issue 73): the rule applied and `scontrol requeue` run in hpc/launch/requeue.py
-    # alone, which hpc.batch calls in-process and submitit's batch script runs from its teardown lines
+    # alone, which every job's batch shell (hpc/launch/batch.py run_job: hpc.batch and submitit's BatchJob) calls
     for needle in ("may_requeue(", '"scontrol", "requeue"'):
         assert {name for name, path in MODULES.items() if needle in path.read_text()} == {"hpc.launch.requeue"}
-    assert "requeue_after_step(" in MODULES["hpc.launch.batch"].read_text()
-    assert "-m hpc.launch.requeue" in "\n".join(teardown_lines(Path("run"), "python", 3))
+    assert {name for name, path in MODULES.items() if "requeue_after_step(" in path.read_text()} == {
+        "hpc.launch.batch", "hpc.launch.requeue"}
 
 
 def test_a_command_line_is_a_typed_value_past_its_entry_modules():
@@ -246,8 +247,7 @@ def test_a_command_line_is_a_typed_value_past_its_entry_modules():
     own modules); the plan and its points take a SubmitRequest and never read a flag by its name."""
     typed = {name for name, path in MODULES.items() if name.startswith(("hpc.launch", "hpc.settings"))
              and "argparse.Namespace" in path.read_text()}
-    assert typed == {"hpc.launch.submission.submit", "hpc.launch.submission.sbatchflags", "hpc.settings.flags",
-                     "hpc.launch.requeue"}, typed
+    assert typed == {"hpc.launch.submission.submit", "hpc.launch.submission.sbatchflags", "hpc.settings.flags"}, typed
     for name in ("hpc.launch.submission.plan", "hpc.launch.submission.points"):
         text = MODULES[name].read_text()
         assert "argparse" not in text and "request: SubmitRequest" in text, name

@@ -364,7 +364,6 @@ BASES = {
     "analysis.tensorboard": ["{T}/dir", "--host", "192.0.2.1"],
     "analysis": ["compare", "{T}/a", "{T}/b"],
     "hpc.rank": ["--outcome", "--run-dir", "{T}/none"],
-    "hpc.launch.requeue": ["--job", "7", "--run-dir", "{T}/none", "--step-exit", "0", "--max-requeues", "3"],
 }
 BASE_SOURCES = {  # what a base's own, later refusal names (a valid number reaches it)
     "hpc.data": ("--root", "data root"), "hpc.bench": ("--only",), "analysis.bench.speed": ("--json",),
@@ -379,7 +378,6 @@ NUMERIC_FLAGS = [  # (command, flag, type): every flag of type int or float, as 
     ("hpc.bench", "--steps", int), ("hpc.bench", "--warmup", int), ("hpc.bench", "--scaling-step-ms", float),
     ("analysis.bench.speed", "--repeat", int), ("analysis.tensorboard", "--port", int), ("analysis", "--rank", int),
     ("hpc.rank", "--stop-grace-s", int),
-    ("hpc.launch.requeue", "--step-exit", int), ("hpc.launch.requeue", "--max-requeues", int),
 ]
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from analysis.api import end_of_run_lines, render, run_numbers
-from hpc.core.ending import EXIT_CODES, SLURM_CANCELLED, Outcome
+from hpc.core.ending import EXIT_CODES, RESUMABLE, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, SweepPoint, read_checkpoint_info
 from hpc.core.summary import (
@@ -297,7 +297,13 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     if summary is None:
         print_job_failure(sub, poll_s)
         return Outcome.FAILED
-    return print_ended(f"job {sub.job_id}", paths, summary, numbers=follow)
+    ended = print_ended(f"job {sub.job_id}", paths, summary, numbers=follow)
+    if ended in RESUMABLE and _is_slurm_job(sub.job):
+        print(
+            f"job {sub.job_id}: resume with: python -m hpc.submit --resume {shlex.quote(str(paths.root))}",
+            file=sys.stderr,
+        )
+    return ended
 
 
 def print_ended(label: str, paths: RunPaths, summary: RunRecord, numbers: bool) -> Outcome:

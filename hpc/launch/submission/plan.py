@@ -18,7 +18,8 @@ from pathlib import Path
 from hpc.core.cli import check_name, check_output_dir
 from hpc.core.errors import UsageError
 from hpc.core.files import JsonObject
-from hpc.core.rundir import SweepPoint
+from hpc.core.rundir import JobRecord, SweepPoint
+from hpc.launch.batch import BatchJob, Step, step_preview
 from hpc.launch.submission.job import TaskJob
 from hpc.launch.submission.points import (
     COMMAND_SECTIONS,
@@ -35,8 +36,8 @@ from hpc.launch.submission.site import Charge, accounts, node_share
 from hpc.launch.submission.slurm import (
     JobRequest,
     Parameters,
-    job_python,
     local_parameters,
+    rank_python,
     sbatch_text,
     slurm_parameters,
 )
@@ -69,8 +70,10 @@ class JobSpec:
     parameters: Parameters  # submitit's, for this shape
     sbatch: str | None
     charge: Charge  # what index.json says each point ran in, for the report's node-hours (site.py)
-    jobs: tuple[TaskJob, ...]  # what submitit runs in every task of each point, in the points' order
-    python: str | None  # the python each task runs (None: this one; a container's own `python`)
+    jobs: tuple[BatchJob | TaskJob, ...]  # what submitit runs for each point, in the points' order: in its batch
+    # shell on Slurm (its one srun step); --local, in every task
+    python: str  # the python each rank's runner runs (this one; a container's own `python`)
+    step: str | None = None  # the srun step its batch shell runs, as a dry run says it (None with --local)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +100,8 @@ def make_plan(
     """The plan of a command line (`words`: the command after `--`, None for the training or a sweep's
     own command section): every shape and every point validated, nothing written. `into`: a sweep
     directory that exists, and the keys of its points to submit again there (`hpc.study resubmit`)."""
+    if request.resume is not None:
+        return resume_plan(request, words)
     command = words is not None or is_command_sweep(request.sweep)
     if command:
         refuse_training_flags(request)
@@ -124,6 +129,24 @@ def make_plan(
     return Plan(cluster, specs, request.local, work.sweep, sweep_dir, record)
 
 
+def resume_plan(request: SubmitRequest, words: list[str] | None) -> Plan:
+    """--resume RUN: RUN's own task (task.json) as one job in RUN itself (submitit's folder, no %j), whose
+    run starts from what RUN holds (the training's checkpoint; a script's own)."""
+    run_dir = Path(str(request.resume)).absolute()
+    where = f"command line: --resume {request.resume}"
+    if words is not None or request.config is not None or request.sweep is not None or request.overrides:
+        given = "a command after --" if words is not None else "--config, --sweep or a training option"
+        raise UsageError(f"{where}: {given}: a resumed run runs its own task again ({run_dir / 'task.json'})")
+    task = RankCommand.read(run_dir / "task.json", where)
+    if task is None:
+        raise UsageError(f"{where}: no task.json there: not a run directory of the toolkit")
+    cluster = load_cluster_for(request, COMMAND_SECTIONS)
+    job, _ = job_basics(request, cluster)
+    gpus = request.gpus if request.gpus is not None else cluster.gpus_per_node
+    shape = Shape(job(request.nodes, gpus, request.name or task.name, where), run_dir, ((None, task),), False)
+    return Plan(cluster, (job_spec(cluster, request.local, None, shape),), request.local)
+
+
 def job_spec(
     cluster: ClusterConfig,
     local: bool,
@@ -138,14 +161,45 @@ def job_spec(
     if local:
         params, text = local_parameters(cluster, request), None
     else:
-        params = slurm_parameters(cluster, request, max_parallel, folder)
-        text = sbatch_text(params, folder, job_python(cluster), map_count=len(points) if array else None)
+        params = slurm_parameters(cluster, request, max_parallel)
+        text = sbatch_text(params, folder, map_count=len(points) if array else None)
     qos = params.get("qos")
     charge = Charge(
         qos=qos if isinstance(qos, str) else None, node_share=node_share(cluster, request.nodes, request.gpus)
     )
-    jobs = tuple(TaskJob(task.to_dict(), cluster.launcher, request.gpus, cluster.max_restarts) for _, task in points)
-    return JobSpec(request, folder, points, array, params, text, charge, jobs, job_python(cluster))
+    python = rank_python(cluster)
+    step = Step(cluster.launcher, request.nodes, request.gpus, None, python=python)
+    record = job_record(cluster, request, params)
+    jobs: tuple[BatchJob | TaskJob, ...] = tuple(
+        TaskJob(task.to_dict(), cluster.launcher, request.gpus, cluster.max_restarts)
+        if local
+        else BatchJob(task, cluster, step, record)
+        for _, task in points
+    )
+    preview = None if local else step_preview(cluster, folder, step, request.options.exports.sbatch_value())
+    return JobSpec(request, folder, points, array, params, text, charge, jobs, python, preview)
+
+
+def job_record(cluster: ClusterConfig, request: JobRequest, params: Parameters) -> JobRecord:
+    """job.json of the job's runs: its shape and the options sbatch was given (what --resume submits again)."""
+
+    def given(key: str) -> str | None:
+        value = params.get(key)
+        return value if isinstance(value, str) else None
+
+    return JobRecord(
+        nodes=request.nodes,
+        gpus=request.gpus,
+        profile=cluster.name,
+        time_min=request.time_min,
+        name=request.name,
+        account=given("account"),
+        qos=given("qos"),
+        partition=given("partition"),
+        constraint=given("constraint"),
+        export_all=request.options.exports.inherit,
+        exports=dict(request.options.exports.values),
+    )
 
 
 def load_cluster_for(request: SubmitRequest, sections: tuple[str, ...]) -> ClusterConfig:

@@ -34,7 +34,8 @@ class SubmitRequest:
     --axis, as typed), `overrides` (--set and the training's flags), `training_flags` (the training's own
     flags given, which a user's command refuses), `no_profile`. How: `local`, `dry_run`, `wait`,
     `max_parallel`, `analysis_account` (hpc.study's), `allocation` (the interactive allocation the run
-    takes, None: a new job). `notes`: what was chosen for the user, said once the plan holds."""
+    takes, None: a new job), `resume` (a run directory whose task is submitted again there). `notes`: what
+    was chosen for the user, said once the plan holds."""
 
     nodes: int = 1
     gpus: int | None = None
@@ -55,6 +56,7 @@ class SubmitRequest:
     max_parallel: int | None = None
     analysis_account: str | None = None
     allocation: Allocation | None = None
+    resume: str | None = None  # --resume RUN: RUN's own task submitted again, in RUN
     notes: tuple[str, ...] = ()
 
     @property

@@ -18,9 +18,8 @@ from hpc.core.cli import check_name, shown
 from hpc.core.errors import UsageError
 from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
-from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.sbatchflags import MEMORY_PER, JobOptions
-from hpc.launch.submission.site import STOP_SIGNAL, extra_sbatch, is_partial, job_env, srun_words
+from hpc.launch.submission.site import extra_sbatch, is_partial, job_env
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
 
@@ -69,21 +68,15 @@ def setup_lines(cluster: ClusterConfig, req: JobRequest) -> list[str]:
     return list(cluster.setup) + [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
 
-def slurm_parameters(
-    cluster: ClusterConfig,
-    req: JobRequest,
-    max_parallel: int | None = None,
-    folder: Path | None = None,
-    requeue_python: str = sys.executable,
-) -> Parameters:
+def slurm_parameters(cluster: ClusterConfig, req: JobRequest, max_parallel: int | None = None) -> Parameters:
     """submitit SlurmExecutor parameters for one job shape, whatever its task: the sbatch script is a
     function of these. A partial node goes to the profile's shared QOS. Every task sees every GPU of the
     job on its node (a rank takes `cuda:LOCAL_RANK`, torchrun's contract, which one visible GPU per task
-    would break for a user's script). The warning before the time limit is SIGTERM, the signal of a
-    preemption too, on which the training checkpoints and scripts save (USR2, submitit's default, ends a
-    script that does not catch it). With the job's `folder`, the batch shell runs the one requeue executor
-    once its step has ended (hpc/launch/requeue.py, by `requeue_python`: the submitter's interpreter),
-    outliving a SIGTERM of its own to do so."""
+    would break for a user's script). submitit's job runs in the batch shell itself (`use_srun` off; its
+    script execs python: `batch_python`), where it runs the job's one srun step (hpc/launch/batch.py
+    `BatchJob`, the road of a hand-written script too). The warning before the time limit is the job's own
+    signal to that shell alone (WARNING: B:USR2), passed on to the tasks as the SIGTERM scripts save on; a
+    bare SIGTERM is then Slurm ending the job (a person's scancel): never requeued."""
     # one task per node: torchrun starts the per-GPU workers, or (node) one process uses every GPU
     torchrun = cluster.launcher in ONE_TASK_PER_NODE
     partial = is_partial(cluster, req.nodes, req.gpus)
@@ -104,18 +97,14 @@ def slurm_parameters(
         "dependency": ask.dependency,
         "exclusive": ask.exclusive,
         "signal_delay_s": cluster.signal_delay_s,
-        "setup": [*setup_lines(cluster, req), *([KEEP_TEARDOWN] if folder is not None else [])],
-        # One dead rank ends the step at once instead of leaving the others in a collective; the step takes
-        # the batch shell's environment where sbatch was told not to pass this one on (sbatch's --export is
-        # srun's default too); then the CPU binding and the container the task runs in.
-        "srun_args": ["--kill-on-bad-exit=1", *(["--export=ALL"] if export else []), *srun_words(cluster)],
+        "setup": [*setup_lines(cluster, req), BATCH_SHELL_LINE],
+        "use_srun": False,
         "array_parallelism": max_parallel,
         "additional_parameters": {
-            "signal": f"{STOP_SIGNAL}@{cluster.signal_delay_s}",
+            "signal": f"{WARNING}@{cluster.signal_delay_s}",
             **({"export": export} if export else {}),
             **extra_sbatch(cluster, ask.extra),
         },
-        "teardown": teardown_lines(folder, shlex.quote(requeue_python), cluster.max_requeues) if folder else None,
     }
     return {k: v for k, v in params.items() if v is not None}
 
@@ -151,9 +140,21 @@ def analysis_parameters(cluster: ClusterConfig, account: str | None, dependency:
     return {k: v for k, v in params.items() if v is not None}
 
 
+# The job's warning before its time limit: SIGUSR2 to its batch shell alone (hpc/launch/requeue.py JobSignals)
+WARNING = "B:USR2"
+# The setup's last line, a comment in the script: why submitit's command below is exec'd
+BATCH_SHELL_LINE = "# the job's python becomes its batch shell (exec): the warning (B:USR2) reaches it"
+
+
+def batch_python(python: str | None = None) -> str:
+    """What submitit's script runs its job with: this python (the submitter's, outside any container),
+    exec'd, so that the job's own signal to its batch shell reaches it."""
+    return f"exec {python or shlex.quote(sys.executable)}"
+
+
 def submitit_command(folder: Path, python: str | None = None) -> str:
-    """The command submitit runs in each task (SlurmExecutor._submitit_command_str)."""
-    return " ".join([python or shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    """The command submitit runs in the batch shell (SlurmExecutor._submitit_command_str)."""
+    return " ".join([batch_python(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
 
 
 def sbatch_text(params: Parameters, folder: Path, python: str | None = None, map_count: int | None = None) -> str:
@@ -165,6 +166,6 @@ def sbatch_text(params: Parameters, folder: Path, python: str | None = None, map
     return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params, **extra)
 
 
-def job_python(cluster: ClusterConfig) -> str | None:
-    """The python each task runs: this one, or inside a container image the image's own `python`."""
-    return "python" if cluster.image else None
+def rank_python(cluster: ClusterConfig) -> str:
+    """The python each rank's runner runs: this one, or inside a container image the image's own `python`."""
+    return "python" if cluster.image else sys.executable

@@ -39,7 +39,7 @@ from hpc.core.gpusample import count_here
 from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
-from hpc.core.rundir import IndexPoint, SweepIndexFile, SweepPaths, write_index, write_yaml
+from hpc.core.rundir import IndexPoint, RunPaths, SweepIndexFile, SweepPaths, read_job_record, write_index, write_yaml
 from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
@@ -47,6 +47,7 @@ from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
 from hpc.launch.submission.request import Allocation, SubmitRequest
 from hpc.launch.submission.sbatchflags import SLURM_GROUP, add_slurm_options, job_options, merge_sbatch_words
+from hpc.launch.submission.slurm import batch_python
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import TRAINING_FLAGS, add_training_flags, overrides_from_args
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
@@ -128,6 +129,12 @@ def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:
     g.add_argument("--dry-run", action="store_true", help="print the sbatch script(s); submit nothing")
     g.add_argument("--local", action="store_true", help="run here with submitit's local executor (no Slurm)")
     if not study:  # one way to submit a sweep: hpc.study run (its arrays, then its report)
+        g.add_argument(
+            "--resume",
+            metavar="RUN",
+            help="submit run directory RUN's task again, in RUN, as its job ran (RUN/job.json; options given here "
+            "win): a stopped or cancelled run resumes from its checkpoint",
+        )
         g.add_argument("--sweep", help=argparse.SUPPRESS)
         g.add_argument(
             "--new-job",
@@ -160,6 +167,8 @@ def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | Non
     machine's GPUs or two. What was chosen so goes to `notes`, said once the plan holds (bad input stays
     one line)."""
     merge_sbatch_words(args)
+    if getattr(args, "resume", None):
+        as_before(args)
     notes = []
     here = allocation_here(environ) if environ is not None and not args.local else None
     if here is not None and study_prog(prog):
@@ -197,8 +206,34 @@ def settle(args: argparse.Namespace, prog: str, environ: Mapping[str, str] | Non
         max_parallel=args.max_parallel,
         analysis_account=getattr(args, "analysis_account", None),
         allocation=allocation,
+        resume=getattr(args, "resume", None),
         notes=tuple(notes),
     )
+
+
+def as_before(args: argparse.Namespace) -> None:
+    """--resume RUN: the options not given here as RUN's job had them (RUN/job.json; none there: the profile's)."""
+    paths = RunPaths(Path(args.resume))
+    if not paths.task.is_file():  # said by the plan, in its words
+        return
+    job = read_job_record(paths, lambda line: log.warning(f"hpc: {line}"))
+    if job is None:
+        return
+    for name, value in (
+        ("nodes", job.nodes),
+        ("gpus", job.gpus),
+        ("time", job.time_min),
+        ("name", job.name),
+        ("account", job.account),
+        ("qos", job.qos),
+        ("partition", job.partition),
+        ("constraint", job.constraint),
+        ("profile", job.profile),
+    ):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if not args.export and (job.exports or not job.export_all):
+        args.export = ["ALL" if job.export_all else "NONE", *(f"{k}={v}" for k, v in job.exports.items())]
 
 
 def plan_for(
@@ -257,8 +292,10 @@ def print_plan(plan: Plan) -> None:
         elif spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
         for point, task in spec.points:
-            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, spec.python or sys.executable))
+            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, spec.python))
             print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
+        if spec.step is not None:
+            print(f"# the job's batch shell runs one step: {spec.step}")
         if spec.sbatch is not None:
             print(spec.sbatch, end="" if not spec.array else "\n")
 
@@ -311,17 +348,18 @@ def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
     return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
 
 
-def make_executor(params: dict[str, Any], folder: Path, local: bool, python: str | None = None) -> Any:
-    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor). Its own
-    requeue (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's
-    requeue is the batch shell's (hpc/launch/requeue.py)."""
+def make_executor(params: dict[str, Any], folder: Path, local: bool) -> Any:
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor, its job
+    exec'd in the batch shell: hpc/launch/submission/slurm.py `batch_python`). Its own requeue
+    (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's requeue is
+    the batch shell's (hpc/launch/requeue.py)."""
     import submitit
 
     executor: Any
     if local:
         executor = submitit.LocalExecutor(folder=folder)
     else:
-        executor = submitit.SlurmExecutor(folder=folder, python=python)
+        executor = submitit.SlurmExecutor(folder=folder, python=batch_python())
     executor.update_parameters(**params)
     return executor
 
@@ -368,7 +406,7 @@ def submit_specs(plan: Plan, done: list[Submitted]) -> int:
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
         with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
-            executor = make_executor(spec.parameters, spec.folder, plan.local, spec.python)
+            executor = make_executor(spec.parameters, spec.folder, plan.local)
             if not plan.local:
                 done.extend(submit_points(plan, executor, range(len(spec.points)), spec))
         if not plan.local:

@@ -12,7 +12,7 @@ RUN = {
     "config": "config.yaml", "submitted": "submitted.yaml", "traces": "traces", "metrics": "metrics.jsonl",
     "summary": "summary.json", "checkpoints": "checkpoints", "checkpoint": "checkpoints/last.pt",
     "previous_checkpoint": "checkpoints/previous.pt", "checkpoint_info": "checkpoints/last.json",
-    "tensorboard": "tensorboard", "lock": ".lock", "task": "task.json", "ranks": "ranks",
+    "tensorboard": "tensorboard", "lock": ".lock", "task": "task.json", "job": "job.json", "ranks": "ranks",
     "meeting": "ranks/meeting.json", "scheduler": "ranks/scheduler.json", "agents_meeting": "ranks/agents.json",
     "earlier": "ranks/earlier", "flight_recorder_dir": "flight_recorder", "flight_recorder_prefix": "flight_recorder/rank",
     "flight_recorder_pipe_prefix": "ranks/flight_recorder_pipe.rank", "gpus": "gpus",

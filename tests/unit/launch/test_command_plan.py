@@ -104,5 +104,5 @@ def test_a_dry_run_says_what_each_rank_runs(tmp_path):
 
     out = call("hpc.submit", ["--dry-run", "--nodes", "2", "--runs-dir", str(tmp_path), "--", "python", SCRIPT, "a b"])
     assert out.code == 0, out.stderr
-    assert f"# each rank runs: python {SCRIPT} 'a b'" in out.stdout and "#SBATCH --signal=TERM@180" in out.stdout
+    assert f"# each rank runs: python {SCRIPT} 'a b'" in out.stdout and "#SBATCH --signal=B:USR2@180" in out.stdout
     assert not list(tmp_path.iterdir())  # a dry run writes nothing

@@ -1,7 +1,7 @@
 """Perlmutter's practices as the profile states them (issue 29), each a pure function tested on literal
 values: accounts and their rule, the shared QOS and what a point can be charged, where a rank sits,
 the fabric's environment for multi-node jobs only, the container prefix, extra sbatch options, the
-NCCL network check on NCCL's own INFO lines, and the batch shell's requeue lines."""
+NCCL network check on NCCL's own INFO lines, and the batch shell's stops and requeue."""
 
 import contextlib
 import json
@@ -16,7 +16,6 @@ import pytest
 
 from hpc.core.ending import RankEnd, RankExit
 from hpc.core.errors import ConfigError, DistEnvError, UsageError
-from hpc.launch.requeue import KEEP_TEARDOWN, teardown_lines
 from hpc.launch.submission.site import (
     accounts,
     charge_lines,
@@ -129,109 +128,96 @@ def stopped_run(run_dir, kind=RankEnd.STOPPED, exit_code=3, ranks=2):
                                   for rank in range(ranks)])
 
 
-def slurm_stand_ins(bin_dir, srun=None):
-    """scontrol (`show job` says Slurm's restart count, RESTARTS; `requeue` is logged, refused with FAIL), sacct
-    (the job's state, STATE, as slurmdbd says it: "CANCELLED by 0"), and a stand-in srun where given."""
+def slurm_stand_ins(bin_dir, srun):
+    """scontrol (`show job` says Slurm's restart count, RESTARTS, and the job's state, JOBSTATE; `requeue` is
+    logged, refused with FAIL), scancel (logged), sacct (the job's state, STATE, as slurmdbd says it:
+    "CANCELLED by 0"), and a stand-in srun: the batch shell's one step."""
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(
-        '#!/bin/sh\nif [ "$1" = show ]; then echo "JobId=7 Restarts=${RESTARTS:-0} JobState=RUNNING"; exit 0; fi\n'
-        'echo "$@" >> "$LOG"\n[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
+        '#!/bin/sh\nif [ "$1" = show ]; then echo "JobId=7 JobState=${JOBSTATE:-RUNNING} Reason=None Restarts='
+        '${RESTARTS:-0}"; exit 0; fi\necho "scontrol $*" >> "$LOG"\n'
+        '[ -z "$FAIL" ] || { echo "scontrol: error: down" >&2; exit 1; }\n')
+    (bin_dir / "scancel").write_text('#!/bin/sh\necho "scancel $*" >> "$LOG"\n')
     (bin_dir / "sacct").write_text('#!/bin/sh\necho "7|${STATE:-RUNNING}"\n')
-    if srun is not None:
-        (bin_dir / "srun").write_text(srun)
+    (bin_dir / "srun").write_text(srun)
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
 
 
-def teardown(folder):
-    return "\n".join(teardown_lines(folder, shlex.quote(sys.executable), 3))
+# A stand-in srun for the batch shell's step: it sends its batch shell (its parent) SIGNAL as Slurm would
+# (USR2: the job's warning, --signal=B:USR2@N; TERM: a person's scancel), waits until the warning's SIGTERM
+# has been passed on to the tasks (scancel --signal=TERM, logged) or a second, then ends as its tasks did.
+STEP = """#!/bin/sh
+[ -z "$SIGNAL" ] || kill -s "$SIGNAL" $PPID
+for i in 1 2 3 4 5 6 7 8 9 10; do grep -q "^scancel" "$LOG" 2>/dev/null && break; sleep 0.1; done
+exit ${STEP_EXIT:-0}
+"""
 
 
-def test_the_batch_shell_requeues_a_job_whose_run_stopped(tmp_path):
-    """The teardown lines run in bash the one requeue executor (python -m hpc.launch.requeue) with stand-in
-    Slurm clients: a stopped run is requeued once, a finished one never; a job a person cancelled is never
-    requeued; one requeued since this start (Lightning's own) not again; a refusal is one line with
-    scontrol's words; the batch shell ends with the step's own exit code."""
-    slurm_stand_ins(tmp_path / "bin")
-    paths = stopped_run(tmp_path / "7")
-    script = teardown(tmp_path / "%j")
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    ok = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
-    assert "hpc.submit: job 7 requeued from the batch shell" in ok.stdout.splitlines(), ok.stdout + ok.stderr
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"
-    assert json.loads(paths.summary.read_text())["outcome"] == "stopped"  # the run's end, written after the step
-    subprocess.run(["bash", "-c", script], env={**env, "STATE": "CANCELLED by 0"}, capture_output=True, text=True)
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # cancelled: not requeued
-    again = subprocess.run(["bash", "-c", script], env={**env, "RESTARTS": "1"}, capture_output=True, text=True)
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"  # requeued since this start: not again
-    assert "hpc.submit: job 7 was requeued already since this start (by its task: Lightning requeues its job on " \
-           "SIGUSR1): not again" in again.stdout.splitlines()
-    failed = subprocess.run(["bash", "-c", script], env={**env, "FAIL": "1"}, capture_output=True, text=True)
-    assert failed.stderr.strip() == (f"hpc.submit: job 7 could not requeue itself (scontrol: scontrol: error: down); "
-                                     f"its checkpoint stays in {tmp_path / '7'}: resubmit the same command to resume it")
-    stopped_run(tmp_path / "8", kind=RankEnd.OK, exit_code=0)
-    subprocess.run(["bash", "-c", script], env={**env, "SLURM_JOB_ID": "8"}, capture_output=True, text=True)
-    assert (tmp_path / "calls").read_text() == "requeue 7\nrequeue 7\n"  # the refused one; nothing for a done run
-    # the batch shell ends with the step's own exit code: Slurm records a failed step's job as FAILED
-    for step, code in (("true", 0), ("exit_with() { return 5; }; exit_with", 5)):
-        assert subprocess.run(["bash", "-c", f"{step}\n{script}"], env={**env, "SLURM_JOB_ID": "8"}).returncode == code
+def batch_shell(tmp_path, run, **env):
+    """`python -m hpc.batch` as a batch script runs it, on a stopped run's directory, with the stand-ins."""
+    shell = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls"),
+             "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2", "HOME": str(tmp_path), **env}
+    out = subprocess.run([sys.executable, "-m", "hpc.batch", "--profile", "local", "--run-dir", str(run), "--",
+                          "true"], env=shell, capture_output=True, text=True, timeout=120)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    (tmp_path / "calls").unlink(missing_ok=True)
+    return out, calls
 
 
-def test_a_requeue_command_that_cannot_run_is_one_line(tmp_path):
-    """No interpreter where the submitter's was (a venv removed since): one line, and the step's code."""
-    slurm_stand_ins(tmp_path / "bin")
-    stopped_run(tmp_path / "7")
-    script = "\n".join(teardown_lines(tmp_path / "%j", str(tmp_path / "gone" / "python"), 3))
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    out = subprocess.run(["bash", "-c", f"false\n{script}"], env=env, capture_output=True, text=True)
-    said = [line for line in out.stderr.splitlines() if line.startswith("hpc.submit:")]
-    assert said == ["hpc.submit: job 7: its requeue command could not run (exit 127): not requeued; resubmit the "
-                    "point to resume it"] and out.returncode == 1, out.stderr
-    assert not (tmp_path / "calls").exists()
+def test_the_batch_shell_tells_the_warning_to_the_tasks_and_requeues_the_run_that_saved(tmp_path):
+    """The job's warning (SIGUSR2 to the batch shell) is passed on to the tasks as the SIGTERM scripts save on,
+    and the run that saved is requeued; its job still ends 3 (not done), so an afterok job waits. A refused
+    requeue is one line with scontrol's words and the command that resumes the run."""
+    slurm_stand_ins(tmp_path / "bin", STEP)
+    run = tmp_path / "7"
+    paths = stopped_run(run)
+    out, calls = batch_shell(tmp_path, run, SIGNAL="USR2")
+    assert calls == ["scancel --signal=TERM 7", "scontrol requeue 7"], out.stdout + out.stderr
+    assert out.returncode == 3 and "hpc.batch: job 7 requeued from the batch shell" in out.stdout
+    assert json.loads(paths.summary.read_text())["outcome"] == "stopped"
+    run = tmp_path / "7b"
+    stopped_run(run)
+    out, calls = batch_shell(tmp_path, run, SIGNAL="USR2", FAIL="1")
+    assert calls == ["scancel --signal=TERM 7", "scontrol requeue 7"] and out.returncode == 3
+    assert (f"hpc.batch: job 7 could not requeue itself (scontrol: scontrol: error: down); its checkpoint stays; "
+            f"resume with: python -m hpc.submit --resume {run}") in out.stderr, out.stderr
+    run = tmp_path / "7c"
+    stopped_run(run)
+    out, calls = batch_shell(tmp_path, run, SIGNAL="USR2", RESTARTS="1")  # requeued since this start (Lightning's)
+    assert calls == ["scancel --signal=TERM 7"] and out.returncode == 3
+    assert "job 7 was requeued already since this start" in out.stdout
 
 
-@pytest.mark.parametrize("records", [True, False])
-def test_the_batch_shell_outlives_a_sigterm_to_requeue_after_its_step(tmp_path, records):
-    """A preemption signals the batch shell too: with the line before the step, bash waits for its step
-    (a stand-in srun that ends 1 s after the signal) and then runs the teardown, which requeues the job:
-    from the ranks' records (they saved and stopped), or without any (srun killed its tasks: 143) because
-    the shell says it got SIGTERM. Without the line bash dies of it (the check)."""
-    end = "exit 0" if records else "exit 143"
-    slurm_stand_ins(tmp_path / "bin", f'#!/bin/sh\ntrap \'sleep 1; {end}\' TERM\ntouch "$LOG.step"\n'
-                                      'while :; do sleep 0.1; done\n')
-    stopped_run(tmp_path / "7", ranks=2 if records else 0)
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    for kept in (True, False):
-        (tmp_path / "calls").unlink(missing_ok=True)
-        script = "\n".join([*([KEEP_TEARDOWN] if kept else []), "srun", teardown(tmp_path / "%j")])
-        step = tmp_path / "calls.step"
-        step.unlink(missing_ok=True)
-        shell = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 30
-            while not step.exists():  # the step is running (its trap set)
-                assert time.monotonic() < deadline and shell.poll() is None
-                time.sleep(0.05)
-            os.killpg(shell.pid, signal.SIGTERM)  # Slurm signals every process of the job: bash and srun
-            out, err = shell.communicate(timeout=60)
-        finally:  # nothing of the test outlives it, whatever failed
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(shell.pid, signal.SIGKILL)
-        requeued = (tmp_path / "calls").exists() and (tmp_path / "calls").read_text() == "requeue 7\n"
-        assert requeued is kept, (kept, out, err)
-        if kept:
-            assert "got SIGTERM: its step ends first" in err and "requeued from the batch shell" in out
-
-
-@pytest.mark.parametrize("folder, run_dir", [
-    ("runs/%j", "runs/7"), ("runs/fixed", "runs/fixed"), ("a b/%j/x/%j", "a b/7/x/7"),
+@pytest.mark.parametrize("signal_name, env, said", [
+    ("TERM", {}, "job 7 was ended by Slurm (scancel, its time limit or a preemption): not requeued"),
+    ("", {}, "job 7 was stopped by a person (scancel --signal: no warning reached its batch shell): not requeued"),
+    ("USR2", {"JOBSTATE": "COMPLETING"}, "is being ended by Slurm (JobState COMPLETING"),  # scancel in its teardown
+    ("USR2", {"STATE": "CANCELLED by 0"}, "was cancelled (scancel): a person's stop is not requeued"),
 ])
-def test_the_batch_shell_finds_the_run_in_any_shape_of_folder(tmp_path, folder, run_dir):
-    """submitit fills every %j of its folder with the job's id; a folder without one is the run's own."""
-    slurm_stand_ins(tmp_path / "bin")
-    stopped_run(tmp_path / run_dir)
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "LOG": str(tmp_path / "calls")}
-    assert subprocess.run(["bash", "-c", teardown(tmp_path / folder)], env=env, capture_output=True,
-                          text=True).returncode == 0
-    assert (tmp_path / "calls").read_text() == "requeue 7\n"
+def test_a_persons_stop_is_never_requeued(tmp_path, signal_name, env, said):
+    """A bare SIGTERM to the batch shell (a person's scancel: Slurm ends the job), a stop the tasks alone saw
+    (scancel --signal=TERM), and a warning whose job a person cancelled meanwhile: never requeued, the job
+    ends 3, and the line names the command that resumes the run. A scancel's run reads cancelled."""
+    slurm_stand_ins(tmp_path / "bin", STEP)
+    run = tmp_path / "7"
+    paths = stopped_run(run)
+    out, calls = batch_shell(tmp_path, run, SIGNAL=signal_name, **env)
+    assert not [c for c in calls if c.startswith("scontrol requeue")] and out.returncode == 3, out.stdout + out.stderr
+    lines = out.stdout + out.stderr
+    assert said in lines and f"resume with: python -m hpc.submit --resume {run}" in lines, lines
+    assert json.loads(paths.summary.read_text())["outcome"] == ("cancelled" if signal_name == "TERM" else "stopped")
+
+
+def test_the_batch_shell_ends_its_job_0_only_for_a_run_that_finished(tmp_path):
+    """A finished run's job ends 0 whatever srun said; a run that did not finish ends non-zero even where
+    every task exited 0 (a script that stopped unfinished): afterok holds."""
+    slurm_stand_ins(tmp_path / "bin", STEP)
+    done = tmp_path / "8"
+    stopped_run(done, kind=RankEnd.OK, exit_code=0)
+    assert batch_shell(tmp_path, done, STEP_EXIT="0")[0].returncode == 0
+    unfinished = tmp_path / "9"
+    stopped_run(unfinished, exit_code=0)
+    out, calls = batch_shell(tmp_path, unfinished, SIGNAL="USR2", STEP_EXIT="0")
+    assert out.returncode == 3 and calls == ["scancel --signal=TERM 7"], out.stdout + out.stderr
+    assert "a script asks for a requeue by exiting 3 once it saved" in out.stderr

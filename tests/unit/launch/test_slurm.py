@@ -2,6 +2,7 @@
 golden file, partial and whole nodes, Slurm's restart count, the one requeue rule."""
 
 import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -24,7 +25,7 @@ def command_sbatch_text() -> str:
     cluster = load_cluster("perlmutter")
     req = JobRequest(nodes=2, gpus=4, time_min=120, name="train", options=JobOptions(account="m1234_g"))
     folder = Path("/scratch/runs/train/%j")
-    return sbatch_text(slurm_parameters(cluster, req, folder=folder, requeue_python="python"), folder, python="python")
+    return sbatch_text(slurm_parameters(cluster, req), folder, python="python")
 
 
 def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
@@ -32,7 +33,9 @@ def test_a_command_jobs_sbatch_text_is_pinned_by_a_golden_file():
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "sbatch text changed; rerun with UPDATE_GOLDEN=1 if intended"
-    assert "#SBATCH --signal=TERM@180" in text and "USR2" not in text  # scripts save on SIGTERM
+    # the warning to the batch shell alone, which python becomes: a bare SIGTERM is then Slurm ending the job
+    assert "#SBATCH --signal=B:USR2@180" in text and "\nexec python -u -m submitit.core._submit " in text
+    assert "srun" not in text  # the batch shell's own srun step (hpc/launch/batch.py), not submitit's
 
 
 def test_a_partial_node_job_sees_every_gpu_of_its_job():
@@ -82,25 +85,26 @@ def test_a_job_requeued_since_this_start_is_not_requeued_again(line, start, alre
     assert requeued_since(line, env) == (ALREADY if already else None)
 
 
-@pytest.mark.parametrize("code, signum, env, requeued", [
-    (3, None, {}, True), (5, None, {}, True), (0, None, {}, False), (1, None, {}, False),
-    (3, signal.SIGINT, {}, False),  # Ctrl-C: a person's stop
-    (3, signal.SIGTERM, {"SUBMITIT_EXECUTOR": "local"}, False),  # SIGTERM here is a person's too
-    (3, signal.SIGTERM, {"SUBMITIT_EXECUTOR": "slurm"}, True),  # on Slurm, a preemption
-    (3, None, {"SLURM_RESTART_COUNT": "3"}, False),  # no requeue left
+@pytest.mark.parametrize("code, warned, env, requeued", [
+    (3, True, {}, True),  # saved and stopped after the job's warning (the time limit's, a site's preemption signal)
+    (3, False, {}, False),  # saved and stopped with no warning to the batch shell: a person's scancel --signal
+    (5, False, {}, True),  # the training's lost peer: a fault, not a stop
+    (0, True, {}, False), (1, True, {}, False), (4, True, {}, False),
+    (3, True, {"SLURM_RESTART_COUNT": "2"}, True), (3, True, {"SLURM_RESTART_COUNT": "3"}, False),  # budget of 3
+    (5, False, {"SLURM_RESTART_COUNT": "3"}, False),
 ])
-def test_the_one_requeue_rule(code, signum, env, requeued):
+def test_the_one_requeue_rule(code, warned, env, requeued):
     """may_requeue, the rule the one executor (requeue_after_step) applies; the training's codes (3 saved and
     stopped, 5 a lost peer), a budget of 3."""
     from hpc.launch.requeue import may_requeue
 
-    assert may_requeue(code, (3, 5), signum, env, 3) is requeued
-    assert may_requeue(5, (3,), None, {}, 3) is False  # a user's command asks with 3 alone
+    assert may_requeue(code, (3, 5), warned, env, 3) is requeued
+    assert may_requeue(5, (3,), True, {}, 3) is False  # a user's command asks with 3 alone
 
 
 @pytest.mark.parametrize("record, code", [
     ({"kind": "stopped", "exit_code": 3}, 3),  # saved and stopped
-    ({"kind": "stopped", "exit_code": 0}, 3),  # exit 0 after a stop, not known to have finished
+    ({"kind": "stopped", "exit_code": 0}, None),  # exit 0 after a stop, unfinished: asks for nothing (no checkpoint)
     ({"kind": "stopped", "exit_code": 5}, 5),  # the training's lost peer
     ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGTERM"}, 3),  # took the stop, hung
     ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGINT"}, None),  # a person's Ctrl-C
@@ -112,7 +116,9 @@ def test_the_one_requeue_rule(code, signum, env, requeued):
 def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     """Issue 60: a command that took Slurm's SIGTERM and hung (Lightning's DDP ranks, deadlocked in its
     SIGTERM handler) is killed after the grace time and resumes as a stopped one does: 3; a kill that
-    followed a person's stop or another rank's failure, and a command that died of the signal, are not."""
+    followed a person's stop or another rank's failure, and a command that died of the signal, are not.
+    Issue 87: a command that exited 0 after the stop without finishing asks for nothing: requeued, it
+    would start again from its first step. Its job still ends 3, not 0: the run did not finish."""
     from hpc.core.ending import Outcome
     from hpc.core.summary import RunRecord
     from hpc.launch.requeue import requeue_code, run_code
@@ -120,7 +126,9 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     ranks = entries({"rank": r, **record} for r in (0, 1))  # the batch shell's code for a run of such ranks
     assert requeue_code(ranks[0]) == code
     if code is not None:
-        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.PREEMPTED), 0, False) == code
+        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.PREEMPTED), 0) == code
+    if record == {"kind": "stopped", "exit_code": 0}:
+        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.STOPPED), 0) == 3
 
 
 @pytest.fixture
@@ -137,25 +145,29 @@ def slurm_clients(tmp_path, monkeypatch):
     return tmp_path / "calls"
 
 
-@pytest.mark.parametrize("sacct, scontrol, start, why_not", [
-    ("88|CANCELLED by 1000", "JobId=88 JobState=COMPLETING Restarts=0", "0", "cancelled"),  # a person's scancel
-    ("88|RUNNING", "JobId=88 JobState=COMPLETING Restarts=1 BatchFlag=1", "0", "already"),  # Lightning requeued it
-    ("88|RUNNING", "JobId=88 JobState=RUNNING Restarts=1 BatchFlag=1", "1", None),  # this start's own count
-    ("88|PREEMPTED", "JobId=88 JobState=PREEMPTED Restarts=0", "", None),  # a preemption: requeue it
-    ("87|CANCELLED by 0", "JobId=88 JobState=RUNNING Restarts=0", "0", None),  # another job's cancel
-    ("", "slurm_load_jobs error: Invalid job id specified", "0", None),  # no answer: the requeue is tried
+@pytest.mark.parametrize("scontrol, sacct, start, why_not", [
+    # scancel while the step ended: being torn down, whatever the accounting says (or without it)
+    ("JobId=88 JobState=COMPLETING Restarts=0", "88|CANCELLED by 1000", "0", "ending"),
+    ("JobId=88 JobState=COMPLETING Restarts=0", "", "0", "ending"),
+    ("JobId=88 JobState=RUNNING Restarts=0", "88|CANCELLED by 1000", "0", "cancelled"),  # the accounting's word
+    ("JobId=88 JobState=RUNNING Restarts=1 BatchFlag=1", "88|RUNNING", "0", "already"),  # Lightning requeued it
+    ("JobId=88 JobState=RUNNING Restarts=1 BatchFlag=1", "88|RUNNING", "1", None),  # this start's own count
+    ("JobId=88 JobState=RUNNING Restarts=0", "87|CANCELLED by 0", "0", None),  # another job's cancel
+    ("slurm_load_jobs error: Invalid job id specified", "", "0", None),  # no answer: the requeue is tried
 ])
-def test_slurms_own_state_is_asked_before_a_requeue(slurm_clients, monkeypatch, sacct, scontrol, start, why_not):
-    """not_to_requeue asks sacct, then (unless cancelled) scontrol, about this job and no other."""
-    from hpc.launch.requeue import ALREADY, CANCELLED, not_to_requeue
+def test_slurms_own_state_is_asked_before_a_requeue(slurm_clients, monkeypatch, scontrol, sacct, start, why_not):
+    """not_to_requeue asks scontrol, then (unless the job is being ended) sacct, about this job and no other."""
+    from hpc.launch.requeue import ALREADY, CANCELLED, ENDING, not_to_requeue
 
     monkeypatch.setenv("SACCT_SAYS", sacct)
     monkeypatch.setenv("SCONTROL_SAYS", scontrol)
     env = {"SLURM_RESTART_COUNT": start} if start else {}
-    assert not_to_requeue("88", env) == {"cancelled": CANCELLED, "already": ALREADY, None: None}[why_not]
+    expected = {"ending": ENDING.format(state="COMPLETING"), "cancelled": CANCELLED, "already": ALREADY, None: None}
+    assert not_to_requeue("88", env) == expected[why_not]
     calls = slurm_clients.read_text().splitlines()
-    assert calls[0].startswith("sacct ") and calls[0].split()[-2:] == ["-j", "88"]
-    assert calls[1:] == ([] if why_not == "cancelled" else ["scontrol show job -o 88"])
+    assert calls[0] == "scontrol show job -o 88"
+    assert [c.split()[0] for c in calls[1:]] == ([] if why_not == "ending" else ["sacct"])
+    assert why_not == "ending" or calls[1].split()[-2:] == ["-j", "88"]
 
 
 def test_no_scontrol_to_ask_is_no_reason_not_to_requeue(tmp_path, monkeypatch):
@@ -170,7 +182,25 @@ def test_an_unset_restart_count_is_a_first_start(restarts, budget, requeued):
     from hpc.launch.requeue import may_requeue
 
     env = {"SLURM_RESTART_COUNT": restarts} if restarts else {}
-    assert may_requeue(3, (3,), None, env, budget) is requeued
+    assert may_requeue(3, (3,), True, env, budget) is requeued
+
+
+@pytest.mark.parametrize("scontrol, start, state", [
+    ("JobId=88 JobState=COMPLETING Reason=None Restarts=0", "0", "CANCELLED"),  # a person's scancel
+    ("JobId=88 JobState=COMPLETING Reason=TimeLimit Restarts=0", "0", "TIMEOUT"),  # the time limit itself
+    ("JobId=88 JobState=COMPLETING Reason=None Restarts=1", "0", None),  # requeued by its task (Lightning)
+    ("JobId=88 JobState=COMPLETING Reason=None Restarts=1", "1", "CANCELLED"),
+    ("slurm_load_jobs error: Unable to contact slurm controller", "0", "CANCELLED"),
+])
+def test_a_sigterm_to_the_batch_shell_is_named_as_slurm_names_it(slurm_clients, monkeypatch, scontrol, start, state):
+    """What a batch shell's SIGTERM was, as `scontrol show job` says it during the teardown (seen on the test
+    cluster: Reason=TimeLimit at the time limit, Reason=None after a scancel, Restarts above the start's after
+    a requeue); the accounting is never asked (it may not answer within KillWait)."""
+    from hpc.launch.requeue import ending_state
+
+    monkeypatch.setenv("SCONTROL_SAYS", scontrol)
+    assert ending_state("88", {"SLURM_RESTART_COUNT": start}) == state
+    assert [c.split()[0] for c in slurm_clients.read_text().splitlines()] == ["scontrol"]
 
 
 def ended_run(tmp_path, *ends):
@@ -181,53 +211,66 @@ def ended_run(tmp_path, *ends):
         for rank, (kind, code, stop, *message) in enumerate(ends)], task=False)
 
 
-@pytest.mark.parametrize("ends, env, code, calls, said", [
-    # saved and stopped on Slurm's SIGTERM: Slurm asked, then requeued
-    ([("stopped", 3, "SIGTERM")] * 2, {}, 0, ["sacct", "scontrol show", "scontrol requeue 88"],
+RESUME = "resume with: python -m hpc.submit --resume"
+
+
+@pytest.mark.parametrize("ends, end, env, code, calls, said", [
+    # saved and stopped after the job's warning: Slurm asked, then requeued; the job still ends 3 (not done)
+    ([("stopped", 3, "SIGTERM")] * 2, {"warned": True}, {}, 3, ["scontrol show", "sacct", "scontrol requeue 88"],
      "hpc.batch: the task asked to be requeued (exit 3): requeueing job 88\nhpc.batch: job 88 requeued from the "
      "batch shell"),
-    # rank 0 frozen and killed without a record of a stop; rank 1 lost its peer: 5 is a requeue code too
-    ([("killed", None, None), ("stopped", 5, "rank 0 lost")], {}, 0, ["sacct", "scontrol show", "scontrol requeue 88"],
-     "requeueing job 88"),
-    # took Slurm's stop and hung (Lightning's DDP ranks): killed after the grace time, requeued, and said so
-    ([("killed", None, "SIGTERM", "killed 10 s after SIGTERM")] * 2, {}, 0, ["sacct", "scontrol show",
-     "scontrol requeue 88"], "the task took Slurm's stop and did not end in time (killed 10 s after SIGTERM)"),
-    # a person's Ctrl-C: not requeued, Slurm not even asked
-    ([("stopped", 3, "SIGINT")] * 2, {}, 3, [], "was stopped by a person (Ctrl-C): not requeued"),
+    # the same stop with no warning to the batch shell: a person's scancel --signal; nothing asked
+    ([("stopped", 3, "SIGTERM")] * 2, {}, {}, 3, [], "job 88 was stopped by a person (scancel --signal: no warning reached its batch shell): not requeued; "
+     f"{RESUME}"),
+    # a person's scancel: the batch shell got SIGTERM; scontrol names it, the run reads cancelled, never requeued
+    ([("stopped", 3, "SIGTERM")] * 2, {"ended": True}, {}, 3, ["scontrol show"],
+     f"job 88 was ended by Slurm (scancel, its time limit or a preemption): not requeued; {RESUME}"),
+    # rank 0 frozen and killed without a record of a stop; rank 1 lost its peer: 5 is a requeue code, no stop
+    ([("killed", None, None), ("stopped", 5, "rank 0 lost")], {}, {}, 5,
+     ["scontrol show", "sacct", "scontrol requeue 88"], "requeueing job 88"),
+    # took the warning's stop and hung (Lightning's DDP ranks): killed after the grace time, requeued, said so
+    ([("killed", None, "SIGTERM", "killed 10 s after SIGTERM")] * 2, {"warned": True}, {}, 3,
+     ["scontrol show", "sacct", "scontrol requeue 88"],
+     "the task took Slurm's stop and did not end in time (killed 10 s after SIGTERM)"),
+    # a script that exited 0 after the warning, unfinished: not requeued (it would start from its first step)
+    ([("stopped", 0, "SIGTERM")] * 2, {"warned": True}, {}, 3, [], "a script asks for a requeue by exiting 3"),
     # the budget spent (restart 3 of 3)
-    ([("stopped", 3, "SIGTERM")] * 2, {"SLURM_RESTART_COUNT": "3"}, 3, [], "job 88 stopped after 3 requeues"),
+    ([("stopped", 3, "SIGTERM")] * 2, {"warned": True}, {"SLURM_RESTART_COUNT": "3"}, 3, [],
+     "job 88 stopped after 3 requeues"),
     # a failure is no stop: its own code, nothing asked
-    ([("failed", 7, None), ("killed", None, "rank 0 failed")], {}, 7, [], "rank 0 failed first"),
-    ([("ok", 0, None)] * 2, {}, 0, [], ": done"),
+    ([("failed", 7, None), ("killed", None, "rank 0 failed")], {"warned": True}, {}, 7, [], "rank 0 failed first"),
+    ([("ok", 0, None)] * 2, {"ended": True}, {}, 0, ["scontrol show"], ": done"),  # finished as Slurm ended it
+    ([("ok", 0, None)] * 2, {}, {}, 0, [], ": done"),
 ])
 def test_the_one_requeue_executor_decides_from_the_runs_records(slurm_clients, monkeypatch, tmp_path, caplog, ends,
-                                                                  env, code, calls, said):
-    """requeue_after_step, as both batch shells run it: the run's records decide, once; Slurm is asked only for
-    a requeue the rule allows, and scontrol requeues the job."""
+                                                                  end, env, code, calls, said):
+    """requeue_after_step, as every batch shell runs it: the run's records and the batch shell's signals
+    decide, once; Slurm is asked only for a requeue the rule allows, and scontrol requeues the job. The job's
+    exit code is 0 only for a run that finished."""
     import logging
 
-    from hpc.launch.requeue import requeue_after_step
+    from hpc.launch.requeue import StepEnd, requeue_after_step
 
     monkeypatch.setenv("SACCT_SAYS", "88|RUNNING")
-    monkeypatch.setenv("SCONTROL_SAYS", "JobId=88 JobState=RUNNING Restarts=0")
+    monkeypatch.setenv("SCONTROL_SAYS", "JobId=88 JobState=RUNNING Reason=None Restarts=0")
     paths = ended_run(tmp_path, *ends)
     with caplog.at_level(logging.INFO):
-        assert requeue_after_step(paths, (3, 5), ("88", 0, False), env, 3, "hpc.batch") == code
+        assert requeue_after_step(paths, (3, 5), StepEnd("88", 0, **end), env, 3, "hpc.batch") == code
     made = slurm_clients.read_text().splitlines() if slurm_clients.exists() else []
     assert [c for c in made if not any(c.startswith(p) for p in calls)] == [] and len(made) == len(calls), made
     lines = "\n".join(r.getMessage() for r in caplog.records)
     assert said in lines, lines
     assert ("stopped after" in lines) is ("stopped after" in said), lines  # no budget said for an end
-    assert paths.summary.exists()  # the run's end, written once its step has ended
+    summary = json.loads(paths.summary.read_text())  # the run's end, written once its step has ended
+    assert (summary["outcome"] == "cancelled") is (end.get("ended", False) and code != 0), summary["outcome"]
 
 
-def test_a_requeue_command_refuses_a_task_that_is_not_one(tmp_path, capsys):
+def test_a_resume_refuses_a_task_that_is_not_one(tmp_path, capsys):
     from hpc.core.cli import run
-    from hpc.launch.requeue import main
+    from hpc.launch.submission.submit import main
 
     (tmp_path / "task.json").write_text('{"schema": 99}')
-    code = run("hpc.launch.requeue", main, ["--job", "7", "--run-dir", str(tmp_path), "--step-exit", "0",
-                                            "--max-requeues", "3"])
+    code = run("hpc.submit", main, ["--resume", str(tmp_path), "--dry-run", "-A", "m1_g"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "task.json is not a task" in err[0], err
 
