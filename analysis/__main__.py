@@ -195,7 +195,8 @@ def print_tables(traces: list[TraceRecord], runs: list[RunRow], sweep_rows: list
             if r.profiled_ranks and (r.gpus or 0) > len(r.profiled_ranks):  # profiler.ranks: a subset traced
                 print(f"profiled: ranks {','.join(map(str, r.profiled_ranks))} of {r.gpus} (the rest: summary.json)")
             print(
-                f"run: {len(traces)} trace(s), {r.ranks} rank(s); step time mean/max over ranks "
+                f"run: {r.outcome or 'no record of its end'}; {len(traces)} trace(s), {r.ranks} rank(s); step time "
+                "mean/max over ranks "
                 f"{_ms(r.step_time_us_mean.mean)}/{_ms(r.step_time_us_mean.max)} ms, imbalance "
                 f"{r.rank_imbalance if r.rank_imbalance is None else round(r.rank_imbalance, 3)}"
             )

@@ -4,11 +4,13 @@ One road for every task (the toolkit's training is the command `python -m hpc.tr
 another). Its rooms:
 
 - submission/: from a command line to jobs and back on a login node: the plan, the Slurm side, the
-  submit command, the job submitit runs in every task, and following the jobs to one printed result;
+  submit command, the job submitit runs in every task of a local run, and following the jobs to one
+  printed result;
 - rank/: inside a job, one rank: the per-rank runner (`python -m hpc.rank`), its environment, meeting,
   records, output pump, hang watch and NCCL flight recorder;
-- batch.py: the batch shell of the hand-written sbatch scripts (`python -m hpc.batch`);
-- requeue.py: the one requeue rule and its one executor, which both batch shells run after their step;
+- batch.py: every Slurm job's batch shell, one road: the hand-written sbatch scripts' (`python -m
+  hpc.batch`) and hpc.submit's (`BatchJob`, through submitit), its one srun step;
+- requeue.py: the batch shell's signals told apart, the one requeue rule and its one executor;
 - study.py: `python -m hpc.study run|status|resubmit`; status.py: each point of a sweep and how it stands;
 - configcli.py: `python -m hpc.config`.
 The torch half (hpc/training) runs only as a task's process.

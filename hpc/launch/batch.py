@@ -135,17 +135,15 @@ class Step:
 
 
 def job_step(env: Mapping[str, str]) -> Step:
-    """The batch job's own step, from its variables (HPC_LAUNCHER: the sbatch script's choice): a task a
-    GPU, as many as sbatch's --gpus-per-node gives (which a script's --ntasks-per-node does not follow by
-    itself: the step is sized to the GPUs then, and says so)."""
+    """The batch job's own step, from its variables (HPC_LAUNCHER: the sbatch script's choice): a rank a
+    GPU, as many a node as both --ntasks-per-node and --gpus-per-node allow. sbatch's -N 1 --gpus-per-node=2
+    leaves the script's --ntasks-per-node=4 in force: the step is sized to the 2 GPUs then, and says so."""
     tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE")) or 4
-    gpus = _first_int((env.get("SLURM_GPUS_PER_NODE") or "").rsplit(":", 1)[-1]) or tasks
+    gpus = min(tasks, _first_int((env.get("SLURM_GPUS_PER_NODE") or "").rsplit(":", 1)[-1]) or tasks)
     launcher = env.get("HPC_LAUNCHER", "srun")
     sized = gpus != tasks and launcher not in ONE_TASK_PER_NODE
     if sized:
-        log.info(
-            f"hpc.batch: --gpus-per-node={gpus}: {gpus} rank(s) a node, not the script's --ntasks-per-node={tasks}"
-        )
+        log.info(f"hpc.batch: --gpus-per-node={gpus}: {gpus} rank(s) a node, not --ntasks-per-node's {tasks}")
     return Step(launcher, int(env.get("SLURM_NNODES") or 1), gpus, int(env.get("SLURM_CPUS_PER_TASK") or 1), sized)
 
 
@@ -171,7 +169,7 @@ def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[s
         return [*srun, *per_node, *srun_words(cluster), step.python, *rank]
     restarts = int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts)
     torchrun = slurm_torchrun_args({**env, "SLURM_NNODES": str(step.nodes)}, step.gpus, restarts)
-    return [*srun, *per_node, *srun_words(cluster), step.python, "-m", "torch.distributed.run", *torchrun, *rank]
+    return [*srun, *per_node, *srun_words(cluster), step.python, "-m", "hpc.launch.rank.agent", *torchrun, *rank]
 
 
 def step_preview(cluster: ClusterConfig, run_dir: Path, step: Step, export: str | None) -> str:
@@ -208,12 +206,10 @@ def _first_int(text: str | None) -> int | None:
 
 
 def job_environment(cluster: ClusterConfig, env: Mapping[str, str]) -> dict[str, str]:
-    """The profile's environment for this job's shape (and torchrun's agent's, where it runs), under what
-    the job already set."""
+    """The profile's environment for this job's shape, under what the job already set."""
     nodes = int(env.get("SLURM_NNODES") or 1)
     gpus = int(env.get("SLURM_NTASKS") or 1) // max(nodes, 1)
-    agent = AGENT_ENV if env.get("HPC_LAUNCHER") == "torchrun" else {}
-    return {**agent, **job_env(cluster, nodes, gpus), **env}
+    return {**job_env(cluster, nodes, gpus), **env}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,10 +280,17 @@ def run_job(
         f"{env.get('SLURM_JOB_NODELIST')}: {shape.nodes} node(s) x {shape.gpus} GPU(s); run dir {paths.root}"
     )
     budget = int(env.get("HPC_MAX_REQUEUES") or cluster.max_requeues)
+    env = step_env(shape, env)
     with JobSignals(env.get("SLURM_JOB_ID") or "") as signals:
         rc = run_step(step_words(cluster, paths.root, shape, env), env, signals)
         end = StepEnd(job_of(env), rc, warned=signals.warned, ended=signals.ended)
         return requeue_after_step(paths, task.requeue_codes, end, env, budget, door, signals)
+
+
+def step_env(shape: Step, env: Mapping[str, str]) -> dict[str, str]:
+    """The step's environment: the job's, over torchrun's agents' own where they run (a store of its own for
+    each start of the group)."""
+    return {**(AGENT_ENV if shape.launcher == "torchrun" else {}), **env}
 
 
 def run_step(step: list[str], env: Mapping[str, str], signals: JobSignals) -> int:

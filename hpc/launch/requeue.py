@@ -29,7 +29,7 @@ import types
 from collections.abc import Iterable, Mapping
 
 from hpc.core.ending import SLURM_CANCELLED, SLURM_RUNNING, SLURM_TIMEOUT, Outcome, RankEnd
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, QueueError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import (
     Ended,
@@ -122,13 +122,13 @@ def may_requeue(
 
 def requeue_code(record: Ended) -> int | None:
     """The code the requeue rule reads for a rank's end, None where the rank's end asks for nothing: a
-    stopped rank's own requeue code (a script that exited 0 after the stop asked for nothing: it keeps no
-    checkpoint the toolkit knows of, and would start again from its first step), and 3 for a rank killed
+    stopped rank's own requeue code (3 for a script that exited 0 after the stop, unfinished: Lightning
+    does, and resumes from its last.ckpt; `unfinished` says it), and 3 for a rank killed
     after the grace time that followed a SIGTERM: a command that took the stop and did not end in time
     (Lightning's DDP ranks, deadlocked by the collective in its SIGTERM handler: docs/faults.md) resumes
     from what it last saved, as a task killed at the end of the warning would."""
     if record.kind == RankEnd.STOPPED:
-        return record.exit_code if record.exit_code else None
+        return exit_code_of(record)
     if record.kind == RankEnd.KILLED and record.stop == signal.SIGTERM.name:
         return EXIT_PREEMPTED
     return None
@@ -154,8 +154,9 @@ ENDING = "is being ended by Slurm (JobState {state}: a person's scancel, or its 
 ENDED = "was ended by Slurm (scancel, its time limit or a preemption): not requeued"
 BY_A_PERSON = "was stopped by a person (scancel --signal: no warning reached its batch shell): not requeued"
 UNFINISHED = (
-    "ended unfinished: the command exited 0 after the stop; not requeued, since it would start again from its first "
-    "step (a script asks for a requeue by exiting 3 once it saved)"
+    "ended unfinished: the command exited 0 after the warning; requeued all the same, it resumes only from a "
+    "checkpoint of its own (Lightning's last.ckpt), else it starts again from its first step; a script says it "
+    "saved by exiting 3 (docs/own-script.md)"
 )
 
 
@@ -203,11 +204,13 @@ def ending_state(job_id: str, env: Mapping[str, str]) -> str | None:
 
 
 def run_code(summary: RunRecord, rc: int) -> int:
-    """The run's exit code, from its ranks' records, never 0 for a run that did not finish: the first
-    failing rank's (128 + N for a signal N), a stopped rank's (3 for a script that exited 0 unfinished),
-    else srun's, else 1."""
+    """The run's exit code, from its ranks' records, never 0 for a run that did not finish: 4 for an OOM,
+    the first failing rank's (128 + N for a signal N), a stopped rank's (3 for a script that exited 0
+    unfinished), else srun's, else 1."""
     if summary.outcome == Outcome.DONE:
         return EXIT_OK
+    if summary.outcome == Outcome.OOM:  # the rank's own 4: Slurm says FAILED, afterok waits (docs/faults.md)
+        return EXIT_OOM
     cause = root_cause(summary.ranks)
     if cause is not None:
         return exit_code_of(cause)
@@ -215,6 +218,12 @@ def run_code(summary: RunRecord, rc: int) -> int:
         requeue_code(r) or exit_code_of(r) for r in summary.ranks if r.kind == RankEnd.STOPPED or requeue_code(r)
     ]
     return stopped[0] if stopped else rc or EXIT_FAILED
+
+
+def unfinished(summary: RunRecord) -> bool:
+    """Whether the run's stopped ranks all exited 0 (a script that took the stop without saying it saved)."""
+    stopped = [r for r in summary.ranks if r.kind == RankEnd.STOPPED]
+    return bool(stopped) and all(r.exit_code == EXIT_OK for r in stopped)
 
 
 def asked(summary: RunRecord, code: int) -> str:
@@ -267,6 +276,8 @@ def requeue_after_step(
         resume = "" if words == ALREADY else f"; resume with: {resume_line(paths)}"
         log.log(level, f"{door}: job {job} {words}{resume}")
         return code
+    if unfinished(summary):
+        log.warning(f"{door}: job {job} {UNFINISHED}")
     log.info(f"{door}: {asked(summary, code)}: requeueing job {job}")
     said = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if said.returncode == 0:
@@ -291,13 +302,11 @@ def not_requeued(
     signals: JobSignals | None,
 ) -> tuple[int, str] | None:
     """Why a stopped run is not requeued (its log level and words), or None: it is. In order: Slurm is
-    ending the job (a person's scancel; a requeue since this start); a command that asked for nothing; a
-    stop the tasks alone saw (a person's); the budget spent; then Slurm's own state (being ended,
-    cancelled, requeued already), asked last, and a SIGTERM that came meanwhile."""
+    ending the job (a person's scancel; a requeue since this start); a stop the tasks alone saw (a
+    person's); the budget spent; then Slurm's own state (being ended, cancelled, requeued already), asked
+    last, and a SIGTERM that came meanwhile."""
     if end.ended:
         return logging.INFO, ALREADY if state is None else ENDED
-    if not [c for c in map(requeue_code, summary.ranks) if c is not None]:
-        return logging.WARNING, UNFINISHED
     if code == EXIT_PREEMPTED and not end.warned:
         return logging.INFO, BY_A_PERSON
     if not may_requeue(code, requeue_codes, end.warned, env, budget):

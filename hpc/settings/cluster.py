@@ -65,7 +65,7 @@ class ClusterConfig:
     max_time_limit_min: int | None = None  # the longest -t/--time the profile takes (Perlmutter's regular: 48 h)
     setup: tuple[str, ...] = ()  # shell lines run before the job (module load ...)
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # variables every job's ranks get
-    signal_delay_s: int = 120  # SIGTERM (--signal=TERM@...) this long before the time limit
+    signal_delay_s: int = 120  # the warning (--signal=B:USR2@...) this long before the time limit
     # Your own command (hpc.submit -- COMMAND): after the stop signal (TERM: Slurm's warning, a
     # preemption) it has this long to save and exit before it is killed and the job ends as preempted.
     stop_grace_s: int = 60

@@ -157,7 +157,7 @@ def test_run_level_and_cli_formats(cpu_run, tmp_path):
     assert len(records) == 4 and all(r["peak_cpu_mem_bytes"] > 0 for r in records)  # from summary.json
     assert all(r["cuda_time_us"] is None and r["peak_gpu_mem_bytes"] is None for r in records)
     assert all(r["kernel_calls"] is None and r["kernel_calls_by_class"] is None for r in records)  # no device
-    for fmt, marker in (("csv", "file,rank,steps"), ("md", "| file | rank |"), ("table", "run: 4 trace(s), 2 rank(s)")):
+    for fmt, marker in (("csv", "file,rank,steps"), ("md", "| file | rank |"), ("table", "run: done; 4 trace(s), 2 rank(s)")):
         out = run_module("analysis", str(cpu_run), "--format", fmt)
         assert out.returncode == 0 and marker in out.stdout, out.stdout
     out = run_module("analysis", str(cpu_run), "--out", str(tmp_path / "o"))

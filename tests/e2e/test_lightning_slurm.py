@@ -1,6 +1,6 @@
 """PyTorch Lightning on the local Slurm cluster (issue 52): tests/scripts/lightning_ddp.py, unchanged, on 2 nodes
 of one task each through hpc.submit; Lightning finds its ranks in Slurm's variables (its SLURMEnvironment).
-`scancel --signal=TERM` (the time limit's warning, a preemption): Lightning logs `Bypassing SIGTERM`, ends
+The time limit's warning (SIGUSR2 to the batch shell, passed on to the tasks as SIGTERM): Lightning logs `Bypassing SIGTERM`, ends
 its loop and exits 0 unfinished; the toolkit records it stopped (not done), requeues the job once, and the
 second start resumes from Lightning's last.ckpt to the final weights of an uninterrupted run. Two ranks,
 for a bit-identical check (test_own_script_slurm.py's TWO_BY_ONE says why). `scancel --signal=USR1`
@@ -20,7 +20,7 @@ import pytest
 
 from test_lightning import SCRIPT, digest
 from test_own_script_slurm import ENV, PY, REPO, TWO_BY_ONE, run_dir_of
-from test_slurm_jobs import job_state, wait_gone
+from test_slurm_jobs import job_state, wait_gone, warn
 
 # A test extra (pyproject's [test]): without it these tests fail to collect; they never vanish.
 assert importlib.util.find_spec("lightning"), "Lightning is a test extra: pip install -e .[test]"
@@ -49,7 +49,10 @@ def signalled_after_an_epoch(runs, root, signal_name: str, *extra: str, grace_s:
                                             if (run / "logs" / "rank0.out").exists() else ""):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.2)
-    subprocess.run(["scancel", f"--signal={signal_name}", run.name], check=True)
+    if signal_name == "warning":  # the time limit's: SIGUSR2 to the batch shell, which tells the tasks (SIGTERM)
+        warn(run.name)
+    else:
+        subprocess.run(["scancel", f"--signal={signal_name}", run.name], check=True)
     wait_gone(run.name, 300, hurry_requeue=True)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
@@ -77,7 +80,7 @@ def test_lightning_stopped_by_slurm_is_requeued_once_and_resumes_to_the_uninterr
     # cores once let rank 0 run Lightning's SIGTERM broadcast while rank 1 sat in the all-reduce (Lightning's
     # rank race, #20806: "Received SIGTERM" and no "Bypassing SIGTERM"); the toolkit then killed both after the
     # grace time and requeued the job, as the deadlocked test below holds, but Lightning never said its line.
-    run, said = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--step-sleep", "2.0")
+    run, said = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "warning", "--step-sleep", "2.0")
     assert "Bypassing SIGTERM" in said and "Restoring states from the checkpoint path at" in said, said[-3000:]
     assert job_state(run.name)["Restarts"] == "1"  # once: the toolkit's requeue, no second
     summary = json.loads((run / "summary.json").read_text())
@@ -102,7 +105,7 @@ def test_lightning_deadlocked_by_slurms_term_is_killed_requeued_and_resumes(unin
     expected = digest((uninterrupted / "logs" / "rank0.out").read_text())
 
     # no --step-sleep: rank 1 sleeps in no step, so it is in the all-reduce, waiting for rank 0, when TERM comes
-    run, _ = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "TERM", "--straggler-sleep", "0.5",
+    run, _ = signalled_after_an_epoch(tmp_path / "b", tmp_path / "rb", "warning", "--straggler-sleep", "0.5",
                                       "--say-steps", grace_s=10, into="epoch 1 batch 1 done")  # into epoch 1
     assert job_state(run.name)["Restarts"] == "1"  # Slurm's count: requeued once
     summary = json.loads((run / "summary.json").read_text())

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import wait_until
-from test_slurm_jobs import ENV, PY, REPO, SMOKE, job_ids, job_state, submit, wait_gone
+from test_slurm_jobs import ENV, PY, REPO, SMOKE, job_ids, job_state, submit, wait_gone, warn
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -148,14 +148,14 @@ def sbatch(tmp_path: Path, name: str, data_root: Path, launcher: str) -> tuple[s
 def test_sbatch_32_ranks_under_torchrun_requeued_half_way_resume_to_the_uninterrupted_weights(straight, data_root,
                                                                                              tmp_path):
     """jobs/resnet152.sbatch with the torchrun launcher (one agent a node, its c10d rendezvous over the 8
-    nodes), USR2 (the time limit's warning) after 5 of 20 steps: every rank checkpoints, the script requeues
+    nodes), the time limit's warning (SIGUSR2 to the batch shell) after 5 of 20 steps: every rank checkpoints, the script requeues
     the job, it starts again on 8 nodes and resumes; its weights are the uninterrupted job's (srun's, through
     hpc.submit), bit for bit. (A signal that lands at an epoch's end stops at that epoch's checkpoint: no
     second one is written for it.) One job for both, torchrun's and the requeue's, at this scale: each
     32-rank start costs a minute of the suite's two cores."""
     job, run_dir = sbatch(tmp_path, "requeued", data_root, "torchrun")
     wait_until(lambda: steps_logged(run_dir) >= 5, "5 step records", timeout_s=600)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    warn(job)
     wait_gone(job, 900, hurry_requeue=True)
     state = job_state(job)
     log = (tmp_path / f"requeued-{job}.txt").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_slurm_jobs import job_state, wait_gone
+from test_slurm_jobs import job_state, wait_gone, warn
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_a_signal_requeues_the_script_and_it_ends_with_the_uninterrupted_weights
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.5)
     run = next((tmp_path / "b").glob("*/*/logs/rank0.out")).parents[1]
-    subprocess.run(["scancel", "--signal=TERM", run.name], check=True)  # as Slurm's warning and a preemption
+    warn(run.name)  # the time limit's warning: the batch shell tells the tasks (SIGTERM)
     wait_gone(run.name, 300, hurry_requeue=True)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
@@ -168,7 +168,7 @@ def test_the_first_rank_to_stop_does_not_cut_a_peers_save_short(slurm_cluster, t
     while not all("ready" in (p.read_text() if p.exists() else "") for p in (logs / "rank0.out", logs / "rank1.out")):
         assert time.monotonic() < deadline and job_state(job).get("JobState") in ("PENDING", "RUNNING"), job_state(job)
         time.sleep(0.1)
-    subprocess.run(["scancel", "--signal=TERM", job], check=True)  # to every task of the step, as a preemption
+    warn(job)  # the batch shell tells every task of the step (SIGTERM) at once
     wait_gone(job, 120)
     log = (tmp_path / f"out-{job}.txt").read_text()
     state = job_state(job)

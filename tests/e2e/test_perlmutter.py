@@ -1,7 +1,6 @@
 """Perlmutter as NERSC users run it (issue 29), on the local two-node cluster where it can stand in: a
 partial node on the shared QOS (enforced by the cluster's slurmdbd, in a `shared` partition),
-preemption (`scancel --signal=TERM`, with and without `--full`: what Slurm sends a preempted job's tasks,
-and then its batch shell), a real time
+the time limit's warning (`scancel -b --signal=USR2`: what the job's --signal=B:USR2@180 sends), a real time
 limit, NERSC's container (a stand-in `shifter` on PATH that records its arguments and runs the
 command, without `scontrol` inside, as in a container), and the NCCL network check on two nodes with
 NCCL's lines replayed (CPU ranks run gloo, which has no NCCL). The sbatch texts themselves are pinned by
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from conftest import has_lines, wait_until
+from test_slurm_jobs import warn
 from trainrun import same_weights, weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -108,36 +108,32 @@ def test_a_partial_node_runs_on_the_shared_qos_and_says_where_it_sat(data_root, 
 
 
 @pytest.mark.usefixtures("slurm_cluster")
-@pytest.mark.parametrize("full", [False, True], ids=["grace-time-sigterm", "sigterm-to-the-batch-shell-too"])
-def test_preemption_sigterm_requeues_and_resumes_to_the_same_weights(data_root, tmp_path, full, straight_smoke_2x4):
-    """What Slurm sends a preempted job: SIGTERM to its tasks at once (`scancel --signal=TERM`), and at the
-    grace time's end to the batch shell as well (`--full`). On the first the ranks checkpoint at the end
-    of their step and exit 3; on the second srun kills its tasks (Slurm's srun answers SIGTERM so): the
-    script's trap keeps it alive to requeue, and the job resumes from the last checkpoint on disk. Either
-    way it ends with the weights of a run nothing stopped (straight_smoke_2x4)."""
+def test_the_warning_requeues_the_script_and_resumes_to_the_same_weights(data_root, tmp_path, straight_smoke_2x4):
+    """jobs/resnet152.sbatch's warning (its --signal=B:USR2@180: SIGUSR2 to the batch shell alone, as `scancel
+    -b` sends it): the batch shell passes SIGTERM on to the ranks, which checkpoint at the end of their step
+    and exit 3; it requeues the job, which resumes from the checkpoint to the weights of a run nothing
+    stopped (straight_smoke_2x4)."""
     env = environment(tmp_path)
     train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "4", "--no-profile",
              "--set", "train.log_every_steps=1", "--set", "train.checkpoint_every_steps=8"]
     preempted = sbatch(env, tmp_path, "-N", "1", "--ntasks-per-node=2", "jobs/resnet152.sbatch", *train,
                        "--run-dir", str(tmp_path / "preempted"))
     wait_lines(tmp_path / "preempted" / "metrics.jsonl", 12)
-    subprocess.run(["scancel", "--signal=TERM", *(["--full"] if full else []), preempted], check=True)
+    warn(preempted)
     final = wait_done(preempted)
     assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) == 1, final
     log = (tmp_path / f"out-{preempted}.txt").read_text()
-    if full:
-        assert "SIGTERM (preempted or cancelled)" in log and "srun ended the tasks on SIGTERM" in log
-    else:
-        assert "checkpoint (signal SIGTERM)" in log and "SIGTERM (preempted" not in log
-    assert "requeueing job" in log and "resuming from" in log
+    assert "Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)" in log
+    assert "checkpoint (signal SIGTERM)" in log and "requeueing job" in log and "resuming from" in log
     assert same_weights(straight_smoke_2x4, weights(tmp_path / "preempted"))
 
 
 @pytest.mark.usefixtures("slurm_cluster")
 def test_a_real_time_limit_warns_checkpoints_and_stops(data_root, tmp_path):
-    """-t 1 with --signal=USR2@40: Slurm's own warning 20 s in; with no requeue left the job ends, exit 3."""
+    """-t 1 with --signal=B:USR2@40: Slurm's own warning 20 s in, to the batch shell; with no requeue left the job
+    ends, exit 3 (FAILED: an afterok job would wait)."""
     env = environment(tmp_path, HPC_MAX_REQUEUES="0")
-    job = sbatch(env, tmp_path, "-t", "1", "--signal=USR2@40", "-N", "1", "--ntasks-per-node=2",
+    job = sbatch(env, tmp_path, "-t", "1", "--signal=B:USR2@40", "-N", "1", "--ntasks-per-node=2",
                  "jobs/resnet152.sbatch", "--config", SMOKE, "--data-root", str(data_root), "--epochs", "500",
                  "--no-profile", "--run-dir", str(tmp_path / "run"))
     final = wait_done(job, 180)
@@ -146,7 +142,7 @@ def test_a_real_time_limit_warns_checkpoints_and_stops(data_root, tmp_path):
     info = json.loads((tmp_path / "run" / "checkpoints" / "last.json").read_text())
     # A warning that lands on an epoch's end finds that step already saved (seen in CI: epochs of the tiny
     # model take under a second): the run stops on it without writing it twice.
-    assert "checkpoint (signal SIGUSR2)" in log or (
+    assert "checkpoint (signal SIGTERM)" in log or (
         info["reason"] == "epoch end" and "stopped by signal, checkpoint written" in log), log[-2000:]
     assert "stopped after 0 requeues" in log and info["step"] > 0
 
@@ -154,8 +150,8 @@ def test_a_real_time_limit_warns_checkpoints_and_stops(data_root, tmp_path):
 @pytest.mark.usefixtures("slurm_cluster")
 def test_the_container_runs_every_task_and_the_batch_shell_requeues_for_it(data_root, tmp_path):
     """A profile with an image: each task runs under `shifter --image=... --module=gpu,nccl-plugin`. Inside,
-    as in a real container, there is no scontrol: on USR2 the ranks only leave their mark, and the batch
-    shell (outside, the one place a job is requeued) requeues the job; it resumes and completes."""
+    as in a real container, there is no scontrol: on the warning the ranks only leave their mark, and the
+    batch shell (outside, the one place a job is requeued) requeues the job; it resumes and completes."""
     log = tmp_path / "shifter.log"
     stand_in(tmp_path, "shifter", f'echo "$@" >> {log}\nwhile [ $# -gt 0 ]; do case "$1" in --*) shift;; '
              f'*) break;; esac; done\nPATH="{tmp_path / "inside"}:$PATH" exec "$@"')
@@ -177,13 +173,13 @@ def test_the_container_runs_every_task_and_the_batch_shell_requeues_for_it(data_
     (job,) = re.findall(r"^job (\S+): run dir", r.stdout, flags=re.M)
     run_dir = tmp_path / "runs" / "tiny" / job
     wait_lines(run_dir / "metrics.jsonl", 5)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    warn(job)
     final = wait_done(job)
     assert final["JobState"] == "COMPLETED" and int(final["Restarts"]) == 1, final
     assert images.read_text() == "#SBATCH --image=nersc/pytorch:24.08.01\n"  # once: the requeue keeps it
     calls = log.read_text().splitlines()
-    assert calls and all(c.startswith("--image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -u -m "
-                                      "submitit.core._submit") for c in calls)
+    assert calls and all(c.startswith("--image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -m hpc.rank "
+                                      f"--run-dir {run_dir}") for c in calls)
     text = (run_dir / f"{job}_0_log.err").read_text()
     assert "scontrol requeue" not in text  # nothing requeues inside the step
     assert "requeued from the batch shell" in (run_dir / f"{job}_0_log.out").read_text() + text

@@ -1,7 +1,7 @@
 """Every signal a job can get, on the local Slurm cluster (issue 52): 2 nodes x 2 tasks through hpc.submit
 (submitit). `scancel --signal=USR1` (Lightning's requeue signal; Slurm sends it to every process of the
-step) leaves the per-rank wrappers alive and reaches every rank's script; `scancel --signal=TERM` (the
-time limit's warning, a preemption) makes the Lightning-like script (tests/scripts/bypass_sigterm.py)
+step) leaves the per-rank wrappers alive and reaches every rank's script; the time limit's warning (SIGUSR2
+to the batch shell, passed on to the tasks as SIGTERM) makes the Lightning-like script (tests/scripts/bypass_sigterm.py)
 exit 0 unfinished: recorded as stopped, not done, the job requeued once, and the second start runs to
 its end. No script process is left on any node. The same here: tests/e2e/test_runner_signals.py."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from test_own_script_slurm import ENV, PY, REPO, TWO_BY_TWO
 from test_runner_signals import SCRIPT
-from test_slurm_jobs import job_state, wait_gone
+from test_slurm_jobs import job_state, wait_gone, warn
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def test_usr1_reaches_every_script_and_an_unfinished_exit_0_is_requeued_once(slu
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     outs_holding(tmp_path, "got SIGUSR1", 4)
     assert job_state(job)["JobState"] == "RUNNING"  # no wrapper died of it
-    subprocess.run(["scancel", "--signal=TERM", job], check=True)  # as Slurm's warning and a preemption
+    warn(job)  # the time limit's warning: the batch shell tells the tasks (SIGTERM)
     wait_gone(job, 300, hurry_requeue=True)
     out, err = proc.communicate(timeout=120)
     said = {o.name: o.read_text() for o in outs}

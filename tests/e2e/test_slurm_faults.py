@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import found, has_lines, processes, wait_until
-from test_slurm_jobs import job_state, wait_gone
+from test_slurm_jobs import job_state, wait_gone, warn
 from trainrun import same_weights, weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def wait_for_steps(metrics: Path, steps: int, timeout: float = 180) -> None:
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_requeue_that_fails_inside_the_job_is_one_line_and_keeps_the_checkpoint(data_root, tmp_path, how):
-    """USR2 (the time limit's warning): the ranks checkpoint and the job asks `scontrol requeue`, which fails
+    """The time limit's warning (SIGUSR2 to the batch shell): the ranks checkpoint and the job asks `scontrol requeue`, which fails
     (the controller is down, or no scontrol in the container): one line in the log, not a traceback."""
     env = stand_ins(tmp_path / "bin", scontrol=CONTROLLER_DOWN_FOR_REQUEUE)
     train = ["--config", SMOKE, "--data-root", str(data_root), "--epochs", "300", "--no-profile",
@@ -137,13 +137,14 @@ def test_a_requeue_that_fails_inside_the_job_is_one_line_and_keeps_the_checkpoin
         log = run_dir / f"{job}_0_log.err"
     assert r.returncode == 0, r.stderr
     wait_for_steps(run_dir / "metrics.jsonl", 3)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    warn(job)
     wait_gone(job, 180)
     state = job_state(job)
     assert state["Restarts"] == "0", state  # not requeued: it could not be
     text = log.read_text()
     said = [line for line in text.splitlines() if "could not requeue itself" in line]
-    assert len(said) == 1 and "Unable to contact slurm controller" in said[0] and "resubmit" in said[0], text[-2000:]
+    assert len(said) == 1 and "Unable to contact slurm controller" in said[0], text[-2000:]
+    assert f"resume with: python -m hpc.submit --resume {run_dir}" in said[0], said[0]
     assert "CalledProcessError" not in text and "Traceback" not in text, text[-3000:]
     steps = json.loads((run_dir / "checkpoints" / "last.json").read_text())["step"]
     assert steps > 0 and (run_dir / "checkpoints" / "last.pt").exists()

@@ -56,6 +56,12 @@ def wait_gone(job_id: str, timeout: float, hurry_requeue: bool = False) -> float
     raise AssertionError(f"job {job_id} still queued after {timeout} s")
 
 
+def warn(job_id: str) -> None:
+    """Slurm's warning before the time limit as every job asks for it (--signal=B:USR2@N): SIGUSR2 to its batch
+    shell alone, which tells the tasks (SIGTERM) and requeues the run that saved."""
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+
+
 def check_complete_run(run_dir: Path, world: int, launcher: str = "slurm"):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == list(range(world))
@@ -148,14 +154,14 @@ def test_study_smoke_in_one_command(slurm_cluster, data_root, tmp_path):
 
 
 def preempt_and_compare(common: list[str], tmp_path: Path, straight: dict) -> str:
-    """Submit the training of smoke.yaml on 2 ranks for 4 epochs; USR2 it after a few steps (a preemption).
-    It must checkpoint, requeue once, resume and end with the weights of the same training nothing stopped
-    (`straight`: straight_smoke_2x4). Returns its log."""
+    """Submit the training of smoke.yaml on 2 ranks for 4 epochs; warn it after a few steps (the time limit's
+    warning, a site's preemption signal). It must checkpoint, requeue once, resume and end with the weights
+    of the same training nothing stopped (`straight`: straight_smoke_2x4). Returns its log."""
     pre = submit(*common, "--epochs", "4", "--name", "pre", "--runs-dir", str(tmp_path))
     (job_p,) = job_ids(pre.stdout)
     metrics = tmp_path / "pre" / job_p / "metrics.jsonl"
     wait_until(lambda: has_lines(metrics, 5), f"5 records in {metrics}")
-    subprocess.run(["scancel", "--signal=USR2", job_p], check=True)
+    warn(job_p)
     wait_gone(job_p, 600, hurry_requeue=True)
     state = job_state(job_p)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", state
@@ -163,11 +169,11 @@ def preempt_and_compare(common: list[str], tmp_path: Path, straight: dict) -> st
     return (tmp_path / "pre" / job_p / f"{job_p}_0_log.out").read_text()
 
 
-def test_usr2_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path, straight_smoke_2x4):
+def test_the_warning_requeues_resumes_and_matches_uninterrupted(slurm_cluster, data_root, tmp_path, straight_smoke_2x4):
     log = preempt_and_compare(["--nodes", "1", "--gpus", "2", "--account", "m1_g", "--config", SMOKE, "--data-root",
                                str(data_root), "--export", "ALL,OMP_NUM_THREADS=1", "--set",
                                "train.log_every_steps=1"], tmp_path, straight_smoke_2x4)
-    assert "checkpoint (signal SIGUSR2)" in log and "resuming from" in log
+    assert "checkpoint (signal SIGTERM)" in log and "resuming from" in log
 
 
 def test_killed_rank_fails_the_whole_job_quickly(slurm_cluster, data_root, tmp_path):
@@ -242,7 +248,7 @@ def test_requeues_are_bounded(slurm_cluster, data_root, tmp_path):
                        capture_output=True, text=True, cwd=REPO, env=ENV)
     job = r.stdout.strip()
     wait_until(lambda: has_lines(run_dir / "metrics.jsonl", 3), "3 records in the run's metrics.jsonl", 120)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    warn(job)
     wait_gone(job, 120)
     state = job_state(job)
     assert state["Restarts"] == "0" and state["JobState"] == "FAILED" and state["ExitCode"] == "3:0", state
@@ -254,7 +260,7 @@ def test_requeues_are_bounded(slurm_cluster, data_root, tmp_path):
 def _workers(run_dir: Path) -> list[int]:
     """PIDs of torchrun's workers training in run_dir (not the agent, whose command line names torchrun)."""
     return [pid for pid, cmd in processes().items()
-            if "hpc.train" in cmd and str(run_dir) in cmd and "torch.distributed.run" not in cmd]
+            if "hpc.train" in cmd and str(run_dir) in cmd and "hpc.launch.rank.agent" not in cmd]
 
 
 def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster, data_root, tmp_path,
@@ -282,9 +288,11 @@ def test_torchrun_launcher_restarts_a_killed_worker_inside_the_job(slurm_cluster
     assert same_weights(straight_smoke_2x4, weights(run_dir))
 
 
-def test_torchrun_launcher_checkpoints_on_usr2_and_requeues(slurm_cluster, data_root, tmp_path, straight_smoke_2x4):
-    """Preemption under torchrun: the agent passes SIGUSR2 on to the workers (--signals-to-handle), they
-    checkpoint, submitit requeues the job, and the requeued job resumes to the same weights."""
+def test_torchrun_launcher_checkpoints_on_the_warning_and_requeues(slurm_cluster, data_root, tmp_path,
+                                                                   straight_smoke_2x4):
+    """The warning under torchrun: the batch shell passes SIGTERM on to the step's processes, the agent and its
+    workers (--signals-to-handle), they checkpoint, the batch shell requeues the job, and the requeued job
+    resumes to the same weights."""
     torch_minor = tuple(int(p) for p in importlib.metadata.version("torch").split(".")[:2])
     if torch_minor < (2, 9):  # decided from torch's version, not by the code under test
         pytest.skip("torchrun has --signals-to-handle from torch 2.9 (pytorch/pytorch#160690): before it, it "

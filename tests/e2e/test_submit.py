@@ -13,6 +13,7 @@ import pytest
 from conftest import assert_one_line_error, run_module
 from hpc.settings.config import load_cluster
 from hpc.launch.submission.sbatchflags import Exports, JobOptions
+from hpc.launch.batch import Step, step_preview
 from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -32,13 +33,18 @@ GOLDENS = {
 
 
 def golden_text(name: str = "perlmutter_2x4.sbatch") -> str:
+    """The job as a dry run prints it: the step its batch shell runs (hpc/launch/batch.py), then the script
+    submitit hands to sbatch; both with `python` for the interpreters."""
     profile, shape = GOLDENS[name]
     cluster = load_cluster("perlmutter", [(k, v, "test") for k, v in profile.items()])
     shape = dict(shape)
     extra = shape.pop("sbatch", {})
     req = JobRequest(time_min=120, name="resnet152", options=JobOptions(account="m1234_g", extra=extra), **shape)
     folder = Path("/scratch/runs/resnet152/%j")
-    return sbatch_text(slurm_parameters(cluster, req, folder=folder, requeue_python="python"), folder, python="python")
+    python = "python"  # the rank's: this one's path (a dry run names it whole), or the image's own
+    step = step_preview(cluster, folder, Step(cluster.launcher, req.nodes, req.gpus, None, python=python), None)
+    return f"# the job's batch shell runs one step: {step}\n" + sbatch_text(slurm_parameters(cluster, req), folder,
+                                                                            python="python")
 
 
 @pytest.mark.parametrize("name", list(GOLDENS))
@@ -54,7 +60,7 @@ def test_golden_has_the_perlmutter_shape():
     text = (GOLDEN / "perlmutter_2x4.sbatch").read_text()
     for line in ["#SBATCH --constraint=gpu", "#SBATCH --qos=regular", "#SBATCH --account=m1234_g",
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --cpus-per-task=32", "#SBATCH --signal=TERM@180", "#SBATCH --time=120",
+                 "#SBATCH --cpus-per-task=32", "#SBATCH --signal=B:USR2@180", "#SBATCH --time=120",
                  "module load pytorch", "export NCCL_NET_GDR_LEVEL=PHB", "export NCCL_NET='AWS Libfabric'",
                  "export HPC_NCCL_FABRIC=stop", "export HPC_GPU_ORDER=3,2,1,0", "--kill-on-bad-exit=1 --cpu-bind=cores"]:
         assert line in text, line
@@ -75,7 +81,7 @@ def test_a_container_job_runs_its_command_in_shifter():
     text = (GOLDEN / "perlmutter_container_preempt.sbatch").read_text()
     for line in ["#SBATCH --image=nersc/pytorch:24.08.01", "#SBATCH --qos=preempt", "#SBATCH --time-min=30",
                  "#SBATCH --comment='resnet152 study'", "#SBATCH --mail-type=END",
-                 "--cpu-bind=cores shifter --image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -u -m"]:
+                 "--cpu-bind=cores shifter --image=nersc/pytorch:24.08.01 --module=gpu,nccl-plugin python -m hpc.rank"]:
         assert line in text, line
 
 
@@ -84,9 +90,10 @@ def test_dry_run_cli_prints_what_would_be_submitted(tmp_path):
                       "--name", "resnet152", "--runs-dir", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     expected = golden_text().replace("/scratch/runs", str(tmp_path))
-    # the batch shell's requeue runs with the submitter's own interpreter (the golden file says `python`)
-    expected = expected.replace("python -m hpc.launch.requeue", f"{shlex.quote(sys.executable)} -m hpc.launch.requeue")
-    body = lambda t: [l for l in t.splitlines() if "submitit.core._submit" not in l]
+    # the ranks and the batch shell run the submitter's own interpreter (the golden file says `python`)
+    expected = expected.replace(" python -m hpc.rank", f" {shlex.quote(sys.executable)} -m hpc.rank")
+    expected = expected.replace("exec python -u", f"exec {shlex.quote(sys.executable)} -u")
+    body = lambda t: t.splitlines()
     run_dir = f"{tmp_path}/resnet152/%j"
     assert proc.stdout.splitlines()[0] == (f"# each rank runs: {sys.executable} -m hpc.train --config "
                                            f"{run_dir}/submitted.yaml --run-dir {run_dir}")
@@ -119,7 +126,7 @@ def test_the_training_and_a_command_differ_only_in_what_each_rank_runs(tmp_path)
     assert [line[:2] for line in changed] == ["- ", "+ "], changed
     assert changed[0].startswith("- # each rank runs: ") and " -m hpc.train --config " in changed[0]
     assert changed[1] == "+ # each rank runs: python tests/scripts/torchrun_ddp.py --epochs 1"
-    assert "#SBATCH --signal=TERM@180" in train.stdout and train.stdout.count("#!/bin/bash") == 1
+    assert "#SBATCH --signal=B:USR2@180" in train.stdout and train.stdout.count("#!/bin/bash") == 1
 
 
 def test_study_dry_run_adds_a_cpu_analysis_job_after_the_arrays(tmp_path):

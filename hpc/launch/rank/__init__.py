@@ -7,5 +7,6 @@
 - rankrecords.py: a rank's records among the others' (which start, a failed peer, rank 0's wait);
 - pump.py: a task's output into the rank's log and on;
 - hang.py: a rank that stopped making progress, named from outside the task;
-- flightrec.py: NCCL's Flight Recorder for a user's script.
+- flightrec.py: NCCL's Flight Recorder for a user's script;
+- agent.py: torchrun's agent as a job's step runs it on a node (SIGUSR1 and SIGQUIT not its own).
 """

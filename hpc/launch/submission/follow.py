@@ -39,7 +39,7 @@ from hpc.core.summary import (
     restarts_line,
     write_run_summary,
 )
-from hpc.launch.submission.queue import QueueWatch, accounted
+from hpc.launch.submission.queue import QueueWatch, ended_as
 from hpc.launch.submission.site import Charge
 
 log = logging.getLogger(__name__)
@@ -233,19 +233,21 @@ class _LogFollower:
         sys.stdout.flush()
 
 
-def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -> int:
+def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False, echo: bool = False) -> int:
     """Wait until every job has ended; report each: how its run ended, or FAILED with its log. With follow
     (local runs), rank 0's output is echoed as it comes, and Ctrl-C or SIGTERM stops the run (see
-    stop_here). Returns 1 when a job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
+    stop_here); with echo (one job waited for on Slurm) rank 0's output is echoed alike. Returns 1 when a
+    job failed, EXIT_PREEMPTED when a local run was stopped, else 0."""
     pending = list(subs)
     follower = _LogFollower(subs)
     watch = QueueWatch() if any(_is_slurm_job(sub.job) for sub in subs) else None
     with Interrupts() as interrupts:
         while pending:
             pending = [sub for sub in pending if not sub.ended(watch)]
+            if follow or echo:
+                follower.echo()
             if follow:
                 stop_here(pending, interrupts)
-                follower.echo()
             elif interrupts.signum is not None:
                 ids = " ".join(sub.job_id for sub in pending)
                 log.warning(
@@ -254,7 +256,9 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False) -
                 )
                 return EXIT_INTERRUPTED
             if pending:
-                time.sleep(poll_s if not follow else 0.5)
+                time.sleep(0.5 if follow else poll_s)
+    if echo:
+        follower.echo()  # the last lines, written as the job ended
     for sub in subs:  # submitit leaves the unexpanded '%j' folder behind, empty, once a job has ended
         with contextlib.suppress(OSError):  # not there, or not empty: leave it
             (sub.run_dir.parent / "%j").rmdir()
@@ -283,10 +287,11 @@ def exit_code_of_outcomes(outcomes: list[Outcome]) -> int:
 def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
     """How an ended job's run ended, from its ranks' records: done (with its numbers, followed here), or
     the first failing rank named with its code and last stderr line, and where everything is; a job that
-    left no record failed outside its task (its log named). On Slurm a person's cancel (sacct's CANCELLED)
-    is recorded as such: its ranks saw only a SIGTERM. Returns the outcome ("failed" for no record)."""
+    left no record failed outside its task (its log named). On Slurm a person's cancel (Slurm's CANCELLED)
+    is recorded as such, also where the job's batch shell could not (cancelled before it started).
+    Returns the outcome ("failed" for no record)."""
     paths = sub.paths
-    cancel = _is_slurm_job(sub.job) and accounted([sub.job_id]).get(sub.job_id) == SLURM_CANCELLED
+    cancel = _is_slurm_job(sub.job) and ended_as(sub.job_id) == SLURM_CANCELLED
     if cancel and paths.ranks.is_dir():
         with contextlib.suppress(OSError):
             record_scheduler(paths, job=sub.job_id, state=SLURM_CANCELLED)

@@ -13,6 +13,7 @@ all (a laptop, local runs) has nothing queued.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import subprocess
 import time
@@ -104,3 +105,18 @@ def accounted(job_ids: list[str]) -> dict[str, str]:
     except QueueError:
         return {}  # sacct is a bonus where slurmdbd runs; squeue is what decides
     return parse_sacct(q.stdout) if q.returncode == 0 else {}
+
+
+def ended_as(job_id: str) -> str | None:
+    """Slurm's word for how an ended job ended: the controller's (scontrol keeps an ended job for
+    MinJobAge, with accounting or without), else the accounting's; None where neither says."""
+    if shutil.which("scontrol"):
+        try:
+            said = ask_slurm(["scontrol", "show", "job", "-o", job_id])
+        except QueueError:
+            said = None
+        found = re.search(r"(?:^|\s)JobState=(\S+)", said.stdout) if said is not None and said.returncode == 0 else None
+        if found:
+            return found.group(1)
+    word = accounted([job_id]).get(job_id)
+    return word.split(" ")[0] if word else None

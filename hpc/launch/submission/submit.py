@@ -349,7 +349,7 @@ def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
 
 
 def make_executor(params: dict[str, Any], folder: Path, local: bool) -> Any:
-    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor, its job
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor; a run's job
     exec'd in the batch shell: hpc/launch/submission/slurm.py `batch_python`). Its own requeue
     (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's requeue is
     the batch shell's (hpc/launch/requeue.py)."""
@@ -358,8 +358,10 @@ def make_executor(params: dict[str, Any], folder: Path, local: bool) -> Any:
     executor: Any
     if local:
         executor = submitit.LocalExecutor(folder=folder)
-    else:
-        executor = submitit.SlurmExecutor(folder=folder, python=batch_python())
+    else:  # a job run in its batch shell execs python there; one run through submitit's srun (the analysis) not
+        executor = submitit.SlurmExecutor(
+            folder=folder, python=batch_python() if params.get("use_srun") is False else None
+        )
     executor.update_parameters(**params)
     return executor
 
@@ -395,7 +397,7 @@ def execute(plan: Plan, wait: bool) -> int:
     if plan.sweep_dir is not None:
         log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
     if wait and not plan.local:
-        code = wait_for(done)
+        code = wait_for(done, echo=len(done) == 1)  # one run: its rank 0 as it comes, as --local shows it
     return code
 
 

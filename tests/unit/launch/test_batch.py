@@ -113,3 +113,23 @@ def test_the_batch_shell_stops_a_gpu_job_charged_elsewhere(tmp_path, account, re
         assert_refused(out, "hpc.batch", "account 'm1234'", "'_g'", "sbatch -A m1234_g")
     else:
         assert out.code == 0, out.stderr
+
+
+@pytest.mark.parametrize("given, ranks, sized", [
+    ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_NODE": "2"}, 2, True),  # sbatch --gpus-per-node=2 over the script's 4
+    ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_NODE": "gpu:2"}, 2, True),  # with a GPU type
+    ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_PER_NODE": "4"}, 2, False),  # sbatch --ntasks-per-node=2
+    ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_NODE": "4"}, 4, False),
+    ({"SLURM_NTASKS_PER_NODE": "4"}, 4, False),  # no GPUs asked: a rank a task
+])
+def test_the_ranks_follow_the_gpus_sbatch_was_given(given, ranks, sized):
+    """Issue 87: `sbatch -N 1 --gpus-per-node=2 jobs/resnet152.sbatch` keeps the script's --ntasks-per-node=4;
+    the step starts a rank a GPU (srun --ntasks-per-node=2), not 4 ranks on 2 GPUs."""
+    from commands import call
+
+    out = call("hpc.batch", ["--dry-run", "--profile", "local", "--", "python", "-m", "hpc.train", "--run-dir", "r"],
+               {**BATCH_SHELL, "SLURM_NNODES": "1", **given})
+    assert out.code == 0, out.stderr
+    step = out.stdout.splitlines()[-1]
+    assert step.startswith("srun ") and (f"--ntasks-per-node={ranks}" in step) is sized, step
+    assert ("rank(s) a node, not --ntasks-per-node's" in out.stderr + out.stdout) is sized

@@ -11,7 +11,6 @@ from hpc.core.summary import attempt_of, exit_code_of
 from recordedruns import entries
 from hpc.launch.rank.rankenv import ordered_gpus, rank_env
 from hpc.placement.distenv import from_environ
-from hpc.settings.config import load_cluster
 from hpc.settings.rankcommand import PROFILER_VARIABLE, RUN_DIR_VARIABLE, user_command
 
 # What srun gives task 3 of a 2-node x 2-task step (as Slurm 22.05 sets them on the test cluster).
@@ -90,7 +89,8 @@ BATCH_SHELL = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_NTASKS": "4", "
     ("torchrun", {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}, "0"),  # the job's own setting wins
 ])
 def test_torchruns_agent_gives_each_start_of_the_group_a_store_of_its_own(launcher, env, shared):
-    from hpc.launch.batch import job_environment
+    """Whatever made the job (hpc.submit's profile, a hand-written script's HPC_LAUNCHER): the step's shape says."""
+    from hpc.launch.batch import Step, step_env
 
-    got = job_environment(load_cluster("local"), {**BATCH_SHELL, **env, "HPC_LAUNCHER": launcher})
+    got = step_env(Step(launcher, 1, 2, None), {**BATCH_SHELL, **env})
     assert got.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == shared

@@ -211,7 +211,8 @@ def test_a_persons_stop_is_never_requeued(tmp_path, signal_name, env, said):
 
 def test_the_batch_shell_ends_its_job_0_only_for_a_run_that_finished(tmp_path):
     """A finished run's job ends 0 whatever srun said; a run that did not finish ends non-zero even where
-    every task exited 0 (a script that stopped unfinished): afterok holds."""
+    every task exited 0 (a script that stopped unfinished after the warning: requeued, and said so): afterok
+    holds."""
     slurm_stand_ins(tmp_path / "bin", STEP)
     done = tmp_path / "8"
     stopped_run(done, kind=RankEnd.OK, exit_code=0)
@@ -219,5 +220,5 @@ def test_the_batch_shell_ends_its_job_0_only_for_a_run_that_finished(tmp_path):
     unfinished = tmp_path / "9"
     stopped_run(unfinished, exit_code=0)
     out, calls = batch_shell(tmp_path, unfinished, SIGNAL="USR2", STEP_EXIT="0")
-    assert out.returncode == 3 and calls == ["scancel --signal=TERM 7"], out.stdout + out.stderr
-    assert "a script asks for a requeue by exiting 3 once it saved" in out.stderr
+    assert out.returncode == 3 and calls == ["scancel --signal=TERM 7", "scontrol requeue 7"], out.stdout + out.stderr
+    assert "else it starts again from its first step; a script says it saved by exiting 3" in out.stderr

@@ -104,7 +104,7 @@ def test_the_one_requeue_rule(code, warned, env, requeued):
 
 @pytest.mark.parametrize("record, code", [
     ({"kind": "stopped", "exit_code": 3}, 3),  # saved and stopped
-    ({"kind": "stopped", "exit_code": 0}, None),  # exit 0 after a stop, unfinished: asks for nothing (no checkpoint)
+    ({"kind": "stopped", "exit_code": 0}, 3),  # exit 0 after a stop, unfinished: Lightning's, which resumes
     ({"kind": "stopped", "exit_code": 5}, 5),  # the training's lost peer
     ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGTERM"}, 3),  # took the stop, hung
     ({"kind": "killed", "exit_code": None, "signal": "SIGKILL", "stop": "SIGINT"}, None),  # a person's Ctrl-C
@@ -117,8 +117,7 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     """Issue 60: a command that took Slurm's SIGTERM and hung (Lightning's DDP ranks, deadlocked in its
     SIGTERM handler) is killed after the grace time and resumes as a stopped one does: 3; a kill that
     followed a person's stop or another rank's failure, and a command that died of the signal, are not.
-    Issue 87: a command that exited 0 after the stop without finishing asks for nothing: requeued, it
-    would start again from its first step. Its job still ends 3, not 0: the run did not finish."""
+    Its job ends 3, not 0, whatever the tasks exited: the run did not finish (issue 87)."""
     from hpc.core.ending import Outcome
     from hpc.core.summary import RunRecord
     from hpc.launch.requeue import requeue_code, run_code
@@ -232,8 +231,10 @@ RESUME = "resume with: python -m hpc.submit --resume"
     ([("killed", None, "SIGTERM", "killed 10 s after SIGTERM")] * 2, {"warned": True}, {}, 3,
      ["scontrol show", "sacct", "scontrol requeue 88"],
      "the task took Slurm's stop and did not end in time (killed 10 s after SIGTERM)"),
-    # a script that exited 0 after the warning, unfinished: not requeued (it would start from its first step)
-    ([("stopped", 0, "SIGTERM")] * 2, {"warned": True}, {}, 3, [], "a script asks for a requeue by exiting 3"),
+    # a script that exited 0 after the warning, unfinished (Lightning's): requeued, and said that it resumes only
+    # from a checkpoint of its own
+    ([("stopped", 0, "SIGTERM")] * 2, {"warned": True}, {}, 3, ["scontrol show", "sacct", "scontrol requeue 88"],
+     "it resumes only from a checkpoint of its own (Lightning's last.ckpt), else it starts again from its first"),
     # the budget spent (restart 3 of 3)
     ([("stopped", 3, "SIGTERM")] * 2, {"warned": True}, {"SLURM_RESTART_COUNT": "3"}, 3, [],
      "job 88 stopped after 3 requeues"),

@@ -1,0 +1,229 @@
+"""A person's stop is final, and Slurm is told the truth (issue 87), on the local Slurm cluster, with Slurm's
+accounting (slurmdbd) and without it (slurmdbd stopped): the oracle is Slurm itself, `scontrol show job`'s
+state, restart count and exit code, and a real dependent job, never the toolkit's own records alone.
+
+- a plain `scancel` of a running script that keeps no checkpoint, and of the toolkit's training: CANCELLED,
+  never requeued, the `afterok` job never starts;
+- `scancel` while the job is torn down after its warning (its ranks still saving), in a job already
+  requeued once: CANCELLED, one restart, no second;
+- `scancel` of a pending job: CANCELLED, and `--wait` says so;
+- a person's `scancel --signal=TERM`: the run stops, its job ends FAILED 3:0, the afterok job never starts,
+  and the command its log prints resumes it to its end;
+- `--wait` echoes rank 0's lines while the job runs.
+
+Cheap scripts (no torch) where the stop is the point; each case once per accounting mode where the
+toolkit's decision could depend on it."""
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_until
+from test_own_script_slurm import SCRIPTS
+from test_slurm_jobs import ENV, PY, REPO, SMOKE, job_ids, job_state, wait_gone, warn
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ONE_BY_TWO = ["--nodes", "1", "--gpus", "2", "--account", "m1234_g", "--export", "ALL,OMP_NUM_THREADS=1",
+              "--no-profile"]
+
+# A plain script that keeps no checkpoint and takes SIGTERM's default (it dies of it).
+NO_SAVE = """import os, sys, time
+print("started", flush=True)
+for step in range(1, 100000):
+    print(f"step {step}", flush=True)
+    time.sleep(0.2)
+"""
+# A script that saves slowly on SIGTERM (longer than the cluster's KillWait, 5 s, would be too long), then exits 3.
+SLOW_SAVE = """import os, signal, sys, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+print(f"started {os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
+while not stop:
+    time.sleep(0.1)
+print("saving", flush=True)
+time.sleep(3)
+print("saved", flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module", params=["accounting", "no accounting"])
+def accounting(request, slurm_cluster):
+    """Slurm's accounting as the cluster runs it, or stopped (slurmdbd down: sacct cannot answer, as on a site
+    without accounting); started again after the module's tests."""
+    if request.param == "accounting":
+        yield True
+        return
+    subprocess.run(["pkill", "-x", "slurmdbd"], check=False)
+    wait_until(lambda: subprocess.run(["sacct", "-n", "-X", "-j", "1"], capture_output=True, timeout=60).returncode != 0,
+               "sacct to fail with slurmdbd stopped", 60)
+    try:
+        yield False
+    finally:
+        subprocess.run(["slurmdbd"], check=True)
+        wait_until(lambda: subprocess.run(["sacctmgr", "-n", "list", "cluster"], capture_output=True,
+                                          timeout=60).returncode == 0, "slurmdbd to answer again", 60)
+
+
+def script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def submitted(tmp_path: Path, *words: str, runs: str = "runs") -> tuple[str, Path]:
+    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--runs-dir", str(tmp_path / runs), "--", *words],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (job,) = job_ids(r.stdout)
+    (run,) = (tmp_path / runs).glob(f"*/{job}")
+    return job, run
+
+
+def dependent(tmp_path: Path, job: str) -> str:
+    """A CPU job that may start only after `job` finished (afterok)."""
+    r = subprocess.run(["sbatch", "--parsable", "-A", "m1234", "-C", "cpu", "-t", "5", "-d", f"afterok:{job}",
+                        "-o", str(tmp_path / "after-%j.out"), "--wrap", "echo ran"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def never_ran(job: str) -> None:
+    """The afterok job was never started: Slurm holds it for good (DependencyNeverSatisfied); then removed."""
+    wait_until(lambda: job_state(job).get("Reason") == "DependencyNeverSatisfied", f"job {job} to be held", 60)
+    assert job_state(job)["JobState"] == "PENDING"
+    subprocess.run(["scancel", job], check=True)
+
+
+def said(run: Path, needle: str, rank: int = 0) -> bool:
+    out = run / "logs" / f"rank{rank}.out"
+    return out.exists() and needle in out.read_text()
+
+
+def cancelled_for_good(job: str, restarts: str) -> dict:
+    """Slurm's word once the job left the queue: CANCELLED, with `restarts` restarts and no more."""
+    wait_gone(job, 120)
+    state = job_state(job)
+    assert state["JobState"] == "CANCELLED" and state["Restarts"] == restarts, state
+    return state
+
+
+def test_a_scancel_ends_a_running_script_for_good(accounting, tmp_path):
+    """A plain script, no checkpoint, killed by Slurm's SIGTERM: one scancel, CANCELLED, never requeued;
+    the afterok job never runs; summary.json says cancelled, as Slurm does."""
+    job, run = submitted(tmp_path, PY, str(script(tmp_path, "nosave.py", NO_SAVE)))
+    after = dependent(tmp_path, job)
+    wait_until(lambda: said(run, "step 3"), "the script's third step")
+    subprocess.run(["scancel", job], check=True)
+    cancelled_for_good(job, "0")
+    never_ran(after)
+    assert json.loads((run / "summary.json").read_text())["outcome"] == "cancelled"
+    assert f"resume with: python -m hpc.submit --resume {run}" in (run / f"{job}_0_log.out").read_text()
+
+
+def test_a_scancel_ends_the_toolkits_training_for_good(accounting, data_root, tmp_path):
+    """jobs/resnet152.sbatch: the training saves on Slurm's SIGTERM and exits 3, a requeue code; the batch
+    shell got SIGTERM too, so it is a person's scancel: CANCELLED, never requeued."""
+    run = tmp_path / "run"
+    r = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", "-N", "1", "--ntasks-per-node=1",
+                        "-o", str(tmp_path / "out-%j.txt"), "jobs/resnet152.sbatch", "--config", SMOKE, "--data-root",
+                        str(data_root), "--run-dir", str(run), "--epochs", "200", "--no-profile"],
+                       capture_output=True, text=True, cwd=REPO, env=ENV)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    wait_until(lambda: (run / "metrics.jsonl").exists(), "the training's first records", 180)
+    subprocess.run(["scancel", job], check=True)
+    cancelled_for_good(job, "0")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "cancelled", summary["outcome"]
+    log = (tmp_path / f"out-{job}.txt").read_text()
+    assert "was ended by Slurm (scancel, its time limit or a preemption): not requeued" in log, log[-2000:]
+
+
+def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accounting, tmp_path):
+    """The warning requeues the job once (Restarts 1); the second start is warned too, and while its ranks
+    save, a person cancels it: CANCELLED, Restarts still 1."""
+    job, run = submitted(tmp_path, PY, str(script(tmp_path, "slow_save.py", SLOW_SAVE)))
+    wait_until(lambda: said(run, "started 0"), "the first start")
+    warn(job)
+    wait_until(lambda: job_state(job).get("Restarts") == "1", "the requeue", 120)
+    deadline, held_since = time.monotonic() + 180, None
+    while not said(run, "started 1"):  # Slurm's hold of a requeued job cut short, not at once (wait_gone says why)
+        if "BeginTime" in job_state(job).get("Reason", ""):
+            held_since = held_since or time.monotonic()
+            if time.monotonic() - held_since >= 3:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+        assert time.monotonic() < deadline, job_state(job)
+        time.sleep(1)
+    warn(job)
+    wait_until(lambda: said(run, "saving", 0) or said(run, "saving", 1), "a rank to save")
+    subprocess.run(["scancel", job], check=True)
+    cancelled_for_good(job, "1")
+
+
+def test_a_pending_jobs_scancel_is_said_cancelled(accounting, tmp_path):
+    """Held in the queue (sbatch's --hold), then cancelled: `--wait` says cancelled and exits 3."""
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--sbatch", "hold", "--runs-dir", str(tmp_path),
+                             "--wait", "--", PY, "-c", "pass"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=ENV)
+    wait_until(lambda: list(tmp_path.glob("*/*/*_submitted.pkl")), "the job to be submitted")
+    job = next(tmp_path.glob("*/*/*_submitted.pkl")).name.split("_")[0]
+    assert job_state(job)["JobState"] == "PENDING"
+    subprocess.run(["scancel", job], check=True)
+    out, err = proc.communicate(timeout=120)
+    assert job_state(job)["JobState"] == "CANCELLED"
+    assert proc.returncode == 3 and f"job {job}: cancelled before its task started" in err, out + err
+
+
+def test_a_persons_stop_holds_afterok_and_the_printed_command_resumes_it(slurm_cluster, tmp_path):
+    """scancel --signal=TERM (the ranks alone): the script saves and exits 3; no warning reached the batch
+    shell, so it is a person's stop: FAILED 3:0, the afterok job never starts. The line the job's log prints
+    resumes the run in its own directory to its end, from the saved epoch."""
+    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "6", "--ckpt", str(tmp_path / "c.ck"), "--out",
+             str(tmp_path / "c.pt"), "--step-sleep", "0.2"]
+    job, run = submitted(tmp_path, *words)
+    after = dependent(tmp_path, job)
+    wait_until(lambda: said(run, "epoch 1"), "the script's second epoch")
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)
+    wait_gone(job, 120)
+    state = job_state(job)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "3:0", "0"), state
+    never_ran(after)
+    log = (run / f"{job}_0_log.out").read_text() + (run / f"{job}_0_log.err").read_text()
+    (resume,) = re.findall(r"resume with: (python -m hpc\.submit --resume \S+)$", log, flags=re.M)
+    r = subprocess.run([*resume.replace("python", PY, 1).split(), "--wait"], capture_output=True, text=True,
+                       cwd=tmp_path, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (again,) = job_ids(r.stdout)
+    assert f"job {again}: run dir {run}" in r.stdout and job_state(again)["JobState"] == "COMPLETED"
+    assert "rank 0: resumed at epoch" in (run / "logs" / "rank0.out").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and [e["outcome"] for e in summary["earlier"]] == ["stopped"]
+
+
+def test_wait_echoes_rank_0_while_the_job_runs(slurm_cluster, tmp_path):
+    """`hpc.submit --wait` on Slurm shows rank 0's lines as they come, as --local does: the script's third
+    step is on hpc.submit's stdout while Slurm still says the job is RUNNING."""
+    proc = subprocess.Popen([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--runs-dir", str(tmp_path), "--wait", "--", PY,
+                             str(script(tmp_path, "nosave.py", NO_SAVE))], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV, bufsize=1)
+    seen, deadline = "", time.monotonic() + 180
+    try:
+        while "step 3" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            if select.select([proc.stdout], [], [], 1)[0]:
+                seen += proc.stdout.readline()
+        (job,) = job_ids(seen)
+        assert job_state(job)["JobState"] == "RUNNING"
+        subprocess.run(["scancel", job], check=True)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
