@@ -8,7 +8,7 @@
   refused naming the way; sbatch's --time and --export grammars;
 - slurm.py: a job's request, its sbatch parameters and script (pure functions, pinned by golden files);
 - submit.py: `python -m hpc.submit`;
-- job.py: `TaskJob`, what submitit runs in every task of a local run (--local; a Slurm job's is hpc/launch/batch.py `BatchJob`);
+- job.py: `TaskJob`, what submitit runs in every task of a local run (a Slurm job: hpc/launch/batch.py);
 - follow.py: following submitted jobs to one printed result; stopping a local run;
 - queue.py: the Slurm queue through squeue and sacct.
 """
