@@ -9,7 +9,7 @@ Floors, as subpackages, every import pointing down one (tests/unit/test_architec
   package) stands beside it;
 - launch/: the plan, the jobs, the per-rank runner, the queue, the study; torch-free;
 - bench/: the benchmarks (`python -m hpc.bench`), apart from the product.
-The commands' doors, each a few lines that hand over: train.py, submit.py, study.py, config.py, data.py,
+The commands' doors, each a few lines that hand over: train.py, submit.py, study.py, job.py, config.py, data.py,
 distenv.py, rank.py and batch.py (`python -m hpc.<command>` and the console scripts enter there).
 """
 

@@ -591,11 +591,15 @@ class StudyFile(msgspec.Struct, kw_only=True):
     schema: int = STUDY_SCHEMA
 
 
+def analysis_jobs(sweep: SweepPaths, warn: Warn = ignore) -> list[str]:
+    """The sweep's analysis jobs (study.json), oldest first; none where it is missing or cannot be read (warned)."""
+    data = read_json(sweep.study, warn) if sweep.study.exists() else None
+    said = decoded(data, StudyFile, STUDY_SCHEMA, str(sweep.study), warn) if data is not None else None
+    return said.analysis_jobs if said is not None else []
+
+
 def record_analysis_job(sweep: SweepPaths, job_id: str) -> None:
     """Add an analysis job to study.json (hpc.study: one per run or resubmission); one that cannot be read
     (cut, of another layout) is begun again."""
-    data = read_json(sweep.study) if sweep.study.exists() else None
-    said = decoded(data, StudyFile, STUDY_SCHEMA, str(sweep.study), ignore) if data is not None else None
-    jobs = said.analysis_jobs if said is not None else []
-    record = StudyFile(analysis_jobs=[*jobs, job_id])
+    record = StudyFile(analysis_jobs=[*analysis_jobs(sweep), job_id])
     write_atomic(sweep.study, msgspec.json.format(msgspec.json.encode(record), indent=2).decode())

@@ -667,13 +667,18 @@ def record_scheduler(paths: RunPaths, **said: str) -> None:
     write_atomic(paths.scheduler, msgspec.json.encode(now).decode())
 
 
+def attempt_job(attempt: str) -> str:
+    """The job of an attempt (`attempt_of`'s JOB.RESTART.GROUP_RESTART): its Slurm job id, an array task's as 123_4."""
+    return attempt.split(".")[0]
+
+
 def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:
     """Whether the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED, recorded
     by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a
     preemption."""
     if said.state != SLURM_CANCELLED or not attempt:
         return False
-    return str(said.job) == attempt.split(".")[0]
+    return str(said.job) == attempt_job(attempt)
 
 
 def write_run_summary(paths: RunPaths, ended: bool = False) -> RunRecord | None:

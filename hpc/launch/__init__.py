@@ -11,7 +11,8 @@ another). Its rooms:
 - batch.py: every Slurm job's batch shell, one road: the hand-written sbatch scripts' (`python -m
   hpc.batch`) and hpc.submit's (`BatchJob`, through submitit), its one srun step;
 - requeue.py: the batch shell's signals told apart, the one requeue rule and its one executor;
-- study.py: `python -m hpc.study run|status|resubmit`; status.py: each point of a sweep and how it stands;
+- study.py: `python -m hpc.study run|status|resubmit|cancel`; status.py: each point of a sweep and how it stands;
+- jobcmd.py: `python -m hpc.job log|status|cancel`: one run followed, queried, cancelled;
 - configcli.py: `python -m hpc.config`.
 The torch half (hpc/training) runs only as a task's process.
 """

@@ -1,8 +1,9 @@
-"""The study in one command, its status, and resubmission: `python -m hpc.study run|status|resubmit`.
+"""The study in one command, its status, resubmission and cancel: `python -m hpc.study run|status|resubmit|cancel`.
 
     python -m hpc.study run profiles/study.yaml --account m1234_g --wait   # + any hpc.submit option
     python -m hpc.study status runs/study/sweep-<time>
     python -m hpc.study resubmit runs/study/sweep-<time> --failed --missing --account m1234_g
+    python -m hpc.study cancel runs/study/sweep-<time>                     # its arrays and analysis job
 
 `run` validates every point, submits the sweep's job arrays (hpc.submit's plan), then a small analysis
 job that depends on them (`--dependency=afterany:...`, resources from the cluster profile's
@@ -23,15 +24,15 @@ import time
 from pathlib import Path
 
 from analysis.api import report
-from hpc.core.cli import command_name, run, suggestion
+from hpc.core.cli import Parser, command_name, run, suggestion
 from hpc.core.ending import Outcome, PointState
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, NoArguments, QueueError, UsageError
-from hpc.core.rundir import SweepPaths, point_key, read_index, record_analysis_job
+from hpc.core.rundir import SweepPaths, analysis_jobs, point_key, read_index, record_analysis_job
 from hpc.launch.status import existing_sweep, status_command, sweep_status
 from hpc.launch.submission.follow import Interrupts
 from hpc.launch.submission.plan import Plan, make_plan
 from hpc.launch.submission.points import split_command
-from hpc.launch.submission.queue import QueueWatch
+from hpc.launch.submission.queue import QueueWatch, ask_slurm, queued
 from hpc.launch.submission.site import accounts, charge_lines
 from hpc.launch.submission.slurm import analysis_parameters, sbatch_text
 from hpc.launch.submission.submit import (
@@ -49,7 +50,7 @@ from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("run", "status", "resubmit")
+COMMANDS = ("run", "status", "resubmit", "cancel")
 
 
 class AnalysisJob:
@@ -204,6 +205,31 @@ def resubmit_command(argv: list[str]) -> int:
     return submit_and_analyse(plan, analysis_account, request.wait)
 
 
+def cancel_command(argv: list[str]) -> int:
+    """scancel every job of a sweep still in the queue: its arrays and its analysis jobs. A person's stop:
+    final, never requeued."""
+    p = Parser(
+        prog=command_name("python -m hpc.study cancel"),
+        description="Cancel a sweep: scancel its job arrays and its analysis job; final, never requeued.",
+        needs_args=True,
+    )
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="the sweep's directory, as hpc.study run printed it")
+    sweep = SweepPaths(existing_sweep(p.parse_args(argv).sweep_dir))
+    jobs = [*sorted({p.job.split("_")[0] for p in read_index(sweep.index) if p.job}), *analysis_jobs(sweep)]
+    listed = queued(jobs)
+    live = [j for j in jobs if any(k == j or k.startswith(f"{j}_") for k in listed)]
+    if not live:
+        print(f"hpc.study: no job of {sweep.root} is in the queue: nothing to cancel")
+        return EXIT_OK
+    said = ask_slurm(["scancel", *live])
+    if said.returncode != 0:
+        words = " ".join((said.stdout + said.stderr).split()) or f"exit {said.returncode}"
+        raise QueueError(f"scancel {' '.join(live)}: {words}")
+    print(f"hpc.study: cancelled (scancel) job(s) {' '.join(live)}: final, never requeued")
+    print(f"status: {command_name('python -m hpc.study status')} {sweep.root}")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -216,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(
             f"command line: {argv[0]!r}: expected one of {', '.join(COMMANDS)}{suggestion(argv[0], COMMANDS)}"
         )
-    return {"run": run_command, "status": status_command, "resubmit": resubmit_command}[argv[0]](argv[1:])
+    commands = {"run": run_command, "status": status_command, "resubmit": resubmit_command, "cancel": cancel_command}
+    return commands[argv[0]](argv[1:])
 
 
 def cli(argv: list[str] | None = None) -> int:

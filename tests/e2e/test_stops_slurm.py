@@ -9,7 +9,8 @@ state, restart count and exit code, and a real dependent job, never the toolkit'
 - `scancel` of a pending job: CANCELLED, and `--wait` says so;
 - a person's `scancel --signal=TERM`: the run stops, its job ends FAILED 3:0, the afterok job never starts,
   and the command its log prints resumes it to its end;
-- `--wait` echoes rank 0's lines while the job runs.
+- one command each to follow (`hpc.submit --wait`, `hpc.job log --follow`), query (`hpc.job status`) and
+  cancel (`hpc.job cancel`) a run, and to cancel a sweep (`hpc.study cancel`).
 
 Cheap scripts (no torch) where the stop is the point; each case once per accounting mode where the
 toolkit's decision could depend on it."""
@@ -208,22 +209,59 @@ def test_a_persons_stop_holds_afterok_and_the_printed_command_resumes_it(slurm_c
     assert summary["outcome"] == "done" and [e["outcome"] for e in summary["earlier"]] == ["stopped"]
 
 
-def test_wait_echoes_rank_0_while_the_job_runs(slurm_cluster, tmp_path):
-    """`hpc.submit --wait` on Slurm shows rank 0's lines as they come, as --local does: the script's third
-    step is on hpc.submit's stdout while Slurm still says the job is RUNNING."""
-    proc = subprocess.Popen([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--runs-dir", str(tmp_path), "--wait", "--", PY,
-                             str(script(tmp_path, "nosave.py", NO_SAVE))], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV, bufsize=1)
-    seen, deadline = "", time.monotonic() + 180
+def test_a_run_is_followed_queried_and_cancelled_with_one_command_each(slurm_cluster, tmp_path):
+    """`hpc.submit --wait` and `hpc.job log JOB --follow` show rank 0's lines while Slurm says RUNNING;
+    `hpc.job cancel RUN` ends it for good (Slurm: CANCELLED, no restart); the follower stops by itself once
+    the job has left the queue; `hpc.job status RUN` says what Slurm says, and the line that resumes it."""
+    words = [PY, str(script(tmp_path, "nosave.py", NO_SAVE))]
+    waiting = subprocess.Popen([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--runs-dir", str(tmp_path / "runs"), "--wait",
+                                "--", *words], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               env=ENV)
+    follower = None
     try:
+        wait_until(lambda: list((tmp_path / "runs").glob("*/*/task.json")), "the run to start")
+        run = next((tmp_path / "runs").glob("*/*/task.json")).parent
+        job = run.name
+        follower = subprocess.Popen([PY, "-m", "hpc.job", "log", job, "--follow"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV, bufsize=1)
+        seen, deadline = "", time.monotonic() + 180
         while "step 3" not in seen:
-            assert time.monotonic() < deadline and proc.poll() is None, seen
-            if select.select([proc.stdout], [], [], 1)[0]:
-                seen += proc.stdout.readline()
-        (job,) = job_ids(seen)
-        assert job_state(job)["JobState"] == "RUNNING"
-        subprocess.run(["scancel", job], check=True)
-        proc.communicate(timeout=120)
+            assert time.monotonic() < deadline and follower.poll() is None, seen + follower.stderr.read()
+            if select.select([follower.stdout], [], [], 1)[0]:
+                seen += follower.stdout.readline()
+        assert seen.startswith("started\n") and job_state(job)["JobState"] == "RUNNING", seen
+        cancel = subprocess.run([PY, "-m", "hpc.job", "cancel", str(run)], capture_output=True, text=True, env=ENV)
+        assert cancel.returncode == 0 and f"job {job}: cancelled (scancel): final" in cancel.stdout, cancel
+        cancelled_for_good(job, "0")
+        follower.communicate(timeout=60)  # it ends by itself once the job has left the queue
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 3 and "step 3" in out and f"job {job}: cancelled" in out, out + err
+        status = subprocess.run([PY, "-m", "hpc.job", "status", str(run)], capture_output=True, text=True, env=ENV)
+        assert status.returncode == 0, status.stderr
+        assert f"job:     {job} (Slurm: CANCELLED)" in status.stdout and "outcome: cancelled" in status.stdout
+        assert f"resume:  python -m hpc.submit --resume {run}" in status.stdout, status.stdout
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for proc in (waiting, follower):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+
+
+def test_a_sweep_is_cancelled_with_one_command(slurm_cluster, tmp_path):
+    """`hpc.study cancel SWEEP`: every job of it, its array's tasks running or pending and its analysis job,
+    CANCELLED in Slurm's word; none runs after."""
+    sweep_file = script(tmp_path, "sweep.yaml", "sweep: {name: stops, batch_sizes: [8], gpus: [1], axes: {seed: [1, 2, 3]}}\n"
+                        "command: {args: ['{seed}']}\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep_file), "-A", "m1_g", "--max-parallel", "1", "--runs-dir",
+                        str(tmp_path / "runs"), "--no-profile", "--", PY, str(script(tmp_path, "nosave.py", NO_SAVE))],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (array,) = re.findall(r"^arrays:\s+(\d+)$", r.stdout, flags=re.M)
+    (analysis,) = re.findall(r"^analysis: job (\d+)", r.stdout, flags=re.M)
+    (sweep,) = (tmp_path / "runs" / "stops").glob("sweep-*")
+    wait_until(lambda: any(said(p, "step 2") for p in sweep.glob(f"{array}_*")), "a point to run")
+    out = subprocess.run([PY, "-m", "hpc.study", "cancel", str(sweep)], capture_output=True, text=True, env=ENV)
+    assert out.returncode == 0 and f"cancelled (scancel) job(s) {array} {analysis}: final" in out.stdout, out
+    wait_gone(array, 120)
+    wait_gone(analysis, 60)
+    states = [job_state(f"{array}_{task}")["JobState"] for task in range(3)] + [job_state(analysis)["JobState"]]
+    assert states == ["CANCELLED"] * 4, states

@@ -73,7 +73,7 @@ def test_a_command_that_acts_given_nothing_prints_its_usage_and_exits_2(module, 
 
 def test_subcommands_given_nothing_print_their_usage_too():
     outcome = call("hpc.study", [])
-    assert outcome.code == 2 and outcome.lines[0].startswith("usage: python -m hpc.study {run,status,resubmit}")
+    assert outcome.code == 2 and outcome.lines[0].startswith("usage: python -m hpc.study {run,status,resubmit,cancel}")
     assert call("hpc.study", ["status"]).lines[0].startswith("usage: python -m hpc.study status ")
     compare = call("analysis", ["compare"])
     assert compare.code == 2 and compare.lines[0].startswith("usage: python -m analysis compare ")
