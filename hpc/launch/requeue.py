@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 WARNING_SIGNAL = signal.SIGUSR2  # the job's own signal, to its batch shell alone: sbatch's --signal=B:USR2@N
 TELL_AGAIN_S = 2.0  # a warning the tasks could not be told yet (no step yet, scancel failed) is tried again
+PREEMPT_WAIT_S = 600.0  # a preemption's end waited for at most this long (a grace time is seconds to minutes)
 
 
 class JobSignals:
@@ -75,6 +76,12 @@ class JobSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+    def wait_for_end(self, limit_s: float) -> None:
+        """Until Slurm ends the job (SIGTERM to this shell), at most `limit_s`."""
+        deadline = time.monotonic() + limit_s
+        while not self.ended and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def tell_tasks(self) -> None:
         """After the warning, SIGTERM to every process of the job's steps (not this shell): what a script
@@ -151,6 +158,10 @@ def _count(text: str | None) -> int | None:
 ALREADY = "was requeued already since this start (by its task: Lightning requeues its job on SIGUSR1): not again"
 CANCELLED = "was cancelled (scancel): a person's stop is not requeued"
 ENDING = "is being ended by Slurm (JobState {state}: a person's scancel, or its time limit): not requeued"
+PREEMPTING = (
+    "is being preempted (Slurm's PreemptTime is set): Slurm ends it after its grace time, and requeues it where the "
+    "site says so; waiting for that"
+)
 ENDED = "was ended by Slurm (scancel, its time limit or a preemption): not requeued"
 BY_A_PERSON = "was stopped by a person (scancel --signal: no warning reached its batch shell): not requeued"
 UNFINISHED = (
@@ -257,17 +268,13 @@ def requeue_after_step(
     listening, may say that Slurm began to end the job meanwhile. The job's exit code: 0 only for a run
     that finished (requeued or not, an unfinished run's job ends non-zero: `afterok` waits)."""
     job = end.job
-    state = ending_state(job, env) if end.ended else None
-    if state is not None:  # Slurm's own word, before the summary is made of it (a person's scancel reads cancelled)
-        with contextlib.suppress(OSError):
-            record_scheduler(paths, job=job, state=state)
-    summary = write_run_summary(paths, ended=True) or RunRecord()
-    outcome = summary.outcome or "no rank started"
-    log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary.failure}" if summary.failure else ""))
-    restarted = restarts_line(summary)
-    if restarted:
-        log.info(f"{door}: {restarted}")
-    code = run_code(summary, end.rc)
+    summary, code, state = settled(paths, end, env, door)
+    if code != EXIT_OK and not (end.warned or end.ended) and signals is not None and preempting(job):
+        log.info(f"{door}: job {job} {PREEMPTING}")
+        signals.wait_for_end(PREEMPT_WAIT_S)
+        end = dataclasses.replace(end, ended=signals.ended)
+        if end.ended:  # Slurm's word on it now: requeued (its restart count), or ended
+            summary, code, state = settled(paths, end, env, door)
     if code == EXIT_OK or (code not in requeue_codes and not end.ended):  # done; a failure: its own line said
         return code
     why_not = not_requeued(summary, code, requeue_codes, end, env, budget, state, signals)
@@ -289,6 +296,31 @@ def requeue_after_step(
         f"{resume_line(paths)}"
     )
     return code
+
+
+def settled(paths: RunPaths, end: StepEnd, env: Mapping[str, str], door: str) -> tuple[RunRecord, int, str | None]:
+    """The run's end once its step has ended, in one line (Slurm's word recorded first where Slurm is ending
+    the job): its summary, its exit code, and that word (None: none, or a requeue since this start)."""
+    state = ending_state(end.job, env) if end.ended else None
+    if state is not None:  # before the summary is made of it: a person's scancel reads cancelled
+        with contextlib.suppress(OSError):
+            record_scheduler(paths, job=end.job, state=state)
+    summary = write_run_summary(paths, ended=True) or RunRecord()
+    outcome = summary.outcome or "no rank started"
+    log.info(f"{door}: {paths.root}: {outcome}" + (f": {summary.failure}" if summary.failure else ""))
+    restarted = restarts_line(summary)
+    if restarted:
+        log.info(f"{door}: {restarted}")
+    return summary, run_code(summary, end.rc), state
+
+
+def preempting(job_id: str) -> bool:
+    """Whether Slurm is preempting the job: its PreemptTime set (the grace time, when the tasks alone got SIGTERM)."""
+    try:
+        said = ask_slurm(["scontrol", "show", "job", "-o", job_id])
+    except QueueError:
+        return False
+    return _field(said.stdout, "PreemptTime") not in (None, "", "None")
 
 
 def not_requeued(

@@ -52,6 +52,8 @@ def wait_gone(job_id: str, timeout: float, hurry_requeue: bool = False) -> float
             held_since = held_since or time.time()
             if time.time() - held_since >= 3:
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        else:  # running again: a later requeue's hold is its own, counted afresh
+            held_since = None
         time.sleep(1)
     raise AssertionError(f"job {job_id} still queued after {timeout} s")
 

@@ -80,7 +80,9 @@ def script(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def submitted(tmp_path: Path, *words: str, runs: str = "runs") -> tuple[str, Path]:
-    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, "--runs-dir", str(tmp_path / runs), "--", *words],
+    """hpc.submit of `words` (hpc.submit's own options first where they end with --) on 1 node x 2 GPUs."""
+    own, words = (words[: words.index("--")], words[words.index("--") + 1 :]) if "--" in words else ((), words)
+    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, *own, "--runs-dir", str(tmp_path / runs), "--", *words],
                        capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
@@ -265,3 +267,51 @@ def test_a_sweep_is_cancelled_with_one_command(slurm_cluster, tmp_path):
     wait_gone(analysis, 60)
     states = [job_state(f"{array}_{task}")["JobState"] for task in range(3)] + [job_state(analysis)["JobState"]]
     assert states == ["CANCELLED"] * 4, states
+
+
+def test_a_preemption_is_requeued_by_slurm_and_resumes(slurm_cluster, tmp_path):
+    """NERSC's preempt QOS (tests/slurm/cluster.sh: PreemptType=preempt/qos, PreemptMode=REQUEUE, a grace time
+    of 10 s): a regular job needs the node. Slurm sends the tasks SIGTERM (as a person's scancel --signal
+    would), the script saves and exits 3; the batch shell sees Slurm's PreemptTime and waits for Slurm, which
+    requeues the job at the grace time's end. It resumes from the saved epoch to its end: COMPLETED, one
+    restart (Slurm's), the first start's end recorded stopped, not cancelled."""
+    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "6", "--ckpt", str(tmp_path / "c.ck"), "--out",
+             str(tmp_path / "c.pt"), "--step-sleep", "0.2"]
+    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, "-q", "preempt", "-w", "nid008", "--exclusive",
+                        "--runs-dir", str(tmp_path / "runs"), "--", *words], capture_output=True, text=True,
+                       cwd=tmp_path, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (job,) = job_ids(r.stdout)
+    (run,) = (tmp_path / "runs").glob(f"*/{job}")
+    wait_until(lambda: said(run, "epoch 1"), "the script's second epoch")
+    regular = subprocess.run(["sbatch", "--parsable", "-A", "m1234", "-q", "regular", "-w", "nid008", "--exclusive",
+                              "-t", "2", "-o", "/dev/null", "--wrap", "sleep 1"], capture_output=True, text=True)
+    assert regular.returncode == 0, regular.stderr
+    wait_until(lambda: job_state(job).get("Restarts") == "1", "Slurm's requeue of the preempted job", 120)
+    wait_gone(job, 300, hurry_requeue=True)
+    state = job_state(job)
+    assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), state
+    log = (run / f"{job}_0_log.out").read_text() + (run / f"{job}_0_log.err").read_text()
+    assert f"job {job} is being preempted (Slurm's PreemptTime is set)" in log, log[-3000:]
+    assert "requeueing job" not in log  # Slurm's requeue, not a second of ours
+    assert "rank 0: resumed at epoch" in (run / "logs" / "rank0.out").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and [e["outcome"] for e in summary["earlier"]] == ["stopped"], summary
+
+
+def test_a_real_time_limit_requeues_the_run_until_it_is_done(slurm_cluster, tmp_path):
+    """Slurm's own warning before a real time limit (-t 1, the warning 30 s before it: the profile's
+    signal_delay_s), to the batch shell: the script saves, the job is requeued, resumes, and ends done in a
+    later start. Slurm's timer sends its warning up to half a minute early, so how many starts it takes
+    varies: at least two (48 s of work), within the budget of requeues."""
+    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "24", "--ckpt", str(tmp_path / "c.ck"), "--out",
+             str(tmp_path / "c.pt"), "--step-sleep", "0.25"]
+    job, run = submitted(tmp_path, "-t", "1", "--set", "cluster.signal_delay_s=30", "--", *words, runs="runs")
+    wait_gone(job, 600, hurry_requeue=True)
+    state = job_state(job)
+    assert state["JobState"] == "COMPLETED" and 1 <= int(state["Restarts"]) <= 3, state
+    log = (run / f"{job}_0_log.out").read_text() + (run / f"{job}_0_log.err").read_text()
+    assert "Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)" in log, log[-3000:]
+    assert "rank 0: resumed at epoch" in (run / "logs" / "rank0.out").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and {e["outcome"] for e in summary["earlier"]} == {"stopped"}, summary

@@ -84,6 +84,7 @@ def main():
 
     while epoch < args.epochs:
         sampler.set_epoch(epoch)
+        loss = None  # an epoch resumed at its last step has none left
         for i, (x, y) in enumerate(loader):
             if i < step:
                 continue  # done before the checkpoint
@@ -104,7 +105,7 @@ def main():
                 dist.barrier()
                 leave_group()
                 sys.exit(3)
-        if rank == 0:
+        if rank == 0 and loss is not None:
             print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
         epoch, step = epoch + 1, 0
 

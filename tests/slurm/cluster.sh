@@ -24,8 +24,10 @@ DB_SOCKET=/run/mysqld/mysqld.sock
 ACCOUNTS=(m1234_g m1234 m1_g m1 m0000_g m0000)
 # The QOS and the limits the profiles assume (profiles/perlmutter.yaml: regular up to 48 h; shared, part
 # of one node; preempt; debug up to 30 min). DenyOnLimit: a job over a limit is refused when submitted.
-QOS=("regular MaxWall=2-00:00:00" "shared MaxWall=2-00:00:00 MaxTRESPerJob=node=1" "preempt MaxWall=2-00:00:00"
-     "debug MaxWall=00:30:00")
+# Preemption as NERSC's preempt QOS has it: a regular job preempts one of it, which Slurm requeues after
+# a grace time (PreemptType=preempt/qos, PreemptMode=REQUEUE below); preempt first, so regular can name it.
+QOS=("preempt MaxWall=2-00:00:00 GraceTime=10" "regular MaxWall=2-00:00:00 Preempt=preempt"
+     "shared MaxWall=2-00:00:00 MaxTRESPerJob=node=1" "debug MaxWall=00:30:00")
 
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
 
@@ -152,6 +154,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
+PreemptType=preempt/qos
+PreemptMode=REQUEUE
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides

@@ -1,23 +1,13 @@
-"""The job submitit runs in every task: `TaskJob`, one for every task (the toolkit's training and a user's
-command alike: hpc/settings/rankcommand.py).
+"""The job submitit runs in every task of a local run (`hpc.submit --local`): `TaskJob`, one for every task
+(the toolkit's training and a user's command alike: hpc/settings/rankcommand.py). A Slurm job runs in its
+batch shell instead, one srun step of the same per-rank runner (hpc/launch/batch.py `BatchJob`).
 
-With srun (one task per GPU) each task is one rank: the per-rank runner (hpc/launch/rank/runner.py) starts
-the task's process and records how it ended. With torchrun (one task per node) each task runs torchrun,
-whose workers are `python -m hpc.rank` on the run directory, a runner each, so the ranks are recorded
-alike; a worker that dies restarts the group, which resumes from the task's own checkpoint. The job's
-signal is SIGTERM (`--signal=TERM@<delay>`, hpc/launch/submission/slurm.py), sent by Slurm to every process of the
-step before the time limit and at a preemption. Then:
-
-- a task that exits with one of its requeue codes (it saved and stopped; the training's lost peer) ends,
-  its exit record written; once the step has ended, the batch shell decides from the run's records and
-  requeues the job, the one place it is done (hpc/launch/requeue.py `requeue_after_step`). A rank that
-  lost its peer exits with its code, so that srun ends the step even where the peer is frozen; the
-  requeued job runs the same task, which resumes by itself;
-- a task still running after the profile's `stop_grace_s` is killed, and the job ends preempted; after
-  Slurm's SIGTERM its end reads as a stop all the same (`requeue_code`): it took the stop and resumes
-  from what it last saved (Lightning's DDP ranks can deadlock in its SIGTERM handler: docs/faults.md);
-- a rank that fails makes its task fail (srun's --kill-on-bad-exit ends the others; they also stop
-  their own task on seeing it), after its exit record and summary.json are written.
+With one task per GPU each task is one rank: the per-rank runner (hpc/launch/rank/runner.py) starts the
+task's process and records how it ended. With torchrun (one task) the task runs torchrun, whose workers
+are `python -m hpc.rank` on the run directory, a runner each, so the ranks are recorded alike; a worker
+that dies restarts the group, which resumes from the task's own checkpoint. Ctrl-C or SIGTERM to
+`hpc.submit --local` reaches every runner (hpc/launch/submission/follow.py), which tells its task; a
+rank that fails makes its task fail, after its exit record and summary.json are written.
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.ending import Outcome, RankEnd, rank_end_of_outcome, task_status
-from hpc.core.errors import EXIT_PEER_LOST, StoreError
+from hpc.core.errors import StoreError
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
 from hpc.core.proc import gone
@@ -104,9 +94,6 @@ class TaskJob:
         # before its own runner saw it gone)
         orphaned = bool(record.orphaned) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
         by_user = stopped_by_user(signum, os.environ) or orphaned
-        on_slurm = os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
-        if on_slurm and requeue_code(record) == EXIT_PEER_LOST:  # the step must end for its batch shell to act
-            raise SystemExit(EXIT_PEER_LOST)  # (a frozen peer holds it); srun's --kill-on-bad-exit ends it on this
         return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
 
     def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, global_rank: int) -> RankEntry:

@@ -222,3 +222,24 @@ def test_the_batch_shell_ends_its_job_0_only_for_a_run_that_finished(tmp_path):
     out, calls = batch_shell(tmp_path, unfinished, SIGNAL="USR2", STEP_EXIT="0")
     assert out.returncode == 3 and calls == ["scancel --signal=TERM 7", "scontrol requeue 7"], out.stdout + out.stderr
     assert "else it starts again from its first step; a script says it saved by exiting 3" in out.stderr
+
+
+def test_a_preemption_is_left_to_slurm_which_requeues_it(tmp_path):
+    """A preemption's grace time: only the tasks get SIGTERM, as after a person's `scancel --signal=TERM`,
+    but scontrol says PreemptTime (seen on the test cluster). The batch shell then neither decides nor
+    requeues: it waits for Slurm's end of the job (here the stand-in scontrol sends it at once), which
+    requeued it (Restarts 1): not recorded as a cancel, not requeued a second time."""
+    slurm_stand_ins(tmp_path / "bin", STEP)
+    (tmp_path / "bin" / "scontrol").write_text(
+        '#!/bin/sh\nif [ "$1" = show ]; then n=$(cat "$LOG.n" 2>/dev/null || echo 0); echo $((n + 1)) > "$LOG.n"\n'
+        '  if [ "$n" = 0 ]; then echo "JobId=7 JobState=RUNNING Reason=None Restarts=0 PreemptTime=2026-12-06T20:37:08"; '
+        'kill -s TERM $PPID\n  else echo "JobId=7 JobState=COMPLETING Reason=None Restarts=1 PreemptTime=None"; fi; exit 0; fi\n'
+        'echo "scontrol $*" >> "$LOG"\n')
+    run = tmp_path / "7"
+    paths = stopped_run(run)
+    out, calls = batch_shell(tmp_path, run)
+    lines = out.stdout + out.stderr
+    assert not [c for c in calls if c.startswith("scontrol requeue")] and out.returncode == 3, lines
+    assert "job 7 is being preempted (Slurm's PreemptTime is set)" in lines, lines
+    assert "job 7 was requeued already since this start" in lines, lines
+    assert json.loads(paths.summary.read_text())["outcome"] == "stopped"  # not cancelled: Slurm requeued it
