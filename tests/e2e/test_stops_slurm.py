@@ -82,7 +82,8 @@ def script(tmp_path: Path, name: str, text: str) -> Path:
 def submitted(tmp_path: Path, *words: str, runs: str = "runs") -> tuple[str, Path]:
     """hpc.submit of `words` (hpc.submit's own options first where they end with --) on 1 node x 2 GPUs."""
     own, words = (words[: words.index("--")], words[words.index("--") + 1 :]) if "--" in words else ((), words)
-    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, *own, "--runs-dir", str(tmp_path / runs), "--", *words],
+    command = ["--", *words] if words else []  # none: the toolkit's training
+    r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, *own, "--runs-dir", str(tmp_path / runs), *command],
                        capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     (job,) = job_ids(r.stdout)
@@ -150,15 +151,24 @@ def test_a_scancel_ends_the_toolkits_training_for_good(accounting, data_root, tm
     assert "was ended by Slurm (scancel, its time limit or a preemption): not requeued" in log, log[-2000:]
 
 
-def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accounting, tmp_path):
+@pytest.mark.parametrize("what", ["script", "training"])
+def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accounting, data_root, tmp_path, what):
     """The warning requeues the job once (Restarts 1); the second start is warned too, and while its ranks
-    save, a person cancels it: CANCELLED, Restarts still 1."""
-    job, run = submitted(tmp_path, PY, str(script(tmp_path, "slow_save.py", SLOW_SAVE)))
-    wait_until(lambda: said(run, "started 0"), "the first start")
+    still finish their step and save (a script that saves slowly; the toolkit's training with 2 s steps), a
+    person cancels it: CANCELLED, Restarts still 1."""
+    if what == "script":
+        job, run = submitted(tmp_path, PY, str(script(tmp_path, "slow_save.py", SLOW_SAVE)))
+        first, second = "started 0", "started 1"
+    else:
+        job, run = submitted(tmp_path, "--export", "ALL,OMP_NUM_THREADS=1,HPC_FAULT_INJECT=slow-step:2000", "--config",
+                             SMOKE, "--data-root", str(data_root), "--epochs", "50", "--")
+        first, second = None, "resuming from"
+    started = (lambda: said(run, first)) if first else (lambda: (run / "metrics.jsonl").exists())
+    wait_until(started, "the first start", 180)
     warn(job)
     wait_until(lambda: job_state(job).get("Restarts") == "1", "the requeue", 120)
     deadline, held_since = time.monotonic() + 180, None
-    while not said(run, "started 1"):  # Slurm's hold of a requeued job cut short, not at once (wait_gone says why)
+    while not said(run, second):  # Slurm's hold of a requeued job cut short, not at once (wait_gone says why)
         if "BeginTime" in job_state(job).get("Reason", ""):
             held_since = held_since or time.monotonic()
             if time.monotonic() - held_since >= 3:
@@ -166,7 +176,8 @@ def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accountin
         assert time.monotonic() < deadline, job_state(job)
         time.sleep(1)
     warn(job)
-    wait_until(lambda: said(run, "saving", 0) or said(run, "saving", 1), "a rank to save")
+    told = "Slurm's warning (SIGUSR2): the ranks are told to save and stop"
+    wait_until(lambda: (run / f"{job}_0_log.out").read_text().count(told) == 2, "the second warning told")
     subprocess.run(["scancel", job], check=True)
     cancelled_for_good(job, "1")
 
