@@ -63,7 +63,10 @@ log = logging.getLogger(__name__)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(
         prog="python -m analysis",
+        usage="%(prog)s PATH [OTHER] [--format {table,csv,json,md}] [--out OUT] [--plots] [--report]\n"
+        "       %(prog)s compare A B",
         description=__doc__.split("\n\n")[1],
+        epilog="python -m analysis compare A B: why two runs, or two sweeps' points, differ (its own --help).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         needs_args=True,
     )

@@ -54,6 +54,9 @@ def command_name(prog: str, argv0: str | None = None) -> str:
     return prog
 
 
+BARE = "\x00bare"  # the value of a flag of Parser.attached_only given without `=VALUE` (never a word typed)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with bad usage as one line naming the flag and the value (UsageError)."""
 
@@ -66,6 +69,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.needs_args = needs_args
         self.unknown_hint = unknown_hint  # what else an unrecognized word may be, for this command
+        # flags whose value comes only after `=` (sbatch's --exclusive[=user]): bare, they take no next word
+        self.attached_only: frozenset[str] = frozenset()
         self.add_argument(
             "--log-level",
             choices=LEVELS,
@@ -107,7 +112,7 @@ class Parser(argparse.ArgumentParser):
         """As argparse's, and an empty value is refused: `--config ""` or `--run-dir ""` would
         otherwise mean "not given" (or the current directory) without a word."""
         self._no_arguments(args)
-        parsed = super().parse_args(args, namespace)
+        parsed = super().parse_args(args, namespace)  # through parse_known_args, which marks the bare flags
         refuse_empty(self, parsed)
         configure(getattr(parsed, "log_level", None))
         return parsed
@@ -116,10 +121,22 @@ class Parser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self._no_arguments(args)
-        parsed, rest = super().parse_known_args(args, namespace)
+        parsed, rest = super().parse_known_args(self._bare_marked(args), namespace)
         refuse_empty(self, parsed)
         configure(getattr(parsed, "log_level", None))
         return parsed, rest
+
+    def _bare_marked(self, args: Sequence[str] | None) -> list[str] | None:
+        """The words with BARE after each bare flag of `attached_only` (before `--`): argparse's optional value
+        would take the next word, which sbatch never gives such a flag (its value comes after `=`)."""
+        if not self.attached_only:
+            return None if args is None else list(args)
+        words, out = list(sys.argv[1:] if args is None else args), list[str]()
+        for i, word in enumerate(words):
+            if word == "--":
+                return out + words[i:]
+            out += [word, BARE] if word in self.attached_only else [word]
+        return out
 
 
 def refuse_empty(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> None:

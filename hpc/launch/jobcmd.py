@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> JobAsk:
         ("status", "Slurm's word on the run's latest job, and the run's own"),
         ("cancel", "scancel the run's job: final; hpc.submit --resume RUN resumes it later"),
     ):
-        one = sub.add_parser(name, help=text, description=text)
+        one = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.")
         one.add_argument("where", metavar="RUN|JOB", help="a run directory, or a Slurm job id")
         if name == "log":
             one.add_argument("-f", "--follow", action="store_true", help="go on until the job has left the queue")

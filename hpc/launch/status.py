@@ -109,8 +109,8 @@ def point_state(
         state = slurm_state(queue_state)
         if state == PointState.PENDING and (files.step is not None or facts.requeues):
             state = PointState.REQUEUED  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
-    elif outcome in (Outcome.OOM, Outcome.DONE):
-        state = Outcome(outcome)
+    elif outcome in (Outcome.OOM, Outcome.DONE) and (queue_known or files.summary_current):
+        state = Outcome(outcome)  # without the queue, only a run that wrote its end: it may still be running
     elif not queue_known:
         state = PointState.UNKNOWN
     elif facts.timed_out or slurm_state(sacct_state) == PointState.TIMEOUT:

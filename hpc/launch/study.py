@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.replace("python -m hpc.study", command_name("python -m hpc.study")))
         return EXIT_OK
     if not argv:
-        usage = command_name(f"python -m hpc.study {{{','.join(COMMANDS)}}} ...")
-        raise NoArguments(f"usage: {usage}\n{usage.split()[0]}: no command given (see --help)")
+        prog = command_name("python -m hpc.study")
+        raise NoArguments(f"usage: {prog} {{{','.join(COMMANDS)}}} ...\n{prog}: no command given (see {prog} --help)")
     if argv[0] not in COMMANDS:
         raise UsageError(
             f"command line: {argv[0]!r}: expected one of {', '.join(COMMANDS)}{suggestion(argv[0], COMMANDS)}"

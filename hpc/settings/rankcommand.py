@@ -285,21 +285,40 @@ def fill(word: str, values: Mapping[str, object], source: str, final: bool = Tru
         if conversion or (field not in values and field not in later):
             known = ", ".join("{" + f + "}" for f in (*POINT_FIELDS, *RUN_FIELDS))
             raise UsageError(f"{source}: {shown(word)}: no value for {{{field}}} (known: {known})")
-        filled = format(values[field], spec or "") if field in values else None
+        filled = formatted(values[field], spec, word, source) if field in values else None
         out.append(kept(filled) if filled is not None else "{" + field + (f":{spec}" if spec else "") + "}")
     return "".join(out)
+
+
+class Fraction(float):
+    """A data fraction as a placeholder fills it: `{fraction}` as its shortest form (0.5, 1), and a format
+    spec as a float's (`{fraction:.2f}`: 0.50)."""
+
+    def __format__(self, spec: str) -> str:
+        return format(float(self), spec or "g")
+
+    def __str__(self) -> str:
+        return format(float(self), "g")
 
 
 def point_values(point: SweepPoint) -> dict[str, AxisValue]:
     """A sweep point's fields under the names a command template uses, its placeholder axes' ({lr}) too."""
     return {
         "batch": point.batch_size,
-        "fraction": f"{point.data_fraction:g}",
+        "fraction": Fraction(point.data_fraction),
         "gpus": point.gpus,
         "nodes": point.nodes,
         "ranks": point.gpus * point.nodes,
         **{name: value for name, value in (point.values or {}).items() if "." not in name},
     }
+
+
+def formatted(value: object, spec: str | None, word: str, source: str) -> str:
+    """`value` as `{field:spec}` formats it, as str.format would; a spec its type refuses is one line."""
+    try:
+        return format(value, spec or "")
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{source}: {shown(word)}: {e}") from None
 
 
 def fill_named(word: str, values: Mapping[str, object], source: str) -> str:
@@ -308,7 +327,4 @@ def fill_named(word: str, values: Mapping[str, object], source: str) -> str:
     if not values:
         return word
     pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")(?::([^{}]*))?\}")
-    try:
-        return pattern.sub(lambda m: format(values[m.group(1)], m.group(2) or ""), word)
-    except ValueError as e:
-        raise UsageError(f"{source}: {shown(word)}: {e}") from None
+    return pattern.sub(lambda m: formatted(values[m.group(1)], m.group(2), word, source), word)

@@ -30,6 +30,8 @@ HELPS = [
     ("hpc.batch", [], "python -m hpc.batch"),
     ("analysis", [], "python -m analysis"),
     ("analysis", ["compare"], "python -m analysis compare"),
+    ("hpc.job", [], "python -m hpc.job"),
+    ("hpc.job", ["log"], "python -m hpc.job log"),
     ("analysis.bench.speed", [], "python -m analysis.bench.speed"),
     ("analysis.tensorboard", [], "python -m analysis.tensorboard"),
 ]
@@ -74,9 +76,21 @@ def test_a_command_that_acts_given_nothing_prints_its_usage_and_exits_2(module, 
 def test_subcommands_given_nothing_print_their_usage_too():
     outcome = call("hpc.study", [])
     assert outcome.code == 2 and outcome.lines[0].startswith("usage: python -m hpc.study {run,status,resubmit,cancel}")
+    # issue 90: the command names itself as it is typed, not `python`
+    assert outcome.lines[1] == "python -m hpc.study: no command given (see python -m hpc.study --help)"
+    job = call("hpc.job", [])
+    assert job.code == 2 and job.lines[0].startswith("usage: python -m hpc.job ")
     assert call("hpc.study", ["status"]).lines[0].startswith("usage: python -m hpc.study status ")
     compare = call("analysis", ["compare"])
     assert compare.code == 2 and compare.lines[0].startswith("usage: python -m analysis compare ")
+
+
+@pytest.mark.parametrize("command, sub", [("analysis", "compare"), ("hpc.study", "cancel"), ("hpc.study", "resubmit"),
+                                          ("hpc.job", "log"), ("hpc.job", "status"), ("hpc.job", "cancel")])
+def test_every_subcommand_shows_in_its_commands_help(command, sub):
+    """Issue 90: `python -m analysis --help` showed only `path [other]`, not its compare."""
+    code, out = helped(command, [])
+    assert code == 0 and re.search(rf"\b{sub}\b", out), out
 
 
 def test_flags_are_never_abbreviated_and_a_mistyped_one_gets_a_suggestion():

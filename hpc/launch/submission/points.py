@@ -67,6 +67,8 @@ def axis_values(sweep: SweepConfig) -> list[dict[str, AxisValue]]:
     """The sweep's own axes' values at each point (one empty mapping without any): their grid, or zipped."""
     names = list(sweep.axes)
     values = list(sweep.axes.values())
+    if not names:  # no axes of its own: one point per shape, whether zipped or not (zip() of nothing is empty)
+        return [{}]
     # strict: equal lengths, which SweepConfig checked for zip (so strict=False is the same: not mutated)
     rows = zip(*values, strict=True) if sweep.combine == "zip" else itertools.product(*values)  # pragma: no mutate
     return [dict(zip(names, row, strict=True)) for row in rows]  # pragma: no mutate

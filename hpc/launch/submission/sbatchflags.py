@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpc.core.cli import shown
+from hpc.core.cli import BARE, shown
 from hpc.core.errors import UsageError
 from hpc.settings.cluster import SBATCH_KEY
 
@@ -272,8 +272,9 @@ def _count(text: str) -> int:
 
 
 def memory(text: str) -> str:
-    """--mem as sbatch reads it: a size with an optional unit (K, M, G, T); 0 is a whole node's."""
-    if not re.fullmatch(r"\d+[KMGT]?", text.strip(), flags=re.IGNORECASE):
+    """--mem as sbatch reads it: a size with an optional unit (K, M, G, T, each with an optional B, any case:
+    sbatch 22.05 takes 200GB and 200gb, refuses 200B and 200GiB); 0 is a whole node's."""
+    if not re.fullmatch(r"\d+(?:[KMGT]B?)?", text.strip(), flags=re.IGNORECASE):
         raise argparse.ArgumentTypeError(f"{shown(text)}: not a size (e.g. 0, 200G, 64000M)")
     return text.strip()
 
@@ -291,10 +292,11 @@ class _Passed(argparse.Action):
     option = ""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        if isinstance(values, str):
+        bare = values is None or values == [] or values == BARE
+        if isinstance(values, str) and not bare:
             one_line_value(self.option, values)
         got = list(getattr(namespace, self.dest) or [])
-        got.append((self.option, True if values is None or values == [] else values))
+        got.append((self.option, True if bare else values))
         setattr(namespace, self.dest, got)
 
 
@@ -349,7 +351,14 @@ def add_slurm_options(g: argparse._ArgumentGroup) -> None:
     group's description, SLURM_GROUP, names them)."""
     for flags, dest, read, metavar, text, key in OWN_FLAGS:
         g.add_argument(*flags, dest=dest, type=read, metavar=metavar, help=f"{text} [{key}]" if key else text)
-    g.add_argument("--exclusive", nargs="?", const=True, metavar="user|mcs", help="whole nodes, no other job on them")
+    g.add_argument(
+        "--exclusive",
+        nargs="?",
+        const=True,
+        type=optional_value,
+        metavar="user|mcs",
+        help="whole nodes, no other job on them",
+    )
     g.add_argument(
         "--export",
         action="append",
@@ -381,6 +390,18 @@ def add_slurm_options(g: argparse._ArgumentGroup) -> None:
         g.add_argument(
             *_flags(long, short), dest="sbatch_refused", action=refused, nargs=NARGS[kind], help=argparse.SUPPRESS
         )
+
+
+# sbatch's options whose value comes only after `=` (--exclusive[=user], --nice[=N], -k, --get-user-env[=T]):
+# bare, they take no next word (hpc/core/cli.py Parser.attached_only)
+ATTACHED_ONLY = frozenset(
+    ["--exclusive", *(f for long, (short, kind) in PASSED.items() if kind == OPTIONAL for f in _flags(long, short))]
+)
+
+
+def optional_value(text: str) -> str | bool:
+    """An optional value as given after `=`; bare (BARE), the flag alone."""
+    return True if text == BARE else text
 
 
 SLURM_GROUP = (
@@ -442,6 +463,14 @@ def merge_sbatch_words(args: argparse.Namespace) -> None:
             raise UsageError(f"{where}: sbatch's --{key} is not taken here: {REFUSED[key][2]}")
         if key == "image":
             raise UsageError(f"{where}: the container image is the profile's: --set cluster.image=IMAGE")
+        if key == "gpus":  # sbatch's --gpus counts the whole job's, as -G: refused the same way
+            try:
+                count = _count(value) if eq else None
+            except argparse.ArgumentTypeError as e:
+                raise UsageError(f"{where}: {e}") from None
+            if count is None:
+                raise UsageError(f"{where}: --gpus takes a value (--gpus-per-node N: the GPUs of each node)")
+            refuse_job_gpus(count, args.nodes, f"--sbatch {shown(item)}")
         if key not in OWN:
             args.sbatch_passed = [*args.sbatch_passed, (key, value if eq else True)]
             continue
@@ -480,16 +509,21 @@ def merge_gpus(args: argparse.Namespace) -> None:
             )
         args.gpus = args.gpus_per_node
     if args.job_gpus is not None:
-        nodes = args.nodes or 1
-        way = (
-            f"say --gpus-per-node {args.job_gpus // nodes}"
-            if args.job_gpus % nodes == 0
-            else f"{args.job_gpus} GPUs do not divide over {nodes} node(s)"
-        )
-        raise UsageError(
-            f"command line: -G {args.job_gpus}: sbatch's -G counts the GPUs of the whole job; the toolkit asks per "
-            f"node (one task each): {way}"
-        )
+        refuse_job_gpus(args.job_gpus, args.nodes, f"-G {args.job_gpus}")
+
+
+def refuse_job_gpus(count: int, nodes: int | None, given: str) -> None:
+    """sbatch's -G/--gpus counts the whole job's GPUs: one line naming the per-node count it means."""
+    nodes = nodes or 1
+    way = (
+        f"say --gpus-per-node {count // nodes}"
+        if count % nodes == 0
+        else f"{count} GPUs do not divide over {nodes} node(s)"
+    )
+    raise UsageError(
+        f"command line: {given}: sbatch's -G/--gpus counts the GPUs of the whole job; the toolkit asks per node (one "
+        f"task each): {way}"
+    )
 
 
 def job_options(args: argparse.Namespace, environ: Mapping[str, str]) -> JobOptions:

@@ -46,7 +46,13 @@ from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
 from hpc.launch.submission.request import Allocation, SubmitRequest
-from hpc.launch.submission.sbatchflags import SLURM_GROUP, add_slurm_options, job_options, merge_sbatch_words
+from hpc.launch.submission.sbatchflags import (
+    ATTACHED_ONLY,
+    SLURM_GROUP,
+    add_slurm_options,
+    job_options,
+    merge_sbatch_words,
+)
 from hpc.launch.submission.slurm import batch_python
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import TRAINING_FLAGS, add_training_flags, overrides_from_args
@@ -120,6 +126,7 @@ def add_job_options(parser: Parser) -> None:
     )
     g.add_argument("--runs-dir", help="where run directories go (default: the profile's runs_dir, else ./runs)")
     add_slurm_options(parser.add_argument_group("Slurm", SLURM_GROUP))
+    parser.attached_only = ATTACHED_ONLY
 
 
 def add_submission_options(g: argparse._ArgumentGroup, study: bool) -> None:

@@ -64,6 +64,8 @@ HABITS = [
     (["--sbatch", "time=1:00:00"], ["#SBATCH --time=60"]),
     (["--sbatch", "constraint=gpu&hbm40g"], ["#SBATCH --constraint='gpu&hbm40g'"]),
     (["--sbatch", "mem=0"], ["#SBATCH --mem=0"]),
+    (["--mem", "200GB"], ["#SBATCH --mem=200GB"]),  # issue 90: sbatch reads it as 200G; the profile writes it so
+    (["--mem", "64000mb"], ["#SBATCH --mem=64000mb"]),
     (["--sbatch", "nodes=2"], ["#SBATCH --nodes=2"]),
     (["--sbatch", "job-name=x"], ["#SBATCH --job-name=x"]),
     (["--sbatch", "export=ALL,FOO=2"], ["export FOO=2\n", "!#SBATCH --export"]),
@@ -80,6 +82,9 @@ REFUSED = [
     (["-N", "2", "--gpus", "8"], ["--gpus 8", "--gpus-per-node 4"]),
     (["--gpus", "8"], ["--gpus 8", "per node", "--nodes 2 --gpus-per-node 4"]),
     (["-G", "8", "-N", "2"], ["-G 8", "--gpus-per-node 4"]),
+    (["--sbatch", "gpus=8", "-N", "2"], ["gpus=8", "whole job", "--gpus-per-node 4"]),  # issue 90: as -G
+    (["--sbatch", "gpus=8"], ["gpus=8", "--gpus-per-node 8"]),
+    (["--sbatch", "gpus"], ["'gpus'", "takes a value"]),
     (["--gpus", "4", "--gpus-per-node", "2"], ["--gpus 4", "--gpus-per-node 2"]),
     (["-o", "x.out"], ["-o x.out", "RUN/logs"]),
     (["-e", "x.err"], ["-e x.err", "RUN/logs"]),
@@ -103,6 +108,8 @@ REFUSED = [
     (["-N", "2-4"], ["'2-4'", "range"]),
     (["--gpus-per-node", "a100:4"], ["'a100:4'", "GPU type"]),
     (["--mem", "12X"], ["'12X'", "not a size"]),
+    (["--mem", "200B"], ["'200B'", "not a size"]),  # as sbatch 22.05 refuses it (Invalid --mem specification)
+    (["--mem", "200GiB"], ["'200GiB'", "not a size"]),
     (["--mem", "10G", "--mem-per-gpu", "4G"], ["--mem 10G", "--mem-per-gpu", "one of them"]),
     (["--export", "FOO=1,2"], ["'2' is not a variable name", "--export NAME"]),
     (["--export", "FOO=\"a,b\""], ["sbatch keeps quotes", "--export FOO"]),
@@ -274,3 +281,17 @@ def test_export_is_read_in_sbatchs_grammar(items, inherit, values, names):
     got = parse_export(items, {"HOME": "/home/me"})
     assert (got.inherit, dict(got.values), got.names) == (inherit, values, names)
     assert got.sbatch_value() == (None if inherit else (",".join(names) or "NONE"))
+
+
+@pytest.mark.parametrize("flag", ["--exclusive", "--nice", "-k", "--no-kill", "--get-user-env", "--propagate"])
+def test_an_option_whose_value_comes_after_equals_never_takes_the_next_word(flag, tmp_path):
+    """Issue 90: sbatch reads --exclusive[=user], --nice[=N], -k, --get-user-env[=T] and --propagate[=...]
+    values only after `=`; bare, the next word is the next word (here hpc.study run's SWEEP.yaml)."""
+    out = call("hpc.study", ["run", flag, "profiles/study-smoke.yaml", "--dry-run", "-A", "m1_g", "--runs-dir",
+                             str(tmp_path)])
+    assert out.code == 0, out.stderr
+    long = {"-k": "--no-kill"}.get(flag, flag)
+    assert out.stdout.count(f"#SBATCH {long}\n") == 2  # both arrays of the smoke sweep, the flag alone
+    given = call("hpc.submit", [*ACCOUNT, f"{long}=1", "--dry-run", "--runs-dir", str(tmp_path), "--", "python", "-c",
+                                "pass"])
+    assert given.code == 0 and f"#SBATCH {long}=1\n" in given.stdout, given.stderr

@@ -58,6 +58,10 @@ def test_a_silent_queue_leaves_unknown_what_the_run_directory_cannot_settle(tmp_
     assert point_state(crashed, "2_3", None, None, queue_known=False).state == "unknown"
     assert point_state(tmp_path / "never", "2_4", None, None, queue_known=False).state == "unknown"
     assert point_state(halfway, "2_2", None, None).state == "failed"  # the queue read: it is not running
+    # its final checkpoint written, its summary not yet (issue 90): it may be running, ending; the queue decides
+    ending = _checkpoint_info(_run_dir(tmp_path, "2_5", metrics=[{"kind": "train", "step": 8}]), 8, 8)
+    assert point_state(ending, "2_5", None, None, queue_known=False).state == "unknown"
+    assert point_state(ending, "2_5", None, None).state == "done"  # the queue read: it has ended
 
 
 def test_a_finished_run_without_its_summary_is_done_and_says_what_is_missing(tmp_path):

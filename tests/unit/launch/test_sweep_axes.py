@@ -55,6 +55,14 @@ def test_zipped_axes_pair_their_values_instead_of_crossing_them(tmp_path):
     assert "combine: zip takes lists of one length" in said
 
 
+@pytest.mark.parametrize("combine", ["", "  combine: zip\n"])
+def test_a_sweep_without_axes_of_its_own_has_its_shapes_points_zipped_or_not(tmp_path, combine):
+    """Issue 90: `combine: zip` with no axes gave no point at all (zip of nothing), and the job array was empty."""
+    text = "sweep:\n  name: s\n  batch_sizes: [8, 16]\n  gpus: [1]\n  data_fractions: [1]\n" + combine
+    _, points = points_of(tmp_path, text, "--", "python", SCRIPT, "--batch-size", "{batch}")
+    assert sorted(p.batch_size for p, _ in points) == [8, 16] and all(not p.values for p, _ in points)
+
+
 def test_the_trainings_config_keys_are_its_axes_and_each_point_runs_its_values(tmp_path):
     _, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n    model.arch: [tiny, resnet18]\n")
     runs = sorted((c.to_dict()["config"]["train"]["lr"], c.to_dict()["config"]["model"]["arch"]) for _, c in points)

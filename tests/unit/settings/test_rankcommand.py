@@ -84,3 +84,51 @@ def test_a_launcher_inside_the_command_is_refused_naming_what_to_write(tmp_path,
     assert said.startswith(f"command line: -- '{argv[0]}': a launcher inside the command would start one on every "
                            "rank") and instead in said and "\n" not in said
     assert launcher_in(["accelerate", "config"]) is None and launcher_in(["python", "-m", "torch.utils.bottleneck"]) is None
+
+
+# The placeholder grammar under fire (issue 90): templates made of literals, escaped braces, the point's fields
+# with format specs (valid and not for their type), repeated and unknown fields, positional fields,
+# conversions and stray braces; filled with a sweep point's values. The oracle is Python's own str.format on
+# the same values: a template it fills is filled the same, one it refuses is one line, never a traceback.
+SPECS = ["", ".2f", "05d", "d", "g", ">6", "x", ".1%", "+", ",", "s", "e", "%", "05.1f", "=+8", "q", "{batch}"]
+FIELD = st.sampled_from(["batch", "fraction", "gpus", "nodes", "ranks", "lr", "seed", "unknown", "", "0", "batch.real"])
+PIECE = st.one_of(
+    st.text(alphabet=string.ascii_letters + string.digits + "-_=/. ", max_size=6),
+    st.sampled_from(["{{", "}}", "{", "}"]),
+    st.builds(lambda f, s: "{" + f + (":" + s if s else "") + "}", FIELD, st.sampled_from(SPECS)),
+    st.builds(lambda f, c: "{" + f + "!" + c + "}", FIELD, st.sampled_from(["r", "s", "a", "z"])),
+)
+
+
+@given(pieces=st.lists(PIECE, max_size=6), fraction=st.sampled_from([1.0, 0.5, 0.1, 0.25]),
+       batch=st.integers(1, 4096), lr=st.sampled_from([0.1, 0.001, "1e-3"]), seed=st.integers(0, 99))
+def test_a_placeholder_is_filled_as_str_format_fills_it_or_refused_in_one_line(pieces, fraction, batch, lr, seed):
+    from hpc.core.rundir import SweepPoint
+    from hpc.settings.rankcommand import point_values
+
+    template = "".join(pieces)
+    values = point_values(SweepPoint(data_fraction=fraction, batch_size=batch, gpus=2, nodes=1,
+                                     values={"lr": lr, "seed": seed}))
+    try:
+        expected = template.format(**values)
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+        expected = None
+    try:
+        got = fill(template, values, "command.args")
+    except UsageError as e:
+        assert str(e).startswith("command.args: ") and "\n" not in str(e), str(e)
+        # refused: what str.format refuses, or what the toolkit does not take: a conversion, an attribute of a
+        # field, a spec with a field inside it
+        assert expected is None or any(taken_not in template for taken_not in ("!", ".real", ":{")), template
+    else:
+        assert got == expected, (template, got, expected)
+
+
+@pytest.mark.parametrize("fraction, spec, filled", [(1.0, "", "1"), (0.5, "", "0.5"), (0.5, ".2f", "0.50"),
+                                                    (1.0, ".1%", "100.0%"), (0.25, "g", "0.25")])
+def test_a_fraction_fills_as_its_shortest_form_or_its_spec(fraction, spec, filled):
+    from hpc.core.rundir import SweepPoint
+    from hpc.settings.rankcommand import point_values
+
+    values = point_values(SweepPoint(data_fraction=fraction, batch_size=8, gpus=1, nodes=1))
+    assert fill("{fraction" + (":" + spec if spec else "") + "}", values, "s") == filled
