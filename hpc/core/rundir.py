@@ -576,6 +576,18 @@ def write_index(sweep: SweepPaths, header: SweepIndexFile, points: list[IndexPoi
     write_atomic(sweep.index, msgspec.json.format(msgspec.json.encode(document), indent=2).decode())
 
 
+def record_resumed_point(sweep: SweepPaths, run_dir: str, job_id: str) -> bool:
+    """A point of the sweep submitted again in its own run directory (hpc.submit --resume): its entry in
+    index.json names the new job, its earlier ones in `history`. False where no point runs there."""
+    found = [p for p in read_index(sweep.index) if p.run_dir == run_dir]
+    said = read_json(sweep.index)
+    if not found or not isinstance(said, dict):
+        return False
+    header = msgspec.convert({k: said.get(k) for k in ("sweep", "cluster")}, SweepIndexFile)
+    write_index(sweep, header, [msgspec.structs.replace(found[0], job_id=job_id)])
+    return True
+
+
 # ----------------------------------------------------------------------------------------------
 # study.json
 # ----------------------------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class Plan:
     sweep: SweepConfig | None = None
     sweep_dir: Path | None = None
     sweep_file: JsonObject | None = None  # sweep.yaml: the sweep and what its points run, as resolved
+    resumed: Path | None = None  # --resume RUN: the run directory submitted again
 
 
 Request = Callable[[int, int, str, str], JobRequest]
@@ -144,7 +145,7 @@ def resume_plan(request: SubmitRequest, words: list[str] | None) -> Plan:
     job, _ = job_basics(request, cluster)
     gpus = request.gpus if request.gpus is not None else cluster.gpus_per_node
     shape = Shape(job(request.nodes, gpus, request.name or task.name, where), run_dir, ((None, task),), False)
-    return Plan(cluster, (job_spec(cluster, request.local, None, shape),), request.local)
+    return Plan(cluster, (job_spec(cluster, request.local, None, shape),), request.local, resumed=run_dir)
 
 
 def job_spec(

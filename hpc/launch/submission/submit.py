@@ -39,7 +39,16 @@ from hpc.core.gpusample import count_here
 from hpc.core.logs import TO_STDERR
 from hpc.core.owner import make_dirs
 from hpc.core.proc import identity
-from hpc.core.rundir import IndexPoint, RunPaths, SweepIndexFile, SweepPaths, read_job_record, write_index, write_yaml
+from hpc.core.rundir import (
+    IndexPoint,
+    RunPaths,
+    SweepIndexFile,
+    SweepPaths,
+    read_job_record,
+    record_resumed_point,
+    write_index,
+    write_yaml,
+)
 from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
 from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
@@ -403,6 +412,9 @@ def execute(plan: Plan, wait: bool) -> int:
         raise type(e)(f"{e}{before or '; nothing was submitted'}") from None
     if plan.sweep_dir is not None:
         log.info(f"sweep: {len(done)} points, index {SweepPaths(plan.sweep_dir).index}")
+    if plan.resumed is not None and done and SweepPaths(plan.resumed.parent).index.exists():
+        if record_resumed_point(SweepPaths(plan.resumed.parent), plan.resumed.name, done[0].job_id):
+            log.info(f"sweep point: {SweepPaths(plan.resumed.parent).index} follows job {done[0].job_id} now")
     if wait and not plan.local:
         code = wait_for(done, echo=len(done) == 1)  # one run: its rank 0 as it comes, as --local shows it
     return code

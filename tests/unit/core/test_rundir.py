@@ -40,3 +40,23 @@ def test_every_named_place_is_where_the_layout_says(kind, layout):
 
 def test_a_place_follows_its_records_root():
     assert RunPaths(Path("a")).summary == Path("a/summary.json") and RunPaths(Path("b")).summary == Path("b/summary.json")
+
+
+def test_a_sweep_point_resumed_in_its_run_directory_is_followed_under_its_new_job(tmp_path):
+    """hpc.submit --resume SWEEP/61_1: index.json names the new job for that point (so hpc.study status follows
+    it), its earlier job in history; every other point and the sweep's own header as they were."""
+    import json
+
+    from hpc.core.rundir import IndexPoint, SweepIndexFile, read_index, record_resumed_point, write_index
+
+    sweep = SweepPaths(tmp_path)
+    header = SweepIndexFile(sweep={"name": "s", "replicas": "seed"}, cluster="perlmutter")
+    points = [IndexPoint(run_dir=f"61_{i}", data_fraction=1.0, batch_size=8, gpus=1, values={"seed": i},
+                         job_id=f"61_{i}") for i in range(2)]
+    write_index(sweep, header, points)
+    assert record_resumed_point(sweep, "61_1", "99")
+    after = {p.run_dir: (p.job_id, p.history) for p in read_index(sweep.index)}
+    assert after == {"61_0": ("61_0", []), "61_1": ("99", ["61_1"])}
+    said = json.loads(sweep.index.read_text())
+    assert (said["sweep"], said["cluster"]) == ({"name": "s", "replicas": "seed"}, "perlmutter")
+    assert not record_resumed_point(sweep, "elsewhere", "100")
