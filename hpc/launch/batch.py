@@ -45,7 +45,7 @@ from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import JobRecord, RunPaths, write_job_record
-from hpc.core.summary import write_run_summary
+from hpc.core.summary import attempt_job, attempt_of, write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import JobSignals, StepEnd, requeue_after_step
@@ -252,12 +252,6 @@ def check_job_account(cluster: ClusterConfig, env: Mapping[str, str]) -> None:
         )
 
 
-def job_of(env: Mapping[str, str]) -> str:
-    """The job as its ranks' attempts name it: an array's task as ARRAY_TASK, else the job id."""
-    array = env.get("SLURM_ARRAY_JOB_ID")
-    return f"{array}_{env.get('SLURM_ARRAY_TASK_ID', '')}" if array else env.get("SLURM_JOB_ID") or ""
-
-
 def run_job(
     task: RankCommand,
     paths: RunPaths,
@@ -283,7 +277,7 @@ def run_job(
     env = step_env(shape, env)
     with JobSignals(env.get("SLURM_JOB_ID") or "") as signals:
         rc = run_step(step_words(cluster, paths.root, shape, env), env, signals)
-        end = StepEnd(job_of(env), rc, warned=signals.warned, ended=signals.ended)
+        end = StepEnd(attempt_job(attempt_of(env)), rc, warned=signals.warned, ended=signals.ended)  # as ranks name it
         return requeue_after_step(paths, task.requeue_codes, end, env, budget, door, signals)
 
 

@@ -39,6 +39,7 @@ from hpc.core.summary import (
     restarts_line,
     write_run_summary,
 )
+from hpc.launch.requeue import resume_line
 from hpc.launch.submission.queue import QueueWatch, ended_as
 from hpc.launch.submission.site import Charge
 
@@ -304,10 +305,7 @@ def print_result(sub: Submitted, poll_s: float, follow: bool) -> Outcome:
         return Outcome.FAILED
     ended = print_ended(f"job {sub.job_id}", paths, summary, numbers=follow)
     if ended in RESUMABLE and _is_slurm_job(sub.job):
-        print(
-            f"job {sub.job_id}: resume with: python -m hpc.submit --resume {shlex.quote(str(paths.root))}",
-            file=sys.stderr,
-        )
+        print(f"job {sub.job_id}: resume with: {resume_line(paths)}", file=sys.stderr)
     return ended
 
 
