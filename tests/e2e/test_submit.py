@@ -14,7 +14,7 @@ from conftest import assert_one_line_error, run_module
 from hpc.settings.config import load_cluster
 from hpc.launch.submission.sbatchflags import Exports, JobOptions
 from hpc.launch.batch import Step, step_preview
-from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.launch.submission.slurm import JobRequest, batch_python, sbatch_text, slurm_parameters
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
@@ -196,7 +196,7 @@ def test_slurm_parameters_quote_environment():
     cluster = load_cluster("perlmutter")
     req = JobRequest(1, 4, 60, "n", JobOptions(exports=Exports(values={"HPC_TAG": "a b'$(x)`y`;z"})))
     setup = slurm_parameters(cluster, req)["setup"]
-    assert setup[-1] == "export HPC_TAG='a b'\"'\"'$(x)`y`;z'"
+    assert setup[-2] == "export HPC_TAG='a b'\"'\"'$(x)`y`;z'" and setup[-1].startswith("# ")  # then a comment
 
 
 @pytest.mark.parametrize("command", [
@@ -222,7 +222,7 @@ def test_the_pure_sbatch_text_is_what_submitit_submits(slurm_cluster):
     cluster = load_cluster("perlmutter")
     params = slurm_parameters(cluster, JobRequest(nodes=2, gpus=4, time_min=120, name="n", options=JobOptions(account="m1")), 3)
     folder = Path("/scratch/runs/n/%j")
-    executor = submitit.SlurmExecutor(folder=folder, python="python")
+    executor = submitit.SlurmExecutor(folder=folder, python=batch_python("python"))  # as hpc.submit makes it
     executor.update_parameters(**params)
     theirs = executor._make_submission_file_text(executor._submitit_command_str, "uid")
     assert sbatch_text(params, folder, python="python") == theirs
