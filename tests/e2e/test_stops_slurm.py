@@ -308,21 +308,3 @@ def test_a_preemption_is_requeued_by_slurm_and_resumes(slurm_cluster, tmp_path):
     assert "rank 0: resumed at epoch" in (run / "logs" / "rank0.out").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "done" and [e["outcome"] for e in summary["earlier"]] == ["stopped"], summary
-
-
-def test_a_real_time_limit_requeues_the_run_until_it_is_done(slurm_cluster, tmp_path):
-    """Slurm's own warning before a real time limit (-t 1, the warning 30 s before it: the profile's
-    signal_delay_s), to the batch shell: the script saves, the job is requeued, resumes, and ends done in a
-    later start. Slurm's timer sends its warning up to half a minute early, so how many starts it takes
-    varies: at least two (48 s of work), within the budget of requeues."""
-    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "24", "--ckpt", str(tmp_path / "c.ck"), "--out",
-             str(tmp_path / "c.pt"), "--step-sleep", "0.25"]
-    job, run = submitted(tmp_path, "-t", "1", "--set", "cluster.signal_delay_s=30", "--", *words, runs="runs")
-    wait_gone(job, 600, hurry_requeue=True)
-    state = job_state(job)
-    assert state["JobState"] == "COMPLETED" and 1 <= int(state["Restarts"]) <= 3, state
-    log = (run / f"{job}_0_log.out").read_text() + (run / f"{job}_0_log.err").read_text()
-    assert "Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)" in log, log[-3000:]
-    assert "rank 0: resumed at epoch" in (run / "logs" / "rank0.out").read_text()
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["outcome"] == "done" and {e["outcome"] for e in summary["earlier"]} == {"stopped"}, summary

@@ -36,6 +36,7 @@ from hpc.launch.submission.site import Charge, accounts, node_share
 from hpc.launch.submission.slurm import (
     JobRequest,
     Parameters,
+    batch_python,
     local_parameters,
     rank_python,
     sbatch_text,
@@ -74,6 +75,7 @@ class JobSpec:
     # shell on Slurm (its one srun step); --local, in every task
     python: str  # the python each rank's runner runs (this one; a container's own `python`)
     step: str | None = None  # the srun step its batch shell runs, as a dry run says it (None with --local)
+    shell: str | None = None  # what submitit's script execs as the job's batch shell (None with --local)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +180,8 @@ def job_spec(
         for _, task in points
     )
     preview = None if local else step_preview(cluster, folder, step, request.options.exports.sbatch_value())
-    return JobSpec(request, folder, points, array, params, text, charge, jobs, python, preview)
+    shell = None if local else batch_python()
+    return JobSpec(request, folder, points, array, params, text, charge, jobs, python, preview, shell)
 
 
 def job_record(cluster: ClusterConfig, request: JobRequest, params: Parameters) -> JobRecord:

@@ -62,7 +62,6 @@ from hpc.launch.submission.sbatchflags import (
     job_options,
     merge_sbatch_words,
 )
-from hpc.launch.submission.slurm import batch_python
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import TRAINING_FLAGS, add_training_flags, overrides_from_args
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
@@ -364,20 +363,18 @@ def refused(what: str, sbatch_said: str, params: dict[str, Any]) -> UsageError:
     return UsageError(f"Slurm refused {what} ({given or 'no account, QOS or partition given'}): {said[:300]}")
 
 
-def make_executor(params: dict[str, Any], folder: Path, local: bool) -> Any:
-    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor; a run's job
-    exec'd in the batch shell: hpc/launch/submission/slurm.py `batch_python`). Its own requeue
-    (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's requeue is
-    the batch shell's (hpc/launch/requeue.py)."""
+def make_executor(params: dict[str, Any], folder: Path, local: bool, shell: str | None = None) -> Any:
+    """submitit's executor for the parameters: here (LocalExecutor) or on Slurm (SlurmExecutor; `shell`: what a
+    run's job execs as its batch shell, hpc/launch/submission/slurm.py `batch_python`; None: submitit's own).
+    Its own requeue (max_num_timeout) stays unused: our jobs are not its Checkpointables, and a Slurm job's
+    requeue is the batch shell's (hpc/launch/requeue.py)."""
     import submitit
 
     executor: Any
     if local:
         executor = submitit.LocalExecutor(folder=folder)
-    else:  # a job run in its batch shell execs python there; one run through submitit's srun (the analysis) not
-        executor = submitit.SlurmExecutor(
-            folder=folder, python=batch_python() if params.get("use_srun") is False else None
-        )
+    else:
+        executor = submitit.SlurmExecutor(folder=folder, python=shell)
     executor.update_parameters(**params)
     return executor
 
@@ -427,7 +424,7 @@ def submit_specs(plan: Plan, done: list[Submitted]) -> int:
     for n, spec in enumerate(plan.specs, 1):
         what = f"{'array' if spec.array else 'job'} {n} of {len(plan.specs)}"
         with submission(spec.folder, what, spec.parameters) if not plan.local else contextlib.nullcontext():
-            executor = make_executor(spec.parameters, spec.folder, plan.local)
+            executor = make_executor(spec.parameters, spec.folder, plan.local, spec.shell)
             if not plan.local:
                 done.extend(submit_points(plan, executor, range(len(spec.points)), spec))
         if not plan.local:
