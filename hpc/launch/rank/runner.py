@@ -92,6 +92,23 @@ UNFINISHED = (
 
 # A task SIGKILLed by nobody of the toolkit, having raised nothing: its last line would only mislead.
 KILLED_FROM_OUTSIDE = "killed from outside the task (a user, the kernel's out-of-memory killer), raising nothing"
+# a signal the task does not handle, whose default action ends it (scancel --signal=USR1 to a plain script): the
+# cause, not its stderr's last line, which may be any warning it printed before
+ENDED_BY_THE_SIGNAL = "the signal ended it (the task does not handle it), raising nothing"
+# the signals a task gets from outside (a person, Slurm, the kernel); SIGSEGV, SIGABRT... are its own crash, whose
+# last stderr lines (faulthandler's) say more
+SENT_FROM_OUTSIDE = frozenset(
+    {
+        signal.SIGKILL,
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGALRM,
+    }
+)
 
 
 def write_task(paths: RunPaths, task: RankCommand) -> None:
@@ -365,8 +382,9 @@ class RankRun:
             return {**end, "kind": RankEnd.PEER, "message": f"{what}, stopped because {self.why_stopping}"}
         if self.why_stopping:  # ended by the stop without saying it saved (a requeue code says so)
             return {**end, "kind": RankEnd.INTERRUPTED, "message": f"{what} after {self.why_stopping}"}
-        if signum == signal.SIGKILL and not any(EXCEPTION_LINE.match(line) for line in said):
-            return {**end, "kind": RankEnd.FAILED, "message": f"{what}: {KILLED_FROM_OUTSIDE}"}
+        if signum in SENT_FROM_OUTSIDE and not any(EXCEPTION_LINE.match(line) for line in said):  # the cause
+            why = KILLED_FROM_OUTSIDE if signum == signal.SIGKILL else ENDED_BY_THE_SIGNAL
+            return {**end, "kind": RankEnd.FAILED, "message": f"{what}: {why}"}
         return {**end, "kind": RankEnd.FAILED, "message": f"{what}: {last_said(said) or 'nothing on stderr'}"}
 
     def passed_names(self) -> list[str]:
