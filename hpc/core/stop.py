@@ -71,6 +71,14 @@ class StopSignal:
         return (given or cls._early or cls()).install()
 
 
+def ignore_passed() -> None:
+    """SIGUSR1 and SIGQUIT (PASSED) ignored, for a launcher between a job's step and its ranks (torchrun's
+    agent), which they would end: Slurm sends them to every process of the step. Ignored dispositions survive
+    exec; each rank's runner takes them back and passes them on to its command."""
+    for sig in StopSignal.PASSED:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def ignore_after_run() -> None:
     """For a process that ends when its run ends: the stop signals are ignored once the run hands its
     handlers back, not fatal. SIGUSR2 landing during a finished run's teardown killed it (exit -12, seen

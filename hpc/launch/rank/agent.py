@@ -9,15 +9,13 @@ only when torchrun runs.
 from __future__ import annotations
 
 import runpy
-import signal
 import sys
 
-PASSED = (signal.SIGUSR1, signal.SIGQUIT)  # not the agent's: each worker gets its own
+from hpc.core.stop import ignore_passed
 
 
 def main() -> None:
-    for sig in PASSED:  # ignored dispositions survive the workers' exec; their runners install their own
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_passed()  # not the agent's: each worker gets its own
     sys.argv[0] = "torchrun"
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 

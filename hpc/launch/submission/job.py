@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from hpc.core.logs import configure
 from hpc.core.meet import free_port
 from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
-from hpc.core.stop import StopSignal
+from hpc.core.stop import StopSignal, ignore_passed
 from hpc.core.summary import Ended, RankEntry, RunRecord, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
@@ -120,7 +119,7 @@ def run_forwarding(argv: list[str], stop: StopSignal) -> int:
     in `stop`); its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
     SIGUSR1 (Slurm signals every process of the step, and a Lightning job asks for it), its workers left
     without it; they get Slurm's signal themselves, and pass it on to their command."""
-    proc = subprocess.Popen(argv, env={**AGENT_ENV, **os.environ}, preexec_fn=_ignore_passed_signals)
+    proc = subprocess.Popen(argv, env={**AGENT_ENV, **os.environ}, preexec_fn=ignore_passed)
 
     def forward(signum: int) -> None:
         if signum not in StopSignal.PASSED:
@@ -131,11 +130,6 @@ def run_forwarding(argv: list[str], stop: StopSignal) -> int:
         return proc.wait()
     finally:
         stop.listener = None
-
-
-def _ignore_passed_signals() -> None:
-    for sig in StopSignal.PASSED:  # ignored dispositions survive exec; handlers do not
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def torchrun_args_for(

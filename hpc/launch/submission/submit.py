@@ -24,7 +24,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -50,7 +49,7 @@ from hpc.core.rundir import (
     write_yaml,
 )
 from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
-from hpc.launch.submission.follow import Submitted, wait_for
+from hpc.launch.submission.follow import Submitted, interrupts_ignored, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
@@ -377,16 +376,6 @@ def make_executor(params: dict[str, Any], folder: Path, local: bool, shell: str 
         executor = submitit.SlurmExecutor(folder=folder, python=shell)
     executor.update_parameters(**params)
     return executor
-
-
-@contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored while local jobs start: their controller inherits it so (submission/follow.py says why)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def execute(plan: Plan, wait: bool) -> int:
