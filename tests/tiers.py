@@ -37,7 +37,7 @@ REQUIRED = "HPC_REQUIRE_TIERS"
 # The skips a required run allows outside the gpu tier, each with why it may happen on a machine that has
 # every part: (a piece of the test's id, the reason). Short on purpose.
 ALLOWED_SKIPS = (
-    ("test_slurm_jobs.py::test_torchrun_launcher_checkpoints_on_usr2_and_requeues",
+    ("test_slurm_jobs.py::test_torchrun_launcher_checkpoints_on_the_warning_and_requeues",
      "a torch older than 2.9 has no torchrun --signals-to-handle (pytorch/pytorch#160690), so it cannot pass "
      "SIGUSR2 to its workers; decided from torch's version"),
 )

@@ -151,19 +151,24 @@ def test_a_scancel_ends_the_toolkits_training_for_good(accounting, data_root, tm
     assert "was ended by Slurm (scancel, its time limit or a preemption): not requeued" in log, log[-2000:]
 
 
-@pytest.mark.parametrize("what", ["script", "training"])
-def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accounting, data_root, tmp_path, what):
+def test_a_scancel_during_the_teardown_of_a_job_requeued_once_is_final(accounting, tmp_path):
     """The warning requeues the job once (Restarts 1); the second start is warned too, and while its ranks
-    still finish their step and save (a script that saves slowly; the toolkit's training with 2 s steps), a
-    person cancels it: CANCELLED, Restarts still 1."""
-    if what == "script":
-        job, run = submitted(tmp_path, PY, str(script(tmp_path, "slow_save.py", SLOW_SAVE)))
-        first, second = "started 0", "started 1"
-    else:
-        job, run = submitted(tmp_path, "--export", "ALL,OMP_NUM_THREADS=1,HPC_FAULT_INJECT=slow-step:2000", "--config",
-                             SMOKE, "--data-root", str(data_root), "--epochs", "50", "--")
-        first, second = None, "resuming from"
-    started = (lambda: said(run, first)) if first else (lambda: (run / "metrics.jsonl").exists())
+    still save (a script that saves slowly), a person cancels it: CANCELLED, Restarts still 1."""
+    job, run = submitted(tmp_path, PY, str(script(tmp_path, "slow_save.py", SLOW_SAVE)))
+    scancel_in_the_second_teardown(job, run, lambda: said(run, "started 0"), "started 1")
+
+
+@pytest.mark.parametrize("accounting", ["no accounting"], indirect=True)
+def test_a_scancel_during_the_teardown_of_the_trainings_job_requeued_once_is_final(accounting, data_root, tmp_path):
+    """The same with the toolkit's training (2 s steps: its ranks finish their step, then save), once: without
+    accounting; with it, the script's case above takes the accounting's road the training's would."""
+    job, run = submitted(tmp_path, "--export", "ALL,OMP_NUM_THREADS=1,HPC_FAULT_INJECT=slow-step:2000", "--config",
+                         SMOKE, "--data-root", str(data_root), "--epochs", "50", "--")
+    scancel_in_the_second_teardown(job, run, lambda: (run / "metrics.jsonl").exists(), "resuming from")
+
+
+def scancel_in_the_second_teardown(job: str, run: Path, started, second: str) -> None:
+    """Warned and requeued once; warned again in its second start, and cancelled as its ranks stop."""
     wait_until(started, "the first start", 180)
     warn(job)
     wait_until(lambda: job_state(job).get("Restarts") == "1", "the requeue", 120)
@@ -200,7 +205,7 @@ def test_a_persons_stop_holds_afterok_and_the_printed_command_resumes_it(slurm_c
     """scancel --signal=TERM (the ranks alone): the script saves and exits 3; no warning reached the batch
     shell, so it is a person's stop: FAILED 3:0, the afterok job never starts. The line the job's log prints
     resumes the run in its own directory to its end, from the saved epoch."""
-    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "6", "--ckpt", str(tmp_path / "c.ck"), "--out",
+    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "4", "--ckpt", str(tmp_path / "c.ck"), "--out",
              str(tmp_path / "c.pt"), "--step-sleep", "0.2"]
     job, run = submitted(tmp_path, *words)
     after = dependent(tmp_path, job)
@@ -282,11 +287,11 @@ def test_a_sweep_is_cancelled_with_one_command(slurm_cluster, tmp_path):
 
 def test_a_preemption_is_requeued_by_slurm_and_resumes(slurm_cluster, tmp_path):
     """NERSC's preempt QOS (tests/slurm/cluster.sh: PreemptType=preempt/qos, PreemptMode=REQUEUE, a grace time
-    of 10 s): a regular job needs the node. Slurm sends the tasks SIGTERM (as a person's scancel --signal
+    of 3 s): a regular job needs the node. Slurm sends the tasks SIGTERM (as a person's scancel --signal
     would), the script saves and exits 3; the batch shell sees Slurm's PreemptTime and waits for Slurm, which
     requeues the job at the grace time's end. It resumes from the saved epoch to its end: COMPLETED, one
     restart (Slurm's), the first start's end recorded stopped, not cancelled."""
-    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "6", "--ckpt", str(tmp_path / "c.ck"), "--out",
+    words = [PY, str(SCRIPTS / "torchrun_ddp.py"), "--epochs", "3", "--ckpt", str(tmp_path / "c.ck"), "--out",
              str(tmp_path / "c.pt"), "--step-sleep", "0.2"]
     r = subprocess.run([PY, "-m", "hpc.submit", *ONE_BY_TWO, "-q", "preempt", "-w", "nid008", "--exclusive",
                         "--runs-dir", str(tmp_path / "runs"), "--", *words], capture_output=True, text=True,

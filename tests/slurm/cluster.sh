@@ -26,7 +26,7 @@ ACCOUNTS=(m1234_g m1234 m1_g m1 m0000_g m0000)
 # of one node; preempt; debug up to 30 min). DenyOnLimit: a job over a limit is refused when submitted.
 # Preemption as NERSC's preempt QOS has it: a regular job preempts one of it, which Slurm requeues after
 # a grace time (PreemptType=preempt/qos, PreemptMode=REQUEUE below); preempt first, so regular can name it.
-QOS=("preempt MaxWall=2-00:00:00 GraceTime=10" "regular MaxWall=2-00:00:00 Preempt=preempt"
+QOS=("preempt MaxWall=2-00:00:00 GraceTime=3" "regular MaxWall=2-00:00:00 Preempt=preempt"
      "shared MaxWall=2-00:00:00 MaxTRESPerJob=node=1" "debug MaxWall=00:30:00")
 
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
