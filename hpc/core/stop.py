@@ -13,12 +13,13 @@ cleanly after its first step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,17 @@ class StopSignal:
         """The run's StopSignal, installed: `given`, else the one a door installed early (with any signal
         it already caught), else a new one."""
         return (given or cls._early or cls()).install()
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile: what `hpc.submit --local` starts its jobs with, so that their controller
+    inherits it and never sees Ctrl-C itself (hpc/launch/submission/follow.py says why)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def ignore_passed() -> None:

@@ -57,7 +57,8 @@ def options():
         option("exclusive", None, st.sampled_from(["user", "mcs"]), attached_only=True),
         option("comment", None, NAMES),
         option("mail-type", None, st.sampled_from(["END", "FAIL", "BEGIN,END", "NONE"])),
-        option("export", None, st.sampled_from(["ALL", "ALL,FOO=1", "ALL,HPC_SEEN_HERE", "ALL,A=x=y"])),
+        option("export", None, st.sampled_from(["ALL", "ALL,FOO=1", "ALL,HPC_SEEN_HERE", "ALL,A=x=y", "NONE",
+                                                "NONE,FOO=1", 'ALL,FOO="a,b"', "HPC_SEEN_HERE"])),
         bare,
     ), min_size=1, max_size=4, unique_by=lambda words: words[0].split("=")[0]).map(lambda given: sum(given, []))
 
@@ -139,6 +140,8 @@ EXAMPLES = [
     ["--nice", "-J", "x"],
     ["-d", "afterok:{blocker}", "--time=1-12"],
     ["--export=ALL,FOO=1", "--mail-type=BEGIN,END"],
+    ['--export=ALL,FOO="a,b"'],  # sbatch keeps the quotes in the value: refused, naming --export
+    ["--export", "NONE", "-J", "x"],
 ]
 
 

@@ -194,9 +194,21 @@ start_accounting
 slurmctld -i
 for n in "${NODES[@]}"; do slurmd -N "$n"; done
 
+# A controller restarted from saved state (an interrupted session, a machine image) recovers the jobs it
+# had, running on nodes whose processes are gone: the tests want an empty cluster. Cancelling them (not
+# slurmctld -c) keeps the job ids counting up, so sacct never holds two jobs of one id.
+for _ in $(seq 60); do squeue -h >/dev/null 2>&1 && break; sleep 0.5; done
+leftover=$(squeue -h -o %A 2>/dev/null | sort -u | paste -sd' ')
+if [ -n "$leftover" ]; then
+    log "cancelling jobs recovered from an earlier run of the cluster: $leftover"
+    # shellcheck disable=SC2086  # job ids are words
+    scancel $leftover || true
+fi
+
 for _ in $(seq 60); do
-    idle=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 ~ /^idle/ {c++} END {print c+0}')
-    if [ "$idle" -ge "${#NODES[@]}" ]; then
+    # sinfo -N lists a node once per partition: count names, and wait for the cancelled jobs to end.
+    idle=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | awk '$2 ~ /^idle/ {c++} END {print c+0}')
+    if [ "$idle" -ge "${#NODES[@]}" ] && [ -z "$(squeue -h -o %A 2>/dev/null)" ]; then
         log "cluster up: $(sinfo -h -N -o '%N:%t:%c:%G:%f' | sort -u | tr '\n' ' ')"
         exit 0
     fi

@@ -20,7 +20,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -73,16 +73,6 @@ class Interrupts:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored while local jobs start: their controller inherits it so (the module doc says why)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def descendants(pid: int) -> list[int]:

@@ -48,8 +48,9 @@ from hpc.core.rundir import (
     write_index,
     write_yaml,
 )
+from hpc.core.stop import interrupts_ignored
 from hpc.launch.batch import allocation_here, allocation_step, allocation_words, run_in_allocation
-from hpc.launch.submission.follow import Submitted, interrupts_ignored, wait_for
+from hpc.launch.submission.follow import Submitted, wait_for
 from hpc.launch.submission.plan import JobSpec, Plan, make_plan
 from hpc.launch.submission.points import split_command
 from hpc.launch.submission.queue import first_line
