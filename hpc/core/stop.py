@@ -72,6 +72,28 @@ class StopSignal:
         return (given or cls._early or cls()).install()
 
 
+class Caught:
+    """`signals` recorded, never acted on, while a waiting loop runs (the batch shell's, a follower's, srun's
+    in an allocation); the handlers are given back on leaving. The loop reads `seen` and acts itself."""
+
+    def __init__(self, *signals: int) -> None:
+        self.signals = signals
+        self.seen: list[int] = []  # every caught signal, in order
+        self._previous: dict[int, signal._HANDLER] = {}
+
+    def _note(self, signum: int, frame: types.FrameType | None) -> None:
+        self.seen.append(signum)
+
+    def __enter__(self) -> Caught:
+        self._previous = {sig: signal.signal(sig, self._note) for sig in self.signals}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
 @contextlib.contextmanager
 def interrupts_ignored() -> Iterator[None]:
     """SIGINT ignored meanwhile: what `hpc.submit --local` starts its jobs with, so that their controller

@@ -45,6 +45,7 @@ from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import JobRecord, RunPaths, write_job_record
+from hpc.core.stop import Caught, interrupts_ignored
 from hpc.core.summary import attempt_job, attempt_of, write_run_summary
 from hpc.launch.rank.rankcli import command_sections
 from hpc.launch.rank.runner import write_task
@@ -391,16 +392,13 @@ def run_step_here(step: list[str], env: Mapping[str, str]) -> int:
     SIGINT on, as any salloc user knows. A SIGTERM to this process (`kill`, `timeout`) is Slurm's stop, sent
     to the step's processes as a preemption's is (`scancel --signal=TERM` of the step, found by its name):
     the ranks save and stop; a second one ends srun at once (srun's own SIGTERM kills the step)."""
-    terms: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
-    try:
+    with Caught(signal.SIGTERM) as terms:
         proc = subprocess.Popen(step, env=dict(env))
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        with interrupts_ignored():  # only now: srun itself must not inherit SIGINT ignored
             told = 0
             while proc.poll() is None:
-                if len(terms) > told:
-                    told = len(terms)
+                if len(terms.seen) > told:
+                    told = len(terms.seen)
                     if told == 1:
                         stop_step(proc, step, env)
                     else:
@@ -408,10 +406,6 @@ def run_step_here(step: list[str], env: Mapping[str, str]) -> int:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=0.5)
             return proc.returncode
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_step(proc: subprocess.Popen[bytes], step: list[str], env: Mapping[str, str]) -> None:

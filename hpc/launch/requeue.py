@@ -25,12 +25,12 @@ import shlex
 import signal
 import subprocess
 import time
-import types
 from collections.abc import Iterable, Mapping
 
 from hpc.core.ending import SLURM_CANCELLED, SLURM_RUNNING, SLURM_TIMEOUT, Outcome, RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
+from hpc.core.stop import Caught
 from hpc.core.summary import (
     Ended,
     RunRecord,
@@ -56,26 +56,25 @@ class JobSignals:
     itself, a preemption) is final. The handlers only note; `tell_tasks` acts, from the waiting loop."""
 
     def __init__(self, job: str) -> None:
+        self.caught = Caught(WARNING_SIGNAL, signal.SIGTERM)
         self.job = job  # Slurm's id of this job (an array task's own id): what scancel signals
-        self.warned = False
-        self.ended = False
         self.told = False  # the tasks were told of the warning
         self.tried_at = 0.0
-        self._previous: dict[int, signal._HANDLER] = {}
-
-    def _note(self, signum: int, frame: types.FrameType | None) -> None:
-        if signum == WARNING_SIGNAL:
-            self.warned = True
-        else:
-            self.ended = True
 
     def __enter__(self) -> JobSignals:
-        self._previous = {sig: signal.signal(sig, self._note) for sig in (WARNING_SIGNAL, signal.SIGTERM)}
+        self.caught.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        self.caught.__exit__()
+
+    @property
+    def warned(self) -> bool:
+        return WARNING_SIGNAL in self.caught.seen
+
+    @property
+    def ended(self) -> bool:
+        return signal.SIGTERM in self.caught.seen
 
     def wait_for_end(self, limit_s: float) -> None:
         """Until Slurm ends the job (SIGTERM to this shell), at most `limit_s`."""

@@ -503,3 +503,12 @@ def test_the_spelling_check_sees_a_word_spelled_by_hand():
     # a record's field of the same letters is not a state
     assert state_words_spelled('f = {"oom": 1}; r["failed"]; r.get("oom"); "oom" in r') == []
     assert state_words_spelled('x = r.get("kind", "done")') == ["done"]
+
+
+def test_signal_handlers_are_installed_in_one_module():
+    """One signal path (issue 89): every handler is installed through hpc/core/stop.py (StopSignal for a
+    training or a rank, Caught for a waiting loop), so what a signal means is read in one place."""
+    installing = sorted(name for name, path in MODULES.items()
+                        for node in ast.walk(ast.parse(path.read_text()))
+                        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("signal.signal", "signal"))
+    assert set(installing) == {"hpc.core.stop"}, installing

@@ -20,9 +20,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import msgspec
@@ -31,6 +29,7 @@ from analysis.api import end_of_run_lines, render, run_numbers
 from hpc.core.ending import EXIT_CODES, RESUMABLE, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, SweepPoint, read_checkpoint_info
+from hpc.core.stop import Caught
 from hpc.core.summary import (
     RunRecord,
     no_step_line,
@@ -52,27 +51,28 @@ class Interrupts:
     """SIGINT, SIGTERM and SIGHUP (a closed terminal) recorded (not raised) while a command follows its jobs."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None
-        self.count = 0
+        self.caught = Caught(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         self.sent_at = 0.0  # when the ranks were last told to stop (monotonic)
-        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def __enter__(self) -> Interrupts:
+        self.caught.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.caught.__exit__()
+
+    @property
+    def signum(self) -> int | None:
+        """The last one caught."""
+        return self.caught.seen[-1] if self.caught.seen else None
+
+    @property
+    def count(self) -> int:
+        return len(self.caught.seen)
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else "-"
-
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-        self.count = self.count + 1
-
-    def __enter__(self) -> Interrupts:
-        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        self.previous = {sig: signal.signal(sig, self._record) for sig in caught}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
 
 def descendants(pid: int) -> list[int]:
