@@ -206,3 +206,22 @@ def test_one_table_maps_every_state_slurm_lists_onto_a_point_state():
     assert slurm_state("NOT_A_STATE") == PointState.UNKNOWN == slurm_state(None) == slurm_state("")
     assert slurm_state(" PENDING\t") == PointState.PENDING and slurm_state(" \t") == PointState.UNKNOWN  # blanks
     assert len(POINT_STATES) == len(set(POINT_STATES)) == len(PointState) - 1 + len(Outcome)  # all but unfinished
+
+
+# Slurm's slurm.h: the base states after JOB_SUSPENDED are the finished ones (IS_JOB_FINISHED); every other
+# word squeue shows is a running or pending base state, or a flag over one (COMPLETING: the nodes are still
+# being released and the job's own end is not yet readable; STOPPED: its tasks are SIGSTOPped, it holds its
+# nodes). REVOKED is a flag too, but a federation's revoked sibling never runs here: over, as cancelled.
+SLURM_FINISHED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                  "OUT_OF_MEMORY", "REVOKED"}
+
+
+@pytest.mark.parametrize("word", sorted(SQUEUE_MANUAL_STATES))
+def test_a_slurm_state_reads_as_ended_exactly_when_slurm_counts_the_job_finished(word):
+    """Issue 90's mutants: Slurm's STOPPED read as the toolkit's `stopped`, COMPLETING read as done."""
+    from hpc.core.ending import PointState, slurm_state
+
+    not_ended = {PointState.PENDING, PointState.REQUEUED, Outcome.RUNNING}
+    assert (slurm_state(word) not in not_ended) == (word in SLURM_FINISHED), (word, slurm_state(word))
+    if word in ("STOPPED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"):
+        assert slurm_state(word) == Outcome.RUNNING  # it holds its nodes: not pending either

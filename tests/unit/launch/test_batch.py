@@ -133,3 +133,15 @@ def test_the_ranks_follow_the_gpus_sbatch_was_given(given, ranks, sized):
     step = out.stdout.splitlines()[-1]
     assert step.startswith("srun ") and (f"--ntasks-per-node={ranks}" in step) is sized, step
     assert ("rank(s) a node, not --ntasks-per-node's" in out.stderr + out.stdout) is sized
+
+
+@pytest.mark.parametrize("argv, shape", [
+    (["--dry-run"], (1, 2)),  # the allocation's shape stands in for what is not given
+    (["--gpus", "1"], (1, 1)),  # issue 90's mutant: the user's --gpus overridden by the allocation's
+    (["-N", "1", "--gpus-per-node", "1"], (1, 1)),
+])
+def test_inside_an_allocation_what_the_user_gives_is_kept_and_the_rest_is_the_allocations(argv, shape):
+    from hpc.launch.submission.submit import parse_options
+
+    request = parse_options(argv, environ=SALLOC)
+    assert request.allocation is not None and (request.nodes, request.gpus) == shape

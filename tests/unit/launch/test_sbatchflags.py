@@ -60,6 +60,7 @@ HABITS = [
     (["--nice"], ["#SBATCH --nice\n"]),
     # --sbatch KEY[=VALUE]: a key of the toolkit's maps onto its flag, a flag without a value passes
     (["--sbatch", "exclusive"], ["#SBATCH --exclusive\n"]),
+    (["--sbatch", "requeue"], ["#SBATCH --requeue\n", "!--requeue="]),  # a flag alone, as sbatch takes it
     (["--sbatch", "dependency=afterok:7"], ["#SBATCH --dependency=afterok:7"]),
     (["--sbatch", "time=1:00:00"], ["#SBATCH --time=60"]),
     (["--sbatch", "constraint=gpu&hbm40g"], ["#SBATCH --constraint='gpu&hbm40g'"]),

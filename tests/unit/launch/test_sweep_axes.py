@@ -63,6 +63,16 @@ def test_a_sweep_without_axes_of_its_own_has_its_shapes_points_zipped_or_not(tmp
     assert sorted(p.batch_size for p, _ in points) == [8, 16] and all(not p.values for p, _ in points)
 
 
+def test_a_command_that_never_uses_batch_runs_once_a_point_not_once_a_default_batch_size(tmp_path):
+    """The study's default batch sizes are several; a command without {batch} runs each lr once."""
+    from hpc.settings.schema import SweepConfig
+
+    assert len(SweepConfig().batch_sizes) > 1  # else this test proves nothing
+    _, points = points_of(tmp_path, "sweep:\n  name: s\n  gpus: [1]\n  data_fractions: [1]\n  axes:\n"
+                          "    lr: [0.1, 0.2]\n", "--", "python", SCRIPT, "--lr", "{lr}")
+    assert sorted(p.values["lr"] for p, _ in points) == [0.1, 0.2]
+
+
 def test_the_trainings_config_keys_are_its_axes_and_each_point_runs_its_values(tmp_path):
     _, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n    model.arch: [tiny, resnet18]\n")
     runs = sorted((c.to_dict()["config"]["train"]["lr"], c.to_dict()["config"]["model"]["arch"]) for _, c in points)

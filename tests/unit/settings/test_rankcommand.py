@@ -132,3 +132,13 @@ def test_a_fraction_fills_as_its_shortest_form_or_its_spec(fraction, spec, fille
 
     values = point_values(SweepPoint(data_fraction=fraction, batch_size=8, gpus=1, nodes=1))
     assert fill("{fraction" + (":" + spec if spec else "") + "}", values, "s") == filled
+
+
+@pytest.mark.parametrize("nodes, gpus", [(1, 4), (2, 4), (3, 2)])
+def test_a_points_shape_fills_gpus_a_node_nodes_and_ranks_the_world_size(nodes, gpus):
+    """{ranks} is the world size (torchrun's --nproc-per-node x --nnodes), not one node's GPUs."""
+    from hpc.core.rundir import SweepPoint
+    from hpc.settings.rankcommand import point_values
+
+    values = point_values(SweepPoint(data_fraction=1.0, batch_size=8, gpus=gpus, nodes=nodes))
+    assert fill("{gpus} {nodes} {ranks}", values, "s") == f"{gpus} {nodes} {nodes * gpus}"
