@@ -29,6 +29,7 @@ from analysis.report.runfigures import plot_run
 from analysis.report.tables import (
     TRACE_COLUMNS,
     json_document,
+    metric_section,
     render,
     rows_to_csv,
     rows_to_markdown,
@@ -186,6 +187,9 @@ def print_tables(traces: list[TraceRecord], runs: list[RunRow], sweep_rows: list
     elif not traces:  # a run that ended out of memory before any trace: its row says so
         sys.stdout.write(render(runs, run_columns(runs), fmt))
     elif sweep_rows is not None:
+        if fmt in ("table", "md"):  # the script's own metric first, then how fast each point ran
+            performance = "## Performance\n\n" if fmt == "md" else "\nperformance:\n"
+            sys.stdout.write(metric_section(sweep_rows, fmt) + performance)
         sys.stdout.write(render(sweep_rows, run_columns(sweep_rows), fmt))
     elif len(runs) > 1:  # a folder of runs: one row each, named by its directory
         sys.stdout.write(render(runs, ["run_dir", *run_columns(runs)], fmt))
@@ -219,7 +223,8 @@ def write_outputs(
         write_atomic(out / RUNS_MD, rows_to_markdown(runs, run_columns(runs)))
     if sweep_rows is not None:
         write_atomic(out / SWEEP_CSV, rows_to_csv(sweep_rows, run_columns(sweep_rows)))
-        write_atomic(out / SWEEP_TABLE, rows_to_markdown(sweep_rows, run_columns(sweep_rows)))
+        performance = "## Performance\n\n" + rows_to_markdown(sweep_rows, run_columns(sweep_rows))
+        write_atomic(out / SWEEP_TABLE, metric_section(sweep_rows, "md") + performance)
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / WHY_TABLE, why)

@@ -12,6 +12,7 @@ import msgspec
 from analysis.explain.verdict import headline
 from analysis.pipeline import analyze_run
 from analysis.read.discover import print_warnings
+from analysis.read.metrics import choose, read_metrics
 from analysis.records import RunRow, TraceRecord
 from analysis.report.tables import render, run_label, verdict_lines
 from hpc.core.cli import check_output_dir
@@ -20,6 +21,7 @@ from hpc.core.rundir import SweepPaths
 
 __all__ = [
     "end_of_run_lines",
+    "latest_metrics",
     "render",
     "report",
     "reported_headlines",
@@ -104,3 +106,19 @@ def report(sweep_dir: Path, fmt: str = "table") -> int:
     out = SweepPaths(sweep_dir).analysis
     check_output_dir(out, f"the report (writes {out})")
     return analyse(sweep_dir, out, fmt, plots=True, report=True)
+
+
+def latest_metrics(run_dirs: list[Path], wanted: str | None = None, mode: str | None = None) -> dict[Path, str]:
+    """Each run's latest value of the metric its sweep is judged by (`wanted`, sweep.metric; else the first
+    loss or accuracy any run logged), as `val/loss 0.2113 @24` (its step): what hpc.study status shows while
+    the sweep runs. A run that logged none has no entry."""
+    found = {run: read_metrics(run) for run in run_dirs}
+    choice = choose((name for metrics in found.values() for name in metrics), wanted, mode)
+    if choice is None:
+        return {}
+    out = {}
+    for run, metrics in found.items():
+        series = metrics.get(choice.name)
+        if series is not None:
+            out[run] = f"{choice.name} {series.values[-1]:.4g} @{series.steps[-1]}"
+    return out

@@ -22,6 +22,22 @@ from hpc.core.files import JsonObject
 from hpc.core.rundir import AxisValue
 
 
+class MetricSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a run's own metrics (analysis/read/metrics.py): its last value and step, its lowest and highest,
+    how many points it logged, and the file it came from (relative to the run directory)."""
+
+    final: float
+    last_step: int
+    lowest: float
+    highest: float
+    points: int
+    source: str
+
+    def best(self, mode: str) -> float:
+        """Its best value: the lowest for `min` (a loss), else the highest."""
+        return self.lowest if mode == "min" else self.highest
+
+
 @dataclass(kw_only=True, frozen=True)
 class CpuTotals:
     """CpuOps's result: profiled steps and their durations, self CPU time, operator calls and the
@@ -301,6 +317,10 @@ class RunRow:
     # parameters, gradients, optimizer_state, activations, other (bytes); and that peak
     peak_mem_by_category: dict[str, int] | None = None
     peak_mem_categorised_bytes: int | None = None
+    # the script's own metrics (loss, accuracy) as its loggers wrote them, by name (analysis/read/metrics.py)
+    metrics: dict[str, MetricSummary] | None = None
+    metric_wanted: str | None = None  # sweep.metric: the metric its sweep is judged by, where set
+    metric_mode: str | None = None  # sweep.mode: min or max, where set
     cpu_time_us: Spread = field(default_factory=Spread)
     cuda_time_us: Spread = field(default_factory=Spread)
     gpu_busy_us: Spread = field(default_factory=Spread)
@@ -362,5 +382,5 @@ def as_row(record: Any) -> dict[str, Any]:  # a dataclass record, or a plain row
         if isinstance(value, Spread):
             row[f"{f.name}_mean"], row[f"{f.name}_max"] = value.mean, value.max
         else:
-            row[f.name] = msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value
+            row[f.name] = msgspec.to_builtins(value) if isinstance(value, (msgspec.Struct, dict)) else value
     return row

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analysis.explain.metric import best_line, chosen, metric_rows, missing_line
 from analysis.explain.replicas import noise_lines, replica_rows
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
@@ -336,6 +337,33 @@ def why_tables(traces: list[TraceRecord], runs: list[RunRow], fmt: str) -> str:
         + "".join(heading.format(title) + render(rows, columns, fmt) for title, rows, columns in parts)
         + (judged if noise else "")
     )
+
+
+METRIC_COLUMNS = ["point", "replicas", "final", "final_sd", "best", "best_sd", "last_step"]
+
+
+def metric_section(runs: list[RunRow], fmt: str) -> str:
+    """The script's own metric first (analysis/explain/metric.py): which one and why, each point's final and
+    best values over its replicas, and the best point against the noise; one line where none was logged."""
+    heading = "## {}\n\n" if fmt == "md" else "\n{}:\n"
+    line = "{}\n\n" if fmt == "md" else "  {}\n"
+    choice = chosen(runs)
+    missing = missing_line(runs, choice)
+    if choice is None:
+        return heading.format("The script's own metric") + line.format(missing)
+    best = best_line(runs, choice)
+    return (
+        heading.format(f"{choice.name}, by point")
+        + line.format(f"metric: {choice.why}")
+        + render([_significant(row) for row in metric_rows(runs, choice)], METRIC_COLUMNS, fmt)
+        + ("\n" if fmt == "md" else "")
+        + "".join(line.format(text) for text in (best, missing) if text)
+    )
+
+
+def _significant(row: dict[str, Any]) -> dict[str, Any]:
+    """A metric's values to 4 significant digits: a loss of 0.2113 is not 0.21, nor an accuracy of 0.9987 1.0."""
+    return {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()}
 
 
 REPLICAS_TITLE = "Replicas (sweep.replicas): each point's mean and standard deviation over them"

@@ -16,8 +16,11 @@ from typing import Any, TypedDict, TypeGuard, TypeVar
 
 import msgspec
 
+from analysis.read.metrics import read_metrics as read_metrics_logged
+from analysis.read.metrics import summarise
 from analysis.records import (
     SPREAD_FIELDS,
+    MetricSummary,
     ModelFacts,
     N,
     RankTotals,
@@ -54,9 +57,29 @@ def fold_run(
     records = [with_summary(rec, by_rank_summary[rec.rank]) if rec.rank in by_rank_summary else rec for rec in records]
     # A run that ran out of memory gets no timings: a trace it left covers an aborted window only.
     oom = oom_record(run_dir, summary) if summary is not None else None
+    metrics = run_metrics(run_dir)
     if oom is not None or not records:
-        return records, oom, False
-    return records, run_record(run_dir, records, summary), True
+        row = oom if oom is not None else metrics_row(run_dir, summary) if metrics else None
+        return records, dataclasses.replace(row, metrics=metrics) if row is not None else None, False
+    return records, dataclasses.replace(run_record(run_dir, records, summary), metrics=metrics), True
+
+
+def run_metrics(run_dir: Path) -> dict[str, MetricSummary] | None:
+    """The run's own metrics (loss, accuracy) as its loggers wrote them under its directory, by name."""
+    return {name: summarise(series) for name, series in read_metrics_logged(run_dir).items()} or None
+
+
+def metrics_row(run_dir: Path, summary: RunRecord | None) -> RunRow:
+    """The row of a run that left its metrics and no trace (a script run with the profiler off): what it
+    was and how it ended, its metrics added by the caller; no timings."""
+    return RunRow(
+        run_dir=str(run_dir),
+        outcome=outcome_of(summary),
+        arch=command_name(summary),
+        ranks=len(ranks_of(summary)),
+        gpus=summary.world_size if summary is not None else None,
+        **run_facts(first_rank(summary)),
+    )
 
 
 def with_summary(rec: TraceRecord, rank_summary: RankEntry) -> TraceRecord:

@@ -60,6 +60,8 @@ def fold_sweep(
                 **words,
                 job_id=point.job or None,
                 qos=point.qos,
+                metric_wanted=index.metric,
+                metric_mode=index.mode,
                 node_hours=node_hours,
             )
         )

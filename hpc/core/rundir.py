@@ -521,6 +521,8 @@ class SweepIndex:
 
     points: list[IndexPoint]
     replicas: str | None = None
+    metric: str | None = None  # sweep.metric: the script's own metric the report judges by
+    mode: str | None = None  # sweep.mode: min or max
 
 
 def read_sweep_index(path: Path, warn: Warn = ignore) -> SweepIndex:
@@ -543,8 +545,14 @@ def read_sweep_index(path: Path, warn: Warn = ignore) -> SweepIndex:
         except msgspec.ValidationError as e:
             warn(f"{path}: points[{i}] skipped: {with_value(point, str(e))}")
     sweep = index.get("sweep")
-    replicas = sweep.get("replicas") if isinstance(sweep, dict) else None
-    return SweepIndex(points, replicas if isinstance(replicas, str) else None)
+    said = sweep if isinstance(sweep, dict) else {}
+    replicas, metric, mode = (said.get(key) for key in ("replicas", "metric", "mode"))
+    return SweepIndex(
+        points,
+        replicas if isinstance(replicas, str) else None,
+        metric if isinstance(metric, str) else None,
+        mode if mode in ("min", "max") else None,
+    )
 
 
 def read_index(path: Path, warn: Warn = ignore) -> list[IndexPoint]:

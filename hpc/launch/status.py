@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from analysis.api import render, reported_headlines, run_verdict
+from analysis.api import latest_metrics, render, reported_headlines, run_verdict
 from hpc.core.cli import Parser, inspect_path
 from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, Outcome, PointState, slurm_state
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
-from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics
+from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_sweep_index
 from hpc.core.summary import run_state
 from hpc.launch.submission.queue import accounted, queued
 
@@ -36,6 +36,7 @@ STATUS_COLUMNS = [
     "state",
     "requeues",
     "steps",
+    "metric",
     "verdict",
     "error",
 ]
@@ -189,8 +190,14 @@ def status_command(argv: list[str]) -> int:
     sweep_dir = existing_sweep(args.sweep_dir)
     reported = reported_verdicts(SweepPaths(sweep_dir))
     points, problem = sweep_status(sweep_dir)
+    index = read_sweep_index(SweepPaths(sweep_dir).index)
+    metric = latest_metrics([Path(r["run_dir"]) for r in points], index.metric, index.mode)
     rows = [
-        {**r, "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == Outcome.DONE else None}
+        {
+            **r,
+            "metric": metric.get(Path(r["run_dir"])),  # the script's own, latest: how the point is doing
+            "verdict": verdict_of(Path(r["run_dir"]), reported) if r["state"] == Outcome.DONE else None,
+        }
         for r in points
     ]
     axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.values))

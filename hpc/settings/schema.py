@@ -277,9 +277,15 @@ class SweepConfig:
     # The axis whose values are repetitions of the same point (seed): the report folds them into a mean
     # and a spread, and says whether a difference between points is beyond that run-to-run noise.
     replicas: str | None = None
+    # The script's own metric the report judges the points by: a name its loggers write (val_loss, eval_loss,
+    # epoch/eval_top1). None: the first evaluation's loss or accuracy found, else the first training's.
+    metric: str | None = None
+    mode: str | None = None  # min or max: which is better; None: min for a loss (or an error), max otherwise
 
     def __post_init__(self) -> None:
         _one_of(self, "combine", ("grid", "zip"))
+        if self.mode is not None:
+            _one_of(self, "mode", ("min", "max"))
         _positive(self, "max_points")
         for axis, values in self.axes.items():
             _check(axis_problem(axis, values) is None, "axes", f"{axis}: {axis_problem(axis, values)}")

@@ -1,0 +1,68 @@
+"""A sweep answers the researcher's question (issue 88): a plain DDP script that logs its loss with torch's
+SummaryWriter, swept over lr x seed with the seeds as replicas, here (--local). The report's first table is the
+script's own val/loss per lr, a mean over the seeds; the best lr is named with its margin and whether it beats
+the spread between seeds; step time comes after. The oracle is what the script printed as it logged each value,
+not the toolkit's reader."""
+
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "scripts" / "summarywriter_ddp.py"
+PY = sys.executable
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
+
+
+def f32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: lrs\n  gpus: [1]\n  axes:\n    lr: [0.5, 0.005]\n    seed: [1, 2]\n"
+                     "  replicas: seed\ncommand:\n  args: [--logdir, '{run_dir}/tb']\n"
+                     "profiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--local", "--runs-dir", str(tmp_path / "runs"),
+                        "--", PY, str(SCRIPT), "--lr", "{lr}", "--seed", "{seed}"],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "runs" / "lrs").glob("sweep-*")
+    printed: dict[float, list[float]] = {}  # lr -> each seed's last val/loss, as the script printed it
+    last: dict[str, str] = {}  # run directory -> its last val/loss and step, as hpc.study status says it
+    for run in sweep_dir.iterdir():
+        logs = "".join(p.read_text() for p in run.glob("logs/rank0.out"))
+        said = re.findall(r"^logged val/loss (\d+) (\S+)$", logs, flags=re.M)
+        if said:
+            words = json.loads((run / "summary.json").read_text())["command"]
+            lr = float(words[words.index("--lr") + 1])
+            printed.setdefault(lr, []).append(f32(float(said[-1][1])))
+            last[str(run)] = f"val/loss {f32(float(said[-1][1])):.4g} @{said[-1][0]}"
+    assert sorted(len(v) for v in printed.values()) == [2, 2], printed
+    table = (sweep_dir / "analysis" / "sweep.md").read_text()
+    first = table.split("## Performance", 1)[0]
+    assert first.startswith("## val/loss, by point\n"), table[:500]
+    assert "metric: val/loss (min): the first an evaluation's loss or accuracy found" in first
+    rows = {cells[1].strip(): cells for cells in (line.split("|") for line in first.splitlines()) if len(cells) > 6}
+    means = {lr: statistics.fmean(v) for lr, v in printed.items()}
+    for lr, values in printed.items():
+        row = rows[f"lr={lr:g}"]
+        assert row[2].strip() == "2" and float(row[3]) == pytest.approx(means[lr], rel=1e-3), (row, values)
+    best, second = sorted(means, key=means.get)
+    margin = abs(means[best] - means[second])
+    noise = max(max(printed[lr]) - min(printed[lr]) for lr in printed)
+    line = next(x for x in first.splitlines() if x.startswith("best val/loss: "))
+    assert line.startswith(f"best val/loss: lr={best:g}, "), line
+    assert f"than the second, lr={second:g}" in line and ("beyond" if margin > noise else "within") in line, line
+    assert "batch" not in first and "fraction" not in first  # settings the script never received
+    status = subprocess.run([PY, "-m", "hpc.study", "status", str(sweep_dir), "--format", "json"],
+                            capture_output=True, text=True, env=ENV, timeout=120)
+    assert {p["run_dir"]: p["metric"] for p in json.loads(status.stdout)} == last, status.stdout[-2000:]
