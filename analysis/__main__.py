@@ -24,6 +24,7 @@ from analysis.pipeline import analyze_files, analyze_run, analyze_sweep
 from analysis.read.discover import Warnings, print_warnings, run_traces
 from analysis.records import RunRow, TraceRecord
 from analysis.report.figures import plot_sweep
+from analysis.report.hparams import write_hparams
 from analysis.report.html import SWEEPS_COLUMNS, render_report, sweeps_section
 from analysis.report.runfigures import plot_run
 from analysis.report.tables import (
@@ -225,6 +226,7 @@ def write_outputs(
         write_atomic(out / SWEEP_CSV, rows_to_csv(sweep_rows, run_columns(sweep_rows)))
         performance = "## Performance\n\n" + rows_to_markdown(sweep_rows, run_columns(sweep_rows))
         write_atomic(out / SWEEP_TABLE, metric_section(sweep_rows, "md") + performance)
+        write_hparams(out, sweep_rows)  # TensorBoard's HParams view of the points (analysis/report/hparams.py)
     why = why_tables(traces, runs, "md")
     if why:
         write_atomic(out / WHY_TABLE, why)

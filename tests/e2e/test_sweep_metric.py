@@ -66,3 +66,21 @@ def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_
     status = subprocess.run([PY, "-m", "hpc.study", "status", str(sweep_dir), "--format", "json"],
                             capture_output=True, text=True, env=ENV, timeout=120)
     assert {p["run_dir"]: p["metric"] for p in json.loads(status.stdout)} == last, status.stdout[-2000:]
+    # TensorBoard's HParams view: a session a point, its lr and seed, its val/loss as the script logged it last
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    tb = EventMultiplexer()
+    tb.AddRunsFromDirectory(str(sweep_dir / "analysis" / "hparams"))
+    tb.Reload()
+    content = tb.PluginRunToTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(content["."][metadata.EXPERIMENT_TAG])
+    assert {h.name for h in experiment.hparam_infos} == {"lr", "seed"}
+    assert "val/loss" in {m.name.tag for m in experiment.metric_infos}
+    sessions = {run: metadata.parse_session_start_info_plugin_data(tags[metadata.SESSION_START_INFO_TAG])
+                for run, tags in content.items() if run != "."}
+    assert len(sessions) == 4
+    for run, start in sessions.items():
+        lr = start.hparams["lr"].number_value
+        logged = [e.value for e in tb.Scalars(run, "val/loss")]
+        assert logged[-1] in printed[lr] and start.hparams["seed"].number_value in (1, 2)
