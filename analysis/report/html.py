@@ -10,16 +10,19 @@ import html
 import os
 from pathlib import Path
 
+from analysis.explain.metric import METRIC_RULE, best_line, chosen, missing_line
 from analysis.explain.replicas import NOISE_RULE, noise_lines, replica_rows
 from analysis.explain.series import gpu_series
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.tables import (
     LOSS_COLUMNS,
+    METRIC_COLUMNS,
     NOISE_TITLE,
     REPLICA_COLUMNS,
     REPLICAS_TITLE,
     human_cells,
     loss_rows,
+    metric_table,
     mode_words,
     run_columns,
     run_tables,
@@ -194,6 +197,8 @@ def render_report(
         f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
         f"{len(traces)} trace(s)</p>"
     ]
+    if len(runs) > 1 or any(r.metrics for r in runs):  # the script's own metric leads (issue 88)
+        sections.append(metric_html(runs))
     sections.append(verdict_section(traces, runs))
     if runs:
         sections.append(("<h2>The run</h2>" if len(runs) == 1 else "<h2>Runs</h2>") + runs_table(runs))
@@ -229,6 +234,23 @@ def render_report(
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(source.name)}: analysis</title>"
         f"<style>{STYLE}</style></head><body>{''.join(sections)}</body></html>\n"
+    )
+
+
+def metric_html(runs: list[RunRow]) -> str:
+    """The script's own metric: which one and why, each point's final and best values over its replicas, the
+    best point against the noise (analysis/explain/metric.py); one line where none was logged."""
+    choice = chosen(runs)
+    missing = missing_line(runs, choice)
+    if choice is None:
+        return f"<h2>The script's own metric</h2><p>{html.escape(missing or '')}</p>"
+    lines = [f"metric: {choice.why}", best_line(runs, choice), missing]
+    said = "".join(f"<p>{html.escape(line)}</p>" for line in lines if line)
+    return (
+        f"<h2>{html.escape(choice.name)}, by point</h2>"
+        + table(metric_table(runs, choice), METRIC_COLUMNS)
+        + said
+        + f"<p><small>{html.escape(METRIC_RULE)}</small></p>"
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from analysis.explain.metric import best_line, chosen, metric_rows, missing_line
 from analysis.explain.replicas import noise_lines, replica_rows
+from analysis.read.metrics import Choice
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
 from analysis.report.units import Formatter, human_columns, number
 from hpc.core.ending import Outcome, PointState
@@ -355,15 +356,16 @@ def metric_section(runs: list[RunRow], fmt: str) -> str:
     return (
         heading.format(f"{choice.name}, by point")
         + line.format(f"metric: {choice.why}")
-        + render([_significant(row) for row in metric_rows(runs, choice)], METRIC_COLUMNS, fmt)
+        + render(metric_table(runs, choice), METRIC_COLUMNS, fmt)
         + ("\n" if fmt == "md" else "")
         + "".join(line.format(text) for text in (best, missing) if text)
     )
 
 
-def _significant(row: dict[str, Any]) -> dict[str, Any]:
-    """A metric's values to 4 significant digits: a loss of 0.2113 is not 0.21, nor an accuracy of 0.9987 1.0."""
-    return {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()}
+def metric_table(runs: list[RunRow], choice: Choice) -> list[dict[str, Any]]:
+    """The metric's rows with its values to 4 significant digits: a loss of 0.2113 is not 0.21, nor an
+    accuracy of 0.9987 1.0."""
+    return [{k: f"{v:.4g}" if isinstance(v, float) else v for k, v in row.items()} for row in metric_rows(runs, choice)]
 
 
 REPLICAS_TITLE = "Replicas (sweep.replicas): each point's mean and standard deviation over them"

@@ -4,6 +4,7 @@ script's own val/loss per lr, a mean over the seeds; the best lr is named with i
 the spread between seeds; step time comes after. The oracle is what the script printed as it logged each value,
 not the toolkit's reader."""
 
+import html
 import json
 import os
 import re
@@ -84,3 +85,7 @@ def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_
         lr = start.hparams["lr"].number_value
         logged = [e.value for e in tb.Scalars(run, "val/loss")]
         assert logged[-1] in printed[lr] and start.hparams["seed"].number_value in (1, 2)
+    page = (sweep_dir / "analysis" / "report.html").read_text()
+    first_h2 = page.index("<h2>")
+    assert page[first_h2:].startswith("<h2>val/loss, by point</h2>"), page[first_h2:first_h2 + 200]
+    assert html.escape(line) in page  # the same best line leads the report
