@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analysis.explain.metric import best_line, chosen, metric_rows, missing_line
+from analysis.explain.metric import best_line, chosen, metric_rows, missing_line, varying
 from analysis.explain.replicas import noise_lines, replica_rows
 from analysis.read.metrics import Choice
 from analysis.records import RunRow, TraceRecord, as_row, ranks_words
@@ -198,11 +198,17 @@ COLLECTIVE_COLUMNS = [
 
 
 def run_columns(runs: list[RunRow]) -> list[str]:
-    """RUN_COLUMNS, and the values of the sweep's other axes (sweep.axes) after the study's where a run has any."""
+    """RUN_COLUMNS, and the values of the sweep's other axes (sweep.axes) after the study's where a run has any.
+    Your own scripts' runs leave out a data fraction and a batch size that never changed: the script may
+    never have received them (a command without {fraction} or {batch})."""
+    columns = RUN_COLUMNS
+    if runs and all(r.data_source == "script" for r in runs):
+        fixed = {"data_fraction", "batch_size_per_gpu"} - set(varying(runs))
+        columns = [c for c in columns if c not in fixed]
     if not any(r.swept for r in runs):
-        return RUN_COLUMNS
-    at = RUN_COLUMNS.index("nodes") + 1
-    return [*RUN_COLUMNS[:at], "swept", *RUN_COLUMNS[at:]]
+        return columns
+    at = columns.index("nodes") + 1
+    return [*columns[:at], "swept", *columns[at:]]
 
 
 KERNEL_COLUMNS = ["calls", "total_us", "share_pct", "class", "name"]

@@ -60,8 +60,14 @@ def fold_run(
     metrics = run_metrics(run_dir)
     if oom is not None or not records:
         row = oom if oom is not None else metrics_row(run_dir, summary) if metrics else None
-        return records, dataclasses.replace(row, metrics=metrics) if row is not None else None, False
-    return records, dataclasses.replace(run_record(run_dir, records, summary), metrics=metrics), True
+        return records, with_metrics(row, metrics, summary) if row is not None else None, False
+    return records, with_metrics(run_record(run_dir, records, summary), metrics, summary), True
+
+
+def with_metrics(row: RunRow, metrics: dict[str, MetricSummary] | None, summary: RunRecord | None) -> RunRow:
+    """The row with the run's own metrics; your own command's data is its own, never named CIFAR-100."""
+    script = summary is not None and summary.kind == "command"
+    return dataclasses.replace(row, metrics=metrics, data_source="script" if script else row.data_source)
 
 
 def run_metrics(run_dir: Path) -> dict[str, MetricSummary] | None:

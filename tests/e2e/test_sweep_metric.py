@@ -89,3 +89,6 @@ def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_
     first_h2 = page.index("<h2>")
     assert page[first_h2:].startswith("<h2>val/loss, by point</h2>"), page[first_h2:first_h2 + 200]
     assert html.escape(line) in page  # the same best line leads the report
+    # the script never received a batch size or a data fraction, and never saw CIFAR-100
+    assert "batch_size_per_gpu" not in table and "data_fraction" not in table, table.splitlines()[-6]
+    assert "CIFAR-100" not in page
