@@ -195,8 +195,9 @@ def allocation_here(env: Mapping[str, str]) -> Allocation | None:
         return None
     nodes = _first_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1
     gpus = _first_int((env.get("SLURM_GPUS_PER_NODE") or "").rsplit(":", 1)[-1])
-    if gpus is None and _first_int(env.get("SLURM_GPUS")):  # salloc --gpus N: the job's, over its nodes
-        gpus = (_first_int((env.get("SLURM_GPUS") or "").rsplit(":", 1)[-1]) or 0) // nodes or None
+    per_job = _first_int((env.get("SLURM_GPUS") or "").rsplit(":", 1)[-1])  # salloc --gpus [TYPE:]N: the job's
+    if gpus is None and per_job:
+        gpus = per_job // nodes or None
     return Allocation(job, nodes, gpus, _first_int(env.get("SLURM_JOB_CPUS_PER_NODE")))
 
 

@@ -64,6 +64,14 @@ SALLOC = {"SLURM_JOB_ID": "29", "SLURM_JOBID": "29", "SLURM_JOB_NUM_NODES": "1",
      ("7", 2, 4, 128)),  # salloc --gpus 8 over 2 nodes: 4 a node
     ({"SLURM_JOB_ID": "8", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE": "a100:4"}, ("8", 1, 4, None)),
     ({"SLURM_JOB_ID": "9"}, ("9", 1, None, None)),  # a CPU allocation: no GPUs said
+    # srun sets a step's id under both names (srun(1): SLURM_STEP_ID, and SLURM_STEPID for compatibility)
+    ({"SLURM_JOB_ID": "5", "SLURM_STEPID": "0"}, None),
+    ({"SLURM_JOB_ID": "5", "SLURM_STEPID": "4294967290"}, ("5", 1, None, None)),
+    ({"SLURM_JOB_ID": "6", "SLURM_NNODES": "3", "SLURM_GPUS": "gpu:12"}, ("6", 3, 4, None)),  # typed, per job
+    ({"SLURM_JOB_ID": "6", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "5"}, ("6", 2, None, None)),
+    ({"SLURM_JOB_ID": "10", "SLURM_GPUS": "2", "SLURM_JOB_NUM_NODES": "4"}, ("10", 4, None, None)),  # < 1 a node
+    ({"SLURM_JOB_ID": "11", "ENVIRONMENT": "INTERACTIVE", "SLURM_JOB_CPUS_PER_NODE": "64,32"}, ("11", 1, None, 64)),
+    ({"SLURM_JOB_ID": "12", "SLURM_GPUS_PER_NODE": "gpu:a100:2", "SLURM_GPUS": "8"}, ("12", 1, 2, None)),
 ])
 def test_an_interactive_allocation_is_told_from_a_batch_job_and_a_step(env, found):
     from hpc.launch.batch import allocation_here

@@ -202,3 +202,18 @@ def test_a_commands_axis_refusals_say_the_way_in_full(tmp_path):
     # and every axis is looked at, not only the first: a used one first, then one never used
     said = refusal(tmp_path, ONE + "  axes:\n    lr: [1]\n    seed: [1]\n", "--", "python", SCRIPT, "{lr}")
     assert "sweep.axes.seed: the command never uses {seed}" in said
+
+
+def test_the_trainings_task_is_the_documented_command_with_its_point_config_and_codes(tmp_path, monkeypatch):
+    """Each point of the toolkit's training runs `python -m hpc.train --config RUN/submitted.yaml --run-dir RUN`
+    (docs/own-script.md, as jobs/resnet152.sbatch runs it), from where it was submitted, requeued on 3 and 5,
+    its point and run config recorded."""
+    monkeypatch.chdir(tmp_path)
+    plan, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n", "--set",
+                             "command.hang_timeout_s=120")
+    for p, c in points:
+        assert c.words_for(Path("/r/7"), "py") == ["py", "-m", "hpc.train", "--config", "/r/7/submitted.yaml",
+                                                   "--run-dir", "/r/7"]
+        assert (c.cwd, c.name, c.requeue_codes, c.hang_timeout_s) == (str(tmp_path), "resnet152", (3, 5), 120)
+        assert c.point == msgspec.to_builtins(p) and c.config["train"]["lr"] == p.values["train.lr"]
+    assert plan.specs[0].folder.parts[-3] == "s"  # the sweep's name names its runs' folder

@@ -132,6 +132,7 @@ def test_a_fraction_fills_as_its_shortest_form_or_its_spec(fraction, spec, fille
 
     values = point_values(SweepPoint(data_fraction=fraction, batch_size=8, gpus=1, nodes=1))
     assert fill("{fraction" + (":" + spec if spec else "") + "}", values, "s") == filled
+    assert str(values["fraction"]) == format(fraction, "g")  # its text anywhere else is the same shortest form
 
 
 @pytest.mark.parametrize("nodes, gpus", [(1, 4), (2, 4), (3, 2)])
@@ -142,3 +143,18 @@ def test_a_points_shape_fills_gpus_a_node_nodes_and_ranks_the_world_size(nodes, 
 
     values = point_values(SweepPoint(data_fraction=1.0, batch_size=8, gpus=gpus, nodes=nodes))
     assert fill("{gpus} {nodes} {ranks}", values, "s") == f"{gpus} {nodes} {nodes * gpus}"
+
+
+@pytest.mark.parametrize("word, values, final, said", [
+    ("{x", {}, True, "command.args: '{x': expected '}' before end of string (write {{ and }} for braces)"),
+    ("{nope}", {}, True, "command.args: '{nope}': no value for {nope} (known: {batch}, {fraction}, {gpus}, {nodes}, "
+                         "{ranks}, {run_dir}, {python})"),
+    ("--b={batch:q}", {"batch": 8}, True, "command.args: '--b={batch:q}': Unknown format code 'q' for object of type "
+                                          "'int'"),
+    ("{run_dir}/w.pt", {}, True, "command.args: '{run_dir}/w.pt': no value for {run_dir}"),  # at the rank: needed
+])
+def test_a_word_that_cannot_be_filled_is_one_line_naming_the_word_and_what_is_known(word, values, final, said):
+    with pytest.raises(UsageError) as e:
+        fill(word, values, "command.args", final)
+    assert str(e.value).startswith(said), str(e.value)
+    assert fill("{run_dir}/w.pt", {}, "s", final=False) == "{run_dir}/w.pt"  # planned: filled when the rank starts
