@@ -12,7 +12,7 @@ import msgspec
 from analysis.explain.verdict import headline
 from analysis.pipeline import analyze_run
 from analysis.read.discover import print_warnings
-from analysis.read.metrics import choose, read_metrics
+from analysis.read.metrics import choose, logged_metrics
 from analysis.records import RunRow, TraceRecord
 from analysis.report.tables import render, run_label, verdict_lines
 from hpc.core.cli import check_output_dir
@@ -112,7 +112,7 @@ def latest_metrics(run_dirs: list[Path], wanted: str | None = None, mode: str | 
     """Each run's latest value of the metric its sweep is judged by (`wanted`, sweep.metric; else the first
     loss or accuracy any run logged), as `val/loss 0.2113 @24` (its step): what hpc.study status shows while
     the sweep runs. A run that logged none has no entry."""
-    found = {run: read_metrics(run) for run in run_dirs}
+    found = {run: logged_metrics(run) for run in run_dirs}
     choice = choose((name for metrics in found.values() for name in metrics), wanted, mode)
     if choice is None:
         return {}

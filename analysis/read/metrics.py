@@ -92,7 +92,7 @@ def choose(names: Iterable[str], metric: str | None = None, mode: str | None = N
     return Choice(name, taken, why)
 
 
-def read_metrics(run_dir: Path, extra: Path | None = None, warnings: Warnings | None = None) -> dict[str, Series]:
+def logged_metrics(run_dir: Path, extra: Path | None = None, warnings: Warnings | None = None) -> dict[str, Series]:
     """Every metric found under `run_dir` (and `extra`: where a script writes outside it), by name. A name
     found in several files keeps the series with the most points (a checkpoint's trainer_state.json is the
     start of the final one); a file that cannot be read is said in `warnings` and skipped."""

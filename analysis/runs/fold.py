@@ -16,8 +16,7 @@ from typing import Any, TypedDict, TypeGuard, TypeVar
 
 import msgspec
 
-from analysis.read.metrics import read_metrics as read_metrics_logged
-from analysis.read.metrics import summarise
+from analysis.read.metrics import logged_metrics, summarise
 from analysis.records import (
     SPREAD_FIELDS,
     MetricSummary,
@@ -72,7 +71,7 @@ def with_metrics(row: RunRow, metrics: dict[str, MetricSummary] | None, summary:
 
 def run_metrics(run_dir: Path) -> dict[str, MetricSummary] | None:
     """The run's own metrics (loss, accuracy) as its loggers wrote them under its directory, by name."""
-    return {name: summarise(series) for name, series in read_metrics_logged(run_dir).items()} or None
+    return {name: summarise(series) for name, series in logged_metrics(run_dir).items()} or None
 
 
 def metrics_row(run_dir: Path, summary: RunRecord | None) -> RunRow:

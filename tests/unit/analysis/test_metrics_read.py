@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from analysis.read.metrics import choose, read_metrics, summarise
+from analysis.read.metrics import choose, logged_metrics, summarise
 
 
 def f32(value: float) -> float:
@@ -23,7 +23,7 @@ def test_summary_writer_scalars_are_read_whole_with_their_steps(tmp_path):
         for name, points in logged.items():
             for step, value in points:
                 writer.add_scalar(name, value, step)
-    found = read_metrics(tmp_path)
+    found = logged_metrics(tmp_path)
     assert set(found) == set(logged)
     for name, points in logged.items():
         assert list(zip(found[name].steps, found[name].values)) == [(s, f32(v)) for s, v in points]
@@ -64,7 +64,7 @@ def test_lightnings_loggers_in_a_real_fit_give_the_logged_values(tmp_path):
                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
                         log_every_n_steps=1)
     trainer.fit(Tiny(), data, data)
-    found = read_metrics(tmp_path)
+    found = logged_metrics(tmp_path)
     assert [f32(v) for v in found["val_loss"].values] == [f32(v) for v in said] == [1.0, f32(0.5), f32(1 / 3)]
     steps = found["val_loss"].steps
     assert len(steps) == 3 and list(steps) == sorted(set(steps)) and len(found["train_loss"].values) == 12
@@ -81,7 +81,7 @@ def test_the_hf_trainers_state_gives_its_log_history(tmp_path):
     TrainerState(log_history=history[:1], global_step=4).save_to_json(str(tmp_path / "out" / "checkpoint-4" /
                                                                          "trainer_state.json"))
     TrainerState(log_history=history, global_step=8).save_to_json(str(tmp_path / "out" / "trainer_state.json"))
-    found = read_metrics(tmp_path)
+    found = logged_metrics(tmp_path)
     assert found["loss"].steps == (4, 8) and found["loss"].values == (2.3, 2.1)  # the final file, not the checkpoint's
     assert found["eval_loss"].values == (2.2,) and "epoch" not in found
     assert choose(found).name == "eval_loss" and choose(found).mode == "min"
@@ -93,7 +93,7 @@ def test_the_toolkits_metrics_jsonl_and_a_plain_one_go_through_the_same_code(tmp
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"kind": "tr')
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "log.jsonl").write_text('{"step": 1, "val_accuracy": 0.5}\n{"step": 2, "val_accuracy": 0.75}\n')
-    found = read_metrics(tmp_path)
+    found = logged_metrics(tmp_path)
     assert found["epoch/eval_top1"].values == (12.5,) and found["train/loss"].steps == (10,)
     assert found["val_accuracy"].values == (0.5, 0.75) and "train/time" not in found
     assert choose(found).name == "epoch/eval_loss"
