@@ -200,7 +200,7 @@ def status_command(argv: list[str]) -> int:
         }
         for r in points
     ]
-    axes = list(dict.fromkeys(k for p in read_index(SweepPaths(sweep_dir).index) for k in p.values))
+    axes = list(dict.fromkeys(k for p in index.points for k in p.values))
     columns = [*STATUS_COLUMNS[:4], *axes, *STATUS_COLUMNS[4:]]
     sys.stdout.write(render(rows, columns, args.format))
     if args.format == "table":
