@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.explain.metric import chosen, label_of, varying
+from analysis.read.metrics import logged_metrics
 from analysis.records import RunRow, data_words, ranks_words
 from hpc.core.ending import Outcome
 from hpc.core.files import write_atomic
@@ -224,6 +226,17 @@ def _lines_against_batch(
     ax.set_title(textwrap.fill(title, 64), fontsize=10)  # a long title wraps rather than leave the figure
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
+    from_zero(ax, [y for pts in lines.values() for _, y in pts])
+
+
+NEAR_SAME = 0.05  # values within 5% of their largest are drawn from 0: the axis must not make a gap of them
+
+
+def from_zero(ax: Axes, ys: list[float]) -> None:
+    """A quantity (time, memory, throughput) whose values all lie within NEAR_SAME of their largest is drawn
+    on an axis from 0, where matplotlib would fill the figure with a difference of 0.1% (issue 88)."""
+    if ys and min(ys) >= 0 and max(ys) > 0 and (max(ys) - min(ys)) <= NEAR_SAME * max(ys):
+        ax.set_ylim(bottom=0, top=max(ys) * 1.1)
 
 
 def step_modes(rows: list[RunRow]) -> list[str]:
@@ -386,10 +399,12 @@ def memory_category_figure(rows: list[RunRow], fraction: float, out_dir: Path) -
 
 
 def plot_sweep(rows: list[RunRow], out_dir: Path) -> list[Path]:
-    """Every figure the rows have data for (see the module doc); the paths written."""
+    """Every figure the rows have data for (see the module doc); the paths written, the script's own metric
+    first."""
     make_dirs(out_dir, "--out")
     fractions = sorted({r.data_fraction for r in rows if r.data_fraction is not None})
-    written = [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
+    written = [curves_figure(rows, out_dir)]
+    written += [metric_figure(rows, m, f, out_dir) for m in STUDY_METRICS + PER_STEP_METRICS for f in fractions]
     written += [efficiency_figure(rows, out_dir), loss_figure(rows, out_dir)]
     written += [memory_category_figure(rows, f, out_dir) for f in fractions]
     written += [axis_figure(rows, key, m, out_dir) for key in swept_keys(rows) for m in AXIS_METRICS]
@@ -453,3 +468,39 @@ def axis_figure(rows: list[RunRow], key: str, metric: Metric, out_dir: Path) -> 
         ax.set_xticks(range(1, len(raw) + 1), [str(v) for v in raw])
     safe = "".join(c if c.isalnum() else "_" for c in key)
     return save_figure(fig, out_dir / f"by_{safe}_{metric.key}.png")
+
+
+def curves_figure(rows: list[RunRow], out_dir: Path) -> Path | None:
+    """The script's own metric (analysis/explain/metric.py's choice) over its steps, a line a point: the mean
+    of its replicas at the steps they all logged, with a band from the lowest to the highest. None where no
+    run logged it."""
+    choice = chosen(rows)
+    if choice is None:
+        return None
+    fields = varying(rows)
+    curves: dict[str, list[dict[int, float]]] = {}
+    for r in rows:
+        series = logged_metrics(Path(r.run_dir)).get(choice.name) if r.metrics and choice.name in r.metrics else None
+        if series is not None:
+            curves.setdefault(label_of(r, fields), []).append(dict(zip(series.steps, series.values, strict=True)))
+    if not curves:
+        return None
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for label, replicas in curves.items():
+        steps = sorted(set.intersection(*(set(c) for c in replicas)))
+        if not steps:
+            continue
+        at = [[c[s] for c in replicas] for s in steps]
+        drawn = ax.plot(steps, [statistics.fmean(v) for v in at], label=label)
+        if len(replicas) > 1:
+            ax.fill_between(steps, [min(v) for v in at], [max(v) for v in at], color=drawn[0].get_color(), alpha=0.2)
+    scripts = sorted({r.arch for r in rows if r.arch})
+    of = f", {', '.join(scripts)}" if len(scripts) == 1 else ""
+    band = " (mean over the replicas, band: lowest to highest)" if any(len(c) > 1 for c in curves.values()) else ""
+    ax.set_title(textwrap.fill(f"{choice.name} over steps{of}{band}", 64), fontsize=10)
+    ax.set_xlabel("step")
+    ax.set_ylabel(choice.name)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    safe = "".join(c if c.isalnum() else "_" for c in choice.name)
+    return save_figure(fig, out_dir / f"metric_{safe}.png")

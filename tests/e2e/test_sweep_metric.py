@@ -92,3 +92,7 @@ def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_
     # the script never received a batch size or a data fraction, and never saw CIFAR-100
     assert "batch_size_per_gpu" not in table and "data_fraction" not in table, table.splitlines()[-6]
     assert "CIFAR-100" not in page
+    # the report's first figure is the script's own metric over its steps, a line an lr with its seeds' band
+    first_img = page[page.index("<img "):page.index(">", page.index("<img "))]
+    assert 'alt="metric_val_loss"' in first_img, first_img[:120]
+    assert (sweep_dir / "analysis" / "figures" / "metric_val_loss.png").is_file()

@@ -55,3 +55,20 @@ def test_a_sweep_set_to_a_metric_no_run_logged_says_so_and_so_does_one_with_none
     assert missing_line(bare, chosen(bare)).startswith("no run logged a metric the report can read")
     partly = [row(0.1, 1, 1.0), row(0.01, 1, 2.0, name=None)]
     assert missing_line(partly, chosen(partly)) == "1 of 2 point(s) logged no val_loss"
+
+
+@pytest.mark.parametrize("ys, from_0", [
+    ([0.6729, 0.6723], True),  # issue 88's memory figure: 0.1% apart, drawn as a gap
+    ([100.0, 95.0], True),  # 5% apart: at the edge, still from 0
+    ([100.0, 94.9], False),  # just over: the difference is the figure's subject
+    ([-1.0, -1.01], False),  # not a quantity from 0
+])
+def test_values_within_five_percent_of_their_largest_are_drawn_from_zero(ys, from_0):
+    from analysis.report.figures import from_zero, pyplot
+
+    fig, ax = pyplot().subplots()
+    ax.plot([1, 2], ys)
+    before = ax.get_ylim()
+    from_zero(ax, ys)
+    assert (ax.get_ylim()[0] == 0) == from_0 and (ax.get_ylim() != before) == from_0
+    pyplot().close(fig)
