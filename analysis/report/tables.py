@@ -315,6 +315,23 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[s
         out += gpus
     if not runs:
         out += [(Path(t.file).name, str(t.verdict["line"])) for t in traces if t.verdict]
+    return said_once(out, len(runs))
+
+
+def said_once(lines: list[tuple[str, str]], runs: int) -> list[tuple[str, str]]:
+    """A sentence every one of several runs says (a CPU run has no GPU to judge) said once, for every point,
+    where it first stood (issue 88: eight lines of one sentence)."""
+    counts: dict[str, int] = {}
+    for _, text in lines:
+        counts[text] = counts.get(text, 0) + 1
+    out, said = [], set()
+    for what, text in lines:
+        if runs > 1 and counts[text] == runs:
+            if text not in said:
+                out.append((f"every point ({runs})", text))
+                said.add(text)
+        else:
+            out.append((what, text))
     return out
 
 
