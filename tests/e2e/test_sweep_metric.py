@@ -96,3 +96,32 @@ def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_
     first_img = page[page.index("<img "):page.index(">", page.index("<img "))]
     assert 'alt="metric_val_loss"' in first_img, first_img[:120]
     assert (sweep_dir / "analysis" / "figures" / "metric_val_loss.png").is_file()
+
+
+def test_the_toolkits_own_training_swept_over_its_lr_leads_with_its_evaluation_loss(tmp_path, data_root):
+    """The toolkit's training through the same code: its metrics.jsonl (and its TensorBoard scalars, the same
+    values) give epoch/eval_loss; the report's first table is it, per train.lr. The oracle: metrics.jsonl's
+    last epoch line of each point, read here as plain JSON."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: tl\n  gpus: [1]\n  batch_sizes: [32]\n  data_fractions: [1]\n  axes:\n"
+                     "    train.lr: [0.2, 0.002]\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--local", "--config",
+                        str(REPO / "profiles" / "smoke.yaml"), "--data-root", str(data_root), "--runs-dir",
+                        str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "runs" / "tl").glob("sweep-*")
+    last = {}
+    for run in sweep_dir.iterdir():
+        if (run / "metrics.jsonl").is_file():
+            epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                      if '"kind": "epoch"' in line]
+            lr = json.loads((run / "summary.json").read_text())["config"]["train"]["lr"]
+            last[lr] = epochs[-1]["eval_loss"]
+    assert sorted(last) == [0.002, 0.2], last
+    first = (sweep_dir / "analysis" / "sweep.md").read_text().split("## Performance", 1)[0]
+    assert first.startswith("## epoch/eval_loss, by point\n"), first[:300]
+    rows = {cells[1].strip(): cells for cells in (line.split("|") for line in first.splitlines()) if len(cells) > 6}
+    for lr, value in last.items():
+        assert float(rows[f"train.lr={lr:g}"][3]) == pytest.approx(value, rel=1e-3), (rows, last)
+    best = min(last, key=last.get)
+    assert f"best epoch/eval_loss: train.lr={best:g}, " in first and "the noise is not measured" in first, first
