@@ -18,7 +18,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tests" / "scripts" / "summarywriter_ddp.py"
+SCRIPTS = REPO / "tests" / "scripts"
+SCRIPT = SCRIPTS / "summarywriter_ddp.py"
 PY = sys.executable
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{Path(PY).parent}:{os.environ['PATH']}")
 
@@ -125,3 +126,64 @@ def test_the_toolkits_own_training_swept_over_its_lr_leads_with_its_evaluation_l
         assert float(rows[f"train.lr={lr:g}"][3]) == pytest.approx(value, rel=1e-3), (rows, last)
     best = min(last, key=last.get)
     assert f"best epoch/eval_loss: train.lr={best:g}, " in first and "the noise is not measured" in first, first
+
+
+def sweep_of(tmp_path: Path, name: str, args: str, *words: str) -> Path:
+    """`hpc.study run` of lr x seed (seeds as replicas) here, of a script given as `words`; its sweep dir."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"sweep:\n  name: {name}\n  gpus: [1]\n  axes:\n    lr: [0.05, 0.001]\n    seed: [1, 2]\n"
+                     f"  replicas: seed\ncommand:\n  args: {args}\n")
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--local", "--no-profile", "--runs-dir",
+                        str(tmp_path / "runs"), "--", PY, *words, "--lr", "{lr}", "--seed", "{seed}"],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "runs" / name).glob("sweep-*")
+    return sweep_dir
+
+
+def table_means(sweep_dir: Path, name: str) -> dict[str, float]:
+    first = (sweep_dir / "analysis" / "sweep.md").read_text().split("## Performance", 1)[0]
+    assert first.startswith(f"## {name}, by point\n"), first[:300]
+    assert f"best {name}: lr=" in first, first
+    return {cells[1].strip(): float(cells[3]) for cells in (line.split("|") for line in first.splitlines())
+            if len(cells) > 6 and cells[1].strip().startswith("lr=")}
+
+
+def lr_of(run: Path) -> float:
+    words = json.loads((run / "summary.json").read_text())["command"]
+    return float(words[words.index("--lr") + 1])
+
+
+def test_a_lightning_scripts_sweep_leads_with_what_its_default_logger_wrote(tmp_path):
+    """Lightning's default logger (TensorBoardLogger, under --root), nothing added to the script. The oracle:
+    its event files read by TensorBoard's low-level loader, the last train_loss of each run."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    sweep_dir = sweep_of(tmp_path, "pl", "[--root, '{run_dir}/pl', --epochs, '4']", str(SCRIPTS / "lightning_ddp.py"))
+    last: dict[float, list[float]] = {}
+    for events in sweep_dir.glob("*/pl/lightning_logs/version_*/events.out.tfevents.*"):
+        values = [(e.step, v.simple_value if v.HasField("simple_value") else make_ndarray(v.tensor).item())
+                  for e in EventFileLoader(str(events)).Load() for v in e.summary.value if v.tag == "train_loss"]
+        last.setdefault(lr_of(events.parents[3]), []).append(max(values)[1])
+    assert sorted((lr, len(v)) for lr, v in last.items()) == [(0.001, 2), (0.05, 2)], last
+    means = table_means(sweep_dir, "train_loss")
+    for lr, values in last.items():
+        assert means[f"lr={lr:g}"] == pytest.approx(statistics.fmean(values), rel=1e-3), (means, last)
+
+
+def test_an_hf_trainer_scripts_sweep_leads_with_its_trainer_states_loss(tmp_path):
+    """The HF Trainer's trainer_state.json (report_to none: no TensorBoard), its last checkpoint's. The
+    oracle: that file's log_history, read as plain JSON."""
+    sweep_dir = sweep_of(tmp_path, "hf", "[--output_dir, '{run_dir}/out', --epochs, '1']",
+                         str(SCRIPTS / "hf_trainer.py"))
+    last: dict[float, list[float]] = {}
+    for run in sweep_dir.iterdir():
+        states = sorted(run.glob("out/checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
+        if states:
+            history = json.loads(states[-1].read_text())["log_history"]
+            last.setdefault(lr_of(run), []).append([h["loss"] for h in history if "loss" in h][-1])
+    assert sorted((lr, len(v)) for lr, v in last.items()) == [(0.001, 2), (0.05, 2)], last
+    means = table_means(sweep_dir, "loss")
+    for lr, values in last.items():
+        assert means[f"lr={lr:g}"] == pytest.approx(statistics.fmean(values), rel=1e-3), (means, last)

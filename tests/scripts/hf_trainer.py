@@ -44,16 +44,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", default="hf_out")
     parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         per_device_train_batch_size=16,
         num_train_epochs=args.epochs,
-        learning_rate=0.01,
+        learning_rate=args.lr,
         logging_steps=4,
         save_strategy="epoch",
         report_to="none",
-        seed=0,
+        seed=args.seed,
     )
     trainer = Trainer(model=SmallNet(), args=training_args, train_dataset=RandomImages())
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None

@@ -18,8 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class LitClassifier(L.LightningModule):
-    def __init__(self, step_sleep: float = 0.0, straggler_sleep: float = 0.0, say_steps: bool = False):
+    def __init__(self, step_sleep: float = 0.0, straggler_sleep: float = 0.0, say_steps: bool = False,
+                 lr: float = 0.01):
         super().__init__()
+        self.lr = lr
         self.say_steps = say_steps
         self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                                    nn.Linear(128, 10))
@@ -39,7 +41,7 @@ class LitClassifier(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
 def main():
@@ -51,15 +53,17 @@ def main():
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--straggler-sleep", type=float, default=0.0)
     parser.add_argument("--say-steps", action="store_true", help="rank 0 prints a line after each training step")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    L.seed_everything(0)
+    L.seed_everything(args.seed)
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 3, 32, 32, generator=g), torch.randint(0, 10, (256,), generator=g))
     trainer = L.Trainer(accelerator="auto", devices=args.devices, num_nodes=args.num_nodes, strategy="ddp",
                         max_epochs=args.epochs, default_root_dir=args.root, enable_progress_bar=False,
                         callbacks=[ModelCheckpoint(dirpath=f"{args.root}/checkpoints", save_last=True)])
-    model = LitClassifier(args.step_sleep, args.straggler_sleep, args.say_steps)
+    model = LitClassifier(args.step_sleep, args.straggler_sleep, args.say_steps, args.lr)
     trainer.fit(model, DataLoader(data, batch_size=16), ckpt_path="last")
     if trainer.is_global_zero:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
