@@ -28,16 +28,34 @@ def f32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
-def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_path):
+LRS = ("sweep:\n  name: lrs\n  gpus: [1]\n  axes:\n    lr: [0.5, 0.005]\n    seed: [1, 2]\n  replicas: seed\n"
+       "command:\n  args: [--logdir, '{run_dir}/tb']\nprofiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
+
+
+def run_lrs(tmp_path: Path, *where: str) -> Path:
+    """The SummaryWriter script's lr x seed sweep, submitted with `where` (--local, or an account and
+    --wait); its sweep directory."""
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text("sweep:\n  name: lrs\n  gpus: [1]\n  axes:\n    lr: [0.5, 0.005]\n    seed: [1, 2]\n"
-                     "  replicas: seed\ncommand:\n  args: [--logdir, '{run_dir}/tb']\n"
-                     "profiler:\n  wait: 1\n  warmup: 1\n  active: 2\n")
-    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--local", "--runs-dir", str(tmp_path / "runs"),
+    sweep.write_text(LRS)
+    r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), *where, "--runs-dir", str(tmp_path / "runs"),
                         "--", PY, str(SCRIPT), "--lr", "{lr}", "--seed", "{seed}"],
-                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=600)
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "runs" / "lrs").glob("sweep-*")
+    return sweep_dir
+
+
+def test_a_scripts_lr_and_seed_sweep_leads_with_its_own_loss_over_the_seeds(tmp_path):
+    assert_leads_with_val_loss(run_lrs(tmp_path, "--local"))
+
+
+@pytest.mark.slurm
+def test_the_same_sweep_on_slurm_leads_with_the_same_loss(slurm_cluster, tmp_path):
+    """The same, as one job array on the local Slurm cluster, and its analysis job after it."""
+    assert_leads_with_val_loss(run_lrs(tmp_path, "--account", "m1_g", "--export", "ALL,OMP_NUM_THREADS=1", "--wait"))
+
+
+def assert_leads_with_val_loss(sweep_dir: Path) -> None:
     printed: dict[float, list[float]] = {}  # lr -> each seed's last val/loss, as the script printed it
     last: dict[str, str] = {}  # run directory -> its last val/loss and step, as hpc.study status says it
     for run in sweep_dir.iterdir():
