@@ -12,8 +12,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-
-from google.protobuf import struct_pb2
+from typing import Any
 
 from analysis.explain.metric import varying
 from analysis.records import RunRow
@@ -30,12 +29,14 @@ def hparams_of(r: RunRow, study: list[str]) -> dict[str, object]:
     return values
 
 
-def _value(value: object) -> struct_pb2.Value:
+def _set(value: object, into: Any) -> None:
+    """A hyperparameter's value into its google.protobuf.Value (the map makes one): a number, text or a bool."""
     if isinstance(value, bool):
-        return struct_pb2.Value(bool_value=value)
-    if isinstance(value, (int, float)):
-        return struct_pb2.Value(number_value=float(value))
-    return struct_pb2.Value(string_value=str(value))
+        into.bool_value = value
+    elif isinstance(value, (int, float)):
+        into.number_value = float(value)
+    else:
+        into.string_value = str(value)
 
 
 def write_hparams(out: Path, rows: list[RunRow]) -> Path | None:
@@ -75,7 +76,7 @@ def write_hparams(out: Path, rows: list[RunRow]) -> Path | None:
             session = make / Path(r.run_dir).name
             start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
             for key, value in hparams_of(r, study).items():
-                start.hparams[key].CopyFrom(_value(value))
+                _set(value, start.hparams[key])
             ended = api_pb2.STATUS_SUCCESS if r.outcome == Outcome.DONE else api_pb2.STATUS_FAILURE
             end = plugin_data_pb2.SessionEndInfo(status=ended, end_time_secs=time.time())
             scalars = {n: (m.last_step, m.final) for n, m in (r.metrics or {}).items() if n in names}

@@ -197,7 +197,7 @@ def render_report(
         f"{dt.datetime.now().astimezone().isoformat(timespec='seconds')}: {len(runs)} run(s), "
         f"{len(traces)} trace(s)</p>"
     ]
-    if len(runs) > 1 or any(r.metrics for r in runs):  # the script's own metric leads (issue 88)
+    if len(runs) > 1 and chosen(runs) is not None:  # a sweep: the script's own metric leads (issue 88)
         sections.append(metric_html(runs))
     sections.append(verdict_section(traces, runs))
     if runs:

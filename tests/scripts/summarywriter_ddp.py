@@ -1,7 +1,7 @@
 """A plain DDP script that logs its loss as many do: torch's SummaryWriter on rank 0, `train/loss` every step
-and `val/loss` after each epoch, into --logdir. Run it with torchrun (or under hpc.submit, which sets the same
-variables). It prints each value it logs (`logged val/loss 3 0.123`), for the tests to compare with what the
-toolkit reads. It knows nothing of the toolkit."""
+and `val/loss` after each epoch, into --logdir. Run it with torchrun, or any launcher that sets torchrun's
+variables. It prints each value it logs (`logged val/loss 3 0.123`), for the tests to compare with what
+they read back. Nothing else is special about it."""
 
 import argparse
 import os
