@@ -86,7 +86,7 @@ def choose(names: Iterable[str], metric: str | None = None, mode: str | None = N
         return (0 if SAYS_EVALUATION.search(name) else 1, 0 if SAYS_LOSS.search(name) else 1)
 
     name = min(candidates, key=rank)  # min keeps the first found among equals
-    kind = "an evaluation's" if SAYS_EVALUATION.search(name) else "a training"
+    kind = "evaluation" if SAYS_EVALUATION.search(name) else "training"
     taken = mode or mode_of(name)
     why = f"{name} ({taken}): the first {kind} loss or accuracy found; sweep.metric chooses another"
     return Choice(name, taken, why)

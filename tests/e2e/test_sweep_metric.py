@@ -70,7 +70,7 @@ def assert_leads_with_val_loss(sweep_dir: Path) -> None:
     table = (sweep_dir / "analysis" / "sweep.md").read_text()
     first = table.split("## Performance", 1)[0]
     assert first.startswith("## val/loss, by point\n"), table[:500]
-    assert "metric: val/loss (min): the first an evaluation's loss or accuracy found" in first
+    assert "metric: val/loss (min): the first evaluation loss or accuracy found" in first
     rows = {cells[1].strip(): cells for cells in (line.split("|") for line in first.splitlines()) if len(cells) > 6}
     means = {lr: statistics.fmean(v) for lr, v in printed.items()}
     for lr, values in printed.items():
