@@ -92,26 +92,25 @@ def choose(names: Iterable[str], metric: str | None = None, mode: str | None = N
     return Choice(name, taken, why)
 
 
-def logged_metrics(run_dir: Path, extra: Path | None = None, warnings: Warnings | None = None) -> dict[str, Series]:
-    """Every metric found under `run_dir` (and `extra`: where a script writes outside it), by name. A name
-    found in several files keeps the series with the most points (a checkpoint's trainer_state.json is the
-    start of the final one); a file that cannot be read is said in `warnings` and skipped."""
+def logged_metrics(run_dir: Path, warnings: Warnings | None = None) -> dict[str, Series]:
+    """Every metric found under `run_dir`, by name. A name found in several files keeps the series with the
+    most points (a checkpoint's trainer_state.json is the start of the final one); a file that cannot be
+    read is said in `warnings` and skipped."""
     found: dict[str, Series] = {}
-    for root in (run_dir, extra):
-        if root is None or not root.exists():
-            continue
-        for series in _read_tree(root, run_dir, warnings if warnings is not None else []):
-            kept = found.get(series.name)
-            if kept is None or len(series.steps) > len(kept.steps):
-                found[series.name] = series
+    if not run_dir.is_dir():
+        return found
+    for series in _read_tree(run_dir, warnings if warnings is not None else []):
+        kept = found.get(series.name)
+        if kept is None or len(series.steps) > len(kept.steps):
+            found[series.name] = series
     return found
 
 
-def _read_tree(root: Path, run_dir: Path, warnings: Warnings) -> Iterator[Series]:
+def _read_tree(run_dir: Path, warnings: Warnings) -> Iterator[Series]:
     event_dirs: list[Path] = []
     line_files: list[Path] = []
     states: list[Path] = []
-    for path in _files(root, warnings):
+    for path in _files(run_dir, warnings):
         name = path.name
         if name.startswith("events.out.tfevents."):
             if path.parent not in event_dirs:
@@ -147,10 +146,7 @@ Reader = Callable[[Path], dict[str, list[tuple[int, float]]]]
 
 
 def _guarded(path: Path, run_dir: Path, warnings: Warnings, reader: Reader) -> Iterator[Series]:
-    try:
-        source = str(path.relative_to(run_dir))
-    except ValueError:
-        source = str(path)
+    source = str(path.relative_to(run_dir))
     try:
         points = reader(path)
     except (OSError, ValueError, UnicodeDecodeError, csv.Error) as e:
