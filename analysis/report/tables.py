@@ -315,7 +315,7 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[s
         out += gpus
     if not runs:
         out += [(Path(t.file).name, str(t.verdict["line"])) for t in traces if t.verdict]
-    return said_once(out, len(runs))
+    return out if several else said_once(out, len(runs))  # a folder's runs are each their own
 
 
 def said_once(lines: list[tuple[str, str]], runs: int) -> list[tuple[str, str]]:

@@ -259,7 +259,7 @@ def test_sweep_table_and_figures(tmp_path):
     assert figures == sorted(["fig05_cpu_runtime_fraction1.png", "fig14_cpu_memory_fraction1.png",
                               "fig03_cpu_runtime_fraction0.5.png", "fig12_cpu_memory_fraction0.5.png",
                               "cpu_time_us_per_step_mean_fraction1.png", "cpu_time_us_per_step_mean_fraction0.5.png",
-                              "scaling_efficiency.png"])
+                              "scaling_efficiency.png", "metric_train_loss.png"])  # and its own loss over steps
     assert all((out / "figures" / f).read_bytes()[:4] == b"\x89PNG" for f in figures)
 
 
