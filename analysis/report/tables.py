@@ -315,23 +315,6 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[s
         out += gpus
     if not runs:
         out += [(Path(t.file).name, str(t.verdict["line"])) for t in traces if t.verdict]
-    return out if several else said_once(out, len(runs))  # a folder's runs are each their own
-
-
-def said_once(lines: list[tuple[str, str]], runs: int) -> list[tuple[str, str]]:
-    """A sentence every one of several runs says (a CPU run has no GPU to judge) said once, for every point,
-    where it first stood (issue 88: eight lines of one sentence)."""
-    counts: dict[str, int] = {}
-    for _, text in lines:
-        counts[text] = counts.get(text, 0) + 1
-    out, said = [], set()
-    for what, text in lines:
-        if runs > 1 and counts[text] == runs:
-            if text not in said:
-                out.append((f"every point ({runs})", text))
-                said.add(text)
-        else:
-            out.append((what, text))
     return out
 
 
