@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 from typing import Any
 
+from analysis.explain.replicas import spread
 from analysis.read.metrics import Choice, choose
 from analysis.records import RunRow
 
@@ -57,9 +58,12 @@ def varying(rows: list[RunRow]) -> list[str]:
     return [f for f in fields if len({getattr(r, f) for r in rows}) > 1]
 
 
+# The study's fields as a point's label and the HParams view name them
+STUDY_WORDS = {"data_fraction": "fraction", "batch_size_per_gpu": "batch", "gpus": "ranks", "nodes": "nodes"}
+
+
 def label_of(r: RunRow, fields: list[str]) -> str:
-    words = {"data_fraction": "fraction", "batch_size_per_gpu": "batch", "gpus": "ranks", "nodes": "nodes"}
-    parts = [r.series if r.replica is not None else r.swept] + [f"{words[f]} {getattr(r, f)}" for f in fields]
+    parts = [r.series if r.replica is not None else r.swept] + [f"{STUDY_WORDS[f]} {getattr(r, f)}" for f in fields]
     return ", ".join(p for p in parts if p) or "the run"
 
 
@@ -88,16 +92,15 @@ def metric_rows(rows: list[RunRow], choice: Choice) -> list[dict[str, Any]]:
     """The table: each point's replicas, final and best values (mean, and standard deviation over replicas)."""
     table = []
     for p in point_metrics(rows, choice):
-        sd = statistics.stdev(p.finals) if len(p.finals) > 1 else None
-        best_sd = statistics.stdev(p.bests) if len(p.bests) > 1 else None
+        final, best = spread(list(p.finals)), spread(list(p.bests))
         table.append(
             {
                 "point": p.label,
                 "replicas": len(p.finals),
-                "final": p.final,
-                "final_sd": sd,
-                "best": statistics.fmean(p.bests),
-                "best_sd": best_sd,
+                "final": final["mean"],
+                "final_sd": final["sd"],
+                "best": best["mean"],
+                "best_sd": best["sd"],
                 "last_step": p.last_step,
             }
         )

@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analysis.explain.metric import varying
+from analysis.explain.metric import STUDY_WORDS, varying
 from analysis.records import RunRow
 from hpc.core.ending import Outcome
 
 HPARAMS_DIR = "hparams"
 MAX_METRICS = 12  # the HParams table's columns: the metrics a point logged, at most this many
-STUDY_WORDS = {"data_fraction": "fraction", "batch_size_per_gpu": "batch", "gpus": "ranks", "nodes": "nodes"}
 
 
 def hparams_of(r: RunRow, study: list[str]) -> dict[str, object]:
