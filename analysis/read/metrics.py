@@ -1,7 +1,8 @@
 """A script's own metrics (loss, accuracy), read from what scripts already write, with no change to them
 (issue 88): TensorBoard event files (torch's SummaryWriter, Lightning's TensorBoardLogger, the HF Trainer's),
 Lightning's CSVLogger metrics.csv, the HF Trainer's trainer_state.json, and any JSONL or CSV file of records
-under the run directory, the toolkit's own metrics.jsonl among them, through the same code.
+under the run directory, the toolkit's own metrics.jsonl among them, through the same code; and where a
+command writes them outside its run directory, where command.metrics says.
 
 Event files are read by TensorBoard's own reader (EventAccumulator), not by hand. A metric is a named series
 of (step, value); `summarise` makes its final and best values, `choose` the metric a sweep is judged by.
@@ -23,13 +24,16 @@ import msgspec
 
 from analysis.read.discover import Warnings
 from analysis.records import MetricSummary
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import metrics_place
 
 MAX_DEPTH = 5  # RUN/out/runs/<time_host>/events...: a logger's folders lie a few levels down
 MAX_ENTRIES = 20_000  # looking stops here: a run directory is no disk to walk
 MAX_LINE_FILES = 50  # JSONL and CSV files read at most: a script's data files are not its metrics
 SKIPPED_DIRS = frozenset({"traces", "ranks", "logs", "checkpoints", "__pycache__", ".git"})
-# Not metrics: counters and placeholders the loggers write beside them (Lightning's hp_metric is -1 until set).
-NOT_METRICS = re.compile(r"(^|[/_.])(step|global_step|epoch|time|timestamp|hp_metric|rank|kind)$", re.I)
+# Not metrics: counters and placeholders the loggers write beside them (Lightning's hp_metric is -1 until set),
+# a name or its last part after / or . (Lightning's own valid_loss_step and train_loss_epoch are metrics).
+NOT_METRICS = re.compile(r"(^|[/.])(step|global_step|epoch|time|timestamp|hp_metric|rank|kind)$", re.I)
 SAYS_LOSS = re.compile(r"loss", re.I)
 SAYS_ACCURACY = re.compile(r"acc|top-?1|top-?5", re.I)
 SAYS_EVALUATION = re.compile(r"(^|[/_.])(val|valid|validation|eval|test)([/_.]|$)", re.I)
@@ -71,8 +75,8 @@ def mode_of(name: str) -> str:
 
 def choose(names: Iterable[str], metric: str | None = None, mode: str | None = None) -> Choice | None:
     """The metric to judge by: `metric` where set (None if no run logged it: the caller says so), else the
-    first of `names` whose name says loss or accuracy, an evaluation's before training's, a loss before an
-    accuracy. None where none does."""
+    first of `names` whose name says loss or accuracy, an evaluation's before training's, an epoch's before
+    one batch's (Lightning's _step), a loss before an accuracy. None where none does."""
     names = list(dict.fromkeys(names))
     if metric is not None:
         if metric not in names:
@@ -82,8 +86,9 @@ def choose(names: Iterable[str], metric: str | None = None, mode: str | None = N
     if not candidates:
         return None
 
-    def rank(name: str) -> tuple[int, int]:
-        return (0 if SAYS_EVALUATION.search(name) else 1, 0 if SAYS_LOSS.search(name) else 1)
+    def rank(name: str) -> tuple[int, int, int]:  # Lightning's valid_loss_step is one batch's: its _epoch first
+        per_batch = 1 if name.lower().endswith("_step") else 0
+        return (0 if SAYS_EVALUATION.search(name) else 1, per_batch, 0 if SAYS_LOSS.search(name) else 1)
 
     name = min(candidates, key=rank)  # min keeps the first found among equals
     kind = "evaluation" if SAYS_EVALUATION.search(name) else "training"
@@ -93,24 +98,30 @@ def choose(names: Iterable[str], metric: str | None = None, mode: str | None = N
 
 
 def logged_metrics(run_dir: Path, warnings: Warnings | None = None) -> dict[str, Series]:
-    """Every metric found under `run_dir`, by name. A name found in several files keeps the series with the
-    most points (a checkpoint's trainer_state.json is the start of the final one); a file that cannot be
-    read is said in `warnings` and skipped."""
+    """Every metric found under `run_dir`, and where its command writes them outside it (command.metrics, as
+    task.json records it), by name. A name found in several files keeps the series with the most points (a
+    checkpoint's trainer_state.json is the start of the final one); a file that cannot be read is said in
+    `warnings` and skipped."""
     found: dict[str, Series] = {}
-    if not run_dir.is_dir():
-        return found
-    for series in _read_tree(run_dir, warnings if warnings is not None else []):
-        kept = found.get(series.name)
-        if kept is None or len(series.steps) > len(kept.steps):
-            found[series.name] = series
+    said = warnings if warnings is not None else []
+    place = metrics_place(RunPaths(run_dir))
+    for root in (run_dir, place):
+        if root is None or not root.exists():
+            if root is not None:
+                said.append(f"{root}: no such file or folder (command.metrics)")
+            continue
+        for series in _read_tree(root, run_dir, said):
+            kept = found.get(series.name)
+            if kept is None or len(series.steps) > len(kept.steps):
+                found[series.name] = series
     return found
 
 
-def _read_tree(run_dir: Path, warnings: Warnings) -> Iterator[Series]:
+def _read_tree(root: Path, run_dir: Path, warnings: Warnings) -> Iterator[Series]:
     event_dirs: list[Path] = []
     line_files: list[Path] = []
     states: list[Path] = []
-    for path in _files(run_dir, warnings):
+    for path in _files(root, warnings) if root.is_dir() else iter([root]):
         name = path.name
         if name.startswith("events.out.tfevents."):
             if path.parent not in event_dirs:
@@ -146,7 +157,7 @@ Reader = Callable[[Path], dict[str, list[tuple[int, float]]]]
 
 
 def _guarded(path: Path, run_dir: Path, warnings: Warnings, reader: Reader) -> Iterator[Series]:
-    source = str(path.relative_to(run_dir))
+    source = str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
     try:
         points = reader(path)
     except (OSError, ValueError, UnicodeDecodeError, csv.Error) as e:

@@ -5,6 +5,7 @@ collectives, top kernels and operators, and links to its traces for TensorBoard 
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import html
 import os
@@ -136,11 +137,26 @@ def table(records: list, columns: list[str]) -> str:
 
 
 def verdict_section(traces: list[TraceRecord], runs: list[RunRow]) -> str:
-    """What bounds each run (and why a multi-GPU point falls short of linear), first on the page."""
-    items = "".join(
-        f"<li><b>{html.escape(what)}</b>: {html.escape(text)}</li>" for what, text in verdict_lines(traces, runs)
-    )
+    """What bounds each run (and why a multi-GPU point falls short of linear), first on the page; a sentence
+    every point says, once (the text's Verdict keeps a line a point: what each run's reader greps)."""
+    lines = said_once(verdict_lines(traces, runs), len(runs))
+    items = "".join(f"<li><b>{html.escape(what)}</b>: {html.escape(text)}</li>" for what, text in lines)
     return f'<h2 id="verdict">Verdict</h2><ul class="verdict">{items}</ul>' if items else ""
+
+
+def said_once(lines: list[tuple[str, str]], runs: int) -> list[tuple[str, str]]:
+    """A sentence each of several runs says (a CPU run has no GPU to judge) as one line for every point,
+    where it first stood (issue 88: eight lines of one sentence); a sentence some say stays each one's."""
+    counts = collections.Counter(text for _, text in lines)
+    out, said = [], set()
+    for what, text in lines:
+        if runs > 1 and counts[text] == runs:
+            if text not in said:
+                out.append((f"every point ({runs})", text))
+                said.add(text)
+        else:
+            out.append((what, text))
+    return out
 
 
 def figure_tags(paths: list[Path]) -> str:

@@ -31,6 +31,7 @@ TRACE_COLUMNS = [
     "comm_time_us",
     "comm_overlap_pct",
 ]
+TRAINING_FACTS = ("arch", "step_mode", "graph_check")  # the toolkit's training's: a script's run has none
 RUN_COLUMNS = [
     "arch",
     "data_fraction",
@@ -200,10 +201,12 @@ COLLECTIVE_COLUMNS = [
 def run_columns(runs: list[RunRow]) -> list[str]:
     """RUN_COLUMNS, and the values of the sweep's other axes (sweep.axes) after the study's where a run has any.
     Your own scripts' runs leave out a data fraction and a batch size that never changed: the script may
-    never have received them (a command without {fraction} or {batch})."""
+    never have received them (a command without {fraction} or {batch}), and the toolkit's own facts (its
+    model, how its steps ran) where no run has them."""
     columns = RUN_COLUMNS
     if runs and all(r.data_source == "script" for r in runs):
         fixed = {"data_fraction", "batch_size_per_gpu"} - set(varying(runs))
+        fixed |= {c for c in TRAINING_FACTS if all(getattr(r, c) is None for r in runs)}
         columns = [c for c in columns if c not in fixed]
     if not any(r.swept for r in runs):
         return columns

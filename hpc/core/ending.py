@@ -332,6 +332,8 @@ class TaskSaid(msgspec.Struct, kw_only=True):
     profiler: JsonObject | None = None
     point: JsonObject | None = None
     config: JsonObject | None = None
+    cwd: str = ""
+    metrics: str | None = None  # command.metrics: where the command writes its metrics, {run_dir} unfilled
     schema: int = TASK_SCHEMA
 
 

@@ -513,6 +513,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     recovered: bool = False
     earlier: list[EarlierAttempt] = msgspec.field(default_factory=list)
     gpus: GpuSummary | None = None
+    metrics: str | None = None  # where the command wrote its metrics outside the run directory (metrics_place)
     ranks: list[RankEntry] = msgspec.field(default_factory=list)
     schema: int = SUMMARY_SCHEMA
 
@@ -580,6 +581,17 @@ def task_of(paths: RunPaths) -> tuple[TaskSaid, JsonObject | None]:
     return task, config
 
 
+def metrics_place(paths: RunPaths) -> Path | None:
+    """Where the run's command writes its metrics outside its run directory (task.json's command.metrics, its
+    {run_dir} filled, relative to where the command started); None where not set, or task.json unreadable."""
+    try:
+        task = decode_task_said(paths.task.read_bytes())
+        place = task.metrics.format_map({"run_dir": str(paths.root)}) if task.metrics else None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, SchemaError, ValueError, KeyError, IndexError):
+        return None
+    return Path(task.cwd or paths.root, place) if place else None
+
+
 def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, RankFacts]) -> RunRecord:
     """summary.json's contents: the same top-level keys whatever the task (see the module doc); a
     function of the run directory's files alone."""
@@ -613,6 +625,7 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, Ran
         recovered=any(r.recovered for r in ranks),
         earlier=earlier_attempts(paths),
         gpus=summarize_gpus(paths.gpus) if paths.gpus.is_dir() else None,
+        metrics=str(place) if (place := metrics_place(paths)) is not None else None,
         ranks=ranks,
     )
 

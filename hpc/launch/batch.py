@@ -47,7 +47,7 @@ from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import JobRecord, RunPaths, write_job_record
 from hpc.core.stop import Caught, interrupts_ignored
 from hpc.core.summary import attempt_job, attempt_of, write_run_summary
-from hpc.launch.rank.rankcli import command_sections
+from hpc.launch.rank.rankcli import command_task
 from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import JobSignals, StepEnd, requeue_after_step
 from hpc.launch.submission.follow import print_ended
@@ -57,7 +57,7 @@ from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.config import load_cluster
-from hpc.settings.rankcommand import RankCommand, check_command, runs_training, user_command
+from hpc.settings.rankcommand import RankCommand, check_command, runs_training
 from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = load_cluster(req.profile or env.get("HPC_PROFILE") or "perlmutter")
     check_job_account(cluster, env)
     check_command(words, Path.cwd(), in_image=bool(cluster.image))
-    profiler, hang_timeout_s = command_sections(req.config, req.no_profile, [])
-    task = user_command(words, os.getcwd(), profiler, cluster.stop_grace_s, hang_timeout_s=hang_timeout_s)
+    task = command_task(words, req.config, req.no_profile, [], cluster.stop_grace_s)
     run_dir = run_dir_for(req.run_dir, words, env, req.name or task.name)
     check_run_dir(run_dir)
     env = job_environment(cluster, env)

@@ -61,6 +61,7 @@ class RankCommand:
     hang_timeout_s: int | None = None
     point: JsonObject | None = None  # the sweep point it runs, recorded in summary.json
     config: JsonObject | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
+    metrics: str | None = None  # command.metrics, its point's values filled; {run_dir} when the rank starts
     schema: int = TASK_SCHEMA  # task.json's layout (hpc/core/ending.py)
 
     def to_dict(self) -> JsonObject:
@@ -138,6 +139,7 @@ def user_command(
     env: Mapping[str, str] | None = None,
     point: SweepPoint | None = None,
     hang_timeout_s: int | None = None,
+    metrics: str | None = None,
 ) -> RankCommand:
     """A user's command as a task: `argv` verbatim, then `args` (templates). The toolkit's training given
     as a command (`python -m hpc.train ...`, as jobs/resnet152.sbatch runs it) keeps its requeue codes and
@@ -156,6 +158,7 @@ def user_command(
         stop_grace_s,
         hang_timeout_s,
         recorded(point),
+        metrics=metrics,
     )
 
 
@@ -311,6 +314,17 @@ def point_values(point: SweepPoint) -> dict[str, AxisValue]:
         "ranks": point.gpus * point.nodes,
         **{name: value for name, value in (point.values or {}).items() if "." not in name},
     }
+
+
+def metrics_place(template: str | None, values: Mapping[str, object], source: str) -> str | None:
+    """command.metrics with a point's values filled, still a template for {run_dir} (hpc/core/summary.py
+    metrics_place fills it); {python} names no place and is refused in one line."""
+    if template is None:
+        return None
+    place = fill(template, values, source, final=False)
+    if "python" in {field for _, field, _, _ in string.Formatter().parse(place)}:
+        raise UsageError(f"{source}: {shown(template)}: {{python}} is no place (use {{run_dir}} or a point's field)")
+    return place
 
 
 def formatted(value: object, spec: str | None, word: str, source: str) -> str:

@@ -317,9 +317,14 @@ class CommandConfig:
     # CPU, no disk) is hung, while a rank busy in an evaluation or a checkpoint never is. The one key of the
     # runner's watch, for the toolkit's training too (train.collective_timeout_s is torch's collectives' own).
     hang_timeout_s: int | None = None
+    # Where your script writes its metrics when not under its run directory (a folder or a file, read as the
+    # report reads the run directory): the point's values filled ({lr}, {seed}) and {run_dir}; relative to
+    # cwd. Not set: the run directory alone ($HPC_RUN_DIR), where the toolkit looks anyway.
+    metrics: str | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "hang_timeout_s")
+        _check(self.metrics is None or self.metrics.strip() != "", "metrics", "must not be empty")
         _at_most(self, "hang_timeout_s", 7 * 24 * 3600, "a week")
         for key in self.env:
             _check(key.replace("_", "").isalnum() and not key[0].isdigit(), "env", f"bad variable name {key!r}")

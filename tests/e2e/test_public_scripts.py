@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from publicdata import write_mnist
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PUBLIC = REPO / "tests" / "public"
@@ -83,22 +85,6 @@ def test_imagenet_example_on_cpus_is_said_to_train_separate_copies(tmp_path):
     assert "imbalance:" not in verdicts and "then imbalance" not in verdicts, verdicts
     left = subprocess.run(["pgrep", "-f", str(IMAGENET)], capture_output=True, text=True).stdout
     assert not left.split(), left
-
-
-def write_mnist(raw: Path, train: int, test: int) -> None:
-    """Tiny MNIST files in its own idx format (big-endian magic 2051 for images, 2049 for labels), where
-    torchvision's MNIST finds them before it would download: random digits, labels 0-9."""
-    import struct
-
-    import numpy as np
-
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", train), ("t10k", test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
-        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
 @pytest.mark.slurm

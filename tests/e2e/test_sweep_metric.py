@@ -111,6 +111,9 @@ def assert_leads_with_val_loss(sweep_dir: Path) -> None:
     # the script never received a batch size or a data fraction, and never saw CIFAR-100
     assert "batch_size_per_gpu" not in table and "data_fraction" not in table, table.splitlines()[-6]
     assert "CIFAR-100" not in page
+    assert "step_mode" not in table and "graph_check" not in table  # the toolkit's facts, none of them a script's
+    said = re.findall(r"<li><b>[^<]*</b>: ([^<]*)</li>", page.split('<ul class="verdict">', 1)[1].split("</ul>")[0])
+    assert said and len(said) == len(set(said)), said  # a sentence every point says, said once
     # the report's first figure is the script's own metric over its steps, a line an lr with its seeds' band
     first_img = page[page.index("<img "):page.index(">", page.index("<img "))]
     assert 'alt="metric_val_loss"' in first_img, first_img[:120]
@@ -146,13 +149,17 @@ def test_the_toolkits_own_training_swept_over_its_lr_leads_with_its_evaluation_l
     assert f"best epoch/eval_loss: train.lr={best:g}, " in first and "the noise is not measured" in first, first
 
 
-def sweep_of(tmp_path: Path, name: str, args: str, *words: str) -> Path:
-    """`hpc.study run` of lr x seed (seeds as replicas) here, of a script given as `words`; its sweep dir."""
+def sweep_of(tmp_path: Path, name: str, args: str, *words: str, metrics: str | None = None,
+             lr_seed_flags: bool = True) -> Path:
+    """`hpc.study run` of lr x seed (seeds as replicas) here, of a script given as `words` (its metrics where
+    command.metrics says, if set; `--lr {lr} --seed {seed}` after them with lr_seed_flags); its sweep dir."""
     sweep = tmp_path / "sweep.yaml"
+    place = f"  metrics: '{metrics}'\n" if metrics else ""
     sweep.write_text(f"sweep:\n  name: {name}\n  gpus: [1]\n  axes:\n    lr: [0.05, 0.001]\n    seed: [1, 2]\n"
-                     f"  replicas: seed\ncommand:\n  args: {args}\n")
+                     f"  replicas: seed\ncommand:\n  args: {args}\n{place}")
+    own = ["--lr", "{lr}", "--seed", "{seed}"] if lr_seed_flags else []
     r = subprocess.run([PY, "-m", "hpc.study", "run", str(sweep), "--local", "--no-profile", "--runs-dir",
-                        str(tmp_path / "runs"), "--", PY, *words, "--lr", "{lr}", "--seed", "{seed}"],
+                        str(tmp_path / "runs"), "--", PY, *words, *own],
                        capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "runs" / name).glob("sweep-*")
@@ -167,40 +174,51 @@ def table_means(sweep_dir: Path, name: str) -> dict[str, float]:
             if len(cells) > 6 and cells[1].strip().startswith("lr=")}
 
 
-def lr_of(run: Path) -> float:
-    words = json.loads((run / "summary.json").read_text())["command"]
-    return float(words[words.index("--lr") + 1])
+def test_lightnings_image_classifier_example_swept_leads_with_what_its_default_logger_wrote(tmp_path):
+    """Lightning's own backbone_image_classifier.py (tests/public/, byte for byte), lr x seed through its
+    LightningCLI flags, its default logger (TensorBoardLogger under --trainer.default_root_dir). The oracle:
+    its event files read by TensorBoard's low-level loader, each run's last valid_loss_epoch; the default
+    metric prefers that epoch's value to one validation batch's (valid_loss_step)."""
+    import shutil
 
-
-def test_a_lightning_scripts_sweep_leads_with_what_its_default_logger_wrote(tmp_path):
-    """Lightning's default logger (TensorBoardLogger, under --root), nothing added to the script. The oracle:
-    its event files read by TensorBoard's low-level loader, the last train_loss of each run."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.util.tensor_util import make_ndarray
 
-    sweep_dir = sweep_of(tmp_path, "pl", "[--root, '{run_dir}/pl', --epochs, '4']", str(SCRIPTS / "lightning_ddp.py"))
+    from publicdata import write_mnist
+
+    basics = tmp_path / "examples" / "pytorch" / "basics"  # its Datasets/ lies two folders up, as in its repository
+    basics.mkdir(parents=True)
+    script = shutil.copy(REPO / "tests" / "public" / "backbone_image_classifier.py", basics)
+    for raw in (tmp_path / "examples" / "Datasets" / "MNIST" / "raw", tmp_path / "data" / "MNIST" / "raw"):
+        write_mnist(raw, 60000, 64)  # its random_split takes 55000 + 5000; ./data: Lightning's download check
+    flags = ("[--trainer.default_root_dir, '{run_dir}', --trainer.max_epochs, '2', --trainer.limit_train_batches,"
+             " '20', --trainer.limit_val_batches, '4', --trainer.accelerator, cpu, --trainer.enable_progress_bar,"
+             " 'false', --model.learning_rate, '{lr}', --seed_everything, '{seed}']")
+    sweep_dir = sweep_of(tmp_path, "pl", flags, str(script), lr_seed_flags=False)
     last: dict[float, list[float]] = {}
-    for events in sweep_dir.glob("*/pl/lightning_logs/version_*/events.out.tfevents.*"):
+    for run in sweep_dir.glob("*/summary.json"):
         values = [(e.step, v.simple_value if v.HasField("simple_value") else make_ndarray(v.tensor).item())
-                  for e in EventFileLoader(str(events)).Load() for v in e.summary.value if v.tag == "train_loss"]
-        last.setdefault(lr_of(events.parents[3]), []).append(max(values)[1])
+                  for events in run.parent.glob("lightning_logs/version_*/events.out.tfevents.*")
+                  for e in EventFileLoader(str(events)).Load() for v in e.summary.value if v.tag == "valid_loss_epoch"]
+        words = json.loads(run.read_text())["command"]
+        last.setdefault(float(words[words.index("--model.learning_rate") + 1]), []).append(max(values)[1])
     assert sorted((lr, len(v)) for lr, v in last.items()) == [(0.001, 2), (0.05, 2)], last
-    means = table_means(sweep_dir, "train_loss")
+    means = table_means(sweep_dir, "valid_loss_epoch")
     for lr, values in last.items():
         assert means[f"lr={lr:g}"] == pytest.approx(statistics.fmean(values), rel=1e-3), (means, last)
 
 
 def test_an_hf_trainer_scripts_sweep_leads_with_its_trainer_states_loss(tmp_path):
-    """The HF Trainer's trainer_state.json (report_to none: no TensorBoard), its last checkpoint's. The
+    """The HF Trainer's trainer_state.json (report_to none: no TensorBoard), its last checkpoint's, written
+    where the script's --output_dir says, outside the run directory: command.metrics names that place. The
     oracle: that file's log_history, read as plain JSON."""
-    sweep_dir = sweep_of(tmp_path, "hf", "[--output_dir, '{run_dir}/out', --epochs, '1']",
-                         str(SCRIPTS / "hf_trainer.py"))
+    sweep_dir = sweep_of(tmp_path, "hf", "[--output_dir, 'out/lr{lr}-s{seed}', --epochs, '1']",
+                         str(SCRIPTS / "hf_trainer.py"), metrics="out/lr{lr}-s{seed}")
     last: dict[float, list[float]] = {}
-    for run in sweep_dir.iterdir():
-        states = sorted(run.glob("out/checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
-        if states:
-            history = json.loads(states[-1].read_text())["log_history"]
-            last.setdefault(lr_of(run), []).append([h["loss"] for h in history if "loss" in h][-1])
+    for out in (tmp_path / "out").iterdir():
+        states = sorted(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
+        history = json.loads(states[-1].read_text())["log_history"]
+        last.setdefault(float(out.name[2:].split("-s")[0]), []).append([h["loss"] for h in history if "loss" in h][-1])
     assert sorted((lr, len(v)) for lr, v in last.items()) == [(0.001, 2), (0.05, 2)], last
     means = table_means(sweep_dir, "loss")
     for lr, values in last.items():

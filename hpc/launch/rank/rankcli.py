@@ -29,14 +29,15 @@ from hpc.core.summary import current_summary, exit_code_of, read_records, write_
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
-from hpc.settings.rankcommand import RankCommand, check_command, user_command
+from hpc.settings.rankcommand import RankCommand, check_command, metrics_place, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 
 
-def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> tuple[dict[str, Any], int | None]:
-    """What a command runs under: the profiler section (--config's, then --set profiler.KEY=VALUE; enabled
-    false with --no-profile: the start-up hook still counts, watches and records an OOM) and
-    command.hang_timeout_s. Only those apply to a command: any other section set is an error naming it."""
+def command_task(words: list[str], config: str | None, no_profile: bool, sets: list[str], grace: int) -> RankCommand:
+    """A command's task where it starts (inside an allocation, or a batch script's srun): its words, and what
+    it runs under: the profiler section (--config's, then --set profiler.KEY=VALUE; enabled false with
+    --no-profile: the start-up hook still counts, watches and records an OOM), command.hang_timeout_s and
+    command.metrics. Only those apply to a command: any other section set is an error naming it."""
     overrides = [(*parse_override(s), set_source(s)) for s in sets]
     for dotted, _, source in overrides:
         require_section(dotted, ("profiler", "command"), source)
@@ -48,20 +49,21 @@ def command_sections(config: str | None, no_profile: bool, sets: list[str]) -> t
     if no_profile:
         layers.set("profiler.enabled", False, "--no-profile")
     command: CommandConfig = layers.build("command")
-    return dataclasses.asdict(layers.build("profiler")), command.hang_timeout_s
+    profiler = dataclasses.asdict(layers.build("profiler"))
+    metrics = metrics_place(command.metrics, {}, f"--config {config}: command.metrics")
+    return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=command.hang_timeout_s, metrics=metrics)
 
 
 def task_for(args: Any, words: list[str], paths: RunPaths) -> RankCommand:
     """The task to run: the words after --, or the run directory's task.json (`paths`: --run-dir's)."""
     if words:
         check_command(words, Path.cwd(), in_image=False)
-        profiler, hang_timeout_s = command_sections(args.config, args.no_profile, args.set)
         grace = args.stop_grace_s
         if grace is None:
             grace = load_cluster(args.profile).stop_grace_s if args.profile else ClusterConfig.stop_grace_s
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
-        return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=hang_timeout_s)
+        return command_task(words, args.config, args.no_profile, args.set, grace)
     saved = RankCommand.read(paths.task, f"--run-dir {args.run_dir}")
     if saved is None:
         raise UsageError(f"--run-dir {args.run_dir}: no task.json; give a command after --")

@@ -119,6 +119,21 @@ def test_a_point_of_swept_values_scales_against_the_1_gpu_point_of_the_same_valu
     assert run_columns([dataclasses.replace(r, swept=None) for r in rows]) == RUN_COLUMNS
 
 
+def test_a_scripts_runs_table_leaves_out_the_trainings_facts_no_run_has():
+    """Issue 88: a script's runs showed `steps -` and `model -`; a fact one run has is kept for all."""
+    from analysis.records import RunRow
+    from analysis.report.tables import run_columns
+
+    runs = [RunRow(run_dir=str(i), data_fraction=1.0, batch_size_per_gpu=128, gpus=1, data_source="script")
+            for i in range(2)]
+    assert [c for c in RUN_COLUMNS if c not in run_columns(runs)] == [
+        "arch", "data_fraction", "batch_size_per_gpu", "step_mode", "graph_check"]
+    runs[1] = dataclasses.replace(runs[1], step_mode="eager", arch="mine")
+    assert {"arch", "step_mode"} <= set(run_columns(runs)) and "graph_check" not in run_columns(runs)
+    toolkit = [dataclasses.replace(r, data_source="cifar100") for r in runs[:1]]
+    assert run_columns(toolkit) == RUN_COLUMNS
+
+
 def test_a_run_is_judged_above_the_fold_with_its_summarys_model_facts():
     """Issue 73: run_record folds without judging (runs sits below explain); judged_run attaches the verdict,
     reading the model's work per step from summary.json: with the FLOPs, batch and device it can say the

@@ -72,3 +72,13 @@ def test_values_within_five_percent_of_their_largest_are_drawn_from_zero(ys, fro
     from_zero(ax, ys)
     assert (ax.get_ylim()[0] == 0) == from_0 and (ax.get_ylim() != before) == from_0
     pyplot().close(fig)
+
+
+def test_a_sentence_every_point_says_is_said_once_on_the_page_and_one_most_say_is_kept_per_point():
+    from analysis.report.html import said_once
+
+    same = "CPU ranks: no GPU to judge"
+    lines = [("lr=0.1", same), ("lr=0.1, scaling", "x"), ("lr=0.01", same), ("lr=0.2", same)]
+    assert said_once(lines, 3) == [("every point (3)", same), ("lr=0.1, scaling", "x")]
+    assert said_once(lines, 4) == lines  # one point says it not: each says its own
+    assert said_once(lines[:1], 1) == lines[:1]

@@ -46,6 +46,7 @@ def test_lightnings_loggers_in_a_real_fit_give_the_logged_values(tmp_path):
         def training_step(self, batch, i):
             loss = self.layer(batch[0]).pow(2).mean()
             self.log("train_loss", loss)
+            self.log("train_mse", loss, on_step=True, on_epoch=True)  # Lightning names them train_mse_step, _epoch
             return loss
 
         def validation_step(self, batch, i):
@@ -69,6 +70,7 @@ def test_lightnings_loggers_in_a_real_fit_give_the_logged_values(tmp_path):
     steps = found["val_loss"].steps
     assert len(steps) == 3 and list(steps) == sorted(set(steps)) and len(found["train_loss"].values) == 12
     assert "epoch" not in found and "hp_metric" not in found  # a counter and a placeholder, not metrics
+    assert len(found["train_mse_step"].values) == 12 and len(found["train_mse_epoch"].values) == 3
 
 
 def test_the_hf_trainers_state_gives_its_log_history(tmp_path):
@@ -106,6 +108,8 @@ def test_the_toolkits_metrics_jsonl_and_a_plain_one_go_through_the_same_code(tmp
     (["lr", "grad_norm"], None, None),  # nothing says loss or accuracy
     (["val_loss", "val_acc"], "val_acc", ("val_acc", "max")),
     (["val_loss"], "bleu", None),  # set, but no run logged it
+    (["valid_loss_step", "valid_loss_epoch", "train_loss_epoch"], None, ("valid_loss_epoch", "min")),  # Lightning's
+    (["valid_loss_step", "train_loss"], None, ("valid_loss_step", "min")),
 ])
 def test_the_metric_taken_is_the_one_set_else_an_evaluations_loss_or_accuracy(names, metric, taken):
     got = choose(names, metric)

@@ -153,3 +153,20 @@ def test_inside_an_allocation_what_the_user_gives_is_kept_and_the_rest_is_the_al
 
     request = parse_options(argv, environ=SALLOC)
     assert request.allocation is not None and (request.nodes, request.gpus) == shape
+
+
+def test_a_commands_config_names_its_metrics_place_on_the_batch_and_allocation_roads(tmp_path):
+    """command.metrics through --config where a job's batch shell or an allocation makes the task (hpc.batch,
+    hpc.rank), as hpc.submit's plan does: kept a template for {run_dir}; a point's field there has no value."""
+    from hpc.core.errors import UsageError
+    from hpc.launch.rank.rankcli import command_task
+
+    config = tmp_path / "c.yaml"
+    config.write_text("command:\n  metrics: 'out/{run_dir}/m.csv'\n  hang_timeout_s: 90\n")
+    task = command_task(["python", "t.py"], str(config), False, [], 30)
+    assert (task.metrics, task.hang_timeout_s, task.stop_grace_s) == ("out/{run_dir}/m.csv", 90, 30)
+    assert command_task(["python", "t.py"], None, False, [], 30).metrics is None
+    config.write_text("command:\n  metrics: 'out/{batch}'\n")
+    with pytest.raises(UsageError) as e:
+        command_task(["python", "t.py"], str(config), False, [], 30)
+    assert str(e.value).startswith(f"--config {config}: command.metrics: 'out/{{batch}}': no value for {{batch}}")

@@ -106,3 +106,30 @@ def test_a_dry_run_says_what_each_rank_runs(tmp_path):
     assert out.code == 0, out.stderr
     assert f"# each rank runs: python {SCRIPT} 'a b'" in out.stdout and "#SBATCH --signal=B:USR2@180" in out.stdout
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_command_metrics_names_each_points_own_place_and_the_report_reads_it(tmp_path):
+    """A script that logs outside its run directory (command.metrics, issue 88): each point's place filled
+    with its values as the runner's task.json records it, and its records read from there; a place that
+    names {python} is refused in one line."""
+    from analysis.read.metrics import logged_metrics
+    from hpc.core.rundir import RunPaths
+    from hpc.launch.rank.runner import write_task
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("sweep:\n  name: s\n  gpus: [1]\n  axes: {lr: [0.1, 0.01]}\n"
+                     f"command:\n  cwd: {tmp_path}\n  args: [--lr, '{{lr}}']\n  metrics: 'logs/lr{{lr}}/{{run_dir}}.csv'\n")
+    points = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT]).specs[0].points
+    for i, (point, command) in enumerate(points):
+        lr = point.values["lr"]
+        run = tmp_path / "runs" / str(i)
+        write_task(RunPaths(run), command)
+        place = Path(tmp_path, f"logs/lr{lr}/{run}.csv")  # the oracle: the place as the user wrote it
+        place.parent.mkdir(parents=True, exist_ok=True)
+        place.write_text(f"step,val_loss\n10,{lr * 3}\n20,{lr * 2}\n")
+        found = logged_metrics(run)
+        assert found["val_loss"].values == (lr * 3, lr * 2) and found["val_loss"].source == str(place)
+    sweep.write_text("sweep:\n  name: s\n  gpus: [1]\n  axes: {lr: [0.1]}\ncommand:\n  metrics: '{python}/m.csv'\n")
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT, "--lr", "{lr}"])
+    assert "command.metrics: '{python}/m.csv': {python} is no place" in str(e.value)
