@@ -1,10 +1,12 @@
 """`python -m hpc.study status SWEEP`: every point of a sweep and how it stands, from the queue (squeue;
-sacct where slurmdbd makes it work), the run directories and the job logs. No torch import.
+sacct where slurmdbd makes it work) and the run directories; the job logs give only the words of an error.
+No torch import.
 
 A point is pending, running or requeued (the queue lists it); oom, done, stopped or preempted (its run
-directory says so: hpc/core/summary.py run_state; or Slurm's accounting, PREEMPTED); timeout (its log
-says Slurm cancelled it at the time limit); cancelled (a person's scancel, as Slurm's accounting says);
-missing (never ran); failed (with the last error line of its log); or unknown, when the queue could not
+directory says so: hpc/core/summary.py run_state; or Slurm's accounting, PREEMPTED); timeout (Slurm ended
+it at the time limit: scontrol's reason as its batch shell recorded it, or sacct); cancelled (a person's
+scancel, as Slurm's accounting or the run's records say); missing (never ran); failed (with the last error
+line of its log); or unknown, when the queue could not
 be read and the run directory alone cannot tell (a point not finished may still be running): then the
 command says why in one line on stderr and exits 1. A silent queue that no point needed (every one settled
 by its run directory) changes no answer: the status is whole, exit 0. Every word is hpc/core/ending.py's (POINT_STATES),
@@ -21,11 +23,11 @@ from typing import Any
 
 from analysis.api import latest_metrics, render, reported_headlines, run_verdict
 from hpc.core.cli import Parser, inspect_path
-from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, Outcome, PointState, slurm_state
+from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, SLURM_TIMEOUT, Outcome, PointState, slurm_state
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_sweep_index
-from hpc.core.summary import run_state
-from hpc.launch.submission.queue import accounted, queued
+from hpc.core.summary import latest_attempt, read_records, run_state, scheduler_said
+from hpc.launch.submission.queue import Queued, accounted, listed
 
 STATUS_COLUMNS = [
     "data_fraction",
@@ -52,16 +54,6 @@ def existing_sweep(path: str) -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class LogFacts:
-    """What a job's logs say: how often it was requeued, whether Slurm killed it at the time limit, and the
-    last error line."""
-
-    requeues: int = 0
-    timed_out: bool = False
-    error: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class PointStatus:
     """How a point stands (point_state): its state (hpc/core/ending.py POINT_STATES), its requeues, the
     steps it reached, and the line that says why where it failed, timed out or stopped."""
@@ -72,8 +64,9 @@ class PointStatus:
     error: str | None
 
 
-def log_facts(run: RunPaths, job_id: str) -> LogFacts:
-    """What the job's logs say (LogFacts)."""
+def last_error(run: RunPaths, job_id: str) -> str | None:
+    """The last error line of the job's logs: what a failed, timed-out or stopped point shows, in words (its
+    state comes from Slurm and the run's records, never from this text)."""
     text = ""
     for log in run.job_logs(job_id):
         try:
@@ -81,11 +74,15 @@ def log_facts(run: RunPaths, job_id: str) -> LogFacts:
         except OSError:
             pass
     errors = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line) and "submitit INFO" not in line]
-    return LogFacts(
-        requeues=len(re.findall(r"Requeued job|requeued", text)),
-        timed_out="DUE TO TIME LIMIT" in text,
-        error=errors[-1][:200] if errors else None,
-    )
+    return errors[-1][:200] if errors else None
+
+
+def restarts_recorded(run: RunPaths) -> int:
+    """How often Slurm restarted the job before its latest start, as that start's ranks recorded Slurm's own
+    count (SLURM_RESTART_COUNT, the attempt's second part: JOB.RESTART.GROUP); 0 with no record."""
+    attempt = latest_attempt(read_records(run)) or ""
+    parts = attempt.split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
 def steps_reached(run: RunPaths, kept: int | None) -> int | None:
@@ -97,24 +94,27 @@ def steps_reached(run: RunPaths, kept: int | None) -> int | None:
 
 
 def point_state(
-    run_dir: Path, job_id: str, queue_state: str | None, sacct_state: str | None, queue_known: bool = True
+    run_dir: Path, job_id: str, queued: Queued | None, sacct_state: str | None, queue_known: bool = True
 ) -> PointStatus:
-    """The state of one point (hpc/core/ending.py POINT_STATES), from the queue, the run directory, sacct
-    and the logs. With the queue unknown, only what the run directory settles (done, oom) is more than unknown."""
+    """The state of one point (hpc/core/ending.py POINT_STATES), from the queue (squeue: its state and
+    restarts), the run directory (its records, and Slurm's word at the job's end that its batch shell
+    recorded) and sacct. With the queue unknown, only what the run directory settles (done, oom) is more
+    than unknown."""
     run = RunPaths(run_dir)
     files = run_state(run)
     outcome = files.leaves
-    facts = log_facts(run, job_id) if run_dir.is_dir() else LogFacts()
+    requeues = queued.restarts if queued is not None else restarts_recorded(run)
+    ended_as = scheduler_said(run).state  # TIMEOUT: scontrol's reason when Slurm ended the job (requeue.py)
     state: PointState | Outcome
-    if queue_state:
-        state = slurm_state(queue_state)
-        if state == PointState.PENDING and (files.step is not None or facts.requeues):
-            state = PointState.REQUEUED  # waiting to run again: it ran before (a checkpoint, a requeue in its log)
+    if queued is not None:
+        state = slurm_state(queued.state)
+        if state == PointState.PENDING and (files.step is not None or requeues):
+            state = PointState.REQUEUED  # waiting to run again: it ran before (a checkpoint, Slurm's restarts)
     elif outcome in (Outcome.OOM, Outcome.DONE) and (queue_known or files.summary_current):
         state = Outcome(outcome)  # without the queue, only a run that wrote its end: it may still be running
     elif not queue_known:
         state = PointState.UNKNOWN
-    elif facts.timed_out or slurm_state(sacct_state) == PointState.TIMEOUT:
+    elif ended_as == SLURM_TIMEOUT or slurm_state(sacct_state) == PointState.TIMEOUT:
         state = PointState.TIMEOUT
     elif sacct_state == SLURM_CANCELLED or files.said == Outcome.CANCELLED:
         state = Outcome.CANCELLED  # a person's scancel (sacct's word, or the follower's record): not a failure
@@ -124,10 +124,11 @@ def point_state(
         state = Outcome.PREEMPTED if files.said == Outcome.PREEMPTED else Outcome.STOPPED
     else:  # an ended job that said nothing of itself: as Slurm's accounting has it (none: it failed)
         state = slurm_state(sacct_state) if sacct_state else Outcome.FAILED
-    note = facts.error if state in (Outcome.FAILED, PointState.TIMEOUT, Outcome.STOPPED, Outcome.PREEMPTED) else None
+    explained = state in (Outcome.FAILED, PointState.TIMEOUT, Outcome.STOPPED, Outcome.PREEMPTED)
+    note = last_error(run, job_id) if explained and run_dir.is_dir() else None
     if state == Outcome.DONE and not files.summary_current:
         note = "summary.json missing or out of date: run the point again to write it"
-    return PointStatus(state, facts.requeues, steps_reached(run, files.step), note)
+    return PointStatus(state, requeues, steps_reached(run, files.step), note)
 
 
 def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
@@ -138,7 +139,7 @@ def sweep_status(sweep_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     job_ids = [p.job for p in points]
     problem = None
     try:
-        in_queue = queued([j.split("_")[0] for j in job_ids if j])
+        in_queue = listed([j.split("_")[0] for j in job_ids if j])
     except QueueError as e:
         in_queue, problem = {}, str(e)
     ended = accounted([j for j in job_ids if j]) if problem is None else {}

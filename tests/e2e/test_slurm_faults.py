@@ -326,9 +326,11 @@ def test_a_study_point_that_loses_a_node_shows_requeued_then_done(data_root, tmp
     job = str(point()["job_id"])
     assert point()["state"] == "running"
     lose_node_while_running(job, metrics.parent)
-    assert point()["state"] == "requeued", point()  # held by Slurm after its requeue, its checkpoint on disk
+    held = point()  # held by Slurm after its requeue, its checkpoint on disk; its requeues as Slurm counts them
+    assert (held["state"], held["requeues"]) == ("requeued", int(job_state(job)["Restarts"])) == ("requeued", 1), held
     wait_gone(job, 600, hurry_requeue=True)
     row = point()
     summary = json.loads((metrics.parent / "summary.json").read_text())
     assert row["state"] == "done" and row["steps"] == summary["ranks"][0]["steps"], (row, summary["ranks"][0])
+    assert row["requeues"] == 1, row  # the second start's own count (SLURM_RESTART_COUNT), the queue gone
     assert all(r["complete"] and r["epochs_completed"] == 6 for r in summary["ranks"])  # LOST_SWEEP's epochs

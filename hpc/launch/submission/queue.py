@@ -12,6 +12,7 @@ all (a laptop, local runs) has nothing queued.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import shutil
@@ -25,9 +26,26 @@ log = logging.getLogger(__name__)
 QUERY_TIMEOUT_S = 60  # squeue retries a silent controller for a while itself; past this, it is down
 
 
-def parse_squeue(stdout: str) -> dict[str, str]:
-    """`squeue -h -r -o '%i %T'` -> {job id: state}; array tasks are listed one by one (123_4)."""
-    return dict(line.split(None, 1) for line in stdout.splitlines() if len(line.split()) == 2)
+# squeue -O: the job (an array task as 123_4), its state and Slurm's count of its restarts (requeues)
+SQUEUE_FIELDS = "JobArrayID:|,State:|,RestartCnt:|"
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """A job as squeue lists it: its state and how often Slurm restarted it (a requeue, Slurm's or ours)."""
+
+    state: str
+    restarts: int = 0
+
+
+def parse_squeue(stdout: str) -> dict[str, Queued]:
+    """`squeue -h -r -O SQUEUE_FIELDS` -> {job id: Queued}; array tasks are listed one by one (123_4)."""
+    out = {}
+    for line in stdout.splitlines():
+        job, state, restarts, *_ = [*line.split("|"), "", ""]
+        if job.strip() and state.strip():
+            out[job.strip()] = Queued(state.strip(), int(restarts) if restarts.strip().isdigit() else 0)
+    return out
 
 
 def parse_sacct(stdout: str) -> dict[str, str]:
@@ -55,17 +73,22 @@ def first_line(text: str) -> str:
     return lines[0][:200] if lines else "no message"
 
 
-def queued(job_ids: list[str]) -> dict[str, str]:
-    """{job id: Slurm state} of the given jobs (or arrays) that squeue still lists; {} when none is, or
-    when this machine has no squeue. QueueError when squeue fails or times out (the controller is down)."""
+def listed(job_ids: list[str]) -> dict[str, Queued]:
+    """{job id: Queued} of the given jobs (or arrays) that squeue still lists; {} when none is, or when
+    this machine has no squeue. QueueError when squeue fails or times out (the controller is down)."""
     if not job_ids or not shutil.which("squeue"):
         return {}
-    q = ask_slurm(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(sorted(set(job_ids)))])
+    q = ask_slurm(["squeue", "-h", "-r", "-O", SQUEUE_FIELDS, "-j", ",".join(sorted(set(job_ids)))])
     if q.returncode != 0:
         if "Invalid job id" in q.stderr:  # all the ids unknown (purged after the jobs ended): none is queued
             return {}
         raise QueueError(f"squeue failed (exit {q.returncode}: {first_line(q.stderr)})")
     return parse_squeue(q.stdout)
+
+
+def queued(job_ids: list[str]) -> dict[str, str]:
+    """{job id: Slurm state} of the given jobs that squeue still lists (`listed`)."""
+    return {job: entry.state for job, entry in listed(job_ids).items()}
 
 
 class QueueWatch:

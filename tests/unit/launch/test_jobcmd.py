@@ -71,7 +71,7 @@ def test_the_runs_latest_job_is_its_latest_start_or_a_resume_waiting(tmp_path):
 
 
 @pytest.mark.parametrize("queue, asked, said", [
-    ("41 RUNNING", ["scancel 41"], "job 41: cancelled (scancel): final, never requeued; resume later with: "
+    ("41|RUNNING|0|", ["scancel 41"], "job 41: cancelled (scancel): final, never requeued; resume later with: "
                                     "python -m hpc.submit --resume {run}"),
     ("", [], "job 41: not in the queue (Slurm: CANCELLED): nothing to cancel"),
 ])

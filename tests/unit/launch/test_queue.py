@@ -12,14 +12,16 @@ import pytest
 from hpc.core.errors import QueueError
 from hpc.launch.submission import queue
 
-# `squeue -h -r -o '%i %T' -j 320,321`: array tasks one by one, a pending array task, a plain job
-SQUEUE = "320_0 RUNNING\n320_1 PENDING\n321 COMPLETING\n"
+# `squeue -h -r -O 'JobArrayID:|,State:|,RestartCnt:|' -j 320,321`: array tasks one by one, a pending array
+# task requeued twice, a plain job
+SQUEUE = "320_0|RUNNING|0|\n320_1|PENDING|2|\n321|COMPLETING|0|\n"
 # `sacct -n -P -X -o JobID,State -j 320_0,320_1,325` on a site with slurmdbd
 SACCT = "320_0|COMPLETED\n320_1|CANCELLED by 0\n325|TIMEOUT\n325.batch|\n"
 
 
 def test_parsers_read_the_literal_outputs():
-    assert queue.parse_squeue(SQUEUE) == {"320_0": "RUNNING", "320_1": "PENDING", "321": "COMPLETING"}
+    assert queue.parse_squeue(SQUEUE) == {"320_0": queue.Queued("RUNNING"), "320_1": queue.Queued("PENDING", 2),
+                                          "321": queue.Queued("COMPLETING")}
     assert queue.parse_squeue("") == {}
     assert queue.parse_sacct(SACCT) == {"320_0": "COMPLETED", "320_1": "CANCELLED", "325": "TIMEOUT"}
     assert queue.parse_sacct("garbage line\n|\n") == {}
@@ -45,8 +47,8 @@ def fake_slurm(monkeypatch):
 def test_queued_lists_what_squeue_lists(fake_slurm):
     answers, seen = fake_slurm
     answers["squeue"] = (0, SQUEUE, "")
-    assert queue.queued(["321", "320", "320"]) == queue.parse_squeue(SQUEUE)
-    assert seen[-1] == ["squeue", "-h", "-r", "-o", "%i %T", "-j", "320,321"]
+    assert queue.queued(["321", "320", "320"]) == {"320_0": "RUNNING", "320_1": "PENDING", "321": "COMPLETING"}
+    assert seen[-1] == ["squeue", "-h", "-r", "-O", "JobArrayID:|,State:|,RestartCnt:|", "-j", "320,321"]
     watch = queue.QueueWatch()
     assert not watch.left("320_1") and watch.left("320_5")
 

@@ -1,8 +1,14 @@
-"""hpc/launch/status.py: each point's state from the queue, its run directory and its logs."""
+"""hpc/launch/status.py: each point's state from the queue, its run directory and its records; its logs give
+only an error's words."""
 
 import json
 
+from hpc.core.ending import RankEnd, RankExit
+from hpc.core.rundir import RunPaths
+from hpc.core.summary import record_scheduler
 from hpc.launch.status import PointStatus, point_state
+from hpc.launch.submission.queue import Queued
+from recordedruns import recorded_run
 
 
 def _run_dir(root, name, summary=None, err="", metrics=()):
@@ -20,8 +26,15 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     oom = _run_dir(tmp_path, "1_1", {"outcome": "oom", "ranks": []})
     crashed = _run_dir(tmp_path, "1_2", err="Traceback (most recent call last):\n  ...\nRuntimeError: boom\n",
                        metrics=[{"kind": "train", "step": 2}, {"kind": "train", "step": 3}])
-    timed_out = _run_dir(tmp_path, "1_3", err="slurmstepd: error: *** JOB 1 ON nid001 CANCELLED AT 2026 DUE TO TIME LIMIT ***\n"
-                                             "submitit INFO (2026) - Requeued job 1 (2 remaining timeouts)\n")
+    # its second start (Slurm's restart count 1, recorded by its ranks) ended by Slurm at the time limit, as its
+    # batch shell recorded scontrol's word; the log's line is only the words shown
+    timed_out = recorded_run(tmp_path / "1_3", [RankExit(rank=0, kind=RankEnd.KILLED, attempt="1_3.1.0", started_ns=1,
+                                                         ended_ns=2, signal="SIGTERM")]).root
+    record_scheduler(RunPaths(timed_out), job="1_3", state="TIMEOUT")
+    (timed_out / "1_3_0_log.err").write_text("slurmstepd: error: *** JOB 1 ON nid001 CANCELLED AT 2026 DUE TO TIME "
+                                             "LIMIT ***\n")
+    said_only = _run_dir(tmp_path, "1_5", err="slurmstepd: error: *** JOB 1 ON nid001 CANCELLED AT 2026 DUE TO TIME "
+                                             "LIMIT ***\nsubmitit INFO (2026) - Requeued job 1 (2 remaining timeouts)\n")
     assert point_state(done, "1_0", None, None).state == "done"
     assert point_state(done, "1_0", None, None).steps == 6
     assert point_state(oom, "1_1", None, None).state == "oom"
@@ -29,11 +42,13 @@ def test_point_state_from_queue_run_directory_and_logs(tmp_path):
     t = point_state(timed_out, "1_3", None, None)
     assert t.state == "timeout" and t.requeues == 1 and "DUE TO TIME LIMIT" in t.error
     assert point_state(tmp_path / "never", "1_4", None, None).state == "missing"
-    assert point_state(crashed, "1_2", "RUNNING", None).state == "running"  # the queue knows best
-    assert point_state(tmp_path / "never", "1_4", "PENDING", None).state == "pending"
+    # a log's text is no state: the words alone make neither a timeout nor a requeue
+    assert point_state(said_only, "1_5", None, None) == PointStatus("failed", 0, None, t.error)
+    assert point_state(crashed, "1_2", Queued("RUNNING"), None).state == "running"  # the queue knows best
+    assert point_state(tmp_path / "never", "1_4", Queued("PENDING"), None).state == "pending"
     # pending again after it ran: Slurm requeued it (a lost node, a preemption) or it requeued itself
-    assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", "PENDING", None).state == "requeued"
-    assert point_state(timed_out, "1_3", "PENDING", None).state == "requeued"  # "Requeued job" in its log
+    assert point_state(_checkpoint_info(crashed, 2, 6), "1_2", Queued("PENDING"), None).state == "requeued"
+    assert point_state(tmp_path / "never", "1_4", Queued("PENDING", 1), None) == PointStatus("requeued", 1, None, None)
     assert point_state(crashed, "1_2", None, "OUT_OF_MEMORY").state == "failed"  # host OOM: sacct's word
     assert point_state(crashed, "1_2", None, "CANCELLED").state == "cancelled"  # a person's scancel, not a failure
     assert point_state(tmp_path / "never", "1_4", None, "CANCELLED").state == "cancelled"  # before it started
@@ -85,6 +100,6 @@ def test_slurms_words_for_an_ended_job_are_read_through_the_one_table(tmp_path):
     assert point_state(crashed, "4_0", None, "TIMEOUT").state == "timeout"
     assert point_state(crashed, "4_0", None, "RUNNING").state == "running"
     assert point_state(crashed, "4_0", None, "NODE_FAIL").state == "failed"
-    assert point_state(crashed, "4_0", "SOMETHING_NEW", None).state == "unknown"
-    assert point_state(crashed, "4_0", "REQUEUE_HOLD", None).state == "requeued"
+    assert point_state(crashed, "4_0", Queued("SOMETHING_NEW"), None).state == "unknown"
+    assert point_state(crashed, "4_0", Queued("REQUEUE_HOLD"), None).state == "requeued"
     assert point_state(crashed, "4_0", None, "PREEMPTED").error == "RuntimeError: boom"  # the why, kept
