@@ -30,8 +30,12 @@ else
     echo "tests/run.sh: not root, so no local Slurm cluster; slurm tests will skip" >&2
 fi
 
+# The package's own bytecode, compiled once: an editable install leaves none, and where
+# PYTHONDONTWRITEBYTECODE is set (this machine's image sets it) no process writes any, so every rank, runner
+# and command of the suite compiled hpc/ and analysis/ again (0.14 s of CPU a process, measured 2026-12-07).
 python_rc=0
 { python3 -m venv .venv && .venv/bin/python -m pip install -q -e ".[test,oracle]" \
+  && .venv/bin/python -m compileall -q hpc analysis tests >/dev/null \
   && .venv/bin/python -c "import torch, torchvision; print(f'torch {torch.__version__}, torchvision {torchvision.__version__}')"
 } || python_rc=$?
 if [ -n "$system_pid" ]; then  # waited for even when pip failed: an apt-get is never left half done
