@@ -133,3 +133,77 @@ def test_command_metrics_names_each_points_own_place_and_the_report_reads_it(tmp
     with pytest.raises(UsageError) as e:
         plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT, "--lr", "{lr}"])
     assert "command.metrics: '{python}/m.csv': {python} is no place" in str(e.value)
+
+
+NO_FILE = "cannot read config file (No such file or directory)"
+KNOWN = "(known: {batch}, {fraction}, {gpus}, {nodes}, {ranks}, {run_dir}, {python})"
+POINT = "sweep point {'batch': 8, 'fraction': 1.0, 'gpus': 1, 'nodes': 1, 'ranks': 1}"
+GRID = "sweep: {name: sw, gpus: [1], batch_sizes: [8]}\n"
+
+
+@pytest.mark.parametrize("config, sweep, argv, said", [  # None: no such flag; "": a path to no file; C, S: the paths
+    ("train: {lr: 1}\n", None, ["--", "python", SCRIPT], "C: section 'train' is not used here (expected profiler, command)"),
+    (None, GRID + "train: {lr: 1}\ncommand: {args: ['{batch}']}\n", ["--", "python", SCRIPT],
+     "S: section 'train' is not used here (expected profiler, command, sweep)"),
+    ("", None, ["--", "python", SCRIPT], f"--config C: {NO_FILE}"),
+    ("", None, [], f"--config C: {NO_FILE}"),  # the toolkit's training reads it the same way
+    (None, "", ["--", "python", SCRIPT], f"--sweep S: {NO_FILE}"),
+    (None, None, ["--set", "profiler.active=0", "--", "python", SCRIPT],
+     "--set profiler.active=0: profiler.active = 0: must be > 0"),
+    (None, GRID, ["--axis", "profiler.active=0,1", "--", "python", SCRIPT, "{batch}"],
+     "sweep point profiler.active=0: profiler.active = 0: must be > 0"),
+    ("command: {args: [x]}\n", None, [],
+     "command.args: a key of a user's command; the toolkit's training takes only command.hang_timeout_s of that section"),
+    (None, None, ["--"], "command line: no command: give it after -- (e.g. -- python train.py)"),
+    (None, GRID + "command: {args: ['{batch}']}\n", [],
+     "command line: no command: give it after -- (e.g. -- python train.py); or command.run in S"),
+    (None, GRID + "command: {args: ['{nope}']}\n", ["--", "python", SCRIPT, "{batch}"],
+     f"{POINT}: command.args: '{{nope}}': no value for {{nope}} {KNOWN}"),
+    (None, GRID + "command: {env: {K: '{nope}'}}\n", ["--", "python", SCRIPT, "{batch}"],
+     f"{POINT}: command.env.K: '{{nope}}': no value for {{nope}} {KNOWN}"),
+    (None, GRID, ["--", "python", SCRIPT, "{batch:zz}"],
+     f"{POINT}: the command: '{{batch:zz}}': Unknown format code 'z' for object of type 'int'"),
+    ("command: {metrics: '{batch}'}\n", None, ["--", "python", SCRIPT],
+     f"--config C: command.metrics: '{{batch}}': no value for {{batch}} {KNOWN}"),
+    (None, None, ["--batch-size", "8", "--", "python", SCRIPT], "command line: --batch-size: a flag of the toolkit's "
+     "own training (hpc.train); your command takes its own arguments after --"),
+])
+def test_a_plans_refusal_is_one_whole_line_naming_where_the_setting_came_from(tmp_path, config, sweep, argv, said):
+    """Each refusal of the plan, checked whole: which file, flag or point gave the value, and what is known."""
+    c, s = tmp_path / "c.yaml", tmp_path / "s.yaml"
+    own = []
+    for flag, path, text in (("--config", c, config), ("--sweep", s, sweep)):
+        if text is not None:
+            if text:
+                path.write_text(text)
+            own += [flag, str(path)]
+    with pytest.raises(UsageError) as e:
+        plan_of(tmp_path, ["--dry-run", *own, *argv])
+    assert str(e.value) == said.replace("C:", f"{c}:").replace(" C ", f" {c} ").replace("S:", f"{s}:").replace(
+        " S", f" {s}")
+
+
+def test_a_commands_plan_takes_the_clusters_settings_no_profile_and_the_sweeps_name(tmp_path):
+    plan = plan_of(tmp_path, ["--dry-run", "--set", "cluster.time_limit_min=5", "--no-profile", "--", "python", SCRIPT])
+    ((_, command),) = plan.specs[0].points
+    assert plan.cluster.time_limit_min == 5 and command.profiler["enabled"] is False
+    ((_, command),) = plan_of(tmp_path, ["--dry-run", "--", "python", SCRIPT]).specs[0].points
+    assert command.profiler["enabled"] is True
+    # a container image's program is looked for there, not here
+    plan_of(tmp_path, ["--dry-run", "--set", "cluster.image=docker:x", "--", "no-such-program-here", "x"])
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("sweep: {name: sw, gpus: [1], batch_sizes: [8]}\n")
+    (spec,) = plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT, "{batch}"]).specs
+    assert spec.folder.parent.parent == tmp_path / "sw" and spec.points[0][1].name == "torchrun_ddp"
+    ((_, training),) = plan_of(tmp_path, ["--dry-run", "--config", str(REPO / "profiles" / "smoke.yaml")]).specs[0].points
+    assert training.stop_grace_s == 120  # perlmutter's
+
+
+def test_a_sweep_file_that_cannot_be_read_is_named_by_its_flag(tmp_path):
+    from hpc.launch.submission.points import is_command_sweep
+
+    with pytest.raises(UsageError) as e:
+        is_command_sweep(str(tmp_path / "s.yaml"))
+    assert str(e.value) == f"--sweep {tmp_path / 's.yaml'}: {NO_FILE}"
+    (tmp_path / "s.yaml").write_text(GRID + "command: {args: ['{batch}']}\n")
+    assert is_command_sweep(str(tmp_path / "s.yaml")) and not is_command_sweep(None)

@@ -158,3 +158,98 @@ def test_a_word_that_cannot_be_filled_is_one_line_naming_the_word_and_what_is_kn
         fill(word, values, "command.args", final)
     assert str(e.value).startswith(said), str(e.value)
     assert fill("{run_dir}/w.pt", {}, "s", final=False) == "{run_dir}/w.pt"  # planned: filled when the rank starts
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["python", "train.py", "--lr", "0.1"], "train"),
+    (["python", "-m", "pkg.sub.train"], "train"),
+    (["python3", "-mpkg.mod"], "mod"),
+    (["python", "-m", "train"], "train"),  # a module of one part
+    (["python", "-m", "pkg."], "command"),  # no last part: no name to take
+    (["./run.sh", "x"], "run"),
+    (["/usr/bin/env"], "env"),
+    ([], "command"),
+    (["."], "command"),  # a program with no stem
+])
+def test_a_jobs_name_is_its_script_its_modules_last_part_or_its_program(argv, name):
+    from hpc.settings.rankcommand import job_name
+
+    assert job_name(argv) == name
+
+
+@pytest.mark.parametrize("argv, script, module", [
+    (["python", "-X", "dev", "t.py"], "t.py", None),  # -X and -W take the next word
+    (["python", "--check-hash-based-pycs", "always", "t.py"], "t.py", None),
+    (["python", "-W"], None, None),  # an option's word missing: no script, no traceback
+    (["python", "-m"], None, None),
+    (["python", "-u", "-m", "pkg.x"], None, "pkg.x"),
+    (["bash", "-m", "x"], None, None),  # not python: neither
+    ([], None, None),
+])
+def test_a_python_commands_script_and_module_as_python_reads_its_options(argv, script, module):
+    from hpc.settings.rankcommand import python_module
+
+    assert (python_script(argv), python_module(argv)) == (script, module)
+
+
+@pytest.mark.parametrize("argv, training, codes", [
+    (["hpc-train", "--config", "c.yaml"], True, (3, 5)),
+    (["/opt/bin/hpc-train"], True, (3, 5)),
+    (["python", "-m", "hpc.train", "--config", "c.yaml"], True, (3, 5)),
+    (["python", "train.py"], False, (3,)),
+    (["python", "-m", "hpc.training"], False, (3,)),
+])
+def test_the_toolkits_training_given_as_a_command_keeps_its_requeue_codes(argv, training, codes):
+    from hpc.settings.rankcommand import runs_training, user_command
+
+    task = user_command(argv, "/", {"enabled": True}, 60)
+    assert runs_training(argv) == training and task.requeue_codes == codes
+    assert (task.profiler is None) == training  # it profiles itself: no start-up hook
+
+
+def test_launchers_of_every_kind_are_named_and_nothing_else():
+    assert [launcher_in(a) for a in (["mpiexec", "-n", "2", "python", "t.py"], ["srun", "python", "t.py"],
+                                      ["deepspeed", "t.py"], ["python", "-m", "torch.distributed.launch", "t.py"],
+                                      [], ["python", "t.py"])] == [
+        "mpirun", "mpirun", "deepspeed", "torchrun", None, None]
+
+
+def test_an_empty_command_is_refused_in_its_whole_line(tmp_path):
+    with pytest.raises(UsageError) as e:
+        check_command([], tmp_path)
+    assert str(e.value) == "command line: --: no command after it (e.g. -- python train.py)"
+
+
+def test_a_field_kept_for_the_rank_keeps_its_spec_and_a_fraction_prints_as_python_does():
+    from hpc.settings.rankcommand import Fraction
+
+    assert fill("{run_dir:>12}/{batch:03d}", {"batch": 8}, "s", final=False) == "{run_dir:>12}/008"
+    assert fill(fill("{run_dir:>4}", {}, "s", final=False), {"run_dir": "/r"}, "s") == "  /r"
+    assert str(Fraction(1e-5)) == f"{Fraction(1e-5)}" == "1e-05" and f"{Fraction(0.5):.2f}" == "0.50"
+
+
+def test_a_points_values_fill_its_placeholders_and_a_config_key_is_not_one():
+    from hpc.core.rundir import SweepPoint
+    from hpc.settings.rankcommand import point_values
+
+    values = point_values(SweepPoint(data_fraction=1.0, batch_size=8, gpus=2, nodes=3,
+                                     values={"lr": 0.1, "train.lr": 0.2}))
+    assert values == {"batch": 8, "fraction": 1.0, "gpus": 2, "nodes": 3, "ranks": 6, "lr": 0.1}
+
+
+def test_a_task_is_written_and_read_whole_and_its_unfillable_words_name_where_they_stand():
+    import json
+
+    from hpc.settings.rankcommand import RankCommand, training_command, user_command
+
+    task = user_command(["python", "t.py"], "/w", None, 60, args=("{run_dir}/o",), env={"OUT": "{run_dir}/e"})
+    written = task.to_dict()
+    assert written["words"] == ["python", "t.py", "{run_dir}/o"] and type(written["requeue_codes"]) is list
+    assert RankCommand.from_dict(written) == task == RankCommand.decode(json.dumps(written).encode())
+    assert training_command({"train": {}}, "/w", "n", 77).stop_grace_s == 77
+    broken = RankCommand(("{nope}",), "/w", "n", env={"K": "{gone}"})
+    for call, said in ((lambda: broken.words_for("/r", "py"), "task: '{nope}': no value for {nope}"),
+                       (lambda: broken.env_for("/r"), "command.env.K: '{gone}': no value for {gone}")):
+        with pytest.raises(UsageError) as e:
+            call()
+        assert str(e.value).startswith(said), str(e.value)
