@@ -316,9 +316,9 @@ def point_values(point: SweepPoint) -> dict[str, AxisValue]:
     }
 
 
-def metrics_place(template: str | None, values: Mapping[str, object], source: str) -> str | None:
+def metrics_template(template: str | None, values: Mapping[str, object], source: str) -> str | None:
     """command.metrics with a point's values filled, still a template for {run_dir} (hpc/core/summary.py
-    metrics_place fills it); {python} names no place and is refused in one line."""
+    metrics_place fills it when the run's metrics are read); {python} names no place: refused in one line."""
     if template is None:
         return None
     place = fill(template, values, source, final=False)

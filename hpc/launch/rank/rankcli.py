@@ -29,7 +29,7 @@ from hpc.core.summary import current_summary, exit_code_of, read_records, write_
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
-from hpc.settings.rankcommand import RankCommand, check_command, metrics_place, user_command
+from hpc.settings.rankcommand import RankCommand, check_command, metrics_template, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 
 
@@ -50,7 +50,7 @@ def command_task(words: list[str], config: str | None, no_profile: bool, sets: l
         layers.set("profiler.enabled", False, "--no-profile")
     command: CommandConfig = layers.build("command")
     profiler = dataclasses.asdict(layers.build("profiler"))
-    metrics = metrics_place(command.metrics, {}, f"--config {config}: command.metrics")
+    metrics = metrics_template(command.metrics, {}, f"--config {config}: command.metrics")
     return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=command.hang_timeout_s, metrics=metrics)
 
 

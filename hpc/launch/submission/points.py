@@ -29,7 +29,7 @@ from hpc.settings.rankcommand import (
     fill,
     fill_named,
     job_name,
-    metrics_place,
+    metrics_template,
     point_values,
     training_command,
     user_command,
@@ -200,7 +200,7 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
         env = {k: fill(v, values, f"{source}: command.env.{k}", final=False) for k, v in section.env.items()}
         if point is not None and "{batch" in " ".join((*argv, *section.args, *section.env.values())):
             env[BATCH_VARIABLE] = str(point.batch_size)  # the batch an out-of-memory record names
-        metrics = metrics_place(section.metrics, values, f"{source}: command.metrics")
+        metrics = metrics_template(section.metrics, values, f"{source}: command.metrics")
         return user_command(
             words, str(cwd), hook, cluster.stop_grace_s, filled, env, point, section.hang_timeout_s, metrics
         )
@@ -213,7 +213,7 @@ def check_unfilled(section: CommandConfig, config: str | None) -> None:
     --config file its section came from)."""
     for word in (*section.args, *section.env.values()):
         fill(word, {}, f"--config {config}: command", final=False)
-    metrics_place(section.metrics, {}, f"--config {config}: command.metrics")
+    metrics_template(section.metrics, {}, f"--config {config}: command.metrics")
 
 
 def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: str) -> SweepConfig:
