@@ -685,6 +685,13 @@ def attempt_job(attempt: str) -> str:
     return attempt.split(".")[0]
 
 
+def attempt_restarts(attempt: str | None) -> int:
+    """Slurm's restart count at an attempt (`attempt_of`'s JOB.RESTART.GROUP_RESTART: SLURM_RESTART_COUNT);
+    0 for none, or one without it."""
+    parts = (attempt or "").split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
 def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:
     """Whether the scheduler says a person cancelled this start's job (scancel: Slurm's CANCELLED, recorded
     by the job's follower, hpc/launch/submission/follow.py): its ranks saw only a SIGTERM, as in a

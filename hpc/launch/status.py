@@ -26,7 +26,7 @@ from hpc.core.cli import Parser, inspect_path
 from hpc.core.ending import POINT_STATES, SLURM_CANCELLED, SLURM_TIMEOUT, Outcome, PointState, slurm_state
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, QueueError, UsageError
 from hpc.core.rundir import RunPaths, SweepPaths, read_index, read_metrics, read_sweep_index
-from hpc.core.summary import latest_attempt, read_records, run_state, scheduler_said
+from hpc.core.summary import attempt_restarts, latest_attempt, read_records, run_state, scheduler_said
 from hpc.launch.submission.queue import Queued, accounted, listed
 
 STATUS_COLUMNS = [
@@ -77,14 +77,6 @@ def last_error(run: RunPaths, job_id: str) -> str | None:
     return errors[-1][:200] if errors else None
 
 
-def restarts_recorded(run: RunPaths) -> int:
-    """How often Slurm restarted the job before its latest start, as that start's ranks recorded Slurm's own
-    count (SLURM_RESTART_COUNT, the attempt's second part: JOB.RESTART.GROUP); 0 with no record."""
-    attempt = latest_attempt(read_records(run)) or ""
-    parts = attempt.split(".")
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-
-
 def steps_reached(run: RunPaths, kept: int | None) -> int | None:
     """The steps a point reached: what its checkpoint or summary keeps, else its last metrics record."""
     if kept is not None:
@@ -103,7 +95,8 @@ def point_state(
     run = RunPaths(run_dir)
     files = run_state(run)
     outcome = files.leaves
-    requeues = queued.restarts if queued is not None else restarts_recorded(run)
+    # Slurm's count of the job's restarts: squeue's while it is listed, else as its latest start recorded it
+    requeues = queued.restarts if queued is not None else attempt_restarts(latest_attempt(read_records(run)))
     ended_as = scheduler_said(run).state  # TIMEOUT: scontrol's reason when Slurm ended the job (requeue.py)
     state: PointState | Outcome
     if queued is not None:
