@@ -249,6 +249,12 @@ class Layers:
         self.sources[section][key] = source
         return self
 
+    def said_by(self, dotted: str, config: str | None) -> str:
+        """Where the value of `dotted` came from, as a message begins: its `--set ...`, else `--config FILE`."""
+        section, _, key = dotted.partition(".")
+        source = self.sources.get(section, {}).get(key, "")
+        return f"--config {config}" if config and not source.startswith("--set") else source or "--set"
+
     @overload
     def build(self, section: Literal["cluster"]) -> ClusterConfig: ...
     @overload

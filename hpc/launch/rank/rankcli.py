@@ -50,7 +50,7 @@ def command_task(words: list[str], config: str | None, no_profile: bool, sets: l
         layers.set("profiler.enabled", False, "--no-profile")
     command: CommandConfig = layers.build("command")
     profiler = dataclasses.asdict(layers.build("profiler"))
-    metrics = metrics_template(command.metrics, {}, f"--config {config}: command.metrics")
+    metrics = metrics_template(command.metrics, {}, f"{layers.said_by('command.metrics', config)}: command.metrics")
     return user_command(words, os.getcwd(), profiler, grace, hang_timeout_s=command.hang_timeout_s, metrics=metrics)
 
 

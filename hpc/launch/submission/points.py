@@ -186,7 +186,7 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
     }
     sweep = grid_for(layers, section, argv, request.sweep) if request.sweep else None
     if sweep is None:
-        check_unfilled(section, request.config)
+        check_unfilled(section, layers, request.config)
 
     def task_for(point: SweepPoint | None) -> RankCommand:
         values = point_values(point) if point is not None else {}
@@ -208,12 +208,13 @@ def command_points(request: SubmitRequest, cluster: ClusterConfig, words: list[s
     return Points(task_for, sweep.name if sweep else job_name(argv), sweep, sections)
 
 
-def check_unfilled(section: CommandConfig, config: str | None) -> None:
-    """A point's field in a single job's words has no value: say so before anything runs (`config`: the
-    --config file its section came from)."""
-    for word in (*section.args, *section.env.values()):
-        fill(word, {}, f"--config {config}: command", final=False)
-    metrics_template(section.metrics, {}, f"--config {config}: command.metrics")
+def check_unfilled(section: CommandConfig, layers: Layers, config: str | None) -> None:
+    """A point's field in a single job's words has no value: say so before anything runs, naming where the
+    words came from (--config FILE, or their --set)."""
+    for key, words in (("args", section.args), ("env", tuple(section.env.values()))):
+        for word in words:
+            fill(word, {}, f"{layers.said_by(f'command.{key}', config)}: command", final=False)
+    metrics_template(section.metrics, {}, f"{layers.said_by('command.metrics', config)}: command.metrics")
 
 
 def grid_for(layers: Layers, section: CommandConfig, argv: list[str], source: str) -> SweepConfig:

@@ -170,3 +170,6 @@ def test_a_commands_config_names_its_metrics_place_on_the_batch_and_allocation_r
     with pytest.raises(UsageError) as e:
         command_task(["python", "t.py"], str(config), False, [], 30)
     assert str(e.value).startswith(f"--config {config}: command.metrics: 'out/{{batch}}': no value for {{batch}}")
+    with pytest.raises(UsageError) as e:  # from --set, with no --config: named so, never `--config None`
+        command_task(["python", "t.py"], None, False, ["command.metrics=m/{batch}"], 30)
+    assert str(e.value).startswith("--set command.metrics=m/{batch}: command.metrics: 'm/{batch}': no value for")

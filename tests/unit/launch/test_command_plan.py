@@ -165,6 +165,11 @@ GRID = "sweep: {name: sw, gpus: [1], batch_sizes: [8]}\n"
      f"{POINT}: the command: '{{batch:zz}}': Unknown format code 'z' for object of type 'int'"),
     ("command: {metrics: '{batch}'}\n", None, ["--", "python", SCRIPT],
      f"--config C: command.metrics: '{{batch}}': no value for {{batch}} {KNOWN}"),
+    # the words came from --set, not from a --config that was never given (it said `--config None`)
+    (None, None, ["--set", "command.metrics=m/{batch}", "--", "python", SCRIPT],
+     f"--set command.metrics=m/{{batch}}: command.metrics: 'm/{{batch}}': no value for {{batch}} {KNOWN}"),
+    ("command: {env: {K: x}}\n", None, ["--set", "command.args=['{batch}']", "--", "python", SCRIPT],
+     f"--set command.args=['{{batch}}']: command: '{{batch}}': no value for {{batch}} {KNOWN}"),
     (None, None, ["--batch-size", "8", "--", "python", SCRIPT], "command line: --batch-size: a flag of the toolkit's "
      "own training (hpc.train); your command takes its own arguments after --"),
 ])
