@@ -197,6 +197,15 @@ class Trainer:
             background=reason in ("epoch end", "periodic") and not self.finished(),
         )
 
+    def checkpoint_the_stop(self) -> None:
+        """A stop's checkpoint; a stop that lands on a step already saved (an epoch's end, a periodic save)
+        says so, so that its log still shows the signal was heard."""
+        name, step = signal.Signals(self.stop.signum or signal.SIGTERM).name, self.state.step
+        if self.checkpointer.latest_step != step:
+            self.checkpoint(f"signal {name}")
+        else:
+            self.log(f"checkpoint (signal {name}): step {step} is already saved")
+
     def finished(self) -> bool:
         """The last step taken and, where it ends an epoch, that epoch's end (evaluation, record) done: a
         run resumed from its last step's periodic checkpoint still owes it."""
@@ -227,8 +236,8 @@ class Trainer:
                 self.run_epoch()
                 # a signal during evaluation stops at the epoch's own checkpoint, not a step later
                 self.stopped = self.stopped or self.group.agree(bool(self.stop.signum))
-            if self.stopped and self.checkpointer.latest_step != st.step:
-                self.checkpoint(f"signal {signal.Signals(self.stop.signum or signal.SIGTERM).name}")
+            if self.stopped:
+                self.checkpoint_the_stop()
         # a stop signal during the last step still ends a complete run: the epoch's end runs regardless
         return self.finish(EXIT_OK if self.finished() else EXIT_PREEMPTED, profiling)
 

@@ -115,6 +115,7 @@ def test_a_signal_at_any_moment_loses_nothing(data_root, tmp_path, straight, sig
     if rc == 3:
         assert "stopped by signal, checkpoint written" in out
         assert out.count(f", step {kept} -> ") == 1  # no second checkpoint of the same step
+        assert f"checkpoint (signal SIG{sig})" in out  # said even where its step was already saved (eval)
     (code, out, err), = run(data_root, run_dir)  # the same command, no fault
     assert code == 0, (out[-800:], err[-800:])
     finished = check_finished(run_dir, straight)
