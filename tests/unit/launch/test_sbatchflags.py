@@ -3,14 +3,19 @@ script `hpc.submit --dry-run` prints. The oracle is sbatch(1): each row's lines 
 given for the habit, written here from the man page, not computed by the code under test; the real
 sbatch on the test cluster checks the same in tests/e2e/test_sbatch_habits_slurm.py."""
 
+import argparse
+import contextlib
+import io
 import math
+import os
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from commands import assert_refused, call
+from commands import assert_refused, call, entry, environment
 
 BASE = ["--dry-run", "--profile", "perlmutter", "--config", "profiles/smoke.yaml"]
 ACCOUNT = ["--account", "m1234_g"]  # the long form, which the toolkit always took
@@ -296,3 +301,137 @@ def test_an_option_whose_value_comes_after_equals_never_takes_the_next_word(flag
     given = call("hpc.submit", [*ACCOUNT, f"{long}=1", "--dry-run", "--runs-dir", str(tmp_path), "--", "python", "-c",
                                 "pass"])
     assert given.code == 0 and f"#SBATCH {long}=1\n" in given.stdout, given.stderr
+
+
+# ---- every refusal as its whole line (issue 90: the words of an error are part of what it promises) --------
+
+TIME_WAY = ("give minutes or [D-]H:M:S (e.g. 90, 1:30:00, 1-00:00:00), within the profile's limit (the toolkit "
+            "warns the run before it ends)")
+SEE = " (see python -m hpc.submit --help)"
+ONE_WORD = "must be one word, without blanks or control characters" + SEE
+LOCAL_WAY = "an option for a new Slurm job; --local runs on this machine, now"
+WHOLE_LINES = [
+    (["-t", "0"], f"argument -t/--time: '0': no time limit; {TIME_WAY}{SEE}"),
+    (["-t", " 0 "], f"argument -t/--time: ' 0 ': no time limit; {TIME_WAY}{SEE}"),
+    (["-t", "INFINITE"], f"argument -t/--time: 'INFINITE': no time limit; {TIME_WAY}{SEE}"),
+    (["-t", "unlimited"], f"argument -t/--time: 'unlimited': no time limit; {TIME_WAY}{SEE}"),  # any case
+    (["-t", "soon"], f"argument -t/--time: 'soon': not a Slurm time; {TIME_WAY}{SEE}"),
+    (["-t", ""], f"argument -t/--time: '': not a Slurm time; {TIME_WAY}{SEE}"),
+    (["-t", "0:0"], f"argument -t/--time: '0:0': no time limit; give a limit the profile allows{SEE}"),
+    (["--sbatch", "time=0"], f"--sbatch 'time=0': '0': no time limit; {TIME_WAY}"),
+    (["--export", "ALL,NONE"], "--export 'ALL,NONE': ALL and NONE together; say one"),
+    (["--export", "all", "--export", "none"], "--export 'none': ALL and NONE together; say one"),
+    (["--export", "NONE,ALL"], "--export 'NONE,ALL': ALL and NONE together; say one"),
+    (["--export", "A-B=1"], "--export 'A-B=1': 'A-B' is not a variable name (sbatch splits --export at commas; a "
+                            "value with a comma: set it here and give its bare name, --export NAME)"),
+    (["--export", "A='x,y'"], "--export \"A='x,y'\": sbatch keeps quotes in the value; set it here and give its "
+                              "bare name (--export A)"),
+    (["--export", 'A="x"'], "--export 'A=\"x\"': sbatch keeps quotes in the value; set it here and give its bare "
+                            "name (--export A)"),
+    (["--export", "A=x\ny"], "--export A: the value must be one line"),
+    (["--export", "A=x\0y"], "--export A: the value must be one line"),
+    (["-N", "two"], f"argument -N/--nodes: 'two': not a whole number{SEE}"),
+    (["--sbatch", "nodes=x"], "--sbatch 'nodes=x': 'x': not a whole number"),
+    (["--sbatch", "gpus=x"], "--sbatch 'gpus=x': 'x': not a whole number"),
+    (["-C", "a b"], f"argument -C/--constraint: 'a b': {ONE_WORD}"),  # a blank, 32
+    (["-C", "a\x7fb"], f"argument -C/--constraint: 'a\\x7fb': {ONE_WORD}"),  # DEL, 127
+    (["-C", ""], f"argument -C/--constraint: '': {ONE_WORD}"),
+    (["-d", "after\tok"], f"argument -d/--dependency: 'after\\tok': {ONE_WORD}"),
+    (["--mail-type", "a\x7f"], "--mail-type 'a\\x7f': the value must be one non-empty line"),
+    (["--mail-type", "a\x1fb"], "--mail-type 'a\\x1fb': the value must be one non-empty line"),  # 31
+    (["--mail-type", ""], "--mail-type '': the value must be one non-empty line"),
+    (["--sbatch", "mail-type="], "--mail-type '': the value must be one non-empty line"),
+    (["--sbatch", "mail-type=x\ny"], "--mail-type 'x\\ny': the value must be one non-empty line"),
+    (["--sbatch", "a b=1"], "--sbatch 'a b=1': 'a b' is not an sbatch option name (e.g. mail-type=END)"),
+    (["--sbatch", "qos"], "--sbatch 'qos': --qos takes a value (--sbatch qos=VALUE, or --qos VALUE)"),
+    (["-N", "2", "--sbatch", "nodes=3"], "--sbatch 'nodes=3' and -N 2: the same option twice; say it once"),
+    (["--mem", "1G", "--sbatch", "mem=2G"], "--sbatch 'mem=2G' and --mem 1G: the same option twice; say it once"),
+    (["--gpus", "2", "--gpus-per-node", "4"], "--gpus 2 and --gpus-per-node 4: both count GPUs per node; say one"),
+    (["-N", "2", "-G", "8"], "-G 8: sbatch's -G/--gpus counts the GPUs of the whole job; the toolkit asks per node "
+                             "(one task each): say --gpus-per-node 4"),
+    (["-N", "3", "-G", "8"], "-G 8: sbatch's -G/--gpus counts the GPUs of the whole job; the toolkit asks per node "
+                             "(one task each): 8 GPUs do not divide over 3 node(s)"),
+    (["-N", "3", "--sbatch", "gpus=8"], "--sbatch 'gpus=8': sbatch's -G/--gpus counts the GPUs of the whole job; the "
+                                        "toolkit asks per node (one task each): 8 GPUs do not divide over 3 node(s)"),
+    (["-o", "x.out"], "-o x.out: sbatch's --output is not taken here: each rank's output goes to RUN/logs/, the "
+                      "job's beside it in RUN/"),
+    (["--test-only"], "--test-only: sbatch's --test-only is not taken here: --dry-run prints the job's script and "
+                      "submits nothing"),
+    (["--sbatch", "output=x"], "--sbatch 'output=x': sbatch's --output is not taken here: each rank's output goes to "
+                               "RUN/logs/, the job's beside it in RUN/"),
+    (["--sbatch", "image=x"], "--sbatch 'image=x': the container image is the profile's: --set cluster.image=IMAGE"),
+    (["--local", "--constraint", "gpu"], f"--constraint gpu: {LOCAL_WAY}"),
+    (["--local", "-c", "4"], f"--cpus-per-task 4: {LOCAL_WAY}"),
+    (["--local", "--exclusive"], f"--exclusive: {LOCAL_WAY}"),
+    (["--local", "--sbatch", "mail-type=END"], f"--mail-type END: {LOCAL_WAY}"),
+    (["--local", "--sbatch", "requeue"], f"--requeue: {LOCAL_WAY}"),
+]
+
+
+# plain ids: mutmut selects tests by id, and an id holding a control character cannot be selected
+@pytest.mark.parametrize("argv, line", WHOLE_LINES, ids=[f"line{i}" for i in range(len(WHOLE_LINES))])
+def test_each_refusal_is_its_whole_line(argv, line):
+    local = argv[0] == "--local"
+    base = ["--dry-run", "--config", "profiles/smoke.yaml"] if local else [*BASE, *ACCOUNT]
+    out = call("hpc.submit", [*base, *argv])
+    assert (out.code, out.stderr) == (2, f"hpc.submit: error: command line: {line}\n")
+
+
+def sbatch_lines(argv: list[str], env: dict | None = None) -> list[str]:
+    out = call("hpc.submit", [*BASE, *ACCOUNT, *argv], env)
+    assert out.code == 0, out.stderr
+    return [line for line in out.stdout.splitlines() if line.startswith("#SBATCH")]
+
+
+@pytest.mark.parametrize("argv, held", [
+    (["--export", "NONE,AA,BB"], "#SBATCH --export=AA,BB"),  # bare names, from the submitting environment
+    (["--export", "lower_case=1"], "#SBATCH --export=NONE"),  # a name in any case; no ALL: a fresh environment
+    (["--sbatch", "mail-type=END", "--sbatch", "qos=debug"], "#SBATCH --qos=debug"),  # on past a passed option
+    (["--sbatch", "export=A=1", "--sbatch", "qos=debug"], "#SBATCH --qos=debug"),  # on past an export
+    (["--sbatch", "exclusive"], "#SBATCH --exclusive"),
+    (["--sbatch", "exclusive=user"], "#SBATCH --exclusive=user"),  # read as given: no reader of its own
+    (["--sbatch=--mail-type=END"], "#SBATCH --mail-type=END"),  # sbatch's own spelling, dashes and all
+    (["-C", "a!b"], "#SBATCH --constraint='a!b'"),  # 33: printable
+    (["-C", "a\x80"], "#SBATCH --constraint='a\\x80'"),  # past DEL (the dry run shows it escaped)
+    (["--mail-type", "a b"], "#SBATCH --mail-type='a b'"),  # a value may hold a blank
+    (["--mail-type", "a\x80"], "#SBATCH --mail-type='a\\x80'"),
+], ids=lambda value: None if isinstance(value, list) else value.split()[1].split("=")[0].lstrip("-"))
+def test_what_sbatch_takes_is_written_as_sbatch_takes_it(argv, held):
+    assert held in sbatch_lines(argv, {"AA": "1", "BB": "2"})
+
+
+def test_a_bare_wait_through_sbatch_is_the_wait_flag_not_a_second_one():
+    sbatch_lines(["--sbatch", "wait"])  # no "the same option twice" against --wait's default
+
+
+@pytest.mark.parametrize("text, minutes", [("0:1", 1), ("0:59", 1), ("1:0", 1), ("0:61", 2), ("0-0:0:1", 1)])
+def test_a_second_of_time_is_a_minute_and_no_time_is_refused(text, minutes):
+    from hpc.launch.submission.sbatchflags import minutes_of
+
+    assert minutes_of(text) == minutes
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'0:0': no time limit; give a limit the profile allows"):
+        minutes_of("0:0")
+
+
+def test_the_profile_keys_name_the_flags_that_stand_in_for_them():
+    from hpc.launch.submission.sbatchflags import profile_flags
+
+    flags = profile_flags()
+    assert flags["cluster.time_limit_min"] == ("-t/--time",) and flags["cluster.mem_gb"] == ("--mem",)
+    assert "cluster.nodes" not in flags and len(flags) == 8
+
+
+SLURM_HELP = Path(__file__).parents[2] / "golden" / "submit-help-slurm.txt"
+
+
+def test_the_slurm_options_help_is_pinned_by_a_golden_file():
+    """The Slurm group of `hpc.submit --help`, what a user reads before typing an sbatch habit: each flag, its
+    value's name and its help, and no refused or passed-through option listed. UPDATE_GOLDEN=1 rewrites it."""
+    out = io.StringIO()
+    with environment({"COLUMNS": "120"}), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        entry("hpc.submit")(["--help"])
+    text = out.getvalue()
+    section = text[text.index("\nSlurm:\n") + 1 : text.index("\nsubmission:\n") + 1]
+    if os.environ.get("UPDATE_GOLDEN"):
+        SLURM_HELP.write_text(section)
+    assert section == SLURM_HELP.read_text(), "the Slurm options' help changed; rerun with UPDATE_GOLDEN=1 if meant"

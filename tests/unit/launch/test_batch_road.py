@@ -1,0 +1,206 @@
+"""The batch shell's run and the allocation's run (hpc/launch/batch.py), in-process, with stand-ins for srun,
+scontrol, squeue and scancel on PATH: each stand-in records what it was asked; srun starts its command as
+one task (the real per-rank runner, then the command). The oracle is each stand-in's record and the run's
+files as the runner wrote them; the real Slurm runs the same roads in the Slurm tier (test_slurm_jobs.py,
+test_sbatch_habits_slurm.py)."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from commands import call
+
+# srun: its options dropped, the rest run as task 0 of 1 (its pid kept: scancel signals it and every process
+# under it, as Slurm signals every process of a step)
+SRUN = """while [ $# -gt 0 ]; do case "$1" in -*) echo "$1" >> "$STANDIN/srun.args"; shift;; *) break;; esac; done
+echo "$@" >> "$STANDIN/srun.args"
+echo $$ > "$STANDIN/srun.pid"
+export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_STEP_ID=0 SLURM_NODEID=0 SLURM_TASKS_PER_NODE=1
+exec "$@"
+"""
+RECORD = 'echo "$@" >> "$STANDIN/{name}.args"\n'
+SCANCEL = RECORD.format(name="scancel") + """tree() {
+  echo "$1"; for c in $(ps -o pid= --ppid "$1"); do tree "$c"; done
+}
+kill -TERM $(tree "$(cat "$STANDIN/srun.pid")")
+"""
+
+
+def stand_ins(folder: Path, **extra: str) -> dict[str, str]:
+    """The stand-ins in `folder`, and an environment whose PATH finds them (then this Python's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bodies = {"srun": SRUN, "scontrol": RECORD.format(name="scontrol"), "scancel": SCANCEL, **extra}
+    for name, body in bodies.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}")
+        (folder / name).chmod(0o755)
+    path = f"{folder}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return {"STANDIN": str(folder), "PATH": path, "BATCH_PID": str(os.getpid())}
+
+
+def asked(folder: Path, name: str) -> list[str]:
+    """The lines a stand-in recorded (none: it was not run)."""
+    place = folder / f"{name}.args"
+    return place.read_text().splitlines() if place.exists() else []
+
+
+JOB = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+       "SLURM_JOB_NODELIST": "vm", "SLURM_CPUS_PER_TASK": "2", "SLURM_JOB_NAME": "mine",
+       "SLURM_JOB_ACCOUNT": "m1_g", "SLURM_JOB_QOS": "regular", "SLURM_JOB_PARTITION": "gpu",
+       "SLURM_RESTART_COUNT": "2", "ENVIRONMENT": "BATCH", "OMP_NUM_THREADS": "1"}
+# the command: sends the job's warning to the batch shell (this process), then waits for the tasks' SIGTERM
+# and exits 3, as a script that saved does
+WARNS = ("import os, signal, time\n"
+         "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
+         "os.kill(int(os.environ['BATCH_PID']), signal.SIGUSR2)\n"
+         "time.sleep(60)\n")
+
+
+def batch(tmp_path: Path, command: list[str], **env: str):
+    bin_dir = tmp_path / "bin"
+    out = call("hpc.batch", ["--profile", "local", "--run-dir", str(tmp_path / "run"), "--", *command],
+               {**JOB, **stand_ins(bin_dir), **env})
+    return out, bin_dir
+
+
+def test_a_job_runs_its_command_as_one_srun_step_and_records_the_job(tmp_path):
+    out, bin_dir = batch(tmp_path, [sys.executable, "-c", "print('trained')"])
+    run = tmp_path / "run"
+    assert out.code == 0, out.stdout + out.stderr
+    assert f"job 77 (restart 2) on vm: 1 node(s) x 1 GPU(s); run dir {run}" in out.stdout + out.stderr
+    assert f"hpc.batch: {run}: done" in out.stdout + out.stderr
+    srun = asked(bin_dir, "srun")
+    assert srun[0] == "--kill-on-bad-exit=1" and srun[-1] == f"python -m hpc.rank --run-dir {run}", srun
+    assert asked(bin_dir, "scontrol") == [] and asked(bin_dir, "scancel") == []
+    job = json.loads((run / "job.json").read_text())
+    assert {k: job[k] for k in ("nodes", "gpus", "profile", "name", "account", "qos", "partition")} == {
+        "nodes": 1, "gpus": 1, "profile": "local", "name": "mine", "account": "m1_g", "qos": "regular",
+        "partition": "gpu"}
+    assert json.loads((run / "task.json").read_text())["words"] == [sys.executable, "-c", "print('trained')"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "done" and [r["exit_code"] for r in summary["ranks"]] == [0]
+
+
+def test_a_failed_command_fails_the_job_with_its_code_and_is_not_requeued(tmp_path):
+    out, bin_dir = batch(tmp_path, [sys.executable, "-c", "raise SystemExit(5)"])
+    assert out.code == 5, out.stdout + out.stderr
+    assert f"hpc.batch: {tmp_path / 'run'}: failed" in out.stdout + out.stderr
+    assert "requeue 77" not in asked(bin_dir, "scontrol")
+
+
+@pytest.mark.parametrize("budget, requeued", [("3", True), ("2", True), ("1", False), ("0", False)])
+def test_the_warning_tells_the_tasks_and_a_saved_run_requeues_while_requeues_are_left(tmp_path, budget, requeued):
+    """SIGUSR2 to the batch shell: scancel --signal=TERM of the job (its tasks), the command's exit 3, then
+    `scontrol requeue` of the job while HPC_MAX_REQUEUES exceeds its restarts (SLURM_RESTART_COUNT is 1 here:
+    a budget of 2 allows one more, 1 none).
+    The job's exit code is the run's, 3: never 0 for a run that did not finish."""
+    out, bin_dir = batch(tmp_path, [sys.executable, "-c", WARNS], HPC_MAX_REQUEUES=budget, SLURM_RESTART_COUNT="1")
+    assert out.code == 3, out.stdout + out.stderr
+    assert "job 77: Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)" in out.stdout + out.stderr
+    assert asked(bin_dir, "scancel") == ["--signal=TERM 77"]
+    assert ("requeue 77" in asked(bin_dir, "scontrol")) is requeued, asked(bin_dir, "scontrol")
+    assert ("hpc.batch: job 77 requeued from the batch shell" in out.stdout + out.stderr) is requeued
+
+
+def test_a_dry_run_says_the_command_and_the_step_and_writes_nothing(tmp_path):
+    out = call("hpc.batch", ["--dry-run", "--profile", "local", "--run-dir", str(tmp_path / "dry"), "--", "python",
+                             "-c", "print(1)", "a b"], {**JOB, **stand_ins(tmp_path / "bin2")})
+    said, step = out.stdout.splitlines()
+    assert said == "# each rank runs: python -c 'print(1)' 'a b'"
+    assert step.startswith("srun --kill-on-bad-exit=1 ")
+    assert step.endswith(f"python -m hpc.rank --run-dir {tmp_path}/dry")
+    assert not (tmp_path / "dry").exists() and not asked(tmp_path / "bin2", "srun")
+
+
+@pytest.mark.parametrize("words, found", [
+    (["--run-dir", "r1"], "r1"), (["--run-dir=r2"], "r2"), (["--epochs", "1"], "runs/hpc.train/77"),
+])
+def test_the_trainings_own_run_dir_is_the_runs(words, found):
+    from hpc.launch.batch import run_dir_for
+
+    assert run_dir_for(None, ["python", "-m", "hpc.train", *words], {"SLURM_JOB_ID": "77"}, "hpc.train") == Path(found)
+    # a command of your own: its --run-dir is its own word, not the run's; with no job id the run is "here"
+    own = run_dir_for(None, ["python", "t.py", *words], {"SCRATCH": "/s"}, "t")
+    assert own == Path("/s/hpc-resnet-study/runs/t/here")
+    assert run_dir_for(Path("given"), ["python", "-m", "hpc.train", *words], {}, "x") == Path("given")
+
+
+# salloc's shell (the test cluster's Slurm 22.05): one node, 2 GPUs
+SALLOC = {"SLURM_JOB_ID": "29", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE": "2",
+          "SLURM_JOB_CPUS_PER_NODE": "4", "SLURM_JOB_NODELIST": "vm", "OMP_NUM_THREADS": "1"}
+
+
+def in_allocation(tmp_path: Path, command: list[str], *options: str, **extra: str):
+    bin_dir = tmp_path / "bin"
+    env = {**SALLOC, **stand_ins(bin_dir, **extra)}
+    out = call("hpc.submit", ["--runs-dir", str(tmp_path / "runs"), "--profile", "perlmutter", "--gpus", "1",
+                              "--name", "mine", *options, "--", *command], env)
+    return out, bin_dir
+
+
+def test_each_run_in_an_allocation_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path):
+    for n in (0, 1):
+        out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", "print('trained')"])
+        assert out.code == 0, out.stdout + out.stderr
+        run = tmp_path / "runs" / "mine" / f"29.{n}"
+        said = out.stdout + out.stderr
+        assert f"hpc.submit: inside allocation 29 (salloc): the run is one srun step there; run dir {run}" in said
+        assert json.loads((run / "summary.json").read_text())["outcome"] == "done"
+    srun = asked(bin_dir, "srun")
+    assert srun.count("--job-name=hpc:mine/29.0") == 1 and srun.count("--job-name=hpc:mine/29.1") == 1, srun
+    assert "--ntasks-per-node=1" in srun and "--nodes=1" in srun and "--cpus-per-task=4" in srun  # 4 CPUs, 1 GPU
+
+
+def test_a_failed_run_in_an_allocation_is_its_exit_code_and_a_step_that_started_nothing_says_so(tmp_path):
+    """hpc.submit's code for a failed run is 1, as for --wait and --local (docs/faults.md), not the rank's."""
+    out, _ = in_allocation(tmp_path, [sys.executable, "-c", "raise SystemExit(5)"])
+    assert out.code == 1, out.stdout + out.stderr
+    out, _ = in_allocation(tmp_path, [sys.executable, "-c", "pass"], srun="exit 1\n")  # srun refused the step
+    assert out.code == 1
+    assert "hpc.submit: the step ended (srun exit 1) before any rank started; see" in out.stdout + out.stderr
+
+
+def test_a_sigterm_inside_an_allocation_stops_its_step_by_name_and_says_how_to_resume(tmp_path):
+    """`kill` of hpc.submit inside salloc: the step (found by its --job-name in squeue) gets scancel
+    --signal=TERM, as a preemption's tasks do; the command exits 3, and the resume line is printed."""
+    stops = ("import os, signal, time\n"
+             "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
+             "os.kill(int(os.environ['BATCH_PID']), signal.SIGTERM)\n"
+             "time.sleep(60)\n")
+    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], squeue='echo "29.0 hpc:mine/29.0"\n'
+                                 'echo "29.1 someone-else"\n')
+    assert out.code == 3, out.stdout + out.stderr
+    assert "hpc.submit: SIGTERM: the ranks stop and save what they can (step 29.0)" in out.stdout + out.stderr
+    assert asked(bin_dir, "scancel") == ["--signal=TERM 29.0"]
+    assert "hpc.submit: to resume it in an allocation: srun " in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("code", [0, 3, 5])
+def test_submitits_job_takes_the_same_road_in_its_folder_and_ends_with_the_runs_code(tmp_path, code):
+    """`BatchJob`, what hpc.submit's job runs through submitit: the run in submitit's folder (its %j, the job
+    id), submitit's unexpanded '%j' folder beside it removed, and an unfinished run's code raised past
+    submitit (SystemExit), so that the job ends with it."""
+    from commands import environment
+
+    from hpc.core.rundir import JobRecord
+    from hpc.launch.batch import BatchJob, Step
+    from hpc.launch.rank.rankcli import command_task
+    from hpc.settings.config import load_cluster
+
+    (tmp_path / "runs" / "%j").mkdir(parents=True)
+    env = {**JOB, **stand_ins(tmp_path / "bin"), "SUBMITIT_EXECUTOR": "slurm",
+           "SUBMITIT_FOLDER": str(tmp_path / "runs" / "%j")}
+    task = command_task([sys.executable, "-c", f"raise SystemExit({code})"], None, False, [], 30)
+    job = BatchJob(task, load_cluster("local"), Step("srun", 1, 1, None), JobRecord(nodes=1, gpus=1, profile="local"))
+    with environment(env):
+        if code:
+            with pytest.raises(SystemExit) as ended:
+                job()
+            assert ended.value.code == code
+        else:
+            assert job() == "done"
+    run = tmp_path / "runs" / "77"
+    assert json.loads((run / "task.json").read_text())["words"][-1] == f"raise SystemExit({code})"
+    assert json.loads((run / "summary.json").read_text())["ranks"][0]["exit_code"] == code
+    assert not (tmp_path / "runs" / "%j").exists()
