@@ -80,6 +80,7 @@ def parse(argv: list[str]) -> BatchRequest:
     words = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = Parser(
         prog="python -m hpc.batch",
+        usage="%(prog)s [options] -- COMMAND [ARG ...]",
         description="The batch shell of jobs/run.sbatch and jobs/resnet152.sbatch, after their #SBATCH lines and "
         "`module load`: COMMAND (after --) on every task of the job as one srun step of the per-rank runner, one "
         "line on how the run ended, and the job requeued when it stopped with a checkpoint.",

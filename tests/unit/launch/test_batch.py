@@ -1,7 +1,10 @@
 """The batch shell of a hand-written sbatch script (hpc/launch/batch.py), in-process."""
 
+import contextlib
+import io
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +176,60 @@ def test_a_commands_config_names_its_metrics_place_on_the_batch_and_allocation_r
     with pytest.raises(UsageError) as e:  # from --set, with no --config: named so, never `--config None`
         command_task(["python", "t.py"], None, False, ["command.metrics=m/{batch}"], 30)
     assert str(e.value).startswith("--set command.metrics=m/{batch}: command.metrics: 'm/{batch}': no value for")
+
+
+@pytest.mark.parametrize("env, cpus", [
+    ({**SALLOC, "SLURM_CPUS_PER_TASK": "3"}, 3),  # salloc -c 3: each task's, as asked
+    ({k: v for k, v in SALLOC.items() if k != "SLURM_JOB_CPUS_PER_NODE"}, None),  # not said: Slurm's own
+    ({**SALLOC, "SLURM_JOB_CPUS_PER_NODE": "1"}, None),  # fewer CPUs than GPUs: none to share out
+])
+def test_an_allocations_cpus_a_task_are_what_it_was_given(env, cpus):
+    from hpc.launch.batch import allocation_here, allocation_step
+    from hpc.settings.config import load_cluster
+
+    cluster = load_cluster("perlmutter")
+    step = allocation_step(allocation_here(env), cluster, 1, 2, env)
+    assert (step.cpus, step.launcher) == (cpus, cluster.launcher)
+
+
+@pytest.mark.parametrize("env, multinode, whole_node", [
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "8"}, True, True),  # 2 x 4: the fabric's settings, the GPU order
+    ({"SLURM_NNODES": "1", "SLURM_NTASKS": "4"}, False, True),
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, True, False),  # 2 a node: a partial node sees its own GPUs
+    ({"SLURM_NTASKS": "4"}, False, True),  # no SLURM_NNODES: one node
+    ({}, False, False),  # one task
+])
+def test_the_job_takes_the_profiles_environment_for_its_shape_under_its_own(env, multinode, whole_node):
+    """Perlmutter's profile: NCCL over the Slingshot fabric only across nodes, the GPU order only on a whole node
+    (profiles/perlmutter.yaml); a variable the job already has wins over the profile's."""
+    from hpc.launch.batch import job_environment
+    from hpc.settings.config import load_cluster
+
+    made = job_environment(load_cluster("perlmutter"), {**env, "OMP_NUM_THREADS": "1"})
+    assert ("NCCL_NET" in made, made.get("HPC_GPU_ORDER") == "3,2,1,0") == (multinode, whole_node), made
+    assert made["OMP_NUM_THREADS"] == "1" and all(made[k] == v for k, v in env.items())
+
+
+BATCH_HELP = Path(__file__).parents[2] / "golden" / "batch-help.txt"
+
+
+def test_the_batch_shells_help_is_pinned_by_a_golden_file():
+    """`python -m hpc.batch --help`, what a hand-written sbatch script's author reads; UPDATE_GOLDEN=1
+    rewrites it."""
+    from commands import entry, environment
+
+    out = io.StringIO()
+    with environment({"COLUMNS": "120"}), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        entry("hpc.batch")(["--help"])
+    if os.environ.get("UPDATE_GOLDEN"):
+        BATCH_HELP.write_text(out.getvalue())
+    assert out.getvalue() == BATCH_HELP.read_text(), "hpc.batch --help changed; rerun with UPDATE_GOLDEN=1 if meant"
+
+
+def test_the_batch_shell_without_a_command_says_how_to_give_one():
+    from commands import assert_refused, call
+
+    out = call("hpc.batch", ["--profile", "local"], BATCH_SHELL)
+    assert (out.code, out.stderr) == (
+        2, "hpc.batch: error: command line: --: no command after it (e.g. -- python train.py --epochs 3)\n")
+    assert_refused(call("hpc.batch", ["--profile", "local", "--"], BATCH_SHELL), "hpc.batch", "no command after it")

@@ -12,18 +12,23 @@ from pathlib import Path
 import pytest
 from commands import call
 
-# srun: its options dropped, the rest run as task 0 of 1 (its pid kept: scancel signals it and every process
-# under it, as Slurm signals every process of a step)
-SRUN = """while [ $# -gt 0 ]; do case "$1" in -*) echo "$1" >> "$STANDIN/srun.args"; shift;; *) break;; esac; done
+# srun: its options dropped, the rest run as task 0 of 1; its SIGTERM passed on to the task's processes, as
+# srun(1) passes it on. The task's pid is kept: scancel signals it and every process under it, as Slurm
+# signals every process of a step.
+TREE = 'tree() { echo "$1"; for c in $(ps -o pid= --ppid "$1"); do tree "$c"; done; }\n'
+SRUN = TREE + """while [ $# -gt 0 ]; do
+  case "$1" in -*) echo "$1" >> "$STANDIN/srun.args"; shift;; *) break;; esac
+done
 echo "$@" >> "$STANDIN/srun.args"
-echo $$ > "$STANDIN/srun.pid"
 export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_STEP_ID=0 SLURM_NODEID=0 SLURM_TASKS_PER_NODE=1
-exec "$@"
+"$@" &
+task=$!
+echo $task > "$STANDIN/srun.pid"
+trap 'kill -TERM $(tree $task) 2>/dev/null' TERM
+while :; do wait $task; rc=$?; kill -0 $task 2>/dev/null || exit $rc; done
 """
 RECORD = 'echo "$@" >> "$STANDIN/{name}.args"\n'
-SCANCEL = RECORD.format(name="scancel") + """tree() {
-  echo "$1"; for c in $(ps -o pid= --ppid "$1"); do tree "$c"; done
-}
+SCANCEL = RECORD.format(name="scancel") + TREE + """echo "scancel: what it says is kept from the terminal"
 kill -TERM $(tree "$(cat "$STANDIN/srun.pid")")
 """
 
@@ -54,7 +59,7 @@ JOB = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_NT
 WARNS = ("import os, signal, time\n"
          "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
          "os.kill(int(os.environ['BATCH_PID']), signal.SIGUSR2)\n"
-         "time.sleep(60)\n")
+         "time.sleep(20)\n")
 
 
 def batch(tmp_path: Path, command: list[str], **env: str):
@@ -80,6 +85,19 @@ def test_a_job_runs_its_command_as_one_srun_step_and_records_the_job(tmp_path):
     assert json.loads((run / "task.json").read_text())["words"] == [sys.executable, "-c", "print('trained')"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "done" and [r["exit_code"] for r in summary["ranks"]] == [0]
+
+
+@pytest.mark.parametrize("shape, gpus", [
+    ({}, 4),  # no --ntasks-per-node: four ranks a node, Perlmutter's
+    ({"SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_NODE": "gpu:a100:2"}, 2),  # a typed count: its last field
+])
+def test_the_job_record_holds_the_steps_shape(tmp_path, shape, gpus):
+    job = {k: v for k, v in JOB.items() if k != "SLURM_NTASKS_PER_NODE"}
+    bin_dir = tmp_path / "bin"
+    out = call("hpc.batch", ["--profile", "local", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c",
+                             "pass"], {**job, **stand_ins(bin_dir), **shape})
+    assert out.code == 0, out.stdout + out.stderr
+    assert json.loads((tmp_path / "run" / "job.json").read_text())["gpus"] == gpus
 
 
 def test_a_failed_command_fails_the_job_with_its_code_and_is_not_requeued(tmp_path):
@@ -134,19 +152,25 @@ SALLOC = {"SLURM_JOB_ID": "29", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1",
 def in_allocation(tmp_path: Path, command: list[str], *options: str, **extra: str):
     bin_dir = tmp_path / "bin"
     env = {**SALLOC, **stand_ins(bin_dir, **extra)}
+    name = [] if "--name" in options else ["--name", "mine"]
     out = call("hpc.submit", ["--runs-dir", str(tmp_path / "runs"), "--profile", "perlmutter", "--gpus", "1",
-                              "--name", "mine", *options, "--", *command], env)
+                              *name, *options, "--", *command], env)
     return out, bin_dir
 
 
 def test_each_run_in_an_allocation_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path):
-    for n in (0, 1):
-        out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", "print('trained')"])
+    """Each start: RUNS/<name>/<job id>.<n>, the first free n; the command line's --export reaches the ranks."""
+    says = "import os; print('given:', os.environ['WORD'])"
+    for n in (0, 1, 2):
+        out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", says], "--export", "ALL,WORD=mine")
         assert out.code == 0, out.stdout + out.stderr
         run = tmp_path / "runs" / "mine" / f"29.{n}"
-        said = out.stdout + out.stderr
-        assert f"hpc.submit: inside allocation 29 (salloc): the run is one srun step there; run dir {run}" in said
+        # what hpc.submit says of itself goes to stderr; the run's end, to stdout
+        said = f"hpc.submit: inside allocation 29 (salloc): the run is one srun step there; run dir {run}\n"
+        assert said in out.stderr
+        assert out.stdout.startswith(f"job 29: done\n  run:     {run}\n")
         assert json.loads((run / "summary.json").read_text())["outcome"] == "done"
+        assert "given: mine" in (run / "logs" / "rank0.out").read_text()
     srun = asked(bin_dir, "srun")
     assert srun.count("--job-name=hpc:mine/29.0") == 1 and srun.count("--job-name=hpc:mine/29.1") == 1, srun
     assert "--ntasks-per-node=1" in srun and "--nodes=1" in srun and "--cpus-per-task=4" in srun  # 4 CPUs, 1 GPU
@@ -161,23 +185,36 @@ def test_a_failed_run_in_an_allocation_is_its_exit_code_and_a_step_that_started_
     assert "hpc.submit: the step ended (srun exit 1) before any rank started; see" in out.stdout + out.stderr
 
 
-def test_a_sigterm_inside_an_allocation_stops_its_step_by_name_and_says_how_to_resume(tmp_path):
+def test_a_sigterm_inside_an_allocation_stops_its_step_by_name_and_says_how_to_resume(tmp_path, capfd):
     """`kill` of hpc.submit inside salloc: the step (found by its --job-name in squeue) gets scancel
     --signal=TERM, as a preemption's tasks do; the command exits 3, and the resume line is printed."""
     stops = ("import os, signal, time\n"
              "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
              "os.kill(int(os.environ['BATCH_PID']), signal.SIGTERM)\n"
-             "time.sleep(60)\n")
-    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], squeue='echo "29.0 hpc:mine/29.0"\n'
-                                 'echo "29.1 someone-else"\n')
+             "time.sleep(20)\n")
+    listing = RECORD.format(name="squeue") + 'echo "29.0 hpc:a=b/29.0"\necho "29.1 someone-else"\n'
+    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], "--name", "a=b", squeue=listing)
     assert out.code == 3, out.stdout + out.stderr
     assert "hpc.submit: SIGTERM: the ranks stop and save what they can (step 29.0)" in out.stdout + out.stderr
+    assert asked(bin_dir, "squeue") == ["-h -s -j 29 -o %i %j"]  # the job's steps, by id and name
     assert asked(bin_dir, "scancel") == ["--signal=TERM 29.0"]
+    assert "scancel:" not in capfd.readouterr().out
     assert "hpc.submit: to resume it in an allocation: srun " in out.stdout + out.stderr
 
 
+def test_a_sigterm_before_the_step_is_listed_is_sruns_own_stop(tmp_path):
+    """A step squeue does not list (not started yet): srun itself gets the SIGTERM, and nothing is scancelled."""
+    stops = ("import os, signal, time\n"
+             "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
+             "os.kill(int(os.environ['BATCH_PID']), signal.SIGTERM)\n"
+             "time.sleep(20)\n")
+    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], squeue=RECORD.format(name="squeue"))
+    assert "hpc.submit: SIGTERM: the ranks stop and save what they can (step ?)" in out.stdout + out.stderr
+    assert asked(bin_dir, "scancel") == [] and out.code == 3, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("code", [0, 3, 5])
-def test_submitits_job_takes_the_same_road_in_its_folder_and_ends_with_the_runs_code(tmp_path, code):
+def test_submitits_job_takes_the_same_road_in_its_folder_and_ends_with_the_runs_code(tmp_path, capsys, code):
     """`BatchJob`, what hpc.submit's job runs through submitit: the run in submitit's folder (its %j, the job
     id), submitit's unexpanded '%j' folder beside it removed, and an unfinished run's code raised past
     submitit (SystemExit), so that the job ends with it."""
@@ -188,7 +225,8 @@ def test_submitits_job_takes_the_same_road_in_its_folder_and_ends_with_the_runs_
     from hpc.launch.rank.rankcli import command_task
     from hpc.settings.config import load_cluster
 
-    (tmp_path / "runs" / "%j").mkdir(parents=True)
+    if code:  # submitit's unexpanded folder, left empty beside the run; a job may not have made it
+        (tmp_path / "runs" / "%j").mkdir(parents=True)
     env = {**JOB, **stand_ins(tmp_path / "bin"), "SUBMITIT_EXECUTOR": "slurm",
            "SUBMITIT_FOLDER": str(tmp_path / "runs" / "%j")}
     task = command_task([sys.executable, "-c", f"raise SystemExit({code})"], None, False, [], 30)
@@ -201,6 +239,103 @@ def test_submitits_job_takes_the_same_road_in_its_folder_and_ends_with_the_runs_
         else:
             assert job() == "done"
     run = tmp_path / "runs" / "77"
+    said = capsys.readouterr()
+    assert f"hpc.submit: {run}: " in said.out + said.err  # its lines begin with the command whose log they are in
+    assert json.loads((run / "job.json").read_text())["profile"] == "local"
     assert json.loads((run / "task.json").read_text())["words"][-1] == f"raise SystemExit({code})"
     assert json.loads((run / "summary.json").read_text())["ranks"][0]["exit_code"] == code
     assert not (tmp_path / "runs" / "%j").exists()
+
+
+def test_a_sigterm_to_the_batch_shell_is_final_never_requeued(tmp_path):
+    """SIGTERM to the batch shell is Slurm ending the job (a person's scancel, the time limit): the run that
+    saved and exited 3 is not requeued, whatever requeues are left; scontrol is asked why the job ends."""
+    # Slurm's SIGTERM reaches every process of the job: the batch shell and the task alike
+    ends = WARNS.replace("signal.SIGUSR2)", "signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)")
+    out, bin_dir = batch(tmp_path, [sys.executable, "-c", ends], HPC_MAX_REQUEUES="9", SLURM_RESTART_COUNT="0")
+    assert out.code == 3, out.stdout + out.stderr
+    assert "show job -o 77" in asked(bin_dir, "scontrol") and "requeue 77" not in asked(bin_dir, "scontrol")
+
+
+def test_a_step_srun_refused_ends_the_job_with_sruns_code(tmp_path):
+    bin_dir = tmp_path / "bin"
+    job = {k: v for k, v in JOB.items() if k not in ("SLURM_RESTART_COUNT", "SLURM_NNODES")}
+    out = call("hpc.batch", ["--profile", "local", "--no-profile", "--run-dir", str(tmp_path / "run"), "--",
+                             sys.executable, "-c", "pass"], {**job, **stand_ins(bin_dir, srun="exit 7\n")})
+    assert out.code == 7, out.stdout + out.stderr
+    assert f"job 77 (restart 0) on vm: 1 node(s) x 1 GPU(s); run dir {tmp_path / 'run'}" in out.stdout + out.stderr
+    assert f"hpc.batch: {tmp_path / 'run'}: no rank started" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("no_profile", [False, True])
+def test_the_tasks_config_and_no_profile_reach_task_json(tmp_path, no_profile):
+    config = tmp_path / "c.yaml"
+    config.write_text("command:\n  hang_timeout_s: 90\n")
+    bin_dir = tmp_path / "bin"
+    flags = ["--config", str(config), *(["--no-profile"] if no_profile else [])]
+    out = call("hpc.batch", ["--profile", "local", *flags, "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+                             "-c", "pass"], {**JOB, **stand_ins(bin_dir)})
+    assert out.code == 0, out.stdout + out.stderr
+    task = json.loads((tmp_path / "run" / "task.json").read_text())
+    assert task["hang_timeout_s"] == 90 and task["profiler"]["enabled"] is not no_profile, task
+
+
+@pytest.mark.parametrize("words, found", [
+    (["--run-dir"], "runs/hpc.train/77"),  # no value after it: not the run's
+    (["--run-dir=a=b"], "a=b"),  # the value whole, past its first '='
+])
+def test_the_trainings_own_run_dir_is_read_whole(words, found):
+    from hpc.launch.batch import run_dir_for
+
+    assert run_dir_for(None, ["python", "-m", "hpc.train", *words], {"SLURM_JOB_ID": "77"}, "hpc.train") == Path(found)
+
+
+def test_the_batch_shell_reads_its_own_command_line_and_profile_from_the_environment(tmp_path, monkeypatch, capsys):
+    """`python -m hpc.batch` reads sys.argv; HPC_PROFILE names the profile when --profile does not, else
+    perlmutter (whose srun binds CPUs: --cpu-bind=cores); the sized step's CPUs are 1 when Slurm says none."""
+    from commands import environment
+
+    from hpc.launch.batch import cli
+
+    shape = {**JOB, "SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_PER_NODE": "2", "SLURM_JOB_ACCOUNT": "m1_g"}
+    del shape["SLURM_CPUS_PER_TASK"]
+    monkeypatch.setattr(sys, "argv", ["hpc.batch", "--dry-run", "--run-dir", "r", "--", "python", "-c", "pass"])
+    for profile, bound in (({"HPC_PROFILE": "local"}, False), ({}, True)):
+        with environment({**shape, **profile}):
+            assert cli() == 0
+        step = capsys.readouterr().out.splitlines()[-1]
+        assert ("--cpu-bind=cores" in step) is bound and "--ntasks-per-node=2 --cpus-per-task=1" in step, step
+
+
+def test_the_dry_runs_step_preview_is_the_steps_words():
+    from hpc.launch.batch import Step, step_preview
+    from hpc.settings.config import load_cluster
+
+    cluster = load_cluster("local")
+    assert step_preview(cluster, Path("r d"), Step("torchrun", 2, 4, 8, python="py"), None) == (
+        "srun ... torchrun a node, its workers: py -m hpc.rank --run-dir 'r d'")
+    assert step_preview(cluster, Path("r"), Step("srun", 1, 2, 8), "NONE").startswith("srun --kill-on-bad-exit=1 "
+                                                                                       "--export=ALL ")
+    assert "--export" not in step_preview(cluster, Path("r"), Step("srun", 1, 2, 8), None)
+    assert step_preview(cluster, Path("r"), Step("srun", 1, 2, 8), None).endswith("python -m hpc.rank --run-dir r")
+
+
+@pytest.mark.parametrize("launcher, gpus, agent, ordered", [
+    ("torchrun", 4, True, True), ("srun", 4, False, True), ("srun", 2, False, False),
+])
+def test_an_allocations_step_environment_is_the_profiles_for_its_shape(tmp_path, launcher, gpus, agent, ordered):
+    """torchrun's agents get a store of their own each start (AGENT_ENV); the GPU order only on a whole node."""
+    from commands import environment
+
+    from hpc.launch.batch import Step, allocation_words
+    from hpc.launch.rank.rankcli import command_task
+    from hpc.placement.torchrun import AGENT_ENV
+    from hpc.settings.config import load_cluster
+
+    task = command_task(["python", "t.py"], None, False, [], 30)
+    with environment(SALLOC):
+        _, words, env = allocation_words(task, tmp_path, load_cluster("perlmutter"), Step(launcher, 1, gpus, 8, True),
+                                         {"A": "1"}, True)
+    assert all(env.get(k) == v for k, v in AGENT_ENV.items()) is agent
+    assert (env.get("HPC_GPU_ORDER") == "3,2,1,0") is ordered and env["A"] == "1"
+    assert words[1] == f"--job-name=hpc:{tmp_path.name}/29.<n>" and not list(tmp_path.iterdir())  # made nothing
