@@ -48,6 +48,9 @@ def test_the_batch_shell_names_a_commands_run_after_its_script(tmp_path, monkeyp
     scratch = call("hpc.batch", ["--dry-run", "--profile", "local", "--", "python", "train.py"],
                    {**BATCH_SHELL, "SCRATCH": "/s"})
     assert scratch.stdout.splitlines()[1].endswith("--run-dir /s/hpc-resnet-study/runs/train/77")
+    named = call("hpc.batch", ["--dry-run", "--profile", "local", "--name", "mine", "--", "python", "train.py"],
+                 BATCH_SHELL)
+    assert named.stdout.splitlines()[1].endswith("--run-dir runs/mine/77")  # --name: the runs directory's folder
 
 
 # salloc's shell as the test cluster's Slurm 22.05 set it (`salloc -N1 --gpus-per-node=2 -n 2 ... env`), a
@@ -75,6 +78,7 @@ SALLOC = {"SLURM_JOB_ID": "29", "SLURM_JOBID": "29", "SLURM_JOB_NUM_NODES": "1",
     ({"SLURM_JOB_ID": "10", "SLURM_GPUS": "2", "SLURM_JOB_NUM_NODES": "4"}, ("10", 4, None, None)),  # < 1 a node
     ({"SLURM_JOB_ID": "11", "ENVIRONMENT": "INTERACTIVE", "SLURM_JOB_CPUS_PER_NODE": "64,32"}, ("11", 1, None, 64)),
     ({"SLURM_JOB_ID": "12", "SLURM_GPUS_PER_NODE": "gpu:a100:2", "SLURM_GPUS": "8"}, ("12", 1, 2, None)),
+    ({"SLURM_JOB_ID": "13", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS": "gpu:a100:8"}, ("13", 2, 4, None)),
 ])
 def test_an_interactive_allocation_is_told_from_a_batch_job_and_a_step(env, found):
     from hpc.launch.batch import allocation_here
@@ -94,7 +98,7 @@ def test_a_run_in_an_allocation_fits_it_or_says_how(nodes, gpus, refused):
 
     here = allocation_here(SALLOC)
     if refused:
-        with pytest.raises(UsageError, match=re.escape(refused) + ".*--new-job"):
+        with pytest.raises(UsageError, match=re.escape(refused + "; ask salloc for it, or submit a new job: --new-job")):
             allocation_step(here, load_cluster("perlmutter"), nodes, gpus, SALLOC)
     else:
         step = allocation_step(here, load_cluster("perlmutter"), nodes, gpus, SALLOC)
@@ -113,6 +117,23 @@ def test_the_allocation_step_names_its_shape_and_takes_the_shells_environment(tm
     assert "--export=ALL" not in step_words(cluster, tmp_path, Step("srun", 1, 2, 1), {"SLURM_EXPORT_ENV": "ALL,A=1"})
 
 
+def test_a_torchrun_step_is_one_agent_a_node_with_the_steps_shape_and_restarts():
+    """The batch job's own torchrun step (unsized: the job's nodes, no --nodes); an allocation's without a CPU
+    count gives each agent one CPU a worker; HPC_MAX_RESTARTS over the profile's; torchrun's --nnodes is the
+    step's, not the job's."""
+    from hpc.launch.batch import Step, step_words
+    from hpc.settings.config import load_cluster
+
+    cluster = load_cluster("local")
+    env = {**BATCH_SHELL, "SLURM_NNODES": "3", "HPC_MAX_RESTARTS": "7"}
+    words = step_words(cluster, Path("r"), Step("torchrun", 2, 4, None), env)
+    assert not any(w.startswith("--nodes=") for w in words), words
+    assert {"--ntasks=2", "--cpus-per-task=4", "--nnodes=2", "--max-restarts=7"} <= set(words), words
+    assert " python -m hpc.launch.rank.agent --" in " ".join(words) and words[-4:] == ["-m", "hpc.rank", "--run-dir", "r"]
+    assert f"--max-restarts={cluster.max_restarts}" in step_words(cluster, Path("r"), Step("torchrun", 1, 2, 1), {
+        **BATCH_SHELL, "SLURM_NNODES": "1"})
+
+
 @pytest.mark.parametrize("account, refused", [("m1234_g", False), ("m1234", True), (None, False)])
 def test_the_batch_shell_stops_a_gpu_job_charged_elsewhere(tmp_path, account, refused):
     from commands import assert_refused, call
@@ -121,7 +142,7 @@ def test_the_batch_shell_stops_a_gpu_job_charged_elsewhere(tmp_path, account, re
     out = call("hpc.batch", ["--dry-run", "--profile", "perlmutter", "--", "python", "-m", "hpc.train", "--run-dir",
                              str(tmp_path / "r")], env)
     if refused:
-        assert_refused(out, "hpc.batch", "account 'm1234'", "'_g'", "sbatch -A m1234_g")
+        assert_refused(out, "hpc.batch", "job 77: account 'm1234' (sbatch -A)", "'_g'", "sbatch -A m1234_g")
     else:
         assert out.code == 0, out.stderr
 
@@ -233,3 +254,21 @@ def test_the_batch_shell_without_a_command_says_how_to_give_one():
     assert (out.code, out.stderr) == (
         2, "hpc.batch: error: command line: --: no command after it (e.g. -- python train.py --epochs 3)\n")
     assert_refused(call("hpc.batch", ["--profile", "local", "--"], BATCH_SHELL), "hpc.batch", "no command after it")
+    out = call("hpc.batch", [], BATCH_SHELL)  # nothing at all: the usage, and where the help is
+    assert out.code == 2 and "no arguments given (see python -m hpc.batch --help)" in out.stderr, out.stderr
+
+
+def test_a_command_inside_the_profiles_image_is_looked_for_there_not_here(tmp_path, monkeypatch):
+    """profiles/perlmutter.yaml with its commented `image:` set: a program this machine lacks may be the image's
+    (shifter runs each task there); without an image it is refused here, in one line."""
+    from commands import call
+
+    monkeypatch.chdir(tmp_path)
+    profile = tmp_path / "container.yaml"
+    text = (Path(__file__).parents[3] / "profiles" / "perlmutter.yaml").read_text()
+    profile.write_text(text.replace("# image: nersc/pytorch:24.08.01", "image: nersc/pytorch:24.08.01"))
+    words = ["--dry-run", "--", "only-in-the-image", "x"]
+    out = call("hpc.batch", ["--profile", str(profile), *words], BATCH_SHELL)
+    assert out.code == 0 and "shifter --image=nersc/pytorch:24.08.01" in out.stdout, out.stderr
+    out = call("hpc.batch", ["--profile", "perlmutter", *words], BATCH_SHELL)
+    assert out.code == 2 and "'only-in-the-image': not found on PATH" in out.stderr, out.stderr

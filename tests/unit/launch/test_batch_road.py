@@ -70,7 +70,9 @@ def batch(tmp_path: Path, command: list[str], **env: str):
 
 
 def test_a_job_runs_its_command_as_one_srun_step_and_records_the_job(tmp_path):
-    out, bin_dir = batch(tmp_path, [sys.executable, "-c", "print('trained')"])
+    """The profile's environment reaches the task (profiles/local.yaml: GLOO_SOCKET_IFNAME=lo)."""
+    says = "import os; print('trained on', os.environ['GLOO_SOCKET_IFNAME'])"
+    out, bin_dir = batch(tmp_path, [sys.executable, "-c", says])
     run = tmp_path / "run"
     assert out.code == 0, out.stdout + out.stderr
     assert f"job 77 (restart 2) on vm: 1 node(s) x 1 GPU(s); run dir {run}" in out.stdout + out.stderr
@@ -82,7 +84,8 @@ def test_a_job_runs_its_command_as_one_srun_step_and_records_the_job(tmp_path):
     assert {k: job[k] for k in ("nodes", "gpus", "profile", "name", "account", "qos", "partition")} == {
         "nodes": 1, "gpus": 1, "profile": "local", "name": "mine", "account": "m1_g", "qos": "regular",
         "partition": "gpu"}
-    assert json.loads((run / "task.json").read_text())["words"] == [sys.executable, "-c", "print('trained')"]
+    assert json.loads((run / "task.json").read_text())["words"] == [sys.executable, "-c", says]
+    assert "trained on lo" in (run / "logs" / "rank0.out").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == "done" and [r["exit_code"] for r in summary["ranks"]] == [0]
 
@@ -255,6 +258,9 @@ def test_a_sigterm_to_the_batch_shell_is_final_never_requeued(tmp_path):
     out, bin_dir = batch(tmp_path, [sys.executable, "-c", ends], HPC_MAX_REQUEUES="9", SLURM_RESTART_COUNT="0")
     assert out.code == 3, out.stdout + out.stderr
     assert "show job -o 77" in asked(bin_dir, "scontrol") and "requeue 77" not in asked(bin_dir, "scontrol")
+    # scontrol gives no time-limit reason: a person's scancel, recorded as Slurm names it
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["outcome"] == "cancelled"
+    assert f"hpc.batch: {tmp_path / 'run'}: cancelled" in out.stdout + out.stderr
 
 
 def test_a_step_srun_refused_ends_the_job_with_sruns_code(tmp_path):
