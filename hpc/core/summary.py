@@ -688,8 +688,8 @@ def attempt_job(attempt: str) -> str:
 def attempt_restarts(attempt: str | None) -> int:
     """Slurm's restart count at an attempt (`attempt_of`'s JOB.RESTART.GROUP_RESTART: SLURM_RESTART_COUNT);
     0 for none, or one without it."""
-    parts = (attempt or "").split(".")
-    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    counts = _attempt_order(attempt or "")
+    return max(counts[0], 0) if counts else 0
 
 
 def cancelled(said: SchedulerSaid, attempt: str | None) -> bool:

@@ -54,12 +54,18 @@ JOB = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_NT
        "SLURM_JOB_NODELIST": "vm", "SLURM_CPUS_PER_TASK": "2", "SLURM_JOB_NAME": "mine",
        "SLURM_JOB_ACCOUNT": "m1_g", "SLURM_JOB_QOS": "regular", "SLURM_JOB_PARTITION": "gpu",
        "SLURM_RESTART_COUNT": "2", "ENVIRONMENT": "BATCH", "OMP_NUM_THREADS": "1"}
-# the command: sends the job's warning to the batch shell (this process), then waits for the tasks' SIGTERM
-# and exits 3, as a script that saved does
-WARNS = ("import os, signal, time\n"
-         "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
-         "os.kill(int(os.environ['BATCH_PID']), signal.SIGUSR2)\n"
-         "time.sleep(20)\n")
+
+
+def saves_on_sigterm(sends: str, itself: bool = False) -> list[str]:
+    """A command that sends `sends` (a signal's name) to this process (the batch shell, or hpc.submit in an
+    allocation), and to itself too where `itself`, then waits for SIGTERM and exits 3, as a script that saved
+    does. It gives up after 20 s (a stop that never came) and exits 0."""
+    own = "os.kill(os.getpid(), signal.SIGTERM)\n" if itself else ""
+    script = ("import os, signal, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
+              f"os.kill(int(os.environ['BATCH_PID']), signal.{sends})\n{own}"
+              "time.sleep(20)\n")
+    return [sys.executable, "-c", script]
 
 
 def batch(tmp_path: Path, command: list[str], **env: str):
@@ -116,7 +122,7 @@ def test_the_warning_tells_the_tasks_and_a_saved_run_requeues_while_requeues_are
     `scontrol requeue` of the job while HPC_MAX_REQUEUES exceeds its restarts (SLURM_RESTART_COUNT is 1 here:
     a budget of 2 allows one more, 1 none).
     The job's exit code is the run's, 3: never 0 for a run that did not finish."""
-    out, bin_dir = batch(tmp_path, [sys.executable, "-c", WARNS], HPC_MAX_REQUEUES=budget, SLURM_RESTART_COUNT="1")
+    out, bin_dir = batch(tmp_path, saves_on_sigterm("SIGUSR2"), HPC_MAX_REQUEUES=budget, SLURM_RESTART_COUNT="1")
     assert out.code == 3, out.stdout + out.stderr
     assert "job 77: Slurm's warning (SIGUSR2): the ranks are told to save and stop (SIGTERM)" in out.stdout + out.stderr
     assert asked(bin_dir, "scancel") == ["--signal=TERM 77"]
@@ -191,12 +197,8 @@ def test_a_failed_run_in_an_allocation_is_its_exit_code_and_a_step_that_started_
 def test_a_sigterm_inside_an_allocation_stops_its_step_by_name_and_says_how_to_resume(tmp_path, capfd):
     """`kill` of hpc.submit inside salloc: the step (found by its --job-name in squeue) gets scancel
     --signal=TERM, as a preemption's tasks do; the command exits 3, and the resume line is printed."""
-    stops = ("import os, signal, time\n"
-             "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
-             "os.kill(int(os.environ['BATCH_PID']), signal.SIGTERM)\n"
-             "time.sleep(20)\n")
     listing = RECORD.format(name="squeue") + 'echo "29.0 hpc:a=b/29.0"\necho "29.1 someone-else"\n'
-    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], "--name", "a=b", squeue=listing)
+    out, bin_dir = in_allocation(tmp_path, saves_on_sigterm("SIGTERM"), "--name", "a=b", squeue=listing)
     assert out.code == 3, out.stdout + out.stderr
     assert "hpc.submit: SIGTERM: the ranks stop and save what they can (step 29.0)" in out.stdout + out.stderr
     assert asked(bin_dir, "squeue") == ["-h -s -j 29 -o %i %j"]  # the job's steps, by id and name
@@ -207,11 +209,7 @@ def test_a_sigterm_inside_an_allocation_stops_its_step_by_name_and_says_how_to_r
 
 def test_a_sigterm_before_the_step_is_listed_is_sruns_own_stop(tmp_path):
     """A step squeue does not list (not started yet): srun itself gets the SIGTERM, and nothing is scancelled."""
-    stops = ("import os, signal, time\n"
-             "signal.signal(signal.SIGTERM, lambda *_: os._exit(3))\n"
-             "os.kill(int(os.environ['BATCH_PID']), signal.SIGTERM)\n"
-             "time.sleep(20)\n")
-    out, bin_dir = in_allocation(tmp_path, [sys.executable, "-c", stops], squeue=RECORD.format(name="squeue"))
+    out, bin_dir = in_allocation(tmp_path, saves_on_sigterm("SIGTERM"), squeue=RECORD.format(name="squeue"))
     assert "hpc.submit: SIGTERM: the ranks stop and save what they can (step ?)" in out.stdout + out.stderr
     assert asked(bin_dir, "scancel") == [] and out.code == 3, out.stdout + out.stderr
 
@@ -254,8 +252,8 @@ def test_a_sigterm_to_the_batch_shell_is_final_never_requeued(tmp_path):
     """SIGTERM to the batch shell is Slurm ending the job (a person's scancel, the time limit): the run that
     saved and exited 3 is not requeued, whatever requeues are left; scontrol is asked why the job ends."""
     # Slurm's SIGTERM reaches every process of the job: the batch shell and the task alike
-    ends = WARNS.replace("signal.SIGUSR2)", "signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)")
-    out, bin_dir = batch(tmp_path, [sys.executable, "-c", ends], HPC_MAX_REQUEUES="9", SLURM_RESTART_COUNT="0")
+    out, bin_dir = batch(tmp_path, saves_on_sigterm("SIGTERM", itself=True), HPC_MAX_REQUEUES="9",
+                         SLURM_RESTART_COUNT="0")
     assert out.code == 3, out.stdout + out.stderr
     assert "show job -o 77" in asked(bin_dir, "scontrol") and "requeue 77" not in asked(bin_dir, "scontrol")
     # scontrol gives no time-limit reason: a person's scancel, recorded as Slurm names it

@@ -129,8 +129,8 @@ REFUSED = [
 ]
 
 
-def dry_run(argv, tmp_path):
-    return call("hpc.submit", [*BASE, "--runs-dir", str(tmp_path / "runs"), *argv], {"HOME": "/home/me"})
+def dry_run(argv, tmp_path, env: dict | None = None):
+    return call("hpc.submit", [*BASE, "--runs-dir", str(tmp_path / "runs"), *argv], {"HOME": "/home/me", **(env or {})})
 
 
 @pytest.mark.parametrize("habit, script", HABITS + KEPT, ids=[" ".join(h) for h, _ in HABITS + KEPT])
@@ -377,12 +377,6 @@ def test_each_refusal_is_its_whole_line(argv, line):
     assert (out.code, out.stderr) == (2, f"hpc.submit: error: command line: {line}\n")
 
 
-def sbatch_lines(argv: list[str], env: dict | None = None) -> list[str]:
-    out = call("hpc.submit", [*BASE, *ACCOUNT, *argv], env)
-    assert out.code == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if line.startswith("#SBATCH")]
-
-
 @pytest.mark.parametrize("argv, held", [
     (["--export", "NONE,AA,BB"], "#SBATCH --export=AA,BB"),  # bare names, from the submitting environment
     (["--export", "lower_case=1"], "#SBATCH --export=NONE"),  # a name in any case; no ALL: a fresh environment
@@ -396,12 +390,14 @@ def sbatch_lines(argv: list[str], env: dict | None = None) -> list[str]:
     (["--mail-type", "a b"], "#SBATCH --mail-type='a b'"),  # a value may hold a blank
     (["--mail-type", "a\x80"], "#SBATCH --mail-type='a\\x80'"),
 ], ids=lambda value: None if isinstance(value, list) else value.split()[1].split("=")[0].lstrip("-"))
-def test_what_sbatch_takes_is_written_as_sbatch_takes_it(argv, held):
-    assert held in sbatch_lines(argv, {"AA": "1", "BB": "2"})
+def test_what_sbatch_takes_is_written_as_sbatch_takes_it(argv, held, tmp_path):
+    out = dry_run([*ACCOUNT, *argv], tmp_path, {"AA": "1", "BB": "2"})
+    assert out.code == 0 and held in out.stdout.splitlines(), out.stderr
 
 
-def test_a_bare_wait_through_sbatch_is_the_wait_flag_not_a_second_one():
-    sbatch_lines(["--sbatch", "wait"])  # no "the same option twice" against --wait's default
+def test_a_bare_wait_through_sbatch_is_the_wait_flag_not_a_second_one(tmp_path):
+    out = dry_run([*ACCOUNT, "--sbatch", "wait"], tmp_path)
+    assert out.code == 0, out.stderr  # no "the same option twice" against --wait's default
 
 
 @pytest.mark.parametrize("text, minutes", [("0:1", 1), ("0:59", 1), ("1:0", 1), ("0:61", 2), ("0-0:0:1", 1)])
