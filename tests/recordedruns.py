@@ -20,7 +20,7 @@ def recorded_run(root: Path, records: Iterable[RankExit], facts: Iterable[Mappin
     paths = RunPaths(root)
     paths.ranks.mkdir(parents=True)
     if task:
-        paths.task.write_text(json.dumps(user_command(["python", "train.py"], "/", None, 60).to_dict()))
+        paths.task.write_text(json.dumps(msgspec.to_builtins(user_command(["python", "train.py"], "/", None, 60))))
     for record in records:
         paths.rank_exit(record.rank).write_bytes(encode_exit(record))
     for fact in facts:

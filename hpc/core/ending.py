@@ -1,9 +1,9 @@
 """How a rank and a run ended: the one vocabulary (two enums, each word spelled here once), the one rule
 from the ranks' ends to the run's outcome, the exit code each outcome gives, and the typed records that
-carry them between processes (a rank's exit record, what the scheduler said). Every writer and reader
+carry them between processes (a rank's exit record, what the scheduler said, the task). Every writer and reader
 goes through this module: the per-rank runner, summary.json (hpc/core/summary.py), the job's task
 (submitit), the batch shell, `hpc.submit --local` and `--wait`, `hpc.rank --outcome`, `hpc.study status`
-and the analysis. A leaf: nothing of the project but the exit codes; no torch.
+and the analysis. Nothing of the project below it but the exit codes and the run directory's records; no torch.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import msgspec
 
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, SchemaError
 from hpc.core.files import JsonObject, layout_said
+from hpc.core.rundir import SweepPoint
 
 
 class Word(str, enum.Enum):
@@ -235,7 +236,7 @@ def rank_end_of_outcome(said: object) -> RankEnd:
 # toolkit's file; one written before its field was added is of the first)
 RANK_EXIT_SCHEMA = 1  # rank{R}.exit.json
 SCHEDULER_SCHEMA = 1  # scheduler.json
-TASK_SCHEMA = 1  # task.json (hpc/settings/rankcommand.py RankCommand; summary.json's reader: TaskSaid)
+TASK_SCHEMA = 1  # task.json (RankCommand)
 
 
 class Versioned(Protocol):
@@ -323,20 +324,37 @@ def decode_scheduler(data: bytes) -> SchedulerSaid:
     return decode_versioned(data, SchedulerSaid, SCHEDULER_SCHEMA)
 
 
-class TaskSaid(msgspec.Struct, kw_only=True):
-    """task.json as summary.json's writer reads it: what the task ran, its requeue codes, the start-up hook's
-    profiler section, the sweep point and the training's config (RankCommand writes and reads it whole)."""
+class RankCommand(msgspec.Struct, frozen=True):
+    """task.json, its one layout: what every rank of a run runs, as data (the way TorchX's `Role` describes
+    one). Built by hpc/settings/rankcommand.py, written where the job starts (the per-rank runner's
+    `write_task`), read by the runner and by summary.json's writer. `words` are templates ({run_dir},
+    {python}: hpc/settings/rankcommand.py `words_for` fills them);
+    `requeue_codes` the exit codes that mean "requeue me"; `profiler` the start-up hook's section (None:
+    no hook); `point` the sweep point it runs; `config` the toolkit's training's run config."""
 
-    words: list[str] = msgspec.field(default_factory=list)
-    requeue_codes: list[int] = msgspec.field(default_factory=list)
-    profiler: JsonObject | None = None
-    point: JsonObject | None = None
-    config: JsonObject | None = None
-    cwd: str = ""
-    metrics: str | None = None  # command.metrics: where the command writes its metrics, {run_dir} unfilled
+    words: tuple[str, ...]
+    cwd: str
+    name: str  # the job's name when none is given, and the runs directory's folder
+    env: dict[str, str] = msgspec.field(default_factory=dict)  # templates too
+    requeue_codes: tuple[int, ...] = (EXIT_PREEMPTED,)
+    profiler: JsonObject | None = None  # ProfilerConfig's fields
+    stop_grace_s: int = 60
+    # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py); None: its learned bounds
+    hang_timeout_s: int | None = None
+    point: SweepPoint | None = None
+    config: JsonObject | None = None  # RUN/submitted.yaml
+    metrics: str | None = None  # command.metrics, its point's values filled; {run_dir} when the rank starts
     schema: int = TASK_SCHEMA
 
+    @property
+    def is_training(self) -> bool:
+        return self.config is not None
 
-def decode_task_said(data: bytes) -> TaskSaid:
+
+def decode_task(data: bytes) -> RankCommand:
     """task.json's bytes (decode_versioned)."""
-    return decode_versioned(data, TaskSaid, TASK_SCHEMA)
+    return decode_versioned(data, RankCommand, TASK_SCHEMA)
+
+
+def encode_task(task: RankCommand) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(task), indent=1)  # pragma: no mutate (for eyes; any indent parses)

@@ -17,7 +17,7 @@ files alone: deleting it and writing it again gives the same file, and a reader 
 record is newer than it (`current_summary`). The outcome and its words: hpc/core/ending.py.
 
 Each record between processes is decoded into its struct when read (exit records: RankExit; facts: RankFacts;
-scheduler.json: SchedulerSaid; task.json: TaskSaid here, RankCommand where it runs; summary.json: RunRecord of
+scheduler.json: SchedulerSaid; task.json: RankCommand (RankCommand where it runs); summary.json: RunRecord of
 RankEntry records) and says its
 layout (`schema`): one of another layout (a later toolkit's) is refused in one line (SchemaError), one
 without the field is of the first.
@@ -55,13 +55,13 @@ from hpc.core.ending import (
     RESUMABLE,
     SLURM_CANCELLED,
     Outcome,
+    RankCommand,
     RankEnd,
     RankExit,
     SchedulerSaid,
-    TaskSaid,
     decode_exit,
     decode_scheduler,
-    decode_task_said,
+    decode_task,
     decode_versioned,
     first_bad,
     run_outcome,
@@ -82,7 +82,7 @@ from hpc.core.files import (
 from hpc.core.gpusample import GpuSummary
 from hpc.core.gpusample import summarize as summarize_gpus
 from hpc.core.owner import open_append
-from hpc.core.rundir import Count, RunPaths, is_count, read_checkpoint_info
+from hpc.core.rundir import Count, RunPaths, SweepPoint, is_count, read_checkpoint_info
 
 log = logging.getLogger(__name__)
 
@@ -502,7 +502,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     kind: Literal["train", "command"] = "train"
     run_dir: str = ""
     command: list[str] | None = None
-    point: JsonObject | None = None
+    point: SweepPoint | None = None
     world_size: Count | None = None
     attempt: str | None = None
     outcome: Outcome | None = None
@@ -564,16 +564,17 @@ def restarts_line(summary: RunRecord) -> str | None:
     return f"torchrun restarted the worker group {count} (ranks/earlier/ has how each rank ended): {ends}"
 
 
-def task_of(paths: RunPaths) -> tuple[TaskSaid, JsonObject | None]:
-    """What the run is, for summary.json: the task's record (task.json, written by the job), and the
-    resolved config of the toolkit's training (config.yaml)."""
+def task_of(paths: RunPaths) -> tuple[RankCommand | None, JsonObject | None]:
+    """What the run is, for summary.json: the task's record (task.json, written by the job; None: a run
+    started outside any runner, or a file that is no task, said), and the resolved config of the toolkit's
+    training (config.yaml)."""
+    task = None
     try:
-        task = decode_task_said(paths.task.read_bytes())
+        task = decode_task(paths.task.read_bytes())
     except OSError:  # none: a run started outside any runner
-        task = TaskSaid()
+        pass
     except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
         log.warning(f"hpc: {paths.task}: ignored: {e}")
-        task = TaskSaid()
     config = None
     with contextlib.suppress(Exception):  # a damaged config.yaml: the summary says none (hpc.train says why)
         loaded = load_yaml_text(paths.config.read_text()) if paths.config.is_file() else None
@@ -585,7 +586,7 @@ def metrics_place(paths: RunPaths) -> Path | None:
     """Where the run's command writes its metrics outside its run directory (task.json's command.metrics, its
     {run_dir} filled, relative to where the command started); None where not set, or task.json unreadable."""
     try:
-        task = decode_task_said(paths.task.read_bytes())
+        task = decode_task(paths.task.read_bytes())
         place = task.metrics.format_map({"run_dir": str(paths.root)}) if task.metrics else None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, SchemaError, ValueError, KeyError, IndexError):
         return None
@@ -599,8 +600,9 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, Ran
     said = scheduler_said(paths)
     attempt = latest_attempt(records)
     ended = attempt is not None and said.ended == attempt
-    config = resolved or task.config or next((f.config for f in facts.values() if f.config is not None), None)
-    codes = tuple(task.requeue_codes)
+    submitted = task.config if task is not None else None
+    config = resolved or submitted or next((f.config for f in facts.values() if f.config is not None), None)
+    codes = task.requeue_codes if task is not None else ()
     ranks = rank_entries(records, facts, codes)
     for rank in ranks if ended else ():
         if rank.kind == RankEnd.RUNNING:
@@ -609,12 +611,14 @@ def build_summary(paths: RunPaths, records: list[RankExit], facts: dict[int, Ran
     ooms = [r.oom for r in ranks if r.oom is not None]
     section = (config or {}).get("profiler")
     profiler = section if isinstance(section, dict) else {}
-    hook: Mapping[str, object] = task.profiler if task.profiler is not None else {"enabled": False}  # a command's
+    hook: Mapping[str, object] = {"enabled": False}  # a command's
+    if task is not None and task.profiler is not None:
+        hook = task.profiler
     return RunRecord(
         kind="train" if config is not None else "command",
         run_dir=str(paths.root),
-        command=(records[0].command if records else None) or task.words or None,
-        point=task.point,
+        command=(records[0].command if records else None) or (list(task.words) if task else None) or None,
+        point=task.point if task is not None else None,
         world_size=world,
         attempt=attempt or next((r.attempt for r in ranks), None),
         outcome=run_outcome(ranks, world, cancelled(said, attempt)),

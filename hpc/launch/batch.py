@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome
+from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome, RankCommand
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
@@ -57,7 +57,7 @@ from hpc.placement.distenv import slurm_torchrun_args
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.config import load_cluster
-from hpc.settings.rankcommand import RankCommand, check_command, runs_training
+from hpc.settings.rankcommand import check_command, runs_training, words_for
 from hpc.settings.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -358,7 +358,7 @@ def allocation_words(
     run_dir = runs / f"{here}.<n>" if dry_run else new_step_dir(runs, here)
     words = step_words(cluster, run_dir, step, env)
     words.insert(1, f"--job-name=hpc:{run_dir.parent.name}/{run_dir.name}")  # the step's name: how a stop finds it
-    return task.words_for(run_dir, sys.executable), words, env
+    return words_for(task, run_dir, sys.executable), words, env
 
 
 def run_in_allocation(

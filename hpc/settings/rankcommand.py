@@ -1,13 +1,12 @@
-"""What every rank of a job runs, as data (the way TorchX's `Role` describes one): a `RankCommand`. The toolkit's
+"""What every rank of a job runs, as data: a `RankCommand` (task.json's one layout, hpc/core/ending.py). The toolkit's
 own training is one task (`training_command`: `python -m hpc.train` on the run directory, requeued on exit
 3 and 5), a user's command another (`user_command`: its words verbatim, requeued on exit 3). The plan,
 the sbatch text, the per-rank runner (hpc/launch/rank/runner.py), the outcome and the printer are the same
 for both. Pure functions of plain values; no torch import.
 
-- `RankCommand`: the words (templates: {run_dir} and {python}, the rank's run directory and interpreter, are
-  filled when the rank starts; {{ and }} are braces), where they start, the environment they add, the
-  exit codes that mean "requeue me", the profiler hook's section (None: no hook), the time from a stop
-  to a kill, the sweep point it belongs to, and the training's config (written as RUN/submitted.yaml).
+- `RankCommand`'s words are templates: {run_dir} and {python}, the rank's run directory and interpreter, are
+  filled when the rank starts (`words_for`, `env_for`); {{ and }} are braces. `read_task`: task.json, or
+  one line naming where it came from.
 - `check_command`: a command that cannot start is refused before anything is submitted: a program not
   on PATH, a path that is no executable file, `python SCRIPT` whose script is not there.
 - `fill`: a sweep point's values in a template word (`--batch-size={batch}`), or one line naming the
@@ -16,7 +15,6 @@ for both. Pure functions of plain values; no torch import.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -27,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from hpc.core.cli import shown
-from hpc.core.ending import TASK_SCHEMA, decode_versioned
+from hpc.core.ending import RankCommand, decode_task
 from hpc.core.errors import EXIT_PEER_LOST, EXIT_PREEMPTED, SchemaError, UsageError
 from hpc.core.files import JsonObject
 from hpc.core.rundir import SUBMITTED, AxisValue, SweepPoint
@@ -48,58 +46,25 @@ COMMAND_REQUEUE_CODES = (EXIT_PREEMPTED,)
 _PYTHON = re.compile(r"python[0-9.]*")
 
 
-@dataclasses.dataclass(frozen=True)
-class RankCommand:
-    words: tuple[str, ...]  # templates (see the module doc)
-    cwd: str
-    name: str  # the job's name when none is given, and the runs directory's folder
-    env: dict[str, str] = dataclasses.field(default_factory=dict)  # templates too
-    requeue_codes: tuple[int, ...] = COMMAND_REQUEUE_CODES
-    profiler: JsonObject | None = None  # the start-up hook's section (ProfilerConfig's fields); None: none
-    stop_grace_s: int = 60
-    # no step for this long: the runner names the rank hung (hpc/launch/rank/hang.py); None: its learned bounds
-    hang_timeout_s: int | None = None
-    point: JsonObject | None = None  # the sweep point it runs, recorded in summary.json
-    config: JsonObject | None = None  # the toolkit's training's run config (RUN/submitted.yaml)
-    metrics: str | None = None  # command.metrics, its point's values filled; {run_dir} when the rank starts
-    schema: int = TASK_SCHEMA  # task.json's layout (hpc/core/ending.py)
+def read_task(path: Path, source: str) -> RankCommand | None:
+    """task.json at `path`, None where there is none to read (OSError); one that is not a task is a
+    UsageError naming `source` (where the run directory came from)."""
+    try:
+        return decode_task(path.read_bytes())
+    except OSError:
+        return None
+    except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
+        raise UsageError(f"{source}: {path.name} is not a task ({e})") from None
 
-    def to_dict(self) -> JsonObject:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> RankCommand:
-        """A task as to_dict made it, typed (msgspec.ValidationError: not one)."""
-        return msgspec.convert(data, cls)
+def words_for(task: RankCommand, run_dir: Path, python: str) -> list[str]:
+    """What the rank runs: the task's words with the run directory and the interpreter filled in."""
+    values = {"run_dir": str(run_dir), "python": python}
+    return [fill(word, values, "task") for word in task.words]
 
-    @classmethod
-    def decode(cls, data: bytes) -> RankCommand:
-        """A task as task.json's bytes hold it, strictly (msgspec.ValidationError or DecodeError: not one, or
-        of another schema)."""
-        return decode_versioned(data, cls, TASK_SCHEMA)
 
-    @classmethod
-    def read(cls, path: Path, source: str) -> RankCommand | None:
-        """task.json at `path`, None where there is none to read (OSError); one that is not a task is a
-        UsageError naming `source` (where the run directory came from)."""
-        try:
-            return cls.decode(path.read_bytes())
-        except OSError:
-            return None
-        except (msgspec.DecodeError, msgspec.ValidationError, SchemaError) as e:
-            raise UsageError(f"{source}: {path.name} is not a task ({e})") from None
-
-    def words_for(self, run_dir: Path, python: str) -> list[str]:
-        """What the rank runs: the words with the run directory and the interpreter filled in."""
-        values = {"run_dir": str(run_dir), "python": python}
-        return [fill(word, values, "task") for word in self.words]
-
-    def env_for(self, run_dir: Path) -> dict[str, str]:
-        return {k: fill(v, {"run_dir": str(run_dir)}, f"command.env.{k}") for k, v in self.env.items()}
-
-    @property
-    def is_training(self) -> bool:
-        return self.config is not None
+def env_for(task: RankCommand, run_dir: Path) -> dict[str, str]:
+    return {k: fill(v, {"run_dir": str(run_dir)}, f"command.env.{k}") for k, v in task.env.items()}
 
 
 def verbatim(words: Sequence[str]) -> list[str]:
@@ -125,7 +90,7 @@ def training_command(
         requeue_codes=TRAINING_REQUEUE_CODES,
         stop_grace_s=stop_grace_s,
         hang_timeout_s=hang_timeout_s,
-        point=recorded(point),
+        point=point,
         config=dict(config),
     )
 
@@ -157,14 +122,9 @@ def user_command(
         hook,
         stop_grace_s,
         hang_timeout_s,
-        recorded(point),
+        point,
         metrics=metrics,
     )
-
-
-def recorded(point: SweepPoint | None) -> JsonObject | None:
-    """A sweep point as task.json and summary.json record it (a mapping of its fields)."""
-    return msgspec.to_builtins(point) if point is not None else None
 
 
 def runs_training(argv: Sequence[str]) -> bool:

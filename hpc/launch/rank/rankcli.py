@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, Outcome, RankEnd
+from hpc.core.ending import EXIT_CODES, Outcome, RankCommand, RankEnd
 from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import current_summary, exit_code_of, read_records, write_run_summary
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
-from hpc.settings.rankcommand import RankCommand, check_command, metrics_template, user_command
+from hpc.settings.rankcommand import check_command, metrics_template, read_task, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
 
 
@@ -64,7 +64,7 @@ def task_for(args: Any, words: list[str], paths: RunPaths) -> RankCommand:
         if grace < 0:
             raise UsageError(f"command line: --stop-grace-s {grace}: must be >= 0")
         return command_task(words, args.config, args.no_profile, args.set, grace)
-    saved = RankCommand.read(paths.task, f"--run-dir {args.run_dir}")
+    saved = read_task(paths.task, f"--run-dir {args.run_dir}")
     if saved is None:
         raise UsageError(f"--run-dir {args.run_dir}: no task.json; give a command after --")
     if not saved.words:

@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc.core.beat import BEAT_VARIABLE
+from hpc.core.ending import RankCommand
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import ATTEMPT_VARIABLE
 from hpc.launch.rank.flightrec import recorder_env
 from hpc.placement.affinity import GPU_ORDER
 from hpc.placement.distenv import LAUNCHER_VARIABLE, DistEnv
-from hpc.settings.rankcommand import PROFILER_VARIABLE, RUN_DIR_VARIABLE, RankCommand
+from hpc.settings.rankcommand import PROFILER_VARIABLE, RUN_DIR_VARIABLE, env_for
 
 HOOK_DIR = Path(__file__).resolve().parents[2] / "training" / "hook" / "startup"  # holds sitecustomize.py
 # A job's own launcher variables are not the task's: it is no submitit job, whatever runs it.
@@ -55,7 +56,7 @@ def rank_env(
     # them (Lightning's SLURMEnvironment) see that job's ranks, not this run's
     dropped = _DROPPED_PREFIXES + (("SLURM_",) if env.get("SUBMITIT_EXECUTOR") == "local" else ())
     out = {k: v for k, v in env.items() if not k.startswith(dropped)}
-    out.update(task.env_for(run_dir))
+    out.update(env_for(task, run_dir))
     out.update(dist.torch_env())
     out[LAUNCHER_VARIABLE] = dist.launcher
     out[RUN_DIR_VARIABLE] = str(run_dir)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -49,7 +48,7 @@ from typing import Any
 import msgspec
 
 from hpc.core.beat import BEAT_VARIABLE, DUMP_SIGNAL, Beats, beat_pipe
-from hpc.core.ending import RankEnd, RankExit, encode_exit
+from hpc.core.ending import RankCommand, RankEnd, RankExit, encode_exit, encode_task
 from hpc.core.errors import EXIT_OOM, EXIT_PREEMPTED
 from hpc.core.files import dump_yaml, write_atomic
 from hpc.core.gpusample import start_sampler
@@ -75,7 +74,7 @@ from hpc.launch.rank.rankenv import on_slurm, passes_stops_on, rank_env
 from hpc.launch.rank.rankmeet import Unmet, meet
 from hpc.launch.rank.rankrecords import failed_mark, failed_peers, group_key, wait_for_records
 from hpc.placement.distenv import DistEnv, from_environ
-from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE, words_for
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +115,7 @@ def write_task(paths: RunPaths, task: RankCommand) -> None:
     same; the rename makes it whole)."""
     make_dirs(paths.root, "run directory")
     # its command.env may hold secrets: the owner's alone, even where HPC_GROUP shares the run
-    write_atomic(paths.task, json.dumps(task.to_dict(), indent=1), mode=0o600)
+    write_atomic(paths.task, encode_task(task), mode=0o600)
     if task.config is not None:
         write_atomic(paths.submitted, dump_yaml(task.config))
 
@@ -159,7 +158,7 @@ class RankRun:
             folders += (self.paths.flight_recorder_dir,)
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)  # traces/: where a profiled rank's traces go
-        words = self.task.words_for(self.paths.root, sys.executable)
+        words = words_for(self.task, self.paths.root, sys.executable)
         keep_earlier(self.paths, self.dist.rank)
         self.write(kind=RankEnd.RUNNING, started_ns=time.time_ns(), command=words)
         # the node's GPUs, sampled by one rank a node (its first) while the task runs

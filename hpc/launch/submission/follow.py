@@ -107,7 +107,8 @@ def stop_here(pending: list[Submitted], interrupts: Interrupts) -> None:
     SIGKILL to every process below the controllers, and to them."""
     if interrupts.signum is None or not pending:
         return
-    controllers = [sub.job._process.pid for sub in pending if getattr(sub.job, "_process", None) is not None]
+    # a local job's id is its controller's pid (submitit's LocalExecutor names it so)
+    controllers = [int(sub.job.job_id) for sub in pending if sub.job.job_id.isdigit()]
     below = [pid for controller in controllers for pid in descendants(controller)]
     if interrupts.count >= 2:
         _signal_all(below + controllers, signal.SIGKILL)

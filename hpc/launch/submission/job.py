@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpc.core.ending import Outcome, RankEnd, rank_end_of_outcome, task_status
+from hpc.core.ending import Outcome, RankCommand, RankEnd, rank_end_of_outcome, task_status
 from hpc.core.errors import StoreError
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
@@ -32,20 +32,20 @@ from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import requeue_code, stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV
-from hpc.settings.rankcommand import SUBMITTER_VARIABLE, RankCommand
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 
 log = logging.getLogger(__name__)
 
 
 class TaskJob:
     """The submitted callable: one rank of the task in this task (srun), or torchrun in it. `task` is a
-    RankCommand's dict; the launcher (srun: one task per GPU; torchrun: one task per node,
+    RankCommand; the launcher (srun: one task per GPU; torchrun: one task per node,
     `nproc_per_node` workers, `max_restarts`) is the cluster profile's. Its state is in the run
     directory, so resubmitting the same job, or requeueing it, resumes it."""
 
     def __init__(
         self,
-        task: dict[str, Any],
+        task: RankCommand,
         launcher: str = "srun",
         nproc_per_node: int = 1,
         max_restarts: int = 0,
@@ -55,16 +55,13 @@ class TaskJob:
         self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts
 
-    def the_command(self) -> RankCommand:
-        return RankCommand.from_dict(self.task)
-
     def __call__(self) -> dict[str, Any]:
         import submitit
 
         configure()  # HPC_LOG_LEVEL, exported with the job
         job = submitit.JobEnvironment()
         paths = RunPaths(Path(job.paths.folder))
-        task = self.the_command()
+        task = self.task
         write_task(paths, task)
         stop = StopSignal.take()
         try:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpc.core.cli import check_name, check_output_dir
+from hpc.core.ending import RankCommand
 from hpc.core.errors import UsageError
 from hpc.core.files import JsonObject
 from hpc.core.rundir import JobRecord, SweepPoint
@@ -43,7 +44,7 @@ from hpc.launch.submission.slurm import (
     slurm_parameters,
 )
 from hpc.settings.config import check_request, load_cluster, require_section
-from hpc.settings.rankcommand import RankCommand
+from hpc.settings.rankcommand import read_task
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
 
 PointCommand = tuple[SweepPoint | None, RankCommand]  # a point (None: a single job) and what its ranks run
@@ -140,7 +141,7 @@ def resume_plan(request: SubmitRequest, words: list[str] | None) -> Plan:
     if words is not None or request.config is not None or request.sweep is not None or request.overrides:
         given = "a command after --" if words is not None else "--config, --sweep or a training option"
         raise UsageError(f"{where}: {given}: a resumed run runs its own task again ({run_dir / 'task.json'})")
-    task = RankCommand.read(run_dir / "task.json", where)
+    task = read_task(run_dir / "task.json", where)
     if task is None:
         raise UsageError(f"{where}: no task.json there: not a run directory of the toolkit")
     cluster = load_cluster_for(request, COMMAND_SECTIONS)
@@ -174,7 +175,7 @@ def job_spec(
     step = Step(cluster.launcher, request.nodes, request.gpus, None, python=python)
     record = job_record(cluster, request, params)
     jobs: tuple[BatchJob | TaskJob, ...] = tuple(
-        TaskJob(task.to_dict(), cluster.launcher, request.gpus, cluster.max_restarts)
+        TaskJob(task, cluster.launcher, request.gpus, cluster.max_restarts)
         if local
         else BatchJob(task, cluster, step, record)
         for _, task in points

@@ -18,13 +18,13 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hpc.core.ending import RankCommand
 from hpc.core.errors import UsageError
 from hpc.core.rundir import AxisValue, SweepPoint
 from hpc.launch.submission.request import SubmitRequest
 from hpc.settings.config import Layers, parse_override, read_yaml
 from hpc.settings.rankcommand import (
     BATCH_VARIABLE,
-    RankCommand,
     check_command,
     fill,
     fill_named,

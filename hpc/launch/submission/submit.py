@@ -64,7 +64,7 @@ from hpc.launch.submission.sbatchflags import (
 )
 from hpc.settings.cluster import ranks_per_node
 from hpc.settings.flags import TRAINING_FLAGS, add_training_flags, overrides_from_args
-from hpc.settings.rankcommand import SUBMITTER_VARIABLE
+from hpc.settings.rankcommand import SUBMITTER_VARIABLE, words_for
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ def print_plan(plan: Plan) -> None:
         elif spec.array:
             print(f"# array of {len(spec.points)} points at {spec.request.nodes} node(s) x {spec.request.gpus} GPU(s)")
         for point, task in spec.points:
-            words = " ".join(shlex.quote(w) for w in task.words_for(spec.folder, spec.python))
+            words = " ".join(shlex.quote(w) for w in words_for(task, spec.folder, spec.python))
             print(f"# {'each rank runs:' if point is None else f'point {point}:'} {words}")
         if spec.step is not None:
             print(f"# the job's batch shell runs one step: {spec.step}")

@@ -66,7 +66,7 @@ def test_only_the_latest_attempt_is_read(tmp_path):
     paths.rank_exit(1).write_text(json.dumps({**old, "rank": 1}))
     paths.rank_exit(2).write_text("{cut sho")  # a record cut by a full disk is not read
     assert [(r.rank, r.attempt) for r in read_records(paths)] == [(0, "9.1.0")]
-    (tmp_path / "task.json").write_text(json.dumps(user_command(["x"], "/", None, 60).to_dict()))
+    (tmp_path / "task.json").write_text(json.dumps(msgspec.to_builtins(user_command(["x"], "/", None, 60))))
     summary = build_summary(paths, read_records(paths), {})
     assert summary.outcome == "running" and summary.world_size == 4 and not summary.profiled
 
@@ -228,7 +228,7 @@ def test_every_record_between_processes_says_its_schema_and_another_is_refused(t
         caplog.clear()
         assert build_summary(paths, read_records(paths), {}).outcome == outcome
         assert ("scheduler.json: ignored: schema 2, and this toolkit" in caplog.text) is (schema == 2)
-    task = user_command(["python", "train.py"], "/", {"enabled": True}, 60).to_dict()
+    task = msgspec.to_builtins(user_command(["python", "train.py"], "/", {"enabled": True}, 60))
     for schema, command in ((1, ["python", "train.py"]), (2, None)):
         (tmp_path / "task.json").write_text(json.dumps({**task, "schema": schema}))
         paths.rank_exit(0).write_text(json.dumps({k: v for k, v in stopped.items() if k != "command"}))
@@ -246,7 +246,7 @@ def test_hpc_rank_refuses_a_task_json_it_cannot_read_in_one_line(tmp_path):
 
     from conftest import assert_one_line_error
 
-    task = user_command(["python", "train.py"], "/", None, 60).to_dict()
+    task = msgspec.to_builtins(user_command(["python", "train.py"], "/", None, 60))
     cases = {"missing": None, "garbage": b"{not json", "later": json.dumps({**task, "schema": 2}).encode(),
              "empty": json.dumps({**task, "words": []}).encode()}
     needles = {"missing": "no task.json", "garbage": "task.json is not a task",

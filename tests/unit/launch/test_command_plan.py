@@ -9,6 +9,7 @@ import commands
 import pytest
 
 from hpc.core.errors import UsageError
+from hpc.settings.rankcommand import words_for
 from hpc.launch.submission.points import split_command
 
 REPO = Path(__file__).resolve().parents[3]
@@ -32,7 +33,7 @@ def test_a_command_plan_keeps_the_words_verbatim(tmp_path):
     plan = plan_of(tmp_path, ["--dry-run", "--gpus", "2", "--", *words])
     (spec,) = plan.specs
     ((point, command),) = spec.points
-    assert point is None and command.words_for(Path("/r"), "py") == words
+    assert point is None and words_for(command, Path("/r"), "py") == words
     assert spec.folder == tmp_path / "torchrun_ddp" / "%j" and command.cwd == os.getcwd()
     assert command.profiler["enabled"] and command.stop_grace_s == 120  # perlmutter's
 
@@ -53,7 +54,7 @@ def test_a_single_jobs_config_may_add_words_but_not_a_points_field(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("command:\n  args: [--out, '{run_dir}/w.pt']\n  env: {SEED: '7'}\nprofiler: {active: 2}\n")
     ((_, command),) = plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT]).specs[0].points
-    assert command.words_for(Path("/r"), "py") == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
+    assert words_for(command, Path("/r"), "py") == ["python", SCRIPT, "--out", "/r/w.pt"] and command.env == {"SEED": "7"}
     config.write_text("command:\n  args: [--batch-size, '{batch}']\n")
     with pytest.raises(UsageError) as e:
         plan_of(tmp_path, ["--dry-run", "--config", str(config), "--", "python", SCRIPT])
@@ -71,8 +72,8 @@ def test_a_command_sweep_fills_each_point_and_skips_axes_it_never_uses(tmp_path)
     for p, c in points:
         assert c.words[2:] == ("--batch-size", str(p.batch_size), "--out", "{run_dir}/w.pt")
         # and the batch the start-up hook's out-of-memory record names (the words use {batch})
-        assert c.env == {"N": str(p.gpus), "HPC_POINT_BATCH": str(p.batch_size)} and c.point == msgspec.to_builtins(p)
-        assert c.words_for(Path("/r/7"), "py")[-1] == "/r/7/w.pt"
+        assert c.env == {"N": str(p.gpus), "HPC_POINT_BATCH": str(p.batch_size)} and c.point == p
+        assert words_for(c, Path("/r/7"), "py")[-1] == "/r/7/w.pt"
     sweep.write_text("sweep:\n  data_fractions: [1, 0.5]\ncommand:\n  args: ['{batch}']\n")
     with pytest.raises(UsageError) as e:
         plan_of(tmp_path, ["--dry-run", "--sweep", str(sweep), "--", "python", SCRIPT])
@@ -95,7 +96,7 @@ def test_a_command_sweep_planned_again_from_its_sweep_file_is_the_same(tmp_path)
         again = plan_of(tmp_path, ["--dry-run", "--sweep", str(saved)])
     finally:
         os.chdir(cwd)
-    points = lambda plan: [(p, c.to_dict()) for spec in plan.specs for p, c in spec.points]  # noqa: E731
+    points = lambda plan: [(p, msgspec.to_builtins(c)) for spec in plan.specs for p, c in spec.points]  # noqa: E731
     assert points(again) == points(first) and points(first)[0][1]["profiler"]["active"] == 2
 
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpc.core.errors import ConfigError, UsageError
+from hpc.settings.rankcommand import words_for
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = str(REPO / "tests" / "scripts" / "torchrun_ddp.py")
@@ -145,7 +146,7 @@ def test_a_sweeps_words_are_filled_as_their_grammar_says_or_refused_in_one_line(
         return
     got = sorted(
         (tuple(sorted((k, repr(v)) for k, v in (p.values or {}).items())), p.batch_size, float(p.data_fraction),
-         p.gpus, tuple(c.words_for(Path("/r/7"), "py")[2:]))
+         p.gpus, tuple(words_for(c, Path("/r/7"), "py")[2:]))
         for spec in plan.specs for p, c in spec.points
     )
     assert expected is not None, ("planned what must be refused", sweep, got[:2])
@@ -161,7 +162,7 @@ def test_a_values_braces_stay_as_the_value_has_them(after, value, words, tmp_pat
     path.write_text(yaml.safe_dump({"sweep": {"name": "b", "batch_sizes": [8], "gpus": [1], "data_fractions": [1],
                                               "axes": {"lr": [value]}}}))
     plan = commands.plan_of(tmp_path / "runs", ["--dry-run", "--sweep", str(path), "--", "python", SCRIPT, *after])
-    assert [c.words_for(Path("/r"), "py")[2:] for s in plan.specs for _, c in s.points] == [words]
+    assert [words_for(c, Path("/r"), "py")[2:] for s in plan.specs for _, c in s.points] == [words]
 
 
 @pytest.mark.parametrize("command, after, needles", [

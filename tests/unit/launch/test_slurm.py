@@ -282,6 +282,7 @@ def test_submitits_own_requeue_never_runs_our_jobs():
     import submitit
 
     from hpc.launch.submission.job import TaskJob
+    from hpc.settings.rankcommand import user_command
 
-    job = TaskJob({"words": ["python", "x.py"]})
+    job = TaskJob(user_command(["python", "x.py"], "/", None, 60))
     assert not isinstance(job, submitit.helpers.Checkpointable) and not hasattr(job, "checkpoint")

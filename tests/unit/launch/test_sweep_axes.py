@@ -13,7 +13,7 @@ import yaml
 from hpc.core.errors import ConfigError, UsageError
 from hpc.core.rundir import IndexPoint, SweepIndexFile, SweepPaths, point_key, read_index, write_index
 from hpc.settings.config import Layers
-from hpc.settings.rankcommand import fill_named
+from hpc.settings.rankcommand import fill_named, words_for
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = str(REPO / "tests" / "scripts" / "torchrun_ddp.py")
@@ -40,7 +40,7 @@ def test_a_scripts_lr_and_seed_from_the_file_and_the_command_line_fill_the_words
     assert got == [("0.01", "w001.pt", 0.01, 1), ("0.01", "w002.pt", 0.01, 2),
                    ("0.1", "w001.pt", 0.1, 1), ("0.1", "w002.pt", 0.1, 2)]
     # a brace that names no axis is the command's own (a JSON argument, Python code): left as written
-    assert all(c.words_for(Path("/r"), "py")[-1] == "{}" for _, c in points)
+    assert all(words_for(c, Path("/r"), "py")[-1] == "{}" for _, c in points)
     assert plan.sweep_file["command"]["run"][3] == "{lr}"  # recorded as a template: resubmit fills it again
     assert plan.sweep_file["sweep"]["axes"] == {"lr": (0.1, 0.01), "seed": (1, 2)}
 
@@ -75,7 +75,7 @@ def test_a_command_that_never_uses_batch_runs_once_a_point_not_once_a_default_ba
 
 def test_the_trainings_config_keys_are_its_axes_and_each_point_runs_its_values(tmp_path):
     _, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n    model.arch: [tiny, resnet18]\n")
-    runs = sorted((c.to_dict()["config"]["train"]["lr"], c.to_dict()["config"]["model"]["arch"]) for _, c in points)
+    runs = sorted((c.config["train"]["lr"], c.config["model"]["arch"]) for _, c in points)
     assert runs == [(0.01, "resnet18"), (0.01, "tiny"), (0.1, "resnet18"), (0.1, "tiny")]
     assert all(set(p.values) == {"train.lr", "model.arch"} for p, _ in points)
 
@@ -130,8 +130,8 @@ def test_a_sweep_with_axes_planned_again_from_its_recorded_file_is_the_same(tmp_
     saved = tmp_path / "saved.yaml"
     saved.write_text(yaml.safe_dump(json.loads(json.dumps(first.sweep_file))))
     again = commands.plan_of(tmp_path, ["--dry-run", "--sweep", str(saved)])
-    replanned = [(p, c.to_dict()) for spec in again.specs for p, c in spec.points]
-    assert replanned == [(p, c.to_dict()) for p, c in points]
+    replanned = [(p, msgspec.to_builtins(c)) for spec in again.specs for p, c in spec.points]
+    assert replanned == [(p, msgspec.to_builtins(c)) for p, c in points]
 
 
 def test_fill_named_fills_only_the_names_it_is_given():
@@ -212,8 +212,8 @@ def test_the_trainings_task_is_the_documented_command_with_its_point_config_and_
     plan, points = points_of(tmp_path, ONE + "  axes:\n    train.lr: [0.1, 0.01]\n", "--set",
                              "command.hang_timeout_s=120")
     for p, c in points:
-        assert c.words_for(Path("/r/7"), "py") == ["py", "-m", "hpc.train", "--config", "/r/7/submitted.yaml",
+        assert words_for(c, Path("/r/7"), "py") == ["py", "-m", "hpc.train", "--config", "/r/7/submitted.yaml",
                                                    "--run-dir", "/r/7"]
         assert (c.cwd, c.name, c.requeue_codes, c.hang_timeout_s) == (str(tmp_path), "resnet152", (3, 5), 120)
-        assert c.point == msgspec.to_builtins(p) and c.config["train"]["lr"] == p.values["train.lr"]
+        assert c.point == p and c.config["train"]["lr"] == p.values["train.lr"]
     assert plan.specs[0].folder.parts[-3] == "s"  # the sweep's name names its runs' folder

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpc.core.errors import UsageError
-from hpc.settings.rankcommand import check_command, fill, launcher_in, python_script
+from hpc.settings.rankcommand import check_command, env_for, fill, launcher_in, python_script, words_for
 
 
 @pytest.mark.parametrize("argv, script", [
@@ -240,16 +240,17 @@ def test_a_points_values_fill_its_placeholders_and_a_config_key_is_not_one():
 def test_a_task_is_written_and_read_whole_and_its_unfillable_words_name_where_they_stand():
     import json
 
-    from hpc.settings.rankcommand import RankCommand, training_command, user_command
+    from hpc.core.ending import RankCommand, decode_task, encode_task
+    from hpc.settings.rankcommand import training_command, user_command
 
     task = user_command(["python", "t.py"], "/w", None, 60, args=("{run_dir}/o",), env={"OUT": "{run_dir}/e"})
-    written = task.to_dict()
+    written = json.loads(encode_task(task))
     assert written["words"] == ["python", "t.py", "{run_dir}/o"] and type(written["requeue_codes"]) is list
-    assert RankCommand.from_dict(written) == task == RankCommand.decode(json.dumps(written).encode())
+    assert decode_task(json.dumps(written).encode()) == task
     assert training_command({"train": {}}, "/w", "n", 77).stop_grace_s == 77
     broken = RankCommand(("{nope}",), "/w", "n", env={"K": "{gone}"})
-    for call, said in ((lambda: broken.words_for("/r", "py"), "task: '{nope}': no value for {nope}"),
-                       (lambda: broken.env_for("/r"), "command.env.K: '{gone}': no value for {gone}")):
+    for call, said in ((lambda: words_for(broken, "/r", "py"), "task: '{nope}': no value for {nope}"),
+                       (lambda: env_for(broken, "/r"), "command.env.K: '{gone}': no value for {gone}")):
         with pytest.raises(UsageError) as e:
             call()
         assert str(e.value).startswith(said), str(e.value)
