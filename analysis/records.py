@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from hpc.core.files import JsonObject
 from hpc.core.rundir import AxisValue
+from hpc.core.summary import OomRecord
 
 
 class MetricSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,9 +110,32 @@ class TraceRecord(CpuTotals, DeviceTotals, MemoryPeaks):
     comm_time_us_per_step: float | None = None
     peak_cpu_mem_bytes: int | None = None  # from the run's summary.json (the trace does not hold it)
     key_averages: dict[str, float | int | None] | None = None  # the profiler's own totals of the same cycle
-    point: JsonObject | None = None  # the sweep point the trace belongs to
+    point: TracePoint | None = None
     device_name: str | None = None  # the trace's first device (deviceProperties), where recorded
-    verdict: JsonObject | None = None  # what bounds this trace (analysis/explain/verdict.py)
+    verdict: Verdict | None = None  # what bounds this trace
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What bounds a trace or a run (analysis/explain/verdict.py `judge`): its class and the next one, each
+    class's measured share (0..1), the numbers behind it in one sentence, the remedy, and `line`, all of it
+    in one line (`bound [+ secondary]: evidence; remedy: ...`), as the report and runs.json say it."""
+
+    bound: str
+    secondary: str | None
+    shares: dict[str, float]
+    evidence: str
+    remedy: str | None
+    line: str
+
+
+class TracePoint(msgspec.Struct, frozen=True):
+    """The sweep point a trace belongs to (analysis/runs/sweep.py): the study's fields and the point's values
+    of the sweep's other axes in words (`swept`: lr=0.1, seed=1)."""
+
+    data_fraction: float
+    batch_size: int
+    gpus: int
+    swept: str | None = None
 
 
 def per_step(value: float | None, steps: int) -> float | None:
@@ -288,7 +311,7 @@ class RunRow:
     rank_imbalance: float | None = None  # slowest rank's mean step time / fastest rank's
     speedup: float | None = None  # against the 1-GPU point of the same fraction and batch
     scaling_efficiency: float | None = None
-    oom: JsonObject | None = None  # hpc/training/oom.py's record, for outcome "oom"
+    oom: OomRecord | None = None  # hpc/training/oom.py's record, for outcome "oom"
     nodes: int | None = None
     epoch_time_s: float | None = None  # measured: the mean of metrics.jsonl's epoch records
     step_skew_us: float | None = None  # mean over profiled steps of (slowest rank's step - fastest rank's)
@@ -305,7 +328,7 @@ class RunRow:
     allreduce_bytes_per_step: float | None = None  # gradient bytes all-reduced per step (DDP), measured
     loss_us: dict[str, float] | None = None  # where the step time went against the 1-GPU point (runs/sweep.py)
     predicted_efficiency: float | None = None  # the scaling model fed with this run's measurements
-    verdict: JsonObject | None = None  # what bounds the run, over all its ranks (analysis/explain/verdict.py)
+    verdict: Verdict | None = None  # what bounds the run, over all its ranks
     scaling_note: str | None = None  # a multi-GPU point: why it falls short of linear (analysis/explain/verdict.py)
     device_kind: str | None = None  # cpu | cuda: what its ranks trained on (summary.json), for the words
     data_source: str | None = None  # cifar100 | synthetic (summary.json's data_source)

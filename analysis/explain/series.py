@@ -14,10 +14,10 @@ from analysis.runs.diff import Profile, explain, profile
 
 
 def _key(t: TraceRecord) -> tuple[Any, ...] | None:
-    p = t.point or {}
-    if t.rank not in (0, None) or p.get("gpus") is None:
+    p = t.point
+    if t.rank not in (0, None) or p is None:
         return None
-    return p.get("data_fraction"), p.get("batch_size"), p.get("gpus"), p.get("swept") or ""  # sweep.axes' values
+    return p.data_fraction, p.batch_size, p.gpus, p.swept or ""  # sweep.axes' values
 
 
 def by_point(traces: list[TraceRecord]) -> dict[tuple[Any, ...], Profile]:

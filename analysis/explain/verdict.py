@@ -27,10 +27,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TypedDict
 
-from analysis.records import ModelFacts, RunRow, SlowRank, TraceRecord
+from analysis.records import ModelFacts, RunRow, SlowRank, TraceRecord, Verdict
 from analysis.runs.fold import model_facts
 from analysis.runs.ranks import slow_rank_words
-from hpc.core.files import JsonObject
 from hpc.core.summary import RunRecord
 from hpc.placement.scaling import PERLMUTTER_BUSBW_GBS
 
@@ -133,21 +132,12 @@ class Evidence:
         return (self.host_wait_us or 0.0) / gaps if gaps > 0 else None
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    bound: str
-    secondary: str | None
-    shares: dict[str, float]  # each class's measured share (0..1)
-    evidence: str  # the numbers behind the verdict, one sentence
-    remedy: str | None
-
-    def line(self) -> str:
-        """`bound [+ secondary]: evidence; remedy: ...` in one line."""
-        remedy = f"; remedy: {self.remedy}" if self.remedy else ""
-        return f"{headline(self.bound, self.secondary)}: {self.evidence}{remedy}"
-
-    def as_dict(self) -> JsonObject:
-        return {**dataclasses.asdict(self), "line": self.line()}
+def verdict(
+    bound: str, secondary: str | None, measured: dict[str, float], evidence: str, remedy: str | None
+) -> Verdict:
+    """A verdict with its line: `bound [+ secondary]: evidence; remedy: ...`."""
+    said = f"; remedy: {remedy}" if remedy else ""
+    return Verdict(bound, secondary, measured, evidence, remedy, f"{headline(bound, secondary)}: {evidence}{said}")
 
 
 def headline(bound: str, secondary: str | None) -> str:
@@ -206,11 +196,11 @@ def judge(e: Evidence) -> Verdict:
         if (why := unsteady(e, k)) is not None:
             unproven += f"; no {k} named: {why}"
     if not found:
-        return Verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
+        return verdict(UNKNOWN, None, measured, undecided(e, measured) + unproven, None)
     bound = found[0][0]
     secondary = next((k for k, v in named if k not in (bound, COMPUTE) and v >= SECONDARY_SHARE), None)
     remedy = GRAPHED_HOST_REMEDY if bound == HOST_LAUNCH and e.graphed else remedy_for(bound, e)
-    return Verdict(bound, secondary, measured, describe(bound, e, measured) + unproven, remedy)
+    return verdict(bound, secondary, measured, describe(bound, e, measured) + unproven, remedy)
 
 
 def unsteady(e: Evidence, bound: str) -> str | None:
@@ -494,10 +484,10 @@ def scaling_note(run: RunRow) -> str | None:
 
 def judged_trace(rec: TraceRecord) -> TraceRecord:
     """A trace's record with its verdict attached."""
-    return dataclasses.replace(rec, verdict=judge(trace_evidence(rec)).as_dict())
+    return dataclasses.replace(rec, verdict=judge(trace_evidence(rec)))
 
 
 def judged_run(run: RunRow, records: list[TraceRecord], summary: RunRecord | None) -> RunRow:
     """A run's record with its verdict attached: its ranks' records, and the model's work per step as its
     summary.json says it."""
-    return dataclasses.replace(run, verdict=judge(run_evidence(records, run, model_facts(summary))).as_dict())
+    return dataclasses.replace(run, verdict=judge(run_evidence(records, run, model_facts(summary))))

@@ -310,14 +310,14 @@ def verdict_lines(traces: list[TraceRecord], runs: list[RunRow]) -> list[tuple[s
         if run.verdict:
             # no summary.json: a crashed (or still running) run, or traces copied without it
             partial = " (no summary: judged from the traces alone)" if run.outcome == PointState.UNFINISHED else ""
-            out.append((label + partial, str(run.verdict["line"])))
+            out.append((label + partial, run.verdict.line))
         if run.separate_copies:
             out.append((f"{label}, ranks", f"{run.separate_copies}; no imbalance is judged"))
         if run.scaling_note:
             out.append((f"{label}, scaling", run.scaling_note))
         out += gpus
     if not runs:
-        out += [(Path(t.file).name, str(t.verdict["line"])) for t in traces if t.verdict]
+        out += [(Path(t.file).name, t.verdict.line) for t in traces if t.verdict]
     return out
 
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict, TypeGuard, TypeVar
-
-import msgspec
+from typing import Any, TypedDict, TypeGuard
 
 from analysis.read.metrics import logged_metrics, summarise
 from analysis.records import (
@@ -32,8 +29,11 @@ from analysis.records import (
 )
 from analysis.runs.ranks import profiled_step_consistency, separate_copies, slow_rank, step_skew_us, straggler
 from hpc.core.ending import Outcome, PointState
+from hpc.core.errors import ConfigError
 from hpc.core.rundir import RunPaths, is_count, read_metrics
 from hpc.core.summary import RankEntry, RunRecord, current_summary
+from hpc.settings.config import run_config_from_dict
+from hpc.settings.schema import RunConfig
 
 BREAKDOWN_PARTS = ("computation_us", "communication_us", "memory_us", "idle_us", "span_us")
 
@@ -103,21 +103,6 @@ def with_summary(rec: TraceRecord, rank_summary: RankEntry) -> TraceRecord:
     return dataclasses.replace(rec, peak_cpu_mem_bytes=rank_summary.peak_rss_bytes, key_averages=key_averages)
 
 
-V = TypeVar("V")
-
-
-def config_value(cfg: Mapping[str, object], section: str, key: str, kind: type[V]) -> V | None:
-    """The run's config value at section.key when it is a `kind` (never a bool for a number), else None."""
-    body = cfg.get(section)
-    value = body.get(key) if isinstance(body, dict) else None
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-
-def config_number(cfg: Mapping[str, object], section: str, key: str) -> float | None:
-    """The run's config value at section.key when it is a finite number, else None."""
-    return number_or_none(config_value(cfg, section, key, object))
-
-
 def first_rank(summary: RunRecord | None) -> RankEntry:
     """Rank 0's record in summary.json, where the run-wide facts are; an empty one (rank 0, nothing said)
     without one."""
@@ -130,9 +115,15 @@ def ranks_of(summary: RunRecord | None) -> list[RankEntry]:
     return summary.ranks if summary is not None else []
 
 
-def config_of(summary: RunRecord | None) -> Mapping[str, object]:
-    """The run config summary.json records (the toolkit's training's); {} for a command or without one."""
-    return (summary.config if summary is not None else None) or {}
+def config_of(summary: RunRecord | None) -> RunConfig | None:
+    """The run config summary.json records (the toolkit's training's), as its RunConfig; None for a command,
+    without one, or for one this toolkit cannot read (a later toolkit's: its numbers stand without it)."""
+    if summary is None or not summary.config:
+        return None
+    try:
+        return run_config_from_dict(summary.config, f"{summary.run_dir}/summary.json config")
+    except ConfigError:
+        return None
 
 
 def step_mode(summary: RunRecord | None) -> str | None:
@@ -141,8 +132,8 @@ def step_mode(summary: RunRecord | None) -> str | None:
     said = first_rank(summary).step_mode
     if said is not None:
         return said
-    train = config_of(summary).get("train")
-    graphed = train.get("cuda_graph") if isinstance(train, dict) else None
+    cfg = config_of(summary)
+    graphed = cfg.train.cuda_graph if cfg is not None else None
     return {True: "graph", False: "eager"}.get(graphed) if isinstance(graphed, bool) else None
 
 
@@ -151,17 +142,17 @@ def oom_record(run_dir: Path, summary: RunRecord) -> RunRow | None:
     oom = summary.oom
     if summary.outcome != Outcome.OOM or oom is None:
         return None
-    cfg = summary.config or {}
+    cfg = config_of(summary)
     batch = oom.batch_size_per_gpu
     return RunRow(
         run_dir=str(run_dir),
         outcome=Outcome.OOM,
-        arch=config_value(cfg, "model", "arch", str),
+        arch=cfg.model.arch if cfg is not None else None,
         step_mode=step_mode(summary),
         batch_size_per_gpu=batch if is_count(batch) else None,
         gpus=summary.world_size,
-        data_fraction=config_number(cfg, "data", "fraction"),
-        oom=msgspec.to_builtins(oom),
+        data_fraction=cfg.data.fraction if cfg is not None else None,
+        oom=oom,
         gpu_line=gpu_line(summary),
     )
 
@@ -257,11 +248,11 @@ def run_record(run_dir: Path, records: list[TraceRecord], summary: RunRecord | N
         run_dir=str(run_dir),
         traces=len(records),
         ranks=len(ranks),
-        arch=config_value(cfg, "model", "arch", str) or command_name(summary),
+        arch=cfg.model.arch if cfg is not None else command_name(summary),
         step_mode=step_mode(summary),
         batch_size_per_gpu=first.batch_size_per_gpu if is_count(first.batch_size_per_gpu) else None,
         gpus=(summary.world_size if summary is not None else None) or len(ranks),
-        data_fraction=config_number(cfg, "data", "fraction"),
+        data_fraction=cfg.data.fraction if cfg is not None else None,
         images_per_s=number_or_none(first.global_images_per_s),
         # no summary.json: the run crashed (or, in a live sweep, is still running)
         outcome=outcome_of(summary),
@@ -380,7 +371,8 @@ def model_facts(summary: RunRecord | None) -> ModelFacts:
     """What summary.json says of the model's work per step: forward FLOPs per image, the per-GPU batch,
     the device, and whether it trained in bf16 (for compute's share of the device's peak)."""
     first = first_rank(summary)
-    amp = config_value(config_of(summary), "train", "amp", str)
+    cfg = config_of(summary)
+    amp = cfg.train.amp if cfg is not None else None
     device = first.device_name
     flops, batch = first.model_flops_per_image, first.batch_size_per_gpu
     return ModelFacts(

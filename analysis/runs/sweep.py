@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.read.discover import Warnings, run_traces
-from analysis.records import RunRow, TraceRecord
+from analysis.records import RunRow, TracePoint, TraceRecord
 from hpc.core.rundir import SweepIndex, SweepPaths, read_sweep_index
 from hpc.placement.scaling import scaling_prediction
 
@@ -41,8 +41,8 @@ def fold_sweep(
         run_dir = sweep.run(point.run_dir).root
         recs, run = analyze_run(run_dir, warnings, [by_file[str(f)] for f in files[point.run_dir] if str(f) in by_file])
         words = swept_words(point.values, replicas)
-        where = {"data_fraction": point.data_fraction, "batch_size": point.batch_size, "gpus": point.gpus}
-        traces.extend(dataclasses.replace(rec, point={**where, "swept": words["swept"]}) for rec in recs)
+        where = TracePoint(point.data_fraction, point.batch_size, point.gpus, words["swept"])
+        traces.extend(dataclasses.replace(rec, point=where) for rec in recs)
         if run is None:
             warnings.append(
                 f"{run_dir}: no usable trace for point {point.data_fraction}/{point.batch_size}/{point.gpus}"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import fcntl
 import json
 import logging
@@ -52,6 +53,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from hpc.core.ending import (
+    EXIT_CODES,
     RESUMABLE,
     SLURM_CANCELLED,
     Outcome,
@@ -66,7 +68,7 @@ from hpc.core.ending import (
     first_bad,
     run_outcome,
 )
-from hpc.core.errors import EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, SchemaError
 from hpc.core.files import (
     JsonObject,
     Warn,
@@ -409,6 +411,50 @@ def root_cause(records: Sequence[Ended]) -> Ended | None:
     """The first rank to fail on its own (see the module doc), or None."""
     failed = [r for r in records if r.kind == RankEnd.FAILED]
     return min(failed, key=lambda r: (r.ended_ns or 0, r.rank)) if failed else None
+
+
+def requeue_code(record: Ended) -> int | None:
+    """The code the requeue rule reads for a rank's end, None where the rank's end asks for nothing: a
+    stopped rank's own requeue code (3 for a script that exited 0 after the stop, unfinished: Lightning
+    does, and resumes from its last.ckpt), and 3 for a rank killed after the grace time that followed a
+    SIGTERM: a command that took the stop and did not end in time (Lightning's DDP ranks, deadlocked by the
+    collective in its SIGTERM handler: docs/faults.md) resumes from what it last saved, as a task killed at
+    the end of the warning would."""
+    if record.kind == RankEnd.STOPPED:
+        return exit_code_of(record)
+    if record.kind == RankEnd.KILLED and record.stop == signal.SIGTERM.name:
+        return EXIT_PREEMPTED
+    return None
+
+
+class CodeFor(enum.Enum):
+    """Who reads a run's exit code (docs/faults.md)."""
+
+    JOB = "job"  # Slurm: the batch shell's exit, the job's state and what `afterok` waits on
+    COMMAND = "command"  # whoever ran or followed the run: hpc.submit (--local, --wait, salloc), hpc.rank --outcome
+
+
+def run_exit_code(
+    outcome: Outcome | None, reader: CodeFor, ranks: Sequence[Ended] = (), step_rc: int = EXIT_OK
+) -> int:
+    """How a run's end is an exit code, decided here alone, from its outcome (run_outcome's) and its ranks'
+    records. Never 0 for a run that did not finish, but for an OOM told to a command.
+    - For a job: 4 for an OOM (Slurm says FAILED, `afterok` waits), the first failing rank's code (128 + N
+      for a signal N), a stopped rank's (3 for a script that exited 0 unfinished), else srun's
+      (`step_rc`), else 1.
+    - For a command (EXIT_CODES): 0 done or oom (a sweep point that did not fit is its result), 3 stopped,
+      preempted or cancelled, 1 failed, or not known to have ended (None: no record)."""
+    if reader is CodeFor.COMMAND:
+        return EXIT_CODES[outcome or Outcome.FAILED]
+    if outcome == Outcome.DONE:
+        return EXIT_OK
+    if outcome == Outcome.OOM:
+        return EXIT_OOM
+    cause = root_cause(ranks)
+    if cause is not None:
+        return exit_code_of(cause)
+    stopped = [requeue_code(r) or exit_code_of(r) for r in ranks if r.kind == RankEnd.STOPPED or requeue_code(r)]
+    return stopped[0] if stopped else step_rc or EXIT_FAILED
 
 
 def failure_line(records: Sequence[Ended], world_size: int) -> str | None:

@@ -40,13 +40,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, RESUMABLE, Outcome, RankCommand
+from hpc.core.ending import RESUMABLE, Outcome, RankCommand
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
 from hpc.core.rundir import JobRecord, RunPaths, write_job_record
 from hpc.core.stop import Caught, interrupts_ignored
-from hpc.core.summary import attempt_job, attempt_of, write_run_summary
+from hpc.core.summary import CodeFor, attempt_job, attempt_of, run_exit_code, write_run_summary
 from hpc.launch.rank.rankcli import command_task
 from hpc.launch.rank.runner import write_task
 from hpc.launch.requeue import JobSignals, StepEnd, requeue_after_step
@@ -384,7 +384,7 @@ def run_in_allocation(
     ended = print_ended(f"job {here}", paths, summary, numbers=True)
     if ended in RESUMABLE:
         log.info(f"hpc.submit: to resume it in an allocation: {shlex.join(words)}")
-    return EXIT_CODES[ended]
+    return run_exit_code(ended, CodeFor.COMMAND)
 
 
 def run_step_here(step: list[str], env: Mapping[str, str]) -> int:

@@ -27,17 +27,17 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 
-from hpc.core.ending import SLURM_CANCELLED, SLURM_RUNNING, SLURM_TIMEOUT, Outcome, RankEnd
-from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, QueueError
+from hpc.core.ending import SLURM_CANCELLED, SLURM_RUNNING, SLURM_TIMEOUT, RankEnd
+from hpc.core.errors import EXIT_OK, EXIT_PREEMPTED, QueueError
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import Caught
 from hpc.core.summary import (
-    Ended,
+    CodeFor,
     RunRecord,
-    exit_code_of,
     record_scheduler,
+    requeue_code,
     restarts_line,
-    root_cause,
+    run_exit_code,
     write_run_summary,
 )
 from hpc.launch.submission.queue import accounted, ask_slurm
@@ -126,20 +126,6 @@ def may_requeue(
     return warned or code != EXIT_PREEMPTED
 
 
-def requeue_code(record: Ended) -> int | None:
-    """The code the requeue rule reads for a rank's end, None where the rank's end asks for nothing: a
-    stopped rank's own requeue code (3 for a script that exited 0 after the stop, unfinished: Lightning
-    does, and resumes from its last.ckpt; `unfinished` says it), and 3 for a rank killed
-    after the grace time that followed a SIGTERM: a command that took the stop and did not end in time
-    (Lightning's DDP ranks, deadlocked by the collective in its SIGTERM handler: docs/faults.md) resumes
-    from what it last saved, as a task killed at the end of the warning would."""
-    if record.kind == RankEnd.STOPPED:
-        return exit_code_of(record)
-    if record.kind == RankEnd.KILLED and record.stop == signal.SIGTERM.name:
-        return EXIT_PREEMPTED
-    return None
-
-
 def restarts_in(scontrol_job: str) -> int | None:
     """Slurm's restart count of a job in `scontrol show job -o`'s line (Restarts=N), None without one."""
     return _count(_field(scontrol_job, "Restarts"))
@@ -211,23 +197,6 @@ def ending_state(job_id: str, env: Mapping[str, str]) -> str | None:
     if requeued_since(line, env) is not None:
         return None
     return SLURM_TIMEOUT if _field(line, "Reason") == "TimeLimit" else SLURM_CANCELLED
-
-
-def run_code(summary: RunRecord, rc: int) -> int:
-    """The run's exit code, from its ranks' records, never 0 for a run that did not finish: 4 for an OOM,
-    the first failing rank's (128 + N for a signal N), a stopped rank's (3 for a script that exited 0
-    unfinished), else srun's, else 1."""
-    if summary.outcome == Outcome.DONE:
-        return EXIT_OK
-    if summary.outcome == Outcome.OOM:  # the rank's own 4: Slurm says FAILED, afterok waits (docs/faults.md)
-        return EXIT_OOM
-    cause = root_cause(summary.ranks)
-    if cause is not None:
-        return exit_code_of(cause)
-    stopped = [
-        requeue_code(r) or exit_code_of(r) for r in summary.ranks if r.kind == RankEnd.STOPPED or requeue_code(r)
-    ]
-    return stopped[0] if stopped else rc or EXIT_FAILED
 
 
 def unfinished(summary: RunRecord) -> bool:
@@ -310,7 +279,7 @@ def settled(paths: RunPaths, end: StepEnd, env: Mapping[str, str], door: str) ->
     restarted = restarts_line(summary)
     if restarted:
         log.info(f"{door}: {restarted}")
-    return summary, run_code(summary, end.rc), state
+    return summary, run_exit_code(summary.outcome, CodeFor.JOB, summary.ranks, end.rc), state
 
 
 def preempting(job_id: str) -> bool:

@@ -86,8 +86,8 @@ def test_ranks_that_never_communicate_get_no_imbalance_however_uneven(tmp_path):
     for grouped, named in ((True, True), (False, False)):
         summary = summary_of(world_size=2, ranks=[{**x, "process_group": grouped} for x in ranks])
         verdict = judged_run(run_record(tmp_path, [], summary), [], summary).verdict
-        assert (verdict["bound"] == "imbalance") is named, verdict
-        assert ("rank 1 on nid001" in verdict["line"]) is named
+        assert (verdict.bound == "imbalance") is named, verdict
+        assert ("rank 1 on nid001" in verdict.line) is named
 
 
 @pytest.mark.slow

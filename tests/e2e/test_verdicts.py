@@ -89,8 +89,8 @@ def test_every_shared_trace_has_its_expected_verdict():
 def test_verdict_on_a_real_trace(rel):
     bound, secondary, _why = EXPECTED[rel]
     verdict = analyze_trace(SHARED_TRACES / rel).verdict
-    assert (verdict["bound"], verdict["secondary"]) == (bound, secondary), verdict["line"]
-    assert verdict["line"].startswith(bound) and len(verdict["evidence"]) > 20
+    assert (verdict.bound, verdict.secondary) == (bound, secondary), verdict.line
+    assert verdict.line.startswith(bound) and len(verdict.evidence) > 20
 
 
 def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph_mode(tmp_path):
@@ -99,9 +99,9 @@ def test_the_toolkits_own_gpu_trace_is_host_launch_bound_and_the_remedy_is_graph
     (it rounds ns-resolution events onto whole µs, as for the shared traces in BREAKDOWN_DIFFERENCES), so
     the class is held to HTA's numbers, the figure to ours."""
     verdict = analyze_trace(OWN_GPU_TRACE).verdict
-    assert verdict["bound"] == "host-launch" and verdict["secondary"] is None
-    assert "train.cuda_graph: true" in verdict["remedy"]
-    assert f"idle {100 * idle_share(_load(OWN_GPU_TRACE)):.1f}%" in verdict["evidence"]  # worked out from the events
+    assert verdict.bound == "host-launch" and verdict.secondary is None
+    assert "train.cuda_graph: true" in verdict.remedy
+    assert f"idle {100 * idle_share(_load(OWN_GPU_TRACE)):.1f}%" in verdict.evidence  # worked out from the events
     temporal, idle = _hta_breakdowns(OWN_GPU_TRACE, tmp_path)
     gaps = idle.groupby("idle_category")["idle_time"].sum()
     host = gaps.get("host_wait", 0.0) / gaps.sum()
@@ -132,7 +132,7 @@ def test_the_report_of_the_own_trace_opens_with_its_verdict(tmp_path):
         browser.get((tmp_path / "report.html").as_uri())
         assert [h.text for h in browser.find_elements(By.TAG_NAME, "h2")][0] == "Verdict"
         (item,) = browser.find_elements(By.CSS_SELECTOR, "ul.verdict li")
-        line = analyze_trace(OWN_GPU_TRACE).verdict["line"]
+        line = analyze_trace(OWN_GPU_TRACE).verdict.line
         assert item.text == f"resnet152_rank0.pt.trace.json.gz: {line}"  # the analysis's line, as it gave it
         artifacts = Path(os.environ.get("HPC_ARTIFACTS", REPO / "artifacts"))
         artifacts.mkdir(parents=True, exist_ok=True)
@@ -273,7 +273,7 @@ def test_each_verdict_flips_when_its_cause_is_taken_away(rel, bound, tmp_path):
     assert expected != bound
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(changed))
-    assert analyze_trace(path).verdict["bound"] == expected
+    assert analyze_trace(path).verdict.bound == expected
 
 
 # The verdicts decided by a share within a few points of its threshold, each with the side HTA's own
@@ -313,7 +313,7 @@ def test_every_other_verdict_is_five_points_clear_of_its_thresholds(rel):
     with HTA's within 1 point (test_analysis_oracles; its documented exceptions, up to 5 and 12 points,
     are ns-rounding and trimming, checked there). A trace nearer than that must be in BORDERLINE."""
     bound = EXPECTED[rel][0]
-    measured = analyze_trace(SHARED_TRACES / rel).verdict["shares"]
+    measured = analyze_trace(SHARED_TRACES / rel).verdict.shares
     # decisive: the verdict's own share, or one above it that would win by crossing its threshold
     top = measured.get(bound, 0.0) if bound != "unknown" else 0.0
     near = {k: v for k, v in measured.items() if k in THRESHOLDS and abs(v - THRESHOLDS[k]) < 0.05
@@ -328,4 +328,4 @@ def test_the_readme_documents_every_threshold_the_oracles_use():
 def test_the_own_trace_with_its_gaps_closed_is_compute_bound(tmp_path):
     path = tmp_path / "closed.json"
     path.write_text(json.dumps(close_gaps(_load(OWN_GPU_TRACE))))
-    assert analyze_trace(path).verdict["bound"] == "compute"
+    assert analyze_trace(path).verdict.bound == "compute"

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
-from hpc.core.ending import EXIT_CODES, Outcome, RankCommand, RankEnd
+from hpc.core.ending import RankCommand, RankEnd
 from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, UsageError
 from hpc.core.rundir import RunPaths
-from hpc.core.summary import current_summary, exit_code_of, read_records, write_run_summary
+from hpc.core.summary import CodeFor, current_summary, exit_code_of, read_records, run_exit_code, write_run_summary
 from hpc.launch.rank.rankenv import on_slurm
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_outcome(paths: RunPaths) -> int:
     """`--outcome`: the run's outcome, and the failing rank when one failed; the exit code hpc.submit gives
-    it (hpc/core/ending.py EXIT_CODES: 0 done or oom, 3 stopped, preempted or cancelled, 1 else)
+    it (hpc/core/summary.py run_exit_code: 0 done or oom, 3 stopped, preempted or cancelled, 1 else)
     (2: no command ran there)."""
     summary = write_run_summary(paths) if read_records(paths) else None
     if summary is None:
         raise UsageError(f"--run-dir {paths.root}: no rank of a task has started there (no {paths.ranks})")
     print(f"hpc.rank: {paths.root}: {summary.outcome}" + (f": {summary.failure}" if summary.failure else ""))
-    return EXIT_CODES[summary.outcome or Outcome.FAILED]
+    return run_exit_code(summary.outcome, CodeFor.COMMAND)
 
 
 def cli(argv: list[str] | None = None) -> int:

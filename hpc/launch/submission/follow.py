@@ -26,16 +26,18 @@ from typing import Any
 import msgspec
 
 from analysis.api import end_of_run_lines, render, run_numbers
-from hpc.core.ending import EXIT_CODES, RESUMABLE, SLURM_CANCELLED, Outcome
+from hpc.core.ending import RESUMABLE, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from hpc.core.rundir import RunPaths, SweepPoint, read_checkpoint_info
 from hpc.core.stop import Caught
 from hpc.core.summary import (
+    CodeFor,
     RunRecord,
     no_step_line,
     read_records,
     record_scheduler,
     restarts_line,
+    run_exit_code,
     write_run_summary,
 )
 from hpc.launch.requeue import resume_line
@@ -280,9 +282,9 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False, e
 
 def exit_code_of_outcomes(outcomes: list[Outcome]) -> int:
     """hpc.submit's exit code, the same here (--local) and waited for on Slurm (--wait): the worst of the
-    runs' (hpc/core/ending.py EXIT_CODES, docs/faults.md): 1 when a run failed (or left no record), else 3
+    runs' (hpc/core/summary.py run_exit_code, docs/faults.md): 1 when a run failed (or left no record), else 3
     when one was stopped, preempted or cancelled, else 0."""
-    codes = {EXIT_CODES[Outcome(outcome)] for outcome in outcomes}
+    codes = {run_exit_code(Outcome(outcome), CodeFor.COMMAND) for outcome in outcomes}
     return EXIT_FAILED if EXIT_FAILED in codes else max(codes, default=EXIT_OK)
 
 

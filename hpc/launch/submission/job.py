@@ -27,10 +27,10 @@ from hpc.core.meet import free_port
 from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal, ignore_passed
-from hpc.core.summary import Ended, RankEntry, RunRecord, write_run_summary
+from hpc.core.summary import Ended, RankEntry, RunRecord, requeue_code, write_run_summary
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
-from hpc.launch.requeue import requeue_code, stopped_by_user
+from hpc.launch.requeue import stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 

@@ -147,6 +147,22 @@ def test_a_run_is_judged_above_the_fold_with_its_summarys_model_facts():
     summary = summary_of(kind="train", config={"train": {"amp": "bf16"}}, ranks=[
         {"rank": 0, "model_flops_per_image": 11.5e9, "batch_size_per_gpu": 128, "device_name": "NVIDIA A100-SXM4-40GB"}])
     bare, told = judged_run(run, records, None).verdict, judged_run(run, records, summary).verdict
-    assert bare["bound"] == told["bound"] == "compute"  # kernels busy the whole profiled span
-    assert "share of peak unknown (no FLOP count)" in bare["line"]
-    assert "of the device's dense peak" in told["line"] and "unknown" not in told["line"]
+    assert bare.bound == told.bound == "compute"  # kernels busy the whole profiled span
+    assert "share of peak unknown (no FLOP count)" in bare.line
+    assert "of the device's dense peak" in told.line and "unknown" not in told.line
+
+
+def test_a_runs_config_is_read_as_its_runconfig_and_one_it_cannot_read_is_none():
+    """summary.json's config travels as RunConfig (a renamed key fails the type check, not the report): the
+    run's arch, data fraction and amp are its fields; a config this toolkit cannot read (a later toolkit's
+    section that is no mapping, an arch it does not know) gives no config, not an error."""
+    from analysis.runs.fold import config_of, model_facts
+
+    told = summary_of(kind="train", run_dir="r", config={"model": {"arch": "resnet50"}, "data": {"fraction": 0.5},
+                                                       "train": {"amp": "bf16"}})
+    run = run_record(Path("r"), [], told)
+    assert (run.arch, run.data_fraction, model_facts(told).bf16) == ("resnet50", 0.5, True)
+    for unreadable in ({"model": {"arch": "resnet9000"}}, {"train": "fast"}):
+        summary = summary_of(kind="train", run_dir="r", config=unreadable)
+        assert config_of(summary) is None and run_record(Path("r"), [], summary).data_fraction is None
+    assert config_of(summary_of(kind="command", run_dir="r")) is None

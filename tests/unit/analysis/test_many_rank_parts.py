@@ -372,11 +372,11 @@ def test_data_loading_is_named_when_it_holds_up_most_steps_not_one_slow_fetch(tm
     from analysis.pipeline import analyze_trace
 
     one_slow = analyze_trace(_loading_trace(tmp_path / "a.json", [120_000.0] + [500.0] * 9)).verdict
-    assert one_slow["bound"] == "unknown", one_slow["line"]
-    assert one_slow["shares"]["data-loading"] > 0.5
-    assert "no data-loading named: the DataLoader took 25% of a step or more in 1 of 10 profiled steps" in one_slow["line"]
+    assert one_slow.bound == "unknown", one_slow.line
+    assert one_slow.shares["data-loading"] > 0.5
+    assert "no data-loading named: the DataLoader took 25% of a step or more in 1 of 10 profiled steps" in one_slow.line
     every = analyze_trace(_loading_trace(tmp_path / "b.json", [5_000.0] * 10)).verdict
-    assert every["bound"] == "data-loading" and "no data-loading named" not in every["line"], every["line"]
+    assert every.bound == "data-loading" and "no data-loading named" not in every.line, every.line
 
 
 def _queued(rank: int, queued_ms: float, steps: int) -> dict:

@@ -50,7 +50,7 @@ def test_idle_gaps_waiting_for_the_host_are_host_launch_with_graph_mode_as_remed
     assert (got.bound, got.secondary) == (v.HOST_LAUNCH, None)
     assert "train.cuda_graph: true" in got.remedy and "1,500 kernels a step" in got.evidence
     idle, host_of_gaps = 1 - 0.1, 0.9 / (0.9 + 0.1)  # worked out from the evidence, not read off the tool
-    assert got.line().startswith("host-launch: ") and got.shares[v.HOST_LAUNCH] == pytest.approx(idle * host_of_gaps)
+    assert got.line.startswith("host-launch: ") and got.shares[v.HOST_LAUNCH] == pytest.approx(idle * host_of_gaps)
     assert figures(got.evidence) >= {as_pct(idle), as_pct(host_of_gaps), round(1 / (1 - idle), 1), 1500.0}
 
 
@@ -185,7 +185,7 @@ def test_each_threshold_is_the_edge(cls):
     for permille, named in ((t - 1, False), (t, True), (t + 1, True)):
         got = v.judge(alone(cls, permille))
         assert got.shares[cls] == permille / 1000
-        assert got.bound == (cls if named else v.UNKNOWN), (permille, got.line())
+        assert got.bound == (cls if named else v.UNKNOWN), (permille, got.line)
 
 
 @pytest.mark.parametrize("comm, second", [(99, None), (100, v.COMMUNICATION), (101, v.COMMUNICATION)])
@@ -193,7 +193,7 @@ def test_a_second_class_needs_a_tenth_of_the_time(comm, second):
     """analysis/README.md: a second class is named beside the first at 10% or more, under its own threshold."""
     got = v.judge(v.Evidence(span_us=1000.0, computation_us=700.0, communication_us=float(comm),
                              kernel_wait_us=1.0, script=False))
-    assert (got.bound, got.secondary) == (v.COMPUTE, second), got.line()
+    assert (got.bound, got.secondary) == (v.COMPUTE, second), got.line
 
 
 @pytest.mark.parametrize("host, named", [(499, False), (500, True), (501, True)])
@@ -204,7 +204,7 @@ def test_host_launch_needs_half_the_gaps_to_be_host_wait(host, named):
                    kernel_wait_us=1000.0 - host, script=False)
     got = v.judge(e)
     assert got.shares[v.HOST_LAUNCH] >= 0.3
-    assert got.bound == (v.HOST_LAUNCH if named else v.UNKNOWN), got.line()
+    assert got.bound == (v.HOST_LAUNCH if named else v.UNKNOWN), got.line
 
 
 evidence = st.builds(
@@ -216,7 +216,7 @@ evidence = st.builds(
 @given(evidence)
 def test_any_evidence_gets_one_line_and_a_bound_that_reached_its_threshold(e):
     got = v.judge(e)
-    assert "\n" not in got.line() and got.line().startswith(got.bound)
+    assert "\n" not in got.line and got.line.startswith(got.bound)
     assert all(0.0 <= s <= 1.0 for s in got.shares.values())
     if got.bound != v.UNKNOWN:
         assert got.shares[got.bound] >= v.THRESHOLDS[got.bound]
@@ -413,7 +413,7 @@ GOLDEN = {
 def test_each_verdict_kinds_one_golden_sentence(kind):
     """The whole line a user reads, once per kind: its wording is reviewed here, its numbers everywhere else."""
     evidence, line = GOLDEN[kind]
-    assert v.judge(evidence).line() == line
+    assert v.judge(evidence).line == line
 
 
 def test_the_slow_ranks_golden_sentence():

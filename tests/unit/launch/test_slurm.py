@@ -119,15 +119,14 @@ def test_the_code_the_requeue_rule_reads_from_a_ranks_end(record, code):
     followed a person's stop or another rank's failure, and a command that died of the signal, are not.
     Its job ends 3, not 0, whatever the tasks exited: the run did not finish (issue 87)."""
     from hpc.core.ending import Outcome
-    from hpc.core.summary import RunRecord
-    from hpc.launch.requeue import requeue_code, run_code
+    from hpc.core.summary import CodeFor, requeue_code, run_exit_code
 
     ranks = entries({"rank": r, **record} for r in (0, 1))  # the batch shell's code for a run of such ranks
     assert requeue_code(ranks[0]) == code
     if code is not None:
-        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.PREEMPTED), 0) == code
+        assert run_exit_code(Outcome.PREEMPTED, CodeFor.JOB, ranks) == code
     if record == {"kind": "stopped", "exit_code": 0}:
-        assert run_code(RunRecord(ranks=ranks, outcome=Outcome.STOPPED), 0) == 3
+        assert run_exit_code(Outcome.STOPPED, CodeFor.JOB, ranks) == 3
 
 
 @pytest.fixture
