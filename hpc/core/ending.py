@@ -128,8 +128,9 @@ def slurm_state(word: str | None) -> PointState | Outcome:
 
 
 # How a run's end is a command's exit code, the same from `hpc.submit --local`, `--wait` on Slurm and
-# `hpc.rank --outcome` (docs/faults.md; read only by hpc/core/summary.py run_exit_code, the one decider): a sweep's point that did not fit (oom) is its result, not a failure;
-# a run that has not ended when its job did is not known to be anything.
+# `hpc.rank --outcome` (docs/faults.md; read only by hpc/core/summary.py run_exit_code, the one decider):
+# a sweep's point that did not fit (oom) is its result, not a failure; a run that has not ended when its
+# job did is not known to be anything.
 EXIT_CODES: dict[Outcome, int] = {
     Outcome.DONE: EXIT_OK,
     Outcome.OOM: EXIT_OK,

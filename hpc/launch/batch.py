@@ -149,18 +149,25 @@ def job_step(env: Mapping[str, str]) -> Step:
     return Step(launcher, int(env.get("SLURM_NNODES") or 1), gpus, int(env.get("SLURM_CPUS_PER_TASK") or 1), sized)
 
 
+def rank_words(python: str, run_dir: Path, torchrun: list[str] | None = None) -> list[str]:
+    """What a task runs, on every road (a Slurm step's task, an allocation's, a local run's torchrun): the
+    per-rank runner on the run directory, or with `torchrun`'s arguments torchrun's agent, whose workers are
+    those runners. How a rank starts is written here alone."""
+    rank = [python, "-m", "hpc.rank", "--run-dir", str(run_dir)]
+    return rank if torchrun is None else [python, "-m", "hpc.launch.rank.agent", *torchrun, *rank[1:]]
+
+
 def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[str, str]) -> list[str]:
     """The job's one srun step: a runner per task, or torchrun per node over runners. The step takes the
     batch shell's environment where sbatch was told not to pass the submitter's on (its --export, which
     srun inherits: without ALL, srun would start the tasks without it)."""
-    rank = ["-m", "hpc.rank", "--run-dir", str(run_dir)]
     exports = env.get("SLURM_EXPORT_ENV")
     srun = ["srun", "--kill-on-bad-exit=1", *(["--export=ALL"] if exports and "ALL" not in exports.split(",") else [])]
     nodes = [f"--nodes={step.nodes}"] if step.sized else []
     if step.launcher not in ONE_TASK_PER_NODE:
         cpus = [f"--cpus-per-task={step.cpus}"] if step.sized and step.cpus else []
         tasks = [*nodes, f"--ntasks-per-node={step.gpus}", *cpus] if step.sized else []
-        return [*srun, *tasks, *srun_words(cluster), step.python, *rank]
+        return [*srun, *tasks, *srun_words(cluster), *rank_words(step.python, run_dir)]
     per_node = [
         *nodes,
         "--ntasks-per-node=1",
@@ -168,10 +175,10 @@ def step_words(cluster: ClusterConfig, run_dir: Path, step: Step, env: Mapping[s
         f"--cpus-per-task={(step.cpus or 1) * step.gpus}",
     ]
     if step.launcher == "node":  # one process a node with every GPU of it (nn.DataParallel)
-        return [*srun, *per_node, *srun_words(cluster), step.python, *rank]
+        return [*srun, *per_node, *srun_words(cluster), *rank_words(step.python, run_dir)]
     restarts = int(env.get("HPC_MAX_RESTARTS") or cluster.max_restarts)
     torchrun = slurm_torchrun_args({**env, "SLURM_NNODES": str(step.nodes)}, step.gpus, restarts)
-    return [*srun, *per_node, *srun_words(cluster), step.python, "-m", "hpc.launch.rank.agent", *torchrun, *rank]
+    return [*srun, *per_node, *srun_words(cluster), *rank_words(step.python, run_dir, torchrun)]
 
 
 def step_preview(cluster: ClusterConfig, run_dir: Path, step: Step, export: str | None) -> str:

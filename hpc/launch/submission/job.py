@@ -28,6 +28,7 @@ from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal, ignore_passed
 from hpc.core.summary import Ended, RankEntry, RunRecord, requeue_code, write_run_summary
+from hpc.launch.batch import rank_words
 from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import stopped_by_user
@@ -101,8 +102,7 @@ class TaskJob:
         except StoreError as e:
             kind = RankEnd.INTERRUPTED if stop.signum else RankEnd.FAILED
             return RankEntry(rank=global_rank, kind=kind, message=str(e))
-        rank = ["-m", "hpc.rank", "--run-dir", str(paths.root)]
-        rc = run_forwarding([sys.executable, "-m", "torch.distributed.run", *args, *rank], stop)
+        rc = run_forwarding(rank_words(sys.executable, paths.root, args), stop)
         summary = write_run_summary(paths) or RunRecord()
         outcome = str(summary.outcome)
         kind = rank_end_of_outcome(outcome) if rc == 0 or outcome != Outcome.DONE else RankEnd.FAILED
@@ -113,7 +113,8 @@ class TaskJob:
 
 def run_forwarding(argv: list[str], stop: StopSignal) -> int:
     """Run `argv` (torchrun) to its end, in AGENT_ENV, with the stop signals passed on to it (and recorded
-    in `stop`); its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start: torchrun's agent would die of
+    in `stop`); its exit code. The others (SIGUSR1, SIGQUIT) it ignores, from its start (as
+    hpc/launch/rank/agent.py does again): torchrun's agent would die of
     SIGUSR1 (Slurm signals every process of the step, and a Lightning job asks for it), its workers left
     without it; they get Slurm's signal themselves, and pass it on to their command."""
     proc = subprocess.Popen(argv, env={**AGENT_ENV, **os.environ}, preexec_fn=ignore_passed)
