@@ -107,7 +107,7 @@ def free_port(host: str) -> int:
 
 
 def publish(path: Path, meeting: Meeting) -> None:
-    """Rank 0's runner (torchrun's first agent): the meeting at `path` (RUN/ranks/meeting.json, agents.json),
+    """Rank 0's runner (torchrun's first agent): the meeting at `path` (RUN/ranks/meeting.json),
     for the owner alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(dataclasses.asdict(meeting)), mode=0o600)

@@ -85,7 +85,6 @@ JOB = "job.json"  # the Slurm job's shape and options (JobRecord), written by it
 RANKS = "ranks"
 MEETING = "meeting.json"  # ranks/meeting.json: the run's store and its secret, for the owner alone (hpc/core/meet.py)
 SCHEDULER = "scheduler.json"  # the scheduler's word on how the job ended (a cancel), written by its follower
-AGENTS_MEETING = "agents.json"  # ranks/agents.json: torchrun's agents' rendezvous port, on Slurm through submitit
 FLIGHT_RECORDER = "flight_recorder"  # NCCL's Flight Recorder dumps, one per rank (and torch's pipes)
 GPUS = "gpus"  # NVML samples of each node's GPUs (hpc/core/gpusample.py)
 RANK_SIDE_SUFFIXES = (".exit.json", ".facts.json")  # ranks/: records, not traces
@@ -108,9 +107,10 @@ SWEEP_CSV = "sweep.csv"
 TRACES_JSON = "traces.json"  # every trace's record
 WHY_TABLE = "why.md"  # the verdicts first, then where the time went
 
-# JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run).
+# JSON files of ours that a search for traces must skip (last.json lies in checkpoints/, under a run;
+# agents.json, torchrun's agents' port, in runs of earlier toolkits)
 SIDE_FILES = frozenset(
-    {SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, JOB, MEETING, AGENTS_MEETING, Path(CHECKPOINT_INFO).name}
+    {SUMMARY, INDEX, STUDY, TRACES_JSON, RUNS_JSON, TASK, JOB, MEETING, "agents.json", Path(CHECKPOINT_INFO).name}
 )
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.json", "*.json.gz")
 
@@ -164,7 +164,6 @@ class RunPaths:
     ranks = Under(RANKS)
     meeting = Under(RANKS, MEETING)
     scheduler = Under(RANKS, SCHEDULER)
-    agents_meeting = Under(RANKS, AGENTS_MEETING)
 
     def rank_stream(self, rank: int, stream: str) -> Path:
         """A command's rank's `out` or `err` stream."""

@@ -75,18 +75,28 @@ def test_a_script_that_profiles_itself_keeps_its_profiler_and_ours_stands_down(t
 
 
 def test_an_error_inside_our_hook_is_said_once_and_the_script_goes_on(tmp_path):
-    """A profiler section our profiler refuses (HPC_PROFILER is the runner's to write; here set by hand, so
-    that the hook's own code raises at the first step): the script still ends with its own last line."""
+    """The hook's own code raises at the first step (its traces folder cannot be made: a file of that name
+    is there): said once, the hook off, the script ends with its own last line. A profiler section the
+    section refuses (HPC_PROFILER is the runner's to write; here set by hand) is said once at the start,
+    nothing is profiled, and the script goes on too."""
     script = tmp_path / "plain.py"
     script.write_text("import torch\nm = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for _ in range(5):\n    m(torch.randn(2, 4)).sum().backward(); opt.step()\nprint('finished')\n")
-    env = dict(ENV, PYTHONPATH=str(HOOK), HPC_RUN_DIR=str(tmp_path / "run"), HPC_PROFILER='{"wait": -1}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "traces").write_text("not a folder")
+    env = dict(ENV, PYTHONPATH=str(HOOK), HPC_RUN_DIR=str(tmp_path / "run"), HPC_PROFILER='{"enabled": true}')
     r = subprocess.run([PY, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "finished", r.stderr
     said = [line for line in r.stderr.splitlines() if "step hook failed" in line]
     assert len(said) == 1 and "turned itself off" in said[0], r.stderr
     facts = json.loads((tmp_path / "run" / "ranks" / "rank0.facts.json").read_text())
     assert "turned itself off" in facts["profiler"]["note"] and facts["steps"] == 0  # off at its first step
+    env = dict(env, HPC_RUN_DIR=str(tmp_path / "run2"), HPC_PROFILER='{"wait": -1}')
+    r = subprocess.run([PY, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "finished", r.stderr
+    said = [line for line in r.stderr.splitlines() if "HPC_PROFILER" in line]
+    assert said == ["hpc: HPC_PROFILER: profiler.wait: must be >= 0: not profiled"], r.stderr
+    assert not (tmp_path / "run2" / "traces").exists()
 
 
 def test_a_stopped_rank_is_named_frozen_within_two_minutes_by_default_and_the_job_ends(tmp_path):

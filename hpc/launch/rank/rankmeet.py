@@ -2,28 +2,25 @@
 
 - `meet`, for each rank's runner: rank 0 holds a port of its node's (the kernel's pick, at MASTER_ADDR's
   address) and draws the run's secret, and publishes both in RUN/ranks/meeting.json; the others wait for
-  them there. Under torchrun the port is torchrun's pick and rank 0's task binds it itself.
-- `agents_port`, for torchrun's agents of a submitit job: the first node's free port, in
-  RUN/ranks/agents.json for the others.
+  them there. Under torchrun the port is torchrun's pick and rank 0's task binds it itself. torchrun's
+  agents meet on a port the batch shell picked on the job's first node (hpc/launch/batch.py `step_words`).
 
 No torch import.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 
 from hpc.core.ending import RankEnd
 from hpc.core.errors import EXIT_FAILED, EXIT_PEER_LOST, StoreError
-from hpc.core.meet import MEET_TIMEOUT_S, Meeting, await_meeting, free_port, listen, new_secret, publish
+from hpc.core.meet import MEET_TIMEOUT_S, Meeting, await_meeting, listen, new_secret, publish
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal
-from hpc.core.summary import attempt_of, kind_of_code
+from hpc.core.summary import kind_of_code
 from hpc.launch.rank.rankrecords import failed_peers
 from hpc.placement.distenv import DistEnv
-from hpc.placement.hostlist import expand_hostlist
 
 
 class Unmet(Exception):
@@ -63,22 +60,6 @@ def meet(
         raise Unmet({"kind": RankEnd.PEER, "exit_code": None, "message": why})
     kind = kind_of_code(EXIT_PEER_LOST, requeue_codes)  # as the training's own, when rank 0 never came
     raise Unmet({"kind": kind, "exit_code": EXIT_PEER_LOST, "message": why})
-
-
-def agents_port(paths: RunPaths, first: bool, stop: StopSignal) -> int:
-    """The port torchrun's agents of a job meet on, the same on every node and computed from nothing
-    public: the first node's pick (`first`: this is it), published for the others (StoreError when it
-    does not come, or a stop signal comes first)."""
-    group = attempt_of(os.environ)
-    if first:
-        host = (expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")) or ["127.0.0.1"])[0]
-        port = free_port(host)
-        publish(paths.agents_meeting, Meeting(group, host, port, ""))
-        return port
-    meeting, why = await_meeting(paths.agents_meeting, group, MEET_TIMEOUT_S, lambda: stopped(stop))
-    if meeting is None:
-        raise StoreError(f"torchrun's agents: {why}")
-    return meeting.port
 
 
 def stopped(stop: StopSignal) -> str | None:

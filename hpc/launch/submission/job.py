@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from hpc.core.ending import Outcome, RankCommand, RankEnd, rank_end_of_outcome, task_status
-from hpc.core.errors import StoreError
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
 from hpc.core.proc import gone
@@ -29,10 +28,9 @@ from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal, ignore_passed
 from hpc.core.summary import Ended, RankEntry, RunRecord, requeue_code, write_run_summary
 from hpc.launch.batch import rank_words
-from hpc.launch.rank.rankmeet import agents_port
 from hpc.launch.rank.runner import run_rank, write_task
 from hpc.launch.requeue import stopped_by_user
-from hpc.placement.torchrun import AGENT_ENV
+from hpc.placement.torchrun import AGENT_ENV, torchrun_args, torchrun_forwards_signals
 from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 
 log = logging.getLogger(__name__)
@@ -97,11 +95,8 @@ class TaskJob:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
         task.json); the stop signals passed on to it. This task's end as the run's records say once
         torchrun has ended: an entry with its kind, code and message."""
-        try:
-            args = torchrun_args_for(job_id, self.nproc_per_node, self.max_restarts, paths, global_rank == 0, stop)
-        except StoreError as e:
-            kind = RankEnd.INTERRUPTED if stop.signum else RankEnd.FAILED
-            return RankEntry(rank=global_rank, kind=kind, message=str(e))
+        endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"  # one node, this machine's
+        args = torchrun_args(1, self.nproc_per_node, endpoint, job_id, self.max_restarts, torchrun_forwards_signals())
         rc = run_forwarding(rank_words(sys.executable, paths.root, args), stop)
         summary = write_run_summary(paths) or RunRecord()
         outcome = str(summary.outcome)
@@ -128,17 +123,3 @@ def run_forwarding(argv: list[str], stop: StopSignal) -> int:
         return proc.wait()
     finally:
         stop.listener = None
-
-
-def torchrun_args_for(
-    job_id: str, nproc_per_node: int, max_restarts: int, paths: RunPaths, first: bool, stop: StopSignal
-) -> list[str]:
-    """torchrun's arguments for a job's agent on this node: the job's own rendezvous on Slurm, on a port
-    its first node picked (`first`: this is it); on this machine (--local), one node at 127.0.0.1."""
-    from hpc.placement.distenv import slurm_torchrun_args
-    from hpc.placement.torchrun import torchrun_args, torchrun_forwards_signals
-
-    if os.environ.get("SLURM_JOB_ID"):
-        return slurm_torchrun_args(os.environ, nproc_per_node, max_restarts, agents_port(paths, first, stop))
-    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
-    return torchrun_args(1, nproc_per_node, endpoint, job_id, max_restarts, torchrun_forwards_signals())

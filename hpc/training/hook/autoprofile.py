@@ -39,6 +39,7 @@ import msgspec
 
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import OomRecord, RankFacts, attempt_of, write_facts
+from hpc.settings.schema import ProfilerConfig
 from hpc.training.steptimes import StepClock, Timeline, measures, startup_record
 
 if TYPE_CHECKING:  # for the annotations only: torch is imported when the script imports it (module doc)
@@ -126,8 +127,8 @@ class StepHook:
     written at each cycle's end and at exit. `settings`: the profiler section (None or enabled false: the
     steps are counted, nothing is profiled)."""
 
-    def __init__(self, settings: dict[str, Any] | None, run_dir: Path):
-        self.settings = settings or {"enabled": False}
+    def __init__(self, settings: ProfilerConfig | None, run_dir: Path):
+        self.settings = settings or ProfilerConfig(enabled=False)
         self.paths = RunPaths(run_dir)
         self.counted: int | None = None  # id() of the optimizer whose steps count
         self.steps = 0
@@ -217,18 +218,16 @@ class StepHook:
         if self.script_profiles or _profiler_running():
             self.stand_down(self.script_profiles or "the script runs a torch.profiler of its own")
             return
-        if not self.settings.get("enabled", True):
+        if not self.settings.enabled:
             return
-        from hpc.settings.schema import ProfilerConfig
         from hpc.training.profiling import RankChoice, maybe_profile
 
-        fields = {k: v for k, v in self.settings.items() if k in ProfilerConfig.__dataclass_fields__}
         self.context = contextlib.ExitStack()
         # profiler.ranks: a script's collectives are its own, so over 16 ranks its node leaders record
         who = RankChoice(self.rank, int(os.environ.get("LOCAL_RANK") or 0), self.world_size)
         with self.own_calls():
             self.profiling = self.context.enter_context(
-                maybe_profile(ProfilerConfig(**fields), self.paths.traces, who, self.cuda)
+                maybe_profile(self.settings, self.paths.traces, who, self.cuda)
             )
         self.active = self.profiling is not None
         if self.active:

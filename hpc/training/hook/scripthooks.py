@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 
+from hpc.settings.fields import Invalid
 from hpc.settings.rankcommand import BATCH_VARIABLE, PROFILER_VARIABLE, RUN_DIR_VARIABLE
+from hpc.settings.schema import ProfilerConfig
 from hpc.training.hook.afterimport import after_import
 from hpc.training.hook.autoprofile import PROFILER_MODULE, STEP_HOOK_MODULE, StepHook, guard, register
 from hpc.training.hook.scriptaccelerate import ACCELERATE_MODULE, apply
@@ -37,17 +39,25 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_MODULE = "torch.distributed.rendezvous"  # where torch makes an init_process_group's store
 
 
-def profiler_settings(env: Mapping[str, str]) -> dict[str, object] | None:
-    """The profiler section from HPC_PROFILER; None when it is not a JSON mapping (said in one line)."""
+def profiler_settings(env: Mapping[str, str]) -> ProfilerConfig | None:
+    """The profiler section from HPC_PROFILER, as its ProfilerConfig (keys it does not know ignored: a later
+    toolkit's); None when it is not a JSON mapping or not a profiler section (said in one line)."""
     try:
         settings = json.loads(env.get(PROFILER_VARIABLE) or "null")
     except ValueError:
         settings = None
-    if not isinstance(settings, dict):
-        if env.get(PROFILER_VARIABLE):
-            log.warning(f"hpc: {PROFILER_VARIABLE} is not a JSON mapping: not profiled")
+    if isinstance(settings, dict):
+        known = {k: v for k, v in settings.items() if k in ProfilerConfig.__dataclass_fields__}
+        try:
+            return ProfilerConfig(**known)
+        except Invalid as e:
+            log.warning(f"hpc: {PROFILER_VARIABLE}: profiler.{e.key}: {e.reason}: not profiled")
+        except (TypeError, ValueError) as e:  # a value of another type than its field's
+            log.warning(f"hpc: {PROFILER_VARIABLE}: {e}: not profiled")
         return None
-    return settings
+    if env.get(PROFILER_VARIABLE):
+        log.warning(f"hpc: {PROFILER_VARIABLE} is not a JSON mapping: not profiled")
+    return None
 
 
 def _on_first_step(hook: StepHook) -> None:

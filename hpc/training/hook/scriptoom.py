@@ -49,7 +49,7 @@ def record_history(hook: StepHook) -> None:
     training records it."""
     from hpc.training.oom import start_memory_history  # torch's: loaded, since a step was taken
 
-    start_memory_history(bool(hook.settings.get("memory_snapshot")), hook.cuda)
+    start_memory_history(hook.settings.memory_snapshot, hook.cuda)
 
 
 class OomCatcher:
@@ -71,7 +71,7 @@ class OomCatcher:
                 from hpc.training.oom import oom_record  # the training's recorder (torch is loaded: it raised)
 
                 hook = self.hook
-                snapshot = bool(hook.settings.get("memory_snapshot"))
+                snapshot = hook.settings.memory_snapshot
                 args = (hook.paths, hook.rank, self.batch, hook.world_size, hook.cuda, None, snapshot, hook.steps + 1)
                 hook.oom = oom_record(oom, *args)
                 hook.write()

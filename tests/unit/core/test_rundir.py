@@ -13,7 +13,7 @@ RUN = {
     "summary": "summary.json", "checkpoints": "checkpoints", "checkpoint": "checkpoints/last.pt",
     "previous_checkpoint": "checkpoints/previous.pt", "checkpoint_info": "checkpoints/last.json",
     "tensorboard": "tensorboard", "lock": ".lock", "task": "task.json", "job": "job.json", "ranks": "ranks",
-    "meeting": "ranks/meeting.json", "scheduler": "ranks/scheduler.json", "agents_meeting": "ranks/agents.json",
+    "meeting": "ranks/meeting.json", "scheduler": "ranks/scheduler.json",
     "earlier": "ranks/earlier", "flight_recorder_dir": "flight_recorder", "flight_recorder_prefix": "flight_recorder/rank",
     "flight_recorder_pipe_prefix": "ranks/flight_recorder_pipe.rank", "gpus": "gpus",
 }

@@ -723,3 +723,24 @@ def test_a_ranks_timeline_keeps_each_phases_first_time_and_the_last_steps_latest
     assert list(phases) == list(PHASES)
     assert (phases["imports"], phases["last_step"], phases["first_step"]) == (10.0, 21.0, 15.0)
     assert phases["process_start"] == process_started_unix() and phases["exit"] is None  # not seen: None
+
+
+def test_the_hooks_profiler_section_is_read_as_its_profilerconfig(caplog):
+    """HPC_PROFILER crosses into the command's process as JSON and is decoded there into ProfilerConfig, its
+    checks included: a key of a later toolkit is ignored; a value the section refuses, or no mapping, is
+    one line and no profiling (the command runs on)."""
+    import json
+
+    from hpc.settings.schema import ProfilerConfig
+    from hpc.training.hook.scripthooks import profiler_settings
+
+    told = profiler_settings({"HPC_PROFILER": json.dumps({"enabled": True, "active": 2, "later_key": 1})})
+    assert told == ProfilerConfig(enabled=True, active=2)
+    for bad, said in (({"active": 0}, "profiler.active: must be > 0"), ({"active": "two"}, "'>'"),
+                      ([1], "not a JSON mapping"), ("{", "not a JSON mapping")):
+        caplog.clear()
+        text = bad if isinstance(bad, str) else json.dumps(bad)
+        assert profiler_settings({"HPC_PROFILER": text}) is None
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line.startswith("hpc: HPC_PROFILER") and said in line and line.endswith("not profiled"), line
+    assert profiler_settings({}) is None and not caplog.records[1:]
