@@ -7,9 +7,11 @@ project.
 - owner.py: what a command makes is its owner's (the umask, HPC_GROUP, directories checked, new files);
 - files.py: atomic writes, JSON and strict YAML;
 - rundir.py: the run and sweep directories, every file's name and its reader and writer;
-- ending.py: how a rank and a run ended, the one vocabulary and rule, and the typed records carrying them;
-- summary.py: summary.json, made of the ranks' exit records and facts by its one writer, and a run's
-  state from its files alone (`run_state`); lock.py: the run directory's one writer;
+- ending.py: how a rank and a run ended, the one vocabulary and rule, and the typed records carrying them
+  (task.json's RankCommand among them);
+- summary.py: summary.json, made of the ranks' exit records and facts by its one writer, a run's exit
+  code by its one decider (`run_exit_code`, for a job and for a command), and a run's state from its
+  files alone (`run_state`); lock.py: the run directory's one writer;
 - stop.py: the stop signals (SIGTERM, SIGUSR2, SIGINT), caught before torch is imported;
 - proc.py: what /proc says of a process (its state, children, CPU and disk work);
 - logs.py: logging's set-up;

@@ -202,37 +202,6 @@ def run_outcome(ranks: Iterable[Ending], world_size: int, cancelled: bool = Fals
 
 
 # What a job's task hands submitit as its result, from how its rank (or its node's torchrun) ended
-TASK_STATUS: dict[RankEnd, Outcome] = {
-    RankEnd.OK: Outcome.DONE,
-    RankEnd.OOM: Outcome.OOM,
-    RankEnd.STOPPED: Outcome.STOPPED,
-}
-# How a torchrun task (its node's workers, summed up as a run) ended, as one exit record's kind
-RANK_END_OF: dict[Outcome, RankEnd] = {
-    Outcome.DONE: RankEnd.OK,
-    Outcome.FAILED: RankEnd.FAILED,
-    Outcome.STOPPED: RankEnd.STOPPED,
-    Outcome.OOM: RankEnd.OOM,
-}
-
-
-def task_status(kind: object) -> Outcome:
-    """A task's result for submitit: done, oom, stopped, or preempted (killed, interrupted, stopped for a
-    peer); a failed task raises instead."""
-    end = rank_end(kind)
-    if end is None:
-        return Outcome.PREEMPTED
-    return TASK_STATUS.get(end, Outcome.PREEMPTED)
-
-
-def rank_end_of_outcome(said: object) -> RankEnd:
-    """How a torchrun task ended, from the run's outcome its workers' records make (preempted: any other)."""
-    found = outcome(said)
-    if found is None:
-        return RankEnd.INTERRUPTED
-    return RANK_END_OF.get(found, RankEnd.INTERRUPTED)
-
-
 # The layouts of the records between processes (each refused by its reader in one line when of another: a later
 # toolkit's file; one written before its field was added is of the first)
 RANK_EXIT_SCHEMA = 1  # rank{R}.exit.json

@@ -108,12 +108,6 @@ class StepEnd:
     ended: bool = False  # Slurm is ending the job: a SIGTERM reached the batch shell
 
 
-def stopped_by_user(signum: int | None, env: Mapping[str, str]) -> bool:
-    """A stop a person asked for on this machine: Ctrl-C (SIGINT) anywhere; SIGTERM to a local run
-    (submitit's local controller forwards the user's). Not requeued."""
-    return signum == signal.SIGINT or (signum == signal.SIGTERM and env.get("SUBMITIT_EXECUTOR") == "local")
-
-
 def may_requeue(
     code: int | None, requeue_codes: Iterable[int], warned: bool, env: Mapping[str, str], budget: int
 ) -> bool:

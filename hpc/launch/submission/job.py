@@ -18,20 +18,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-from hpc.core.ending import Outcome, RankCommand, RankEnd, rank_end_of_outcome, task_status
+from hpc.core.ending import Outcome, RankCommand, RankEnd
 from hpc.core.logs import configure
 from hpc.core.meet import free_port
-from hpc.core.proc import gone
 from hpc.core.rundir import RunPaths
 from hpc.core.stop import StopSignal, ignore_passed
-from hpc.core.summary import Ended, RankEntry, RunRecord, requeue_code, write_run_summary
+from hpc.core.summary import RunRecord, write_run_summary
 from hpc.launch.batch import rank_words
 from hpc.launch.rank.runner import run_rank, write_task
-from hpc.launch.requeue import stopped_by_user
 from hpc.placement.torchrun import AGENT_ENV, torchrun_args, torchrun_forwards_signals
-from hpc.settings.rankcommand import SUBMITTER_VARIABLE
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +50,7 @@ class TaskJob:
         self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> None:
         import submitit
 
         configure()  # HPC_LOG_LEVEL, exported with the job
@@ -65,45 +61,30 @@ class TaskJob:
         stop = StopSignal.take()
         try:
             if self.launcher == "torchrun":
-                record: Ended = self.run_torchrun(paths, job.job_id, stop, job.global_rank)
+                failure = self.run_torchrun(paths, job.job_id, stop)
             else:
                 record = run_rank(task, paths.root, stop=stop)
+                failure = record.message if record.kind == RankEnd.FAILED else None
         finally:
             stop.restore()
             if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may
                 with contextlib.suppress(OSError):  # be gone (a local run's was killed) or never waited
                     (paths.root.parent / "%j").rmdir()
-        return self.ended(record, stop.signum, task, job, paths)
+        if failure is not None:  # the task fails, after its records are written: submitit's controller ends the rest
+            log.error(f"hpc: rank {job.global_rank} ({job.hostname}) failed: {failure}; see {paths.ranks}")
+            raise RuntimeError(f"rank {job.global_rank} failed: {failure}")
 
-    def ended(self, record: Ended, signum: int | None, task: RankCommand, job: Any, paths: RunPaths) -> dict[str, Any]:
-        """This task's result (its batch shell decides on a requeue once the step has ended, from the run's
-        records: hpc/launch/requeue.py); a rank that failed raises, after its records are written."""
-        if record.kind == RankEnd.FAILED:
-            log.error(f"hpc: rank {job.global_rank} ({job.hostname}) failed: {record.message}; see {paths.ranks}")
-            raise RuntimeError(f"rank {job.global_rank} failed: {record.message}")
-        status = task_status(record.kind)
-        if requeue_code(record) is None:  # done, oom, or a stop that left nothing said to resume from
-            return {"status": str(status), "run_dir": str(paths.root)}
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-        # its submitter (hpc.submit --local) died: nobody to follow it (this rank may have stopped with its peers
-        # before its own runner saw it gone)
-        orphaned = bool(record.orphaned) or gone(os.environ.get(SUBMITTER_VARIABLE) or "")
-        by_user = stopped_by_user(signum, os.environ) or orphaned
-        return {"status": str(status), "run_dir": str(paths.root), "restarts": restarts, "by_user": by_user}
-
-    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal, global_rank: int) -> RankEntry:
+    def run_torchrun(self, paths: RunPaths, job_id: str, stop: StopSignal) -> str | None:
         """torchrun with a worker per GPU, each `python -m hpc.rank` on this run directory (the task in its
-        task.json); the stop signals passed on to it. This task's end as the run's records say once
-        torchrun has ended: an entry with its kind, code and message."""
+        task.json); the stop signals passed on to it. Once torchrun has ended: why the run failed, as its
+        records say (or torchrun's exit code where they say it finished), None where it did not fail."""
         endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"  # one node, this machine's
         args = torchrun_args(1, self.nproc_per_node, endpoint, job_id, self.max_restarts, torchrun_forwards_signals())
         rc = run_forwarding(rank_words(sys.executable, paths.root, args), stop)
         summary = write_run_summary(paths) or RunRecord()
-        outcome = str(summary.outcome)
-        kind = rank_end_of_outcome(outcome) if rc == 0 or outcome != Outcome.DONE else RankEnd.FAILED
-        codes = [r.exit_code for r in summary.ranks if r.kind == kind]
-        message = summary.failure or f"torchrun exited {rc} ({outcome})"
-        return RankEntry(rank=global_rank, kind=kind, exit_code=codes[0] if codes else rc, message=message)
+        if summary.outcome == Outcome.FAILED or (rc != 0 and summary.outcome == Outcome.DONE):
+            return summary.failure or f"torchrun exited {rc} ({summary.outcome})"
+        return None
 
 
 def run_forwarding(argv: list[str], stop: StopSignal) -> int:

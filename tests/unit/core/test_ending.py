@@ -131,34 +131,6 @@ def test_the_documented_exit_codes_are_the_codes_one_table():
         assert said == {str(o): c for o, c in EXIT_CODES.items()}, text
 
 
-# A job's task result for submitit, as task_status's contract words it: done, oom, stopped; preempted for
-# any other end (killed, interrupted, stopped for a peer, lost, a word that is no end)
-TASK_RESULT = {"ok": "done", "oom": "oom", "stopped": "stopped", "killed": "preempted", "interrupted": "preempted",
-               "peer": "preempted", "lost": "preempted", "running": "preempted", "failed": "preempted",
-               "no such end": "preempted", None: "preempted"}
-
-
-@pytest.mark.parametrize("kind", list(TASK_RESULT))
-def test_a_tasks_result_is_its_ranks_end_in_submitits_words(kind):
-    from hpc.core.ending import task_status
-
-    assert task_status(kind) == TASK_RESULT[kind]
-
-
-# A torchrun task's end from the run its workers make: ok, failed, stopped, oom for done, failed, stopped,
-# oom; interrupted for anything else (preempted, cancelled, running, a word that is no outcome)
-TORCHRUN_END = {"done": "ok", "failed": "failed", "stopped": "stopped", "oom": "oom", "preempted": "interrupted",
-                "cancelled": "interrupted", "running": "interrupted", "no such outcome": "interrupted",
-                None: "interrupted"}
-
-
-@pytest.mark.parametrize("said", list(TORCHRUN_END))
-def test_a_torchrun_tasks_end_is_the_outcome_of_its_workers(said):
-    from hpc.core.ending import rank_end_of_outcome
-
-    assert rank_end_of_outcome(said) == TORCHRUN_END[said]
-
-
 def test_a_word_is_its_enums_member_in_every_form():
     """Word: the member is its word in f-strings with a format spec, in str(), and against a plain string."""
     assert f"{Outcome.DONE:>6}|{RankEnd.LOST:<5}|" == "  done|lost |"

@@ -186,6 +186,33 @@ def test_hpc_submits_exit_code_is_the_documented_one_for_each_outcome(outcomes, 
     assert exit_code_of_outcomes(outcomes) == code
 
 
+# (outcome, the ranks' ends, srun's code) -> the job's code (docs/faults.md: afterok holds only for a run that
+# finished; an OOM is 4 to Slurm but 0 to a command, a sweep's result) and the command's
+JOB_CODES = [
+    ("done", [], 9, 0, 0),
+    ("oom", [{"kind": "oom", "exit_code": 4}], 4, 4, 0),
+    ("failed", [{"kind": "stopped", "exit_code": 3}, {"kind": "failed", "exit_code": 7}], 7, 7, 1),
+    ("failed", [{"kind": "failed", "signal": "SIGKILL"}], 9, 137, 1),
+    ("stopped", [{"kind": "stopped", "exit_code": 0}], 0, 3, 3),
+    ("preempted", [{"kind": "killed", "stop": "SIGTERM", "signal": "SIGKILL"}], 0, 3, 3),
+    ("cancelled", [{"kind": "interrupted", "exit_code": 0}], 0, 1, 3),
+    ("running", [{"kind": "running"}], 143, 143, 1),
+    (None, [], 0, 1, 1),
+    (None, [], 2, 2, 1),
+]
+
+
+@pytest.mark.parametrize("outcome, ranks, step_rc, job, command", JOB_CODES)
+def test_a_runs_exit_code_is_decided_once_for_its_job_and_for_a_command(outcome, ranks, step_rc, job, command):
+    from hpc.core.ending import Outcome
+    from hpc.core.summary import CodeFor, run_exit_code
+
+    entries = summary_of(ranks=[{"rank": r, **e} for r, e in enumerate(ranks)]).ranks
+    said = Outcome(outcome) if outcome is not None else None
+    assert run_exit_code(said, CodeFor.JOB, entries, step_rc) == job
+    assert run_exit_code(said, CodeFor.COMMAND, entries, step_rc) == command
+
+
 def test_summary_json_says_its_schema_and_another_is_refused_in_one_line(tmp_path):
     """Issue 73: a file of another layout (a later toolkit's) is not read as this one; one of the first
     layout, written before the field, is."""
