@@ -453,7 +453,7 @@ def run_exit_code(
     cause = root_cause(ranks)
     if cause is not None:
         return exit_code_of(cause)
-    stopped = [requeue_code(r) or exit_code_of(r) for r in ranks if r.kind == RankEnd.STOPPED or requeue_code(r)]
+    stopped = [code for r in ranks if (code := requeue_code(r)) is not None]  # a stopped rank's code is never 0
     return stopped[0] if stopped else step_rc or EXIT_FAILED
 
 
