@@ -10,7 +10,9 @@ The rank's environment, logs, stops and exit record: hpc/launch/rank/runner.py. 
 it asked to be requeued, which the batch script does); 1 when a stop killed it. Under Slurm a rank that stopped
 to be requeued exits 0 (its code is in its exit record, where the batch shell reads it, as a submitit task
 returns one): srun's --kill-on-bad-exit, there for a failing rank, would kill a peer still saving because
-this one stopped first. A lost peer's 5 stays: that step must end. No torch import.
+this one stopped first. A lost peer's 5 stays: that step must end. In a local run's task (`hpc.submit --local`:
+its process became this one) a task's 144 exits 1: submitit's local controller would start the tasks again on
+it. No torch import.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from hpc.core.cli import Parser, check_run_dir, run
 from hpc.core.ending import RankCommand, RankEnd
-from hpc.core.errors import EXIT_OK, EXIT_PEER_LOST, UsageError
+from hpc.core.errors import EXIT_FAILED, EXIT_OK, EXIT_PEER_LOST, UsageError
 from hpc.core.rundir import RunPaths
 from hpc.core.summary import CodeFor, current_summary, exit_code_of, read_records, run_exit_code, write_run_summary
 from hpc.launch.rank.rankenv import on_slurm
@@ -31,6 +33,8 @@ from hpc.launch.rank.runner import run_rank, write_task
 from hpc.settings.config import Layers, load_cluster, parse_override, require_section, set_source
 from hpc.settings.rankcommand import check_command, metrics_template, read_task, user_command
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, CommandConfig
+
+SUBMITIT_LOCAL_REQUEUE = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE (a test holds it to submitit's)
 
 
 def command_task(words: list[str], config: str | None, no_profile: bool, sets: list[str], grace: int) -> RankCommand:
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     code = exit_code_of(record)
     if record.kind == RankEnd.STOPPED and code != EXIT_PEER_LOST and on_slurm(os.environ):
         return EXIT_OK  # the first rank to stop is no bad exit to srun (see the module doc)
+    if code == SUBMITIT_LOCAL_REQUEUE and os.environ.get("SUBMITIT_EXECUTOR") == "local":
+        return EXIT_FAILED  # not "start the tasks again" to submitit's local controller (see the module doc)
     return code
 
 

@@ -70,3 +70,21 @@ def test_a_command_that_cannot_start_is_exit_127_and_said(tmp_path):
     missing = tmp_path / "not-a-program"
     record = run_rank(user_command([str(missing)], str(tmp_path), None, 5), tmp_path / "run", env()).as_dict()
     assert (record["kind"], record["exit_code"]) == ("failed", 127) and str(missing) in record["message"]
+
+
+@pytest.mark.parametrize("executor, code", [("local", 1), ("slurm", 144), (None, 144)])
+def test_a_local_tasks_144_is_not_submitits_word_for_start_again(tmp_path, monkeypatch, executor, code):
+    """A local run's task process becomes `python -m hpc.rank` (hpc/launch/submission/job.py), whose exit code
+    submitit's local controller reads: 144 there means "start every task again". A command's own 144 exits 1
+    in a local task, and stays 144 elsewhere; the number is submitit's own."""
+    import submitit.local.local as local
+
+    from hpc.launch.rank import rankcli
+
+    assert rankcli.SUBMITIT_LOCAL_REQUEUE == local.LOCAL_REQUEUE_RETURN_CODE
+    for key in list(os.environ):
+        monkeypatch.delenv(key)
+    for key, value in {**env(), **({"SUBMITIT_EXECUTOR": executor} if executor else {})}.items():
+        monkeypatch.setenv(key, value)
+    argv = ["--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c", "raise SystemExit(144)"]
+    assert rankcli.main(argv) == code
