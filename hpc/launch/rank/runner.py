@@ -17,7 +17,7 @@ running then is killed (SIGKILL) and the rank ends as `killed`; one that exits 0
 finished (the toolkit's training says so in its facts) ends as `stopped`, not done. The task's process
 dies with this one (Linux's parent-death signal), and what it leaves in its session is killed at its
 end. A task that exits with one of its requeue codes (3 saved and stopped; the training's 5, a lost
-peer) ends as `stopped`: the job requeues it (hpc/launch/submission/job.py) and the same task, started again,
+peer) ends as `stopped`: the job requeues it (hpc/launch/requeue.py) and the same task, started again,
 resumes by itself. Exit 4 with an out-of-memory record in its facts ends as `oom`.
 
 A failed peer. Outside Slurm (submitit's local executor, a plain torchrun), where no srun
@@ -264,7 +264,7 @@ class RankRun:
                     self.begin_stop(proc, f"rank {peers[0]} failed")
             submitter = self.env.get(SUBMITTER_VARIABLE) or ""
             if self.stopping_since is None and submitter and gone(submitter):  # killed, even with SIGKILL
-                self.write(orphaned=True)  # a stop nobody will follow: never requeued (hpc/launch/submission/job.py)
+                self.write(orphaned=True)  # a stop nobody will follow (a local run: never requeued)
                 self.begin_stop(proc, f"its submitter hpc.submit (pid {submitter.split(':')[0]}) ended")
             if self.stopping_since is None and self.hang is not None:
                 self.hung = self.hang.check()
