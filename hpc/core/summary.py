@@ -17,7 +17,7 @@ files alone: deleting it and writing it again gives the same file, and a reader 
 record is newer than it (`current_summary`). The outcome and its words: hpc/core/ending.py.
 
 Each record between processes is decoded into its struct when read (exit records: RankExit; facts: RankFacts;
-scheduler.json: SchedulerSaid; task.json: RankCommand (RankCommand where it runs); summary.json: RunRecord of
+scheduler.json: SchedulerSaid; task.json: RankCommand; summary.json: RunRecord of
 RankEntry records) and says its
 layout (`schema`): one of another layout (a later toolkit's) is refused in one line (SchemaError), one
 without the field is of the first.

@@ -10,7 +10,7 @@ another). Its rooms:
   records, output pump, hang watch and NCCL flight recorder;
 - batch.py: every Slurm job's batch shell, one road: the hand-written sbatch scripts' (`python -m
   hpc.batch`) and hpc.submit's (`BatchJob`, through submitit), its one srun step, and `rank_words`, how a
-  task starts on every road (a Slurm step, an allocation's, a local run's torchrun);
+  task starts on every road (a Slurm step, an allocation's, a local run's);
 - requeue.py: the batch shell's signals told apart, the one requeue rule and its one executor;
 - study.py: `python -m hpc.study run|status|resubmit|cancel`; status.py: each point of a sweep and how it stands;
 - jobcmd.py: `python -m hpc.job log|status|cancel`: one run followed, queried, cancelled;

@@ -150,7 +150,7 @@ def job_step(env: Mapping[str, str]) -> Step:
 
 
 def rank_words(python: str, run_dir: Path, torchrun: list[str] | None = None) -> list[str]:
-    """What a task runs, on every road (a Slurm step's task, an allocation's, a local run's torchrun): the
+    """What a task runs, on every road (a Slurm step's task, an allocation's, a local run's: job.py): the
     per-rank runner on the run directory, or with `torchrun`'s arguments torchrun's agent, whose workers are
     those runners. How a rank starts is written here alone."""
     rank = [python, "-m", "hpc.rank", "--run-dir", str(run_dir)]
