@@ -434,9 +434,7 @@ class CodeFor(enum.Enum):
     COMMAND = "command"  # whoever ran or followed the run: hpc.submit (--local, --wait, salloc), hpc.rank --outcome
 
 
-def run_exit_code(
-    outcome: Outcome | None, reader: CodeFor, ranks: Sequence[Ended] = (), step_rc: int = EXIT_OK
-) -> int:
+def run_exit_code(outcome: Outcome | None, reader: CodeFor, ranks: Sequence[Ended] = (), step_rc: int = EXIT_OK) -> int:
     """How a run's end is an exit code, decided here alone, from its outcome (run_outcome's) and its ranks'
     records. Never 0 for a run that did not finish, but for an OOM told to a command.
     - For a job: 4 for an OOM (Slurm says FAILED, `afterok` waits), the first failing rank's code (128 + N

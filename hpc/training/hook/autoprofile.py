@@ -226,9 +226,7 @@ class StepHook:
         # profiler.ranks: a script's collectives are its own, so over 16 ranks its node leaders record
         who = RankChoice(self.rank, int(os.environ.get("LOCAL_RANK") or 0), self.world_size)
         with self.own_calls():
-            self.profiling = self.context.enter_context(
-                maybe_profile(self.settings, self.paths.traces, who, self.cuda)
-            )
+            self.profiling = self.context.enter_context(maybe_profile(self.settings, self.paths.traces, who, self.cuda))
         self.active = self.profiling is not None
         if self.active:
             self.timeline.mark("profiler_started")
