@@ -274,6 +274,13 @@ class SweepPaths:
 # ----------------------------------------------------------------------------------------------
 
 
+def drop_unexpanded(run_dir: Path) -> None:
+    """submitit's unexpanded '%j' folder beside a run (its executor's folder before the job had an id),
+    removed when empty; one with anything in it, or none, is left."""
+    with contextlib.suppress(OSError):
+        (run_dir.parent / "%j").rmdir()
+
+
 def write_yaml(path: Path, data: Mapping[str, object]) -> None:
     write_atomic(path, dump_yaml(data))
 

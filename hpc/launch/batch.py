@@ -44,7 +44,7 @@ from hpc.core.ending import RESUMABLE, Outcome, RankCommand
 from hpc.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from hpc.core.logs import TO_STDERR, configure
 from hpc.core.owner import make_dirs, make_new_dir
-from hpc.core.rundir import JobRecord, RunPaths, write_job_record
+from hpc.core.rundir import JobRecord, RunPaths, drop_unexpanded, write_job_record
 from hpc.core.stop import Caught, interrupts_ignored
 from hpc.core.summary import CodeFor, attempt_job, attempt_of, run_exit_code, write_run_summary
 from hpc.launch.rank.rankcli import command_task
@@ -323,8 +323,7 @@ class BatchJob:
         configure()  # HPC_LOG_LEVEL, exported with the job
         paths = RunPaths(Path(submitit.JobEnvironment().paths.folder))
         code = run_job(self.task, paths, self.cluster, self.shape, os.environ, self.record, "hpc.submit")
-        with contextlib.suppress(OSError):  # submitit's unexpanded '%j' folder beside the run, left empty
-            (paths.root.parent / "%j").rmdir()
+        drop_unexpanded(paths.root)
         if code != EXIT_OK:
             raise SystemExit(code)
         return str(Outcome.DONE)

@@ -442,12 +442,10 @@ def die_with(parent: int) -> Callable[[], None]:
     return arm
 
 
-def run_rank(
-    task: RankCommand, run_dir: Path, env: Mapping[str, str] | None = None, stop: StopSignal | None = None
-) -> RankExit:
-    """Run one rank of the task here; its exit record. The stop signals are caught while it runs (in
-    `stop`, the caller's, to see which one came)."""
-    stop = StopSignal.take(stop)
+def run_rank(task: RankCommand, run_dir: Path, env: Mapping[str, str] | None = None) -> RankExit:
+    """Run one rank of the task here; its exit record. The stop signals are caught while it runs (in the
+    StopSignal a door installed early, if one did)."""
+    stop = StopSignal.take()
     try:
         return RankRun(task, run_dir, os.environ if env is None else env, stop).run()
     finally:

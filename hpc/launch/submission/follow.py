@@ -28,7 +28,7 @@ import msgspec
 from analysis.api import end_of_run_lines, render, run_numbers
 from hpc.core.ending import RESUMABLE, SLURM_CANCELLED, Outcome
 from hpc.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
-from hpc.core.rundir import RunPaths, SweepPoint, read_checkpoint_info
+from hpc.core.rundir import RunPaths, SweepPoint, drop_unexpanded, read_checkpoint_info
 from hpc.core.stop import Caught
 from hpc.core.summary import (
     CodeFor,
@@ -264,8 +264,7 @@ def wait_for(subs: list[Submitted], poll_s: float = 2.0, follow: bool = False, e
     if echo:
         follower.echo()  # the last lines, written as the job ended
     for sub in subs:  # submitit leaves the unexpanded '%j' folder behind, empty, once a job has ended
-        with contextlib.suppress(OSError):  # not there, or not empty: leave it
-            (sub.run_dir.parent / "%j").rmdir()
+        drop_unexpanded(sub.run_dir)
     if follow and interrupts.signum is not None:
         for sub in subs:  # every task has ended, killed by a second stop or not: a rank still `running` is lost
             paths = sub.paths

@@ -13,14 +13,13 @@ which tells its task; the runner's exit code is the task's, and submitit's contr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
 
 from hpc.core.ending import RankCommand
 from hpc.core.meet import free_port
-from hpc.core.rundir import RunPaths
+from hpc.core.rundir import RunPaths, drop_unexpanded
 from hpc.launch.batch import rank_words
 from hpc.launch.rank.runner import write_task
 from hpc.placement.torchrun import AGENT_ENV, torchrun_args, torchrun_forwards_signals
@@ -43,9 +42,8 @@ class TaskJob:
         job = submitit.JobEnvironment()
         paths = RunPaths(Path(job.paths.folder))
         write_task(paths, self.task)
-        if job.global_rank == 0:  # submitit's unexpanded '%j' folder beside the run, empty: its submitter may be
-            with contextlib.suppress(OSError):  # gone before the run ends (killed), or never wait for it
-                (paths.root.parent / "%j").rmdir()
+        if job.global_rank == 0:  # its submitter may be gone before the run ends (killed), or never wait for it
+            drop_unexpanded(paths.root)
         words, env = self.words(paths, job.job_id)
         sys.stdout.flush()
         sys.stderr.flush()
