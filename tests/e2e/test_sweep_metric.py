@@ -4,6 +4,7 @@ script's own val/loss per lr, a mean over the seeds; the best lr is named with i
 the spread between seeds; step time comes after. The oracle is what the script printed as it logged each value,
 not the toolkit's reader."""
 
+import collections
 import html
 import json
 import os
@@ -113,7 +114,9 @@ def assert_leads_with_val_loss(sweep_dir: Path) -> None:
     assert "CIFAR-100" not in page
     assert "step_mode" not in table and "graph_check" not in table  # the toolkit's facts, none of them a script's
     said = re.findall(r"<li><b>[^<]*</b>: ([^<]*)</li>", page.split('<ul class="verdict">', 1)[1].split("</ul>")[0])
-    assert said and len(said) == len(set(said)), said  # a sentence every point says, said once
+    # a sentence all 4 points say is said once; one that only some say (a measured share that rounds alike on
+    # two points) stays each one's (analysis/report/html.py said_once)
+    assert said and max(collections.Counter(said).values()) < 4, said
     # the report's first figure is the script's own metric over its steps, a line an lr with its seeds' band
     first_img = page[page.index("<img "):page.index(">", page.index("<img "))]
     assert 'alt="metric_val_loss"' in first_img, first_img[:120]
