@@ -30,6 +30,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 STANDINS = REPO / "tests" / "standins"
 sys.path.insert(0, str(STANDINS))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STANDINS), os.environ.get("PYTHONPATH", "")) if p)
+# One thread a rank in every process the suite starts (its 2 cores are shared by two workers and the Slurm
+# tier), as most tests already ask; the test of the thread rule itself (test_submit_local.py) drops it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # graph mode on this CPU: the one seam (hpc/training/graph/graphmode.py HPC_GRAPH_CAPTURE) names the stand-in
 GRAPH_STANDIN = {"HPC_GRAPH_CAPTURE": "graphstandin:CAPTURE"}
 

@@ -10,11 +10,27 @@ the order does not apply and rank i takes visible GPU i.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 from hpc.core.errors import DistEnvError
 
 GPU_ORDER = "HPC_GPU_ORDER"
+THREADS = "OMP_NUM_THREADS"  # torch's intra-op threads (and OpenMP's), read once at its first parallel op
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: taskset's, a cgroup's), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(cpus: int, local_ranks: int) -> int:
+    """Each of `local_ranks` ranks sharing `cpus` CPUs gets an equal share of threads, at least one: one rank
+    uses the whole machine, as torch alone would; several never oversubscribe it."""
+    return max(1, cpus // max(local_ranks, 1))
 
 
 def gpu_index(env: Mapping[str, str], local_rank: int, device_count: int) -> int:

@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc.core.errors import UsageError
-from hpc.placement.affinity import cores_text, gpu_index
+from hpc.placement.affinity import THREADS, cores_text, gpu_index, threads_per_rank, usable_cpus
 from hpc.placement.distenv import DistEnv
 from hpc.settings.rankcommand import NCCL_FABRIC_VARIABLE
 from hpc.settings.schema import DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -105,8 +105,8 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[torch.device, bool]:
         torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
-        if "OMP_NUM_THREADS" not in os.environ:  # several ranks on one CPU must not oversubscribe it
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_world_size))
+        if THREADS not in os.environ:  # several ranks on one CPU must not oversubscribe it
+            torch.set_num_threads(threads_per_rank(usable_cpus(), dist.local_world_size))
     if tc.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
         # warn_only: ops without a deterministic kernel warn rather than stop the run

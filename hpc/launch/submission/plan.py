@@ -43,6 +43,7 @@ from hpc.launch.submission.slurm import (
     sbatch_text,
     slurm_parameters,
 )
+from hpc.placement.affinity import usable_cpus
 from hpc.settings.config import check_request, load_cluster, require_section
 from hpc.settings.rankcommand import read_task
 from hpc.settings.schema import RUN_SECTIONS, ClusterConfig, SweepConfig
@@ -163,7 +164,7 @@ def job_spec(
     points = shape.points
     array = shape.array
     if local:
-        params, text = local_parameters(cluster, request), None
+        params, text = local_parameters(cluster, request, os.environ, usable_cpus()), None
     else:
         params = slurm_parameters(cluster, request, max_parallel)
         text = sbatch_text(params, folder, map_count=len(points) if array else None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from hpc.core.faults import VARIABLE as FAULT_VARIABLE
 from hpc.core.faults import parse_faults
 from hpc.launch.submission.sbatchflags import MEMORY_PER, JobOptions
 from hpc.launch.submission.site import extra_sbatch, is_partial, job_env
+from hpc.placement.affinity import THREADS, threads_per_rank
 from hpc.settings.cluster import ONE_TASK_PER_NODE
 from hpc.settings.schema import ClusterConfig
 
@@ -109,16 +111,26 @@ def slurm_parameters(cluster: ClusterConfig, req: JobRequest, max_parallel: int 
     return {k: v for k, v in params.items() if v is not None}
 
 
-def local_parameters(cluster: ClusterConfig, req: JobRequest) -> Parameters:
-    """submitit LocalExecutor parameters: the same job on this machine (one node)."""
+def local_parameters(cluster: ClusterConfig, req: JobRequest, env: Mapping[str, str], cpus: int) -> Parameters:
+    """submitit LocalExecutor parameters: the same job on this machine (one node), whose `cpus` CPUs its ranks
+    share; `env` is the submitter's, which the job inherits."""
     return {
         "nodes": 1,
         "tasks_per_node": 1 if cluster.launcher in ONE_TASK_PER_NODE else req.gpus,
         "gpus_per_node": req.gpus,
         "timeout_min": req.time_min,
         "signal_delay_s": cluster.signal_delay_s,
-        "setup": setup_lines(cluster, req),
+        "setup": [*setup_lines(cluster, req), *local_threads(cluster, req, env, cpus)],
     }
+
+
+def local_threads(cluster: ClusterConfig, req: JobRequest, env: Mapping[str, str], cpus: int) -> list[str]:
+    """Each rank's share of this machine's CPUs as its threads (hpc/placement/affinity.py), unless the
+    profile, --export or the submitter's environment sets OMP_NUM_THREADS: one rank trains as fast as
+    `python -m hpc.train` alone, several never oversubscribe the machine."""
+    if THREADS in {**job_env(cluster, req.nodes, req.gpus), **req.options.exports.values, **env}:
+        return []
+    return [f"export {THREADS}={threads_per_rank(cpus, req.gpus)}"]
 
 
 def analysis_parameters(cluster: ClusterConfig, account: str | None, dependency: str, name: str) -> Parameters:

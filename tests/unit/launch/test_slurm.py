@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpc.core.ending import RankExit
-from hpc.launch.submission.sbatchflags import JobOptions
-from hpc.launch.submission.slurm import JobRequest, sbatch_text, slurm_parameters
+from hpc.launch.submission.sbatchflags import Exports, JobOptions
+from hpc.launch.submission.slurm import JobRequest, local_parameters, sbatch_text, slurm_parameters
+from hpc.placement.affinity import threads_per_rank
 from hpc.settings.config import load_cluster
 from recordedruns import entries, recorded_run
 
@@ -285,3 +286,23 @@ def test_submitits_own_requeue_never_runs_our_jobs():
 
     job = TaskJob(user_command(["python", "x.py"], "/", None, 60))
     assert not isinstance(job, submitit.helpers.Checkpointable) and not hasattr(job, "checkpoint")
+
+
+def test_a_local_rank_gets_its_share_of_the_machines_cpus_unless_someone_said():
+    """hpc.submit --local: each rank's threads are the machine's CPUs over its ranks, at least one, written in
+    the job's setup; nothing is written where the profile, --export or the submitter's environment sets
+    OMP_NUM_THREADS (theirs is kept)."""
+    assert [threads_per_rank(2, n) for n in (1, 2, 3)] == [2, 1, 1]
+    assert [threads_per_rank(cpus, 2) for cpus in (3, 4, 5)] == [1, 2, 2] and threads_per_rank(8, 0) == 8
+    local = load_cluster("local")
+    req = JobRequest(nodes=1, gpus=2, time_min=30, name="t")
+    assert local_parameters(local, req, {}, 8)["setup"][-1] == "export OMP_NUM_THREADS=4"
+    assert local_parameters(local, dataclasses.replace(req, gpus=1), {}, 8)["setup"][-1] == "export OMP_NUM_THREADS=8"
+    said = JobOptions(exports=Exports(values={"OMP_NUM_THREADS": "3"}))
+    set_by_profile = dataclasses.replace(local, env={**local.env, "OMP_NUM_THREADS": "2"})
+    for cluster, request, env in ((local, req, {"OMP_NUM_THREADS": "1"}),
+                                  (local, dataclasses.replace(req, options=said), {}),
+                                  (set_by_profile, req, {})):
+        setup = local_parameters(cluster, request, env, 8)["setup"]
+        assert sum(line.startswith("export OMP_NUM_THREADS=") for line in setup) <= 1
+        assert "export OMP_NUM_THREADS=4" not in setup, (cluster.env, request.options, env)
