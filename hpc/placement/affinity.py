@@ -19,12 +19,12 @@ GPU_ORDER = "HPC_GPU_ORDER"
 THREADS = "OMP_NUM_THREADS"  # torch's intra-op threads (and OpenMP's), read once at its first parallel op
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: taskset's, a cgroup's), else the machine's count."""
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity: taskset's, a cgroup's), else all the machine's."""
     try:
-        return len(os.sched_getaffinity(0))
+        return os.sched_getaffinity(0)
     except (AttributeError, OSError):  # no sched_getaffinity (macOS)
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
 
 
 def threads_per_rank(cpus: int, local_ranks: int) -> int:

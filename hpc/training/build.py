@@ -106,7 +106,7 @@ def setup_device(tc: TrainConfig, dist: DistEnv) -> tuple[torch.device, bool]:
     else:
         device = torch.device("cpu")
         if THREADS not in os.environ:  # several ranks on one CPU must not oversubscribe it
-            torch.set_num_threads(threads_per_rank(usable_cpus(), dist.local_world_size))
+            torch.set_num_threads(threads_per_rank(len(usable_cpus()), dist.local_world_size))
     if tc.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
         # warn_only: ops without a deterministic kernel warn rather than stop the run
@@ -173,7 +173,7 @@ def placement_line(rank: int, where: Mapping[str, object]) -> str:
 
 def placement(device: torch.device) -> dict[str, object]:
     """Where this rank runs (summary.json's `affinity`): its host, the cores the OS lets it use, its GPU."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = usable_cpus()
     return {
         "host": socket.gethostname(),
         "cores": cores_text(cpus),

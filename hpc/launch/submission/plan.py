@@ -164,7 +164,7 @@ def job_spec(
     points = shape.points
     array = shape.array
     if local:
-        params, text = local_parameters(cluster, request, os.environ, usable_cpus()), None
+        params, text = local_parameters(cluster, request, os.environ, len(usable_cpus())), None
     else:
         params = slurm_parameters(cluster, request, max_parallel)
         text = sbatch_text(params, folder, map_count=len(points) if array else None)
